@@ -1,0 +1,27 @@
+//! The pure rules of Countersign.
+//!
+//! Everything that decides whether an action may run lives here, with no I/O, no clock reads and
+//! no globals, so that every rule can be tested exactly and reused by the desk, the gateway and
+//! any auditor: a plan and its canonical hash ([`plan`], [`canonical`]), the preflight text that
+//! agrees with the hash ([`render`]), the signed token ([`token`]), the verification chain in the
+//! seed's order ([`verify`]) with its typed refusals ([`refusal`]), the gate classes ([`gate`]) and
+//! the ledger contract that single-use tokens are spent against ([`ledger`]). Time is always a
+//! parameter: milliseconds since the Unix epoch.
+#![deny(missing_docs)]
+
+pub mod canonical;
+pub mod gate;
+pub mod ledger;
+pub mod plan;
+pub mod refusal;
+pub mod render;
+pub mod telemetry;
+pub mod token;
+pub mod verify;
+
+pub use canonical::CanonicalError;
+pub use gate::GateClass;
+pub use ledger::{Ledger, MemoryLedger, SpendError};
+pub use plan::{Plan, PlanHash};
+pub use refusal::Refusal;
+pub use token::{Claims, Nonce, SigningKey, Token};

@@ -1,0 +1,195 @@
+//! Why a confirm was refused, and what the caller should do next.
+//!
+//! Each outcome of the verification chain is its own variant because the right next move differs:
+//! a skipped preflight, a stale token and a changed plan each call for something else, and an
+//! agent (or a person reading history) must be able to tell them apart without matching strings.
+//! [`Refusal::code`] is the stable wire name used in `structuredContent.refusal`, history and the UI.
+
+use serde::{Deserialize, Serialize};
+
+/// One refusal of a gated call. The codes are stable: they cross to agents, the UI and history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The call claimed `confirm: true` but carried no token: the preflight was skipped.
+    NoToken,
+    /// The token is malformed, has a bad signature, or carries claims of the wrong shape.
+    BadToken,
+    /// The token's lifetime is over.
+    Expired,
+    /// The token was issued to another connection (agent session).
+    WrongTenant,
+    /// The token was issued for another tool.
+    WrongTool,
+    /// The token's target differs from the call's resolved target or from `confirmTarget`.
+    WrongTarget,
+    /// Something the plan hash covers (action, summary, details, reversible) changed since approval.
+    PlanChanged,
+    /// The single-use token was spent before: the work may already be done.
+    AlreadyUsed,
+    /// The ledger could not record the spend; nothing was executed.
+    LedgerUnreachable,
+    /// The person denied the request.
+    Denied,
+    /// No decision yet: the request is still waiting for a person.
+    Pending,
+    /// The desk (the authority) could not be reached; nothing gated can run.
+    DeskUnavailable,
+}
+
+impl Refusal {
+    /// Every refusal, in the order of the verification chain, then the desk's own outcomes.
+    pub const ALL: [Refusal; 12] = [
+        Refusal::NoToken,
+        Refusal::BadToken,
+        Refusal::Expired,
+        Refusal::WrongTenant,
+        Refusal::WrongTool,
+        Refusal::WrongTarget,
+        Refusal::PlanChanged,
+        Refusal::AlreadyUsed,
+        Refusal::LedgerUnreachable,
+        Refusal::Denied,
+        Refusal::Pending,
+        Refusal::DeskUnavailable,
+    ];
+
+    /// The stable wire code, e.g. `already_used`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::NoToken => "no_token",
+            Refusal::BadToken => "bad_token",
+            Refusal::Expired => "expired",
+            Refusal::WrongTenant => "wrong_tenant",
+            Refusal::WrongTool => "wrong_tool",
+            Refusal::WrongTarget => "wrong_target",
+            Refusal::PlanChanged => "plan_changed",
+            Refusal::AlreadyUsed => "already_used",
+            Refusal::LedgerUnreachable => "ledger_unreachable",
+            Refusal::Denied => "denied",
+            Refusal::Pending => "pending",
+            Refusal::DeskUnavailable => "desk_unavailable",
+        }
+    }
+
+    /// Parses a wire code back; `None` for anything unknown.
+    pub fn from_code(code: &str) -> Option<Refusal> {
+        Refusal::ALL.into_iter().find(|r| r.code() == code)
+    }
+
+    /// Whether calling again (after a fresh preflight where needed) is a sensible move.
+    pub fn is_retry_case(self) -> bool {
+        matches!(
+            self,
+            Refusal::NoToken
+                | Refusal::Expired
+                | Refusal::LedgerUnreachable
+                | Refusal::Pending
+                | Refusal::DeskUnavailable
+        )
+    }
+
+    /// The sentence an agent reads: what happened and the right next move, as in the seed.
+    pub fn next_move(self) -> &'static str {
+        match self {
+            Refusal::NoToken => {
+                "Refused: no confirmation token. The preflight was skipped: call this tool without \
+                 confirm first, let the person approve it, then confirm with the token it returns."
+            }
+            Refusal::BadToken => {
+                "Refused: the confirmation token is not valid (malformed or not signed by this desk). \
+                 Do not retry with it; run the preflight again to get a token from the desk."
+            }
+            Refusal::Expired => {
+                "Refused: the confirmation token has expired. Run the preflight again for a fresh token."
+            }
+            Refusal::WrongTenant => {
+                "Refused: this token was issued to another agent session. It cannot be used here; \
+                 this is not a retry case."
+            }
+            Refusal::WrongTool => {
+                "Refused: this token was issued for another tool. It cannot be used here; this is \
+                 not a retry case."
+            }
+            Refusal::WrongTarget => {
+                "Refused: the token was approved for another target than this call names (in its \
+                 arguments or confirmTarget). Nothing was executed; run the preflight for the \
+                 target you mean."
+            }
+            Refusal::PlanChanged => {
+                "Refused: the operation changed since it was approved (its action, summary, details \
+                 or reversibility). Do not retry: have the user read and approve the new preflight."
+            }
+            Refusal::AlreadyUsed => {
+                "Refused: this token was already used, so the work may already be done. Check before \
+                 acting again; a retry is not automatically safe. If it is still needed, run the \
+                 preflight again for a fresh token."
+            }
+            Refusal::LedgerUnreachable => {
+                "Refused: the ledger that makes this token single-use is unreachable. Nothing was \
+                 executed. Retry shortly."
+            }
+            Refusal::Denied => "Refused: the person denied this request.",
+            Refusal::Pending => {
+                "Not decided yet: the request is waiting for the person at the Countersign desk. Call \
+                 this tool again with the same arguments to keep waiting for the same request."
+            }
+            Refusal::DeskUnavailable => {
+                "Refused: the Countersign desk is not running or cannot be reached, so nothing that \
+                 needs approval can run. Ask the user to start it (`countersign desk`)."
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_round_trips_and_is_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Refusal::ALL {
+            assert_eq!(Refusal::from_code(r.code()), Some(r));
+            assert!(seen.insert(r.code()));
+            let json = serde_json::to_string(&r).unwrap();
+            assert_eq!(json, format!("\"{}\"", r.code()));
+        }
+        assert_eq!(Refusal::from_code("approved"), None);
+    }
+
+    #[test]
+    fn already_used_warns_the_work_may_be_done() {
+        assert!(Refusal::AlreadyUsed.next_move().contains("may already be done"));
+        assert!(!Refusal::AlreadyUsed.is_retry_case());
+    }
+
+    #[test]
+    fn plan_changed_says_do_not_retry_and_does_not_blame_the_target() {
+        let text = Refusal::PlanChanged.next_move();
+        assert!(text.contains("Do not retry"));
+        assert!(!text.contains("target changed"));
+    }
+
+    #[test]
+    fn ledger_unreachable_says_nothing_was_executed_and_to_retry() {
+        let text = Refusal::LedgerUnreachable.next_move();
+        assert!(text.contains("Nothing was executed"));
+        assert!(text.contains("Retry shortly"));
+    }
+
+    #[test]
+    fn wrong_tenant_and_wrong_tool_are_not_retry_cases() {
+        for r in [Refusal::WrongTenant, Refusal::WrongTool] {
+            assert!(r.next_move().contains("not a retry case"));
+            assert!(!r.is_retry_case());
+        }
+    }
+}

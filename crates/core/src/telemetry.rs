@@ -1,0 +1,160 @@
+//! Confirmation events: what history records and what goes to `tracing` under target `confirm`.
+//!
+//! One event type serves both, so the audit trail and the logs cannot drift apart. Refusals and
+//! replays are security events (the record that an approval boundary was tested): they are emitted
+//! at `WARN`, and the project's subscriber always enables target `confirm`, whatever the user's
+//! filter says. The token itself is never part of an event; the nonce is, since it ties a replay to
+//! the issuance it replays.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::PlanHash;
+use crate::refusal::Refusal;
+use crate::token::Nonce;
+
+/// The `tracing` target of every confirmation event.
+pub const TARGET: &str = "confirm";
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EventKind {
+    /// A person approved and a token was minted.
+    Issued,
+    /// A confirm passed verification (and, for single-use tools, its nonce was spent).
+    Accepted,
+    /// A confirm was refused; `refusal` says why (never `already_used`: that is [`EventKind::Replay`]).
+    Refused {
+        /// The refusal code.
+        refusal: Refusal,
+    },
+    /// A spent single-use token was presented again.
+    Replay,
+    /// A person denied the request.
+    Denied,
+    /// The approved action ran; `ok` says whether the upstream reported success.
+    Executed {
+        /// Whether the execution succeeded.
+        ok: bool,
+    },
+}
+
+impl EventKind {
+    /// The history code: `issued`, `accepted`, `refused`, `replay`, `denied`, `executed`.
+    pub fn code(self) -> &'static str {
+        match self {
+            EventKind::Issued => "issued",
+            EventKind::Accepted => "accepted",
+            EventKind::Refused { .. } => "refused",
+            EventKind::Replay => "replay",
+            EventKind::Denied => "denied",
+            EventKind::Executed { .. } => "executed",
+        }
+    }
+
+    /// The event for a refusal of the verification chain: `already_used` is a replay.
+    pub fn for_refusal(refusal: Refusal) -> EventKind {
+        match refusal {
+            Refusal::AlreadyUsed => EventKind::Replay,
+            Refusal::Denied => EventKind::Denied,
+            refusal => EventKind::Refused { refusal },
+        }
+    }
+
+    /// Whether this is a security event that must never be sampled or filtered out.
+    pub fn is_security_event(self) -> bool {
+        matches!(self, EventKind::Refused { .. } | EventKind::Replay)
+    }
+}
+
+/// One confirmation event. Contains no token, by construction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmEvent {
+    /// When it happened, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+    /// The tool concerned.
+    pub tool: String,
+    /// The resolved target, when one was known.
+    pub target: Option<String>,
+    /// The connection (agent session) concerned.
+    pub tenant: String,
+    /// The token's nonce, when a token was involved and could be read.
+    pub nonce: Option<Nonce>,
+    /// The plan hash, when known.
+    pub plan: Option<PlanHash>,
+    /// A short free text: a denial's note, an execution's error.
+    pub note: Option<String>,
+}
+
+impl ConfirmEvent {
+    /// Sends the event to `tracing` under target [`TARGET`]: security events at `WARN`, the rest
+    /// at `INFO`. Emitting is not installing: the core never sets a subscriber.
+    pub fn emit(&self) {
+        let nonce = self.nonce.map(|n| n.to_hex());
+        let plan = self.plan.map(|p| p.to_hex());
+        let refusal = match self.kind {
+            EventKind::Refused { refusal } => Some(refusal.code()),
+            EventKind::Replay => Some(Refusal::AlreadyUsed.code()),
+            _ => None,
+        };
+        macro_rules! event {
+            ($level:expr) => {
+                tracing::event!(
+                    target: TARGET,
+                    $level,
+                    event = self.kind.code(),
+                    refusal = refusal,
+                    tool = %self.tool,
+                    target = self.target.as_deref(),
+                    tenant = %self.tenant,
+                    nonce = nonce.as_deref(),
+                    plan = plan.as_deref(),
+                    at_ms = self.at_ms,
+                    "confirm {}",
+                    self.kind.code()
+                )
+            };
+        }
+        if self.kind.is_security_event() {
+            event!(tracing::Level::WARN);
+        } else {
+            event!(tracing::Level::INFO);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn already_used_is_recorded_as_a_replay() {
+        assert_eq!(EventKind::for_refusal(Refusal::AlreadyUsed), EventKind::Replay);
+        assert_eq!(EventKind::for_refusal(Refusal::Expired), EventKind::Refused { refusal: Refusal::Expired });
+        assert!(EventKind::Replay.is_security_event());
+        assert!(!EventKind::Issued.is_security_event());
+    }
+
+    #[test]
+    fn event_serializes_with_its_kind_and_refusal_code() {
+        let event = ConfirmEvent {
+            at_ms: 5,
+            kind: EventKind::Refused { refusal: Refusal::PlanChanged },
+            tool: "execute".into(),
+            target: Some("db".into()),
+            tenant: "c1".into(),
+            nonce: None,
+            plan: None,
+            note: None,
+        };
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(json["kind"], "refused");
+        assert_eq!(json["refusal"], "plan_changed");
+        let back: ConfirmEvent = serde_json::from_value(json).unwrap();
+        assert_eq!(back, event);
+    }
+}
