@@ -146,19 +146,58 @@ pub fn write_string(out: &mut String, s: &str) {
 /// Writes a number in ECMAScript's `Number.prototype.toString` form, refusing what would not
 /// survive a round trip through an IEEE double.
 pub fn write_number(out: &mut String, n: &Number) -> Result<(), CanonicalError> {
-    if let Some(u) = n.as_u64() {
-        if u > MAX_SAFE_INTEGER {
-            return Err(CanonicalError::UnsafeInteger(u.to_string()));
+    let integer = n.as_u64().map(|u| (u, false)).or_else(|| n.as_i64().map(|i| (i.unsigned_abs(), true)));
+    match integer {
+        Some((magnitude, _)) if magnitude <= MAX_SAFE_INTEGER => out.push_str(&n.to_string()),
+        Some(_) => out.push_str(&exact_as_double(&n.to_string())?),
+        None => write_f64(out, n.as_f64().ok_or(CanonicalError::NonFinite)?)?,
+    }
+    Ok(())
+}
+
+/// An integer beyond ±(2^53−1) is accepted only when its canonical spelling is its own decimal
+/// text, i.e. when reading it as a double and writing it back loses nothing (`9007199254740992`,
+/// or `862744801135835000`, which is how RFC 8785 itself writes a large double). Anything else,
+/// such as `9007199254740993`, would silently become another number and is refused.
+fn exact_as_double(decimal: &str) -> Result<String, CanonicalError> {
+    let unsafe_integer = || CanonicalError::UnsafeInteger(decimal.to_owned());
+    let f: f64 = decimal.parse().map_err(|_| unsafe_integer())?;
+    let mut canonical = String::new();
+    write_f64(&mut canonical, f).map_err(|_| unsafe_integer())?;
+    if canonical == decimal { Ok(canonical) } else { Err(unsafe_integer()) }
+}
+
+/// Checks every integer literal of (valid) JSON text with [`exact_as_double`]. Needed because a
+/// plain parse turns literals beyond 64 bits into doubles silently, before any visitor sees them.
+fn check_integer_literals(text: &str) -> Result<(), CanonicalError> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                    i += 1;
+                }
+                let literal = &text[start..i];
+                let digits = literal.trim_start_matches('-');
+                // 15 digits always fit below 2^53; only longer integer literals need a look.
+                if digits.len() > 15 && digits.bytes().all(|b| b.is_ascii_digit()) {
+                    let magnitude_safe = digits.parse::<u64>().is_ok_and(|m| m <= MAX_SAFE_INTEGER);
+                    if !magnitude_safe {
+                        exact_as_double(literal)?;
+                    }
+                }
+            }
+            _ => i += 1,
         }
-        out.push_str(&u.to_string());
-    } else if let Some(i) = n.as_i64() {
-        if i.unsigned_abs() > MAX_SAFE_INTEGER {
-            return Err(CanonicalError::UnsafeInteger(i.to_string()));
-        }
-        out.push_str(&i.to_string());
-    } else {
-        let f = n.as_f64().ok_or(CanonicalError::NonFinite)?;
-        write_f64(out, f)?;
     }
     Ok(())
 }
@@ -218,6 +257,8 @@ pub fn parse_strict(text: &str) -> Result<Value, CanonicalError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let value = StrictSeed { depth: 0 }.deserialize(&mut de).map_err(classify)?;
     de.end().map_err(classify)?;
+    // Only now is the text known to be JSON, which the literal scan relies on.
+    check_integer_literals(text)?;
     Ok(value)
 }
 
@@ -227,7 +268,6 @@ fn classify(err: serde_json::Error) -> CanonicalError {
     for (prefix, build) in [
         (TOO_DEEP, (|_| CanonicalError::TooDeep { limit: MAX_DEPTH }) as fn(&str) -> CanonicalError),
         (DUPLICATE, |rest| CanonicalError::DuplicateKey(rest.to_owned())),
-        (UNSAFE, |rest| CanonicalError::UnsafeInteger(rest.to_owned())),
     ] {
         if let Some(rest) = text.strip_prefix(prefix) {
             // serde_json appends " at line L column C"; the payload ends before it.
@@ -240,7 +280,6 @@ fn classify(err: serde_json::Error) -> CanonicalError {
 
 const TOO_DEEP: &str = "countersign:too-deep:";
 const DUPLICATE: &str = "countersign:duplicate-key:";
-const UNSAFE: &str = "countersign:unsafe-integer:";
 
 struct StrictSeed {
     depth: usize,
@@ -273,16 +312,12 @@ impl<'de> Visitor<'de> for StrictSeed {
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
         Ok(Value::Bool(v))
     }
+    // Integers beyond the safe range are kept as they came; `write_number` decides whether they
+    // are exact doubles, and `check_integer_literals` covers the ones a parse turns into doubles.
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        if v > MAX_SAFE_INTEGER {
-            return Err(E::custom(format_args!("{UNSAFE}{v}")));
-        }
         Ok(Value::Number(v.into()))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        if v.unsigned_abs() > MAX_SAFE_INTEGER {
-            return Err(E::custom(format_args!("{UNSAFE}{v}")));
-        }
         Ok(Value::Number(v.into()))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
@@ -356,11 +391,30 @@ mod tests {
 
     #[test]
     fn integers_beyond_two_to_the_53_are_refused() {
-        for text in ["9007199254740992", "-9007199254740992", "18446744073709551615", "[1, {\"a\": 9007199254740993}]"] {
+        for text in [
+            "9007199254740993",
+            "-9007199254740993",
+            "18446744073709551615",
+            "[1, {\"a\": 9007199254740993}]",
+            "1152921504606846976",
+            "123456789012345680001",
+            "99999999999999999999999",
+        ] {
             assert!(matches!(canon(text), Err(CanonicalError::UnsafeInteger(_))), "{text}");
         }
         let value = json!({"big": u64::MAX});
         assert!(matches!(to_string(&value), Err(CanonicalError::UnsafeInteger(_))));
+        let value = json!({"big": (1u64 << 53) + 1});
+        assert!(matches!(to_string(&value), Err(CanonicalError::UnsafeInteger(_))));
+    }
+
+    #[test]
+    fn large_integers_that_are_exact_doubles_keep_their_spelling() {
+        // What RFC 8785 writes for a large double must read back as the same value.
+        for text in ["9007199254740992", "-9007199254740992", "862744801135835000", "100000000000000000000"] {
+            assert_eq!(canon(text).unwrap(), text.trim_start_matches('+'));
+        }
+        assert_eq!(to_string(&json!(1u64 << 53)).unwrap(), "9007199254740992");
     }
 
     #[test]
