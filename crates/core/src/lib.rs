@@ -13,6 +13,7 @@ pub mod canonical;
 pub mod gate;
 pub mod ledger;
 pub mod plan;
+pub mod policy;
 pub mod refusal;
 pub mod render;
 pub mod telemetry;

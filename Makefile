@@ -1,0 +1,15 @@
+# The two commands README.md opens with, plus the slower checks it documents.
+.PHONY: run test bench fuzz
+
+run: ## Set up and run the walkthrough (the demo, once the desk exists).
+	.ci/setup
+	.ci/with-keychain cargo run --locked -p countersign-tests --example walkthrough
+
+test: ## Set up and run every test, as CI does.
+	.ci/test
+
+bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend).
+	cargo bench --locked -p countersign-core -p countersign-store
+
+fuzz: ## Run each fuzz target for FUZZ_SECONDS (default 60).
+	.ci/fuzz $${FUZZ_SECONDS:-60}

@@ -1,0 +1,394 @@
+//! Policy: from a tool's definition and a call's arguments to the plan a person approves.
+//!
+//! The desk owns the policy (a TOML file it reads; evaluating it is pure and lives here). Per
+//! server and per tool it may set the gate class, a target template (`{owner}/{repo}`, or just an
+//! argument name), a summary template, and whether approving needs the target typed. Without a
+//! rule: the class comes from the tool's annotations, the target is the first present argument
+//! among [`TARGET_KEYS`] (else the tool's name), the action is the tool's name, reversible is
+//! "not destructive", and typing the target is required for tools annotated destructive.
+//! Summaries come from templates and plan fields, never from free text the agent wrote.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::canonical::{self, CanonicalError};
+use crate::gate::{self, GateClass};
+use crate::plan::Plan;
+
+/// Argument names tried, in order, for a call's default target.
+pub const TARGET_KEYS: &[&str] = &[
+    "path", "uri", "url", "name", "id", "table", "repo", "file", "key", "database", "branch", "cluster",
+    "resource", "source", "destination", "target",
+];
+
+/// The default summary template.
+pub const DEFAULT_SUMMARY: &str = "{action} on {target}";
+
+/// The arguments Countersign adds to gated tools; an upstream tool that already has one of them
+/// cannot be offered.
+pub const CONFIRM_ARGUMENTS: [&str; 3] = ["confirm", "confirmTarget", "confirmToken"];
+
+/// The policy file's shape.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Rules per server name (`--name`, else the upstream's `serverInfo.name`).
+    #[serde(default)]
+    pub servers: BTreeMap<String, ServerPolicy>,
+}
+
+/// Rules for one server.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerPolicy {
+    /// Applies to every tool of the server, under the tool's own rule.
+    #[serde(default)]
+    pub all: ToolPolicy,
+    /// Rules per tool name.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolPolicy>,
+}
+
+/// Overrides for a tool; what is unset falls back to the server's `all`, then to the defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolPolicy {
+    /// The gate class.
+    pub class: Option<GateClass>,
+    /// Target template: `{owner}/{repo}`, or a bare argument name.
+    pub target: Option<String>,
+    /// Summary template: `{tool}`, `{action}`, `{target}` and argument names in braces.
+    pub summary: Option<String>,
+    /// Whether approving needs the target typed.
+    pub type_target: Option<bool>,
+}
+
+/// What policy decided for one tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolRule {
+    /// The gate class.
+    pub class: GateClass,
+    /// Whether the tool is (by annotation) destructive; drives `reversible`.
+    pub destructive: bool,
+    /// Whether approving needs the target typed.
+    pub type_target: bool,
+    /// The target template, if any.
+    pub target: Option<String>,
+    /// The summary template.
+    pub summary: String,
+}
+
+impl Policy {
+    /// Parses the TOML text of a policy file.
+    pub fn from_toml(text: &str) -> Result<Policy, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The rule for `tool` (a raw MCP tool definition) of `server`.
+    pub fn rule(&self, server: &str, tool: &Value) -> ToolRule {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+        let annotations = tool.get("annotations");
+        let server_policy = self.servers.get(server);
+        let own = server_policy.and_then(|s| s.tools.get(name));
+        let all = server_policy.map(|s| &s.all);
+        let pick = |f: fn(&ToolPolicy) -> Option<&String>| own.and_then(f).or_else(|| all.and_then(f)).cloned();
+        let destructive = gate::is_destructive(annotations);
+        ToolRule {
+            class: own
+                .and_then(|p| p.class)
+                .or_else(|| all.and_then(|p| p.class))
+                .unwrap_or_else(|| GateClass::from_annotations(annotations)),
+            destructive,
+            type_target: own
+                .and_then(|p| p.type_target)
+                .or_else(|| all.and_then(|p| p.type_target))
+                .unwrap_or(destructive && annotations.and_then(|a| a.get("destructiveHint")) == Some(&Value::Bool(true))),
+            target: pick(|p| p.target.as_ref()),
+            summary: pick(|p| p.summary.as_ref()).unwrap_or_else(|| DEFAULT_SUMMARY.to_owned()),
+        }
+    }
+}
+
+/// Why a call cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// The arguments are not a JSON object.
+    #[error("tool arguments must be a JSON object")]
+    NotAnObject,
+    /// `confirm` is present but not a boolean.
+    #[error("confirm must be true or false")]
+    ConfirmNotBoolean,
+    /// `confirmTarget` or `confirmToken` is present but not a string.
+    #[error("{0} must be a string")]
+    NotAString(&'static str),
+    /// The arguments cannot be hashed.
+    #[error(transparent)]
+    Canonical(#[from] CanonicalError),
+}
+
+/// The confirm fields of a call, taken out of its arguments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfirmFields {
+    /// `confirm`, if present.
+    pub confirm: Option<bool>,
+    /// `confirmTarget`, if present.
+    pub target: Option<String>,
+    /// `confirmToken`, if present.
+    pub token: Option<String>,
+}
+
+impl ConfirmFields {
+    /// Whether this call is a confirm (`confirm: true`), not a preflight.
+    pub fn is_confirm(&self) -> bool {
+        self.confirm == Some(true)
+    }
+}
+
+/// Splits a call's arguments into the operation's own arguments and the confirm fields.
+/// Absent arguments (`null`) count as an empty object.
+pub fn split_confirm(arguments: &Value) -> Result<(Map<String, Value>, ConfirmFields), PlanError> {
+    let mut args = match arguments {
+        Value::Object(map) => map.clone(),
+        Value::Null => Map::new(),
+        _ => return Err(PlanError::NotAnObject),
+    };
+    let confirm = match args.remove("confirm") {
+        None => None,
+        Some(Value::Bool(b)) => Some(b),
+        Some(_) => return Err(PlanError::ConfirmNotBoolean),
+    };
+    let mut string = |name: &'static str| match args.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(PlanError::NotAString(name)),
+    };
+    let target = string("confirmTarget")?;
+    let token = string("confirmToken")?;
+    Ok((args, ConfirmFields { confirm, target, token }))
+}
+
+/// A value as it appears inside a target or summary: strings bare, anything else canonical.
+fn inline(value: &Value) -> Result<String, CanonicalError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        other => canonical::to_string(other),
+    }
+}
+
+/// Fills `{name}` placeholders from `lookup`; an unknown name stays visible as `<name missing>`,
+/// a fact about the call rather than a guess.
+fn fill(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else { break };
+        out.push_str(&rest[..open]);
+        let name = &rest[open + 1..open + close];
+        out.push_str(&lookup(name).unwrap_or_else(|| format!("<{name} missing>")));
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The plan for a call of `tool` with `arguments` (confirm fields already removed).
+pub fn plan(rule: &ToolRule, tool: &str, arguments: &Map<String, Value>) -> Result<Plan, PlanError> {
+    let details = Value::Object(arguments.clone());
+    // Refuse what cannot be hashed before anything else is built from it.
+    canonical::to_string(&details)?;
+    let arg = |name: &str| arguments.get(name).and_then(|v| inline(v).ok());
+    let target = match &rule.target {
+        Some(t) if t.contains('{') => fill(t, arg),
+        Some(name) => arg(name).unwrap_or_else(|| format!("<{name} missing>")),
+        None => TARGET_KEYS
+            .iter()
+            .find_map(|k| arguments.get(*k).filter(|v| !v.is_null()).and_then(|v| inline(v).ok()))
+            .unwrap_or_else(|| tool.to_owned()),
+    };
+    let action = tool.to_owned();
+    let summary = fill(&rule.summary, |name| match name {
+        "tool" | "action" => Some(tool.to_owned()),
+        "target" => Some(target.clone()),
+        other => arg(other),
+    });
+    Ok(Plan { tool: tool.to_owned(), target, action, summary, details, reversible: !rule.destructive })
+}
+
+/// Why a tool cannot be offered gated: it already uses one of [`CONFIRM_ARGUMENTS`].
+pub fn withheld_reason(tool: &Value) -> Option<String> {
+    let properties = tool.pointer("/inputSchema/properties").and_then(Value::as_object)?;
+    CONFIRM_ARGUMENTS.iter().find(|a| properties.contains_key(**a)).map(|a| {
+        format!("the tool already has an argument named `{a}`, which Countersign needs for its confirm step")
+    })
+}
+
+/// The sentence added to a gated tool's description.
+pub fn gated_sentence(class: GateClass) -> &'static str {
+    match class {
+        GateClass::Once => {
+            "Countersign: this tool needs a person's approval. Call it first without confirm to get a \
+             preflight; once approved, call again with the same arguments plus confirm: true, \
+             confirmTarget and confirmToken. The token works once."
+        }
+        _ => {
+            "Countersign: this tool needs a person's approval. Call it first without confirm to get a \
+             preflight; once approved, call again with the same arguments plus confirm: true, \
+             confirmTarget and confirmToken. The token works until it expires."
+        }
+    }
+}
+
+/// A gated tool as the agent sees it: `confirm`, `confirmTarget` and `confirmToken` added to its
+/// input schema, a sentence added to its description, its `outputSchema` removed (results differ
+/// between preflight and execution). Every other field is kept as the upstream sent it.
+pub fn augment(tool: &Value, class: GateClass) -> Value {
+    let mut tool = tool.clone();
+    let Some(obj) = tool.as_object_mut() else { return tool };
+    obj.remove("outputSchema");
+    let description = match obj.get("description").and_then(Value::as_str) {
+        Some(d) if !d.is_empty() => format!("{d}\n\n{}", gated_sentence(class)),
+        _ => gated_sentence(class).to_owned(),
+    };
+    obj.insert("description".into(), Value::String(description));
+    let schema = obj.entry("inputSchema").or_insert_with(|| serde_json::json!({"type": "object"}));
+    if let Some(schema) = schema.as_object_mut() {
+        let properties = schema.entry("properties").or_insert_with(|| Value::Object(Map::new()));
+        if let Some(properties) = properties.as_object_mut() {
+            properties.insert(
+                "confirm".into(),
+                serde_json::json!({"type": "boolean", "description": "true to execute an approved preflight"}),
+            );
+            properties.insert(
+                "confirmTarget".into(),
+                serde_json::json!({"type": "string", "description": "the target named by the approved preflight"}),
+            );
+            properties.insert(
+                "confirmToken".into(),
+                serde_json::json!({"type": "string", "description": "the confirmToken from the approved preflight"}),
+            );
+        }
+    }
+    tool
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(annotations: Value) -> Value {
+        json!({"name": "write_file", "description": "Write a file", "annotations": annotations,
+               "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}},
+               "outputSchema": {"type": "object"}, "_meta": {"x": 1}, "title": "Write"})
+    }
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn default_target_is_the_first_known_argument_else_the_tool() {
+        let rule = Policy::default().rule("fs", &tool(json!({})));
+        let p = plan(&rule, "write_file", &args(json!({"content": "x", "name": "n", "path": "/a"}))).unwrap();
+        assert_eq!(p.target, "/a");
+        let p = plan(&rule, "write_file", &args(json!({"content": "x"}))).unwrap();
+        assert_eq!(p.target, "write_file");
+        assert_eq!(p.summary, "write_file on write_file");
+    }
+
+    #[test]
+    fn destructive_tool_is_irreversible_and_needs_the_target_typed() {
+        let rule = Policy::default().rule("fs", &tool(json!({"destructiveHint": true})));
+        assert!(rule.destructive && rule.type_target);
+        assert_eq!(rule.class, GateClass::Once);
+        let p = plan(&rule, "write_file", &args(json!({"path": "/a"}))).unwrap();
+        assert!(!p.reversible);
+        let rule = Policy::default().rule("fs", &tool(json!({"destructiveHint": false, "idempotentHint": true})));
+        assert!(!rule.destructive && !rule.type_target);
+        assert_eq!(rule.class, GateClass::Token);
+    }
+
+    #[test]
+    fn policy_overrides_class_target_summary_and_typing() {
+        let policy = Policy::from_toml(
+            r#"
+            [servers.github.all]
+            type_target = true
+            [servers.github.tools.create_issue]
+            class = "token"
+            target = "{owner}/{repo}"
+            summary = "Open an issue in {target} titled {title}"
+            "#,
+        )
+        .unwrap();
+        let rule = policy.rule("github", &json!({"name": "create_issue"}));
+        assert_eq!(rule.class, GateClass::Token);
+        assert!(rule.type_target);
+        let p = plan(&rule, "create_issue", &args(json!({"owner": "o", "repo": "r", "title": "Bug"}))).unwrap();
+        assert_eq!(p.target, "o/r");
+        assert_eq!(p.summary, "Open an issue in o/r titled Bug");
+        let p = plan(&rule, "create_issue", &args(json!({"owner": "o"}))).unwrap();
+        assert_eq!(p.target, "o/<repo missing>");
+        // Another server is untouched.
+        assert_eq!(policy.rule("other", &json!({"name": "create_issue"})).class, GateClass::Once);
+    }
+
+    #[test]
+    fn unknown_policy_keys_are_refused() {
+        assert!(Policy::from_toml("[servers.x.tools.y]\nclas = \"open\"").is_err());
+        assert!(Policy::from_toml("[servers.x.tools.y]\nclass = \"sometimes\"").is_err());
+    }
+
+    #[test]
+    fn confirm_fields_are_split_from_the_arguments() {
+        let (rest, fields) =
+            split_confirm(&json!({"path": "/a", "confirm": true, "confirmTarget": "/a", "confirmToken": "cs1.x.y"})).unwrap();
+        assert_eq!(Value::Object(rest), json!({"path": "/a"}));
+        assert!(fields.is_confirm());
+        assert_eq!(fields.token.as_deref(), Some("cs1.x.y"));
+        assert_eq!(split_confirm(&json!({"confirm": "true"})), Err(PlanError::ConfirmNotBoolean));
+        assert_eq!(split_confirm(&json!({"confirmToken": 5})), Err(PlanError::NotAString("confirmToken")));
+        assert_eq!(split_confirm(&json!([1])), Err(PlanError::NotAnObject));
+        assert!(split_confirm(&Value::Null).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn preflight_and_confirm_arguments_plan_the_same() {
+        let rule = Policy::default().rule("fs", &tool(json!({})));
+        let (pre, _) = split_confirm(&json!({"path": "/a", "n": 2})).unwrap();
+        let (conf, _) = split_confirm(&json!({"confirm": true, "n": 2, "confirmToken": "t", "path": "/a"})).unwrap();
+        assert_eq!(plan(&rule, "w", &pre).unwrap().hash(), plan(&rule, "w", &conf).unwrap().hash());
+    }
+
+    #[test]
+    fn unhashable_arguments_are_refused() {
+        let rule = Policy::default().rule("fs", &tool(json!({})));
+        let big = args(json!({"n": u64::MAX}));
+        assert!(matches!(plan(&rule, "w", &big), Err(PlanError::Canonical(_))));
+    }
+
+    #[test]
+    fn augmented_tool_keeps_every_other_field() {
+        let t = tool(json!({"destructiveHint": true}));
+        let a = augment(&t, GateClass::Once);
+        assert!(a.get("outputSchema").is_none());
+        assert_eq!(a["_meta"], json!({"x": 1}));
+        assert_eq!(a["title"], "Write");
+        assert_eq!(a["annotations"], json!({"destructiveHint": true}));
+        assert!(a["description"].as_str().unwrap().starts_with("Write a file\n\nCountersign:"));
+        for name in CONFIRM_ARGUMENTS {
+            assert!(a["inputSchema"]["properties"].get(name).is_some());
+        }
+        assert_eq!(a["inputSchema"]["properties"]["path"], json!({"type": "string"}));
+    }
+
+    #[test]
+    fn tool_with_a_confirm_argument_is_withheld() {
+        let t = json!({"name": "x", "inputSchema": {"type": "object", "properties": {"confirmToken": {}}}});
+        assert!(withheld_reason(&t).unwrap().contains("confirmToken"));
+        assert_eq!(withheld_reason(&tool(json!({}))), None);
+    }
+}
