@@ -50,12 +50,23 @@ fn one_mib_plan() -> Plan {
 
 fn benches(c: &mut Criterion) {
     let key = SigningKey::new(&[0x33; 32]).unwrap();
-    c.bench_function("mint", |b| b.iter(|| mint(black_box(&key), black_box(&claims(1)))));
+    c.bench_function("mint", |b| {
+        b.iter(|| mint(black_box(&key), black_box(&claims(1))))
+    });
 
     let token = mint(&key, &claims(1));
     let mut ledger = MemoryLedger::new();
     c.bench_function("verify (token class)", |b| {
-        b.iter(|| verify(&key, black_box(&confirm(token.expose())), false, 2_000, &mut ledger).unwrap())
+        b.iter(|| {
+            verify(
+                &key,
+                black_box(&confirm(token.expose())),
+                false,
+                2_000,
+                &mut ledger,
+            )
+            .unwrap()
+        })
     });
 
     let mut n = 0u128;
@@ -75,7 +86,9 @@ fn benches(c: &mut Criterion) {
     eprintln!("canonical plan size: {size} bytes");
     let mut group = c.benchmark_group("plan hash");
     group.throughput(criterion::Throughput::Bytes(size as u64));
-    group.bench_function("canonical hash of a 1 MiB plan", |b| b.iter(|| black_box(&plan).hash().unwrap()));
+    group.bench_function("canonical hash of a 1 MiB plan", |b| {
+        b.iter(|| black_box(&plan).hash().unwrap())
+    });
     group.finish();
 }
 

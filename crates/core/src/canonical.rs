@@ -146,7 +146,10 @@ pub fn write_string(out: &mut String, s: &str) {
 /// Writes a number in ECMAScript's `Number.prototype.toString` form, refusing what would not
 /// survive a round trip through an IEEE double.
 pub fn write_number(out: &mut String, n: &Number) -> Result<(), CanonicalError> {
-    let integer = n.as_u64().map(|u| (u, false)).or_else(|| n.as_i64().map(|i| (i.unsigned_abs(), true)));
+    let integer = n
+        .as_u64()
+        .map(|u| (u, false))
+        .or_else(|| n.as_i64().map(|i| (i.unsigned_abs(), true)));
     match integer {
         Some((magnitude, _)) if magnitude <= MAX_SAFE_INTEGER => out.push_str(&n.to_string()),
         Some(_) => out.push_str(&exact_as_double(&n.to_string())?),
@@ -164,7 +167,11 @@ fn exact_as_double(decimal: &str) -> Result<String, CanonicalError> {
     let f: f64 = decimal.parse().map_err(|_| unsafe_integer())?;
     let mut canonical = String::new();
     write_f64(&mut canonical, f).map_err(|_| unsafe_integer())?;
-    if canonical == decimal { Ok(canonical) } else { Err(unsafe_integer()) }
+    if canonical == decimal {
+        Ok(canonical)
+    } else {
+        Err(unsafe_integer())
+    }
 }
 
 /// Checks every integer literal of (valid) JSON text with [`exact_as_double`]. Needed because a
@@ -183,7 +190,9 @@ fn check_integer_literals(text: &str) -> Result<(), CanonicalError> {
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
                     i += 1;
                 }
                 let literal = &text[start..i];
@@ -255,7 +264,9 @@ pub fn parse_strict(text: &str) -> Result<Value, CanonicalError> {
         return Err(CanonicalError::TooLarge { limit: MAX_BYTES });
     }
     let mut de = serde_json::Deserializer::from_str(text);
-    let value = StrictSeed { depth: 0 }.deserialize(&mut de).map_err(classify)?;
+    let value = StrictSeed { depth: 0 }
+        .deserialize(&mut de)
+        .map_err(classify)?;
     de.end().map_err(classify)?;
     // Only now is the text known to be JSON, which the literal scan relies on.
     check_integer_literals(text)?;
@@ -266,8 +277,13 @@ pub fn parse_strict(text: &str) -> Result<Value, CanonicalError> {
 fn classify(err: serde_json::Error) -> CanonicalError {
     let text = err.to_string();
     for (prefix, build) in [
-        (TOO_DEEP, (|_| CanonicalError::TooDeep { limit: MAX_DEPTH }) as fn(&str) -> CanonicalError),
-        (DUPLICATE, |rest| CanonicalError::DuplicateKey(rest.to_owned())),
+        (
+            TOO_DEEP,
+            (|_| CanonicalError::TooDeep { limit: MAX_DEPTH }) as fn(&str) -> CanonicalError,
+        ),
+        (DUPLICATE, |rest| {
+            CanonicalError::DuplicateKey(rest.to_owned())
+        }),
     ] {
         if let Some(rest) = text.strip_prefix(prefix) {
             // serde_json appends " at line L column C"; the payload ends before it.
@@ -321,7 +337,9 @@ impl<'de> Visitor<'de> for StrictSeed {
         Ok(Value::Number(v.into()))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom("number is not finite"))
+        Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("number is not finite"))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
         Ok(Value::String(v.to_owned()))
@@ -400,18 +418,32 @@ mod tests {
             "123456789012345680001",
             "99999999999999999999999",
         ] {
-            assert!(matches!(canon(text), Err(CanonicalError::UnsafeInteger(_))), "{text}");
+            assert!(
+                matches!(canon(text), Err(CanonicalError::UnsafeInteger(_))),
+                "{text}"
+            );
         }
         let value = json!({"big": u64::MAX});
-        assert!(matches!(to_string(&value), Err(CanonicalError::UnsafeInteger(_))));
+        assert!(matches!(
+            to_string(&value),
+            Err(CanonicalError::UnsafeInteger(_))
+        ));
         let value = json!({"big": (1u64 << 53) + 1});
-        assert!(matches!(to_string(&value), Err(CanonicalError::UnsafeInteger(_))));
+        assert!(matches!(
+            to_string(&value),
+            Err(CanonicalError::UnsafeInteger(_))
+        ));
     }
 
     #[test]
     fn large_integers_that_are_exact_doubles_keep_their_spelling() {
         // What RFC 8785 writes for a large double must read back as the same value.
-        for text in ["9007199254740992", "-9007199254740992", "862744801135835000", "100000000000000000000"] {
+        for text in [
+            "9007199254740992",
+            "-9007199254740992",
+            "862744801135835000",
+            "100000000000000000000",
+        ] {
             assert_eq!(canon(text).unwrap(), text.trim_start_matches('+'));
         }
         assert_eq!(to_string(&json!(1u64 << 53)).unwrap(), "9007199254740992");
@@ -419,14 +451,23 @@ mod tests {
 
     #[test]
     fn duplicate_keys_are_refused() {
-        assert_eq!(canon(r#"{"a":1,"a":2}"#), Err(CanonicalError::DuplicateKey("a".into())));
-        assert_eq!(canon(r#"{"x":{"b":1,"b":1}}"#), Err(CanonicalError::DuplicateKey("b".into())));
+        assert_eq!(
+            canon(r#"{"a":1,"a":2}"#),
+            Err(CanonicalError::DuplicateKey("a".into()))
+        );
+        assert_eq!(
+            canon(r#"{"x":{"b":1,"b":1}}"#),
+            Err(CanonicalError::DuplicateKey("b".into()))
+        );
     }
 
     #[test]
     fn lone_surrogates_are_refused() {
         for text in [r#""\ud800""#, r#""\udc00x""#, r#"{"\ud83d":1}"#] {
-            assert!(matches!(canon(text), Err(CanonicalError::InvalidJson(_))), "{text}");
+            assert!(
+                matches!(canon(text), Err(CanonicalError::InvalidJson(_))),
+                "{text}"
+            );
         }
         assert_eq!(canon(r#""\ud83d\ude02""#).unwrap(), "\"\u{1F602}\"");
     }
@@ -437,8 +478,14 @@ mod tests {
             assert!(canon(text).is_err(), "{text}");
         }
         let mut out = String::new();
-        assert_eq!(write_f64(&mut out, f64::NAN), Err(CanonicalError::NonFinite));
-        assert_eq!(write_f64(&mut out, f64::INFINITY), Err(CanonicalError::NonFinite));
+        assert_eq!(
+            write_f64(&mut out, f64::NAN),
+            Err(CanonicalError::NonFinite)
+        );
+        assert_eq!(
+            write_f64(&mut out, f64::INFINITY),
+            Err(CanonicalError::NonFinite)
+        );
     }
 
     #[test]
@@ -446,29 +493,47 @@ mod tests {
         let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(canon(&ok).is_ok());
         let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
-        assert_eq!(canon(&deep), Err(CanonicalError::TooDeep { limit: MAX_DEPTH }));
+        assert_eq!(
+            canon(&deep),
+            Err(CanonicalError::TooDeep { limit: MAX_DEPTH })
+        );
         // Far deeper than any stack would survive if recursion were unbounded.
         let abyss = format!("{}{}", "{\"a\":".repeat(100_000), "}".repeat(100_000));
-        assert_eq!(canon(&abyss), Err(CanonicalError::TooDeep { limit: MAX_DEPTH }));
+        assert_eq!(
+            canon(&abyss),
+            Err(CanonicalError::TooDeep { limit: MAX_DEPTH })
+        );
         // A value built in memory, not parsed, is bounded the same way.
         let mut value = json!(1);
         for _ in 0..(MAX_DEPTH + 1) {
             value = json!([value]);
         }
-        assert_eq!(to_string(&value), Err(CanonicalError::TooDeep { limit: MAX_DEPTH }));
+        assert_eq!(
+            to_string(&value),
+            Err(CanonicalError::TooDeep { limit: MAX_DEPTH })
+        );
     }
 
     #[test]
     fn oversized_values_are_refused() {
         let big = json!({"blob": "x".repeat(MAX_BYTES)});
-        assert_eq!(to_string(&big), Err(CanonicalError::TooLarge { limit: MAX_BYTES }));
+        assert_eq!(
+            to_string(&big),
+            Err(CanonicalError::TooLarge { limit: MAX_BYTES })
+        );
         let text = format!("\"{}\"", "x".repeat(MAX_BYTES));
-        assert_eq!(parse_strict(&text), Err(CanonicalError::TooLarge { limit: MAX_BYTES }));
+        assert_eq!(
+            parse_strict(&text),
+            Err(CanonicalError::TooLarge { limit: MAX_BYTES })
+        );
     }
 
     #[test]
     fn trailing_data_is_refused() {
-        assert!(matches!(canon("{} {}"), Err(CanonicalError::InvalidJson(_))));
+        assert!(matches!(
+            canon("{} {}"),
+            Err(CanonicalError::InvalidJson(_))
+        ));
     }
 
     #[test]

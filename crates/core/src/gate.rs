@@ -26,7 +26,11 @@ impl GateClass {
     /// `destructiveHint: false` and `idempotentHint: true` is [`GateClass::Token`]; everything
     /// else, including no annotations at all, is [`GateClass::Once`].
     pub fn from_annotations(annotations: Option<&Value>) -> GateClass {
-        let hint = |name: &str| annotations.and_then(|a| a.get(name)).and_then(Value::as_bool);
+        let hint = |name: &str| {
+            annotations
+                .and_then(|a| a.get(name))
+                .and_then(Value::as_bool)
+        };
         if hint("readOnlyHint") == Some(true) {
             GateClass::Open
         } else if hint("destructiveHint") == Some(false) && hint("idempotentHint") == Some(true) {
@@ -47,7 +51,9 @@ impl GateClass {
 
     /// Parses a stable name.
     pub fn from_code(code: &str) -> Option<GateClass> {
-        [GateClass::Open, GateClass::Token, GateClass::Once].into_iter().find(|c| c.code() == code)
+        [GateClass::Open, GateClass::Token, GateClass::Once]
+            .into_iter()
+            .find(|c| c.code() == code)
     }
 
     /// Whether calls need a token at all.
@@ -64,7 +70,11 @@ impl GateClass {
 /// Whether the tool declares itself destructive: by MCP's default, a tool that is not read-only
 /// and says nothing about it is. Drives the default for "reversible" and for typing the target.
 pub fn is_destructive(annotations: Option<&Value>) -> bool {
-    let hint = |name: &str| annotations.and_then(|a| a.get(name)).and_then(Value::as_bool);
+    let hint = |name: &str| {
+        annotations
+            .and_then(|a| a.get(name))
+            .and_then(Value::as_bool)
+    };
     hint("readOnlyHint") != Some(true) && hint("destructiveHint") != Some(false)
 }
 
@@ -76,7 +86,10 @@ mod tests {
     #[test]
     fn no_annotations_is_once() {
         assert_eq!(GateClass::from_annotations(None), GateClass::Once);
-        assert_eq!(GateClass::from_annotations(Some(&json!({}))), GateClass::Once);
+        assert_eq!(
+            GateClass::from_annotations(Some(&json!({}))),
+            GateClass::Once
+        );
     }
 
     #[test]
@@ -102,7 +115,11 @@ mod tests {
             json!({"destructiveHint": false, "idempotentHint": false}),
             json!({"idempotentHint": true}),
         ] {
-            assert_eq!(GateClass::from_annotations(Some(&a)), GateClass::Once, "{a}");
+            assert_eq!(
+                GateClass::from_annotations(Some(&a)),
+                GateClass::Once,
+                "{a}"
+            );
         }
     }
 

@@ -93,6 +93,9 @@ mod tests {
         ledger.spend(&Nonce::from_bytes([2; 16]), 30).unwrap();
         ledger.prune(20);
         assert_eq!(ledger.len(), 1);
-        assert_eq!(ledger.spend(&Nonce::from_bytes([2; 16]), 30), Err(SpendError::AlreadySpent));
+        assert_eq!(
+            ledger.spend(&Nonce::from_bytes([2; 16]), 30),
+            Err(SpendError::AlreadySpent)
+        );
     }
 }

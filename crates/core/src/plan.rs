@@ -106,7 +106,8 @@ impl Serialize for PlanHash {
 impl<'de> Deserialize<'de> for PlanHash {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        PlanHash::from_hex(&text).ok_or_else(|| serde::de::Error::custom("plan hash: 64 lowercase hex digits"))
+        PlanHash::from_hex(&text)
+            .ok_or_else(|| serde::de::Error::custom("plan hash: 64 lowercase hex digits"))
     }
 }
 

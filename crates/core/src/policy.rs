@@ -19,8 +19,22 @@ use crate::plan::Plan;
 
 /// Argument names tried, in order, for a call's default target.
 pub const TARGET_KEYS: &[&str] = &[
-    "path", "uri", "url", "name", "id", "table", "repo", "file", "key", "database", "branch", "cluster",
-    "resource", "source", "destination", "target",
+    "path",
+    "uri",
+    "url",
+    "name",
+    "id",
+    "table",
+    "repo",
+    "file",
+    "key",
+    "database",
+    "branch",
+    "cluster",
+    "resource",
+    "source",
+    "destination",
+    "target",
 ];
 
 /// The default summary template.
@@ -93,7 +107,9 @@ impl Policy {
         let server_policy = self.servers.get(server);
         let own = server_policy.and_then(|s| s.tools.get(name));
         let all = server_policy.map(|s| &s.all);
-        let pick = |f: fn(&ToolPolicy) -> Option<&String>| own.and_then(f).or_else(|| all.and_then(f)).cloned();
+        let pick = |f: fn(&ToolPolicy) -> Option<&String>| {
+            own.and_then(f).or_else(|| all.and_then(f)).cloned()
+        };
         let destructive = gate::is_destructive(annotations);
         ToolRule {
             class: own
@@ -104,7 +120,11 @@ impl Policy {
             type_target: own
                 .and_then(|p| p.type_target)
                 .or_else(|| all.and_then(|p| p.type_target))
-                .unwrap_or(destructive && annotations.and_then(|a| a.get("destructiveHint")) == Some(&Value::Bool(true))),
+                .unwrap_or(
+                    destructive
+                        && annotations.and_then(|a| a.get("destructiveHint"))
+                            == Some(&Value::Bool(true)),
+                ),
             target: pick(|p| p.target.as_ref()),
             summary: pick(|p| p.summary.as_ref()).unwrap_or_else(|| DEFAULT_SUMMARY.to_owned()),
         }
@@ -167,7 +187,14 @@ pub fn split_confirm(arguments: &Value) -> Result<(Map<String, Value>, ConfirmFi
     };
     let target = string("confirmTarget")?;
     let token = string("confirmToken")?;
-    Ok((args, ConfirmFields { confirm, target, token }))
+    Ok((
+        args,
+        ConfirmFields {
+            confirm,
+            target,
+            token,
+        },
+    ))
 }
 
 /// A value as it appears inside a target or summary: strings bare, anything else canonical.
@@ -184,7 +211,9 @@ fn fill(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
     let mut out = String::new();
     let mut rest = template;
     while let Some(open) = rest.find('{') {
-        let Some(close) = rest[open..].find('}') else { break };
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
         out.push_str(&rest[..open]);
         let name = &rest[open + 1..open + close];
         out.push_str(&lookup(name).unwrap_or_else(|| format!("<{name} missing>")));
@@ -195,7 +224,11 @@ fn fill(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
 }
 
 /// The plan for a call of `tool` with `arguments` (confirm fields already removed).
-pub fn plan(rule: &ToolRule, tool: &str, arguments: &Map<String, Value>) -> Result<Plan, PlanError> {
+pub fn plan(
+    rule: &ToolRule,
+    tool: &str,
+    arguments: &Map<String, Value>,
+) -> Result<Plan, PlanError> {
     let details = Value::Object(arguments.clone());
     // Refuse what cannot be hashed before anything else is built from it.
     canonical::to_string(&details)?;
@@ -205,7 +238,12 @@ pub fn plan(rule: &ToolRule, tool: &str, arguments: &Map<String, Value>) -> Resu
         Some(name) => arg(name).unwrap_or_else(|| format!("<{name} missing>")),
         None => TARGET_KEYS
             .iter()
-            .find_map(|k| arguments.get(*k).filter(|v| !v.is_null()).and_then(|v| inline(v).ok()))
+            .find_map(|k| {
+                arguments
+                    .get(*k)
+                    .filter(|v| !v.is_null())
+                    .and_then(|v| inline(v).ok())
+            })
             .unwrap_or_else(|| tool.to_owned()),
     };
     let action = tool.to_owned();
@@ -214,12 +252,21 @@ pub fn plan(rule: &ToolRule, tool: &str, arguments: &Map<String, Value>) -> Resu
         "target" => Some(target.clone()),
         other => arg(other),
     });
-    Ok(Plan { tool: tool.to_owned(), target, action, summary, details, reversible: !rule.destructive })
+    Ok(Plan {
+        tool: tool.to_owned(),
+        target,
+        action,
+        summary,
+        details,
+        reversible: !rule.destructive,
+    })
 }
 
 /// Why a tool cannot be offered gated: it already uses one of [`CONFIRM_ARGUMENTS`].
 pub fn withheld_reason(tool: &Value) -> Option<String> {
-    let properties = tool.pointer("/inputSchema/properties").and_then(Value::as_object)?;
+    let properties = tool
+        .pointer("/inputSchema/properties")
+        .and_then(Value::as_object)?;
     CONFIRM_ARGUMENTS.iter().find(|a| properties.contains_key(**a)).map(|a| {
         format!("the tool already has an argument named `{a}`, which Countersign needs for its confirm step")
     })
@@ -246,16 +293,22 @@ pub fn gated_sentence(class: GateClass) -> &'static str {
 /// between preflight and execution). Every other field is kept as the upstream sent it.
 pub fn augment(tool: &Value, class: GateClass) -> Value {
     let mut tool = tool.clone();
-    let Some(obj) = tool.as_object_mut() else { return tool };
+    let Some(obj) = tool.as_object_mut() else {
+        return tool;
+    };
     obj.remove("outputSchema");
     let description = match obj.get("description").and_then(Value::as_str) {
         Some(d) if !d.is_empty() => format!("{d}\n\n{}", gated_sentence(class)),
         _ => gated_sentence(class).to_owned(),
     };
     obj.insert("description".into(), Value::String(description));
-    let schema = obj.entry("inputSchema").or_insert_with(|| serde_json::json!({"type": "object"}));
+    let schema = obj
+        .entry("inputSchema")
+        .or_insert_with(|| serde_json::json!({"type": "object"}));
     if let Some(schema) = schema.as_object_mut() {
-        let properties = schema.entry("properties").or_insert_with(|| Value::Object(Map::new()));
+        let properties = schema
+            .entry("properties")
+            .or_insert_with(|| Value::Object(Map::new()));
         if let Some(properties) = properties.as_object_mut() {
             properties.insert(
                 "confirm".into(),
@@ -292,7 +345,12 @@ mod tests {
     #[test]
     fn default_target_is_the_first_known_argument_else_the_tool() {
         let rule = Policy::default().rule("fs", &tool(json!({})));
-        let p = plan(&rule, "write_file", &args(json!({"content": "x", "name": "n", "path": "/a"}))).unwrap();
+        let p = plan(
+            &rule,
+            "write_file",
+            &args(json!({"content": "x", "name": "n", "path": "/a"})),
+        )
+        .unwrap();
         assert_eq!(p.target, "/a");
         let p = plan(&rule, "write_file", &args(json!({"content": "x"}))).unwrap();
         assert_eq!(p.target, "write_file");
@@ -306,7 +364,10 @@ mod tests {
         assert_eq!(rule.class, GateClass::Once);
         let p = plan(&rule, "write_file", &args(json!({"path": "/a"}))).unwrap();
         assert!(!p.reversible);
-        let rule = Policy::default().rule("fs", &tool(json!({"destructiveHint": false, "idempotentHint": true})));
+        let rule = Policy::default().rule(
+            "fs",
+            &tool(json!({"destructiveHint": false, "idempotentHint": true})),
+        );
         assert!(!rule.destructive && !rule.type_target);
         assert_eq!(rule.class, GateClass::Token);
     }
@@ -327,13 +388,21 @@ mod tests {
         let rule = policy.rule("github", &json!({"name": "create_issue"}));
         assert_eq!(rule.class, GateClass::Token);
         assert!(rule.type_target);
-        let p = plan(&rule, "create_issue", &args(json!({"owner": "o", "repo": "r", "title": "Bug"}))).unwrap();
+        let p = plan(
+            &rule,
+            "create_issue",
+            &args(json!({"owner": "o", "repo": "r", "title": "Bug"})),
+        )
+        .unwrap();
         assert_eq!(p.target, "o/r");
         assert_eq!(p.summary, "Open an issue in o/r titled Bug");
         let p = plan(&rule, "create_issue", &args(json!({"owner": "o"}))).unwrap();
         assert_eq!(p.target, "o/<repo missing>");
         // Another server is untouched.
-        assert_eq!(policy.rule("other", &json!({"name": "create_issue"})).class, GateClass::Once);
+        assert_eq!(
+            policy.rule("other", &json!({"name": "create_issue"})).class,
+            GateClass::Once
+        );
     }
 
     #[test]
@@ -349,8 +418,14 @@ mod tests {
         assert_eq!(Value::Object(rest), json!({"path": "/a"}));
         assert!(fields.is_confirm());
         assert_eq!(fields.token.as_deref(), Some("cs1.x.y"));
-        assert_eq!(split_confirm(&json!({"confirm": "true"})), Err(PlanError::ConfirmNotBoolean));
-        assert_eq!(split_confirm(&json!({"confirmToken": 5})), Err(PlanError::NotAString("confirmToken")));
+        assert_eq!(
+            split_confirm(&json!({"confirm": "true"})),
+            Err(PlanError::ConfirmNotBoolean)
+        );
+        assert_eq!(
+            split_confirm(&json!({"confirmToken": 5})),
+            Err(PlanError::NotAString("confirmToken"))
+        );
         assert_eq!(split_confirm(&json!([1])), Err(PlanError::NotAnObject));
         assert!(split_confirm(&Value::Null).unwrap().0.is_empty());
     }
@@ -359,15 +434,23 @@ mod tests {
     fn preflight_and_confirm_arguments_plan_the_same() {
         let rule = Policy::default().rule("fs", &tool(json!({})));
         let (pre, _) = split_confirm(&json!({"path": "/a", "n": 2})).unwrap();
-        let (conf, _) = split_confirm(&json!({"confirm": true, "n": 2, "confirmToken": "t", "path": "/a"})).unwrap();
-        assert_eq!(plan(&rule, "w", &pre).unwrap().hash(), plan(&rule, "w", &conf).unwrap().hash());
+        let (conf, _) =
+            split_confirm(&json!({"confirm": true, "n": 2, "confirmToken": "t", "path": "/a"}))
+                .unwrap();
+        assert_eq!(
+            plan(&rule, "w", &pre).unwrap().hash(),
+            plan(&rule, "w", &conf).unwrap().hash()
+        );
     }
 
     #[test]
     fn unhashable_arguments_are_refused() {
         let rule = Policy::default().rule("fs", &tool(json!({})));
         let big = args(json!({"n": u64::MAX}));
-        assert!(matches!(plan(&rule, "w", &big), Err(PlanError::Canonical(_))));
+        assert!(matches!(
+            plan(&rule, "w", &big),
+            Err(PlanError::Canonical(_))
+        ));
     }
 
     #[test]
@@ -378,11 +461,19 @@ mod tests {
         assert_eq!(a["_meta"], json!({"x": 1}));
         assert_eq!(a["title"], "Write");
         assert_eq!(a["annotations"], json!({"destructiveHint": true}));
-        assert!(a["description"].as_str().unwrap().starts_with("Write a file\n\nCountersign:"));
+        assert!(
+            a["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("Write a file\n\nCountersign:")
+        );
         for name in CONFIRM_ARGUMENTS {
             assert!(a["inputSchema"]["properties"].get(name).is_some());
         }
-        assert_eq!(a["inputSchema"]["properties"]["path"], json!({"type": "string"}));
+        assert_eq!(
+            a["inputSchema"]["properties"]["path"],
+            json!({"type": "string"})
+        );
     }
 
     #[test]

@@ -167,7 +167,11 @@ mod tests {
 
     #[test]
     fn already_used_warns_the_work_may_be_done() {
-        assert!(Refusal::AlreadyUsed.next_move().contains("may already be done"));
+        assert!(
+            Refusal::AlreadyUsed
+                .next_move()
+                .contains("may already be done")
+        );
         assert!(!Refusal::AlreadyUsed.is_retry_case());
     }
 

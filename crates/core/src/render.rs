@@ -78,7 +78,8 @@ fn scalar(value: &Value) -> Option<String> {
 /// `"[0]"`, `"a: b"` or ones with spaces or invisible characters cannot be misread).
 fn key(k: &str) -> String {
     let plain = !k.is_empty()
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '@' | '$'));
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '@' | '$'));
     if plain { k.to_owned() } else { quoted(k) }
 }
 
@@ -142,7 +143,11 @@ pub fn lifetime_text(remaining_ms: u64) -> String {
 
 /// The whole approved preflight an agent receives: the plan, then how to proceed, then the token.
 pub fn preflight(plan: &Plan, token: &Token, remaining_ms: u64, class: GateClass) -> String {
-    let uses = if class.is_single_use() { "works once" } else { "works until it expires" };
+    let uses = if class.is_single_use() {
+        "works once"
+    } else {
+        "works until it expires"
+    };
     format!(
         "Approved at the Countersign desk. This is what will run:\n{}\nTo proceed, call this tool \
          again with confirm: true, confirmTarget: {}, and confirmToken from this response.\n\
@@ -188,16 +193,31 @@ mod tests {
     fn every_hashed_field_is_shown() {
         let p = plan(json!({"sql": "DROP TABLE t"}));
         let text = plan_text(&p);
-        for needle in ["\"execute\"", "\"prod-db\"", "\"Run SQL on prod-db\"", "Reversible: no", "sql: \"DROP TABLE t\""] {
+        for needle in [
+            "\"execute\"",
+            "\"prod-db\"",
+            "\"Run SQL on prod-db\"",
+            "Reversible: no",
+            "sql: \"DROP TABLE t\"",
+        ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
         }
     }
 
     #[test]
     fn number_two_and_string_two_render_differently() {
-        assert_ne!(plan_text(&plan(json!({"v": 2}))), plan_text(&plan(json!({"v": "2"}))));
-        assert_ne!(plan_text(&plan(json!({"v": true}))), plan_text(&plan(json!({"v": "true"}))));
-        assert_ne!(plan_text(&plan(json!({"v": null}))), plan_text(&plan(json!({}))));
+        assert_ne!(
+            plan_text(&plan(json!({"v": 2}))),
+            plan_text(&plan(json!({"v": "2"})))
+        );
+        assert_ne!(
+            plan_text(&plan(json!({"v": true}))),
+            plan_text(&plan(json!({"v": "true"})))
+        );
+        assert_ne!(
+            plan_text(&plan(json!({"v": null}))),
+            plan_text(&plan(json!({})))
+        );
     }
 
     #[test]
@@ -212,7 +232,11 @@ mod tests {
     #[test]
     fn odd_keys_are_quoted_so_they_cannot_be_misread() {
         let text = plan_text(&plan(json!({"[0]": 1, "a: b": 2, "": 3, "plain_key": 4})));
-        assert!(text.contains("  \"\": 3\n") && text.contains("  \"[0]\": 1\n") && text.contains("  \"a: b\": 2\n"));
+        assert!(
+            text.contains("  \"\": 3\n")
+                && text.contains("  \"[0]\": 1\n")
+                && text.contains("  \"a: b\": 2\n")
+        );
         assert!(text.contains("  plain_key: 4\n"));
     }
 
@@ -235,7 +259,13 @@ mod tests {
             tail[1],
             "To proceed, call this tool again with confirm: true, confirmTarget: \"prod-db\", and confirmToken from this response."
         );
-        assert_eq!(tail[0], format!("confirmToken: {} (expires in 10 minutes, works once)", token.expose()));
+        assert_eq!(
+            tail[0],
+            format!(
+                "confirmToken: {} (expires in 10 minutes, works once)",
+                token.expose()
+            )
+        );
         let reusable = preflight(&plan(json!({})), &token, 60_000, GateClass::Token);
         assert!(reusable.ends_with("(expires in 1 minute, works until it expires)"));
     }

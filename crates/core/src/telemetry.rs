@@ -133,8 +133,16 @@ mod tests {
 
     #[test]
     fn already_used_is_recorded_as_a_replay() {
-        assert_eq!(EventKind::for_refusal(Refusal::AlreadyUsed), EventKind::Replay);
-        assert_eq!(EventKind::for_refusal(Refusal::Expired), EventKind::Refused { refusal: Refusal::Expired });
+        assert_eq!(
+            EventKind::for_refusal(Refusal::AlreadyUsed),
+            EventKind::Replay
+        );
+        assert_eq!(
+            EventKind::for_refusal(Refusal::Expired),
+            EventKind::Refused {
+                refusal: Refusal::Expired
+            }
+        );
         assert!(EventKind::Replay.is_security_event());
         assert!(!EventKind::Issued.is_security_event());
     }
@@ -143,7 +151,9 @@ mod tests {
     fn event_serializes_with_its_kind_and_refusal_code() {
         let event = ConfirmEvent {
             at_ms: 5,
-            kind: EventKind::Refused { refusal: Refusal::PlanChanged },
+            kind: EventKind::Refused {
+                refusal: Refusal::PlanChanged,
+            },
             tool: "execute".into(),
             target: Some("db".into()),
             tenant: "c1".into(),

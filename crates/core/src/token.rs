@@ -119,7 +119,8 @@ impl Serialize for Nonce {
 impl<'de> Deserialize<'de> for Nonce {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        Nonce::from_hex(&text).ok_or_else(|| serde::de::Error::custom("nonce: 32 lowercase hex digits"))
+        Nonce::from_hex(&text)
+            .ok_or_else(|| serde::de::Error::custom("nonce: 32 lowercase hex digits"))
     }
 }
 
@@ -255,15 +256,20 @@ pub fn decode(key: &SigningKey, text: &str) -> Result<Claims, TokenError> {
     if version != VERSION {
         return Err(TokenError::UnknownVersion);
     }
-    let tag = URL_SAFE_NO_PAD.decode(tag_b64).map_err(|_| TokenError::BadEncoding)?;
+    let tag = URL_SAFE_NO_PAD
+        .decode(tag_b64)
+        .map_err(|_| TokenError::BadEncoding)?;
     if tag.len() != TAG_LEN {
         return Err(TokenError::BadTagLength);
     }
     // The payload's spelling is checked before the tag so that the signed text has one encoding.
-    let payload = URL_SAFE_NO_PAD.decode(payload_b64).map_err(|_| TokenError::BadEncoding)?;
+    let payload = URL_SAFE_NO_PAD
+        .decode(payload_b64)
+        .map_err(|_| TokenError::BadEncoding)?;
     let mut mac = key.mac();
     signed_part(&mut mac, payload_b64);
-    mac.verify_slice(&tag).map_err(|_| TokenError::BadSignature)?;
+    mac.verify_slice(&tag)
+        .map_err(|_| TokenError::BadSignature)?;
     let claims: Claims = serde_json::from_slice(&payload).map_err(|_| TokenError::BadClaims)?;
     if claims.iat > claims.exp {
         return Err(TokenError::BadClaims);
@@ -296,7 +302,10 @@ mod tests {
         let payload_b64 = URL_SAFE_NO_PAD.encode(payload);
         let mut mac = key.mac();
         signed_part(&mut mac, &payload_b64);
-        format!("{VERSION}.{payload_b64}.{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
+        format!(
+            "{VERSION}.{payload_b64}.{}",
+            URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+        )
     }
 
     fn claims_json() -> serde_json::Value {
@@ -320,22 +329,34 @@ mod tests {
     fn token_from_another_key_is_refused() {
         let other = SigningKey::new(&[0x43; 32]).unwrap();
         let token = mint(&other, &claims());
-        assert_eq!(decode(&key(), token.expose()), Err(TokenError::BadSignature));
+        assert_eq!(
+            decode(&key(), token.expose()),
+            Err(TokenError::BadSignature)
+        );
     }
 
     #[test]
     fn short_key_is_refused() {
-        assert_eq!(SigningKey::new(&[1; 31]).unwrap_err(), KeyError::TooShort(31));
+        assert_eq!(
+            SigningKey::new(&[1; 31]).unwrap_err(),
+            KeyError::TooShort(31)
+        );
     }
 
     #[test]
     fn debug_does_not_leak_key_or_token() {
         let key = SigningKey::new(&[0xAB; 32]).unwrap();
         let printed = format!("{key:?}");
-        assert!(!printed.contains("171") && !printed.to_lowercase().contains("ab"), "{printed}");
+        assert!(
+            !printed.contains("171") && !printed.to_lowercase().contains("ab"),
+            "{printed}"
+        );
         let token = mint(&key, &claims());
         let printed = format!("{token:?}");
-        assert!(!printed.contains(token.expose()) && !printed.contains("cs1."), "{printed}");
+        assert!(
+            !printed.contains(token.expose()) && !printed.contains("cs1."),
+            "{printed}"
+        );
     }
 
     #[test]
@@ -346,8 +367,13 @@ mod tests {
             for bit in 0..8 {
                 let mut flipped = bytes.clone();
                 flipped[i] ^= 1 << bit;
-                let Ok(text) = std::str::from_utf8(&flipped) else { continue };
-                assert!(decode(&key(), text).is_err(), "flip of bit {bit} in byte {i} accepted");
+                let Ok(text) = std::str::from_utf8(&flipped) else {
+                    continue;
+                };
+                assert!(
+                    decode(&key(), text).is_err(),
+                    "flip of bit {bit} in byte {i} accepted"
+                );
             }
         }
     }
@@ -408,16 +434,30 @@ mod tests {
         let token = mint(&key(), &claims());
         let (head, tag) = token.expose().rsplit_once('.').unwrap();
         let short = URL_SAFE_NO_PAD.encode(&URL_SAFE_NO_PAD.decode(tag).unwrap()[..31]);
-        assert_eq!(decode(&key(), &format!("{head}.{short}")), Err(TokenError::BadTagLength));
+        assert_eq!(
+            decode(&key(), &format!("{head}.{short}")),
+            Err(TokenError::BadTagLength)
+        );
         let mut long = URL_SAFE_NO_PAD.decode(tag).unwrap();
         long.push(0);
         let long = URL_SAFE_NO_PAD.encode(&long);
-        assert_eq!(decode(&key(), &format!("{head}.{long}")), Err(TokenError::BadTagLength));
+        assert_eq!(
+            decode(&key(), &format!("{head}.{long}")),
+            Err(TokenError::BadTagLength)
+        );
     }
 
     #[test]
     fn wrong_shape_is_refused() {
-        for text in ["", "cs1", "cs1.", "cs1..", "cs1.a.b.c", "cs2.e30.AAAA", " cs1.e30.AAAA"] {
+        for text in [
+            "",
+            "cs1",
+            "cs1.",
+            "cs1..",
+            "cs1.a.b.c",
+            "cs2.e30.AAAA",
+            " cs1.e30.AAAA",
+        ] {
             assert!(decode(&key(), text).is_err(), "{text:?} accepted");
         }
         let token = mint(&key(), &claims());
@@ -439,9 +479,18 @@ mod tests {
 
     #[test]
     fn exp_as_float_null_or_negative_is_refused() {
-        for bad in [serde_json::json!(601000.0), serde_json::json!(601000.5), serde_json::Value::Null, serde_json::json!(-1)] {
+        for bad in [
+            serde_json::json!(601000.0),
+            serde_json::json!(601000.5),
+            serde_json::Value::Null,
+            serde_json::json!(-1),
+        ] {
             let text = sign_raw(&key(), &with("exp", bad.clone()));
-            assert_eq!(decode(&key(), &text), Err(TokenError::BadClaims), "exp = {bad}");
+            assert_eq!(
+                decode(&key(), &text),
+                Err(TokenError::BadClaims),
+                "exp = {bad}"
+            );
         }
     }
 
@@ -462,7 +511,10 @@ mod tests {
     #[test]
     fn duplicate_claim_is_refused() {
         let payload = br#"{"tool":"a","target":"b","plan":"0909090909090909090909090909090909090909090909090909090909090909","tenant":"t","iat":1,"exp":2,"exp":999999999999,"nonce":"03030303030303030303030303030303"}"#;
-        assert_eq!(decode(&key(), &sign_raw(&key(), payload)), Err(TokenError::BadClaims));
+        assert_eq!(
+            decode(&key(), &sign_raw(&key(), payload)),
+            Err(TokenError::BadClaims)
+        );
     }
 
     #[test]
@@ -472,12 +524,19 @@ mod tests {
             ("tenant", serde_json::Value::Null),
             ("iat", serde_json::json!("1000")),
             ("nonce", serde_json::json!("0303")),
-            ("nonce", serde_json::json!("0303030303030303030303030303030G")),
+            (
+                "nonce",
+                serde_json::json!("0303030303030303030303030303030G"),
+            ),
             ("plan", serde_json::json!("09")),
             ("plan", serde_json::json!("0A".repeat(32))),
         ] {
             let text = sign_raw(&key(), &with(field, bad.clone()));
-            assert_eq!(decode(&key(), &text), Err(TokenError::BadClaims), "{field} = {bad}");
+            assert_eq!(
+                decode(&key(), &text),
+                Err(TokenError::BadClaims),
+                "{field} = {bad}"
+            );
         }
     }
 
@@ -490,7 +549,10 @@ mod tests {
     #[test]
     fn non_object_payload_is_refused() {
         for payload in [&b"[]"[..], b"null", b"\"x\"", b"{", b"\xff"] {
-            assert_eq!(decode(&key(), &sign_raw(&key(), payload)), Err(TokenError::BadClaims));
+            assert_eq!(
+                decode(&key(), &sign_raw(&key(), payload)),
+                Err(TokenError::BadClaims)
+            );
         }
     }
 }

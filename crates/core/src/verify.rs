@@ -35,13 +35,17 @@ pub struct Confirm<'a> {
 pub struct Rejected {
     /// Why.
     pub refusal: Refusal,
-    /// The verified claims, when the token got past its signature check.
-    pub claims: Option<Claims>,
+    /// The verified claims, when the token got past its signature check (boxed: refusals are
+    /// the cold path, and a small `Result` keeps the hot one lean).
+    pub claims: Option<Box<Claims>>,
 }
 
 impl Rejected {
     fn bare(refusal: Refusal) -> Self {
-        Self { refusal, claims: None }
+        Self {
+            refusal,
+            claims: None,
+        }
     }
 }
 
@@ -60,7 +64,12 @@ pub fn verify(
         _ => return Err(Rejected::bare(Refusal::NoToken)),
     };
     let claims = token::decode(key, text).map_err(|_| Rejected::bare(Refusal::BadToken))?;
-    let refuse = |refusal| Err(Rejected { refusal, claims: Some(claims.clone()) });
+    let refuse = |refusal| {
+        Err(Rejected {
+            refusal,
+            claims: Some(Box::new(claims.clone())),
+        })
+    };
     if now_ms >= claims.exp {
         return refuse(Refusal::Expired);
     }
@@ -144,7 +153,12 @@ mod tests {
         }
     }
 
-    fn run(c: &Confirm<'_>, once: bool, now: u64, ledger: &mut CountingLedger) -> Result<Claims, Refusal> {
+    fn run(
+        c: &Confirm<'_>,
+        once: bool,
+        now: u64,
+        ledger: &mut CountingLedger,
+    ) -> Result<Claims, Refusal> {
         verify(&key(), c, once, now, ledger).map_err(|r| r.refusal)
     }
 
@@ -161,7 +175,10 @@ mod tests {
         let t = token_text();
         let mut ledger = CountingLedger::default();
         run(&confirm(&t), true, NOW, &mut ledger).unwrap();
-        assert_eq!(run(&confirm(&t), true, NOW + 1, &mut ledger), Err(Refusal::AlreadyUsed));
+        assert_eq!(
+            run(&confirm(&t), true, NOW + 1, &mut ledger),
+            Err(Refusal::AlreadyUsed)
+        );
     }
 
     #[test]
@@ -188,16 +205,28 @@ mod tests {
         let other = SigningKey::new(&[0x11; 32]).unwrap();
         let forged = mint(&other, &claims());
         let mut ledger = CountingLedger::default();
-        assert_eq!(run(&confirm(forged.expose()), true, NOW, &mut ledger), Err(Refusal::BadToken));
-        assert_eq!(run(&confirm("garbage"), true, NOW, &mut ledger), Err(Refusal::BadToken));
+        assert_eq!(
+            run(&confirm(forged.expose()), true, NOW, &mut ledger),
+            Err(Refusal::BadToken)
+        );
+        assert_eq!(
+            run(&confirm("garbage"), true, NOW, &mut ledger),
+            Err(Refusal::BadToken)
+        );
     }
 
     #[test]
     fn token_at_or_after_its_expiry_is_expired() {
         let t = token_text();
         let mut ledger = CountingLedger::default();
-        assert_eq!(run(&confirm(&t), true, NOW + TTL, &mut ledger), Err(Refusal::Expired));
-        assert_eq!(run(&confirm(&t), true, u64::MAX, &mut ledger), Err(Refusal::Expired));
+        assert_eq!(
+            run(&confirm(&t), true, NOW + TTL, &mut ledger),
+            Err(Refusal::Expired)
+        );
+        assert_eq!(
+            run(&confirm(&t), true, u64::MAX, &mut ledger),
+            Err(Refusal::Expired)
+        );
         assert!(run(&confirm(&t), true, NOW + TTL - 1, &mut ledger).is_ok());
     }
 
@@ -206,7 +235,10 @@ mod tests {
         let t = token_text();
         let mut c = confirm(&t);
         c.tenant = "conn-2";
-        assert_eq!(run(&c, true, NOW, &mut CountingLedger::default()), Err(Refusal::WrongTenant));
+        assert_eq!(
+            run(&c, true, NOW, &mut CountingLedger::default()),
+            Err(Refusal::WrongTenant)
+        );
     }
 
     #[test]
@@ -214,7 +246,10 @@ mod tests {
         let t = token_text();
         let mut c = confirm(&t);
         c.tool = "delete_backup";
-        assert_eq!(run(&c, true, NOW, &mut CountingLedger::default()), Err(Refusal::WrongTool));
+        assert_eq!(
+            run(&c, true, NOW, &mut CountingLedger::default()),
+            Err(Refusal::WrongTool)
+        );
     }
 
     #[test]
@@ -222,7 +257,10 @@ mod tests {
         let t = token_text();
         let mut c = confirm(&t);
         c.target = "other.db";
-        assert_eq!(run(&c, true, NOW, &mut CountingLedger::default()), Err(Refusal::WrongTarget));
+        assert_eq!(
+            run(&c, true, NOW, &mut CountingLedger::default()),
+            Err(Refusal::WrongTarget)
+        );
     }
 
     #[test]
@@ -230,9 +268,15 @@ mod tests {
         let t = token_text();
         let mut c = confirm(&t);
         c.confirm_target = Some("other.db");
-        assert_eq!(run(&c, true, NOW, &mut CountingLedger::default()), Err(Refusal::WrongTarget));
+        assert_eq!(
+            run(&c, true, NOW, &mut CountingLedger::default()),
+            Err(Refusal::WrongTarget)
+        );
         c.confirm_target = None;
-        assert_eq!(run(&c, true, NOW, &mut CountingLedger::default()), Err(Refusal::WrongTarget));
+        assert_eq!(
+            run(&c, true, NOW, &mut CountingLedger::default()),
+            Err(Refusal::WrongTarget)
+        );
     }
 
     #[test]
@@ -250,14 +294,23 @@ mod tests {
         let t = token_text();
         let mut c = confirm(&t);
         c.plan = PlanHash::from_bytes([2; 32]);
-        assert_eq!(run(&c, true, NOW, &mut CountingLedger::default()), Err(Refusal::PlanChanged));
+        assert_eq!(
+            run(&c, true, NOW, &mut CountingLedger::default()),
+            Err(Refusal::PlanChanged)
+        );
     }
 
     #[test]
     fn ledger_failure_is_ledger_unreachable() {
         let t = token_text();
-        let mut ledger = CountingLedger { unreachable: true, ..Default::default() };
-        assert_eq!(run(&confirm(&t), true, NOW, &mut ledger), Err(Refusal::LedgerUnreachable));
+        let mut ledger = CountingLedger {
+            unreachable: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            run(&confirm(&t), true, NOW, &mut ledger),
+            Err(Refusal::LedgerUnreachable)
+        );
         // It failed closed: once the ledger is back, the same token works (nothing was spent).
         ledger.unreachable = false;
         assert!(run(&confirm(&t), true, NOW, &mut ledger).is_ok());
@@ -267,14 +320,14 @@ mod tests {
     fn refused_requests_never_reach_the_ledger() {
         let t = token_text();
         let mut ledger = CountingLedger::default();
-        let variants: Vec<Box<dyn Fn(&mut Confirm<'_>)>> = vec![
-            Box::new(|c| c.token = None),
-            Box::new(|c| c.token = Some("cs1.AAAA.AAAA")),
-            Box::new(|c| c.tenant = "x"),
-            Box::new(|c| c.tool = "x"),
-            Box::new(|c| c.target = "x"),
-            Box::new(|c| c.confirm_target = Some("x")),
-            Box::new(|c| c.plan = PlanHash::from_bytes([0; 32])),
+        let variants: [fn(&mut Confirm<'_>); 7] = [
+            |c| c.token = None,
+            |c| c.token = Some("cs1.AAAA.AAAA"),
+            |c| c.tenant = "x",
+            |c| c.tool = "x",
+            |c| c.target = "x",
+            |c| c.confirm_target = Some("x"),
+            |c| c.plan = PlanHash::from_bytes([0; 32]),
         ];
         for change in variants {
             let mut c = confirm(&t);
@@ -294,20 +347,50 @@ mod tests {
         bad.target = "other".into();
         bad.plan = PlanHash::from_bytes([9; 32]);
         let mut ledger = CountingLedger::default();
-        let expired = mint(&key(), &Claims { exp: NOW, ..bad.clone() });
-        assert_eq!(run(&confirm(expired.expose()), true, NOW, &mut ledger), Err(Refusal::Expired));
+        let expired = mint(
+            &key(),
+            &Claims {
+                exp: NOW,
+                ..bad.clone()
+            },
+        );
+        assert_eq!(
+            run(&confirm(expired.expose()), true, NOW, &mut ledger),
+            Err(Refusal::Expired)
+        );
         let steps = [
             (bad.clone(), Refusal::WrongTenant),
-            (Claims { tenant: "conn-1".into(), ..bad.clone() }, Refusal::WrongTool),
-            (Claims { tenant: "conn-1".into(), tool: "execute".into(), ..bad.clone() }, Refusal::WrongTarget),
             (
-                Claims { tenant: "conn-1".into(), tool: "execute".into(), target: "main.db".into(), ..bad.clone() },
+                Claims {
+                    tenant: "conn-1".into(),
+                    ..bad.clone()
+                },
+                Refusal::WrongTool,
+            ),
+            (
+                Claims {
+                    tenant: "conn-1".into(),
+                    tool: "execute".into(),
+                    ..bad.clone()
+                },
+                Refusal::WrongTarget,
+            ),
+            (
+                Claims {
+                    tenant: "conn-1".into(),
+                    tool: "execute".into(),
+                    target: "main.db".into(),
+                    ..bad.clone()
+                },
                 Refusal::PlanChanged,
             ),
         ];
         for (claims, expected) in steps {
             let t = mint(&key(), &claims);
-            assert_eq!(run(&confirm(t.expose()), true, NOW, &mut ledger), Err(expected));
+            assert_eq!(
+                run(&confirm(t.expose()), true, NOW, &mut ledger),
+                Err(expected)
+            );
         }
         assert_eq!(ledger.calls, 0);
     }

@@ -33,7 +33,9 @@ fn arb_json() -> impl Strategy<Value = Value> {
 }
 
 fn next(seed: &mut u64) -> usize {
-    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (*seed >> 33) as usize
 }
 
@@ -92,7 +94,11 @@ fn pointers(value: &Value, here: String, out: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
             for (k, v) in map {
-                pointers(v, format!("{here}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+                pointers(
+                    v,
+                    format!("{here}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
             }
         }
         Value::Array(items) => {

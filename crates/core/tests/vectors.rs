@@ -30,7 +30,10 @@ fn every_rfc_8785_vector_canonicalizes_to_its_expected_bytes() {
 }
 
 fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 #[test]
@@ -43,6 +46,11 @@ fn hmac_sha256_matches_every_rfc_4231_vector() {
         let key = unhex(case["key_hex"].as_str().unwrap());
         let data = unhex(case["data_hex"].as_str().unwrap());
         let expected = unhex(case["hmac_sha256_hex"].as_str().unwrap());
-        assert_eq!(hmac_sha256(&key, &data).as_slice(), expected.as_slice(), "case {}", case["case"]);
+        assert_eq!(
+            hmac_sha256(&key, &data).as_slice(),
+            expected.as_slice(),
+            "case {}",
+            case["case"]
+        );
     }
 }

@@ -13,7 +13,9 @@ pub const DEFAULT_FILTER: &str = "warn";
 
 /// The directive appended last to every filter, so no user directive can silence it.
 fn confirm_directive() -> Directive {
-    format!("{}=info", countersign_core::telemetry::TARGET).parse().expect("a valid directive")
+    format!("{}=info", countersign_core::telemetry::TARGET)
+        .parse()
+        .expect("a valid directive")
 }
 
 /// The filter for a `RUST_LOG` value: the user's directives (or [`DEFAULT_FILTER`]), then
@@ -81,13 +83,30 @@ mod tests {
 
     #[test]
     fn refusals_and_replays_survive_any_user_filter() {
-        for spec in ["off", "error", "confirm=off", "confirm=error", "off,confirm=off", "[{refusal}]=off", "not a filter %%"] {
+        for spec in [
+            "off",
+            "error",
+            "confirm=off",
+            "confirm=error",
+            "off,confirm=off",
+            "[{refusal}]=off",
+            "not a filter %%",
+        ] {
             let out = logged_under(spec, || {
-                event(EventKind::Refused { refusal: Refusal::PlanChanged }).emit();
+                event(EventKind::Refused {
+                    refusal: Refusal::PlanChanged,
+                })
+                .emit();
                 event(EventKind::Replay).emit();
             });
-            assert!(out.contains("plan_changed"), "refusal dropped under RUST_LOG={spec:?}: {out}");
-            assert!(out.contains("confirm replay"), "replay dropped under RUST_LOG={spec:?}: {out}");
+            assert!(
+                out.contains("plan_changed"),
+                "refusal dropped under RUST_LOG={spec:?}: {out}"
+            );
+            assert!(
+                out.contains("confirm replay"),
+                "replay dropped under RUST_LOG={spec:?}: {out}"
+            );
         }
     }
 
@@ -97,14 +116,20 @@ mod tests {
             event(EventKind::Issued).emit();
             event(EventKind::Accepted).emit();
         });
-        assert!(out.contains("confirm issued") && out.contains("confirm accepted"), "{out}");
+        assert!(
+            out.contains("confirm issued") && out.contains("confirm accepted"),
+            "{out}"
+        );
     }
 
     #[test]
     fn other_targets_follow_the_user_filter() {
         let out = logged_under("off", || tracing::warn!(target: "gateway", "noise"));
         assert!(!out.contains("noise"));
-        let out = logged_under("gateway=info", || tracing::warn!(target: "gateway", "signal"));
+        let out = logged_under(
+            "gateway=info",
+            || tracing::warn!(target: "gateway", "signal"),
+        );
         assert!(out.contains("signal"));
     }
 }

@@ -251,7 +251,14 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip() {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let sent = Envelope { id: 7, body: Request::Preflight { tool: "t".into(), arguments: json!({"a": 1}), wait_ms: 5 } };
+        let sent = Envelope {
+            id: 7,
+            body: Request::Preflight {
+                tool: "t".into(),
+                arguments: json!({"a": 1}),
+                wait_ms: 5,
+            },
+        };
         write_frame(&mut a, &sent).await.unwrap();
         let got: Envelope<Request> = read_frame(&mut b).await.unwrap();
         assert_eq!(got, sent);
@@ -260,8 +267,13 @@ mod tests {
     #[tokio::test]
     async fn oversized_frame_is_refused_without_reading_it() {
         let (mut a, mut b) = tokio::io::duplex(64);
-        a.write_all(&((MAX_FRAME as u32) + 1).to_be_bytes()).await.unwrap();
-        assert!(matches!(read_frame::<_, Value>(&mut b).await, Err(FrameError::TooLarge(_))));
+        a.write_all(&((MAX_FRAME as u32) + 1).to_be_bytes())
+            .await
+            .unwrap();
+        assert!(matches!(
+            read_frame::<_, Value>(&mut b).await,
+            Err(FrameError::TooLarge(_))
+        ));
     }
 
     #[tokio::test]
@@ -270,15 +282,36 @@ mod tests {
         a.write_all(&3u32.to_be_bytes()).await.unwrap();
         a.write_all(b"{x}").await.unwrap();
         drop(a);
-        assert!(matches!(read_frame::<_, Value>(&mut b).await, Err(FrameError::Malformed(_))));
-        assert!(matches!(read_frame::<_, Value>(&mut b).await, Err(FrameError::Closed)));
+        assert!(matches!(
+            read_frame::<_, Value>(&mut b).await,
+            Err(FrameError::Malformed(_))
+        ));
+        assert!(matches!(
+            read_frame::<_, Value>(&mut b).await,
+            Err(FrameError::Closed)
+        ));
     }
 
     #[test]
     fn wire_names_are_stable() {
-        let refused = Response::Refused { refusal: Refusal::AlreadyUsed, message: "m".into() };
-        assert_eq!(serde_json::to_value(&refused).unwrap(), json!({"type": "refused", "refusal": "already_used", "message": "m"}));
-        let env = Envelope { id: 1, body: Request::Withdraw { tool: "t".into(), arguments: json!({}) } };
-        assert_eq!(serde_json::to_value(&env).unwrap(), json!({"id": 1, "type": "withdraw", "tool": "t", "arguments": {}}));
+        let refused = Response::Refused {
+            refusal: Refusal::AlreadyUsed,
+            message: "m".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&refused).unwrap(),
+            json!({"type": "refused", "refusal": "already_used", "message": "m"})
+        );
+        let env = Envelope {
+            id: 1,
+            body: Request::Withdraw {
+                tool: "t".into(),
+                arguments: json!({}),
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&env).unwrap(),
+            json!({"id": 1, "type": "withdraw", "tool": "t", "arguments": {}})
+        );
     }
 }
