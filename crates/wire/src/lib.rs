@@ -25,6 +25,28 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// The environment variable that overrides the socket's path (for tests and unusual setups).
+pub const SOCKET_ENV: &str = "COUNTERSIGN_SOCKET";
+
+/// Where the desk listens: `$COUNTERSIGN_SOCKET` if set, else a path computed from the user id
+/// alone, so that a gateway whose environment the agent's client stripped still finds the desk:
+/// `/run/user/<uid>/countersign/desk.sock` where that runtime directory exists, else
+/// `/tmp/countersign-<uid>/desk.sock`.
+#[cfg(unix)]
+pub fn socket_path() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()) {
+        return path.into();
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let runtime = std::path::PathBuf::from(format!("/run/user/{uid}"));
+    if runtime.is_dir() {
+        runtime.join("countersign").join("desk.sock")
+    } else {
+        std::path::PathBuf::from(format!("/tmp/countersign-{uid}")).join("desk.sock")
+    }
+}
+
 /// The protocol version this build speaks. Both sides must speak the same one.
 pub const PROTOCOL_VERSION: u32 = 1;
 

@@ -1,0 +1,614 @@
+//! The approval queue and the request handlers behind the socket.
+//!
+//! A preflight becomes a pending request keyed by (tenant, tool, plan hash): a second preflight
+//! of the same plan on the same connection re-attaches to it instead of queueing a duplicate. A
+//! decision is published through a `watch` channel to whoever waits; an approval whose caller
+//! already gave up waiting stays collectable until its token expires. Changes to the queue go out
+//! on a broadcast channel, so the window never polls.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use countersign_core::policy::{self, Policy, ToolRule};
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::token::{self, Claims, Nonce, SigningKey};
+use countersign_core::verify::{self, Confirm};
+use countersign_core::{GateClass, Plan, PlanHash, Refusal, render};
+use countersign_store::{Approval, HistoryFilter, Store, StoreOptions};
+use countersign_wire::{ErrorCode, Response, ToolDecision};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, watch};
+
+/// Token lifetime unless configured otherwise: ten minutes.
+pub const DEFAULT_TOKEN_TTL_MS: u64 = 10 * 60 * 1000;
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The SQLite file: ledger, approved arguments, history.
+    pub store_path: PathBuf,
+    /// Options for opening it.
+    pub store_options: StoreOptions,
+    /// The policy in force.
+    pub policy: Policy,
+    /// How long a minted token lives.
+    pub token_ttl_ms: u64,
+}
+
+impl EngineConfig {
+    /// Defaults for a store at `store_path`.
+    pub fn new(store_path: impl Into<PathBuf>) -> Self {
+        Self {
+            store_path: store_path.into(),
+            store_options: StoreOptions::default(),
+            policy: Policy::default(),
+            token_ttl_ms: DEFAULT_TOKEN_TTL_MS,
+        }
+    }
+}
+
+/// The engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The store's directory could not be created.
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Why an approval did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApproveError {
+    /// No pending request has this id (decided, withdrawn, or never existed).
+    #[error("no pending request with this id")]
+    NotPending,
+    /// Policy asks for the target to be typed, and what was typed differs.
+    #[error("the target must be typed exactly to approve this request")]
+    TargetNotTyped,
+    /// There is no secret (keychain missing or locked): nothing can be minted.
+    #[error("no secret: {0}")]
+    NoSecret(String),
+    /// The approved arguments could not be stored, so no token was minted.
+    #[error("the approval could not be stored: {0}")]
+    Store(String),
+}
+
+impl ApproveError {
+    /// A stable code for the UI.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApproveError::NotPending => "not_pending",
+            ApproveError::TargetNotTyped => "target_not_typed",
+            ApproveError::NoSecret(_) => "no_secret",
+            ApproveError::Store(_) => "store_failed",
+        }
+    }
+}
+
+/// A request waiting for a person, as the window shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingRequest {
+    /// The queue's id for it.
+    pub id: u64,
+    /// The connection that asked.
+    pub tenant: String,
+    /// The agent's `clientInfo`, as it sent it.
+    pub client_info: Value,
+    /// The server (the gateway's `--name`, or the upstream's name).
+    pub server: String,
+    /// The plan a token would bind.
+    pub plan: Plan,
+    /// Its hash.
+    pub plan_hash: PlanHash,
+    /// `token` or `once`.
+    pub class: GateClass,
+    /// Whether approving needs the target typed.
+    pub type_target: bool,
+    /// How long a token minted now would live.
+    pub token_ttl_ms: u64,
+    /// When it arrived, ms since the epoch.
+    pub arrived_at_ms: u64,
+    /// The plan as plain text, exactly as hashed.
+    pub text: String,
+}
+
+/// Why a request left the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Removal {
+    /// A person approved it.
+    Approved,
+    /// A person denied it.
+    Denied,
+    /// The agent cancelled it.
+    Withdrawn,
+    /// Its gateway disconnected.
+    Disconnected,
+}
+
+/// A change to the queue, for the window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum QueueChange {
+    /// A new request is waiting.
+    Added {
+        /// It.
+        request: Box<PendingRequest>,
+    },
+    /// A request left the queue.
+    Removed {
+        /// Its id.
+        id: u64,
+        /// Why.
+        reason: Removal,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum Decision {
+    Approved { text: String, token: String, target: String, expires_at_ms: u64, class: GateClass },
+    Denied { note: Option<String> },
+}
+
+struct Entry {
+    view: PendingRequest,
+    arguments: Map<String, Value>,
+    decision: watch::Sender<Option<Decision>>,
+}
+
+struct Connection {
+    client_info: Value,
+    server: String,
+    tools: HashMap<String, (Value, ToolRule)>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    connections: HashMap<String, Connection>,
+    requests: BTreeMap<u64, Entry>,
+}
+
+struct Inner {
+    config: EngineConfig,
+    key: Result<SigningKey, String>,
+    store: Mutex<Store>,
+    state: Mutex<State>,
+    changes: broadcast::Sender<QueueChange>,
+}
+
+/// The desk's engine. Cheap to clone: every clone is the same engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("store", &self.inner.config.store_path).finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock must not take the desk down with it: the state is kept
+    // consistent by each critical section, so recover it.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn refused(refusal: Refusal) -> Response {
+    Response::Refused { refusal, message: refusal.next_move().to_owned() }
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error { code, message: message.into() }
+}
+
+impl Engine {
+    /// Starts an engine. `key` is the signing key, or why there is none (a missing or locked
+    /// keychain): the engine then runs, queues and shows requests, but mints nothing.
+    pub fn new(config: EngineConfig, key: Result<SigningKey, String>) -> Result<Engine, EngineError> {
+        if let Some(dir) = config.store_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| EngineError::DataDir { path: dir.to_owned(), source })?;
+        }
+        // Deferred: a ledger that cannot open now is reported per operation (fail closed), and
+        // retried, rather than keeping the desk from starting.
+        let store = Store::open_deferred(&config.store_path, config.store_options.clone());
+        let (changes, _) = broadcast::channel(256);
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                config,
+                key,
+                store: Mutex::new(store),
+                state: Mutex::new(State { next_id: 1, ..State::default() }),
+                changes,
+            }),
+        })
+    }
+
+    /// Why the engine cannot mint, if it cannot.
+    pub fn secret_problem(&self) -> Option<&str> {
+        self.inner.key.as_ref().err().map(String::as_str)
+    }
+
+    /// Changes to the queue from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<QueueChange> {
+        self.inner.changes.subscribe()
+    }
+
+    /// Every request waiting for a person, oldest first.
+    pub fn pending(&self) -> Vec<PendingRequest> {
+        let state = lock(&self.inner.state);
+        state.requests.values().filter(|e| e.decision.borrow().is_none()).map(|e| e.view.clone()).collect()
+    }
+
+    /// History, newest first.
+    pub fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, String> {
+        lock(&self.inner.store).history(filter).map_err(|e| e.to_string())
+    }
+
+    fn record(&self, event: ConfirmEvent) {
+        // History is the audit trail, but failing to write it must not turn a refusal into an
+        // acceptance or lose the telemetry: the event is still emitted, and the failure logged.
+        if let Err(err) = lock(&self.inner.store).record(&event) {
+            event.emit();
+            tracing::error!(target: "desk", error = %err, "could not write history");
+        }
+    }
+
+    fn publish(&self, change: QueueChange) {
+        // No subscriber is not an error: the window may not be open yet.
+        let _ = self.inner.changes.send(change);
+    }
+
+    /// A person approved request `id`: mint its token, keep the approved arguments with the
+    /// nonce, and hand the preflight to whoever waits for it. `typed_target` is what the person
+    /// typed, where policy asks for it. This is the only place a token is minted.
+    pub fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
+        let key = self.inner.key.as_ref().map_err(|why| ApproveError::NoSecret(why.clone()))?;
+        let state = lock(&self.inner.state);
+        let entry = state.requests.get(&id).filter(|e| e.decision.borrow().is_none()).ok_or(ApproveError::NotPending)?;
+        let view = &entry.view;
+        if view.type_target && typed_target != Some(view.plan.target.as_str()) {
+            return Err(ApproveError::TargetNotTyped);
+        }
+        let now = now_ms();
+        let claims = Claims {
+            tool: view.plan.tool.clone(),
+            target: view.plan.target.clone(),
+            plan: view.plan_hash,
+            tenant: view.tenant.clone(),
+            iat: now,
+            exp: now.saturating_add(self.inner.config.token_ttl_ms),
+            nonce: Nonce::from_bytes(rand::random()),
+        };
+        let approval = Approval {
+            nonce: claims.nonce,
+            tool: claims.tool.clone(),
+            target: claims.target.clone(),
+            tenant: claims.tenant.clone(),
+            plan: claims.plan,
+            arguments: Value::Object(entry.arguments.clone()),
+            issued_at_ms: claims.iat,
+            expires_at_ms: claims.exp,
+        };
+        // The approved arguments are durable before the token exists: a token whose arguments
+        // were lost could never execute what the person read.
+        lock(&self.inner.store).put_approval(&approval).map_err(|e| ApproveError::Store(e.to_string()))?;
+        let token = token::mint(key, &claims);
+        let text = render::preflight(&view.plan, &token, self.inner.config.token_ttl_ms, view.class);
+        let decision = Decision::Approved {
+            text,
+            token: token.expose().to_owned(),
+            target: claims.target.clone(),
+            expires_at_ms: claims.exp,
+            class: view.class,
+        };
+        entry.decision.send_replace(Some(decision));
+        let event = ConfirmEvent {
+            at_ms: now,
+            kind: EventKind::Issued,
+            tool: claims.tool.clone(),
+            target: Some(claims.target.clone()),
+            tenant: claims.tenant.clone(),
+            nonce: Some(claims.nonce),
+            plan: Some(claims.plan),
+            note: None,
+        };
+        drop(state);
+        self.record(event);
+        self.publish(QueueChange::Removed { id, reason: Removal::Approved });
+        Ok(())
+    }
+
+    /// A person denied request `id`, with an optional note for the agent.
+    pub fn deny(&self, id: u64, note: Option<&str>) -> Result<(), ApproveError> {
+        let note = note.map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned);
+        let state = lock(&self.inner.state);
+        let entry = state.requests.get(&id).filter(|e| e.decision.borrow().is_none()).ok_or(ApproveError::NotPending)?;
+        entry.decision.send_replace(Some(Decision::Denied { note: note.clone() }));
+        let event = ConfirmEvent {
+            at_ms: now_ms(),
+            kind: EventKind::Denied,
+            tool: entry.view.plan.tool.clone(),
+            target: Some(entry.view.plan.target.clone()),
+            tenant: entry.view.tenant.clone(),
+            nonce: None,
+            plan: Some(entry.view.plan_hash),
+            note,
+        };
+        drop(state);
+        self.record(event);
+        self.publish(QueueChange::Removed { id, reason: Removal::Denied });
+        Ok(())
+    }
+
+    /// A gateway introduced itself: assign its tenant. `client_info` and `server` are only shown
+    /// to the person; the tenant is the desk's own, random, never the gateway's word.
+    pub fn connect(&self, client_info: Value, server: String) -> String {
+        let tenant = format!("conn-{:016x}", rand::random::<u64>());
+        lock(&self.inner.state)
+            .connections
+            .insert(tenant.clone(), Connection { client_info, server, tools: HashMap::new() });
+        tenant
+    }
+
+    /// A gateway went away: its pending requests leave the queue.
+    pub fn disconnect(&self, tenant: &str) {
+        let mut state = lock(&self.inner.state);
+        state.connections.remove(tenant);
+        let gone: Vec<u64> = state.requests.iter().filter(|(_, e)| e.view.tenant == tenant).map(|(id, _)| *id).collect();
+        let mut withdrawn = Vec::new();
+        for id in gone {
+            if let Some(entry) = state.requests.remove(&id) {
+                if entry.decision.borrow().is_none() {
+                    withdrawn.push(id);
+                }
+            }
+        }
+        drop(state);
+        for id in withdrawn {
+            self.publish(QueueChange::Removed { id, reason: Removal::Disconnected });
+        }
+    }
+
+    /// The upstream's tools for `tenant`: each one's class and whether it is withheld.
+    pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Response {
+        let mut state = lock(&self.inner.state);
+        let Some(conn) = state.connections.get_mut(tenant) else {
+            return error(ErrorCode::NotIntroduced, "unknown connection");
+        };
+        let mut decisions = Vec::with_capacity(tools.len());
+        conn.tools.clear();
+        for tool in tools {
+            let name = tool.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let rule = self.inner.config.policy.rule(&conn.server, &tool);
+            let withheld = if rule.class.is_gated() { policy::withheld_reason(&tool) } else { None };
+            if let Some(reason) = &withheld {
+                tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool withheld: {reason}");
+            } else {
+                conn.tools.insert(name.clone(), (tool, rule.clone()));
+            }
+            decisions.push(ToolDecision { name, class: rule.class, withheld });
+        }
+        Response::Classes { tools: decisions }
+    }
+
+    /// The rule for a gated, registered tool of `tenant`, with the connection's identity.
+    fn gated_rule(&self, tenant: &str, tool: &str) -> Result<(ToolRule, Value, String), Response> {
+        let state = lock(&self.inner.state);
+        let conn = state.connections.get(tenant).ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
+        match conn.tools.get(tool) {
+            Some((_, rule)) if rule.class.is_gated() => Ok((rule.clone(), conn.client_info.clone(), conn.server.clone())),
+            Some(_) => Err(error(ErrorCode::UnknownTool, format!("`{tool}` is open: it needs no approval"))),
+            None => Err(error(ErrorCode::UnknownTool, format!("`{tool}` is not a tool this connection offers"))),
+        }
+    }
+
+    fn planned(rule: &ToolRule, tool: &str, arguments: &Value) -> Result<(Map<String, Value>, policy::ConfirmFields, Plan, PlanHash), Response> {
+        let (args, fields) = policy::split_confirm(arguments).map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
+        let plan = policy::plan(rule, tool, &args).map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
+        let hash = plan.hash().map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
+        Ok((args, fields, plan, hash))
+    }
+
+    /// Drops decided requests nobody collected whose token (or denial) has expired.
+    fn sweep(state: &mut State, now: u64, ttl: u64) {
+        state.requests.retain(|_, e| match &*e.decision.borrow() {
+            None => true,
+            Some(Decision::Approved { expires_at_ms, .. }) => *expires_at_ms > now,
+            Some(Decision::Denied { .. }) => e.view.arrived_at_ms.saturating_add(ttl) > now,
+        });
+    }
+
+    /// A preflight: queue the plan (or re-attach to the same plan's request) and wait up to
+    /// `wait` for a person's decision.
+    pub async fn preflight(&self, tenant: &str, tool: &str, arguments: &Value, wait: Duration) -> Response {
+        let (rule, client_info, server) = match self.gated_rule(tenant, tool) {
+            Ok(found) => found,
+            Err(response) => return response,
+        };
+        let (args, fields, plan, hash) = match Self::planned(&rule, tool, arguments) {
+            Ok(planned) => planned,
+            Err(response) => return response,
+        };
+        if fields.is_confirm() {
+            return error(ErrorCode::BadArguments, "a confirm is not a preflight");
+        }
+        let now = now_ms();
+        let ttl = self.inner.config.token_ttl_ms;
+        let (id, mut decision) = {
+            let mut state = lock(&self.inner.state);
+            Self::sweep(&mut state, now, ttl);
+            let existing = state.requests.iter().find(|(_, e)| {
+                e.view.tenant == tenant && e.view.plan.tool == tool && e.view.plan_hash == hash
+            });
+            match existing {
+                Some((id, entry)) => (*id, entry.decision.subscribe()),
+                None => {
+                    let id = state.next_id;
+                    state.next_id += 1;
+                    let view = PendingRequest {
+                        id,
+                        tenant: tenant.to_owned(),
+                        client_info,
+                        server,
+                        text: render::plan_text(&plan),
+                        plan,
+                        plan_hash: hash,
+                        class: rule.class,
+                        type_target: rule.type_target,
+                        token_ttl_ms: ttl,
+                        arrived_at_ms: now,
+                    };
+                    let (sender, receiver) = watch::channel(None);
+                    state.requests.insert(id, Entry { view: view.clone(), arguments: args, decision: sender });
+                    drop(state);
+                    self.publish(QueueChange::Added { request: Box::new(view) });
+                    (id, receiver)
+                }
+            }
+        };
+        let decided = tokio::time::timeout(wait, decision.wait_for(Option::is_some)).await;
+        let decision = match decided {
+            Ok(Ok(d)) => d.clone(),
+            // Timed out: the request stays queued; calling again re-attaches to it.
+            Err(_) => return refused(Refusal::Pending),
+            // The request was withdrawn or its connection dropped while waiting.
+            Ok(Err(_)) => return refused(Refusal::Pending),
+        };
+        // Collected: the decision has reached its agent, so the entry is done.
+        lock(&self.inner.state).requests.remove(&id);
+        match decision {
+            Some(Decision::Approved { text, token, target, expires_at_ms, class }) => {
+                Response::Approved { text, token, target, expires_at_ms, class }
+            }
+            Some(Decision::Denied { note }) => {
+                let message = match note {
+                    Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
+                    None => Refusal::Denied.next_move().to_owned(),
+                };
+                Response::Refused { refusal: Refusal::Denied, message }
+            }
+            None => refused(Refusal::Pending),
+        }
+    }
+
+    /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
+    pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Response {
+        let Ok((rule, _, _)) = self.gated_rule(tenant, tool) else { return Response::Done };
+        let Ok((_, _, _, hash)) = Self::planned(&rule, tool, arguments) else { return Response::Done };
+        let mut state = lock(&self.inner.state);
+        let found = state
+            .requests
+            .iter()
+            .find(|(_, e)| e.view.tenant == tenant && e.view.plan.tool == tool && e.view.plan_hash == hash && e.decision.borrow().is_none())
+            .map(|(id, _)| *id);
+        if let Some(id) = found {
+            state.requests.remove(&id);
+            drop(state);
+            self.publish(QueueChange::Removed { id, reason: Removal::Withdrawn });
+        }
+        Response::Done
+    }
+
+    /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand
+    /// back the arguments the person approved.
+    pub fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Response {
+        let (rule, _, _) = match self.gated_rule(tenant, tool) {
+            Ok(found) => found,
+            Err(response) => return response,
+        };
+        let (_, fields, plan, hash) = match Self::planned(&rule, tool, arguments) {
+            Ok(planned) => planned,
+            Err(response) => return response,
+        };
+        let key = match &self.inner.key {
+            Ok(key) => key,
+            Err(why) => return error(ErrorCode::NoSecret, why.clone()),
+        };
+        let now = now_ms();
+        let confirm = Confirm {
+            token: fields.token.as_deref(),
+            confirm_target: fields.target.as_deref(),
+            tenant,
+            tool,
+            target: &plan.target,
+            plan: hash,
+        };
+        let single_use = rule.class.is_single_use();
+        let verdict = {
+            let mut store = lock(&self.inner.store);
+            verify::verify(key, &confirm, single_use, now, &mut *store)
+        };
+        let event = |kind, claims: Option<&Claims>| ConfirmEvent {
+            at_ms: now,
+            kind,
+            tool: tool.to_owned(),
+            target: Some(plan.target.clone()),
+            tenant: tenant.to_owned(),
+            nonce: claims.map(|c| c.nonce),
+            plan: Some(hash),
+            note: None,
+        };
+        match verdict {
+            Err(rejected) => {
+                self.record(event(EventKind::for_refusal(rejected.refusal), rejected.claims.as_deref()));
+                refused(rejected.refusal)
+            }
+            Ok(claims) => {
+                let approved = lock(&self.inner.store).approval(&claims.nonce);
+                match approved {
+                    Ok(Some(approval)) if approval.plan == hash => {
+                        self.record(event(EventKind::Accepted, Some(&claims)));
+                        Response::Accepted { arguments: approval.arguments, nonce: claims.nonce.to_hex() }
+                    }
+                    // The token is genuine but what it approved is gone (pruned, or a store that
+                    // was replaced): nothing may run that the person did not read.
+                    Ok(_) => {
+                        self.record(event(EventKind::Refused { refusal: Refusal::PlanChanged }, Some(&claims)));
+                        refused(Refusal::PlanChanged)
+                    }
+                    Err(_) => {
+                        self.record(event(EventKind::Refused { refusal: Refusal::LedgerUnreachable }, Some(&claims)));
+                        refused(Refusal::LedgerUnreachable)
+                    }
+                }
+            }
+        }
+    }
+
+    /// What became of an accepted call.
+    pub fn outcome(&self, tenant: &str, nonce: &str, ok: bool, note: Option<String>) -> Response {
+        let Some(nonce) = Nonce::from_hex(nonce) else {
+            return error(ErrorCode::BadArguments, "nonce: 32 lowercase hex digits");
+        };
+        let approval = lock(&self.inner.store).approval(&nonce).ok().flatten();
+        let Some(approval) = approval.filter(|a| a.tenant == tenant) else {
+            return error(ErrorCode::BadArguments, "no accepted call of this connection has this nonce");
+        };
+        self.record(ConfirmEvent {
+            at_ms: now_ms(),
+            kind: EventKind::Executed { ok },
+            tool: approval.tool,
+            target: Some(approval.target),
+            tenant: tenant.to_owned(),
+            nonce: Some(nonce),
+            plan: Some(approval.plan),
+            note,
+        });
+        Response::Done
+    }
+}

@@ -1,0 +1,255 @@
+//! The engine's queue and request handlers, driven as the window and a gateway would drive them,
+//! on a real SQLite file. Approval happens only through `Engine::approve`, as a click would.
+
+use std::time::Duration;
+
+use countersign_core::token::SigningKey;
+use countersign_core::{GateClass, Refusal};
+use countersign_engine::{ApproveError, Engine, EngineConfig, QueueChange, Removal};
+use countersign_store::HistoryFilter;
+use countersign_wire::{ErrorCode, Response};
+use serde_json::{Value, json};
+
+struct Desk {
+    engine: Engine,
+    _dir: tempfile::TempDir,
+}
+
+fn desk_with(ttl_ms: u64, key: Result<SigningKey, String>) -> Desk {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
+    config.token_ttl_ms = ttl_ms;
+    Desk { engine: Engine::new(config, key).unwrap(), _dir: dir }
+}
+
+fn desk() -> Desk {
+    desk_with(600_000, Ok(SigningKey::new(&[7; 32]).unwrap()))
+}
+
+fn tools() -> Vec<Value> {
+    vec![
+        json!({"name": "read", "annotations": {"readOnlyHint": true}}),
+        json!({"name": "delete", "annotations": {"destructiveHint": true}, "inputSchema": {"type": "object"}}),
+        json!({"name": "backup", "annotations": {"destructiveHint": false, "idempotentHint": true}}),
+        json!({"name": "execute"}),
+        json!({"name": "sneaky", "inputSchema": {"type": "object", "properties": {"confirmToken": {}}}}),
+    ]
+}
+
+fn connect(engine: &Engine) -> String {
+    let tenant = engine.connect(json!({"name": "test-agent", "version": "1"}), "test-server".into());
+    engine.register_tools(&tenant, tools());
+    tenant
+}
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Approves the next request to arrive on the queue, as a click would.
+fn approve_next(engine: &Engine, typed: Option<&'static str>) -> tokio::task::JoinHandle<u64> {
+    let engine = engine.clone();
+    let mut changes = engine.subscribe();
+    tokio::spawn(async move {
+        loop {
+            if let Ok(QueueChange::Added { request }) = changes.recv().await {
+                engine.approve(request.id, typed).unwrap();
+                return request.id;
+            }
+        }
+    })
+}
+
+fn confirm_args(args: &Value, target: &str, token: &str) -> Value {
+    let mut args = args.clone();
+    args["confirm"] = json!(true);
+    args["confirmTarget"] = json!(target);
+    args["confirmToken"] = json!(token);
+    args
+}
+
+async fn approved(engine: &Engine, tenant: &str, tool: &str, args: &Value) -> (String, String, String) {
+    let click = approve_next(engine, None);
+    let response = engine.preflight(tenant, tool, args, WAIT).await;
+    click.await.unwrap();
+    match response {
+        Response::Approved { text, token, target, .. } => (text, token, target),
+        other => panic!("expected approval, got {other:?}"),
+    }
+}
+
+fn refusal(response: &Response) -> Option<Refusal> {
+    match response {
+        Response::Refused { refusal, .. } => Some(*refusal),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn classes_follow_annotations_and_confirm_named_tools_are_withheld() {
+    let d = desk();
+    let tenant = d.engine.connect(json!({}), "s".into());
+    let Response::Classes { tools } = d.engine.register_tools(&tenant, tools()) else { panic!() };
+    let classes: Vec<_> = tools.iter().map(|t| (t.name.as_str(), t.class, t.withheld.is_some())).collect();
+    assert_eq!(
+        classes,
+        vec![
+            ("read", GateClass::Open, false),
+            ("delete", GateClass::Once, false),
+            ("backup", GateClass::Token, false),
+            ("execute", GateClass::Once, false),
+            ("sneaky", GateClass::Once, true),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn approved_once_call_executes_the_approved_arguments_exactly_once() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let args = json!({"sql": "DELETE FROM t", "n": 2});
+    let (text, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
+    assert!(text.contains("works once"));
+    assert_eq!(target, "execute");
+    let first = d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
+    let Response::Accepted { arguments, nonce } = first else { panic!("{first:?}") };
+    assert_eq!(arguments, args);
+    assert_eq!(d.engine.outcome(&tenant, &nonce, true, None), Response::Done);
+    let second = d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
+    assert_eq!(refusal(&second), Some(Refusal::AlreadyUsed));
+    let kinds: Vec<String> = d
+        .engine
+        .history(&HistoryFilter::default())
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.code().to_owned())
+        .collect();
+    assert_eq!(kinds, ["replay", "executed", "accepted", "issued"]);
+}
+
+#[tokio::test]
+async fn reusable_token_works_again_within_its_life() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let args = json!({"name": "nightly"});
+    let (text, token, target) = approved(&d.engine, &tenant, "backup", &args).await;
+    assert!(text.contains("works until it expires"));
+    for _ in 0..3 {
+        let r = d.engine.confirm(&tenant, "backup", &confirm_args(&args, &target, &token));
+        assert!(matches!(r, Response::Accepted { .. }), "{r:?}");
+    }
+}
+
+#[tokio::test]
+async fn changed_arguments_are_plan_changed_and_another_connection_is_wrong_tenant() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let args = json!({"path": "/a", "content": "x"});
+    let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
+    let changed = json!({"path": "/a", "content": "y"});
+    assert_eq!(refusal(&d.engine.confirm(&tenant, "execute", &confirm_args(&changed, &target, &token))), Some(Refusal::PlanChanged));
+    let other = connect(&d.engine);
+    assert_eq!(refusal(&d.engine.confirm(&other, "execute", &confirm_args(&args, &target, &token))), Some(Refusal::WrongTenant));
+    // Neither refusal spent the nonce.
+    assert!(matches!(d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token)), Response::Accepted { .. }));
+}
+
+#[tokio::test]
+async fn deny_reaches_the_agent_with_the_note() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let engine = d.engine.clone();
+    let mut changes = engine.subscribe();
+    let deny = tokio::spawn(async move {
+        if let Ok(QueueChange::Added { request }) = changes.recv().await {
+            engine.deny(request.id, Some("not on a Friday")).unwrap();
+        }
+    });
+    let r = d.engine.preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT).await;
+    deny.await.unwrap();
+    let Response::Refused { refusal, message } = r else { panic!("{r:?}") };
+    assert_eq!(refusal, Refusal::Denied);
+    assert!(message.contains("not on a Friday"));
+}
+
+#[tokio::test]
+async fn pending_preflight_reattaches_to_the_same_request() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let args = json!({"sql": "x"});
+    let r = d.engine.preflight(&tenant, "execute", &args, Duration::from_millis(50)).await;
+    assert_eq!(refusal(&r), Some(Refusal::Pending));
+    let r = d.engine.preflight(&tenant, "execute", &args, Duration::from_millis(50)).await;
+    assert_eq!(refusal(&r), Some(Refusal::Pending));
+    let pending = d.engine.pending();
+    assert_eq!(pending.len(), 1, "a second preflight of the same plan is not a second entry");
+    // Approved while nobody waits: the next call with the same arguments collects it.
+    d.engine.approve(pending[0].id, None).unwrap();
+    assert!(matches!(d.engine.preflight(&tenant, "execute", &args, WAIT).await, Response::Approved { .. }));
+    assert!(d.engine.pending().is_empty());
+}
+
+#[tokio::test]
+async fn withdraw_and_disconnect_remove_pending_requests() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let mut changes = d.engine.subscribe();
+    let args = json!({"sql": "x"});
+    d.engine.preflight(&tenant, "execute", &args, Duration::from_millis(10)).await;
+    d.engine.preflight(&tenant, "delete", &json!({"id": 1}), Duration::from_millis(10)).await;
+    assert_eq!(d.engine.pending().len(), 2);
+    d.engine.withdraw(&tenant, "execute", &args);
+    assert_eq!(d.engine.pending().len(), 1);
+    d.engine.disconnect(&tenant);
+    assert!(d.engine.pending().is_empty());
+    let mut removals = Vec::new();
+    while let Ok(change) = changes.try_recv() {
+        if let QueueChange::Removed { reason, .. } = change {
+            removals.push(reason);
+        }
+    }
+    assert_eq!(removals, [Removal::Withdrawn, Removal::Disconnected]);
+}
+
+#[tokio::test]
+async fn destructive_requests_need_the_target_typed() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    d.engine.preflight(&tenant, "delete", &json!({"id": "backup-7"}), Duration::from_millis(10)).await;
+    let id = d.engine.pending()[0].id;
+    assert!(d.engine.pending()[0].type_target);
+    assert_eq!(d.engine.approve(id, None), Err(ApproveError::TargetNotTyped));
+    assert_eq!(d.engine.approve(id, Some("backup-")), Err(ApproveError::TargetNotTyped));
+    assert_eq!(d.engine.approve(id, Some("backup-7")), Ok(()));
+    assert_eq!(d.engine.approve(id, Some("backup-7")), Err(ApproveError::NotPending));
+}
+
+#[tokio::test]
+async fn without_a_secret_nothing_is_minted() {
+    let d = desk_with(600_000, Err("the OS keychain is locked".into()));
+    assert_eq!(d.engine.secret_problem(), Some("the OS keychain is locked"));
+    let tenant = connect(&d.engine);
+    d.engine.preflight(&tenant, "execute", &json!({}), Duration::from_millis(10)).await;
+    let id = d.engine.pending()[0].id;
+    assert!(matches!(d.engine.approve(id, None), Err(ApproveError::NoSecret(_))));
+    let r = d.engine.confirm(&tenant, "execute", &json!({"confirm": true, "confirmToken": "cs1.a.b"}));
+    assert!(matches!(r, Response::Error { code: ErrorCode::NoSecret, .. }));
+}
+
+#[tokio::test]
+async fn expired_token_is_refused() {
+    let d = desk_with(200, Ok(SigningKey::new(&[7; 32]).unwrap()));
+    let tenant = connect(&d.engine);
+    let args = json!({"sql": "x"});
+    let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(refusal(&d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token))), Some(Refusal::Expired));
+}
+
+#[tokio::test]
+async fn open_and_unknown_tools_are_not_gated_here() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let r = d.engine.preflight(&tenant, "read", &json!({}), WAIT).await;
+    assert!(matches!(r, Response::Error { code: ErrorCode::UnknownTool, .. }));
+    let r = d.engine.confirm(&tenant, "sneaky", &json!({}));
+    assert!(matches!(r, Response::Error { code: ErrorCode::UnknownTool, .. }));
+}
