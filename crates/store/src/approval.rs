@@ -1,0 +1,203 @@
+//! The arguments a person approved, kept with the nonce of the token minted for them.
+//!
+//! Countersign executes what was approved, not what the confirm carries: the confirm's arguments
+//! must hash equal, and then the stored value is what is forwarded. The desk may restart between
+//! the click and the confirm, so the approval lives in the file, keyed by nonce, and is never
+//! overwritten once written.
+
+use countersign_core::{Nonce, PlanHash};
+use rusqlite::{OptionalExtension, TransactionBehavior, ffi};
+
+use crate::error::{ms_from_sql, ms_to_sql};
+use crate::{Store, StoreError};
+
+const TABLE: &str = "approval";
+
+/// What a person approved: the exact arguments, and what the token minted for them binds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    /// The token's nonce: the key.
+    pub nonce: Nonce,
+    /// The tool the approval is for.
+    pub tool: String,
+    /// The resolved target the person saw.
+    pub target: String,
+    /// The connection (agent session) the token was issued to.
+    pub tenant: String,
+    /// The hash of the approved plan.
+    pub plan: PlanHash,
+    /// The exact arguments the person approved, as the JSON value the desk will forward.
+    pub arguments: serde_json::Value,
+    /// When the person approved, in ms since the epoch.
+    pub issued_at_ms: u64,
+    /// When the token stops working, in ms since the epoch.
+    pub expires_at_ms: u64,
+}
+
+impl Store {
+    /// Stores `approval` durably. A second approval under the same nonce is refused with
+    /// [`StoreError::ApprovalExists`]: what a person approved is never replaced.
+    pub fn put_approval(&mut self, approval: &Approval) -> Result<(), StoreError> {
+        let issued_at = ms_to_sql(approval.issued_at_ms)?;
+        let expires_at = ms_to_sql(approval.expires_at_ms)?;
+        let arguments = approval.arguments.to_string();
+        self.with_connection(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let inserted = tx.execute(
+                "INSERT INTO approval
+                     (nonce, tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                rusqlite::params![
+                    &approval.nonce.as_bytes()[..],
+                    approval.tool,
+                    approval.target,
+                    approval.tenant,
+                    approval.plan.to_hex(),
+                    arguments,
+                    issued_at,
+                    expires_at,
+                ],
+            );
+            match inserted {
+                Ok(_) => {}
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.extended_code == ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+                {
+                    return Err(StoreError::ApprovalExists(approval.nonce));
+                }
+                Err(err) => return Err(err.into()),
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// The approval stored under `nonce`, or `None` if there is none (never stored, or pruned
+    /// after it expired).
+    pub fn approval(&mut self, nonce: &Nonce) -> Result<Option<Approval>, StoreError> {
+        let row = self.with_connection(|conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms
+                     FROM approval WHERE nonce = ?1",
+                )?
+                .query_row([&nonce.as_bytes()[..]], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, String>(4)?,
+                        row.get::<_, i64>(5)?,
+                        row.get::<_, i64>(6)?,
+                    ))
+                })
+                .optional()?)
+        })?;
+        let Some((tool, target, tenant, plan, arguments, issued_at, expires_at)) = row else {
+            return Ok(None);
+        };
+        let invalid = |reason: String| StoreError::InvalidRow {
+            table: TABLE,
+            reason,
+        };
+        Ok(Some(Approval {
+            nonce: *nonce,
+            tool,
+            target,
+            tenant,
+            plan: PlanHash::from_hex(&plan)
+                .ok_or_else(|| invalid(format!("plan hash {plan:?} is not 64 hex digits")))?,
+            arguments: serde_json::from_str(&arguments)
+                .map_err(|err| invalid(format!("arguments are not JSON: {err}")))?,
+            issued_at_ms: ms_from_sql(issued_at, TABLE)?,
+            expires_at_ms: ms_from_sql(expires_at, TABLE)?,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StoreOptions;
+    use crate::test_support::{approval, nonce, raw, temp_store};
+
+    #[test]
+    fn approval_survives_reopen() {
+        let (dir, mut store) = temp_store();
+        let approved = approval(1, 700_000);
+        store.put_approval(&approved).unwrap();
+        drop(store);
+        let mut store =
+            Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
+        assert_eq!(store.approval(&nonce(1)).unwrap(), Some(approved));
+    }
+
+    #[test]
+    fn unknown_nonce_has_no_approval() {
+        let (_dir, mut store) = temp_store();
+        store.put_approval(&approval(1, 10)).unwrap();
+        assert_eq!(store.approval(&nonce(2)).unwrap(), None);
+    }
+
+    #[test]
+    fn approval_is_never_overwritten() {
+        let (_dir, mut store) = temp_store();
+        let first = approval(1, 10);
+        store.put_approval(&first).unwrap();
+        let mut second = approval(1, 10);
+        second.arguments = serde_json::json!({ "name": "something else" });
+        assert!(
+            matches!(store.put_approval(&second), Err(StoreError::ApprovalExists(n)) if n == nonce(1))
+        );
+        assert_eq!(store.approval(&nonce(1)).unwrap(), Some(first));
+        assert!(store.is_connected());
+    }
+
+    #[test]
+    fn approved_arguments_round_trip_exactly() {
+        let (_dir, mut store) = temp_store();
+        let mut approved = approval(1, 10);
+        approved.arguments = serde_json::json!({
+            "sql": "DELETE FROM t WHERE name = 'x' -- \u{202e}\u{0}",
+            "floats": [0.1, 1e-300, 5e-324, 1.7976931348623157e308, 123456789.12345679, -0.0, 2.5],
+            "ints": [u64::MAX, i64::MIN, 0, -1],
+            "types": ["2", 2, 2.0, true, null, {}, []],
+            "nested": { "b": { "z": 1, "a": [1, { "k": "v" }] }, "a": "é 漢字 🦀" },
+        });
+        store.put_approval(&approved).unwrap();
+        let back = store.approval(&nonce(1)).unwrap().unwrap();
+        assert_eq!(back.arguments, approved.arguments);
+        // Same text too: floats come back bit for bit, and "2", 2 and 2.0 stay distinct.
+        assert_eq!(back.arguments.to_string(), approved.arguments.to_string());
+    }
+
+    #[test]
+    fn damaged_approval_row_is_an_invalid_row() {
+        let (_dir, mut store) = temp_store();
+        store.put_approval(&approval(1, 10)).unwrap();
+        raw(&store)
+            .execute("UPDATE approval SET arguments = '{not json'", [])
+            .unwrap();
+        assert!(matches!(
+            store.approval(&nonce(1)),
+            Err(StoreError::InvalidRow {
+                table: "approval",
+                ..
+            })
+        ));
+        assert!(store.is_connected());
+    }
+
+    #[test]
+    fn time_beyond_sqlite_range_is_refused() {
+        let (_dir, mut store) = temp_store();
+        let mut approved = approval(1, 10);
+        approved.expires_at_ms = u64::MAX;
+        assert!(matches!(
+            store.put_approval(&approved),
+            Err(StoreError::TimeOutOfRange(u64::MAX))
+        ));
+        assert_eq!(store.approval(&nonce(1)).unwrap(), None);
+    }
+}

@@ -1,0 +1,496 @@
+//! The history of confirmation events: the audit trail the desk shows and a person can search.
+//!
+//! Every event (issued, accepted, refused with its code, replay, denied, executed with its
+//! outcome) is written here and sent to `tracing` by the same call, so the trail and the logs
+//! cannot drift apart. It is emitted even when writing fails: refusals and replays are never
+//! dropped. What is stored is exactly a [`ConfirmEvent`], which has no token field; the table has
+//! no token column either, and a test keeps it that way.
+
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::{Nonce, PlanHash, Refusal};
+use rusqlite::TransactionBehavior;
+
+use crate::error::{ms_from_sql, ms_to_sql};
+use crate::{Store, StoreError};
+
+const TABLE: &str = "history";
+
+/// Which events [`Store::history`] returns. The default returns every event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryFilter {
+    /// Only events of this tool.
+    pub tool: Option<String>,
+    /// Only events of this connection (agent session).
+    pub tenant: Option<String>,
+    /// Only events of this kind, by its code ([`EventKind::code`]: `issued`, `accepted`,
+    /// `refused`, `replay`, `denied`, `executed`).
+    pub kind: Option<String>,
+    /// Only events about this nonce (ties a replay to the issuance it replays).
+    pub nonce: Option<Nonce>,
+    /// At most this many events (the newest).
+    pub limit: Option<u32>,
+}
+
+impl HistoryFilter {
+    /// Every event.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only events of `tool`.
+    pub fn tool(mut self, tool: impl Into<String>) -> Self {
+        self.tool = Some(tool.into());
+        self
+    }
+
+    /// Only events of `tenant`.
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// Only events whose kind has the code of `kind` (its payload, such as the refusal, is not
+    /// compared).
+    pub fn kind(mut self, kind: EventKind) -> Self {
+        self.kind = Some(kind.code().to_owned());
+        self
+    }
+
+    /// Only events about `nonce`.
+    pub fn nonce(mut self, nonce: Nonce) -> Self {
+        self.nonce = Some(nonce);
+        self
+    }
+
+    /// At most `limit` events, the newest.
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+}
+
+/// The columns a kind is stored in: its code, a refusal code, an execution's outcome.
+fn kind_columns(
+    kind: EventKind,
+) -> Result<(&'static str, Option<&'static str>, Option<bool>), StoreError> {
+    Ok(match kind {
+        EventKind::Issued | EventKind::Accepted | EventKind::Replay | EventKind::Denied => {
+            (kind.code(), None, None)
+        }
+        EventKind::Refused { refusal } => (kind.code(), Some(refusal.code()), None),
+        EventKind::Executed { ok } => (kind.code(), None, Some(ok)),
+        other => return Err(StoreError::UnknownEventKind(other.code())),
+    })
+}
+
+fn kind_from_columns(
+    code: &str,
+    refusal: Option<&str>,
+    ok: Option<bool>,
+) -> Result<EventKind, String> {
+    let kind = match (code, refusal, ok) {
+        ("issued", None, None) => EventKind::Issued,
+        ("accepted", None, None) => EventKind::Accepted,
+        ("replay", None, None) => EventKind::Replay,
+        ("denied", None, None) => EventKind::Denied,
+        ("refused", Some(refusal), None) => EventKind::Refused {
+            refusal: Refusal::from_code(refusal)
+                .ok_or_else(|| format!("unknown refusal code {refusal:?}"))?,
+        },
+        ("executed", None, Some(ok)) => EventKind::Executed { ok },
+        _ => {
+            return Err(format!(
+                "kind {code:?} with refusal {refusal:?} and ok {ok:?}"
+            ));
+        }
+    };
+    Ok(kind)
+}
+
+/// One history row as stored, before decoding.
+struct Row {
+    at_ms: i64,
+    kind: String,
+    refusal: Option<String>,
+    ok: Option<bool>,
+    tool: String,
+    target: Option<String>,
+    tenant: String,
+    nonce: Option<String>,
+    plan: Option<String>,
+    note: Option<String>,
+}
+
+impl Row {
+    fn into_event(self) -> Result<ConfirmEvent, StoreError> {
+        let invalid = |reason: String| StoreError::InvalidRow {
+            table: TABLE,
+            reason,
+        };
+        Ok(ConfirmEvent {
+            at_ms: ms_from_sql(self.at_ms, TABLE)?,
+            kind: kind_from_columns(&self.kind, self.refusal.as_deref(), self.ok)
+                .map_err(invalid)?,
+            tool: self.tool,
+            target: self.target,
+            tenant: self.tenant,
+            nonce: self
+                .nonce
+                .map(|hex| Nonce::from_hex(&hex).ok_or_else(|| invalid(format!("nonce {hex:?}"))))
+                .transpose()?,
+            plan: self
+                .plan
+                .map(|hex| {
+                    PlanHash::from_hex(&hex).ok_or_else(|| invalid(format!("plan hash {hex:?}")))
+                })
+                .transpose()?,
+            note: self.note,
+        })
+    }
+}
+
+impl Store {
+    /// Records `event` in history and emits it to `tracing` (target `confirm`).
+    ///
+    /// The event is emitted whether or not the write succeeds, so a refusal or a replay reaches
+    /// the logs even when the file does not; the write's failure is returned.
+    pub fn record(&mut self, event: &ConfirmEvent) -> Result<(), StoreError> {
+        let stored = self.insert_event(event);
+        event.emit();
+        stored
+    }
+
+    fn insert_event(&mut self, event: &ConfirmEvent) -> Result<(), StoreError> {
+        let at_ms = ms_to_sql(event.at_ms)?;
+        let (kind, refusal, ok) = kind_columns(event.kind)?;
+        let nonce = event.nonce.map(|n| n.to_hex());
+        let plan = event.plan.map(|p| p.to_hex());
+        self.with_connection(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.prepare_cached(
+                "INSERT INTO history
+                     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(rusqlite::params![
+                at_ms,
+                kind,
+                refusal,
+                ok,
+                event.tool,
+                event.target,
+                event.tenant,
+                nonce,
+                plan,
+                event.note,
+            ])?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Recorded events that pass `filter`, newest first (by time, then by order of recording).
+    pub fn history(&mut self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
+        let nonce = filter.nonce.map(|n| n.to_hex());
+        // SQLite reads a negative LIMIT as "no limit".
+        let limit = filter.limit.map_or(-1, i64::from);
+        let rows = self.with_connection(|conn| {
+            let mut statement = conn.prepare_cached(
+                "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
+                 FROM history
+                 WHERE (?1 IS NULL OR tool = ?1)
+                   AND (?2 IS NULL OR tenant = ?2)
+                   AND (?3 IS NULL OR kind = ?3)
+                   AND (?4 IS NULL OR nonce = ?4)
+                 ORDER BY at_ms DESC, id DESC
+                 LIMIT ?5",
+            )?;
+            let rows = statement
+                .query_map(
+                    rusqlite::params![filter.tool, filter.tenant, filter.kind, nonce, limit],
+                    |row| {
+                        Ok(Row {
+                            at_ms: row.get(0)?,
+                            kind: row.get(1)?,
+                            refusal: row.get(2)?,
+                            ok: row.get(3)?,
+                            tool: row.get(4)?,
+                            target: row.get(5)?,
+                            tenant: row.get(6)?,
+                            nonce: row.get(7)?,
+                            plan: row.get(8)?,
+                            note: row.get(9)?,
+                        })
+                    },
+                )?
+                .collect::<Result<Vec<Row>, _>>()?;
+            Ok(rows)
+        })?;
+        rows.into_iter().map(Row::into_event).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    use super::*;
+    use crate::test_support::{event, nonce, raw, short_timeout, temp_store};
+
+    /// Every kind, with each refusal that history can hold.
+    fn every_kind() -> Vec<EventKind> {
+        let mut kinds = vec![
+            EventKind::Issued,
+            EventKind::Accepted,
+            EventKind::Replay,
+            EventKind::Denied,
+            EventKind::Executed { ok: true },
+            EventKind::Executed { ok: false },
+        ];
+        kinds.extend(
+            Refusal::ALL
+                .into_iter()
+                .map(|refusal| EventKind::Refused { refusal }),
+        );
+        kinds
+    }
+
+    #[test]
+    fn history_round_trips_every_event_kind() {
+        let (_dir, mut store) = temp_store();
+        let mut recorded = Vec::new();
+        for (i, kind) in every_kind().into_iter().enumerate() {
+            let mut e = event(i as u64, kind);
+            if i % 2 == 1 {
+                (e.target, e.nonce, e.plan, e.note) = (None, None, None, None);
+            }
+            store.record(&e).unwrap();
+            recorded.push(e);
+        }
+        recorded.reverse();
+        assert_eq!(store.history(&HistoryFilter::all()).unwrap(), recorded);
+    }
+
+    #[test]
+    fn history_is_newest_first() {
+        let (_dir, mut store) = temp_store();
+        store.record(&event(20, EventKind::Issued)).unwrap();
+        store.record(&event(10, EventKind::Accepted)).unwrap();
+        store.record(&event(30, EventKind::Denied)).unwrap();
+        // Same time: the later recorded is newer.
+        store.record(&event(30, EventKind::Replay)).unwrap();
+        let kinds: Vec<_> = store
+            .history(&HistoryFilter::all())
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.at_ms, e.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (30, EventKind::Replay),
+                (30, EventKind::Denied),
+                (20, EventKind::Issued),
+                (10, EventKind::Accepted)
+            ]
+        );
+    }
+
+    #[test]
+    fn history_filters_by_tool_tenant_kind_nonce_and_limit() {
+        let (_dir, mut store) = temp_store();
+        let mut at = 0;
+        for tool in ["execute", "delete_backup"] {
+            for tenant in ["conn-1", "conn-2"] {
+                for kind in [
+                    EventKind::Issued,
+                    EventKind::Refused {
+                        refusal: Refusal::Expired,
+                    },
+                ] {
+                    at += 1;
+                    let mut e = event(at, kind);
+                    e.tool = tool.into();
+                    e.tenant = tenant.into();
+                    e.nonce = Some(nonce(at as u8));
+                    store.record(&e).unwrap();
+                }
+            }
+        }
+        let count =
+            |store: &mut Store, filter: HistoryFilter| store.history(&filter).unwrap().len();
+        assert_eq!(count(&mut store, HistoryFilter::all()), 8);
+        assert_eq!(count(&mut store, HistoryFilter::all().tool("execute")), 4);
+        assert_eq!(count(&mut store, HistoryFilter::all().tenant("conn-2")), 4);
+        assert_eq!(
+            count(&mut store, HistoryFilter::all().kind(EventKind::Issued)),
+            4
+        );
+        let refused = HistoryFilter::all().kind(EventKind::Refused {
+            refusal: Refusal::BadToken,
+        });
+        assert_eq!(
+            count(&mut store, refused),
+            4,
+            "the kind filter compares codes only"
+        );
+        assert_eq!(
+            count(
+                &mut store,
+                HistoryFilter::all()
+                    .tool("execute")
+                    .tenant("conn-1")
+                    .kind(EventKind::Issued)
+            ),
+            1
+        );
+        assert_eq!(count(&mut store, HistoryFilter::all().tool("nothing")), 0);
+        let by_nonce = store
+            .history(&HistoryFilter::all().nonce(nonce(3)))
+            .unwrap();
+        assert_eq!(by_nonce.len(), 1);
+        assert_eq!(by_nonce[0].at_ms, 3);
+        let newest = store.history(&HistoryFilter::all().limit(3)).unwrap();
+        assert_eq!(
+            newest.iter().map(|e| e.at_ms).collect::<Vec<_>>(),
+            [8, 7, 6]
+        );
+        assert_eq!(count(&mut store, HistoryFilter::all().limit(0)), 0);
+    }
+
+    #[test]
+    fn history_never_stores_a_token() {
+        let (_dir, store) = temp_store();
+        let conn = raw(&store);
+        let mut columns = Vec::new();
+        for table in ["spent_nonce", "approval", "history"] {
+            let mut statement = conn
+                .prepare("SELECT name FROM pragma_table_info(?1)")
+                .unwrap();
+            let names = statement
+                .query_map([table], |r| r.get::<_, String>(0))
+                .unwrap();
+            columns.extend(names.map(|n| (table, n.unwrap())));
+        }
+        assert!(columns.len() > 15, "{columns:?}");
+        for (table, column) in &columns {
+            let lower = column.to_lowercase();
+            assert!(
+                !lower.contains("token") && !lower.contains("secret"),
+                "{table}.{column}"
+            );
+        }
+        // And an event, serialized, has no token field to fill one from.
+        let json = serde_json::to_value(event(1, EventKind::Issued)).unwrap();
+        assert!(
+            json.as_object()
+                .unwrap()
+                .keys()
+                .all(|k| !k.contains("token")),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn damaged_history_row_is_an_invalid_row() {
+        let (_dir, mut store) = temp_store();
+        store
+            .record(&event(
+                1,
+                EventKind::Refused {
+                    refusal: Refusal::Expired,
+                },
+            ))
+            .unwrap();
+        raw(&store)
+            .execute("UPDATE history SET refusal = 'approved'", [])
+            .unwrap();
+        assert!(matches!(
+            store.history(&HistoryFilter::all()),
+            Err(StoreError::InvalidRow {
+                table: "history",
+                ..
+            })
+        ));
+    }
+
+    /// Collects `(target, event field)` of every tracing event.
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<(String, String)>>>);
+
+    struct EventField(Option<String>);
+
+    impl Visit for EventField {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "event" {
+                self.0 = Some(value.to_owned());
+            }
+        }
+        fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    impl Subscriber for Capture {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut field = EventField(None);
+            event.record(&mut field);
+            if let Some(code) = field.0 {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push((event.metadata().target().to_owned(), code));
+            }
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[test]
+    fn record_emits_the_event_to_tracing() {
+        let (_dir, mut store) = temp_store();
+        let capture = Capture::default();
+        tracing::subscriber::with_default(capture.clone(), || {
+            store.record(&event(1, EventKind::Replay)).unwrap();
+        });
+        assert_eq!(
+            *capture.0.lock().unwrap(),
+            [("confirm".to_owned(), "replay".to_owned())]
+        );
+    }
+
+    #[test]
+    fn record_emits_even_when_the_write_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = dir.path().join("not-a-directory");
+        std::fs::write(&parent, b"").unwrap();
+        let mut store = Store::open_deferred(parent.join("countersign.db"), short_timeout());
+        let capture = Capture::default();
+        let stored = tracing::subscriber::with_default(capture.clone(), || {
+            store.record(&event(
+                1,
+                EventKind::Refused {
+                    refusal: Refusal::LedgerUnreachable,
+                },
+            ))
+        });
+        assert!(matches!(stored, Err(StoreError::Open { .. })));
+        assert!(
+            capture
+                .0
+                .lock()
+                .unwrap()
+                .contains(&("confirm".to_owned(), "refused".to_owned()))
+        );
+    }
+}

@@ -1,0 +1,234 @@
+//! The desk's one SQLite file: the single-use nonce ledger, the arguments each person approved,
+//! and the history of every confirmation event.
+//!
+//! Why one durable file: the desk restarts, and more than one process (the desk, a second desk
+//! started before the first noticed, tools and tests) may open the ledger at once. A token
+//! approved before a restart must still execute exactly what was approved, and a single-use token
+//! must work exactly once however many processes present it at the same moment. SQLite in WAL mode
+//! with `synchronous=FULL` and `BEGIN IMMEDIATE` writes gives both, and its primary key gives the
+//! replay check for free: a spend is one `INSERT` whose duplicate-key error IS the replay signal.
+//!
+//! The ledger fails closed: anything but success or a duplicate key (a lock held past the busy
+//! timeout, a corrupt or unopenable file, a full disk, an I/O error) is
+//! [`SpendError::Unreachable`](countersign_core::SpendError::Unreachable), and nothing was spent.
+//! A [`Store`] that could not open its file, or whose connection broke, is not dead: it opens the
+//! file again on its next operation, so a ledger that comes back works again.
+//!
+//! Time is always a parameter (milliseconds since the Unix epoch); nothing here reads the clock
+//! to decide anything.
+#![deny(missing_docs)]
+
+mod approval;
+mod connection;
+mod error;
+mod history;
+mod ledger;
+mod schema;
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::connection::FileIdentity;
+
+pub use approval::Approval;
+pub use connection::StoreOptions;
+pub use error::StoreError;
+pub use history::HistoryFilter;
+pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+
+/// The desk's SQLite file, opened with the settings the ledger depends on.
+///
+/// Not `Sync`: one owner (the desk wraps it in a mutex) and one connection. Every method takes
+/// `&mut self` because any of them may have to reopen the file first.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    options: StoreOptions,
+    /// `None` until the file opens, and again after an error that broke the connection.
+    opened: Option<Opened>,
+}
+
+/// A live connection and the file it was opened on.
+#[derive(Debug)]
+struct Opened {
+    conn: Connection,
+    file: FileIdentity,
+}
+
+/// How many rows [`Store::prune`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Spent nonces whose tokens had expired.
+    pub nonces: usize,
+    /// Approvals whose tokens had expired.
+    pub approvals: usize,
+}
+
+impl Store {
+    /// Opens (creating it if needed) and migrates the file at `path` now, reporting why if that
+    /// fails. The parent directory must exist.
+    pub fn open(path: impl Into<PathBuf>, options: StoreOptions) -> Result<Store, StoreError> {
+        let mut store = Store::open_deferred(path, options);
+        store.connection()?;
+        Ok(store)
+    }
+
+    /// A store for the file at `path` that opens it on first use, and never fails here: if the
+    /// file cannot be opened, each operation says so (a spend as unreachable) and the next one
+    /// tries again. This is what a desk that must start even when its ledger is briefly
+    /// unavailable wants.
+    pub fn open_deferred(path: impl Into<PathBuf>, options: StoreOptions) -> Store {
+        Store {
+            path: path.into(),
+            options,
+            opened: None,
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a connection is open right now (false before first use and after a broken one).
+    pub fn is_connected(&self) -> bool {
+        self.opened.is_some()
+    }
+
+    /// Deletes the spent nonces and the approvals whose expiry is before `now_ms`.
+    ///
+    /// Strictly before: a row expiring exactly at `now_ms` is kept, so a clock that lags the
+    /// verifier's by a millisecond never forgets a nonce whose token still verifies. History is
+    /// never pruned here; it is the audit trail.
+    pub fn prune(&mut self, now_ms: u64) -> Result<Pruned, StoreError> {
+        // A `now` beyond SQLite's range is later than any stored expiry.
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        self.with_connection(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let nonces = tx.execute("DELETE FROM spent_nonce WHERE expires_at_ms < ?1", [now])?;
+            let approvals = tx.execute("DELETE FROM approval WHERE expires_at_ms < ?1", [now])?;
+            tx.commit()?;
+            Ok(Pruned { nonces, approvals })
+        })
+    }
+
+    /// The open connection, opening the file first if there is none. A connection whose file
+    /// was deleted or replaced is dropped with [`StoreError::Moved`], and the next call opens
+    /// whatever is at the path then.
+    fn connection(&mut self) -> Result<&mut Connection, StoreError> {
+        if let Some(opened) = &self.opened
+            && !opened.file.still_at(&self.path)
+        {
+            self.opened = None;
+            let err = StoreError::Moved {
+                path: self.path.clone(),
+            };
+            tracing::warn!(path = %self.path.display(), error = %err, "store connection dropped");
+            return Err(err);
+        }
+        if self.opened.is_none() {
+            let conn = connection::open(&self.path, &self.options).inspect_err(|err| {
+                tracing::warn!(path = %self.path.display(), error = %err, "store unavailable");
+            })?;
+            let file = FileIdentity::of(&self.path);
+            self.opened = Some(Opened { conn, file });
+        }
+        Ok(&mut self
+            .opened
+            .as_mut()
+            .expect("a connection was just opened")
+            .conn)
+    }
+
+    /// Runs `op` on the connection (opening the file if needed) and drops the connection if the
+    /// failure says it is no longer sound, so the next operation reopens the file.
+    fn with_connection<T>(
+        &mut self,
+        op: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let result = op(self.connection()?);
+        if let Err(err) = &result
+            && err.breaks_connection()
+        {
+            tracing::warn!(
+                path = %self.path.display(),
+                error = %err,
+                "store connection dropped; the next operation reopens the file"
+            );
+            self.opened = None;
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod test_support;
+
+#[cfg(test)]
+mod tests {
+    use countersign_core::Ledger;
+    use countersign_core::SpendError;
+
+    use super::*;
+    use crate::test_support::{approval, event, nonce, temp_store};
+    use countersign_core::telemetry::EventKind;
+
+    #[test]
+    fn prune_deletes_only_rows_expired_before_now() {
+        let (_dir, mut store) = temp_store();
+        for (n, expires) in [(1, 10), (2, 20), (3, 30)] {
+            store.spend(&nonce(n), expires).unwrap();
+            store.put_approval(&approval(n, expires)).unwrap();
+        }
+        assert_eq!(
+            store.prune(20).unwrap(),
+            Pruned {
+                nonces: 1,
+                approvals: 1
+            }
+        );
+        // Expiring exactly at `now` is not "before now": kept.
+        assert_eq!(store.spend(&nonce(2), 20), Err(SpendError::AlreadySpent));
+        assert_eq!(store.spend(&nonce(3), 30), Err(SpendError::AlreadySpent));
+        assert!(store.approval(&nonce(1)).unwrap().is_none());
+        assert!(store.approval(&nonce(2)).unwrap().is_some());
+        // The pruned nonce's row is gone (its token is refused as expired before the ledger).
+        assert_eq!(store.spend(&nonce(1), 10), Ok(()));
+        assert_eq!(
+            store.prune(u64::MAX).unwrap(),
+            Pruned {
+                nonces: 3,
+                approvals: 2
+            }
+        );
+    }
+
+    #[test]
+    fn prune_keeps_history() {
+        let (_dir, mut store) = temp_store();
+        store.record(&event(1, EventKind::Issued)).unwrap();
+        store.prune(u64::MAX).unwrap();
+        assert_eq!(store.history(&HistoryFilter::all()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn deferred_store_opens_on_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("countersign.db");
+        let mut store = Store::open_deferred(&path, StoreOptions::default());
+        assert!(!store.is_connected());
+        assert!(!path.exists());
+        assert_eq!(store.spend(&nonce(1), 10), Ok(()));
+        assert!(store.is_connected());
+        assert!(path.exists());
+    }
+
+    #[test]
+    fn options_default_to_a_five_second_busy_timeout() {
+        let options = StoreOptions::default();
+        assert_eq!(options.busy_timeout, std::time::Duration::from_secs(5));
+        let short = options.with_busy_timeout(std::time::Duration::from_millis(200));
+        assert_eq!(short.busy_timeout.as_millis(), 200);
+    }
+}

@@ -1,0 +1,240 @@
+//! The schema, as a list of numbered steps, and the one way a file is brought up to date.
+//!
+//! The desk, every gateway-facing helper and the tests may open the same file at the same moment,
+//! possibly a file that does not exist yet. So the version (`PRAGMA user_version`) is read once
+//! without a lock (the common case, a current file, takes no write lock at all), and if steps are
+//! missing they are applied inside a `BEGIN IMMEDIATE` transaction that reads the version AGAIN
+//! under the write lock: whoever comes second finds the work done and changes nothing. A file
+//! from a newer build is refused rather than guessed at, and a file of another program is left
+//! alone.
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::error::{StoreError, open_error};
+
+/// Marks the file as Countersign's (`PRAGMA application_id`): "CSG1" in ASCII.
+pub const APPLICATION_ID: i32 = 0x4353_4731;
+
+/// One migration: what it does, and its SQL. Step `n` (from 1) brings the file to version `n`.
+struct Step {
+    /// Why the step exists, logged when it runs.
+    purpose: &'static str,
+    sql: &'static str,
+}
+
+/// Every step ever shipped, in order. Append only: never edit or reorder a shipped step.
+const STEPS: &[Step] = &[Step {
+    purpose: "ledger of spent nonces, approved arguments, history of confirmation events",
+    sql: "
+        -- One row per spent single-use nonce. The primary key IS the replay check: spending is a
+        -- plain INSERT whose duplicate-key error means the token was used before. WITHOUT ROWID
+        -- keeps it one b-tree, so a spend writes as few pages as possible.
+        CREATE TABLE spent_nonce (
+            nonce          BLOB    NOT NULL PRIMARY KEY CHECK (length(nonce) = 16),
+            expires_at_ms  INTEGER NOT NULL
+        ) STRICT, WITHOUT ROWID;
+
+        -- What a person approved, kept so that what runs is what they read, across restarts.
+        CREATE TABLE approval (
+            nonce          BLOB    NOT NULL PRIMARY KEY CHECK (length(nonce) = 16),
+            tool           TEXT    NOT NULL,
+            target         TEXT    NOT NULL,
+            tenant         TEXT    NOT NULL,
+            plan           TEXT    NOT NULL CHECK (length(plan) = 64),
+            arguments      TEXT    NOT NULL,
+            issued_at_ms   INTEGER NOT NULL,
+            expires_at_ms  INTEGER NOT NULL
+        ) STRICT;
+
+        -- Every confirmation event. There is deliberately no column for a token.
+        CREATE TABLE history (
+            id             INTEGER PRIMARY KEY,
+            at_ms          INTEGER NOT NULL,
+            kind           TEXT    NOT NULL,
+            refusal        TEXT,
+            ok             INTEGER CHECK (ok IN (0, 1)),
+            tool           TEXT    NOT NULL,
+            target         TEXT,
+            tenant         TEXT    NOT NULL,
+            nonce          TEXT    CHECK (length(nonce) = 32),
+            plan           TEXT    CHECK (length(plan) = 64),
+            note           TEXT
+        ) STRICT;
+        CREATE INDEX history_newest ON history (at_ms DESC, id DESC);
+    ",
+}];
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = STEPS.len() as i64;
+
+fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA user_version", [], |row| row.get(0))
+}
+
+fn application_id(conn: &Connection) -> rusqlite::Result<i32> {
+    conn.query_row("PRAGMA application_id", [], |row| row.get(0))
+}
+
+/// Refuses files of newer builds and of other programs; says whether steps are missing.
+fn needs_steps(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
+    let found = user_version(conn).map_err(open_error(path, "reading the schema version"))?;
+    let app = application_id(conn).map_err(open_error(path, "reading the application id"))?;
+    if app != 0 && app != APPLICATION_ID {
+        return Err(StoreError::NotAStore {
+            path: path.to_owned(),
+            reason: format!("application_id is {app:#x}"),
+        });
+    }
+    if found < 0 {
+        return Err(StoreError::NotAStore {
+            path: path.to_owned(),
+            reason: format!("user_version is {found}"),
+        });
+    }
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.to_owned(),
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    Ok(found)
+}
+
+/// Brings the file at `path`, open on `conn`, to [`SCHEMA_VERSION`].
+pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    if needs_steps(conn, path)? == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let migrating = open_error(path, "migrating");
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(&migrating)?;
+    // Under the write lock now: another process may have migrated since the first look. If so,
+    // write nothing (dropping the transaction ends it) and hold the lock no longer.
+    let found = needs_steps(&tx, path)?;
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    for (index, step) in STEPS.iter().enumerate().skip(found as usize) {
+        tracing::info!(path = %path.display(), version = index + 1, purpose = step.purpose, "store migration");
+        tx.execute_batch(step.sql).map_err(&migrating)?;
+    }
+    if found == 0 {
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(&migrating)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(&migrating)?;
+    tx.commit().map_err(&migrating)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier};
+
+    use countersign_core::{Ledger, SpendError};
+
+    use super::*;
+    use crate::test_support::{nonce, raw, temp_store};
+    use crate::{Store, StoreOptions};
+
+    #[test]
+    fn fresh_file_is_migrated_to_the_latest_version() {
+        let (_dir, store) = temp_store();
+        let conn = raw(&store);
+        assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+        assert_eq!(application_id(&conn).unwrap(), APPLICATION_ID);
+        for table in ["spent_nonce", "approval", "history"] {
+            let n: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                    [table],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(n, 1, "{table}");
+        }
+    }
+
+    #[test]
+    fn reopening_a_current_file_keeps_its_rows() {
+        let (dir, mut store) = temp_store();
+        store.spend(&nonce(1), 10).unwrap();
+        drop(store);
+        for _ in 0..3 {
+            let mut store =
+                Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
+            assert_eq!(store.spend(&nonce(1), 10), Err(SpendError::AlreadySpent));
+        }
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let (dir, store) = temp_store();
+        let path = dir.path().join("countersign.db");
+        raw(&store).pragma_update(None, "user_version", 99).unwrap();
+        drop(store);
+        match Store::open(&path, StoreOptions::default()) {
+            Err(StoreError::NewerSchema {
+                found: 99,
+                known: SCHEMA_VERSION,
+                ..
+            }) => {}
+            other => panic!("expected NewerSchema, got {other:?}"),
+        }
+        // The ledger refuses rather than guess at a schema it does not know.
+        let mut store = Store::open_deferred(&path, StoreOptions::default());
+        match store.spend(&nonce(1), 10) {
+            Err(SpendError::Unreachable(reason)) => assert!(reason.contains("newer"), "{reason}"),
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
+        // Nothing was changed in the file.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        assert_eq!(user_version(&conn).unwrap(), 99);
+    }
+
+    #[test]
+    fn another_programs_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("other.db");
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA application_id = 1234; CREATE TABLE notes (body TEXT);")
+            .unwrap();
+        drop(conn);
+        assert!(matches!(
+            Store::open(&path, StoreOptions::default()),
+            Err(StoreError::NotAStore { .. })
+        ));
+    }
+
+    #[test]
+    fn concurrent_first_opens_all_succeed() {
+        for _round in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("countersign.db");
+            let threads = 16;
+            let barrier = Arc::new(Barrier::new(threads));
+            let results: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        Store::open(path, StoreOptions::default()).map(|_| ())
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .collect();
+            for result in results {
+                result.unwrap();
+            }
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+        }
+    }
+}
