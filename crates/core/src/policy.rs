@@ -234,20 +234,23 @@ pub fn plan(
     canonical::to_string(&details)?;
     let arg = |name: &str| arguments.get(name).and_then(|v| inline(v).ok());
     let target = match &rule.target {
-        Some(t) if t.contains('{') => fill(t, arg),
-        Some(name) => arg(name).unwrap_or_else(|| format!("<{name} missing>")),
-        None => TARGET_KEYS
-            .iter()
-            .find_map(|k| {
-                arguments
-                    .get(*k)
-                    .filter(|v| !v.is_null())
-                    .and_then(|v| inline(v).ok())
-            })
-            .unwrap_or_else(|| tool.to_owned()),
+        Some(t) if t.contains('{') => Some(fill(t, arg)),
+        Some(name) => Some(arg(name).unwrap_or_else(|| format!("<{name} missing>"))),
+        None => TARGET_KEYS.iter().find_map(|k| {
+            arguments
+                .get(*k)
+                .filter(|v| !v.is_null())
+                .and_then(|v| inline(v).ok())
+        }),
     };
+    // A tool with nothing to name acts on itself: "execute", not "execute on execute".
+    let summary_template = match &target {
+        None if rule.summary == DEFAULT_SUMMARY => "{action}",
+        _ => rule.summary.as_str(),
+    };
+    let target = target.unwrap_or_else(|| tool.to_owned());
     let action = tool.to_owned();
-    let summary = fill(&rule.summary, |name| match name {
+    let summary = fill(summary_template, |name| match name {
         "tool" | "action" => Some(tool.to_owned()),
         "target" => Some(target.clone()),
         other => arg(other),
@@ -354,7 +357,7 @@ mod tests {
         assert_eq!(p.target, "/a");
         let p = plan(&rule, "write_file", &args(json!({"content": "x"}))).unwrap();
         assert_eq!(p.target, "write_file");
-        assert_eq!(p.summary, "write_file on write_file");
+        assert_eq!(p.summary, "write_file");
     }
 
     #[test]

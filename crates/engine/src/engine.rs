@@ -155,8 +155,16 @@ pub enum QueueChange {
 
 #[derive(Debug, Clone)]
 enum Decision {
-    Approved { text: String, token: String, target: String, expires_at_ms: u64, class: GateClass },
-    Denied { note: Option<String> },
+    Approved {
+        text: String,
+        token: String,
+        target: String,
+        expires_at_ms: u64,
+        class: GateClass,
+    },
+    Denied {
+        note: Option<String>,
+    },
 }
 
 struct Entry {
@@ -194,12 +202,16 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("store", &self.inner.config.store_path).finish_non_exhaustive()
+        f.debug_struct("Engine")
+            .field("store", &self.inner.config.store_path)
+            .finish_non_exhaustive()
     }
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -209,19 +221,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn refused(refusal: Refusal) -> Response {
-    Response::Refused { refusal, message: refusal.next_move().to_owned() }
+    Response::Refused {
+        refusal,
+        message: refusal.next_move().to_owned(),
+    }
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    Response::Error { code, message: message.into() }
+    Response::Error {
+        code,
+        message: message.into(),
+    }
 }
 
 impl Engine {
     /// Starts an engine. `key` is the signing key, or why there is none (a missing or locked
     /// keychain): the engine then runs, queues and shows requests, but mints nothing.
-    pub fn new(config: EngineConfig, key: Result<SigningKey, String>) -> Result<Engine, EngineError> {
-        if let Some(dir) = config.store_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| EngineError::DataDir { path: dir.to_owned(), source })?;
+    pub fn new(
+        config: EngineConfig,
+        key: Result<SigningKey, String>,
+    ) -> Result<Engine, EngineError> {
+        if let Some(dir) = config
+            .store_path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|source| EngineError::DataDir {
+                path: dir.to_owned(),
+                source,
+            })?;
         }
         // Deferred: a ledger that cannot open now is reported per operation (fail closed), and
         // retried, rather than keeping the desk from starting.
@@ -232,7 +260,10 @@ impl Engine {
                 config,
                 key,
                 store: Mutex::new(store),
-                state: Mutex::new(State { next_id: 1, ..State::default() }),
+                state: Mutex::new(State {
+                    next_id: 1,
+                    ..State::default()
+                }),
                 changes,
             }),
         })
@@ -251,12 +282,19 @@ impl Engine {
     /// Every request waiting for a person, oldest first.
     pub fn pending(&self) -> Vec<PendingRequest> {
         let state = lock(&self.inner.state);
-        state.requests.values().filter(|e| e.decision.borrow().is_none()).map(|e| e.view.clone()).collect()
+        state
+            .requests
+            .values()
+            .filter(|e| e.decision.borrow().is_none())
+            .map(|e| e.view.clone())
+            .collect()
     }
 
     /// History, newest first.
     pub fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, String> {
-        lock(&self.inner.store).history(filter).map_err(|e| e.to_string())
+        lock(&self.inner.store)
+            .history(filter)
+            .map_err(|e| e.to_string())
     }
 
     fn record(&self, event: ConfirmEvent) {
@@ -277,9 +315,17 @@ impl Engine {
     /// nonce, and hand the preflight to whoever waits for it. `typed_target` is what the person
     /// typed, where policy asks for it. This is the only place a token is minted.
     pub fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
-        let key = self.inner.key.as_ref().map_err(|why| ApproveError::NoSecret(why.clone()))?;
+        let key = self
+            .inner
+            .key
+            .as_ref()
+            .map_err(|why| ApproveError::NoSecret(why.clone()))?;
         let state = lock(&self.inner.state);
-        let entry = state.requests.get(&id).filter(|e| e.decision.borrow().is_none()).ok_or(ApproveError::NotPending)?;
+        let entry = state
+            .requests
+            .get(&id)
+            .filter(|e| e.decision.borrow().is_none())
+            .ok_or(ApproveError::NotPending)?;
         let view = &entry.view;
         if view.type_target && typed_target != Some(view.plan.target.as_str()) {
             return Err(ApproveError::TargetNotTyped);
@@ -306,9 +352,16 @@ impl Engine {
         };
         // The approved arguments are durable before the token exists: a token whose arguments
         // were lost could never execute what the person read.
-        lock(&self.inner.store).put_approval(&approval).map_err(|e| ApproveError::Store(e.to_string()))?;
+        lock(&self.inner.store)
+            .put_approval(&approval)
+            .map_err(|e| ApproveError::Store(e.to_string()))?;
         let token = token::mint(key, &claims);
-        let text = render::preflight(&view.plan, &token, self.inner.config.token_ttl_ms, view.class);
+        let text = render::preflight(
+            &view.plan,
+            &token,
+            self.inner.config.token_ttl_ms,
+            view.class,
+        );
         let decision = Decision::Approved {
             text,
             token: token.expose().to_owned(),
@@ -329,16 +382,28 @@ impl Engine {
         };
         drop(state);
         self.record(event);
-        self.publish(QueueChange::Removed { id, reason: Removal::Approved });
+        self.publish(QueueChange::Removed {
+            id,
+            reason: Removal::Approved,
+        });
         Ok(())
     }
 
     /// A person denied request `id`, with an optional note for the agent.
     pub fn deny(&self, id: u64, note: Option<&str>) -> Result<(), ApproveError> {
-        let note = note.map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned);
+        let note = note
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned);
         let state = lock(&self.inner.state);
-        let entry = state.requests.get(&id).filter(|e| e.decision.borrow().is_none()).ok_or(ApproveError::NotPending)?;
-        entry.decision.send_replace(Some(Decision::Denied { note: note.clone() }));
+        let entry = state
+            .requests
+            .get(&id)
+            .filter(|e| e.decision.borrow().is_none())
+            .ok_or(ApproveError::NotPending)?;
+        entry
+            .decision
+            .send_replace(Some(Decision::Denied { note: note.clone() }));
         let event = ConfirmEvent {
             at_ms: now_ms(),
             kind: EventKind::Denied,
@@ -351,7 +416,10 @@ impl Engine {
         };
         drop(state);
         self.record(event);
-        self.publish(QueueChange::Removed { id, reason: Removal::Denied });
+        self.publish(QueueChange::Removed {
+            id,
+            reason: Removal::Denied,
+        });
         Ok(())
     }
 
@@ -359,9 +427,14 @@ impl Engine {
     /// to the person; the tenant is the desk's own, random, never the gateway's word.
     pub fn connect(&self, client_info: Value, server: String) -> String {
         let tenant = format!("conn-{:016x}", rand::random::<u64>());
-        lock(&self.inner.state)
-            .connections
-            .insert(tenant.clone(), Connection { client_info, server, tools: HashMap::new() });
+        lock(&self.inner.state).connections.insert(
+            tenant.clone(),
+            Connection {
+                client_info,
+                server,
+                tools: HashMap::new(),
+            },
+        );
         tenant
     }
 
@@ -369,18 +442,26 @@ impl Engine {
     pub fn disconnect(&self, tenant: &str) {
         let mut state = lock(&self.inner.state);
         state.connections.remove(tenant);
-        let gone: Vec<u64> = state.requests.iter().filter(|(_, e)| e.view.tenant == tenant).map(|(id, _)| *id).collect();
+        let gone: Vec<u64> = state
+            .requests
+            .iter()
+            .filter(|(_, e)| e.view.tenant == tenant)
+            .map(|(id, _)| *id)
+            .collect();
         let mut withdrawn = Vec::new();
         for id in gone {
-            if let Some(entry) = state.requests.remove(&id) {
-                if entry.decision.borrow().is_none() {
-                    withdrawn.push(id);
-                }
+            if let Some(entry) = state.requests.remove(&id)
+                && entry.decision.borrow().is_none()
+            {
+                withdrawn.push(id);
             }
         }
         drop(state);
         for id in withdrawn {
-            self.publish(QueueChange::Removed { id, reason: Removal::Disconnected });
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Disconnected,
+            });
         }
     }
 
@@ -393,15 +474,27 @@ impl Engine {
         let mut decisions = Vec::with_capacity(tools.len());
         conn.tools.clear();
         for tool in tools {
-            let name = tool.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let name = tool
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             let rule = self.inner.config.policy.rule(&conn.server, &tool);
-            let withheld = if rule.class.is_gated() { policy::withheld_reason(&tool) } else { None };
+            let withheld = if rule.class.is_gated() {
+                policy::withheld_reason(&tool)
+            } else {
+                None
+            };
             if let Some(reason) = &withheld {
                 tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool withheld: {reason}");
             } else {
                 conn.tools.insert(name.clone(), (tool, rule.clone()));
             }
-            decisions.push(ToolDecision { name, class: rule.class, withheld });
+            decisions.push(ToolDecision {
+                name,
+                class: rule.class,
+                withheld,
+            });
         }
         Response::Classes { tools: decisions }
     }
@@ -409,18 +502,37 @@ impl Engine {
     /// The rule for a gated, registered tool of `tenant`, with the connection's identity.
     fn gated_rule(&self, tenant: &str, tool: &str) -> Result<(ToolRule, Value, String), Response> {
         let state = lock(&self.inner.state);
-        let conn = state.connections.get(tenant).ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
+        let conn = state
+            .connections
+            .get(tenant)
+            .ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
         match conn.tools.get(tool) {
-            Some((_, rule)) if rule.class.is_gated() => Ok((rule.clone(), conn.client_info.clone(), conn.server.clone())),
-            Some(_) => Err(error(ErrorCode::UnknownTool, format!("`{tool}` is open: it needs no approval"))),
-            None => Err(error(ErrorCode::UnknownTool, format!("`{tool}` is not a tool this connection offers"))),
+            Some((_, rule)) if rule.class.is_gated() => {
+                Ok((rule.clone(), conn.client_info.clone(), conn.server.clone()))
+            }
+            Some(_) => Err(error(
+                ErrorCode::UnknownTool,
+                format!("`{tool}` is open: it needs no approval"),
+            )),
+            None => Err(error(
+                ErrorCode::UnknownTool,
+                format!("`{tool}` is not a tool this connection offers"),
+            )),
         }
     }
 
-    fn planned(rule: &ToolRule, tool: &str, arguments: &Value) -> Result<(Map<String, Value>, policy::ConfirmFields, Plan, PlanHash), Response> {
-        let (args, fields) = policy::split_confirm(arguments).map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
-        let plan = policy::plan(rule, tool, &args).map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
-        let hash = plan.hash().map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
+    fn planned(
+        rule: &ToolRule,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<(Map<String, Value>, policy::ConfirmFields, Plan, PlanHash), Response> {
+        let (args, fields) = policy::split_confirm(arguments)
+            .map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
+        let plan = policy::plan(rule, tool, &args)
+            .map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
+        let hash = plan
+            .hash()
+            .map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
         Ok((args, fields, plan, hash))
     }
 
@@ -435,7 +547,13 @@ impl Engine {
 
     /// A preflight: queue the plan (or re-attach to the same plan's request) and wait up to
     /// `wait` for a person's decision.
-    pub async fn preflight(&self, tenant: &str, tool: &str, arguments: &Value, wait: Duration) -> Response {
+    pub async fn preflight(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+        wait: Duration,
+    ) -> Response {
         let (rule, client_info, server) = match self.gated_rule(tenant, tool) {
             Ok(found) => found,
             Err(response) => return response,
@@ -474,9 +592,18 @@ impl Engine {
                         arrived_at_ms: now,
                     };
                     let (sender, receiver) = watch::channel(None);
-                    state.requests.insert(id, Entry { view: view.clone(), arguments: args, decision: sender });
+                    state.requests.insert(
+                        id,
+                        Entry {
+                            view: view.clone(),
+                            arguments: args,
+                            decision: sender,
+                        },
+                    );
                     drop(state);
-                    self.publish(QueueChange::Added { request: Box::new(view) });
+                    self.publish(QueueChange::Added {
+                        request: Box::new(view),
+                    });
                     (id, receiver)
                 }
             }
@@ -492,15 +619,28 @@ impl Engine {
         // Collected: the decision has reached its agent, so the entry is done.
         lock(&self.inner.state).requests.remove(&id);
         match decision {
-            Some(Decision::Approved { text, token, target, expires_at_ms, class }) => {
-                Response::Approved { text, token, target, expires_at_ms, class }
-            }
+            Some(Decision::Approved {
+                text,
+                token,
+                target,
+                expires_at_ms,
+                class,
+            }) => Response::Approved {
+                text,
+                token,
+                target,
+                expires_at_ms,
+                class,
+            },
             Some(Decision::Denied { note }) => {
                 let message = match note {
                     Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
                     None => Refusal::Denied.next_move().to_owned(),
                 };
-                Response::Refused { refusal: Refusal::Denied, message }
+                Response::Refused {
+                    refusal: Refusal::Denied,
+                    message,
+                }
             }
             None => refused(Refusal::Pending),
         }
@@ -508,18 +648,30 @@ impl Engine {
 
     /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
     pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Response {
-        let Ok((rule, _, _)) = self.gated_rule(tenant, tool) else { return Response::Done };
-        let Ok((_, _, _, hash)) = Self::planned(&rule, tool, arguments) else { return Response::Done };
+        let Ok((rule, _, _)) = self.gated_rule(tenant, tool) else {
+            return Response::Done;
+        };
+        let Ok((_, _, _, hash)) = Self::planned(&rule, tool, arguments) else {
+            return Response::Done;
+        };
         let mut state = lock(&self.inner.state);
         let found = state
             .requests
             .iter()
-            .find(|(_, e)| e.view.tenant == tenant && e.view.plan.tool == tool && e.view.plan_hash == hash && e.decision.borrow().is_none())
+            .find(|(_, e)| {
+                e.view.tenant == tenant
+                    && e.view.plan.tool == tool
+                    && e.view.plan_hash == hash
+                    && e.decision.borrow().is_none()
+            })
             .map(|(id, _)| *id);
         if let Some(id) = found {
             state.requests.remove(&id);
             drop(state);
-            self.publish(QueueChange::Removed { id, reason: Removal::Withdrawn });
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Withdrawn,
+            });
         }
         Response::Done
     }
@@ -565,7 +717,10 @@ impl Engine {
         };
         match verdict {
             Err(rejected) => {
-                self.record(event(EventKind::for_refusal(rejected.refusal), rejected.claims.as_deref()));
+                self.record(event(
+                    EventKind::for_refusal(rejected.refusal),
+                    rejected.claims.as_deref(),
+                ));
                 refused(rejected.refusal)
             }
             Ok(claims) => {
@@ -573,16 +728,29 @@ impl Engine {
                 match approved {
                     Ok(Some(approval)) if approval.plan == hash => {
                         self.record(event(EventKind::Accepted, Some(&claims)));
-                        Response::Accepted { arguments: approval.arguments, nonce: claims.nonce.to_hex() }
+                        Response::Accepted {
+                            arguments: approval.arguments,
+                            nonce: claims.nonce.to_hex(),
+                        }
                     }
                     // The token is genuine but what it approved is gone (pruned, or a store that
                     // was replaced): nothing may run that the person did not read.
                     Ok(_) => {
-                        self.record(event(EventKind::Refused { refusal: Refusal::PlanChanged }, Some(&claims)));
+                        self.record(event(
+                            EventKind::Refused {
+                                refusal: Refusal::PlanChanged,
+                            },
+                            Some(&claims),
+                        ));
                         refused(Refusal::PlanChanged)
                     }
                     Err(_) => {
-                        self.record(event(EventKind::Refused { refusal: Refusal::LedgerUnreachable }, Some(&claims)));
+                        self.record(event(
+                            EventKind::Refused {
+                                refusal: Refusal::LedgerUnreachable,
+                            },
+                            Some(&claims),
+                        ));
                         refused(Refusal::LedgerUnreachable)
                     }
                 }
@@ -597,7 +765,10 @@ impl Engine {
         };
         let approval = lock(&self.inner.store).approval(&nonce).ok().flatten();
         let Some(approval) = approval.filter(|a| a.tenant == tenant) else {
-            return error(ErrorCode::BadArguments, "no accepted call of this connection has this nonce");
+            return error(
+                ErrorCode::BadArguments,
+                "no accepted call of this connection has this nonce",
+            );
         };
         self.record(ConfirmEvent {
             at_ms: now_ms(),

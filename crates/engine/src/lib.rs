@@ -12,5 +12,6 @@ mod engine;
 pub mod socket;
 
 pub use engine::{
-    ApproveError, Engine, EngineConfig, EngineError, PendingRequest, QueueChange, Removal, DEFAULT_TOKEN_TTL_MS,
+    ApproveError, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig, EngineError, PendingRequest,
+    QueueChange, Removal,
 };

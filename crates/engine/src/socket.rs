@@ -11,7 +11,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use countersign_wire::{Envelope, ErrorCode, FrameError, PROTOCOL_VERSION, Request, Response, read_frame, write_frame};
+use countersign_wire::{
+    Envelope, ErrorCode, FrameError, PROTOCOL_VERSION, Request, Response, read_frame, write_frame,
+};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -61,7 +63,10 @@ impl Drop for Served {
 }
 
 fn setup_error(path: &Path) -> impl FnOnce(io::Error) -> SocketError + '_ {
-    move |source| SocketError::Setup { path: path.to_owned(), source }
+    move |source| SocketError::Setup {
+        path: path.to_owned(),
+        source,
+    }
 }
 
 /// Binds the socket at `path` and serves `engine` on it until the returned [`Served`] is dropped.
@@ -69,7 +74,8 @@ fn setup_error(path: &Path) -> impl FnOnce(io::Error) -> SocketError + '_ {
 pub async fn serve(engine: Engine, path: PathBuf) -> Result<Served, SocketError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(setup_error(&path))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(setup_error(&path))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(setup_error(&path))?;
     }
     let listener = match UnixListener::bind(&path) {
         Ok(listener) => listener,
@@ -83,7 +89,8 @@ pub async fn serve(engine: Engine, path: PathBuf) -> Result<Served, SocketError>
         }
         Err(e) => return Err(setup_error(&path)(e)),
     };
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(setup_error(&path))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(setup_error(&path))?;
     tracing::info!(target: "desk", socket = %path.display(), "listening");
     let task = tokio::spawn(async move {
         loop {
@@ -105,7 +112,10 @@ pub async fn serve(engine: Engine, path: PathBuf) -> Result<Served, SocketError>
 fn same_user(stream: &UnixStream) -> bool {
     // SAFETY: getuid has no preconditions and cannot fail.
     let me = unsafe { libc::getuid() };
-    stream.peer_cred().map(|cred| cred.uid() == me).unwrap_or(false)
+    stream
+        .peer_cred()
+        .map(|cred| cred.uid() == me)
+        .unwrap_or(false)
 }
 
 /// Serves one gateway: the handshake, then its requests, concurrently, until it goes away.
@@ -123,10 +133,21 @@ async fn connection(engine: Engine, stream: UnixStream) {
         }
     };
     let tenant = match hello.body {
-        Request::Hello { version, client_info, server, pid } if version == PROTOCOL_VERSION => {
+        Request::Hello {
+            version,
+            client_info,
+            server,
+            pid,
+        } if version == PROTOCOL_VERSION => {
             let tenant = engine.connect(client_info, server.clone());
             tracing::info!(target: "desk", %tenant, %server, pid, "gateway connected");
-            let welcome = Envelope { id: hello.id, body: Response::Welcome { version: PROTOCOL_VERSION, tenant: tenant.clone() } };
+            let welcome = Envelope {
+                id: hello.id,
+                body: Response::Welcome {
+                    version: PROTOCOL_VERSION,
+                    tenant: tenant.clone(),
+                },
+            };
             if write_frame(&mut writer, &welcome).await.is_err() {
                 engine.disconnect(&tenant);
                 return;
@@ -139,14 +160,23 @@ async fn connection(engine: Engine, stream: UnixStream) {
                  update Countersign so that both come from the same release"
             );
             tracing::warn!(target: "desk", "{message}");
-            let reply = Envelope { id: hello.id, body: Response::Error { code: ErrorCode::VersionMismatch, message } };
+            let reply = Envelope {
+                id: hello.id,
+                body: Response::Error {
+                    code: ErrorCode::VersionMismatch,
+                    message,
+                },
+            };
             let _ = write_frame(&mut writer, &reply).await;
             return;
         }
         _ => {
             let reply = Envelope {
                 id: hello.id,
-                body: Response::Error { code: ErrorCode::NotIntroduced, message: "the first message must be hello".into() },
+                body: Response::Error {
+                    code: ErrorCode::NotIntroduced,
+                    message: "the first message must be hello".into(),
+                },
             };
             let _ = write_frame(&mut writer, &reply).await;
             return;
@@ -178,7 +208,10 @@ async fn connection(engine: Engine, stream: UnixStream) {
         let out = out.clone();
         running.push(tokio::spawn(async move {
             let body = handle(&engine, &tenant, request.body).await;
-            let _ = out.send(Envelope { id: request.id, body });
+            let _ = out.send(Envelope {
+                id: request.id,
+                body,
+            });
         }));
         running.retain(|task| !task.is_finished());
     }
@@ -194,9 +227,16 @@ async fn connection(engine: Engine, stream: UnixStream) {
 
 async fn handle(engine: &Engine, tenant: &str, request: Request) -> Response {
     match request {
-        Request::Hello { .. } => Response::Error { code: ErrorCode::NotIntroduced, message: "hello was already said".into() },
+        Request::Hello { .. } => Response::Error {
+            code: ErrorCode::NotIntroduced,
+            message: "hello was already said".into(),
+        },
         Request::RegisterTools { tools } => engine.register_tools(tenant, tools),
-        Request::Preflight { tool, arguments, wait_ms } => {
+        Request::Preflight {
+            tool,
+            arguments,
+            wait_ms,
+        } => {
             // Bounded by the desk too, whatever the gateway asks: a wait never outlives a token.
             let wait = Duration::from_millis(wait_ms.min(10 * 60 * 1000));
             engine.preflight(tenant, &tool, &arguments, wait).await
@@ -204,6 +244,9 @@ async fn handle(engine: &Engine, tenant: &str, request: Request) -> Response {
         Request::Withdraw { tool, arguments } => engine.withdraw(tenant, &tool, &arguments),
         Request::Confirm { tool, arguments } => engine.confirm(tenant, &tool, &arguments),
         Request::Outcome { nonce, ok, note } => engine.outcome(tenant, &nonce, ok, note),
-        _ => Response::Error { code: ErrorCode::Internal, message: "unknown request".into() },
+        _ => Response::Error {
+            code: ErrorCode::Internal,
+            message: "unknown request".into(),
+        },
     }
 }

@@ -19,7 +19,10 @@ fn desk_with(ttl_ms: u64, key: Result<SigningKey, String>) -> Desk {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.token_ttl_ms = ttl_ms;
-    Desk { engine: Engine::new(config, key).unwrap(), _dir: dir }
+    Desk {
+        engine: Engine::new(config, key).unwrap(),
+        _dir: dir,
+    }
 }
 
 fn desk() -> Desk {
@@ -37,7 +40,10 @@ fn tools() -> Vec<Value> {
 }
 
 fn connect(engine: &Engine) -> String {
-    let tenant = engine.connect(json!({"name": "test-agent", "version": "1"}), "test-server".into());
+    let tenant = engine.connect(
+        json!({"name": "test-agent", "version": "1"}),
+        "test-server".into(),
+    );
     engine.register_tools(&tenant, tools());
     tenant
 }
@@ -66,12 +72,22 @@ fn confirm_args(args: &Value, target: &str, token: &str) -> Value {
     args
 }
 
-async fn approved(engine: &Engine, tenant: &str, tool: &str, args: &Value) -> (String, String, String) {
+async fn approved(
+    engine: &Engine,
+    tenant: &str,
+    tool: &str,
+    args: &Value,
+) -> (String, String, String) {
     let click = approve_next(engine, None);
     let response = engine.preflight(tenant, tool, args, WAIT).await;
     click.await.unwrap();
     match response {
-        Response::Approved { text, token, target, .. } => (text, token, target),
+        Response::Approved {
+            text,
+            token,
+            target,
+            ..
+        } => (text, token, target),
         other => panic!("expected approval, got {other:?}"),
     }
 }
@@ -87,8 +103,13 @@ fn refusal(response: &Response) -> Option<Refusal> {
 async fn classes_follow_annotations_and_confirm_named_tools_are_withheld() {
     let d = desk();
     let tenant = d.engine.connect(json!({}), "s".into());
-    let Response::Classes { tools } = d.engine.register_tools(&tenant, tools()) else { panic!() };
-    let classes: Vec<_> = tools.iter().map(|t| (t.name.as_str(), t.class, t.withheld.is_some())).collect();
+    let Response::Classes { tools } = d.engine.register_tools(&tenant, tools()) else {
+        panic!()
+    };
+    let classes: Vec<_> = tools
+        .iter()
+        .map(|t| (t.name.as_str(), t.class, t.withheld.is_some()))
+        .collect();
     assert_eq!(
         classes,
         vec![
@@ -109,11 +130,20 @@ async fn approved_once_call_executes_the_approved_arguments_exactly_once() {
     let (text, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     assert!(text.contains("works once"));
     assert_eq!(target, "execute");
-    let first = d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
-    let Response::Accepted { arguments, nonce } = first else { panic!("{first:?}") };
+    let first = d
+        .engine
+        .confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
+    let Response::Accepted { arguments, nonce } = first else {
+        panic!("{first:?}")
+    };
     assert_eq!(arguments, args);
-    assert_eq!(d.engine.outcome(&tenant, &nonce, true, None), Response::Done);
-    let second = d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
+    assert_eq!(
+        d.engine.outcome(&tenant, &nonce, true, None),
+        Response::Done
+    );
+    let second = d
+        .engine
+        .confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
     assert_eq!(refusal(&second), Some(Refusal::AlreadyUsed));
     let kinds: Vec<String> = d
         .engine
@@ -133,7 +163,9 @@ async fn reusable_token_works_again_within_its_life() {
     let (text, token, target) = approved(&d.engine, &tenant, "backup", &args).await;
     assert!(text.contains("works until it expires"));
     for _ in 0..3 {
-        let r = d.engine.confirm(&tenant, "backup", &confirm_args(&args, &target, &token));
+        let r = d
+            .engine
+            .confirm(&tenant, "backup", &confirm_args(&args, &target, &token));
         assert!(matches!(r, Response::Accepted { .. }), "{r:?}");
     }
 }
@@ -145,11 +177,27 @@ async fn changed_arguments_are_plan_changed_and_another_connection_is_wrong_tena
     let args = json!({"path": "/a", "content": "x"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     let changed = json!({"path": "/a", "content": "y"});
-    assert_eq!(refusal(&d.engine.confirm(&tenant, "execute", &confirm_args(&changed, &target, &token))), Some(Refusal::PlanChanged));
+    assert_eq!(
+        refusal(
+            &d.engine
+                .confirm(&tenant, "execute", &confirm_args(&changed, &target, &token))
+        ),
+        Some(Refusal::PlanChanged)
+    );
     let other = connect(&d.engine);
-    assert_eq!(refusal(&d.engine.confirm(&other, "execute", &confirm_args(&args, &target, &token))), Some(Refusal::WrongTenant));
+    assert_eq!(
+        refusal(
+            &d.engine
+                .confirm(&other, "execute", &confirm_args(&args, &target, &token))
+        ),
+        Some(Refusal::WrongTenant)
+    );
     // Neither refusal spent the nonce.
-    assert!(matches!(d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token)), Response::Accepted { .. }));
+    assert!(matches!(
+        d.engine
+            .confirm(&tenant, "execute", &confirm_args(&args, &target, &token)),
+        Response::Accepted { .. }
+    ));
 }
 
 #[tokio::test]
@@ -163,9 +211,14 @@ async fn deny_reaches_the_agent_with_the_note() {
             engine.deny(request.id, Some("not on a Friday")).unwrap();
         }
     });
-    let r = d.engine.preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT).await;
+    let r = d
+        .engine
+        .preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT)
+        .await;
     deny.await.unwrap();
-    let Response::Refused { refusal, message } = r else { panic!("{r:?}") };
+    let Response::Refused { refusal, message } = r else {
+        panic!("{r:?}")
+    };
     assert_eq!(refusal, Refusal::Denied);
     assert!(message.contains("not on a Friday"));
 }
@@ -175,15 +228,28 @@ async fn pending_preflight_reattaches_to_the_same_request() {
     let d = desk();
     let tenant = connect(&d.engine);
     let args = json!({"sql": "x"});
-    let r = d.engine.preflight(&tenant, "execute", &args, Duration::from_millis(50)).await;
+    let r = d
+        .engine
+        .preflight(&tenant, "execute", &args, Duration::from_millis(50))
+        .await;
     assert_eq!(refusal(&r), Some(Refusal::Pending));
-    let r = d.engine.preflight(&tenant, "execute", &args, Duration::from_millis(50)).await;
+    let r = d
+        .engine
+        .preflight(&tenant, "execute", &args, Duration::from_millis(50))
+        .await;
     assert_eq!(refusal(&r), Some(Refusal::Pending));
     let pending = d.engine.pending();
-    assert_eq!(pending.len(), 1, "a second preflight of the same plan is not a second entry");
+    assert_eq!(
+        pending.len(),
+        1,
+        "a second preflight of the same plan is not a second entry"
+    );
     // Approved while nobody waits: the next call with the same arguments collects it.
     d.engine.approve(pending[0].id, None).unwrap();
-    assert!(matches!(d.engine.preflight(&tenant, "execute", &args, WAIT).await, Response::Approved { .. }));
+    assert!(matches!(
+        d.engine.preflight(&tenant, "execute", &args, WAIT).await,
+        Response::Approved { .. }
+    ));
     assert!(d.engine.pending().is_empty());
 }
 
@@ -193,8 +259,17 @@ async fn withdraw_and_disconnect_remove_pending_requests() {
     let tenant = connect(&d.engine);
     let mut changes = d.engine.subscribe();
     let args = json!({"sql": "x"});
-    d.engine.preflight(&tenant, "execute", &args, Duration::from_millis(10)).await;
-    d.engine.preflight(&tenant, "delete", &json!({"id": 1}), Duration::from_millis(10)).await;
+    d.engine
+        .preflight(&tenant, "execute", &args, Duration::from_millis(10))
+        .await;
+    d.engine
+        .preflight(
+            &tenant,
+            "delete",
+            &json!({"id": 1}),
+            Duration::from_millis(10),
+        )
+        .await;
     assert_eq!(d.engine.pending().len(), 2);
     d.engine.withdraw(&tenant, "execute", &args);
     assert_eq!(d.engine.pending().len(), 1);
@@ -213,13 +288,29 @@ async fn withdraw_and_disconnect_remove_pending_requests() {
 async fn destructive_requests_need_the_target_typed() {
     let d = desk();
     let tenant = connect(&d.engine);
-    d.engine.preflight(&tenant, "delete", &json!({"id": "backup-7"}), Duration::from_millis(10)).await;
+    d.engine
+        .preflight(
+            &tenant,
+            "delete",
+            &json!({"id": "backup-7"}),
+            Duration::from_millis(10),
+        )
+        .await;
     let id = d.engine.pending()[0].id;
     assert!(d.engine.pending()[0].type_target);
-    assert_eq!(d.engine.approve(id, None), Err(ApproveError::TargetNotTyped));
-    assert_eq!(d.engine.approve(id, Some("backup-")), Err(ApproveError::TargetNotTyped));
+    assert_eq!(
+        d.engine.approve(id, None),
+        Err(ApproveError::TargetNotTyped)
+    );
+    assert_eq!(
+        d.engine.approve(id, Some("backup-")),
+        Err(ApproveError::TargetNotTyped)
+    );
     assert_eq!(d.engine.approve(id, Some("backup-7")), Ok(()));
-    assert_eq!(d.engine.approve(id, Some("backup-7")), Err(ApproveError::NotPending));
+    assert_eq!(
+        d.engine.approve(id, Some("backup-7")),
+        Err(ApproveError::NotPending)
+    );
 }
 
 #[tokio::test]
@@ -227,11 +318,26 @@ async fn without_a_secret_nothing_is_minted() {
     let d = desk_with(600_000, Err("the OS keychain is locked".into()));
     assert_eq!(d.engine.secret_problem(), Some("the OS keychain is locked"));
     let tenant = connect(&d.engine);
-    d.engine.preflight(&tenant, "execute", &json!({}), Duration::from_millis(10)).await;
+    d.engine
+        .preflight(&tenant, "execute", &json!({}), Duration::from_millis(10))
+        .await;
     let id = d.engine.pending()[0].id;
-    assert!(matches!(d.engine.approve(id, None), Err(ApproveError::NoSecret(_))));
-    let r = d.engine.confirm(&tenant, "execute", &json!({"confirm": true, "confirmToken": "cs1.a.b"}));
-    assert!(matches!(r, Response::Error { code: ErrorCode::NoSecret, .. }));
+    assert!(matches!(
+        d.engine.approve(id, None),
+        Err(ApproveError::NoSecret(_))
+    ));
+    let r = d.engine.confirm(
+        &tenant,
+        "execute",
+        &json!({"confirm": true, "confirmToken": "cs1.a.b"}),
+    );
+    assert!(matches!(
+        r,
+        Response::Error {
+            code: ErrorCode::NoSecret,
+            ..
+        }
+    ));
 }
 
 #[tokio::test]
@@ -241,7 +347,13 @@ async fn expired_token_is_refused() {
     let args = json!({"sql": "x"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(refusal(&d.engine.confirm(&tenant, "execute", &confirm_args(&args, &target, &token))), Some(Refusal::Expired));
+    assert_eq!(
+        refusal(
+            &d.engine
+                .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+        ),
+        Some(Refusal::Expired)
+    );
 }
 
 #[tokio::test]
@@ -249,7 +361,19 @@ async fn open_and_unknown_tools_are_not_gated_here() {
     let d = desk();
     let tenant = connect(&d.engine);
     let r = d.engine.preflight(&tenant, "read", &json!({}), WAIT).await;
-    assert!(matches!(r, Response::Error { code: ErrorCode::UnknownTool, .. }));
+    assert!(matches!(
+        r,
+        Response::Error {
+            code: ErrorCode::UnknownTool,
+            ..
+        }
+    ));
     let r = d.engine.confirm(&tenant, "sneaky", &json!({}));
-    assert!(matches!(r, Response::Error { code: ErrorCode::UnknownTool, .. }));
+    assert!(matches!(
+        r,
+        Response::Error {
+            code: ErrorCode::UnknownTool,
+            ..
+        }
+    ));
 }

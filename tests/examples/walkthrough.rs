@@ -1,0 +1,208 @@
+//! A walkthrough of Countersign's trusted half, on the real parts: the HMAC secret from the OS
+//! keychain, the desk's engine with its SQLite ledger and history, and the verification chain.
+//! A sample agent connection asks for an open call, a `token` call and a `once` call, then tries
+//! a replay, a changed plan and another connection's token, and the walkthrough prints what the
+//! agent would receive at each step.
+//!
+//! The person's click is played by this program calling `Engine::approve`, as the tests do: the
+//! desk's window is the only other caller, and no command, flag or message of the product
+//! approves. Run it with `make run` (inside a D-Bus session with an unlocked keyring), or with
+//! `--in-memory-secret` where there is no keychain.
+
+use std::time::Duration;
+
+use countersign_engine::{Engine, EngineConfig, QueueChange};
+use countersign_secret::{KeychainStore, MemoryStore, SecretStore};
+use countersign_store::HistoryFilter;
+use countersign_wire::Response;
+use serde_json::{Value, json};
+
+fn step(title: &str) {
+    println!("\n\x1b[1m== {title}\x1b[0m");
+}
+
+fn show(response: &Response) {
+    match response {
+        Response::Approved { text, .. } => println!("{text}"),
+        Response::Accepted { arguments, nonce } => {
+            println!(
+                "accepted: the desk hands back the approved arguments {arguments} (nonce {nonce})"
+            )
+        }
+        Response::Refused { refusal, message } => println!("refused [{refusal}]: {message}"),
+        Response::Classes { tools } => {
+            for t in tools {
+                println!("  {:<14} {}", t.name, t.class.code());
+            }
+        }
+        other => println!("{other:?}"),
+    }
+}
+
+fn confirm_args(args: &Value, target: &str, token: &str) -> Value {
+    let mut args = args.clone();
+    args["confirm"] = json!(true);
+    args["confirmTarget"] = json!(target);
+    args["confirmToken"] = json!(token);
+    args
+}
+
+/// A preflight, approved by the stand-in for the person's click as soon as it is queued.
+async fn preflight_and_click(
+    engine: &Engine,
+    tenant: &str,
+    tool: &str,
+    args: &Value,
+) -> (String, String) {
+    let mut changes = engine.subscribe();
+    let clicker = engine.clone();
+    let click = tokio::spawn(async move {
+        while let Ok(change) = changes.recv().await {
+            if let QueueChange::Added { request } = change {
+                println!(
+                    "(the desk shows request #{} for {:?}; a person clicks Approve)",
+                    request.id, request.plan.target
+                );
+                let typed = request.type_target.then_some(request.plan.target.as_str());
+                clicker.approve(request.id, typed).expect("approve");
+                return;
+            }
+        }
+    });
+    let response = engine
+        .preflight(tenant, tool, args, Duration::from_secs(10))
+        .await;
+    click.await.unwrap();
+    show(&response);
+    match response {
+        Response::Approved { token, target, .. } => (token, target),
+        other => panic!("the preflight was not approved: {other:?}"),
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let in_memory = std::env::args().any(|a| a == "--in-memory-secret");
+    step("The secret");
+    let secret = if in_memory {
+        println!("in memory, by explicit choice: tokens die with this process");
+        MemoryStore::new().load_or_create()
+    } else {
+        match KeychainStore::open_default().and_then(|k| k.load_or_create()) {
+            Ok(s) => {
+                println!(
+                    "32 bytes in the OS keychain (Secret Service), created on first use, read back later"
+                );
+                Ok(s)
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        }
+    };
+    let key = secret.expect("secret").signing_key();
+    println!("{key:?}   <- what a Debug print of the key shows");
+
+    let dir = std::env::temp_dir().join(format!("countersign-walkthrough-{}", std::process::id()));
+    let config = EngineConfig::new(dir.join("desk.sqlite"));
+    let engine = Engine::new(config, Ok(key)).expect("engine");
+    let tenant = engine.connect(
+        json!({"name": "sample-agent", "version": "1.0"}),
+        "builtin".into(),
+    );
+    let other = engine.connect(
+        json!({"name": "another-agent", "version": "1.0"}),
+        "builtin".into(),
+    );
+
+    step("The upstream's tools, classed by their annotations");
+    let tools = vec![
+        json!({"name": "query", "annotations": {"readOnlyHint": true}}),
+        json!({"name": "create_backup", "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true}}),
+        json!({"name": "execute", "annotations": {"readOnlyHint": false, "destructiveHint": false}}),
+        json!({"name": "delete_backup", "annotations": {"destructiveHint": true}}),
+    ];
+    show(&engine.register_tools(&tenant, tools.clone()));
+    engine.register_tools(&other, tools);
+
+    step("An open call (query): forwarded by the gateway at once; the desk is not involved");
+
+    step("A `token` call (create_backup): preflight, click, confirm twice within the token's life");
+    let backup = json!({"name": "nightly"});
+    let (token, target) = preflight_and_click(&engine, &tenant, "create_backup", &backup).await;
+    for _ in 0..2 {
+        show(&engine.confirm(
+            &tenant,
+            "create_backup",
+            &confirm_args(&backup, &target, &token),
+        ));
+    }
+
+    step("A `once` call (execute): preflight, click, confirm");
+    let sql = json!({"sql": "UPDATE accounts SET plan = 'pro' WHERE id = 7"});
+    let (token, target) = preflight_and_click(&engine, &tenant, "execute", &sql).await;
+    let accepted = engine.confirm(&tenant, "execute", &confirm_args(&sql, &target, &token));
+    show(&accepted);
+    if let Response::Accepted { nonce, .. } = &accepted {
+        engine.outcome(&tenant, nonce, true, None);
+    }
+
+    step("A replay of the same `once` token");
+    show(&engine.confirm(&tenant, "execute", &confirm_args(&sql, &target, &token)));
+
+    step("A changed plan: approved one statement, confirming another");
+    let (token, target) = preflight_and_click(
+        &engine,
+        &tenant,
+        "execute",
+        &json!({"sql": "DELETE FROM logs WHERE day < 7"}),
+    )
+    .await;
+    let changed = json!({"sql": "DELETE FROM logs"});
+    show(&engine.confirm(&tenant, "execute", &confirm_args(&changed, &target, &token)));
+
+    step("That token, presented by another agent connection");
+    show(&engine.confirm(
+        &other,
+        "execute",
+        &confirm_args(
+            &json!({"sql": "DELETE FROM logs WHERE day < 7"}),
+            &target,
+            &token,
+        ),
+    ));
+
+    step("A confirm that skipped the preflight, and a forged token");
+    show(&engine.confirm(
+        &tenant,
+        "execute",
+        &json!({"sql": "DROP TABLE accounts", "confirm": true, "confirmTarget": "execute"}),
+    ));
+    show(&engine.confirm(
+        &tenant,
+        "execute",
+        &confirm_args(
+            &json!({"sql": "DROP TABLE accounts"}),
+            "execute",
+            "cs1.e30.AAAA",
+        ),
+    ));
+
+    step("History (newest first; it never holds a token)");
+    for e in engine.history(&HistoryFilter::default()).expect("history") {
+        let refusal = match e.kind {
+            countersign_core::telemetry::EventKind::Refused { refusal } => format!(" [{refusal}]"),
+            _ => String::new(),
+        };
+        println!(
+            "  {:<9}{:<16} {:<14} {:<22} nonce {}",
+            e.kind.code(),
+            refusal,
+            e.tool,
+            e.tenant,
+            e.nonce.map(|n| n.to_hex()).unwrap_or("-".into())
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
