@@ -3,4 +3,6 @@
 //! one gateway per MCP server, so it must start fast and idle light.
 #![deny(missing_docs)]
 
+pub mod launch;
 pub mod logging;
+pub mod paths;

@@ -1,17 +1,200 @@
-//! `countersign`: the command an agent's MCP configuration launches, and the commands that launch
-//! or query the desk. The gateway (`countersign mcp`) and the desk arrive with their own work;
-//! today the binary sets up logging and answers `--help` and `--version`.
+//! `countersign`: the command an agent's MCP configuration launches, and the commands that start
+//! or query the desk.
 
-use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use countersign::{launch, logging, paths};
+use countersign_store::{HistoryFilter, Store, StoreOptions};
 
 /// A human countersignature on every mutating action an AI agent takes through MCP.
+///
+/// Put `countersign mcp -- <your usual MCP server command>` where your agent's configuration
+/// starts an MCP server. Read-only tools pass straight through; every other tool needs a preflight
+/// that a person approves in the Countersign desk, then a confirm with the token it returns.
 #[derive(Debug, Parser)]
-#[command(name = "countersign", version, about, long_about = None)]
-struct Cli {}
+#[command(name = "countersign", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve MCP on stdin/stdout in front of an upstream MCP server (or the built-in tools).
+    ///
+    /// Examples:
+    ///   countersign mcp -- npx -y @modelcontextprotocol/server-filesystem ~/projects
+    ///   countersign mcp --name github -- github-mcp-server stdio
+    ///   countersign mcp --db ./app.sqlite          (the built-in SQLite tools)
+    ///
+    /// stdout carries the protocol; logs go to stderr (RUST_LOG sets how much).
+    #[command(verbatim_doc_comment)]
+    Mcp {
+        /// The server's name in the desk and in its policy (default: the upstream's own name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Seconds a preflight waits for a person before answering `pending`.
+        #[arg(long, default_value_t = 45)]
+        wait: u64,
+        /// The SQLite file of the built-in tools (used when no upstream command is given).
+        #[arg(long)]
+        db: Option<PathBuf>,
+        /// The desk's socket (default: computed from your user id; or $COUNTERSIGN_SOCKET).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Do not start the desk when none is running.
+        #[arg(long)]
+        no_launch: bool,
+        /// The upstream MCP server's command and arguments, after `--`.
+        #[arg(last = true)]
+        upstream: Vec<String>,
+    },
+    /// Start the desk (the window where a person approves), detached.
+    Desk {
+        /// Arguments passed to the desk.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Print the desk's history of approvals, confirms and refusals, newest first.
+    History {
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only this tool.
+        #[arg(long)]
+        tool: Option<String>,
+        /// At most this many events.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// The desk's SQLite file (default: the desk's own).
+        #[arg(long)]
+        db: Option<PathBuf>,
+    },
+}
 
 fn main() {
-    countersign::logging::init();
-    let _cli = Cli::parse();
-    eprintln!("countersign: the gateway and the desk are not built yet; see README.md.");
-    std::process::exit(2);
+    logging::init();
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Mcp {
+            name,
+            wait,
+            db,
+            socket,
+            no_launch,
+            upstream,
+        } => {
+            let options = countersign_gateway::Options {
+                name,
+                wait: Duration::from_secs(wait),
+                socket: socket.unwrap_or_else(countersign_wire::socket_path),
+                launch_desk: !no_launch,
+            };
+            mcp(options, db, upstream)
+        }
+        Command::Desk { args } => match launch::start_desk(&args) {
+            Ok(pid) => {
+                eprintln!("countersign: desk started (pid {pid})");
+                0
+            }
+            Err(err) => {
+                eprintln!(
+                    "countersign: cannot start the desk ({}): {err}",
+                    launch::desk_program().display()
+                );
+                1
+            }
+        },
+        Command::History {
+            json,
+            tool,
+            limit,
+            db,
+        } => history(db.unwrap_or_else(paths::desk_db), json, tool, limit),
+    };
+    std::process::exit(code);
+}
+
+fn mcp(options: countersign_gateway::Options, db: Option<PathBuf>, upstream: Vec<String>) -> i32 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let result = runtime.block_on(async move {
+        if upstream.is_empty() {
+            let db = db.unwrap_or_else(paths::builtin_db);
+            if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let (ours, theirs) = tokio::io::duplex(1 << 20);
+            let (their_read, their_write) = tokio::io::split(theirs);
+            tokio::spawn(countersign_builtin::serve(db, their_read, their_write));
+            let (read, write) = tokio::io::split(ours);
+            countersign_gateway::run_pipe(options, read, write).await
+        } else {
+            countersign_gateway::run_command(options, upstream).await
+        }
+    });
+    match result {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("countersign mcp: {err}");
+            1
+        }
+    }
+}
+
+fn history(db: PathBuf, json: bool, tool: Option<String>, limit: u32) -> i32 {
+    if !db.exists() {
+        eprintln!(
+            "countersign: no history yet ({} does not exist)",
+            db.display()
+        );
+        return 0;
+    }
+    let mut store = match Store::open(&db, StoreOptions::default()) {
+        Ok(store) => store,
+        Err(err) => {
+            eprintln!("countersign: cannot open {}: {err}", db.display());
+            return 1;
+        }
+    };
+    let mut filter = HistoryFilter::default().limit(limit);
+    if let Some(tool) = tool {
+        filter = filter.tool(tool);
+    }
+    let events = match store.history(&filter) {
+        Ok(events) => events,
+        Err(err) => {
+            eprintln!("countersign: cannot read history: {err}");
+            return 1;
+        }
+    };
+    for e in events {
+        if json {
+            println!("{}", serde_json::to_string(&e).expect("events serialize"));
+        } else {
+            let refusal = match e.kind {
+                countersign_core::telemetry::EventKind::Refused { refusal } => {
+                    refusal.code().to_owned()
+                }
+                countersign_core::telemetry::EventKind::Executed { ok } => {
+                    if ok { "ok" } else { "failed" }.to_owned()
+                }
+                _ => String::new(),
+            };
+            println!(
+                "{:>13}  {:<9} {:<18} {:<20} {:<24} {}",
+                e.at_ms,
+                e.kind.code(),
+                refusal,
+                e.tool,
+                e.target.as_deref().unwrap_or("-"),
+                e.tenant
+            );
+        }
+    }
+    0
 }

@@ -1,0 +1,664 @@
+//! The gateway's server half, toward the agent.
+//!
+//! Everything but `tools/list` and gated `tools/call` is forwarded to the upstream as it came.
+//! `tools/list` is fetched raw (every field the upstream sent survives), registered with the desk,
+//! and answered with gated tools augmented (`confirm`, `confirmTarget`, `confirmToken`, a sentence,
+//! no `outputSchema`) and withheld tools left out. A gated call goes to the desk: a preflight waits
+//! there for a person (with progress to the agent while it waits), a confirm is verified there and
+//! what the person approved is what gets forwarded. The gateway itself decides nothing.
+#![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use countersign_core::{GateClass, Refusal, policy};
+use countersign_wire::{ErrorCode, Request, Response};
+use rmcp::model::*;
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
+use rmcp::{ErrorData, Peer, RoleClient, RoleServer, ServerHandler, Service};
+use serde_json::{Value, json};
+
+use crate::desk::{DeskLink, Introduction};
+use crate::upstream::{Shared, forward};
+
+/// How one tool is treated, as last decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Gate {
+    Class(GateClass),
+    Withheld(String),
+}
+
+/// The server half.
+#[derive(Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+    upstream: Peer<RoleClient>,
+    info: ServerConfig,
+    upstream_version: ProtocolVersion,
+    desk: Arc<DeskLink>,
+    name: Option<String>,
+    wait: Duration,
+    gates: Arc<Mutex<HashMap<String, Gate>>>,
+}
+
+impl Gateway {
+    /// Mirrors the upstream's `InitializeResult` (capabilities, serverInfo, instructions).
+    pub fn new(
+        shared: Arc<Shared>,
+        upstream: Peer<RoleClient>,
+        desk: Arc<DeskLink>,
+        name: Option<String>,
+        wait: Duration,
+    ) -> Self {
+        let up = upstream
+            .peer_info()
+            .expect("an initialized upstream has peer info");
+        let mut info = ServerConfig::new(up.capabilities.clone())
+            .with_protocol_version(up.protocol_version.clone());
+        if let Some(server_info) = &up.server_info {
+            info = info.with_server_info(server_info.clone());
+        }
+        if let Some(instructions) = &up.instructions {
+            info = info.with_instructions(instructions.clone());
+        }
+        info.meta = up.meta.clone();
+        let upstream_version = up.protocol_version.clone();
+        Self {
+            shared,
+            upstream,
+            info,
+            upstream_version,
+            desk,
+            name,
+            wait,
+            gates: Arc::default(),
+        }
+    }
+
+    /// The server name the desk shows and policy is keyed by.
+    fn server_name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| self.info.server_info.name.clone())
+    }
+
+    /// Forwards one request to the upstream, mapping progress tokens and cancellation.
+    async fn up(
+        &self,
+        req: ClientRequest,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ServerResult, ErrorData> {
+        let mut meta = context.meta.clone();
+        meta.remove("progressToken");
+        let options = PeerRequestOptions::no_options().with_meta(meta);
+        let agent_token = context.meta.get_progress_token();
+        let mut registered = None;
+        let r = forward(&self.upstream, req, options, &context.ct, |up_token| {
+            if let Some(agent_token) = agent_token {
+                self.shared
+                    .progress
+                    .lock()
+                    .unwrap()
+                    .insert(up_token.clone(), agent_token);
+                registered = Some(up_token.clone());
+            }
+        })
+        .await;
+        if let Some(t) = registered {
+            self.shared.progress.lock().unwrap().remove(&t);
+        }
+        r
+    }
+
+    /// Every tool of the upstream, raw, across all pages.
+    async fn upstream_tools(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Vec<Value>, ErrorData> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<Value> = None;
+        loop {
+            let params = cursor.take().map(|c| json!({ "cursor": c }));
+            let result = self
+                .up(
+                    ClientRequest::CustomRequest(CustomRequest::new("tools/list", params)),
+                    context,
+                )
+                .await?;
+            let raw = match result {
+                ServerResult::CustomResult(raw) => raw.0,
+                typed => serde_json::to_value(typed).unwrap_or_default(),
+            };
+            if let Some(page) = raw.get("tools").and_then(Value::as_array) {
+                tools.extend(page.iter().cloned());
+            }
+            match raw.get("nextCursor") {
+                Some(next) if !next.is_null() && tools.len() < 100_000 => {
+                    cursor = Some(next.clone())
+                }
+                _ => break,
+            }
+        }
+        Ok(tools)
+    }
+
+    /// Fetches the tools, has the desk class them (or, with no desk, classes them by their
+    /// annotations so open tools keep working), and returns the list the agent sees.
+    async fn refresh_tools(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Vec<Value>, ErrorData> {
+        self.shared.tools_stale.store(false, Ordering::Release);
+        let tools = self.upstream_tools(context).await?;
+        self.introduce(context);
+        self.desk.set_tools(tools.clone());
+        let decided = match self
+            .desk
+            .request(Request::RegisterTools {
+                tools: tools.clone(),
+            })
+            .await
+        {
+            Ok(Response::Classes { tools: decisions }) => Some(
+                decisions
+                    .into_iter()
+                    .map(|d| {
+                        (
+                            d.name,
+                            d.withheld.map_or(Gate::Class(d.class), Gate::Withheld),
+                        )
+                    })
+                    .collect::<HashMap<_, _>>(),
+            ),
+            Ok(other) => {
+                tracing::warn!(target: "gateway", "the desk did not class the tools: {other:?}");
+                None
+            }
+            Err(err) => {
+                tracing::warn!(target: "gateway", "{err}; gated tools will be refused until it is back");
+                None
+            }
+        };
+        let mut gates = HashMap::new();
+        let mut listed = Vec::with_capacity(tools.len());
+        for tool in tools {
+            let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
+                continue;
+            };
+            let gate = match &decided {
+                Some(d) => d
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or(Gate::Class(GateClass::Once)),
+                None => {
+                    let class = GateClass::from_annotations(tool.get("annotations"));
+                    match policy::withheld_reason(&tool).filter(|_| class.is_gated()) {
+                        Some(reason) => Gate::Withheld(reason),
+                        None => Gate::Class(class),
+                    }
+                }
+            };
+            match &gate {
+                Gate::Class(GateClass::Open) => listed.push(tool),
+                Gate::Class(class) => listed.push(policy::augment(&tool, *class)),
+                Gate::Withheld(reason) => {
+                    tracing::warn!(target: "gateway", tool = %name, "not offered: {reason}");
+                }
+            }
+            gates.insert(name, gate);
+        }
+        *self.gates.lock().unwrap() = gates;
+        Ok(listed)
+    }
+
+    fn introduce(&self, context: &RequestContext<RoleServer>) {
+        let client_info = context
+            .peer
+            .peer_info()
+            .map(|p| serde_json::to_value(&p.client_info).unwrap_or_default())
+            .unwrap_or_default();
+        self.desk.introduce(Introduction {
+            client_info,
+            server: self.server_name(),
+        });
+    }
+
+    async fn gate_of(
+        &self,
+        tool: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Option<Gate>, ErrorData> {
+        let known = self.gates.lock().unwrap().get(tool).cloned();
+        if known.is_some() && !self.shared.tools_stale.load(Ordering::Acquire) {
+            return Ok(known);
+        }
+        // A tool never listed (or a list that changed): never guess, ask the upstream again.
+        self.refresh_tools(context).await?;
+        Ok(self.gates.lock().unwrap().get(tool).cloned())
+    }
+
+    async fn forward_call(
+        &self,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        match self
+            .up(
+                ClientRequest::CallToolRequest(CallToolRequest::new(request)),
+                context,
+            )
+            .await?
+        {
+            ServerResult::CallToolResult(r) => Ok(r),
+            other => Err(ErrorData::internal_error(
+                format!("unexpected upstream result: {other:?}"),
+                None,
+            )),
+        }
+    }
+
+    async fn gated(
+        &self,
+        mut request: CallToolRequestParams,
+        class: GateClass,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let tool = request.name.to_string();
+        let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
+        if arguments.get("confirm") == Some(&Value::Bool(true)) {
+            let answer = self
+                .desk
+                .request(Request::Confirm {
+                    tool: tool.clone(),
+                    arguments,
+                })
+                .await;
+            return match answer {
+                Ok(Response::Accepted { arguments, nonce }) => {
+                    // What runs is what the person approved, as the desk kept it.
+                    request.arguments = arguments.as_object().cloned();
+                    let result = self.forward_call(request, context).await;
+                    let (ok, note) = match &result {
+                        Ok(r) => (r.is_error != Some(true), None),
+                        Err(e) => (false, Some(e.message.to_string())),
+                    };
+                    let _ = self
+                        .desk
+                        .request(Request::Outcome { nonce, ok, note })
+                        .await;
+                    result
+                }
+                Ok(answer) => Ok(from_desk(answer)),
+                Err(err) => Ok(refusal(
+                    Refusal::DeskUnavailable,
+                    &format!("{} ({err})", Refusal::DeskUnavailable.next_move()),
+                )),
+            };
+        }
+        let wait_ms = self.wait.as_millis() as u64;
+        let preflight = self.desk.request(Request::Preflight {
+            tool: tool.clone(),
+            arguments: arguments.clone(),
+            wait_ms,
+        });
+        tokio::pin!(preflight);
+        let progress = context.meta.get_progress_token();
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        tick.tick().await;
+        let mut step = 0u32;
+        let answer = loop {
+            tokio::select! {
+                answer = &mut preflight => break answer,
+                _ = context.ct.cancelled() => {
+                    // The agent gave up: take the request off the person's queue.
+                    let _ = self.desk.request(Request::Withdraw { tool, arguments }).await;
+                    return Err(ErrorData::internal_error("request cancelled", None));
+                }
+                _ = tick.tick() => {
+                    if let Some(token) = &progress {
+                        step += 1;
+                        let note = ProgressNotificationParam::new(token.clone(), f64::from(step))
+                            .with_message("waiting for a person to approve at the Countersign desk");
+                        let _ = context.peer.notify_progress(note).await;
+                    }
+                }
+            }
+        };
+        let _ = class;
+        Ok(match answer {
+            Ok(answer) => from_desk(answer),
+            Err(err) => refusal(
+                Refusal::DeskUnavailable,
+                &format!("{} ({err})", Refusal::DeskUnavailable.next_move()),
+            ),
+        })
+    }
+}
+
+/// A refusal as the agent receives it: an error result whose `structuredContent.refusal` is the code.
+fn refusal(refusal: Refusal, message: &str) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![ContentBlock::text(message)]);
+    r.structured_content = Some(json!({ "refusal": refusal.code(), "message": message }));
+    r
+}
+
+/// The desk's answer to a gated call, as a tool result.
+fn from_desk(answer: Response) -> CallToolResult {
+    match answer {
+        Response::Approved {
+            text,
+            token,
+            target,
+            expires_at_ms,
+            class,
+        } => {
+            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+            r.structured_content = Some(json!({
+                "approved": true,
+                "confirmToken": token,
+                "confirmTarget": target,
+                "expiresAtMs": expires_at_ms,
+                "worksOnce": class.is_single_use(),
+            }));
+            r
+        }
+        Response::Refused {
+            refusal: code,
+            message,
+        } => refusal(code, &message),
+        Response::Error {
+            code: ErrorCode::NoSecret,
+            message,
+        } => refusal(
+            Refusal::DeskUnavailable,
+            &format!("Refused: the Countersign desk cannot sign approvals right now: {message}"),
+        ),
+        Response::Error { message, .. } => {
+            let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
+            r.structured_content = Some(json!({ "error": message }));
+            r
+        }
+        other => refusal(
+            Refusal::DeskUnavailable,
+            &format!("unexpected answer from the desk: {other:?}"),
+        ),
+    }
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        self.info.clone()
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        // Never promise the agent a newer protocol than the upstream speaks.
+        Cow::Borrowed(ProtocolVersion::known_up_to(&self.upstream_version))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let _ = self.shared.agent.set(context.peer.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let mut result = match self.gate_of(&request.name, &context).await? {
+            Some(Gate::Class(GateClass::Open)) | None => {
+                self.forward_call(request, &context).await?
+            }
+            Some(Gate::Class(class)) => self.gated(request, class, &context).await?,
+            Some(Gate::Withheld(reason)) => {
+                let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
+                    "Countersign does not offer `{}`: {reason}.",
+                    request.name
+                ))]);
+                r.structured_content = Some(json!({ "error": "withheld", "reason": reason }));
+                r
+            }
+        };
+        // Results from older upstreams carry no resultType; newer agents require it (rmcp removes
+        // it again for older agents).
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        Ok(result.into())
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let req = ListResourcesRequest {
+            method: Default::default(),
+            params: request,
+            extensions: Default::default(),
+        };
+        match self
+            .up(ClientRequest::ListResourcesRequest(req), &context)
+            .await?
+        {
+            ServerResult::ListResourcesResult(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let req = ListResourceTemplatesRequest {
+            method: Default::default(),
+            params: request,
+            extensions: Default::default(),
+        };
+        match self
+            .up(ClientRequest::ListResourceTemplatesRequest(req), &context)
+            .await?
+        {
+            ServerResult::ListResourceTemplatesResult(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        match self
+            .up(
+                ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request)),
+                &context,
+            )
+            .await?
+        {
+            ServerResult::ReadResourceResult(r) => Ok(r.into()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let req = ListPromptsRequest {
+            method: Default::default(),
+            params: request,
+            extensions: Default::default(),
+        };
+        match self
+            .up(ClientRequest::ListPromptsRequest(req), &context)
+            .await?
+        {
+            ServerResult::ListPromptsResult(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        match self
+            .up(
+                ClientRequest::GetPromptRequest(GetPromptRequest::new(request)),
+                &context,
+            )
+            .await?
+        {
+            ServerResult::GetPromptResult(r) => Ok(r.into()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        match self
+            .up(
+                ClientRequest::CompleteRequest(CompleteRequest::new(request)),
+                &context,
+            )
+            .await?
+        {
+            ServerResult::CompleteResult(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.up(
+            ClientRequest::SetLevelRequest(SetLevelRequest::new(request)),
+            &context,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.up(
+            ClientRequest::SubscribeRequest(SubscribeRequest::new(request)),
+            &context,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.up(
+            ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(request)),
+            &context,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        let r = self
+            .up(ClientRequest::CustomRequest(request), &context)
+            .await?;
+        match r {
+            ServerResult::CustomResult(raw) => Ok(raw),
+            typed => Ok(CustomResult::new(
+                serde_json::to_value(typed).unwrap_or_default(),
+            )),
+        }
+    }
+
+    async fn on_roots_list_changed(&self, _context: NotificationContext<RoleServer>) {
+        let _ = self.upstream.notify_roots_list_changed().await;
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        let _ = self
+            .upstream
+            .send_notification(ClientNotification::CustomNotification(notification))
+            .await;
+    }
+}
+
+fn unexpected(r: ServerResult) -> ErrorData {
+    ErrorData::internal_error(format!("unexpected upstream result: {r:?}"), None)
+}
+
+/// The gateway as an rmcp service: `tools/list` is answered raw (every field kept), the rest by
+/// the [`ServerHandler`] above.
+#[derive(Clone)]
+pub struct RawTools(pub Gateway);
+
+impl Service<RoleServer> for RawTools {
+    async fn handle_request(
+        &self,
+        request: ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ServerResult, ErrorData> {
+        match request {
+            ClientRequest::ListToolsRequest(_) => {
+                let tools = self.0.refresh_tools(&context).await?;
+                let mut raw = json!({ "tools": tools });
+                // Bypassing the handler also bypasses its fix-ups: newer agents need resultType.
+                let newer = context
+                    .protocol_version()
+                    .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+                if newer {
+                    raw["resultType"] = json!("complete");
+                }
+                Ok(ServerResult::CustomResult(CustomResult::new(raw)))
+            }
+            other => {
+                <Gateway as Service<RoleServer>>::handle_request(&self.0, other, context).await
+            }
+        }
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        <Gateway as Service<RoleServer>>::handle_notification(&self.0, notification, context).await
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerHandler::get_info(&self.0)
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        ServerHandler::supported_protocol_versions(&self.0)
+    }
+}

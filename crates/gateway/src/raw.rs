@@ -1,0 +1,148 @@
+//! The upstream transport: newline-delimited JSON-RPC over a child's stdio (or an in-process
+//! pipe), which keeps the raw JSON `result` of responses to requests sent as
+//! `ClientRequest::CustomRequest`.
+//!
+//! Why: rmcp's `ServerResult` is an untagged enum, so a `tools/list` response always becomes the
+//! typed `ListToolsResult`, which drops every tool field rmcp does not model. The gateway must pass
+//! tools on with every field the upstream sent, so it asks for `tools/list` as a custom request;
+//! this transport remembers those request ids and hands their results back raw. Everything else
+//! is rmcp's own typed handling.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
+
+use rmcp::{
+    RoleClient,
+    model::{
+        ClientJsonRpcMessage, ClientRequest, CustomResult, JsonRpcMessage, RequestId,
+        ServerJsonRpcMessage, ServerResult,
+    },
+    transport::Transport,
+};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+
+/// See the module documentation.
+pub struct RawPassthroughTransport<R, W> {
+    reader: BufReader<R>,
+    writer: Arc<tokio::sync::Mutex<Option<W>>>,
+    raw_ids: Arc<Mutex<HashSet<RequestId>>>,
+    child: Option<tokio::process::Child>,
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RawPassthroughTransport<R, W> {
+    /// Wraps a reader and writer (an in-process pipe).
+    pub fn new(read: R, write: W) -> Self {
+        Self {
+            reader: BufReader::new(read),
+            writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
+            raw_ids: Default::default(),
+            child: None,
+        }
+    }
+}
+
+impl RawPassthroughTransport<tokio::process::ChildStdout, tokio::process::ChildStdin> {
+    /// Spawn `cmd` with piped stdin/stdout (stderr inherited) and wrap it.
+    pub fn spawn(mut cmd: tokio::process::Command) -> std::io::Result<Self> {
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn()?;
+        let stdout = child.stdout.take().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut t = Self::new(stdout, stdin);
+        t.child = Some(child);
+        Ok(t)
+    }
+}
+
+impl<R, W> Transport<RoleClient> for RawPassthroughTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let JsonRpcMessage::Request(req) = &item
+            && matches!(req.request, ClientRequest::CustomRequest(_))
+        {
+            self.raw_ids.lock().unwrap().insert(req.id.clone());
+        }
+        let writer = self.writer.clone();
+        async move {
+            let mut line = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
+            line.push(b'\n');
+            let mut w = writer.lock().await;
+            let Some(w) = w.as_mut() else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "closed",
+                ));
+            };
+            w.write_all(&line).await?;
+            w.flush().await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.reader.read_line(&mut line).await.ok()? == 0 {
+                return None; // EOF
+            }
+            let Ok(mut value) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+                // Some servers print banners on stdout; they are not protocol.
+                tracing::debug!(target: "gateway", "ignored a non-JSON line from the upstream");
+                continue;
+            };
+            // Raw path: a response to one of our CustomRequests.
+            if value.get("result").is_some()
+                && let Some(id) = value
+                    .get("id")
+                    .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok())
+                && self.raw_ids.lock().unwrap().remove(&id)
+            {
+                let result = value["result"].take();
+                return Some(ServerJsonRpcMessage::response(
+                    ServerResult::CustomResult(CustomResult::new(result)),
+                    id,
+                ));
+            }
+            if let Some(id) = value
+                .get("id")
+                .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok())
+                && value.get("error").is_some()
+            {
+                self.raw_ids.lock().unwrap().remove(&id);
+            }
+            match serde_json::from_value::<ServerJsonRpcMessage>(value) {
+                Ok(m) => return Some(m),
+                Err(e) => {
+                    tracing::warn!(target: "gateway", error = %e, "ignored an unparsable message from the upstream");
+                    continue;
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        // closing stdin lets a well-behaved stdio server exit
+        self.writer.lock().await.take();
+        if let Some(mut child) = self.child.take() {
+            match tokio::time::timeout(std::time::Duration::from_secs(3), child.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill().await;
+                }
+            }
+        }
+        Ok(())
+    }
+}

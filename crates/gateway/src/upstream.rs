@@ -1,0 +1,256 @@
+//! The gateway's client half, toward the upstream MCP server.
+//!
+//! Requests the upstream sends to its client (roots, sampling, elicitation, custom ones) and its
+//! notifications (progress, logging, list and resource changes) are passed on to the agent through
+//! the server half's peer; upstream progress tokens are mapped back to the agent's own.
+#![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use rmcp::model::*;
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, ServiceRole};
+use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, RoleServer, ServiceError};
+use tokio_util::sync::CancellationToken;
+
+/// An rmcp service error as the agent should see it: the upstream's own JSON-RPC error when it
+/// sent one, else an internal error.
+pub fn service_error(e: ServiceError) -> ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => ErrorData::internal_error(other.to_string(), None),
+    }
+}
+
+/// Sends `req` on `peer`, lets `register` see the progress token rmcp chose for it, and turns a
+/// cancellation of `ct` into `notifications/cancelled` to that peer.
+pub async fn forward<R: ServiceRole>(
+    peer: &Peer<R>,
+    req: R::Req,
+    options: PeerRequestOptions,
+    ct: &CancellationToken,
+    register: impl FnOnce(&ProgressToken),
+) -> Result<R::PeerResp, ErrorData> {
+    let handle = peer
+        .send_request_with_option(req, options)
+        .await
+        .map_err(service_error)?;
+    register(&handle.progress_token);
+    let id = handle.id.clone();
+    tokio::select! {
+        r = handle.await_response() => r.map_err(service_error),
+        _ = ct.cancelled() => {
+            let n: CancelledNotification = Notification::new(CancelledNotificationParam::new(
+                Some(id),
+                Some("cancelled by the agent".into()),
+            ));
+            let _ = peer.send_notification(n.into()).await;
+            Err(ErrorData::internal_error("request cancelled", None))
+        }
+    }
+}
+
+/// State both halves share.
+#[derive(Default)]
+pub struct Shared {
+    /// The agent, once it has initialized.
+    pub agent: OnceLock<Peer<RoleServer>>,
+    /// Upstream progress token (chosen by rmcp) to the agent's progress token.
+    pub progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
+    /// Set when the upstream says its tool list changed: the next call or listing refreshes.
+    pub tools_stale: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn agent(&self) -> Result<&Peer<RoleServer>, ErrorData> {
+        self.agent
+            .get()
+            .ok_or_else(|| ErrorData::internal_error("the agent is not connected yet", None))
+    }
+}
+
+/// The client half.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    shared: Arc<Shared>,
+    config: ClientConfig,
+}
+
+impl UpstreamClient {
+    /// A client that offers the upstream roots, sampling and elicitation, all answered by the agent.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        let config = ClientConfig::new(
+            ClientCapabilities::builder()
+                .enable_roots()
+                .enable_roots_list_changed()
+                .enable_sampling()
+                .enable_elicitation()
+                .build(),
+            Implementation::new("countersign", env!("CARGO_PKG_VERSION")),
+        )
+        // The handshake-era version: server-to-client requests are legal in it, and every
+        // upstream of today speaks it.
+        .with_protocol_version(ProtocolVersion::V_2025_11_25);
+        Self { shared, config }
+    }
+
+    async fn to_agent(
+        &self,
+        req: ServerRequest,
+        ct: &CancellationToken,
+    ) -> Result<ClientResult, ErrorData> {
+        let agent = self.shared.agent()?.clone();
+        forward(&agent, req, PeerRequestOptions::no_options(), ct, |_| {}).await
+    }
+}
+
+fn unexpected(r: ClientResult) -> ErrorData {
+    ErrorData::internal_error(format!("unexpected answer from the agent: {r:?}"), None)
+}
+
+impl ClientHandler for UpstreamClient {
+    fn get_info(&self) -> ClientConfig {
+        self.config.clone()
+    }
+
+    async fn list_roots(
+        &self,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        match self
+            .to_agent(
+                ServerRequest::ListRootsRequest(ListRootsRequest::default()),
+                &context.ct,
+            )
+            .await?
+        {
+            ClientResult::ListRootsResult(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let req = ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params));
+        match self.to_agent(req, &context.ct).await? {
+            ClientResult::CreateMessageResult(r) => Ok(*r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        match self
+            .to_agent(
+                ServerRequest::ElicitRequest(ElicitRequest::new(request)),
+                &context.ct,
+            )
+            .await?
+        {
+            ClientResult::ElicitResult(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CustomResult, ErrorData> {
+        let r = self
+            .to_agent(ServerRequest::CustomRequest(request), &context.ct)
+            .await?;
+        Ok(CustomResult::new(
+            serde_json::to_value(r).unwrap_or_default(),
+        ))
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        // The mapping is inserted just after the request is sent; a very fast first progress can
+        // beat it, so look again briefly. Progress for unknown tokens (late, or after a cancel)
+        // is dropped.
+        for _ in 0..20 {
+            let agent_token = self
+                .shared
+                .progress
+                .lock()
+                .unwrap()
+                .get(&params.progress_token)
+                .cloned();
+            if let Some(agent_token) = agent_token {
+                if let Ok(agent) = self.shared.agent() {
+                    let mut p = ProgressNotificationParam::new(agent_token, params.progress);
+                    p.total = params.total;
+                    p.message = params.message.clone();
+                    let _ = agent.notify_progress(p).await;
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.shared
+            .tools_stale
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Ok(agent) = self.shared.agent() {
+            let _ = agent.notify_tool_list_changed().await;
+        }
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Ok(agent) = self.shared.agent() {
+            let _ = agent.notify_prompt_list_changed().await;
+        }
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        if let Ok(agent) = self.shared.agent() {
+            let _ = agent.notify_resource_list_changed().await;
+        }
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if let Ok(agent) = self.shared.agent() {
+            let _ = agent.notify_resource_updated(params).await;
+        }
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if let Ok(agent) = self.shared.agent() {
+            let _ = agent.notify_logging_message(params).await;
+        }
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if let Ok(agent) = self.shared.agent() {
+            let _ = agent
+                .send_notification(ServerNotification::CustomNotification(notification))
+                .await;
+        }
+    }
+}
