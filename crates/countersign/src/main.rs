@@ -47,6 +47,9 @@ enum Command {
         /// Do not start the desk when none is running.
         #[arg(long)]
         no_launch: bool,
+        /// Reach the upstream over streamable HTTP at this URL instead of starting a command.
+        #[arg(long, conflicts_with_all = ["upstream", "db"])]
+        url: Option<String>,
         /// The upstream MCP server's command and arguments, after `--`.
         #[arg(last = true)]
         upstream: Vec<String>,
@@ -84,6 +87,7 @@ fn main() {
             db,
             socket,
             no_launch,
+            url,
             upstream,
         } => {
             let options = countersign_gateway::Options {
@@ -92,7 +96,7 @@ fn main() {
                 socket: socket.unwrap_or_else(countersign_wire::socket_path),
                 launch_desk: !no_launch,
             };
-            mcp(options, db, upstream)
+            mcp(options, db, url, upstream)
         }
         Command::Desk { args } => match launch::start_desk(&args) {
             Ok(pid) => {
@@ -117,13 +121,20 @@ fn main() {
     std::process::exit(code);
 }
 
-fn mcp(options: countersign_gateway::Options, db: Option<PathBuf>, upstream: Vec<String>) -> i32 {
+fn mcp(
+    options: countersign_gateway::Options,
+    db: Option<PathBuf>,
+    url: Option<String>,
+    upstream: Vec<String>,
+) -> i32 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a Tokio runtime");
     let result = runtime.block_on(async move {
-        if upstream.is_empty() {
+        if let Some(url) = url {
+            countersign_gateway::run_url(options, url).await
+        } else if upstream.is_empty() {
             let db = db.unwrap_or_else(paths::builtin_db);
             if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
                 let _ = std::fs::create_dir_all(dir);

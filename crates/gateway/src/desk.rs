@@ -120,6 +120,22 @@ impl DeskLink {
     }
 
     async fn dial(&self) -> std::io::Result<UnixStream> {
+        let stream = self.dial_any().await?;
+        // Only a desk of our own user is the authority: a socket someone else planted at the
+        // path could otherwise answer every preflight.
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let me = unsafe { libc::getuid() };
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == me => Ok(stream),
+            Ok(cred) => Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("the socket belongs to uid {}, not to this user", cred.uid()),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn dial_any(&self) -> std::io::Result<UnixStream> {
         match UnixStream::connect(&self.socket).await {
             Ok(stream) => Ok(stream),
             Err(first) if self.launch => {

@@ -93,13 +93,17 @@ where
     run(options, RawPassthroughTransport::new(read, write)).await
 }
 
-async fn run<R, W>(
-    options: Options,
-    transport: RawPassthroughTransport<R, W>,
-) -> Result<(), GatewayError>
+/// Runs the gateway in front of a streamable-HTTP MCP server at `url`. Tool fields rmcp does not
+/// model are lost on this path (its HTTP transport is typed); stdio upstreams keep them.
+pub async fn run_url(options: Options, url: String) -> Result<(), GatewayError> {
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url);
+    run(options, transport).await
+}
+
+async fn run<T, E, A>(options: Options, transport: T) -> Result<(), GatewayError>
 where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: rmcp::transport::IntoTransport<rmcp::RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
 {
     let shared = Arc::new(Shared::default());
     // The upstream first, so the agent is offered exactly its capabilities.

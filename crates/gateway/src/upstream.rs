@@ -95,12 +95,31 @@ impl UpstreamClient {
         Self { shared, config }
     }
 
+    /// Passes a request on to the agent, if the agent declared the capability it needs: the
+    /// upstream was offered every capability before the agent connected, so the agent's own
+    /// declaration is checked here, and an undeclared one is answered "method not found".
     async fn to_agent(
         &self,
         req: ServerRequest,
         ct: &CancellationToken,
     ) -> Result<ClientResult, ErrorData> {
         let agent = self.shared.agent()?.clone();
+        let declared = agent.peer_info().map(|info| {
+            let caps = &info.capabilities;
+            match &req {
+                ServerRequest::ListRootsRequest(_) => caps.roots.is_some(),
+                ServerRequest::CreateMessageRequest(_) => caps.sampling.is_some(),
+                ServerRequest::ElicitRequest(_) => caps.elicitation.is_some(),
+                _ => true,
+            }
+        });
+        if declared == Some(false) {
+            return Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                "the agent does not offer this capability",
+                None,
+            ));
+        }
         forward(&agent, req, PeerRequestOptions::no_options(), ct, |_| {}).await
     }
 }
