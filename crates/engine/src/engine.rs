@@ -144,6 +144,8 @@ pub enum QueueChange {
         /// It.
         request: Box<PendingRequest>,
     },
+    /// Someone asked for the window (a second start of the desk).
+    Focus,
     /// A request left the queue.
     Removed {
         /// Its id.
@@ -183,12 +185,21 @@ struct Connection {
 struct State {
     next_id: u64,
     connections: HashMap<String, Connection>,
+    /// Every connection's server name, kept after it disconnects so history can show it.
+    servers: HashMap<String, String>,
     requests: BTreeMap<u64, Entry>,
+}
+
+/// What settings may change while the engine runs.
+struct Live {
+    policy: Policy,
+    token_ttl_ms: u64,
 }
 
 struct Inner {
     config: EngineConfig,
-    key: Result<SigningKey, String>,
+    live: std::sync::RwLock<Live>,
+    key: std::sync::RwLock<Result<SigningKey, String>>,
     store: Mutex<Store>,
     state: Mutex<State>,
     changes: broadcast::Sender<QueueChange>,
@@ -257,8 +268,12 @@ impl Engine {
         let (changes, _) = broadcast::channel(256);
         Ok(Engine {
             inner: Arc::new(Inner {
+                live: std::sync::RwLock::new(Live {
+                    policy: config.policy.clone(),
+                    token_ttl_ms: config.token_ttl_ms,
+                }),
                 config,
-                key,
+                key: std::sync::RwLock::new(key),
                 store: Mutex::new(store),
                 state: Mutex::new(State {
                     next_id: 1,
@@ -269,9 +284,72 @@ impl Engine {
         })
     }
 
+    /// The lifetime of tokens minted from now on.
+    pub fn token_ttl_ms(&self) -> u64 {
+        self.inner
+            .live
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .token_ttl_ms
+    }
+
+    /// Changes the lifetime of tokens minted from now on (at least one second).
+    pub fn set_token_ttl_ms(&self, ttl_ms: u64) {
+        self.inner
+            .live
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .token_ttl_ms = ttl_ms.max(1000);
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.inner
+            .live
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy
+            .clone()
+    }
+
+    /// Replaces the policy. Tools are classed when a gateway registers them, so the new policy
+    /// applies to each connection from its next tool listing.
+    pub fn set_policy(&self, policy: Policy) {
+        self.inner
+            .live
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .policy = policy;
+    }
+
     /// Why the engine cannot mint, if it cannot.
-    pub fn secret_problem(&self) -> Option<&str> {
-        self.inner.key.as_ref().err().map(String::as_str)
+    pub fn secret_problem(&self) -> Option<String> {
+        self.inner
+            .key
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .err()
+            .cloned()
+    }
+
+    /// Replaces the signing key (a rotated secret, or one that became available): every token
+    /// minted with the old key stops verifying.
+    pub fn set_key(&self, key: Result<SigningKey, String>) {
+        *self.inner.key.write().unwrap_or_else(|p| p.into_inner()) = key;
+    }
+
+    fn key(&self) -> Result<SigningKey, String> {
+        self.inner
+            .key
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The server name of a connection, also after it disconnected (for history).
+    pub fn server_of(&self, tenant: &str) -> Option<String> {
+        lock(&self.inner.state).servers.get(tenant).cloned()
     }
 
     /// Changes to the queue from now on.
@@ -311,15 +389,17 @@ impl Engine {
         let _ = self.inner.changes.send(change);
     }
 
+    /// Asks the window to come forward.
+    pub fn request_focus(&self) {
+        self.publish(QueueChange::Focus);
+    }
+
     /// A person approved request `id`: mint its token, keep the approved arguments with the
     /// nonce, and hand the preflight to whoever waits for it. `typed_target` is what the person
     /// typed, where policy asks for it. This is the only place a token is minted.
     pub fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
-        let key = self
-            .inner
-            .key
-            .as_ref()
-            .map_err(|why| ApproveError::NoSecret(why.clone()))?;
+        let key = self.key().map_err(ApproveError::NoSecret)?;
+        let key = &key;
         let state = lock(&self.inner.state);
         let entry = state
             .requests
@@ -337,7 +417,7 @@ impl Engine {
             plan: view.plan_hash,
             tenant: view.tenant.clone(),
             iat: now,
-            exp: now.saturating_add(self.inner.config.token_ttl_ms),
+            exp: now.saturating_add(self.token_ttl_ms()),
             nonce: Nonce::from_bytes(rand::random()),
         };
         let approval = Approval {
@@ -356,12 +436,7 @@ impl Engine {
             .put_approval(&approval)
             .map_err(|e| ApproveError::Store(e.to_string()))?;
         let token = token::mint(key, &claims);
-        let text = render::preflight(
-            &view.plan,
-            &token,
-            self.inner.config.token_ttl_ms,
-            view.class,
-        );
+        let text = render::preflight(&view.plan, &token, self.token_ttl_ms(), view.class);
         let decision = Decision::Approved {
             text,
             token: token.expose().to_owned(),
@@ -467,6 +542,7 @@ impl Engine {
 
     /// The upstream's tools for `tenant`: each one's class and whether it is withheld.
     pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Response {
+        let policy = self.policy();
         let mut state = lock(&self.inner.state);
         let Some(conn) = state.connections.get_mut(tenant) else {
             return error(ErrorCode::NotIntroduced, "unknown connection");
@@ -479,7 +555,7 @@ impl Engine {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
-            let rule = self.inner.config.policy.rule(&conn.server, &tool);
+            let rule = policy.rule(&conn.server, &tool);
             let withheld = if rule.class.is_gated() {
                 policy::withheld_reason(&tool)
             } else {
@@ -566,7 +642,7 @@ impl Engine {
             return error(ErrorCode::BadArguments, "a confirm is not a preflight");
         }
         let now = now_ms();
-        let ttl = self.inner.config.token_ttl_ms;
+        let ttl = self.token_ttl_ms();
         let (id, mut decision) = {
             let mut state = lock(&self.inner.state);
             Self::sweep(&mut state, now, ttl);
@@ -687,10 +763,11 @@ impl Engine {
             Ok(planned) => planned,
             Err(response) => return response,
         };
-        let key = match &self.inner.key {
+        let key = match self.key() {
             Ok(key) => key,
-            Err(why) => return error(ErrorCode::NoSecret, why.clone()),
+            Err(why) => return error(ErrorCode::NoSecret, why),
         };
+        let key = &key;
         let now = now_ms();
         let confirm = Confirm {
             token: fields.token.as_deref(),

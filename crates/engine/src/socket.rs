@@ -244,6 +244,10 @@ async fn handle(engine: &Engine, tenant: &str, request: Request) -> Response {
         Request::Withdraw { tool, arguments } => engine.withdraw(tenant, &tool, &arguments),
         Request::Confirm { tool, arguments } => engine.confirm(tenant, &tool, &arguments),
         Request::Outcome { nonce, ok, note } => engine.outcome(tenant, &nonce, ok, note),
+        Request::Focus => {
+            engine.request_focus();
+            Response::Done
+        }
         _ => Response::Error {
             code: ErrorCode::Internal,
             message: "unknown request".into(),

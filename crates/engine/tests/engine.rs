@@ -316,7 +316,10 @@ async fn destructive_requests_need_the_target_typed() {
 #[tokio::test]
 async fn without_a_secret_nothing_is_minted() {
     let d = desk_with(600_000, Err("the OS keychain is locked".into()));
-    assert_eq!(d.engine.secret_problem(), Some("the OS keychain is locked"));
+    assert_eq!(
+        d.engine.secret_problem().as_deref(),
+        Some("the OS keychain is locked")
+    );
     let tenant = connect(&d.engine);
     d.engine
         .preflight(&tenant, "execute", &json!({}), Duration::from_millis(10))

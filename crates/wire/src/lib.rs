@@ -110,6 +110,9 @@ pub enum Request {
         /// The call's arguments, raw, including `confirm`, `confirmTarget` and `confirmToken`.
         arguments: Value,
     },
+    /// Another start of the desk asks this one to bring its window forward (the socket bind is
+    /// the single-instance lock; the second instance exits after sending this).
+    Focus,
     /// What became of an accepted call, for history.
     Outcome {
         /// The nonce of the token that was accepted.

@@ -1,0 +1,18 @@
+//! Generates the desk's Tauri context, and the permissions of its own commands so that
+//! capabilities can grant them per window.
+
+fn main() {
+    tauri_build::try_build(tauri_build::Attributes::new().app_manifest(
+        tauri_build::AppManifest::new().commands(&[
+            "pending",
+            "approve",
+            "deny",
+            "history",
+            "settings",
+            "save_settings",
+            "rotate_secret",
+            "status",
+        ]),
+    ))
+    .expect("tauri build script");
+}

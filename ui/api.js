@@ -1,0 +1,30 @@
+// The only module that talks to Rust: every `invoke` and `listen` of the window is here, with the
+// shapes named in contract.json (a Rust test checks that the desk sends exactly those fields).
+// Errors arrive as { code, message }: branch on `code`, show `message`.
+
+const tauri = window.__TAURI__;
+
+/** @returns {Promise<Array<object>>} RequestView[] */
+export const pending = () => tauri.core.invoke("pending");
+
+/** Approve request `id`; `typedTarget` where the view asks for it. */
+export const approve = (id, typedTarget) => tauri.core.invoke("approve", { id, typedTarget: typedTarget ?? null });
+
+/** Deny request `id`, with an optional note for the agent. */
+export const deny = (id, note) => tauri.core.invoke("deny", { id, note: note || null });
+
+/** History rows, newest first. */
+export const history = (query) => tauri.core.invoke("history", { query });
+
+/** { settings: { token_minutes, approve_delay_ms }, policy } */
+export const settings = () => tauri.core.invoke("settings");
+
+export const saveSettings = (view) => tauri.core.invoke("save_settings", { view });
+
+export const rotateSecret = () => tauri.core.invoke("rotate_secret");
+
+/** { secret_problem, approve_delay_ms } */
+export const status = () => tauri.core.invoke("status");
+
+/** Calls `handler(RequestView[])` whenever the queue changes. */
+export const onQueue = (handler) => tauri.event.listen("queue://changed", (event) => handler(event.payload));
