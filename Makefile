@@ -8,8 +8,9 @@ run: ## Set up and run the walkthrough (the demo, once the desk exists).
 test: ## Set up and run every test, as CI does.
 	.ci/test
 
-bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend).
+bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend; gateway: pass-through latency vs direct and a bare relay, idle memory, start time).
 	cargo bench --locked -p countersign-core -p countersign-store
+	cargo bench --locked -p countersign --bench gateway
 
 fuzz: ## Run each fuzz target for FUZZ_SECONDS (default 60).
 	.ci/fuzz $${FUZZ_SECONDS:-60}
