@@ -3,128 +3,13 @@
 //! engine runs in this test process behind a real Unix socket. Approval happens the only way the
 //! product allows: `Engine::approve` (which the window calls on a click), called here.
 
-use std::path::PathBuf;
+mod common;
+
 use std::time::Duration;
 
-use countersign_core::token::SigningKey;
-use countersign_engine::{Engine, EngineConfig, QueueChange, socket};
-use rmcp::model::*;
-use rmcp::service::RunningService;
-use rmcp::transport::TokioChildProcess;
-use rmcp::{RoleClient, ServiceExt};
-use serde_json::{Map, Value, json};
-
-struct Desk {
-    engine: Engine,
-    _served: socket::Served,
-    socket: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-async fn desk_with(config: impl FnOnce(&mut EngineConfig)) -> Desk {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = EngineConfig::new(dir.path().join("desk.sqlite"));
-    config(&mut cfg);
-    let engine = Engine::new(cfg, Ok(SigningKey::new(&[42; 32]).unwrap())).unwrap();
-    let socket = dir.path().join("run/desk.sock");
-    let served = socket::serve(engine.clone(), socket.clone()).await.unwrap();
-    Desk {
-        engine,
-        _served: served,
-        socket,
-        dir,
-    }
-}
-
-async fn desk() -> Desk {
-    desk_with(|_| {}).await
-}
-
-type Agent = RunningService<RoleClient, ClientConfig>;
-
-async fn agent_on(socket: &std::path::Path, db: &std::path::Path, extra: &[&str]) -> Agent {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_countersign"));
-    cmd.arg("mcp")
-        .arg("--no-launch")
-        .arg("--socket")
-        .arg(socket)
-        .arg("--db")
-        .arg(db)
-        .args(extra);
-    cmd.env("RUST_LOG", "warn");
-    let transport = TokioChildProcess::new(cmd).unwrap();
-    let info = ClientConfig::new(
-        ClientCapabilities::default(),
-        Implementation::new("test-agent", "1.0"),
-    );
-    info.serve(transport).await.unwrap()
-}
-
-async fn agent(desk: &Desk) -> Agent {
-    agent_on(
-        &desk.socket,
-        &desk.dir.path().join("app.sqlite"),
-        &["--wait", "10"],
-    )
-    .await
-}
-
-fn obj(v: Value) -> Map<String, Value> {
-    v.as_object().unwrap().clone()
-}
-
-async fn call(agent: &Agent, tool: &str, args: Value) -> CallToolResult {
-    agent
-        .peer()
-        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(obj(args)))
-        .await
-        .unwrap()
-}
-
-fn refusal(r: &CallToolResult) -> Option<String> {
-    r.structured_content
-        .as_ref()?
-        .get("refusal")?
-        .as_str()
-        .map(str::to_owned)
-}
-
-fn text(r: &CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Approves the next request to reach the desk's queue, as a click would.
-fn click_approve(engine: &Engine) -> tokio::task::JoinHandle<()> {
-    let engine = engine.clone();
-    let mut changes = engine.subscribe();
-    tokio::spawn(async move {
-        while let Ok(change) = changes.recv().await {
-            if let QueueChange::Added { request } = change {
-                let typed = request.type_target.then(|| request.plan.target.clone());
-                engine.approve(request.id, typed.as_deref()).unwrap();
-                return;
-            }
-        }
-    })
-}
-
-/// A preflight approved by a click; returns the confirm arguments for it.
-async fn approved(desk: &Desk, agent: &Agent, tool: &str, args: Value) -> Value {
-    let click = click_approve(&desk.engine);
-    let r = call(agent, tool, args.clone()).await;
-    click.await.unwrap();
-    assert_ne!(r.is_error, Some(true), "preflight not approved: {r:?}");
-    let s = r.structured_content.clone().unwrap();
-    let mut confirm = args;
-    confirm["confirm"] = json!(true);
-    confirm["confirmTarget"] = s["confirmTarget"].clone();
-    confirm["confirmToken"] = s["confirmToken"].clone();
-    confirm
-}
+use common::*;
+use countersign_engine::QueueChange;
+use serde_json::json;
 
 async fn setup_table(desk: &Desk, agent: &Agent) {
     let confirm = approved(
