@@ -54,6 +54,8 @@ function renderQueue() {
     list.append(li);
   }
   text("count", requests.length ? `(${requests.length})` : "");
+  // The desk sets the native title too; this keeps the page's own title in step.
+  document.title = requests.length ? `Countersign (${requests.length} pending)` : "Countersign";
 }
 
 function select(id) {

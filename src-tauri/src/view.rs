@@ -63,7 +63,7 @@ pub fn target_flags(target: &str) -> Vec<&'static str> {
     {
         flags.push("invisible");
     }
-    if target.chars().any(|c| !c.is_ascii()) {
+    if !target.is_ascii() {
         flags.push("non_ascii");
     }
     flags

@@ -502,7 +502,9 @@ impl Engine {
     /// to the person; the tenant is the desk's own, random, never the gateway's word.
     pub fn connect(&self, client_info: Value, server: String) -> String {
         let tenant = format!("conn-{:016x}", rand::random::<u64>());
-        lock(&self.inner.state).connections.insert(
+        let mut state = lock(&self.inner.state);
+        state.servers.insert(tenant.clone(), server.clone());
+        state.connections.insert(
             tenant.clone(),
             Connection {
                 client_info,

@@ -145,6 +145,7 @@ async fn approved_once_call_executes_the_approved_arguments_exactly_once() {
         .engine
         .confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
     assert_eq!(refusal(&second), Some(Refusal::AlreadyUsed));
+    assert_eq!(d.engine.server_of(&tenant).as_deref(), Some("test-server"));
     let kinds: Vec<String> = d
         .engine
         .history(&HistoryFilter::default())

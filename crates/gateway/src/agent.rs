@@ -404,8 +404,12 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
-        let _ = self.shared.agent.set(context.peer.clone());
         self.negotiate_initialize(&request)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        // Only now may requests go to the agent (roots, sampling, elicitation).
+        self.shared.set_agent(context.peer.clone());
     }
 
     async fn call_tool(

@@ -56,6 +56,8 @@ pub async fn forward<R: ServiceRole>(
 pub struct Shared {
     /// The agent, once it has initialized.
     pub agent: OnceLock<Peer<RoleServer>>,
+    /// Wakes requests the upstream sent before the agent had initialized.
+    pub agent_ready: tokio::sync::Notify,
     /// Upstream progress token (chosen by rmcp) to the agent's progress token.
     pub progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
     /// Set when the upstream says its tool list changed: the next call or listing refreshes.
@@ -63,6 +65,26 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Records the agent once it has initialized, and wakes whoever waits for it.
+    pub fn set_agent(&self, peer: Peer<RoleServer>) {
+        let _ = self.agent.set(peer);
+        self.agent_ready.notify_waiters();
+    }
+
+    /// The agent, waiting (up to `limit`) for it to initialize: the upstream is started first,
+    /// and may ask for roots before the agent has said hello.
+    async fn agent_within(&self, limit: Duration) -> Result<&Peer<RoleServer>, ErrorData> {
+        let ready = self.agent_ready.notified();
+        tokio::pin!(ready);
+        // Registered before the check, so a set_agent in between is not missed.
+        ready.as_mut().enable();
+        if let Some(agent) = self.agent.get() {
+            return Ok(agent);
+        }
+        let _ = tokio::time::timeout(limit, ready).await;
+        self.agent()
+    }
+
     fn agent(&self) -> Result<&Peer<RoleServer>, ErrorData> {
         self.agent
             .get()
@@ -103,7 +125,11 @@ impl UpstreamClient {
         req: ServerRequest,
         ct: &CancellationToken,
     ) -> Result<ClientResult, ErrorData> {
-        let agent = self.shared.agent()?.clone();
+        let agent = self
+            .shared
+            .agent_within(Duration::from_secs(60))
+            .await?
+            .clone();
         let declared = agent.peer_info().map(|info| {
             let caps = &info.capabilities;
             match &req {

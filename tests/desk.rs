@@ -1,0 +1,529 @@
+//! The desk end to end, as a user meets it: a real MCP client starts the real `countersign mcp`,
+//! which reaches the real desk (the Tauri app, under Xvfb, with the real keychain and SQLite
+//! file), and the test clicks the real Approve or Deny button through WebDriver (tauri-driver +
+//! WebKitWebDriver). Each test has its own data, config and socket. Needs a display (the test
+//! command runs everything under Xvfb) and `tauri-driver` (installed by the test setup).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use rmcp::model::*;
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Map, Value, json};
+
+/// The workspace's target directory (this test binary lives in `<target>/<profile>/deps`).
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        path.display()
+    );
+    path
+}
+
+fn tauri_driver() -> PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cargo"));
+    let path = home.join("bin/tauri-driver");
+    assert!(path.exists(), "tauri-driver is missing: run .ci/setup");
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Screenshots land here, outside git.
+fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct Desk {
+    dir: tempfile::TempDir,
+    driver: tokio::process::Child,
+    browser: Client,
+}
+
+impl Desk {
+    async fn start() -> Desk {
+        assert!(
+            std::env::var_os("DISPLAY").is_some(),
+            "the desk tests need a display: run them under Xvfb (make test does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["data", "config"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let port = free_port();
+        let native = free_port();
+        let driver = tokio::process::Command::new(tauri_driver())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--native-port",
+                &native.to_string(),
+            ])
+            .env("XDG_DATA_HOME", dir.path().join("data"))
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own process group: the native driver and the desk it starts end with it.
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "tauri-driver did not listen");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut caps = Map::new();
+        caps.insert("browserName".into(), json!("wry"));
+        caps.insert(
+            "tauri:options".into(),
+            json!({ "application": bin("countersign-desk"), "args": [] }),
+        );
+        let browser = ClientBuilder::native()
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .unwrap();
+        let desk = Desk {
+            dir,
+            driver,
+            browser,
+        };
+        // The window is up once its script has asked for the queue.
+        desk.until("the window to load", |d| {
+            Box::pin(async move { d.exists("#empty").await })
+        })
+        .await;
+        desk
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("desk.sock")
+    }
+
+    async fn agent(&self, name: &str) -> RunningService<RoleClient, ClientConfig> {
+        let mut cmd = tokio::process::Command::new(bin("countersign"));
+        cmd.arg("mcp")
+            .arg("--no-launch")
+            .arg("--wait")
+            .arg("40")
+            .arg("--socket")
+            .arg(self.socket());
+        cmd.arg("--db").arg(self.dir.path().join("app.sqlite"));
+        cmd.env("RUST_LOG", "warn");
+        let info = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new(name.to_owned(), "1.0"),
+        );
+        info.serve(TokioChildProcess::new(cmd).unwrap())
+            .await
+            .unwrap()
+    }
+
+    async fn exists(&self, css: &str) -> bool {
+        self.browser.find(Locator::Css(css)).await.is_ok()
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.browser
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    async fn visible_request(&self) -> bool {
+        let hidden: Value = self
+            .browser
+            .execute("return document.getElementById('detail').hidden", vec![])
+            .await
+            .unwrap();
+        hidden == json!(false)
+    }
+
+    async fn until<F>(&self, what: &str, check: F)
+    where
+        F: for<'a> Fn(&'a Desk) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !check(self).await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_for_request(&self) {
+        self.until("a request in the window", |d| Box::pin(d.visible_request()))
+            .await;
+    }
+
+    async fn approve_enabled(&self) -> bool {
+        let disabled: Value = self
+            .browser
+            .execute("return document.getElementById('approve').disabled", vec![])
+            .await
+            .unwrap();
+        disabled == json!(false)
+    }
+
+    async fn click(&self, css: &str) {
+        self.browser
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    }
+
+    async fn screenshot(&self, name: &str) {
+        // Let the page paint what the DOM already says.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let png = self.browser.screenshot().await.unwrap();
+        std::fs::write(screenshots().join(name), png).unwrap();
+    }
+
+    async fn stop(self) {
+        let _ = self.browser.clone().close().await;
+    }
+}
+
+impl Drop for Desk {
+    fn drop(&mut self) {
+        // tauri-driver does not always end what it started: end the whole group.
+        if let Some(pid) = self.driver.id() {
+            // SAFETY: killpg only sends a signal to the group we created.
+            unsafe {
+                libc::killpg(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+fn args(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+type Call = tokio::task::JoinHandle<CallToolResult>;
+
+fn call(agent: &RunningService<RoleClient, ClientConfig>, tool: &str, arguments: Value) -> Call {
+    let peer = agent.peer().clone();
+    let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args(arguments));
+    tokio::spawn(async move { peer.call_tool(params).await.unwrap() })
+}
+
+fn refusal(r: &CallToolResult) -> Option<String> {
+    r.structured_content
+        .as_ref()?
+        .get("refusal")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn confirm_of(preflight: &CallToolResult, mut arguments: Value) -> Value {
+    let s = preflight
+        .structured_content
+        .as_ref()
+        .expect("an approved preflight has structured content");
+    arguments["confirm"] = json!(true);
+    arguments["confirmTarget"] = s["confirmTarget"].clone();
+    arguments["confirmToken"] = s["confirmToken"].clone();
+    arguments
+}
+
+/// Waits out the approve delay, as a person reading the request would.
+async fn read_then_approve(desk: &Desk) {
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clicking_approve_mints_the_token_and_the_confirm_executes() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("claude-code").await;
+    let create = json!({"sql": "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)"});
+    let pending = call(&agent, "execute", create.clone());
+    desk.wait_for_request().await;
+    assert_eq!(desk.text("#approve").await, "Approve");
+    assert_eq!(desk.text("#deny").await, "Deny");
+    assert_eq!(desk.text("#d-agent").await, "claude-code 1.0");
+    desk.screenshot("approval-irreversible.png").await;
+    // execute is destructive: the target must be typed first.
+    let target = desk.text("#d-target").await;
+    desk.browser
+        .find(Locator::Css("#typed-target"))
+        .await
+        .unwrap()
+        .send_keys(&target)
+        .await
+        .unwrap();
+    read_then_approve(&desk).await;
+    let preflight = pending.await.unwrap();
+    assert_ne!(preflight.is_error, Some(true), "{preflight:?}");
+    let done = call(&agent, "execute", confirm_of(&preflight, create))
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    let tables = call(&agent, "list_tables", json!({})).await.unwrap();
+    assert_eq!(
+        tables.structured_content.unwrap()["rows"],
+        json!([{"name": "notes"}])
+    );
+    desk.until("the queue to empty", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_with_a_note_reaches_the_agent() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("cursor").await;
+    let pending = call(&agent, "create_backup", json!({"name": "nightly"}));
+    desk.wait_for_request().await;
+    desk.screenshot("approval-reversible.png").await;
+    desk.browser
+        .find(Locator::Css("#deny-note"))
+        .await
+        .unwrap()
+        .send_keys("not during the release")
+        .await
+        .unwrap();
+    desk.click("#deny").await;
+    let r = pending.await.unwrap();
+    assert_eq!(refusal(&r).as_deref(), Some("denied"));
+    let text: String = r
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect();
+    assert!(text.contains("not during the release"), "{text}");
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_click_in_the_first_second_and_enter_do_nothing() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("vscode").await;
+    let mut pending = call(&agent, "create_backup", json!({"name": "early"}));
+    desk.wait_for_request().await;
+    // Straight away: the button is still disabled, and a click does nothing.
+    assert!(!desk.approve_enabled().await, "Approve must start disabled");
+    let _ = desk
+        .browser
+        .find(Locator::Css("#approve"))
+        .await
+        .unwrap()
+        .click()
+        .await;
+    // Once enabled, Enter on the focused button does nothing either.
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    let button = desk.browser.find(Locator::Css("#approve")).await.unwrap();
+    desk.browser
+        .execute("document.getElementById('approve').focus()", vec![])
+        .await
+        .unwrap();
+    button.send_keys("\u{E007}").await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), &mut pending)
+            .await
+            .is_err(),
+        "an early click or Enter approved the request"
+    );
+    assert!(desk.visible_request().await);
+    desk.click("#approve").await;
+    let r = pending.await.unwrap();
+    assert!(r.structured_content.unwrap()["confirmToken"].is_string());
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destructive_request_needs_the_typed_target() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("claude-desktop").await;
+    let pending = call(&agent, "delete_backup", json!({"name": "weekly"}));
+    desk.wait_for_request().await;
+    assert!(desk.text("#reversibility").await.contains("IRREVERSIBLE"));
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(
+        !desk.approve_enabled().await,
+        "Approve is enabled without the typed target"
+    );
+    let input = desk
+        .browser
+        .find(Locator::Css("#typed-target"))
+        .await
+        .unwrap();
+    input.send_keys("weekl").await.unwrap();
+    assert!(
+        !desk.approve_enabled().await,
+        "a partial target enabled Approve"
+    );
+    input.send_keys("y").await.unwrap();
+    read_then_approve(&desk).await;
+    let r = pending.await.unwrap();
+    assert!(r.structured_content.unwrap()["confirmToken"].is_string());
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_show_two_requests_in_one_queue_and_the_title_counts_them() {
+    let desk = Desk::start().await;
+    let first = desk.agent("agent-one").await;
+    let second = desk.agent("agent-two").await;
+    let a = call(&first, "create_backup", json!({"name": "one"}));
+    let b = call(&second, "create_backup", json!({"name": "two"}));
+    desk.until("two requests", |d| {
+        Box::pin(async move {
+            let n: Value = d
+                .browser
+                .execute(
+                    "return document.querySelectorAll('#queue li').length",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            n == json!(2)
+        })
+    })
+    .await;
+    desk.until("the title to count two", |d| {
+        Box::pin(async move { d.browser.title().await.unwrap().contains("(2 pending)") })
+    })
+    .await;
+    let who: Value = desk
+        .browser
+        .execute("return [...document.querySelectorAll('#queue li small')].map(e => e.textContent).join('|')", vec![])
+        .await
+        .unwrap();
+    assert!(
+        who.as_str().unwrap().contains("agent-one") && who.as_str().unwrap().contains("agent-two"),
+        "{who}"
+    );
+    drop(first);
+    drop(second);
+    a.abort();
+    b.abort();
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_with_a_bidi_override_and_a_zero_width_character_is_shown_flagged() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("claude-code").await;
+    let sneaky = "report\u{202e}fdp.exe\u{200b}";
+    let pending = call(&agent, "create_backup", json!({"name": sneaky}));
+    desk.wait_for_request().await;
+    let shown = desk.text("#d-target").await;
+    assert_eq!(shown, "report\\u{202e}fdp.exe\\u{200b}");
+    let flags: Value = desk
+        .browser
+        .execute(
+            "return [...document.querySelectorAll('#d-flags .flag')].map(e => e.dataset.flag)",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(flags, json!(["bidi", "invisible", "non_ascii"]));
+    desk.click("#deny").await;
+    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_text_is_never_interpreted_as_html() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("<b>bold</b>").await;
+    let pending = call(
+        &agent,
+        "create_backup",
+        json!({"name": "<img src=x onerror=\"document.title='pwned'\">"}),
+    );
+    desk.wait_for_request().await;
+    let images: Value = desk
+        .browser
+        .execute(
+            "return document.querySelectorAll('#detail img, #queue img, b').length",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(images, json!(0));
+    assert!(desk.text("#d-agent").await.contains("<b>bold</b>"));
+    assert!(!desk.browser.title().await.unwrap().contains("pwned"));
+    desk.click("#deny").await;
+    let _ = pending.await;
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_lists_what_happened() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("claude-code").await;
+    let backup = json!({"name": "audit"});
+    let pending = call(&agent, "create_backup", backup.clone());
+    desk.wait_for_request().await;
+    read_then_approve(&desk).await;
+    let preflight = pending.await.unwrap();
+    let confirm = confirm_of(&preflight, backup);
+    let done = call(&agent, "create_backup", confirm.clone())
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    let mut forged = confirm.clone();
+    forged["confirmToken"] = json!("cs1.e30.AAAA");
+    let refused = call(&agent, "create_backup", forged).await.unwrap();
+    assert_eq!(refusal(&refused).as_deref(), Some("bad_token"));
+    desk.click("#tab-history").await;
+    desk.until("history rows", |d| {
+        Box::pin(async move {
+            let kinds: Value = d
+                .browser
+                .execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent + ':' + r.children[2].textContent)", vec![])
+                .await
+                .unwrap();
+            let kinds = kinds.to_string();
+            kinds.contains("issued:") && kinds.contains("accepted:") && kinds.contains("executed:ok") && kinds.contains("refused:bad_token")
+        })
+    })
+    .await;
+    desk.screenshot("history.png").await;
+    // Filtering by outcome narrows the list.
+    desk.browser.execute("const s = document.getElementById('f-kind'); s.value = 'refused'; s.dispatchEvent(new Event('input'));", vec![]).await.unwrap();
+    desk.until("only refusals", |d| {
+        Box::pin(async move {
+            let kinds: Value = d.browser.execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent)", vec![]).await.unwrap();
+            kinds == json!(["refused"])
+        })
+    })
+    .await;
+    desk.stop().await;
+}
