@@ -1,9 +1,10 @@
 # The two commands README.md opens with, plus the slower checks it documents.
 .PHONY: run test bench fuzz
 
-run: ## Set up and run the walkthrough (the demo, once the desk exists).
+run: ## Set up, build, and run the demo: the desk's window plus a scripted agent on the built-in tools.
 	.ci/setup
-	.ci/with-keychain cargo run --locked -p countersign-tests --example walkthrough
+	cargo build --locked -p countersign -p countersign-desk
+	./target/debug/countersign demo
 
 test: ## Set up and run every test, as CI does.
 	.ci/test

@@ -527,3 +527,77 @@ async fn history_lists_what_happened() {
     .await;
     desk.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_through_when_a_person_approves_each_request() {
+    let desk = Desk::start().await;
+    let demo = tokio::process::Command::new(bin("countersign"))
+        .arg("demo")
+        .env("COUNTERSIGN_SOCKET", desk.socket())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let output = tokio::spawn(demo.wait_with_output());
+    // The person: approve each request as it arrives (three in the script), typing the target
+    // where the window asks for it.
+    for _ in 0..3 {
+        desk.wait_for_request().await;
+        let typed: Value = desk
+            .browser
+            .execute("return !document.getElementById('typed').hidden", vec![])
+            .await
+            .unwrap();
+        if typed == json!(true) {
+            let target: Value = desk
+                .browser
+                .execute(
+                    "return document.getElementById('d-target').textContent",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            desk.browser
+                .find(Locator::Css("#typed-target"))
+                .await
+                .unwrap()
+                .send_keys(target.as_str().unwrap())
+                .await
+                .unwrap();
+        }
+        let hash = desk.text("#d-hash").await;
+        read_then_approve(&desk).await;
+        // Gone once the window shows another request, or none.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while desk.visible_request().await && desk.text("#d-hash").await == hash {
+            assert!(
+                Instant::now() < deadline,
+                "the approved request stayed in the queue"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("already used"), "{stdout}");
+    assert!(
+        stdout.contains("operation changed since it was approved"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\"count(*)\"") || stdout.contains("people"),
+        "{stdout}"
+    );
+    desk.stop().await;
+}

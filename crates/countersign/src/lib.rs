@@ -3,6 +3,8 @@
 //! one gateway per MCP server, so it must start fast and idle light.
 #![deny(missing_docs)]
 
+pub mod config;
+pub mod demo;
 pub mod launch;
 pub mod logging;
 pub mod paths;

@@ -60,6 +60,22 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Walk through the whole flow with a scripted sample agent: you approve in the desk's window.
+    Demo,
+    /// Print the configuration that puts Countersign in front of a server your agent uses.
+    ///
+    /// Example: countersign config --client claude-desktop -- npx -y @modelcontextprotocol/server-filesystem ~/projects
+    Config {
+        /// Which agent's configuration to print.
+        #[arg(long, value_enum)]
+        client: countersign::config::Client,
+        /// The server's name (default: from the command).
+        #[arg(long)]
+        name: Option<String>,
+        /// The server's command and arguments, after `--` (none: the built-in tools).
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Print the desk's history of approvals, confirms and refusals, newest first.
     History {
         /// Print JSON lines instead of a table.
@@ -111,6 +127,34 @@ fn main() {
                 1
             }
         },
+        Command::Demo => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a Tokio runtime");
+            runtime.block_on(countersign::demo::run(countersign_wire::socket_path()))
+        }
+        Command::Config {
+            client,
+            name,
+            command,
+        } => {
+            let name = name.unwrap_or_else(|| {
+                if command.is_empty() {
+                    "countersign".into()
+                } else {
+                    countersign::config::default_name(&command)
+                }
+            });
+            let me = std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "countersign".into());
+            print!(
+                "{}",
+                countersign::config::render(client, &me, &name, &command)
+            );
+            0
+        }
         Command::History {
             json,
             tool,
