@@ -21,14 +21,14 @@ pub enum Client {
 pub fn default_name(command: &[String]) -> String {
     let program = command.first().map(String::as_str).unwrap_or("server");
     let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_owned();
-    if matches!(base(program).as_str(), "npx" | "uvx" | "bunx" | "pnpx") {
-        if let Some(package) = command.iter().skip(1).find(|a| !a.starts_with('-')) {
-            let package = package
-                .rsplit_once('@')
-                .filter(|(p, _)| !p.is_empty())
-                .map_or(package.as_str(), |(p, _)| p);
-            return base(package);
-        }
+    let runner = matches!(base(program).as_str(), "npx" | "uvx" | "bunx" | "pnpx");
+    if runner && let Some(package) = command.iter().skip(1).find(|a| !a.starts_with('-')) {
+        // `@scope/pkg@1.2.3` is `pkg`: the version goes, the scope goes with the path.
+        let package = package
+            .rsplit_once('@')
+            .filter(|(p, _)| !p.is_empty())
+            .map_or(package.as_str(), |(p, _)| p);
+        return base(package);
     }
     base(program)
 }
