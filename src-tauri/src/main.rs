@@ -106,6 +106,28 @@ fn show(app: &AppHandle) {
     }
 }
 
+/// A desktop notification for a new request, when the window is hidden or not focused.
+fn notify_if_unseen(app: &AppHandle, request: &countersign_engine::PendingRequest) {
+    use tauri_plugin_notification::NotificationExt;
+    let seen = app
+        .get_webview_window("main")
+        .is_some_and(|w| w.is_visible().unwrap_or(false) && w.is_focused().unwrap_or(false));
+    if seen {
+        return;
+    }
+    let r = view::RequestView::from(request);
+    let body = format!("{} asks to run {} on {}", r.agent, r.tool, r.target_shown);
+    if let Err(e) = app
+        .notification()
+        .builder()
+        .title("Countersign: approval needed")
+        .body(body)
+        .show()
+    {
+        tracing::debug!(target: "desk", "no desktop notification: {e}");
+    }
+}
+
 fn update_count(app: &AppHandle, engine: &Engine) {
     let n = engine.pending().len();
     let title = if n == 0 {
@@ -219,6 +241,7 @@ fn run(
     };
 
     tauri::Builder::default()
+        .plugin(tauri_plugin_notification::init())
         .manage(desk)
         .invoke_handler(tauri::generate_handler![
             commands::pending,
@@ -255,6 +278,9 @@ fn run(
                 loop {
                     match changes.recv().await {
                         Ok(change) => {
+                            if let QueueChange::Added { request } = &change {
+                                notify_if_unseen(&handle, request);
+                            }
                             let arrived = matches!(change, QueueChange::Added { .. });
                             let focus = matches!(change, QueueChange::Focus);
                             let pending: Vec<view::RequestView> = engine

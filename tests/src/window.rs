@@ -1,0 +1,254 @@
+//! The desk's window under test: a desk in its own directories, started through tauri-driver
+//! (which starts WebKitWebDriver, which starts the desk), with a WebDriver session on its window,
+//! and real MCP clients connected to it through `countersign mcp`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use rmcp::model::*;
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Map, Value, json};
+
+/// The workspace's target directory (this test binary lives in `<target>/<profile>/deps`).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        path.display()
+    );
+    path
+}
+
+/// tauri-driver, as `cargo install` puts it.
+pub fn tauri_driver() -> PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cargo"));
+    let path = home.join("bin/tauri-driver");
+    assert!(path.exists(), "tauri-driver is missing: run .ci/setup");
+    path
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Screenshots land here, outside git.
+pub fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A desk in its own directories, started through tauri-driver, with a WebDriver session on its window.
+pub struct Desk {
+    /// Its data, config and socket.
+    pub dir: tempfile::TempDir,
+    driver: tokio::process::Child,
+    /// The WebDriver session.
+    pub browser: Client,
+}
+
+impl Desk {
+    /// Starts a desk with the real keychain.
+    pub async fn start() -> Desk {
+        Desk::start_with(&[]).await
+    }
+
+    /// Starts a desk with extra environment.
+    pub async fn start_with(env: &[(&str, &str)]) -> Desk {
+        assert!(
+            std::env::var_os("DISPLAY").is_some(),
+            "the desk tests need a display: run them under Xvfb (make test does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["data", "config"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let port = free_port();
+        let native = free_port();
+        let driver = tokio::process::Command::new(tauri_driver())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--native-port",
+                &native.to_string(),
+            ])
+            .env("XDG_DATA_HOME", dir.path().join("data"))
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own process group: the native driver and the desk it starts end with it.
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "tauri-driver did not listen");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut caps = Map::new();
+        caps.insert("browserName".into(), json!("wry"));
+        caps.insert(
+            "tauri:options".into(),
+            json!({ "application": bin("countersign-desk"), "args": [] }),
+        );
+        let browser = ClientBuilder::native()
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .unwrap();
+        let desk = Desk {
+            dir,
+            driver,
+            browser,
+        };
+        // The window is up once its script has asked for the queue.
+        desk.until("the window to load", |d| {
+            Box::pin(async move { d.exists("#empty").await })
+        })
+        .await;
+        desk
+    }
+
+    /// Its socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("desk.sock")
+    }
+
+    /// A real MCP client connected through `countersign mcp` to this desk and the built-in tools.
+    pub async fn agent(&self, name: &str) -> RunningService<RoleClient, ClientConfig> {
+        let mut cmd = tokio::process::Command::new(bin("countersign"));
+        cmd.arg("mcp")
+            .arg("--no-launch")
+            .arg("--wait")
+            .arg("40")
+            .arg("--socket")
+            .arg(self.socket());
+        cmd.arg("--db").arg(self.dir.path().join("app.sqlite"));
+        cmd.env("RUST_LOG", "warn");
+        let info = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new(name.to_owned(), "1.0"),
+        );
+        info.serve(TokioChildProcess::new(cmd).unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Whether an element matches.
+    pub async fn exists(&self, css: &str) -> bool {
+        self.browser.find(Locator::Css(css)).await.is_ok()
+    }
+
+    /// An element's text.
+    pub async fn text(&self, css: &str) -> String {
+        self.browser
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Whether a request is shown.
+    pub async fn visible_request(&self) -> bool {
+        let hidden: Value = self
+            .browser
+            .execute("return document.getElementById('detail').hidden", vec![])
+            .await
+            .unwrap();
+        hidden == json!(false)
+    }
+
+    /// Waits (up to 30 s) until `check` holds.
+    pub async fn until<F>(&self, what: &str, check: F)
+    where
+        F: for<'a> Fn(&'a Desk) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !check(self).await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits for a request to be shown.
+    pub async fn wait_for_request(&self) {
+        self.until("a request in the window", |d| Box::pin(d.visible_request()))
+            .await;
+    }
+
+    /// Whether Approve is enabled.
+    pub async fn approve_enabled(&self) -> bool {
+        let disabled: Value = self
+            .browser
+            .execute("return document.getElementById('approve').disabled", vec![])
+            .await
+            .unwrap();
+        disabled == json!(false)
+    }
+
+    /// Clicks an element.
+    pub async fn click(&self, css: &str) {
+        self.browser
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    }
+
+    /// Saves a screenshot under target/screenshots.
+    pub async fn screenshot(&self, name: &str) {
+        // Let the page paint what the DOM already says.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let png = self.browser.screenshot().await.unwrap();
+        std::fs::write(screenshots().join(name), png).unwrap();
+    }
+
+    /// Ends the session (the process group ends on drop).
+    pub async fn stop(self) {
+        let _ = self.browser.clone().close().await;
+    }
+}
+
+impl Drop for Desk {
+    fn drop(&mut self) {
+        // tauri-driver does not always end what it started: end the whole group.
+        if let Some(pid) = self.driver.id() {
+            // SAFETY: killpg only sends a signal to the group we created.
+            unsafe {
+                libc::killpg(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Desk {
+    /// The process group of the driver, the desk and its web processes.
+    pub fn process_group(&self) -> Option<u32> {
+        self.driver.id()
+    }
+}
