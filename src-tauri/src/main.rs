@@ -128,6 +128,17 @@ fn notify_if_unseen(app: &AppHandle, request: &countersign_engine::PendingReques
     }
 }
 
+/// Sends the whole queue to the window (it is small), and updates the counts.
+fn publish_queue(app: &AppHandle, engine: &Engine) {
+    let pending: Vec<view::RequestView> = engine
+        .pending()
+        .iter()
+        .map(view::RequestView::from)
+        .collect();
+    let _ = app.emit("queue://changed", &pending);
+    update_count(app, engine);
+}
+
 fn update_count(app: &AppHandle, engine: &Engine) {
     let n = engine.pending().len();
     let title = if n == 0 {
@@ -281,26 +292,14 @@ fn run(
                             if let QueueChange::Added { request } = &change {
                                 notify_if_unseen(&handle, request);
                             }
-                            let arrived = matches!(change, QueueChange::Added { .. });
-                            let focus = matches!(change, QueueChange::Focus);
-                            let pending: Vec<view::RequestView> = engine
-                                .pending()
-                                .iter()
-                                .map(view::RequestView::from)
-                                .collect();
-                            let _ = handle.emit("queue://changed", &pending);
-                            update_count(&handle, &engine);
-                            if arrived || focus {
+                            publish_queue(&handle, &engine);
+                            if matches!(change, QueueChange::Added { .. } | QueueChange::Focus) {
                                 show(&handle);
                             }
                         }
+                        // Missed some changes: the whole queue is sent anyway.
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                            let pending: Vec<view::RequestView> = engine
-                                .pending()
-                                .iter()
-                                .map(view::RequestView::from)
-                                .collect();
-                            let _ = handle.emit("queue://changed", &pending);
+                            publish_queue(&handle, &engine)
                         }
                         Err(_) => break,
                     }

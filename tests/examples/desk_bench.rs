@@ -50,6 +50,20 @@ fn desk_processes(group: u32) -> Vec<(u32, String)> {
     out
 }
 
+/// Prints each process's PSS and returns the sum, in MB.
+fn print_memory(group: u32) -> f64 {
+    let mut total = 0;
+    for (pid, name) in desk_processes(group) {
+        let kb = pss_kb(pid).unwrap_or(0);
+        total += kb;
+        println!(
+            "  {name:<22} pid {pid:<7} PSS {:>8.1} MB",
+            kb as f64 / 1024.0
+        );
+    }
+    total as f64 / 1024.0
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let desk = Desk::start().await;
@@ -96,19 +110,8 @@ async fn main() {
     drop(agent);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let group = desk.process_group().expect("the driver's process group");
-    let mut total = 0;
-    for (pid, name) in desk_processes(group) {
-        let kb = pss_kb(pid).unwrap_or(0);
-        total += kb;
-        println!(
-            "  {name:<22} pid {pid:<7} PSS {:>8.1} MB",
-            kb as f64 / 1024.0
-        );
-    }
-    println!(
-        "debug desk idle memory (PSS over its processes): {:.1} MB",
-        total as f64 / 1024.0
-    );
+    let total = print_memory(group);
+    println!("debug desk idle memory (PSS over its processes): {total:.1} MB");
     desk.stop().await;
     release_memory().await;
 }
@@ -135,19 +138,8 @@ async fn release_memory() {
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let mut total = 0;
-    for (pid, name) in desk_processes(child.id()) {
-        let kb = pss_kb(pid).unwrap_or(0);
-        total += kb;
-        println!(
-            "  {name:<22} pid {pid:<7} PSS {:>8.1} MB",
-            kb as f64 / 1024.0
-        );
-    }
-    println!(
-        "release desk idle memory (PSS over its processes): {:.1} MB (goal ≤ 120 MB)",
-        total as f64 / 1024.0
-    );
+    let total = print_memory(child.id());
+    println!("release desk idle memory (PSS over its processes): {total:.1} MB (goal ≤ 120 MB)");
     // SAFETY: ends only the group this function started.
     unsafe {
         libc::killpg(child.id() as i32, libc::SIGKILL);
