@@ -112,6 +112,7 @@ fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_
         .output()
         .expect("curl");
     let _ = driver.kill();
+    let _ = driver.wait();
     let _ = Command::new("pkill")
         .arg("-f")
         .arg(desk.display().to_string())
