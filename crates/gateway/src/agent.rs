@@ -620,8 +620,26 @@ fn unexpected(r: ServerResult) -> ErrorData {
     ErrorData::internal_error(format!("unexpected upstream result: {r:?}"), None)
 }
 
-/// The gateway as an rmcp service: `tools/list` is answered raw (every field kept), the rest by
-/// the [`ServerHandler`] above.
+/// Bypassing rmcp's handler also bypasses its per-version fix-ups: agents on protocol 2026-07-28
+/// or later need `resultType`, older ones must not see it.
+fn fit_result_type(raw: &mut Value, context: &RequestContext<RoleServer>) {
+    let newer = context
+        .protocol_version()
+        .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+    let Some(object) = raw.as_object_mut() else {
+        return;
+    };
+    if newer {
+        object
+            .entry("resultType")
+            .or_insert_with(|| json!("complete"));
+    } else if object.get("resultType") == Some(&json!("complete")) {
+        object.remove("resultType");
+    }
+}
+
+/// The gateway as an rmcp service: `tools/list` and open tools' calls are answered raw (every
+/// field kept), the rest by the [`ServerHandler`] above.
 #[derive(Clone)]
 pub struct RawTools(pub Gateway);
 
@@ -635,13 +653,30 @@ impl Service<RoleServer> for RawTools {
             ClientRequest::ListToolsRequest(_) => {
                 let tools = self.0.refresh_tools(&context).await?;
                 let mut raw = json!({ "tools": tools });
-                // Bypassing the handler also bypasses its fix-ups: newer agents need resultType.
-                let newer = context
-                    .protocol_version()
-                    .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
-                if newer {
-                    raw["resultType"] = json!("complete");
+                fit_result_type(&mut raw, &context);
+                Ok(ServerResult::CustomResult(CustomResult::new(raw)))
+            }
+            // An open tool's call is passed on raw: the result keeps every field the upstream
+            // sent, and skips rmcp's decoding by trial of every result shape (the hot path).
+            ClientRequest::CallToolRequest(req) => {
+                let gate = self.0.gate_of(&req.params.name, &context).await?;
+                if !matches!(gate, Some(Gate::Class(GateClass::Open)) | None) {
+                    let req = ClientRequest::CallToolRequest(req);
+                    return <Gateway as Service<RoleServer>>::handle_request(&self.0, req, context)
+                        .await;
                 }
+                let params = serde_json::to_value(&req.params)
+                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                let call = CustomRequest::new("tools/call", Some(params));
+                let mut raw = match self
+                    .0
+                    .up(ClientRequest::CustomRequest(call), &context)
+                    .await?
+                {
+                    ServerResult::CustomResult(raw) => raw.0,
+                    typed => serde_json::to_value(typed).unwrap_or_default(),
+                };
+                fit_result_type(&mut raw, &context);
                 Ok(ServerResult::CustomResult(CustomResult::new(raw)))
             }
             other => {
