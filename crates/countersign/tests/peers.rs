@@ -991,3 +991,72 @@ async fn cancelled_preflight_is_withdrawn_from_the_desk() {
     assert_eq!(refusal(&r).as_deref(), Some("denied"), "{r:?}");
     assert!(!file.exists());
 }
+
+/// `--url`: server-everything in its streamable-HTTP mode, reached over HTTP; open tools pass
+/// through, gated ones go to the desk, as with a stdio upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_over_streamable_http_is_reached_with_url() {
+    let server = server_everything();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut upstream = tokio::process::Command::new(&server)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server-everything did not listen on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let desk = desk().await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let agent = connect(
+        gateway_command(&desk.socket, &["--url", &url]),
+        plain_client(),
+    )
+    .await;
+    assert_eq!(
+        agent
+            .peer_info()
+            .unwrap()
+            .server_info
+            .as_ref()
+            .unwrap()
+            .name,
+        "mcp-servers/everything"
+    );
+    let r = call(agent.peer(), "echo", json!({"message": "over http"})).await;
+    assert_eq!(text(&r), "Echo: over http");
+    assert!(
+        desk.engine.pending().is_empty(),
+        "an open tool never reaches the desk"
+    );
+    let tools = agent.list_all_tools().await.unwrap();
+    let gated = tools
+        .iter()
+        .find(|t| t.name.starts_with("toggle-"))
+        .expect("a gated tool");
+    assert!(
+        gated
+            .input_schema
+            .get("properties")
+            .unwrap()
+            .get("confirmToken")
+            .is_some()
+    );
+    let _ = agent.cancel().await;
+    let _ = upstream.kill().await;
+}
