@@ -30,21 +30,28 @@ fn the_deb_installs_the_desk_countersign_the_icon_and_a_desktop_entry() {
         .expect("dpkg-deb");
     assert!(out.status.success());
     let listing = String::from_utf8_lossy(&out.stdout);
-    for needed in [
-        "./usr/bin/countersign-desk",
-        "./usr/bin/countersign",
-        "./usr/share/applications/",
-        "./usr/share/icons/hicolor/",
-    ] {
+    // Paths as dpkg-deb lists them, with or without a leading "./".
+    let paths: Vec<&str> = listing
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .map(|p| p.trim_start_matches("./"))
+        .collect();
+    for needed in ["usr/bin/countersign-desk", "usr/bin/countersign"] {
         assert!(
-            listing.contains(needed),
+            paths.contains(&needed),
+            "{needed} is not in the .deb:\n{listing}"
+        );
+    }
+    for needed in ["usr/share/applications/", "usr/share/icons/hicolor/"] {
+        assert!(
+            paths.iter().any(|p| p.starts_with(needed)),
             "{needed} is not in the .deb:\n{listing}"
         );
     }
     assert!(
         listing
             .lines()
-            .any(|l| l.contains("/usr/share/applications/") && l.trim_end().ends_with(".desktop")),
+            .any(|l| l.contains("usr/share/applications/") && l.trim_end().ends_with(".desktop")),
         "{listing}"
     );
     assert!(

@@ -162,6 +162,14 @@ fn main() {
     unsafe {
         std::env::remove_var("TAURI_WEBVIEW_AUTOMATION");
     }
+    // A text-only window needs no accelerated compositing, and without it WebKit's web process
+    // idles at about 60 MB less (measured under Xvfb). A user's own setting wins.
+    if std::env::var_os("WEBKIT_DISABLE_COMPOSITING_MODE").is_none() {
+        // SAFETY: still single-threaded: no other thread reads the environment yet.
+        unsafe {
+            std::env::set_var("WEBKIT_DISABLE_COMPOSITING_MODE", "1");
+        }
+    }
     init_logging();
     let in_memory = std::env::args().any(|a| a == "--in-memory-secret");
     let dirs = Dirs::new();
