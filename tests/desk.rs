@@ -432,3 +432,32 @@ async fn without_a_keychain_the_desk_says_so_and_mints_nothing() {
     assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
     desk.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_start_brings_the_first_forward_and_exits() {
+    let desk = Desk::start().await;
+    let second = tokio::process::Command::new(bin("countersign-desk"))
+        .env("XDG_DATA_HOME", desk.dir.path().join("data"))
+        .env("XDG_CONFIG_HOME", desk.dir.path().join("config"))
+        .env("COUNTERSIGN_SOCKET", desk.socket())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the second desk exits")
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already running"),
+        "{out:?}"
+    );
+    // The first one still serves: a request still reaches its window.
+    let agent = desk.agent("after-second-start").await;
+    let pending = call(&agent, "create_backup", json!({"name": "still-here"}));
+    desk.wait_for_request().await;
+    desk.click("#deny").await;
+    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    desk.stop().await;
+}
