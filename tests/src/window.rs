@@ -224,8 +224,18 @@ impl Desk {
     pub async fn screenshot(&self, name: &str) {
         // Let the page paint what the DOM already says.
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let png = self.browser.screenshot().await.unwrap();
-        std::fs::write(screenshots().join(name), png).unwrap();
+        // From the X server, as a person would see the screen (WebKit's own snapshot can stall
+        // when accelerated compositing is off, which the desk turns off to save memory).
+        let path = screenshots().join(name);
+        let shot = tokio::process::Command::new("import")
+            .args(["-window", "root"])
+            .arg(&path)
+            .status();
+        let status = tokio::time::timeout(Duration::from_secs(20), shot)
+            .await
+            .unwrap_or_else(|_| panic!("the screenshot {name} did not come back"))
+            .expect("ImageMagick's import (installed by .ci/setup)");
+        assert!(status.success(), "import could not take {}", path.display());
     }
 
     /// Ends the session (the process group ends on drop).
