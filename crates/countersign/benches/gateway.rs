@@ -16,7 +16,7 @@
 //! The upstream is this same program in upstream mode: an rmcp server with one read-only `echo`
 //! tool, so the benchmark needs nothing installed. The relay is this program in relay mode too.
 //! When the pinned `@modelcontextprotocol/server-everything` is installed under `target/peers`
-//! (`.ci/setup` puts it there), its `echo` is measured the same three ways afterwards.
+//! (`.ci/setup tests` puts it there), its `echo` is measured the same three ways afterwards.
 //!
 //! `cargo bench -p countersign --bench gateway [-- CALLS]`; environment:
 //! `COUNTERSIGN_BENCH_CALLS` (default 10000 per setup), `COUNTERSIGN_BENCH_BLOCK` (calls per block,

@@ -3,7 +3,7 @@
 //! `@modelcontextprotocol/server-filesystem` as upstreams. The desk's engine runs in this test
 //! process, as in `gateway.rs`; approval is `Engine::approve`, as a click in the window.
 //!
-//! The peers are installed, at the versions pinned below, by `.ci/setup` into `target/peers`; a
+//! The peers are installed, at the versions pinned below, by `.ci/setup tests` into `target/peers`; a
 //! test whose peer is missing fails and says so.
 #![allow(deprecated)] // roots are deprecated in rmcp 3.x (SEP-2577); MCP clients and servers still use them
 
@@ -22,7 +22,7 @@ use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-/// The peers' pinned versions; `.ci/setup` installs exactly these.
+/// The peers' pinned versions; `.ci/setup tests` installs exactly these.
 const SERVER_EVERYTHING: (&str, &str) = ("@modelcontextprotocol/server-everything", "2026.8.31");
 const SERVER_FILESYSTEM: (&str, &str) = ("@modelcontextprotocol/server-filesystem", "2026.8.31");
 const PYTHON_MCP: &str = "2.3.0";
@@ -33,7 +33,7 @@ fn peers_dir() -> PathBuf {
 
 fn missing(what: &str) -> String {
     format!(
-        "{what} is not installed in target/peers: run .ci/setup (it installs the pinned MCP peers)"
+        "{what} is not installed in target/peers: run .ci/setup tests (it installs the pinned MCP peers)"
     )
 }
 
@@ -67,7 +67,7 @@ fn server_filesystem() -> PathBuf {
     npm_server(SERVER_FILESYSTEM, "mcp-server-filesystem")
 }
 
-/// The Python of the virtual environment `.ci/setup` installs `mcp` into.
+/// The Python of the virtual environment `.ci/setup tests` installs `mcp` into.
 fn python() -> PathBuf {
     let python = peers_dir().join("venv/bin/python");
     assert!(
