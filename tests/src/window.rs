@@ -32,7 +32,10 @@ pub fn tauri_driver() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cargo"));
     let path = home.join("bin/tauri-driver");
-    assert!(path.exists(), "tauri-driver is missing: run .ci/setup tests");
+    assert!(
+        path.exists(),
+        "tauri-driver is missing: run .ci/setup tests"
+    );
     path
 }
 
