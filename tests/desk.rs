@@ -119,7 +119,10 @@ async fn deny_with_a_note_reaches_the_agent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_click_in_the_first_second_and_enter_do_nothing() {
-    let desk = Desk::start().await;
+    // A raised delay (settings may raise it, never lower it) keeps the early click early even on
+    // a slow machine.
+    let desk =
+        Desk::start_with_settings(json!({"token_minutes": 10, "approve_delay_ms": 4000})).await;
     let agent = desk.agent("vscode").await;
     let mut pending = call(&agent, "create_backup", json!({"name": "early"}));
     desk.wait_for_request().await;
@@ -132,6 +135,12 @@ async fn a_click_in_the_first_second_and_enter_do_nothing() {
         .unwrap()
         .click()
         .await;
+    // The raised delay is honoured: still disabled past the default second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !desk.approve_enabled().await,
+        "the raised approve delay was not honoured"
+    );
     // Once enabled, Enter on the focused button does nothing either.
     desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
         .await;

@@ -72,13 +72,26 @@ impl Desk {
 
     /// Starts a desk with extra environment.
     pub async fn start_with(env: &[(&str, &str)]) -> Desk {
+        Desk::start_configured(env, None).await
+    }
+
+    /// Starts a desk whose settings file holds `settings` (as the settings view saves it).
+    pub async fn start_with_settings(settings: Value) -> Desk {
+        Desk::start_configured(&[], Some(settings)).await
+    }
+
+    async fn start_configured(env: &[(&str, &str)], settings: Option<Value>) -> Desk {
         assert!(
             std::env::var_os("DISPLAY").is_some(),
             "the desk tests need a display: run them under Xvfb (make test does)"
         );
         let dir = tempfile::tempdir().unwrap();
-        for sub in ["data", "config"] {
+        for sub in ["data", "config/countersign"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        if let Some(settings) = settings {
+            let file = dir.path().join("config/countersign/settings.json");
+            std::fs::write(file, settings.to_string()).unwrap();
         }
         let port = free_port();
         let native = free_port();
