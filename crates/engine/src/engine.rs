@@ -155,6 +155,17 @@ pub enum QueueChange {
     },
 }
 
+/// A gated call, planned: see [`Engine::plan_call`].
+struct Call {
+    rule: ToolRule,
+    client_info: Value,
+    server: String,
+    args: Map<String, Value>,
+    fields: policy::ConfirmFields,
+    plan: Plan,
+    hash: PlanHash,
+}
+
 #[derive(Debug, Clone)]
 enum Decision {
     Approved {
@@ -577,41 +588,42 @@ impl Engine {
         Response::Classes { tools: decisions }
     }
 
-    /// The rule for a gated, registered tool of `tenant`, with the connection's identity.
-    fn gated_rule(&self, tenant: &str, tool: &str) -> Result<(ToolRule, Value, String), Response> {
-        let state = lock(&self.inner.state);
-        let conn = state
-            .connections
-            .get(tenant)
-            .ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
-        match conn.tools.get(tool) {
-            Some((_, rule)) if rule.class.is_gated() => {
-                Ok((rule.clone(), conn.client_info.clone(), conn.server.clone()))
+    /// A gated call of a registered tool of `tenant`, planned under its rule: the one place that
+    /// turns a tool name and raw arguments into the plan a person approves (or an error reply).
+    fn plan_call(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<Call, Response> {
+        let (rule, client_info, server) = {
+            let state = lock(&self.inner.state);
+            let conn = state
+                .connections
+                .get(tenant)
+                .ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
+            match conn.tools.get(tool) {
+                Some((_, rule)) if rule.class.is_gated() => {
+                    (rule.clone(), conn.client_info.clone(), conn.server.clone())
+                }
+                Some(_) => {
+                    let message = format!("`{tool}` is open: it needs no approval");
+                    return Err(error(ErrorCode::UnknownTool, message));
+                }
+                None => {
+                    let message = format!("`{tool}` is not a tool this connection offers");
+                    return Err(error(ErrorCode::UnknownTool, message));
+                }
             }
-            Some(_) => Err(error(
-                ErrorCode::UnknownTool,
-                format!("`{tool}` is open: it needs no approval"),
-            )),
-            None => Err(error(
-                ErrorCode::UnknownTool,
-                format!("`{tool}` is not a tool this connection offers"),
-            )),
-        }
-    }
-
-    fn planned(
-        rule: &ToolRule,
-        tool: &str,
-        arguments: &Value,
-    ) -> Result<(Map<String, Value>, policy::ConfirmFields, Plan, PlanHash), Response> {
-        let (args, fields) = policy::split_confirm(arguments)
-            .map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
-        let plan = policy::plan(rule, tool, &args)
-            .map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
-        let hash = plan
-            .hash()
-            .map_err(|e| error(ErrorCode::BadArguments, e.to_string()))?;
-        Ok((args, fields, plan, hash))
+        };
+        let bad = |e: &dyn std::fmt::Display| error(ErrorCode::BadArguments, e.to_string());
+        let (args, fields) = policy::split_confirm(arguments).map_err(|e| bad(&e))?;
+        let plan = policy::plan(&rule, tool, &args).map_err(|e| bad(&e))?;
+        let hash = plan.hash().map_err(|e| bad(&e))?;
+        Ok(Call {
+            rule,
+            client_info,
+            server,
+            args,
+            fields,
+            plan,
+            hash,
+        })
     }
 
     /// Drops decided requests nobody collected whose token (or denial) has expired.
@@ -632,12 +644,16 @@ impl Engine {
         arguments: &Value,
         wait: Duration,
     ) -> Response {
-        let (rule, client_info, server) = match self.gated_rule(tenant, tool) {
-            Ok(found) => found,
-            Err(response) => return response,
-        };
-        let (args, fields, plan, hash) = match Self::planned(&rule, tool, arguments) {
-            Ok(planned) => planned,
+        let Call {
+            rule,
+            client_info,
+            server,
+            args,
+            fields,
+            plan,
+            hash,
+        } = match self.plan_call(tenant, tool, arguments) {
+            Ok(call) => call,
             Err(response) => return response,
         };
         if fields.is_confirm() {
@@ -726,10 +742,8 @@ impl Engine {
 
     /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
     pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Response {
-        let Ok((rule, _, _)) = self.gated_rule(tenant, tool) else {
-            return Response::Done;
-        };
-        let Ok((_, _, _, hash)) = Self::planned(&rule, tool, arguments) else {
+        // Nothing to withdraw from a call that could not have been queued.
+        let Ok(Call { hash, .. }) = self.plan_call(tenant, tool, arguments) else {
             return Response::Done;
         };
         let mut state = lock(&self.inner.state);
@@ -757,12 +771,14 @@ impl Engine {
     /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand
     /// back the arguments the person approved.
     pub fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Response {
-        let (rule, _, _) = match self.gated_rule(tenant, tool) {
-            Ok(found) => found,
-            Err(response) => return response,
-        };
-        let (_, fields, plan, hash) = match Self::planned(&rule, tool, arguments) {
-            Ok(planned) => planned,
+        let Call {
+            rule,
+            fields,
+            plan,
+            hash,
+            ..
+        } = match self.plan_call(tenant, tool, arguments) {
+            Ok(call) => call,
             Err(response) => return response,
         };
         let key = match self.key() {
