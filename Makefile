@@ -11,7 +11,7 @@ test: ## Set up and run every test, as CI does.
 
 bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend; gateway: pass-through latency vs direct and a bare relay, idle memory, start time).
 	cargo bench --locked -p countersign-core -p countersign-store
-	cargo bench --locked -p countersign --bench gateway
+	cargo bench --locked -p countersign --bench passthrough
 	cargo build --locked -p countersign -p countersign-desk
 	.ci/with-keychain xvfb-run -a -s "-screen 0 1280x800x24" cargo run --locked -q -p countersign-tests --example desk_bench
 

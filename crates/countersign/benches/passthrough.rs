@@ -18,7 +18,7 @@
 //! When the pinned `@modelcontextprotocol/server-everything` is installed under `target/peers`
 //! (`.ci/setup tests` puts it there), its `echo` is measured the same three ways afterwards.
 //!
-//! `cargo bench -p countersign --bench gateway [-- CALLS]`; environment:
+//! `cargo bench -p countersign --bench passthrough [-- CALLS]`; environment:
 //! `COUNTERSIGN_BENCH_CALLS` (default 10000 per setup), `COUNTERSIGN_BENCH_BLOCK` (calls per block,
 //! default 100), `COUNTERSIGN_BENCH_STARTS` (default 20), `COUNTERSIGN_BENCH_EVERYTHING` (`0` to
 //! skip server-everything, or the path of its `dist/index.js`). Run without `--bench` (as
