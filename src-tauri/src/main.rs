@@ -2,8 +2,9 @@
 //!
 //! One per user. It reads the HMAC secret from the OS keychain once at start, owns the policy,
 //! serves gateways on the local socket (whose bind is the single-instance lock: a second start
-//! asks the first to come forward and exits), and shows each preflight in its window, where only
-//! a person's click mints a token. Webview automation and devtools exist only in debug builds: a
+//! asks the first to come forward and exits), runs each gateway's MCP session and upstream, and
+//! shows each preflight in its window, where only a person's click mints a token. With no display
+//! it runs without a window: open tools work, gated calls are refused `desk_unavailable`. Webview automation and devtools exist only in debug builds: a
 //! release build clears the automation switch from its own environment before any webview exists.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
@@ -14,9 +15,10 @@ mod view;
 use std::sync::Mutex;
 
 use countersign_core::token::SigningKey;
-use countersign_engine::{Engine, EngineConfig, QueueChange, socket};
+use countersign_engine::{Engine, EngineConfig, QueueChange};
 use countersign_secret::{KeychainStore, MemoryStore, SecretStore};
-use countersign_wire::{Envelope, PROTOCOL_VERSION, Request};
+use countersign_session as socket;
+use countersign_wire::{Frame, Hello, PROTOCOL_VERSION};
 use tauri::menu::{Menu, MenuItem};
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, Emitter, Manager};
@@ -53,35 +55,26 @@ fn load_key(store: &dyn SecretStore) -> Result<SigningKey, String> {
 fn focus_running_desk(path: &std::path::Path) {
     let _ = tauri::async_runtime::block_on(async {
         let mut stream = tokio::net::UnixStream::connect(path).await?;
-        let hello = Envelope {
-            id: 0,
-            body: Request::Hello {
-                version: PROTOCOL_VERSION,
-                client_info: serde_json::json!({"name": "countersign-desk"}),
-                server: "desk".into(),
-                pid: std::process::id(),
-            },
-        };
+        let hello = Frame::Hello(Hello::Focus {
+            version: PROTOCOL_VERSION,
+        });
         countersign_wire::write_frame(&mut stream, &hello)
             .await
             .map_err(std::io::Error::other)?;
-        let _: Envelope<countersign_wire::Response> = countersign_wire::read_frame(&mut stream)
-            .await
-            .map_err(std::io::Error::other)?;
-        countersign_wire::write_frame(
-            &mut stream,
-            &Envelope {
-                id: 1,
-                body: Request::Focus,
-            },
-        )
-        .await
-        .map_err(std::io::Error::other)?;
-        let _: Envelope<countersign_wire::Response> = countersign_wire::read_frame(&mut stream)
-            .await
-            .map_err(std::io::Error::other)?;
+        // The running desk closes the connection once it has asked its window forward.
+        let _ = countersign_wire::read_frame(&mut stream).await;
         Ok::<_, std::io::Error>(())
     });
+}
+
+/// Whether a window can be shown: a display server is named in the environment.
+fn has_display() -> bool {
+    if cfg!(any(target_os = "macos", target_os = "windows")) {
+        return true;
+    }
+    ["DISPLAY", "WAYLAND_DISPLAY"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|d| !d.is_empty()))
 }
 
 fn init_logging() {
@@ -227,9 +220,11 @@ fn run(
     secret: Box<dyn SecretStore>,
     key: Result<SigningKey, String>,
 ) {
+    let window = has_display();
     let mut config = EngineConfig::new(dirs.store());
     config.policy = dirs.load_policy();
     config.token_ttl_ms = settings.token_minutes * 60_000;
+    config.window = window;
     let engine = match Engine::new(config, key) {
         Ok(engine) => engine,
         Err(e) => {
@@ -251,6 +246,11 @@ fn run(
                 std::process::exit(1);
             }
         };
+    if !window {
+        headless(served);
+        return;
+    }
+    let kill_upstreams = served.children().clone();
     let desk = Desk {
         engine: engine.clone(),
         dirs,
@@ -315,6 +315,37 @@ fn run(
             });
             Ok(())
         })
-        .run(tauri::generate_context!())
-        .expect("the desk's window");
+        .build(tauri::generate_context!())
+        .expect("the desk's window")
+        .run(move |_, event| {
+            // Tauri exits the process without dropping what it manages: end the upstreams now.
+            if let tauri::RunEvent::Exit = event {
+                kill_upstreams.kill_all();
+            }
+        });
+}
+
+/// The desk with no display: the socket and the sessions, no window. Runs until SIGTERM or
+/// SIGINT, then ends every upstream it started.
+fn headless(served: socket::Served) {
+    eprintln!(
+        "countersign-desk: no display: running without a window. Open tools work; calls that \
+         need approval are refused until the desk runs in a desktop session."
+    );
+    tauri::async_runtime::block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            std::future::pending::<()>().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    });
+    tracing::info!(target: "desk", "stopping");
+    drop(served);
 }

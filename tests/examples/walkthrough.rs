@@ -11,26 +11,26 @@
 
 use std::time::Duration;
 
+use countersign_engine::Answer;
 use countersign_engine::{Engine, EngineConfig, QueueChange};
 use countersign_secret::{KeychainStore, MemoryStore, SecretStore};
 use countersign_store::HistoryFilter;
-use countersign_wire::Response;
 use serde_json::{Value, json};
 
 fn step(title: &str) {
     println!("\n\x1b[1m== {title}\x1b[0m");
 }
 
-fn show(response: &Response) {
+fn show(response: &Answer) {
     match response {
-        Response::Approved { text, .. } => println!("{text}"),
-        Response::Accepted { arguments, nonce } => {
+        Answer::Approved { text, .. } => println!("{text}"),
+        Answer::Accepted { arguments, nonce } => {
             println!(
                 "accepted: the desk hands back the approved arguments {arguments} (nonce {nonce})"
             )
         }
-        Response::Refused { refusal, message } => println!("refused [{refusal}]: {message}"),
-        Response::Classes { tools } => {
+        Answer::Refused { refusal, message } => println!("refused [{refusal}]: {message}"),
+        Answer::Classes { tools } => {
             for t in tools {
                 println!("  {:<14} {}", t.name, t.class.code());
             }
@@ -75,7 +75,7 @@ async fn preflight_and_click(
     click.await.unwrap();
     show(&response);
     match response {
-        Response::Approved { token, target, .. } => (token, target),
+        Answer::Approved { token, target, .. } => (token, target),
         other => panic!("the preflight was not approved: {other:?}"),
     }
 }
@@ -107,14 +107,16 @@ async fn main() {
     let dir = std::env::temp_dir().join(format!("countersign-walkthrough-{}", std::process::id()));
     let config = EngineConfig::new(dir.join("desk.sqlite"));
     let engine = Engine::new(config, Ok(key)).expect("engine");
-    let tenant = engine.connect(
-        json!({"name": "sample-agent", "version": "1.0"}),
-        "builtin".into(),
-    );
-    let other = engine.connect(
-        json!({"name": "another-agent", "version": "1.0"}),
-        "builtin".into(),
-    );
+    let tenant = {
+        let t = engine.connect("builtin".into());
+        engine.set_client_info(&t, json!({"name": "sample-agent", "version": "1.0"}));
+        t
+    };
+    let other = {
+        let t = engine.connect("builtin".into());
+        engine.set_client_info(&t, json!({"name": "another-agent", "version": "1.0"}));
+        t
+    };
 
     step("The upstream's tools, classed by their annotations");
     let tools = vec![
@@ -144,7 +146,7 @@ async fn main() {
     let (token, target) = preflight_and_click(&engine, &tenant, "execute", &sql).await;
     let accepted = engine.confirm(&tenant, "execute", &confirm_args(&sql, &target, &token));
     show(&accepted);
-    if let Response::Accepted { nonce, .. } = &accepted {
+    if let Answer::Accepted { nonce, .. } = &accepted {
         engine.outcome(&tenant, nonce, true, None);
     }
 

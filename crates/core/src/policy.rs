@@ -4,8 +4,12 @@
 //! server and per tool it may set the gate class, a target template (`{owner}/{repo}`, or just an
 //! argument name), a summary template, and whether approving needs the target typed. Without a
 //! rule: the class comes from the tool's annotations, the target is the first present argument
-//! among [`TARGET_KEYS`] (else the tool's name), the action is the tool's name, reversible is
-//! "not destructive", and typing the target is required for tools annotated destructive.
+//! among [`TARGET_KEYS`] that the tool's own `inputSchema` declares (its `properties` keys; an
+//! argument the tool does not declare is never the target, so an agent cannot steer what the
+//! person is shown by adding a decoy), else the tool's name; the action is the tool's name,
+//! reversible is "not destructive", and typing the target is required for tools annotated
+//! destructive. A target set by policy (a template or an argument name) is the person's own
+//! choice and is used as written.
 //! Summaries come from templates and plan fields, never from free text the agent wrote.
 
 use std::collections::BTreeMap;
@@ -17,9 +21,11 @@ use crate::canonical::{self, CanonicalError};
 use crate::gate::{self, GateClass};
 use crate::plan::Plan;
 
-/// Argument names tried, in order, for a call's default target.
+/// Argument names tried, in order, for a call's default target (DESIGN.md, "Gate classes and
+/// plans"); only those the tool's `inputSchema` declares are considered.
 pub const TARGET_KEYS: &[&str] = &[
     "path",
+    "source",
     "uri",
     "url",
     "name",
@@ -32,7 +38,6 @@ pub const TARGET_KEYS: &[&str] = &[
     "branch",
     "cluster",
     "resource",
-    "source",
     "destination",
     "target",
 ];
@@ -92,6 +97,10 @@ pub struct ToolRule {
     pub target: Option<String>,
     /// The summary template.
     pub summary: String,
+    /// The argument names the tool's `inputSchema` declares (its `properties` keys), sorted.
+    /// Only these can be the default target; a tool that declares none is its own target.
+    #[serde(default)]
+    pub declared: Vec<String>,
 }
 
 impl Policy {
@@ -127,8 +136,22 @@ impl Policy {
                 ),
             target: pick(|p| p.target.as_ref()),
             summary: pick(|p| p.summary.as_ref()).unwrap_or_else(|| DEFAULT_SUMMARY.to_owned()),
+            declared: declared_arguments(tool),
         }
     }
+}
+
+/// The argument names `tool` (a raw MCP tool definition) declares: the keys of
+/// `inputSchema.properties`, sorted; none if it has no such object.
+fn declared_arguments(tool: &Value) -> Vec<String> {
+    tool.pointer("/inputSchema/properties")
+        .and_then(Value::as_object)
+        .map(|properties| properties.keys().cloned().collect::<Vec<_>>())
+        .map(|mut names| {
+            names.sort();
+            names
+        })
+        .unwrap_or_default()
 }
 
 /// Why a call cannot be planned.
@@ -236,12 +259,16 @@ pub fn plan(
     let target = match &rule.target {
         Some(t) if t.contains('{') => Some(fill(t, arg)),
         Some(name) => Some(arg(name).unwrap_or_else(|| format!("<{name} missing>"))),
-        None => TARGET_KEYS.iter().find_map(|k| {
-            arguments
-                .get(*k)
-                .filter(|v| !v.is_null())
-                .and_then(|v| inline(v).ok())
-        }),
+        // Only an argument the tool itself declares: an undeclared one is never the target.
+        None => TARGET_KEYS
+            .iter()
+            .filter(|k| rule.declared.iter().any(|d| d == *k))
+            .find_map(|k| {
+                arguments
+                    .get(*k)
+                    .filter(|v| !v.is_null())
+                    .and_then(|v| inline(v).ok())
+            }),
     };
     // A tool with nothing to name acts on itself: "execute", not "execute on execute".
     let summary_template = match &target {
@@ -358,6 +385,90 @@ mod tests {
         let p = plan(&rule, "write_file", &args(json!({"content": "x"}))).unwrap();
         assert_eq!(p.target, "write_file");
         assert_eq!(p.summary, "write_file");
+    }
+
+    #[test]
+    fn undeclared_argument_is_never_the_target() {
+        // server-filesystem's move_file declares only source and destination; `path` is a decoy
+        // the agent added, and must not be what the person is shown and asked to type.
+        let move_file = json!({"name": "move_file", "inputSchema": {"type": "object",
+            "properties": {"source": {"type": "string"}, "destination": {"type": "string"}}}});
+        let rule = Policy::default().rule("filesystem", &move_file);
+        assert_eq!(rule.declared, ["destination", "source"]);
+        let p = plan(
+            &rule,
+            "move_file",
+            &args(json!({"source": "a.txt", "destination": "b.txt", "path": "notes.txt"})),
+        )
+        .unwrap();
+        assert_eq!(p.target, "a.txt");
+        assert_eq!(p.summary, "move_file on a.txt");
+        // The decoy is still part of what is approved and hashed.
+        assert_eq!(p.details["path"], "notes.txt");
+    }
+
+    #[test]
+    fn tool_without_declared_arguments_is_its_own_target() {
+        for definition in [
+            json!({"name": "execute"}),
+            json!({"name": "execute", "inputSchema": {"type": "object"}}),
+            json!({"name": "execute", "inputSchema": {"type": "object", "properties": {}}}),
+            json!({"name": "execute", "inputSchema": {"type": "object", "properties": ["path"]}}),
+        ] {
+            let rule = Policy::default().rule("db", &definition);
+            assert!(rule.declared.is_empty(), "{definition}");
+            let p = plan(
+                &rule,
+                "execute",
+                &args(json!({"path": "/etc/passwd", "name": "n"})),
+            )
+            .unwrap();
+            assert_eq!(p.target, "execute", "{definition}");
+            assert_eq!(p.summary, "execute", "{definition}");
+        }
+    }
+
+    #[test]
+    fn default_target_follows_the_documented_key_order() {
+        let all = TARGET_KEYS
+            .iter()
+            .map(|k| ((*k).to_owned(), json!({"type": "string"})))
+            .collect::<Map<_, _>>();
+        let rule = Policy::default().rule(
+            "s",
+            &json!({"name": "t", "inputSchema": {"type": "object", "properties": all}}),
+        );
+        assert_eq!(
+            &TARGET_KEYS[..8],
+            [
+                "path", "source", "uri", "url", "name", "id", "table", "repo"
+            ]
+        );
+        // Each key wins over every key after it.
+        for (i, key) in TARGET_KEYS.iter().enumerate() {
+            let call = TARGET_KEYS[i..]
+                .iter()
+                .map(|k| ((*k).to_owned(), json!(format!("v-{k}"))))
+                .collect::<Map<_, _>>();
+            assert_eq!(plan(&rule, "t", &call).unwrap().target, format!("v-{key}"));
+        }
+    }
+
+    #[test]
+    fn policy_target_may_name_an_undeclared_argument() {
+        let policy = Policy::from_toml(
+            "[servers.fs.tools.move_file]\ntarget = \"path\"\n[servers.fs.tools.copy]\ntarget = \"{path}\"",
+        )
+        .unwrap();
+        let call = args(json!({"source": "a.txt", "path": "notes.txt"}));
+        for tool in ["move_file", "copy"] {
+            let rule = policy.rule(
+                "fs",
+                &json!({"name": tool, "inputSchema": {"type": "object",
+                    "properties": {"source": {"type": "string"}}}}),
+            );
+            assert_eq!(plan(&rule, tool, &call).unwrap().target, "notes.txt");
+        }
     }
 
     #[test]

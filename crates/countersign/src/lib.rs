@@ -8,3 +8,4 @@ pub mod demo;
 pub mod launch;
 pub mod logging;
 pub mod paths;
+pub mod pipe;

@@ -5,14 +5,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use countersign::{launch, logging, paths};
+use countersign::{launch, logging, paths, pipe};
 use countersign_store::{HistoryFilter, Store, StoreOptions};
+use countersign_wire::Reach;
 
 /// A human countersignature on every mutating action an AI agent takes through MCP.
 ///
 /// Put `countersign mcp -- <your usual MCP server command>` where your agent's configuration
-/// starts an MCP server. Read-only tools pass straight through; every other tool needs a preflight
-/// that a person approves in the Countersign desk, then a confirm with the token it returns.
+/// starts an MCP server. The desk starts that server and decides every call: read-only tools pass
+/// straight through; every other tool needs a preflight that a person approves in the Countersign
+/// desk, then a confirm with the token it returns.
 #[derive(Debug, Parser)]
 #[command(name = "countersign", version, about, long_about)]
 struct Cli {
@@ -22,25 +24,37 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve MCP on stdin/stdout in front of an upstream MCP server (or the built-in tools).
+    /// Serve MCP on stdin/stdout: a pipe to the desk, which reaches the upstream MCP server (or
+    /// the built-in tools) and decides every call.
     ///
     /// Examples:
     ///   countersign mcp -- npx -y @modelcontextprotocol/server-filesystem ~/projects
     ///   countersign mcp --name github -- github-mcp-server stdio
+    ///   countersign mcp --url https://example.com/mcp
     ///   countersign mcp --db ./app.sqlite          (the built-in SQLite tools)
     ///
-    /// stdout carries the protocol; logs go to stderr (RUST_LOG sets how much).
+    /// The desk starts the upstream command as its own child, with this process's working
+    /// directory and environment. stdout carries the protocol; logs and the upstream's stderr go
+    /// to stderr (RUST_LOG sets how much).
+    ///
+    /// Exit codes: 0 the agent closed stdin or the session ended; 3 no desk answers and none could
+    /// be started; 4 the desk refused (another version, no such server, the upstream failed to
+    /// start); 5 the connection to the desk broke.
     #[command(verbatim_doc_comment)]
     Mcp {
-        /// The server's name in the desk and in its policy (default: the upstream's own name).
+        /// A name for this server, shown in the desk (a label only: policy is keyed by what the
+        /// desk reaches, never by this name).
         #[arg(long)]
         name: Option<String>,
-        /// Seconds a preflight waits for a person before answering `pending`.
-        #[arg(long, default_value_t = 45)]
-        wait: u64,
-        /// The SQLite file of the built-in tools (used when no upstream command is given).
+        /// Seconds a preflight waits for a person before answering `pending` (the desk caps it).
+        #[arg(long)]
+        wait: Option<u64>,
+        /// The SQLite file of the built-in tools (used when no upstream is given).
         #[arg(long)]
         db: Option<PathBuf>,
+        /// A server registered in the desk, by name.
+        #[arg(long, conflicts_with_all = ["upstream", "db", "url"])]
+        server: Option<String>,
         /// The desk's socket (default: computed from your user id; or $COUNTERSIGN_SOCKET).
         #[arg(long)]
         socket: Option<PathBuf>,
@@ -101,18 +115,28 @@ fn main() {
             name,
             wait,
             db,
+            server,
             socket,
             no_launch,
             url,
             upstream,
         } => {
-            let options = countersign_gateway::Options {
-                name,
-                wait: Duration::from_secs(wait),
+            let reach = if let Some(name) = server {
+                Reach::Server { name }
+            } else if let Some(url) = url {
+                Reach::Url { url }
+            } else if !upstream.is_empty() {
+                pipe::command_reach(upstream)
+            } else {
+                pipe::builtin_reach(&db.unwrap_or_else(paths::builtin_db))
+            };
+            mcp(pipe::Options {
+                reach,
+                label: name,
+                wait: wait.map(Duration::from_secs),
                 socket: socket.unwrap_or_else(countersign_wire::socket_path),
                 launch_desk: !no_launch,
-            };
-            mcp(options, db, url, upstream)
+            })
         }
         Command::Desk { args } => match launch::start_desk(&args) {
             Ok(pid) => {
@@ -165,38 +189,16 @@ fn main() {
     std::process::exit(code);
 }
 
-fn mcp(
-    options: countersign_gateway::Options,
-    db: Option<PathBuf>,
-    url: Option<String>,
-    upstream: Vec<String>,
-) -> i32 {
+fn mcp(options: pipe::Options) -> i32 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a Tokio runtime");
-    let result = runtime.block_on(async move {
-        if let Some(url) = url {
-            countersign_gateway::run_url(options, url).await
-        } else if upstream.is_empty() {
-            let db = db.unwrap_or_else(paths::builtin_db);
-            if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let (ours, theirs) = tokio::io::duplex(1 << 20);
-            let (their_read, their_write) = tokio::io::split(theirs);
-            tokio::spawn(countersign_builtin::serve(db, their_read, their_write));
-            let (read, write) = tokio::io::split(ours);
-            countersign_gateway::run_pipe(options, read, write).await
-        } else {
-            countersign_gateway::run_command(options, upstream).await
-        }
-    });
-    match result {
-        Ok(()) => 0,
+    match runtime.block_on(pipe::run(options)) {
+        Ok(()) => pipe::exit::OK,
         Err(err) => {
             eprintln!("countersign mcp: {err}");
-            1
+            err.exit_code()
         }
     }
 }

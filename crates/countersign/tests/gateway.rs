@@ -312,22 +312,141 @@ async fn ledger_held_by_another_writer_is_ledger_unreachable_and_nothing_runs() 
     assert_eq!(count_rows(&agent).await, 1);
 }
 
+/// Runs `countersign mcp EXTRA...` with stdin closed at once; its exit code and stderr.
+async fn gateway_alone(socket: &std::path::Path, extra: &[&str]) -> (i32, String) {
+    let mut cmd = gateway_command(socket, extra);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the gateway did not exit within 30 s")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_desk_gated_calls_are_desk_unavailable_and_open_tools_still_work() {
+async fn without_a_desk_the_gateway_says_so_and_exits_3() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = agent_on(
-        &dir.path().join("nobody.sock"),
-        &dir.path().join("app.sqlite"),
-        &[],
+    let socket = dir.path().join("nobody.sock");
+    let db = dir.path().join("app.sqlite");
+    let (code, stderr) = gateway_alone(&socket, &["--db", db.to_str().unwrap()]).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("desk is not running"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_name_the_desk_does_not_know_is_refused_with_exit_4() {
+    let desk = desk().await;
+    let (code, stderr) = gateway_alone(&desk.socket, &["--server", "github"]).await;
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("no server named"), "{stderr}");
+    assert!(stderr.contains("no_such_server"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_cannot_start_is_refused_and_its_stderr_reaches_the_agent_side() {
+    let desk = desk().await;
+    let (code, stderr) = gateway_alone(&desk.socket, &["--", "/nonexistent/server"]).await;
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("cannot start the upstream"), "{stderr}");
+    let (code, stderr) = gateway_alone(
+        &desk.socket,
+        &[
+            "--",
+            "sh",
+            "-c",
+            "echo 'server: missing API key' >&2; exit 1",
+        ],
     )
     .await;
-    let tools = agent.peer().list_all_tools().await.unwrap();
-    assert_eq!(tools.len(), 7);
-    let r = call(&agent, "execute", json!({"sql": "CREATE TABLE t (x)"})).await;
-    assert_eq!(refusal(&r).as_deref(), Some("desk_unavailable"));
-    assert!(text(&r).contains("countersign desk"));
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("server: missing API key"), "{stderr}");
+    assert!(stderr.contains("upstream_failed"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_database_path_is_resolved_by_the_gateway_not_the_desk() {
+    let desk = desk().await;
+    let work = tempfile::tempdir().unwrap();
+    let mut cmd = gateway_command(&desk.socket, &["--db", "rel.sqlite"]);
+    cmd.current_dir(work.path());
+    let agent = connect(cmd, plain_client()).await;
     let r = call(&agent, "list_tables", json!({})).await;
     assert_ne!(r.is_error, Some(true), "{r:?}");
+    assert!(work.path().join("rel.sqlite").exists());
+}
+
+/// The obedient test upstream, started through `sh` so that it can say who started it.
+fn traced_upstream(dir: &std::path::Path) -> Vec<String> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/peers/obedient_server.py"
+    );
+    let log = dir.join("upstream.log");
+    let trace = dir.join("trace");
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "echo $$ $PPID \"$(pwd)\" \"$PASSED_THROUGH\" > '{}'; exec python3 '{script}' '{}'",
+            trace.display(),
+            log.display()
+        ),
+    ]
+}
+
+fn alive(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_desk_starts_the_upstream_with_the_agents_directory_and_environment_and_ends_it() {
+    let desk = desk().await;
+    let work = tempfile::tempdir().unwrap();
+    let work_path = work.path().canonicalize().unwrap();
+    let argv = traced_upstream(desk.dir.path());
+    let mut args = vec!["--"];
+    args.extend(argv.iter().map(String::as_str));
+    let mut cmd = gateway_command(&desk.socket, &args);
+    cmd.current_dir(&work_path)
+        .env("PASSED_THROUGH", "from-the-client");
+    let agent = connect(cmd, plain_client()).await;
+    let tools = agent.peer().list_all_tools().await.unwrap();
+    assert_eq!(tools.len(), 2, "{tools:?}");
+    let trace = std::fs::read_to_string(desk.dir.path().join("trace")).unwrap();
+    let fields: Vec<&str> = trace.split_whitespace().collect();
+    let (pid, parent): (i32, u32) = (fields[0].parse().unwrap(), fields[1].parse().unwrap());
+    // The upstream is the desk's child (this test process runs the desk), never the gateway's.
+    assert_eq!(parent, std::process::id(), "{trace}");
+    assert_eq!(fields[2], work_path.display().to_string(), "{trace}");
+    assert_eq!(fields[3], "from-the-client", "{trace}");
+    assert!(alive(pid));
+    // The agent goes away: the gateway exits, and the desk ends the upstream with the session.
+    agent.cancel().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upstream outlived its session"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(desk.children().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_closed_ends_the_gateway_with_exit_0() {
+    let desk = desk().await;
+    let db = desk.dir.path().join("app.sqlite");
+    let (code, stderr) = gateway_alone(&desk.socket, &["--db", db.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

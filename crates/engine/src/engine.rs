@@ -11,16 +11,21 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::answer::{Answer, ErrorCode, ToolDecision};
 use countersign_core::policy::{self, Policy, ToolRule};
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
 use countersign_core::verify::{self, Confirm};
 use countersign_core::{GateClass, Plan, PlanHash, Refusal, render};
 use countersign_store::{Approval, HistoryFilter, Store, StoreOptions};
-use countersign_wire::{ErrorCode, Response, ToolDecision};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
+
+/// Why a desk without a window refuses every preflight, and what to do about it.
+pub const HEADLESS: &str = "Refused: the Countersign desk is running without a window (no \
+display), so nobody can approve this call. Nothing was executed. Next: open the Countersign desk \
+in a desktop session (`countersign desk`), then call this tool again.";
 
 /// Token lifetime unless configured otherwise: ten minutes.
 pub const DEFAULT_TOKEN_TTL_MS: u64 = 10 * 60 * 1000;
@@ -36,6 +41,9 @@ pub struct EngineConfig {
     pub policy: Policy,
     /// How long a minted token lives.
     pub token_ttl_ms: u64,
+    /// Whether a window shows requests to a person. Without one (no display), gated calls are
+    /// refused `desk_unavailable` at once: nobody could approve them.
+    pub window: bool,
 }
 
 impl EngineConfig {
@@ -46,6 +54,7 @@ impl EngineConfig {
             store_options: StoreOptions::default(),
             policy: Policy::default(),
             token_ttl_ms: DEFAULT_TOKEN_TTL_MS,
+            window: true,
         }
     }
 }
@@ -242,15 +251,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn refused(refusal: Refusal) -> Response {
-    Response::Refused {
+fn refused(refusal: Refusal) -> Answer {
+    Answer::Refused {
         refusal,
         message: refusal.next_move().to_owned(),
     }
 }
 
-fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    Response::Error {
+fn error(code: ErrorCode, message: impl Into<String>) -> Answer {
+    Answer::Error {
         code,
         message: message.into(),
     }
@@ -438,6 +447,7 @@ impl Engine {
             tenant: claims.tenant.clone(),
             plan: claims.plan,
             arguments: Value::Object(entry.arguments.clone()),
+            class: view.class,
             issued_at_ms: claims.iat,
             expires_at_ms: claims.exp,
         };
@@ -509,21 +519,30 @@ impl Engine {
         Ok(())
     }
 
-    /// A gateway introduced itself: assign its tenant. `client_info` and `server` are only shown
-    /// to the person; the tenant is the desk's own, random, never the gateway's word.
-    pub fn connect(&self, client_info: Value, server: String) -> String {
+    /// A connection was accepted: assign its tenant. `server` is the upstream's identity as the
+    /// desk established it (a registered name, `builtin:<path>`, a URL, or an ad-hoc command
+    /// line): policy is keyed by it and the person sees it. The tenant is the desk's own, random.
+    pub fn connect(&self, server: String) -> String {
         let tenant = format!("conn-{:016x}", rand::random::<u64>());
         let mut state = lock(&self.inner.state);
         state.servers.insert(tenant.clone(), server.clone());
         state.connections.insert(
             tenant.clone(),
             Connection {
-                client_info,
+                client_info: Value::Null,
                 server,
                 tools: HashMap::new(),
             },
         );
         tenant
+    }
+
+    /// The agent of `tenant` said who it is (its MCP `clientInfo`): shown to the person as the
+    /// agent's own claim, never used to decide anything.
+    pub fn set_client_info(&self, tenant: &str, client_info: Value) {
+        if let Some(conn) = lock(&self.inner.state).connections.get_mut(tenant) {
+            conn.client_info = client_info;
+        }
     }
 
     /// A gateway went away: its pending requests leave the queue.
@@ -554,7 +573,7 @@ impl Engine {
     }
 
     /// The upstream's tools for `tenant`: each one's class and whether it is withheld.
-    pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Response {
+    pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Answer {
         let policy = self.policy();
         let mut state = lock(&self.inner.state);
         let Some(conn) = state.connections.get_mut(tenant) else {
@@ -562,22 +581,31 @@ impl Engine {
         };
         let mut decisions = Vec::with_capacity(tools.len());
         conn.tools.clear();
-        for tool in tools {
-            let name = tool
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            let rule = policy.rule(&conn.server, &tool);
-            let withheld = if rule.class.is_gated() {
-                policy::withheld_reason(&tool)
+        // A name listed twice could be read one way and called the other: offer neither.
+        let mut seen = HashMap::<&str, usize>::new();
+        for tool in &tools {
+            if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                *seen.entry(name).or_default() += 1;
+            }
+        }
+        for tool in &tools {
+            // A tool without a string name cannot be called by name: it is not offered.
+            let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
+                continue;
+            };
+            let rule = policy.rule(&conn.server, tool);
+            let withheld = if seen.get(name.as_str()).copied().unwrap_or(0) > 1 {
+                Some("the upstream lists more than one tool under this name".to_owned())
+            } else if rule.class.is_gated() {
+                policy::withheld_reason(tool)
             } else {
                 None
             };
             if let Some(reason) = &withheld {
                 tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool withheld: {reason}");
             } else {
-                conn.tools.insert(name.clone(), (tool, rule.clone()));
+                conn.tools
+                    .insert(name.clone(), (tool.clone(), rule.clone()));
             }
             decisions.push(ToolDecision {
                 name,
@@ -585,12 +613,12 @@ impl Engine {
                 withheld,
             });
         }
-        Response::Classes { tools: decisions }
+        Answer::Classes { tools: decisions }
     }
 
     /// A gated call of a registered tool of `tenant`, planned under its rule: the one place that
     /// turns a tool name and raw arguments into the plan a person approves (or an error reply).
-    fn plan_call(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<Call, Response> {
+    fn plan_call(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<Call, Answer> {
         let (rule, client_info, server) = {
             let state = lock(&self.inner.state);
             let conn = state
@@ -643,7 +671,7 @@ impl Engine {
         tool: &str,
         arguments: &Value,
         wait: Duration,
-    ) -> Response {
+    ) -> Answer {
         let Call {
             rule,
             client_info,
@@ -658,6 +686,12 @@ impl Engine {
         };
         if fields.is_confirm() {
             return error(ErrorCode::BadArguments, "a confirm is not a preflight");
+        }
+        if !self.inner.config.window {
+            return Answer::Refused {
+                refusal: Refusal::DeskUnavailable,
+                message: HEADLESS.to_owned(),
+            };
         }
         let now = now_ms();
         let ttl = self.token_ttl_ms();
@@ -719,7 +753,7 @@ impl Engine {
                 target,
                 expires_at_ms,
                 class,
-            }) => Response::Approved {
+            }) => Answer::Approved {
                 text,
                 token,
                 target,
@@ -731,7 +765,7 @@ impl Engine {
                     Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
                     None => Refusal::Denied.next_move().to_owned(),
                 };
-                Response::Refused {
+                Answer::Refused {
                     refusal: Refusal::Denied,
                     message,
                 }
@@ -741,10 +775,10 @@ impl Engine {
     }
 
     /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
-    pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Response {
+    pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
         // Nothing to withdraw from a call that could not have been queued.
         let Ok(Call { hash, .. }) = self.plan_call(tenant, tool, arguments) else {
-            return Response::Done;
+            return Answer::Done;
         };
         let mut state = lock(&self.inner.state);
         let found = state
@@ -765,12 +799,12 @@ impl Engine {
                 reason: Removal::Withdrawn,
             });
         }
-        Response::Done
+        Answer::Done
     }
 
     /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand
     /// back the arguments the person approved.
-    pub fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Response {
+    pub fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
         let Call {
             rule,
             fields,
@@ -795,7 +829,23 @@ impl Engine {
             target: &plan.target,
             plan: hash,
         };
-        let single_use = rule.class.is_single_use();
+        // An approval counts under the stricter of the class it was made under and the tool's
+        // class now: an upstream that re-lists a tool as idempotent after the click must not turn
+        // a works-once approval into a reusable one. The token's signature is checked before the
+        // store is read, so a forged token never reaches the database.
+        let recorded = fields
+            .token
+            .as_deref()
+            .and_then(|t| token::decode(key, t).ok())
+            .and_then(|claims| {
+                lock(&self.inner.store)
+                    .approval(&claims.nonce)
+                    .ok()
+                    .flatten()
+            })
+            .map(|approval| approval.class);
+        let single_use =
+            rule.class.is_single_use() || recorded.is_some_and(GateClass::is_single_use);
         let verdict = {
             let mut store = lock(&self.inner.store);
             verify::verify(key, &confirm, single_use, now, &mut *store)
@@ -823,7 +873,7 @@ impl Engine {
                 match approved {
                     Ok(Some(approval)) if approval.plan == hash => {
                         self.record(event(EventKind::Accepted, Some(&claims)));
-                        Response::Accepted {
+                        Answer::Accepted {
                             arguments: approval.arguments,
                             nonce: claims.nonce.to_hex(),
                         }
@@ -854,7 +904,7 @@ impl Engine {
     }
 
     /// What became of an accepted call.
-    pub fn outcome(&self, tenant: &str, nonce: &str, ok: bool, note: Option<String>) -> Response {
+    pub fn outcome(&self, tenant: &str, nonce: &str, ok: bool, note: Option<String>) -> Answer {
         let Some(nonce) = Nonce::from_hex(nonce) else {
             return error(ErrorCode::BadArguments, "nonce: 32 lowercase hex digits");
         };
@@ -875,6 +925,6 @@ impl Engine {
             plan: Some(approval.plan),
             note,
         });
-        Response::Done
+        Answer::Done
     }
 }

@@ -1,17 +1,20 @@
-//! The desk's engine: the authority behind the local socket.
+//! The desk's engine: the authority.
 //!
 //! Everything trusted lives here, in the desk's process and never in the agent-spawned gateway:
 //! the signing key, the policy, each connection's tenant, the approval queue, minting (only in
 //! [`Engine::approve`], which the window calls on a person's click), verification of confirms,
-//! the ledger spend and history. The window is a client of this library's API ([`Engine::pending`],
-//! [`Engine::approve`], [`Engine::deny`], [`Engine::subscribe`]); gateways are clients of
-//! [`socket::serve`]. No socket message approves or denies.
+//! the ledger spend and history. Two kinds of callers use it: the window ([`Engine::pending`],
+//! [`Engine::approve`], [`Engine::deny`], [`Engine::subscribe`]) and the desk's MCP sessions
+//! (crates/session: [`Engine::connect`], [`Engine::register_tools`], [`Engine::preflight`],
+//! [`Engine::confirm`], [`Engine::outcome`]). Nothing here speaks MCP or touches a socket, and no
+//! session call approves or denies.
 #![deny(missing_docs)]
 
+mod answer;
 mod engine;
-pub mod socket;
 
+pub use answer::{Answer, ErrorCode, ToolDecision};
 pub use engine::{
-    ApproveError, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig, EngineError, PendingRequest,
-    QueueChange, Removal,
+    ApproveError, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig, EngineError, HEADLESS,
+    PendingRequest, QueueChange, Removal,
 };

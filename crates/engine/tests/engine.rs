@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
+use countersign_engine::{Answer, ErrorCode};
 use countersign_engine::{ApproveError, Engine, EngineConfig, QueueChange, Removal};
 use countersign_store::HistoryFilter;
-use countersign_wire::{ErrorCode, Response};
 use serde_json::{Value, json};
 
 struct Desk {
@@ -40,10 +40,11 @@ fn tools() -> Vec<Value> {
 }
 
 fn connect(engine: &Engine) -> String {
-    let tenant = engine.connect(
-        json!({"name": "test-agent", "version": "1"}),
-        "test-server".into(),
-    );
+    let tenant = {
+        let t = engine.connect("test-server".into());
+        engine.set_client_info(&t, json!({"name": "test-agent", "version": "1"}));
+        t
+    };
     engine.register_tools(&tenant, tools());
     tenant
 }
@@ -82,7 +83,7 @@ async fn approved(
     let response = engine.preflight(tenant, tool, args, WAIT).await;
     click.await.unwrap();
     match response {
-        Response::Approved {
+        Answer::Approved {
             text,
             token,
             target,
@@ -92,9 +93,9 @@ async fn approved(
     }
 }
 
-fn refusal(response: &Response) -> Option<Refusal> {
+fn refusal(response: &Answer) -> Option<Refusal> {
     match response {
-        Response::Refused { refusal, .. } => Some(*refusal),
+        Answer::Refused { refusal, .. } => Some(*refusal),
         _ => None,
     }
 }
@@ -102,8 +103,12 @@ fn refusal(response: &Response) -> Option<Refusal> {
 #[tokio::test]
 async fn classes_follow_annotations_and_confirm_named_tools_are_withheld() {
     let d = desk();
-    let tenant = d.engine.connect(json!({}), "s".into());
-    let Response::Classes { tools } = d.engine.register_tools(&tenant, tools()) else {
+    let tenant = {
+        let t = d.engine.connect("s".into());
+        d.engine.set_client_info(&t, json!({}));
+        t
+    };
+    let Answer::Classes { tools } = d.engine.register_tools(&tenant, tools()) else {
         panic!()
     };
     let classes: Vec<_> = tools
@@ -133,14 +138,11 @@ async fn approved_once_call_executes_the_approved_arguments_exactly_once() {
     let first = d
         .engine
         .confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
-    let Response::Accepted { arguments, nonce } = first else {
+    let Answer::Accepted { arguments, nonce } = first else {
         panic!("{first:?}")
     };
     assert_eq!(arguments, args);
-    assert_eq!(
-        d.engine.outcome(&tenant, &nonce, true, None),
-        Response::Done
-    );
+    assert_eq!(d.engine.outcome(&tenant, &nonce, true, None), Answer::Done);
     let second = d
         .engine
         .confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
@@ -167,7 +169,7 @@ async fn reusable_token_works_again_within_its_life() {
         let r = d
             .engine
             .confirm(&tenant, "backup", &confirm_args(&args, &target, &token));
-        assert!(matches!(r, Response::Accepted { .. }), "{r:?}");
+        assert!(matches!(r, Answer::Accepted { .. }), "{r:?}");
     }
 }
 
@@ -197,7 +199,7 @@ async fn changed_arguments_are_plan_changed_and_another_connection_is_wrong_tena
     assert!(matches!(
         d.engine
             .confirm(&tenant, "execute", &confirm_args(&args, &target, &token)),
-        Response::Accepted { .. }
+        Answer::Accepted { .. }
     ));
 }
 
@@ -217,7 +219,7 @@ async fn deny_reaches_the_agent_with_the_note() {
         .preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT)
         .await;
     deny.await.unwrap();
-    let Response::Refused { refusal, message } = r else {
+    let Answer::Refused { refusal, message } = r else {
         panic!("{r:?}")
     };
     assert_eq!(refusal, Refusal::Denied);
@@ -249,7 +251,7 @@ async fn pending_preflight_reattaches_to_the_same_request() {
     d.engine.approve(pending[0].id, None).unwrap();
     assert!(matches!(
         d.engine.preflight(&tenant, "execute", &args, WAIT).await,
-        Response::Approved { .. }
+        Answer::Approved { .. }
     ));
     assert!(d.engine.pending().is_empty());
 }
@@ -337,7 +339,7 @@ async fn without_a_secret_nothing_is_minted() {
     );
     assert!(matches!(
         r,
-        Response::Error {
+        Answer::Error {
             code: ErrorCode::NoSecret,
             ..
         }
@@ -367,7 +369,7 @@ async fn open_and_unknown_tools_are_not_gated_here() {
     let r = d.engine.preflight(&tenant, "read", &json!({}), WAIT).await;
     assert!(matches!(
         r,
-        Response::Error {
+        Answer::Error {
             code: ErrorCode::UnknownTool,
             ..
         }
@@ -375,7 +377,7 @@ async fn open_and_unknown_tools_are_not_gated_here() {
     let r = d.engine.confirm(&tenant, "sneaky", &json!({}));
     assert!(matches!(
         r,
-        Response::Error {
+        Answer::Error {
             code: ErrorCode::UnknownTool,
             ..
         }

@@ -3,9 +3,11 @@
 //! Countersign executes what was approved, not what the confirm carries: the confirm's arguments
 //! must hash equal, and then the stored value is what is forwarded. The desk may restart between
 //! the click and the confirm, so the approval lives in the file, keyed by nonce, and is never
-//! overwritten once written.
+//! overwritten once written. It also records the gate class it was made under, so that a confirm
+//! can be checked under the stricter of that class and the tool's current one: a listing that
+//! changes after the click never turns a single-use approval into a reusable one.
 
-use countersign_core::{Nonce, PlanHash};
+use countersign_core::{GateClass, Nonce, PlanHash};
 use rusqlite::{OptionalExtension, TransactionBehavior, ffi};
 
 use crate::error::{ms_from_sql, ms_to_sql};
@@ -32,12 +34,21 @@ pub struct Approval {
     pub issued_at_ms: u64,
     /// When the token stops working, in ms since the epoch.
     pub expires_at_ms: u64,
+    /// The gate class the approval was made under: [`GateClass::Token`] or [`GateClass::Once`]
+    /// (an [`GateClass::Open`] tool needs no approval, and storing one is refused). Rows written
+    /// before the class was recorded read back as [`GateClass::Once`].
+    pub class: GateClass,
 }
 
 impl Store {
     /// Stores `approval` durably. A second approval under the same nonce is refused with
-    /// [`StoreError::ApprovalExists`]: what a person approved is never replaced.
+    /// [`StoreError::ApprovalExists`]: what a person approved is never replaced. An approval of
+    /// class [`GateClass::Open`] is refused with [`StoreError::UngatedApproval`].
     pub fn put_approval(&mut self, approval: &Approval) -> Result<(), StoreError> {
+        if !approval.class.is_gated() {
+            return Err(StoreError::UngatedApproval(approval.nonce));
+        }
+        let class = approval.class.code();
         let issued_at = ms_to_sql(approval.issued_at_ms)?;
         let expires_at = ms_to_sql(approval.expires_at_ms)?;
         let arguments = approval.arguments.to_string();
@@ -45,8 +56,9 @@ impl Store {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let inserted = tx.execute(
                 "INSERT INTO approval
-                     (nonce, tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                     (nonce, tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms,
+                      class)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 rusqlite::params![
                     &approval.nonce.as_bytes()[..],
                     approval.tool,
@@ -56,6 +68,7 @@ impl Store {
                     arguments,
                     issued_at,
                     expires_at,
+                    class,
                 ],
             );
             match inserted {
@@ -78,7 +91,8 @@ impl Store {
         let row = self.with_connection(|conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms
+                    "SELECT tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms,
+                            class
                      FROM approval WHERE nonce = ?1",
                 )?
                 .query_row([&nonce.as_bytes()[..]], |row| {
@@ -90,11 +104,13 @@ impl Store {
                         row.get::<_, String>(4)?,
                         row.get::<_, i64>(5)?,
                         row.get::<_, i64>(6)?,
+                        row.get::<_, String>(7)?,
                     ))
                 })
                 .optional()?)
         })?;
-        let Some((tool, target, tenant, plan, arguments, issued_at, expires_at)) = row else {
+        let Some((tool, target, tenant, plan, arguments, issued_at, expires_at, class)) = row
+        else {
             return Ok(None);
         };
         let invalid = |reason: String| StoreError::InvalidRow {
@@ -112,6 +128,9 @@ impl Store {
                 .map_err(|err| invalid(format!("arguments are not JSON: {err}")))?,
             issued_at_ms: ms_from_sql(issued_at, TABLE)?,
             expires_at_ms: ms_from_sql(expires_at, TABLE)?,
+            class: GateClass::from_code(&class)
+                .filter(|c| c.is_gated())
+                .ok_or_else(|| invalid(format!("gate class {class:?} is not token or once")))?,
         }))
     }
 }
@@ -131,6 +150,65 @@ mod tests {
         let mut store =
             Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
         assert_eq!(store.approval(&nonce(1)).unwrap(), Some(approved));
+    }
+
+    #[test]
+    fn approval_class_survives_reopen() {
+        let (dir, mut store) = temp_store();
+        let once = approval(1, 700_000);
+        let mut token = approval(2, 700_000);
+        token.class = GateClass::Token;
+        store.put_approval(&once).unwrap();
+        store.put_approval(&token).unwrap();
+        drop(store);
+        let mut store =
+            Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
+        assert_eq!(
+            store.approval(&nonce(1)).unwrap().unwrap().class,
+            GateClass::Once
+        );
+        assert_eq!(
+            store.approval(&nonce(2)).unwrap().unwrap().class,
+            GateClass::Token
+        );
+    }
+
+    #[test]
+    fn open_class_approval_is_refused() {
+        let (_dir, mut store) = temp_store();
+        let mut open = approval(1, 10);
+        open.class = GateClass::Open;
+        let err = store.put_approval(&open).unwrap_err();
+        assert!(matches!(err, StoreError::UngatedApproval(n) if n == nonce(1)));
+        assert!(err.to_string().contains("open"), "{err}");
+        assert_eq!(store.approval(&nonce(1)).unwrap(), None);
+        assert!(store.is_connected());
+    }
+
+    #[test]
+    fn unknown_class_read_back_is_an_invalid_row() {
+        let (_dir, mut store) = temp_store();
+        store.put_approval(&approval(1, 10)).unwrap();
+        let conn = raw(&store);
+        // The column's CHECK already refuses anything else; only a hand edit gets past it.
+        assert!(
+            conn.execute("UPDATE approval SET class = 'open'", [])
+                .is_err()
+        );
+        conn.pragma_update(None, "ignore_check_constraints", true)
+            .unwrap();
+        for bad in ["open", "sometimes", "ONCE"] {
+            conn.execute("UPDATE approval SET class = ?1", [bad])
+                .unwrap();
+            match store.approval(&nonce(1)) {
+                Err(StoreError::InvalidRow {
+                    table: "approval",
+                    reason,
+                }) => assert!(reason.contains(bad), "{reason}"),
+                other => panic!("expected InvalidRow for {bad:?}, got {other:?}"),
+            }
+        }
+        assert!(store.is_connected());
     }
 
     #[test]

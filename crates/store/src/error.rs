@@ -72,6 +72,13 @@ pub enum StoreError {
     /// overwritten.
     #[error("an approval is already stored for nonce {0}")]
     ApprovalExists(Nonce),
+    /// An approval of the `open` class was offered for storing: an open tool is forwarded
+    /// without a token, so an approval of one is a caller's mistake and is not recorded.
+    #[error(
+        "an approval must be of class token or once, not open (nonce {0}): an open tool needs \
+         no approval"
+    )]
+    UngatedApproval(Nonce),
     /// A stored row does not decode into its type (edited by hand, or damaged).
     #[error("a stored {table} row is invalid: {reason}")]
     InvalidRow {
@@ -104,6 +111,7 @@ impl StoreError {
                 )
             ),
             StoreError::ApprovalExists(_)
+            | StoreError::UngatedApproval(_)
             | StoreError::InvalidRow { .. }
             | StoreError::TimeOutOfRange(_)
             | StoreError::UnknownEventKind(_) => false,

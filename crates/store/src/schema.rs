@@ -25,9 +25,10 @@ struct Step {
 }
 
 /// Every step ever shipped, in order. Append only: never edit or reorder a shipped step.
-const STEPS: &[Step] = &[Step {
-    purpose: "ledger of spent nonces, approved arguments, history of confirmation events",
-    sql: "
+const STEPS: &[Step] = &[
+    Step {
+        purpose: "ledger of spent nonces, approved arguments, history of confirmation events",
+        sql: "
         -- One row per spent single-use nonce. The primary key IS the replay check: spending is a
         -- plain INSERT whose duplicate-key error means the token was used before. WITHOUT ROWID
         -- keeps it one b-tree, so a spend writes as few pages as possible.
@@ -64,7 +65,17 @@ const STEPS: &[Step] = &[Step {
         ) STRICT;
         CREATE INDEX history_newest ON history (at_ms DESC, id DESC);
     ",
-}];
+    },
+    Step {
+        purpose: "approvals record the gate class they were made under",
+        sql: "
+        -- A confirm is checked under the stricter of this class and the tool's current one. Rows
+        -- written before the column existed count as the stricter `once`.
+        ALTER TABLE approval
+            ADD COLUMN class TEXT NOT NULL DEFAULT 'once' CHECK (class IN ('token', 'once'));
+    ",
+    },
+];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = STEPS.len() as i64;
@@ -136,10 +147,10 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
 mod tests {
     use std::sync::{Arc, Barrier};
 
-    use countersign_core::{Ledger, SpendError};
+    use countersign_core::{GateClass, Ledger, SpendError};
 
     use super::*;
-    use crate::test_support::{nonce, raw, temp_store};
+    use crate::test_support::{approval, nonce, raw, temp_store};
     use crate::{Store, StoreOptions};
 
     #[test]
@@ -170,6 +181,58 @@ mod tests {
                 Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
             assert_eq!(store.spend(&nonce(1), 10), Err(SpendError::AlreadySpent));
         }
+    }
+
+    /// A file as a build that knew only the first `version` steps left it.
+    fn file_at_version(path: &Path, version: usize) -> rusqlite::Connection {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        for step in &STEPS[..version] {
+            conn.execute_batch(step.sql).unwrap();
+        }
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        conn.pragma_update(None, "user_version", version as i64)
+            .unwrap();
+        conn
+    }
+
+    #[test]
+    fn version_1_file_migrates_and_old_approvals_read_back_as_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("countersign.db");
+        let conn = file_at_version(&path, 1);
+        conn.execute(
+            "INSERT INTO approval
+                 (nonce, tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms)
+             VALUES (?1, 'delete_backup', 'backup-1', 'conn-1', ?2, '{\"name\":\"backup-1\"}', 1, 700000)",
+            rusqlite::params![&nonce(1).as_bytes()[..], "ab".repeat(32)],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO spent_nonce (nonce, expires_at_ms) VALUES (?1, 10)",
+            [&nonce(2).as_bytes()[..]],
+        )
+        .unwrap();
+        drop(conn);
+
+        let mut store = Store::open(&path, StoreOptions::default()).unwrap();
+        assert_eq!(user_version(&raw(&store)).unwrap(), SCHEMA_VERSION);
+        let old = store.approval(&nonce(1)).unwrap().unwrap();
+        assert_eq!(old.class, GateClass::Once);
+        assert_eq!(old.target, "backup-1");
+        assert_eq!(old.arguments, serde_json::json!({"name": "backup-1"}));
+        // The rest of the file is kept, and new approvals record their class.
+        assert_eq!(store.spend(&nonce(2), 10), Err(SpendError::AlreadySpent));
+        let mut token = approval(3, 700_000);
+        token.class = GateClass::Token;
+        store.put_approval(&token).unwrap();
+        drop(store);
+        let mut store = Store::open(&path, StoreOptions::default()).unwrap();
+        assert_eq!(store.approval(&nonce(3)).unwrap(), Some(token));
+        assert_eq!(
+            store.approval(&nonce(1)).unwrap().unwrap().class,
+            GateClass::Once
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
-use countersign_core::{Nonce, PlanHash};
+use countersign_core::{GateClass, Nonce, PlanHash};
 use tempfile::TempDir;
 
 use crate::{Approval, Store, StoreOptions};
@@ -25,7 +25,7 @@ pub(crate) fn nonce(n: u8) -> Nonce {
     Nonce::from_bytes([n; 16])
 }
 
-/// An approval under `nonce(n)` expiring at `expires_at_ms`.
+/// A single-use approval under `nonce(n)` expiring at `expires_at_ms`.
 pub(crate) fn approval(n: u8, expires_at_ms: u64) -> Approval {
     Approval {
         nonce: nonce(n),
@@ -36,6 +36,7 @@ pub(crate) fn approval(n: u8, expires_at_ms: u64) -> Approval {
         arguments: serde_json::json!({ "name": format!("backup-{n}") }),
         issued_at_ms: expires_at_ms.saturating_sub(600_000),
         expires_at_ms,
+        class: GateClass::Once,
     }
 }
 

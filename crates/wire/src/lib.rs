@@ -1,28 +1,38 @@
-//! The protocol between the gateway and the desk.
+//! The protocol between `countersign mcp` (the pipe an agent launches) and the desk.
 //!
-//! The gateway is spawned by the agent and trusted with nothing; the desk holds the secret, the
-//! policy and the ledger. This crate is everything they share: the message types and their
-//! framing. It is deliberately small, so the gateway links no storage, keychain or GUI code.
+//! The gateway is spawned and controlled by the agent, so it is trusted with nothing and reaches
+//! nothing: it says once what the agent wants reached, then carries MCP messages. The desk runs
+//! the MCP session, the upstream and every decision. This crate is everything the two share, kept
+//! small so that the gateway links no storage, keychain, MCP or GUI code.
 //!
 //! # Framing
-//! Each message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. A frame
-//! longer than [`MAX_FRAME`] is an error that closes the connection (the other side is broken or
-//! hostile; nothing in it is read).
+//! Each frame is a 4-byte big-endian length `n`, then `n` bytes: one kind byte and the body.
+//! A frame longer than [`MAX_FRAME`] is an error that closes the connection (the other side is
+//! broken or hostile; nothing in it is read).
+//!
+//! | kind | body | direction |
+//! | --- | --- | --- |
+//! | `H` | [`Hello`] as JSON | gateway → desk, first frame only |
+//! | `W` | [`Welcome`] as JSON | desk → gateway, the answer to the hello |
+//! | `M` | one MCP (JSON-RPC) message, the bytes of one stdio line without its newline | both |
+//! | `E` | bytes the upstream wrote to its stderr | desk → gateway |
 //!
 //! # Conversation
-//! The gateway opens with [`Request::Hello`] carrying [`PROTOCOL_VERSION`]; the desk answers
-//! [`Response::Welcome`] with the tenant it assigned to this connection, or
-//! [`Response::Error`] with [`ErrorCode::VersionMismatch`]. After that, every request carries an
-//! `id` the gateway chose, and its response echoes it; requests run concurrently, so responses may
-//! come in any order (a preflight waits for a person while other calls go on).
+//! The gateway opens with [`Hello::Gateway`]: the [`PROTOCOL_VERSION`] it speaks and what to
+//! reach ([`Reach`]). The desk starts or connects the upstream, then answers
+//! [`Welcome::Accepted`] with the tenant it assigned to this connection, or [`Welcome::Refused`]
+//! with a [`RefusedCode`] and a sentence for a person. After an acceptance both sides send `M`
+//! frames until one closes: the agent's messages one way, the desk's answers, notifications and
+//! requests (roots, sampling, elicitation) the other. A second start of the desk opens with
+//! [`Hello::Focus`] instead, which asks the running desk to bring its window forward.
 //!
-//! There is no message that approves or denies: those exist only as the desk's own functions,
-//! called from its window.
+//! There is no message that approves or denies, and none that carries policy, a class or an
+//! identity: the desk decides those itself. A name in the hello is a display label only.
 #![deny(missing_docs)]
 
-use countersign_core::{GateClass, Refusal};
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The environment variable that overrides the socket's path (for tests and unusual setups).
@@ -47,168 +57,162 @@ pub fn socket_path() -> std::path::PathBuf {
     }
 }
 
-/// The protocol version this build speaks. Both sides must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version this build speaks. Both sides must speak the same one. Version 2: the
+/// desk runs the MCP session and the upstream; the gateway is a pipe.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest frame accepted, in bytes (16 MiB: twice the largest canonical plan).
 pub const MAX_FRAME: usize = 16 * 1024 * 1024;
 
-/// A request from the gateway, with the id its response will echo.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Envelope<T> {
-    /// Chosen by the gateway, unique per connection.
-    pub id: u64,
-    /// The message.
-    #[serde(flatten)]
-    pub body: T,
+/// What the agent wants reached, as the gateway was told on its command line.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Reach {
+    /// The built-in SQLite tools on this file (`--db PATH`; absolute, resolved by the gateway).
+    Builtin {
+        /// The database file.
+        db: String,
+    },
+    /// A streamable-HTTP MCP server (`--url URL`).
+    Url {
+        /// Its URL.
+        url: String,
+    },
+    /// An ad-hoc stdio server (`-- CMD ARGS...`), started by the desk as its own child with the
+    /// working directory and environment the agent's client gave the gateway.
+    Command {
+        /// The program and its arguments.
+        argv: Vec<String>,
+        /// The gateway's working directory.
+        cwd: String,
+        /// The gateway's environment, as pairs (values may be credentials: never printed).
+        env: Vec<(String, String)>,
+    },
+    /// A server registered in the desk by name (`--server NAME`).
+    Server {
+        /// The registered name.
+        name: String,
+    },
 }
 
-/// What the gateway asks of the desk.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+impl fmt::Debug for Reach {
+    // The environment may carry an upstream's credentials: names only, never values.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reach::Builtin { db } => f.debug_struct("Builtin").field("db", db).finish(),
+            Reach::Url { url } => f.debug_struct("Url").field("url", url).finish(),
+            Reach::Command { argv, cwd, env } => f
+                .debug_struct("Command")
+                .field("argv", argv)
+                .field("cwd", cwd)
+                .field("env", &env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+                .finish(),
+            Reach::Server { name } => f.debug_struct("Server").field("name", name).finish(),
+        }
+    }
+}
+
+/// The first frame of a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum Request {
-    /// The first message: who is asking. The desk assigns the tenant; it never takes this
-    /// message's word for identity, it only shows it to the person.
-    Hello {
+pub enum Hello {
+    /// A gateway: relay MCP to what [`Reach`] names.
+    Gateway {
         /// [`PROTOCOL_VERSION`] of the gateway.
         version: u32,
-        /// The agent's `clientInfo` from its MCP `initialize`, as sent.
-        client_info: Value,
-        /// The server's name: `--name`, else the upstream's `serverInfo.name`.
-        server: String,
+        /// What to reach.
+        reach: Reach,
+        /// A name to show the person (`--name`): a display label, never identity or policy.
+        label: Option<String>,
+        /// How long the agent would like a preflight to wait for a person (the desk caps it).
+        wait_ms: Option<u64>,
         /// The gateway's process id, for the person's information.
         pid: u32,
     },
-    /// The upstream's tool definitions, every field as the upstream sent it. Sent again when the
-    /// upstream's list changes.
-    RegisterTools {
-        /// Raw MCP tool objects.
-        tools: Vec<Value>,
-    },
-    /// A gated call without `confirm`: build the plan, show it, wait up to `wait_ms` for a person.
-    Preflight {
-        /// The tool called.
-        tool: String,
-        /// The call's arguments, raw.
-        arguments: Value,
-        /// How long to wait for a decision before answering `pending`.
-        wait_ms: u64,
-    },
-    /// The agent gave up on a preflight (cancelled it): remove it from the queue.
-    Withdraw {
-        /// The tool of the withdrawn call.
-        tool: String,
-        /// Its arguments, as in the preflight.
-        arguments: Value,
-    },
-    /// A gated call with `confirm: true`: verify it in the seed's order and, for single-use
-    /// tools, spend the nonce.
-    Confirm {
-        /// The tool called.
-        tool: String,
-        /// The call's arguments, raw, including `confirm`, `confirmTarget` and `confirmToken`.
-        arguments: Value,
-    },
-    /// Another start of the desk asks this one to bring its window forward (the socket bind is
-    /// the single-instance lock; the second instance exits after sending this).
-    Focus,
-    /// What became of an accepted call, for history.
-    Outcome {
-        /// The nonce of the token that was accepted.
-        nonce: String,
-        /// Whether the upstream reported success.
-        ok: bool,
-        /// A short description of a failure.
-        note: Option<String>,
+    /// A second start of the desk: bring the running desk's window forward.
+    Focus {
+        /// [`PROTOCOL_VERSION`] of the second desk.
+        version: u32,
     },
 }
 
-/// How the desk classes one registered tool.
+/// The desk's answer to a [`Hello`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToolDecision {
-    /// The tool's name.
-    pub name: String,
-    /// Its gate class under the desk's policy.
-    pub class: GateClass,
-    /// Why it is not offered to the agent, if it is not (e.g. it already has an argument named
-    /// `confirmToken`).
-    pub withheld: Option<String>,
-}
-
-/// What the desk answers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum Response {
-    /// The handshake succeeded.
-    Welcome {
+pub enum Welcome {
+    /// The upstream is reached; MCP may flow.
+    Accepted {
         /// The desk's [`PROTOCOL_VERSION`].
         version: u32,
         /// The tenant assigned to this connection.
         tenant: String,
     },
-    /// The class of every registered tool.
-    Classes {
-        /// One per registered tool, in the order sent.
-        tools: Vec<ToolDecision>,
-    },
-    /// A person approved: the preflight text and the token.
-    Approved {
-        /// The rendered preflight, ending with how to confirm and the token line.
-        text: String,
-        /// The token.
-        token: String,
-        /// The resolved target the token is bound to.
-        target: String,
-        /// When the token expires, in ms since the epoch.
-        expires_at_ms: u64,
-        /// `token` (reusable until expiry) or `once`.
-        class: GateClass,
-    },
-    /// A confirm passed: run these arguments (what the person approved, without the confirm
-    /// fields), then report the [`Request::Outcome`] under this nonce.
-    Accepted {
-        /// The approved arguments.
-        arguments: Value,
-        /// The token's nonce.
-        nonce: String,
-    },
-    /// A refusal: denied, pending, or one of the verification chain's.
+    /// The desk will not serve this hello.
     Refused {
-        /// Which.
-        refusal: Refusal,
-        /// The next move, for the agent.
-        message: String,
-    },
-    /// Done, nothing to report.
-    Done,
-    /// The request could not be handled.
-    Error {
-        /// What kind of failure.
-        code: ErrorCode,
-        /// A plain description.
+        /// Why, as a code.
+        code: RefusedCode,
+        /// Why, for a person.
         message: String,
     },
 }
 
-/// Failures that are not refusals: the conversation itself went wrong.
+/// Why a hello was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum ErrorCode {
+pub enum RefusedCode {
     /// The two sides speak different protocol versions.
     VersionMismatch,
-    /// A request before [`Request::Hello`], or a second hello.
-    NotIntroduced,
-    /// The tool was never registered, or is open, or was withheld.
-    UnknownTool,
-    /// The arguments cannot be planned (not an object, too deep, too large, unsafe numbers...).
-    BadArguments,
-    /// The desk cannot mint: no secret (keychain missing or locked).
-    NoSecret,
-    /// Anything else on the desk's side.
-    Internal,
+    /// `--server NAME` names no server registered in the desk.
+    NoSuchServer,
+    /// The hello is malformed (an empty command, a relative path, ...).
+    BadHello,
+    /// The upstream could not be started or did not complete the MCP handshake.
+    UpstreamFailed,
+    /// The desk is shutting down or at its limit of connections.
+    Busy,
+}
+
+impl RefusedCode {
+    /// The code as it appears on the wire.
+    pub fn code(self) -> &'static str {
+        match self {
+            RefusedCode::VersionMismatch => "version_mismatch",
+            RefusedCode::NoSuchServer => "no_such_server",
+            RefusedCode::BadHello => "bad_hello",
+            RefusedCode::UpstreamFailed => "upstream_failed",
+            RefusedCode::Busy => "busy",
+        }
+    }
+}
+
+/// One frame.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Frame {
+    /// `H`: the first frame of a connection.
+    Hello(Hello),
+    /// `W`: the desk's answer to it.
+    Welcome(Welcome),
+    /// `M`: one MCP message, as bytes (the desk parses it; it may be hostile).
+    Mcp(Vec<u8>),
+    /// `E`: bytes from the upstream's stderr.
+    Stderr(Vec<u8>),
+}
+
+impl fmt::Debug for Frame {
+    // MCP messages carry tokens and arguments: their size only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Frame::Hello(h) => f.debug_tuple("Hello").field(h).finish(),
+            Frame::Welcome(w) => f.debug_tuple("Welcome").field(w).finish(),
+            Frame::Mcp(b) => write!(f, "Mcp(<{} bytes>)", b.len()),
+            Frame::Stderr(b) => write!(f, "Stderr(<{} bytes>)", b.len()),
+        }
+    }
 }
 
 /// A framing failure.
@@ -221,7 +225,10 @@ pub enum FrameError {
     /// A frame announced more than [`MAX_FRAME`] bytes.
     #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
     TooLarge(usize),
-    /// A frame is not valid JSON of the expected shape.
+    /// A frame has no kind byte, or one this version does not know.
+    #[error("unknown frame kind {0:#04x}")]
+    UnknownKind(u8),
+    /// A control frame is not valid JSON of the expected shape.
     #[error("malformed frame: {0}")]
     Malformed(#[from] serde_json::Error),
     /// The socket failed.
@@ -229,30 +236,49 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
-/// Writes one frame.
-pub async fn write_frame<W, T>(writer: &mut W, message: &T) -> Result<(), FrameError>
-where
-    W: AsyncWrite + Unpin,
-    T: Serialize,
-{
-    let body = serde_json::to_vec(message)?;
-    if body.len() > MAX_FRAME {
-        return Err(FrameError::TooLarge(body.len()));
+/// The bytes of one frame, length prefix included.
+pub fn encode(frame: &Frame) -> Result<Vec<u8>, FrameError> {
+    let (kind, body) = match frame {
+        Frame::Hello(h) => (b'H', serde_json::to_vec(h)?),
+        Frame::Welcome(w) => (b'W', serde_json::to_vec(w)?),
+        Frame::Mcp(m) => (b'M', m.clone()),
+        Frame::Stderr(e) => (b'E', e.clone()),
+    };
+    let len = body.len() + 1;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
     }
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&body);
-    writer.write_all(&frame).await?;
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.push(kind);
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes the body of one frame (kind byte first), as read after its length.
+pub fn decode(body: &[u8]) -> Result<Frame, FrameError> {
+    let (&kind, rest) = body.split_first().ok_or(FrameError::UnknownKind(0))?;
+    Ok(match kind {
+        b'H' => Frame::Hello(serde_json::from_slice(rest)?),
+        b'W' => Frame::Welcome(serde_json::from_slice(rest)?),
+        b'M' => Frame::Mcp(rest.to_vec()),
+        b'E' => Frame::Stderr(rest.to_vec()),
+        other => return Err(FrameError::UnknownKind(other)),
+    })
+}
+
+/// Writes one frame.
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    frame: &Frame,
+) -> Result<(), FrameError> {
+    writer.write_all(&encode(frame)?).await?;
     writer.flush().await?;
     Ok(())
 }
 
 /// Reads one frame. [`FrameError::Closed`] when the peer closed cleanly before a new frame.
-pub async fn read_frame<R, T>(reader: &mut R) -> Result<T, FrameError>
-where
-    R: AsyncRead + Unpin,
-    T: for<'de> Deserialize<'de>,
-{
+pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Frame, FrameError> {
     let mut len = [0u8; 4];
     match reader.read_exact(&mut len).await {
         Ok(_) => {}
@@ -265,7 +291,7 @@ where
     }
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body).await?;
-    Ok(serde_json::from_slice(&body)?)
+    decode(&body)
 }
 
 #[cfg(test)]
@@ -276,17 +302,31 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip() {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let sent = Envelope {
-            id: 7,
-            body: Request::Preflight {
-                tool: "t".into(),
-                arguments: json!({"a": 1}),
-                wait_ms: 5,
-            },
-        };
-        write_frame(&mut a, &sent).await.unwrap();
-        let got: Envelope<Request> = read_frame(&mut b).await.unwrap();
-        assert_eq!(got, sent);
+        let sent = [
+            Frame::Hello(Hello::Gateway {
+                version: PROTOCOL_VERSION,
+                reach: Reach::Command {
+                    argv: vec!["srv".into(), "--x".into()],
+                    cwd: "/w".into(),
+                    env: vec![("K".into(), "V".into())],
+                },
+                label: Some("files".into()),
+                wait_ms: Some(5),
+                pid: 9,
+            }),
+            Frame::Welcome(Welcome::Accepted {
+                version: PROTOCOL_VERSION,
+                tenant: "t".into(),
+            }),
+            Frame::Mcp(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_vec()),
+            Frame::Stderr(b"warning\n".to_vec()),
+        ];
+        for f in &sent {
+            write_frame(&mut a, f).await.unwrap();
+        }
+        for f in &sent {
+            assert_eq!(&read_frame(&mut b).await.unwrap(), f);
+        }
     }
 
     #[tokio::test]
@@ -296,47 +336,73 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(
-            read_frame::<_, Value>(&mut b).await,
+            read_frame(&mut b).await,
             Err(FrameError::TooLarge(_))
         ));
     }
 
     #[tokio::test]
-    async fn malformed_frame_is_an_error_and_clean_close_is_closed() {
+    async fn unknown_kind_and_malformed_control_frames_are_errors_and_clean_close_is_closed() {
         let (mut a, mut b) = tokio::io::duplex(64);
-        a.write_all(&3u32.to_be_bytes()).await.unwrap();
-        a.write_all(b"{x}").await.unwrap();
+        a.write_all(&2u32.to_be_bytes()).await.unwrap();
+        a.write_all(b"Z{").await.unwrap();
+        a.write_all(&4u32.to_be_bytes()).await.unwrap();
+        a.write_all(b"H{x}").await.unwrap();
+        a.write_all(&0u32.to_be_bytes()).await.unwrap();
         drop(a);
         assert!(matches!(
-            read_frame::<_, Value>(&mut b).await,
+            read_frame(&mut b).await,
+            Err(FrameError::UnknownKind(b'Z'))
+        ));
+        assert!(matches!(
+            read_frame(&mut b).await,
             Err(FrameError::Malformed(_))
         ));
         assert!(matches!(
-            read_frame::<_, Value>(&mut b).await,
-            Err(FrameError::Closed)
+            read_frame(&mut b).await,
+            Err(FrameError::UnknownKind(0))
         ));
+        assert!(matches!(read_frame(&mut b).await, Err(FrameError::Closed)));
     }
 
     #[test]
     fn wire_names_are_stable() {
-        let refused = Response::Refused {
-            refusal: Refusal::AlreadyUsed,
+        let hello = Hello::Gateway {
+            version: 2,
+            reach: Reach::Builtin { db: "/d".into() },
+            label: None,
+            wait_ms: None,
+            pid: 1,
+        };
+        assert_eq!(
+            serde_json::to_value(&hello).unwrap(),
+            json!({"type": "gateway", "version": 2, "reach": {"kind": "builtin", "db": "/d"},
+                   "label": null, "wait_ms": null, "pid": 1})
+        );
+        let refused = Welcome::Refused {
+            code: RefusedCode::NoSuchServer,
             message: "m".into(),
         };
         assert_eq!(
             serde_json::to_value(&refused).unwrap(),
-            json!({"type": "refused", "refusal": "already_used", "message": "m"})
+            json!({"type": "refused", "code": "no_such_server", "message": "m"})
         );
-        let env = Envelope {
-            id: 1,
-            body: Request::Withdraw {
-                tool: "t".into(),
-                arguments: json!({}),
-            },
-        };
         assert_eq!(
-            serde_json::to_value(&env).unwrap(),
-            json!({"id": 1, "type": "withdraw", "tool": "t", "arguments": {}})
+            serde_json::to_value(Reach::Server { name: "gh".into() }).unwrap(),
+            json!({"kind": "server", "name": "gh"})
         );
+    }
+
+    #[test]
+    fn debug_never_prints_environment_values_or_messages() {
+        let reach = Reach::Command {
+            argv: vec!["srv".into()],
+            cwd: "/".into(),
+            env: vec![("GITHUB_TOKEN".into(), "ghp_secret".into())],
+        };
+        let shown = format!("{reach:?}");
+        assert!(shown.contains("GITHUB_TOKEN") && !shown.contains("ghp_secret"));
+        let frame = Frame::Mcp(br#"{"confirmToken":"cs1.abc"}"#.to_vec());
+        assert!(!format!("{frame:?}").contains("cs1"));
     }
 }

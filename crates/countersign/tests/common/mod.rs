@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use countersign_core::token::SigningKey;
-use countersign_engine::{Engine, EngineConfig, PendingRequest, QueueChange, Removal, socket};
+use countersign_engine::{Engine, EngineConfig, PendingRequest, QueueChange, Removal};
+use countersign_session as socket;
 use rmcp::model::*;
 use rmcp::service::RunningService;
 use rmcp::transport::TokioChildProcess;
@@ -41,10 +42,18 @@ pub async fn desk() -> Desk {
     desk_with(|_| {}).await
 }
 
+impl Desk {
+    /// The upstream process groups the desk has running.
+    pub fn children(&self) -> &countersign_session::Children {
+        self._served.children()
+    }
+}
+
 /// An agent with no handler of its own (the default client).
 pub type Agent = RunningService<RoleClient, ClientConfig>;
 
 /// `countersign mcp --no-launch --socket SOCKET EXTRA...`, as an agent's configuration starts it.
+/// Its stderr is inherited (the test's output shows the gateway's and the upstream's messages).
 pub fn gateway_command(socket: &Path, extra: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_countersign"));
     cmd.arg("mcp")

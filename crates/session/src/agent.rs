@@ -1,11 +1,13 @@
-//! The gateway's server half, toward the agent.
+//! The session's server half, toward the agent (behind [`crate::router`], which has already
+//! refused every message that is not on its allow-list or not of the shape MCP defines).
 //!
-//! Everything but `tools/list` and gated `tools/call` is forwarded to the upstream as it came.
-//! `tools/list` is fetched raw (every field the upstream sent survives), registered with the desk,
-//! and answered with gated tools augmented (`confirm`, `confirmTarget`, `confirmToken`, a sentence,
-//! no `outputSchema`) and withheld tools left out. A gated call goes to the desk: a preflight waits
-//! there for a person (with progress to the agent while it waits), a confirm is verified there and
-//! what the person approved is what gets forwarded. The gateway itself decides nothing.
+//! `tools/list` is fetched raw from the upstream (every field it sent survives), classed by the
+//! engine, and answered with gated tools augmented (`confirm`, `confirmTarget`, `confirmToken`, a
+//! sentence, no `outputSchema`) and withheld tools left out. Every `tools/call` is decided here:
+//! an open tool's call goes on, a gated one goes to the engine (a preflight waits for a person,
+//! with progress to the agent; a confirm is verified, and what the person approved is what gets
+//! sent), and a tool missing from the listing is refused. The other allowed requests are sent on
+//! typed, re-serialized by the desk; anything else is an error, never "forward".
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
 use std::borrow::Cow;
@@ -15,13 +17,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use countersign_core::{GateClass, Refusal, policy};
-use countersign_wire::{ErrorCode, Request, Response};
+use countersign_engine::{Answer, Engine, ErrorCode};
 use rmcp::model::*;
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, Peer, RoleClient, RoleServer, ServerHandler, Service};
 use serde_json::{Value, json};
 
-use crate::desk::{DeskLink, Introduction};
 use crate::upstream::{Shared, forward};
 
 /// How one tool is treated, as last decided.
@@ -33,24 +34,24 @@ enum Gate {
 
 /// The server half.
 #[derive(Clone)]
-pub struct Gateway {
+pub struct Session {
     shared: Arc<Shared>,
     upstream: Peer<RoleClient>,
     info: ServerConfig,
     upstream_version: ProtocolVersion,
-    desk: Arc<DeskLink>,
-    name: Option<String>,
+    engine: Engine,
+    tenant: String,
     wait: Duration,
     gates: Arc<Mutex<HashMap<String, Gate>>>,
 }
 
-impl Gateway {
+impl Session {
     /// Mirrors the upstream's `InitializeResult` (capabilities, serverInfo, instructions).
     pub fn new(
         shared: Arc<Shared>,
         upstream: Peer<RoleClient>,
-        desk: Arc<DeskLink>,
-        name: Option<String>,
+        engine: Engine,
+        tenant: String,
         wait: Duration,
     ) -> Self {
         let up = upstream
@@ -71,18 +72,11 @@ impl Gateway {
             upstream,
             info,
             upstream_version,
-            desk,
-            name,
+            engine,
+            tenant,
             wait,
             gates: Arc::default(),
         }
-    }
-
-    /// The server name the desk shows and policy is keyed by.
-    fn server_name(&self) -> String {
-        self.name
-            .clone()
-            .unwrap_or_else(|| self.info.server_info.name.clone())
     }
 
     /// Forwards one request to the upstream, mapping progress tokens and cancellation.
@@ -145,25 +139,16 @@ impl Gateway {
         Ok(tools)
     }
 
-    /// Fetches the tools, has the desk class them (or, with no desk, classes them by their
-    /// annotations so open tools keep working), and returns the list the agent sees.
+    /// Fetches the tools, has the engine class them, and returns the list the agent sees.
     async fn refresh_tools(
         &self,
         context: &RequestContext<RoleServer>,
     ) -> Result<Vec<Value>, ErrorData> {
         self.shared.tools_stale.store(false, Ordering::Release);
         let tools = self.upstream_tools(context).await?;
-        self.introduce(context);
-        self.desk.set_tools(tools.clone());
-        let decided = match self
-            .desk
-            .request(Request::RegisterTools {
-                tools: tools.clone(),
-            })
-            .await
-        {
-            Ok(Response::Classes { tools: decisions }) => Some(
-                decisions
+        let decided: HashMap<String, Gate> =
+            match self.engine.register_tools(&self.tenant, tools.clone()) {
+                Answer::Classes { tools: decisions } => decisions
                     .into_iter()
                     .map(|d| {
                         (
@@ -171,59 +156,31 @@ impl Gateway {
                             d.withheld.map_or(Gate::Class(d.class), Gate::Withheld),
                         )
                     })
-                    .collect::<HashMap<_, _>>(),
-            ),
-            Ok(other) => {
-                tracing::warn!(target: "gateway", "the desk did not class the tools: {other:?}");
-                None
-            }
-            Err(err) => {
-                tracing::warn!(target: "gateway", "{err}; gated tools will be refused until it is back");
-                None
-            }
-        };
-        let mut gates = HashMap::new();
+                    .collect(),
+                other => {
+                    return Err(ErrorData::internal_error(
+                        format!("the desk could not class the tools: {other:?}"),
+                        None,
+                    ));
+                }
+            };
         let mut listed = Vec::with_capacity(tools.len());
         for tool in tools {
-            let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
+            let Some(name) = tool.get("name").and_then(Value::as_str) else {
                 continue;
             };
-            let gate = match &decided {
-                Some(d) => d
-                    .get(&name)
-                    .cloned()
-                    .unwrap_or(Gate::Class(GateClass::Once)),
-                None => {
-                    let class = GateClass::from_annotations(tool.get("annotations"));
-                    match policy::withheld_reason(&tool).filter(|_| class.is_gated()) {
-                        Some(reason) => Gate::Withheld(reason),
-                        None => Gate::Class(class),
-                    }
+            // Decided by the engine for every named tool; a name it did not decide is not offered.
+            match decided.get(name) {
+                Some(Gate::Class(GateClass::Open)) => listed.push(tool),
+                Some(Gate::Class(class)) => listed.push(policy::augment(&tool, *class)),
+                Some(Gate::Withheld(reason)) => {
+                    tracing::warn!(target: "session", tool = %name, "not offered: {reason}");
                 }
-            };
-            match &gate {
-                Gate::Class(GateClass::Open) => listed.push(tool),
-                Gate::Class(class) => listed.push(policy::augment(&tool, *class)),
-                Gate::Withheld(reason) => {
-                    tracing::warn!(target: "gateway", tool = %name, "not offered: {reason}");
-                }
+                None => {}
             }
-            gates.insert(name, gate);
         }
-        *self.gates.lock().unwrap() = gates;
+        *self.gates.lock().unwrap() = decided;
         Ok(listed)
-    }
-
-    fn introduce(&self, context: &RequestContext<RoleServer>) {
-        let client_info = context
-            .peer
-            .peer_info()
-            .map(|p| serde_json::to_value(&p.client_info).unwrap_or_default())
-            .unwrap_or_default();
-        self.desk.introduce(Introduction {
-            client_info,
-            server: self.server_name(),
-        });
     }
 
     async fn gate_of(
@@ -235,7 +192,7 @@ impl Gateway {
         if known.is_some() && !self.shared.tools_stale.load(Ordering::Acquire) {
             return Ok(known);
         }
-        // A tool never listed (or a list that changed): never guess, ask the upstream again.
+        // A tool not in the last listing (or a list that changed): never guess, list again.
         self.refresh_tools(context).await?;
         Ok(self.gates.lock().unwrap().get(tool).cloned())
     }
@@ -269,15 +226,9 @@ impl Gateway {
         let tool = request.name.to_string();
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
         if arguments.get("confirm") == Some(&Value::Bool(true)) {
-            let answer = self
-                .desk
-                .request(Request::Confirm {
-                    tool: tool.clone(),
-                    arguments,
-                })
-                .await;
+            let answer = self.engine.confirm(&self.tenant, &tool, &arguments);
             return match answer {
-                Ok(Response::Accepted { arguments, nonce }) => {
+                Answer::Accepted { arguments, nonce } => {
                     // What runs is what the person approved, as the desk kept it.
                     request.arguments = arguments.as_object().cloned();
                     let result = self.forward_call(request, context).await;
@@ -285,25 +236,15 @@ impl Gateway {
                         Ok(r) => (r.is_error != Some(true), None),
                         Err(e) => (false, Some(e.message.to_string())),
                     };
-                    let _ = self
-                        .desk
-                        .request(Request::Outcome { nonce, ok, note })
-                        .await;
+                    let _ = self.engine.outcome(&self.tenant, &nonce, ok, note);
                     result
                 }
-                Ok(answer) => Ok(from_desk(answer)),
-                Err(err) => Ok(refusal(
-                    Refusal::DeskUnavailable,
-                    &format!("{} ({err})", Refusal::DeskUnavailable.next_move()),
-                )),
+                answer => Ok(from_desk(answer)),
             };
         }
-        let wait_ms = self.wait.as_millis() as u64;
-        let preflight = self.desk.request(Request::Preflight {
-            tool: tool.clone(),
-            arguments: arguments.clone(),
-            wait_ms,
-        });
+        let preflight = self
+            .engine
+            .preflight(&self.tenant, &tool, &arguments, self.wait);
         tokio::pin!(preflight);
         let progress = context.meta.get_progress_token();
         let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -314,7 +255,7 @@ impl Gateway {
                 answer = &mut preflight => break answer,
                 _ = context.ct.cancelled() => {
                     // The agent gave up: take the request off the person's queue.
-                    let _ = self.desk.request(Request::Withdraw { tool, arguments }).await;
+                    let _ = self.engine.withdraw(&self.tenant, &tool, &arguments);
                     return Err(ErrorData::internal_error("request cancelled", None));
                 }
                 _ = tick.tick() => {
@@ -328,13 +269,7 @@ impl Gateway {
             }
         };
         let _ = class;
-        Ok(match answer {
-            Ok(answer) => from_desk(answer),
-            Err(err) => refusal(
-                Refusal::DeskUnavailable,
-                &format!("{} ({err})", Refusal::DeskUnavailable.next_move()),
-            ),
-        })
+        Ok(from_desk(answer))
     }
 }
 
@@ -346,9 +281,9 @@ fn refusal(refusal: Refusal, message: &str) -> CallToolResult {
 }
 
 /// The desk's answer to a gated call, as a tool result.
-fn from_desk(answer: Response) -> CallToolResult {
+fn from_desk(answer: Answer) -> CallToolResult {
     match answer {
-        Response::Approved {
+        Answer::Approved {
             text,
             token,
             target,
@@ -365,18 +300,18 @@ fn from_desk(answer: Response) -> CallToolResult {
             }));
             r
         }
-        Response::Refused {
+        Answer::Refused {
             refusal: code,
             message,
         } => refusal(code, &message),
-        Response::Error {
+        Answer::Error {
             code: ErrorCode::NoSecret,
             message,
         } => refusal(
             Refusal::DeskUnavailable,
             &format!("Refused: the Countersign desk cannot sign approvals right now: {message}"),
         ),
-        Response::Error { message, .. } => {
+        Answer::Error { message, .. } => {
             let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
             r.structured_content = Some(json!({ "error": message }));
             r
@@ -388,7 +323,7 @@ fn from_desk(answer: Response) -> CallToolResult {
     }
 }
 
-impl ServerHandler for Gateway {
+impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
         self.info.clone()
     }
@@ -404,6 +339,8 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
+        let client_info = serde_json::to_value(&request.client_info).unwrap_or_default();
+        self.engine.set_client_info(&self.tenant, client_info);
         self.negotiate_initialize(&request)
     }
 
@@ -418,9 +355,10 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let mut result = match self.gate_of(&request.name, &context).await? {
-            Some(Gate::Class(GateClass::Open)) | None => {
-                self.forward_call(request, &context).await?
-            }
+            Some(Gate::Class(GateClass::Open)) => self.forward_call(request, &context).await?,
+            // Not in the upstream's listing, even after listing again: no annotations, no schema,
+            // nothing a person could judge. Refused, never sent on ungated.
+            None => unlisted(&request.name),
             Some(Gate::Class(class)) => self.gated(request, class, &context).await?,
             Some(Gate::Withheld(reason)) => {
                 let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
@@ -587,17 +525,14 @@ impl ServerHandler for Gateway {
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        context: RequestContext<RoleServer>,
+        _context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
-        let r = self
-            .up(ClientRequest::CustomRequest(request), &context)
-            .await?;
-        match r {
-            ServerResult::CustomResult(raw) => Ok(raw),
-            typed => Ok(CustomResult::new(
-                serde_json::to_value(typed).unwrap_or_default(),
-            )),
-        }
+        // The router lets no custom request through; should one arrive, it is not sent on.
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("Countersign does not pass on `{}`", request.method),
+            None,
+        ))
     }
 
     async fn on_roots_list_changed(&self, _context: NotificationContext<RoleServer>) {
@@ -609,11 +544,20 @@ impl ServerHandler for Gateway {
         notification: CustomNotification,
         _context: NotificationContext<RoleServer>,
     ) {
-        let _ = self
-            .upstream
-            .send_notification(ClientNotification::CustomNotification(notification))
-            .await;
+        tracing::warn!(target: "session", method = %notification.method, "dropped a notification that is not passed on");
     }
+}
+
+/// The answer to a call of a tool the upstream does not list.
+fn unlisted(name: &str) -> CallToolResult {
+    let message = format!(
+        "Refused: `{name}` is not among the tools this server lists, so Countersign cannot tell \
+         what it does and does not pass it on. Nothing was executed. Next: list the tools and \
+         call one of them."
+    );
+    let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
+    r.structured_content = Some(json!({ "error": "unlisted_tool", "message": message }));
+    r
 }
 
 fn unexpected(r: ServerResult) -> ErrorData {
@@ -638,10 +582,10 @@ fn fit_result_type(raw: &mut Value, context: &RequestContext<RoleServer>) {
     }
 }
 
-/// The gateway as an rmcp service: `tools/list` and open tools' calls are answered raw (every
+/// The session as an rmcp service: `tools/list` and open tools' calls are answered raw (every
 /// field kept), the rest by the [`ServerHandler`] above.
 #[derive(Clone)]
-pub struct RawTools(pub Gateway);
+pub struct RawTools(pub Session);
 
 impl Service<RoleServer> for RawTools {
     async fn handle_request(
@@ -660,9 +604,9 @@ impl Service<RoleServer> for RawTools {
             // sent, and skips rmcp's decoding by trial of every result shape (the hot path).
             ClientRequest::CallToolRequest(req) => {
                 let gate = self.0.gate_of(&req.params.name, &context).await?;
-                if !matches!(gate, Some(Gate::Class(GateClass::Open)) | None) {
+                if gate != Some(Gate::Class(GateClass::Open)) {
                     let req = ClientRequest::CallToolRequest(req);
-                    return <Gateway as Service<RoleServer>>::handle_request(&self.0, req, context)
+                    return <Session as Service<RoleServer>>::handle_request(&self.0, req, context)
                         .await;
                 }
                 let params = serde_json::to_value(&req.params)
@@ -680,7 +624,7 @@ impl Service<RoleServer> for RawTools {
                 Ok(ServerResult::CustomResult(CustomResult::new(raw)))
             }
             other => {
-                <Gateway as Service<RoleServer>>::handle_request(&self.0, other, context).await
+                <Session as Service<RoleServer>>::handle_request(&self.0, other, context).await
             }
         }
     }
@@ -690,7 +634,7 @@ impl Service<RoleServer> for RawTools {
         notification: ClientNotification,
         context: NotificationContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        <Gateway as Service<RoleServer>>::handle_notification(&self.0, notification, context).await
+        <Session as Service<RoleServer>>::handle_notification(&self.0, notification, context).await
     }
 
     fn get_info(&self) -> ServerConfig {

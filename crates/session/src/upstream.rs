@@ -1,8 +1,10 @@
-//! The gateway's client half, toward the upstream MCP server.
+//! The session's client half, toward the upstream MCP server.
 //!
-//! Requests the upstream sends to its client (roots, sampling, elicitation, custom ones) and its
-//! notifications (progress, logging, list and resource changes) are passed on to the agent through
-//! the server half's peer; upstream progress tokens are mapped back to the agent's own.
+//! Requests the upstream sends to its client (roots, sampling, elicitation) and its notifications
+//! (progress, logging, list and resource changes) are passed on to the agent through the server
+//! half's peer, typed and re-serialized; upstream progress tokens are mapped back to the agent's
+//! own. Requests and notifications MCP does not define are not passed on, in this direction
+//! either.
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
 use std::collections::HashMap;
@@ -207,13 +209,12 @@ impl ClientHandler for UpstreamClient {
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        context: RequestContext<RoleClient>,
+        _context: RequestContext<RoleClient>,
     ) -> Result<CustomResult, ErrorData> {
-        let r = self
-            .to_agent(ServerRequest::CustomRequest(request), &context.ct)
-            .await?;
-        Ok(CustomResult::new(
-            serde_json::to_value(r).unwrap_or_default(),
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            format!("Countersign does not pass on `{}`", request.method),
+            None,
         ))
     }
 
@@ -292,10 +293,6 @@ impl ClientHandler for UpstreamClient {
         notification: CustomNotification,
         _context: NotificationContext<RoleClient>,
     ) {
-        if let Ok(agent) = self.shared.agent() {
-            let _ = agent
-                .send_notification(ServerNotification::CustomNotification(notification))
-                .await;
-        }
+        tracing::debug!(target: "session", method = %notification.method, "dropped an upstream notification MCP does not define");
     }
 }

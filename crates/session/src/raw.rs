@@ -1,4 +1,4 @@
-//! The upstream transport: newline-delimited JSON-RPC over a child's stdio (or an in-process
+//! The upstream transport (the desk's client side toward a stdio server it started): newline-delimited JSON-RPC over a child's stdio (or an in-process
 //! pipe), which keeps the raw JSON `result` of responses to requests sent as
 //! `ClientRequest::CustomRequest`.
 //!
@@ -23,12 +23,15 @@ use rmcp::{
 };
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
+use crate::children::{Children, Group};
+
 /// See the module documentation.
 pub struct RawPassthroughTransport<R, W> {
     reader: BufReader<R>,
     writer: Arc<tokio::sync::Mutex<Option<W>>>,
     raw_ids: Arc<Mutex<HashSet<RequestId>>>,
     child: Option<tokio::process::Child>,
+    group: Option<Group>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RawPassthroughTransport<R, W> {
@@ -39,22 +42,51 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RawPassthroughTransport<R, W> 
             writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
             raw_ids: Default::default(),
             child: None,
+            group: None,
         }
     }
 }
 
 impl RawPassthroughTransport<tokio::process::ChildStdout, tokio::process::ChildStdin> {
-    /// Spawn `cmd` with piped stdin/stdout (stderr inherited) and wrap it.
-    pub fn spawn(mut cmd: tokio::process::Command) -> std::io::Result<Self> {
+    /// Spawns `cmd` in a process group of its own with piped stdin/stdout/stderr and wraps it;
+    /// `stderr` receives what it writes there. The whole group is killed when the transport
+    /// closes or is dropped, so a server that started helpers (`npx` starting `node`) leaves none.
+    pub fn spawn(
+        mut cmd: tokio::process::Command,
+        stderr: impl FnMut(Vec<u8>) + Send + 'static,
+        children: Children,
+    ) -> std::io::Result<Self> {
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd.spawn()?;
-        let stdout = child.stdout.take().unwrap();
-        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().expect("piped");
+        let stdin = child.stdin.take().expect("piped");
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(pipe_stderr(err, stderr));
+        }
+        let group = child.id().map(|pid| children.add(pid as i32));
         let mut t = Self::new(stdout, stdin);
         t.child = Some(child);
+        t.group = group;
         Ok(t)
+    }
+}
+
+/// Passes the upstream's stderr on in chunks, until it closes.
+async fn pipe_stderr(
+    mut err: tokio::process::ChildStderr,
+    mut sink: impl FnMut(Vec<u8>) + Send + 'static,
+) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 8192];
+    while let Ok(n) = err.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        sink(buf[..n].to_vec());
     }
 }
 
@@ -136,13 +168,15 @@ where
         // closing stdin lets a well-behaved stdio server exit
         self.writer.lock().await.take();
         if let Some(mut child) = self.child.take() {
-            match tokio::time::timeout(std::time::Duration::from_secs(3), child.wait()).await {
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = child.kill().await;
-                }
+            if tokio::time::timeout(std::time::Duration::from_secs(3), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
             }
         }
+        // Whatever the server started and left behind goes with it.
+        self.group.take();
         Ok(())
     }
 }

@@ -1,0 +1,483 @@
+//! The router is default-deny: the ways around the click that an attacker who can only send MCP
+//! messages would try, each against an upstream that obeys anything.
+//!
+//! The agent here is hostile and speaks raw bytes to the real `countersign mcp` binary: after an
+//! honest initialize handshake and a `tools/list` (so the desk knows the listing), it sends one
+//! message that a careless router would get wrong — a `tools/call` with fields of the wrong type,
+//! duplicate keys (which parsers resolve differently: the desk might decide on one value while
+//! the upstream executes another), a batch, a `tools/call` sent as a notification, an unknown
+//! method, a call of a tool the upstream executes but never listed. Each must come back as a
+//! JSON-RPC error (a notification: as nothing at all), and nothing of it may reach the upstream.
+//!
+//! The upstream is `tests/peers/obedient_server.py`: it executes every `tools/call` it receives, in
+//! any shape, answers unknown methods with success, and appends everything that could have done
+//! something to a log file. A test reads that log only after a round trip through the upstream (a
+//! call of the open tool `read` on the path `barrier`, which the log check leaves out), so whatever
+//! the desk forwarded before has been logged by then. The desk's engine runs in this test process,
+//! as in `gateway.rs`; nobody approves anything.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+/// The upstream that obeys anything.
+const OBEDIENT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/peers/obedient_server.py"
+);
+
+/// How long any one reply may take.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a notification is given to provoke a reply that must not come.
+const SILENCE: Duration = Duration::from_secs(1);
+
+/// The path the barrier call reads; the log check leaves these calls out.
+const BARRIER_PATH: &str = "barrier";
+
+/// An agent that writes raw lines to `countersign mcp` and reads its raw replies.
+struct RawAgent {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+    /// The upstream's log of what reached it.
+    log: PathBuf,
+    /// The last line sent, for failure messages.
+    last_sent: String,
+    barriers: u64,
+}
+
+impl RawAgent {
+    /// Starts `countersign mcp EXTRA... -- python3 obedient_server.py LOG` on `desk`, does the
+    /// initialize handshake and lists the tools.
+    async fn start(desk: &Desk, extra: &[&str]) -> RawAgent {
+        let log = desk.dir.path().join("upstream.jsonl");
+        let mut args: Vec<&str> = extra.to_vec();
+        args.extend_from_slice(&["--", "python3", OBEDIENT, log.to_str().unwrap()]);
+        let mut cmd = gateway_command(&desk.socket, &args);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawn countersign mcp");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut agent = RawAgent {
+            child,
+            stdin,
+            stdout,
+            log,
+            last_sent: String::new(),
+            barriers: 0,
+        };
+        let init = agent
+            .request(
+                r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"hostile","version":"1"}}}"#,
+                json!(0),
+            )
+            .await;
+        assert!(init["result"].is_object(), "initialize failed: {init}");
+        agent
+            .send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+            .await;
+        let list = agent
+            .request(
+                r#"{"jsonrpc":"2.0","id":"list","method":"tools/list"}"#,
+                json!("list"),
+            )
+            .await;
+        let names: Vec<&str> = list["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("tools/list failed: {list}"))
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert!(
+            names.contains(&"read") && names.contains(&"write") && !names.contains(&"hidden"),
+            "unexpected listing: {names:?}"
+        );
+        agent
+    }
+
+    /// Writes `line` and a newline to the gateway's stdin.
+    async fn send(&mut self, line: &str) {
+        self.last_sent = line.to_owned();
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("writing to the gateway failed ({e}) on: {line}"));
+        self.stdin.flush().await.unwrap();
+    }
+
+    /// The next message from the gateway that is not a notification or a request of its own: a
+    /// response object, or an array (a batch response).
+    async fn next_reply(&mut self) -> Value {
+        match tokio::time::timeout(REPLY_TIMEOUT, self.read_reply()).await {
+            Ok(reply) => reply,
+            Err(_) => panic!(
+                "no reply within {REPLY_TIMEOUT:?} after sending: {}",
+                self.last_sent
+            ),
+        }
+    }
+
+    /// Cancel-safe: `Lines::next_line` keeps a partly read line for the next call.
+    async fn read_reply(&mut self) -> Value {
+        loop {
+            let line = match self.stdout.next_line().await {
+                Ok(Some(line)) => line,
+                Ok(None) | Err(_) => {
+                    let status = self.child.try_wait().ok().flatten();
+                    panic!(
+                        "the gateway closed its stdout (exit: {status:?}) after: {}",
+                        self.last_sent
+                    )
+                }
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let message: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+                panic!("the gateway wrote a line that is not JSON ({e}): {line}")
+            });
+            if message.get("method").is_some() {
+                continue; // a notification or a request of the server's: not a reply
+            }
+            return message;
+        }
+    }
+
+    /// The reply whose id is `id`, skipping any other.
+    async fn reply_to(&mut self, id: Value) -> Value {
+        loop {
+            let reply = self.next_reply().await;
+            if reply.get("id") == Some(&id) {
+                return reply;
+            }
+        }
+    }
+
+    /// Sends `line` (a request with id `id`) and returns its reply.
+    async fn request(&mut self, line: &str, id: Value) -> Value {
+        self.send(line).await;
+        self.reply_to(id).await
+    }
+
+    /// Asserts that no reply comes for what was just sent (a notification): nothing arrives
+    /// within a second, and a `ping` sent then is answered first.
+    async fn expect_silence(&mut self) {
+        let sent = self.last_sent.clone();
+        if let Ok(reply) = tokio::time::timeout(SILENCE, self.read_reply()).await {
+            panic!("a notification was answered: {reply}\n  notification: {sent}");
+        }
+        self.send(r#"{"jsonrpc":"2.0","id":"ping-after-silence","method":"ping"}"#)
+            .await;
+        let reply = self.next_reply().await;
+        assert_eq!(
+            reply["id"],
+            json!("ping-after-silence"),
+            "something other than the ping's answer came first: {reply}\n  notification: {sent}"
+        );
+        assert!(reply["result"].is_object(), "ping failed: {reply}");
+    }
+
+    /// Everything the upstream logged, read after a ping and a call of the open tool `read` went
+    /// through it, so everything forwarded before them has been logged.
+    async fn upstream_log(&mut self) -> Vec<Value> {
+        let ping = self
+            .request(
+                r#"{"jsonrpc":"2.0","id":"ping-barrier","method":"ping"}"#,
+                json!("ping-barrier"),
+            )
+            .await;
+        assert!(ping["result"].is_object(), "ping failed: {ping}");
+        self.barriers += 1;
+        let id = format!("barrier-{}", self.barriers);
+        let line = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "method": "tools/call",
+            "params": {"name": "read", "arguments": {"path": BARRIER_PATH}},
+        })
+        .to_string();
+        let reply = self.request(&line, json!(id)).await;
+        assert_eq!(
+            reply["result"]["isError"],
+            json!(false),
+            "the barrier call of the open tool `read` did not reach the upstream: {reply}"
+        );
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line ({e}): {l}")))
+            .collect()
+    }
+
+    /// The `tools/call` messages that reached the upstream, barrier calls left out.
+    async fn calls_at_upstream(&mut self) -> Vec<Value> {
+        self.upstream_log()
+            .await
+            .into_iter()
+            .filter(|entry| {
+                let call = entry["method"] == json!("tools/call")
+                    || (entry["unparsed"] == json!(true)
+                        && entry["raw"].as_str().unwrap_or("").contains("tools/call"));
+                let barrier = entry["params"]["name"] == json!("read")
+                    && entry["params"]["arguments"] == json!({"path": BARRIER_PATH})
+                    && entry.get("notification").is_none();
+                call && !barrier
+            })
+            .collect()
+    }
+
+    /// Asserts that no `tools/call` reached the upstream.
+    async fn assert_no_call_reached_the_upstream(&mut self) {
+        let calls = self.calls_at_upstream().await;
+        assert!(calls.is_empty(), "{}", reached(&calls));
+    }
+}
+
+/// The failure message for `calls` that reached the upstream.
+fn reached(calls: &[Value]) -> String {
+    let raw: Vec<String> = calls.iter().map(|c| format!("    {}", c["raw"])).collect();
+    format!("tools/call reached the upstream:\n{}", raw.join("\n"))
+}
+
+/// A hostile agent on a fresh desk. A preflight waits 1 s, so a hostile call that the desk
+/// wrongly took for a preflight shows up as a `pending` result instead of a timeout.
+async fn hostile() -> (Desk, RawAgent) {
+    let desk = desk().await;
+    let agent = RawAgent::start(&desk, &["--wait", "1"]).await;
+    (desk, agent)
+}
+
+/// Why `reply` is not a JSON-RPC error (or a batch response made only of errors) for the message
+/// `sent` with id `id` (or with no id: a message the desk could not trust carries none).
+fn not_an_error(reply: &Value, id: &Value, sent: &str) -> Option<String> {
+    let one = |r: &Value| {
+        r["error"].is_object()
+            && r["error"]["code"].is_i64()
+            && r.get("result").is_none()
+            && (r["id"] == *id || r["id"].is_null())
+    };
+    let ok = match reply {
+        Value::Array(items) => !items.is_empty() && items.iter().all(one),
+        _ => one(reply),
+    };
+    (!ok).then(|| format!("expected a JSON-RPC error, got: {reply}\n    for: {sent}"))
+}
+
+/// Sends each of `lines` (requests with id `id`), expecting a JSON-RPC error for each, then
+/// checks that no call reached the upstream; reports every case that went wrong at once.
+async fn each_is_an_error_and_nothing_reaches_the_upstream(lines: &[(&str, Value)]) {
+    let (_desk, mut agent) = hostile().await;
+    let mut problems = Vec::new();
+    for (line, id) in lines {
+        agent.send(line).await;
+        let reply = agent.next_reply().await;
+        problems.extend(not_an_error(&reply, id, line));
+    }
+    let calls = agent.calls_at_upstream().await;
+    if !calls.is_empty() {
+        problems.push(reached(&calls));
+    }
+    assert!(problems.is_empty(), "\n  {}", problems.join("\n  "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_call_with_request_state_not_a_string_is_an_error_and_never_reaches_the_upstream() {
+    each_is_an_error_and_nothing_reaches_the_upstream(&[(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"},"requestState":0}}"#,
+        json!(1),
+    )])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_call_with_arguments_not_an_object_is_an_error_and_never_reaches_the_upstream() {
+    each_is_an_error_and_nothing_reaches_the_upstream(&[
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write","arguments":"x"}}"#,
+            json!(1),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"write","arguments":[1]}}"#,
+            json!(2),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read","arguments":"x"}}"#,
+            json!(3),
+        ),
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_call_with_name_not_a_string_is_an_error_and_never_reaches_the_upstream() {
+    each_is_an_error_and_nothing_reaches_the_upstream(&[
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5,"arguments":{"path":"x","text":"y"}}}"#,
+            json!(1),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":["write"],"arguments":{"path":"x","text":"y"}}}"#,
+            json!(2),
+        ),
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_keys_anywhere_are_an_error_and_never_reach_the_upstream() {
+    each_is_an_error_and_nothing_reaches_the_upstream(&[
+        // The desk might decide on the open `read`, the upstream execute `write`.
+        (
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read","name":"write","arguments":{"path":"a"}}}"#,
+            json!(7),
+        ),
+        // Nested in the arguments: the person would approve one path, another would be written.
+        (
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"write","arguments":{"path":"a","text":"y","path":"b"}}}"#,
+            json!(8),
+        ),
+        // The method itself: an allowed `ping` to the desk, a `tools/call` to the upstream.
+        (
+            r#"{"jsonrpc":"2.0","id":9,"method":"ping","method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"}}}"#,
+            json!(9),
+        ),
+        // The whole params object.
+        (
+            r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"read","arguments":{"path":"a"}},"params":{"name":"write","arguments":{"path":"a","text":"y"}}}"#,
+            json!(10),
+        ),
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_an_error_and_never_reach_the_upstream() {
+    each_is_an_error_and_nothing_reaches_the_upstream(&[(
+        r#"[{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"read","arguments":{"path":"a"}}},{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"}}}]"#,
+        Value::Null,
+    )])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_call_as_a_notification_is_dropped_and_never_reaches_the_upstream() {
+    let (_desk, mut agent) = hostile().await;
+    for line in [
+        r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"hidden","arguments":{"path":"x"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"read","arguments":{"path":"a"}}}"#,
+    ] {
+        agent.send(line).await;
+        agent.expect_silence().await;
+    }
+    agent.assert_no_call_reached_the_upstream().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_methods_are_method_not_found_and_never_forwarded() {
+    let (_desk, mut agent) = hostile().await;
+    let methods = ["tools/execute", "x/anything"];
+    let mut problems = Vec::new();
+    for (id, method) in methods.iter().enumerate() {
+        let line = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "method": method,
+            "params": {"name": "write", "arguments": {"path": "x", "text": "y"}},
+        })
+        .to_string();
+        let reply = agent.request(&line, json!(id)).await;
+        if reply["error"]["code"] != json!(-32601) {
+            problems.push(format!(
+                "expected method not found (-32601), got: {reply}\n    for: {line}"
+            ));
+        }
+    }
+    let forwarded: Vec<String> = agent
+        .upstream_log()
+        .await
+        .iter()
+        .filter(|entry| methods.iter().any(|m| entry["method"] == json!(m)))
+        .map(|entry| format!("    {}", entry["raw"]))
+        .collect();
+    if !forwarded.is_empty() {
+        problems.push(format!(
+            "unknown methods reached the upstream:\n{}",
+            forwarded.join("\n")
+        ));
+    }
+    let calls = agent.calls_at_upstream().await;
+    if !calls.is_empty() {
+        problems.push(reached(&calls));
+    }
+    assert!(problems.is_empty(), "\n  {}", problems.join("\n  "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlisted_tool_is_refused_and_never_forwarded() {
+    let (_desk, mut agent) = hostile().await;
+    let line = r#"{"jsonrpc":"2.0","id":40,"method":"tools/call","params":{"name":"hidden","arguments":{"path":"x"}}}"#;
+    let reply = agent.request(line, json!(40)).await;
+    assert!(
+        reply["error"].is_object() || reply["result"]["isError"] == json!(true),
+        "expected an error or a refusal, got: {reply}"
+    );
+    agent.assert_no_call_reached_the_upstream().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gated_tool_call_without_confirm_never_reaches_the_upstream() {
+    let desk = desk().await;
+    let mut agent = RawAgent::start(&desk, &["--wait", "1"]).await;
+    let line = r#"{"jsonrpc":"2.0","id":30,"method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"}}}"#;
+    let reply = agent.request(line, json!(30)).await;
+    assert_eq!(reply["result"]["isError"], json!(true), "{reply}");
+    assert_eq!(
+        reply["result"]["structuredContent"]["refusal"],
+        json!("pending"),
+        "{reply}"
+    );
+    agent.assert_no_call_reached_the_upstream().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_tool_call_is_forwarded_serialized_by_the_desk() {
+    let (_desk, mut agent) = hostile().await;
+    // Odd whitespace and key order: bytes no serializer would produce.
+    let sent = r#"{ "params" : {"arguments":{"path":"a"},"name":"read"}, "method":"tools/call","id":9,"jsonrpc":"2.0"}"#;
+    let reply = agent.request(sent, json!(9)).await;
+    assert_eq!(reply["result"]["isError"], json!(false), "{reply}");
+    assert_eq!(
+        reply["result"]["content"][0]["text"],
+        json!("did it"),
+        "{reply}"
+    );
+    let calls = agent.calls_at_upstream().await;
+    assert_eq!(
+        calls.len(),
+        1,
+        "expected one call at the upstream: {calls:?}"
+    );
+    let call = &calls[0];
+    // The desk may add its own `_meta` (a progress token of its session); the rest is equal.
+    let mut params = call["params"].clone();
+    if let Some(p) = params.as_object_mut() {
+        p.remove("_meta");
+    }
+    assert_eq!(params, json!({"name": "read", "arguments": {"path": "a"}}));
+    assert_ne!(
+        call["raw"].as_str().unwrap(),
+        sent,
+        "the upstream received the agent's own bytes"
+    );
+}

@@ -1,0 +1,386 @@
+//! The agent's side of a session: every message the agent sends is judged here before rmcp sees
+//! it, and only what this module lets through ever becomes a typed message.
+//!
+//! Why a layer of our own under rmcp: rmcp parses leniently by design (a `tools/call` whose params
+//! fail its typed parse falls back to a custom request, a duplicate key silently keeps the last
+//! value), and a lenient parse is a way around the click. So each message is parsed strictly
+//! (duplicate keys anywhere, nesting, size and unsafe integers refused), batches are refused, the
+//! method must be on an allow-list, and a known method's parameters must take rmcp's typed shape
+//! (a fall-back to a custom message means the shape was wrong). A request that fails gets a
+//! JSON-RPC error; a notification that fails is dropped; neither reaches the session, so nothing
+//! of it reaches the upstream. What the session later sends upstream is serialized from its own
+//! typed values, never from these bytes.
+
+use countersign_core::canonical;
+use countersign_wire::Frame;
+use rmcp::RoleServer;
+use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ClientRequest, JsonRpcMessage};
+use rmcp::transport::Transport;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+/// Requests an agent may send.
+pub const REQUESTS: &[&str] = &[
+    "initialize",
+    "server/discover",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+];
+
+/// Notifications an agent may send.
+pub const NOTIFICATIONS: &[&str] = &[
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+];
+
+/// JSON-RPC's error codes used here.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+
+/// What became of one message from the agent.
+#[derive(Debug)]
+pub enum Routed {
+    /// Let through, typed.
+    Pass(Box<ClientJsonRpcMessage>),
+    /// Refused: answer the agent with this JSON-RPC error.
+    Answer(Value),
+    /// Refused without an answer (a notification, or a response to nothing we can name).
+    Drop(String),
+}
+
+fn error(id: Value, code: i64, message: impl Into<String>) -> Routed {
+    Routed::Answer(json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": code, "message": message.into()},
+    }))
+}
+
+/// A usable JSON-RPC id: a string or an integer. Anything else is answered with a null id.
+fn valid_id(id: &Value) -> bool {
+    id.is_string() || id.is_i64() || id.is_u64()
+}
+
+/// Judges one message from the agent.
+pub fn route(bytes: &[u8]) -> Routed {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return error(Value::Null, PARSE_ERROR, "the message is not UTF-8");
+    };
+    let value = match canonical::parse_strict(text) {
+        Ok(value) => value,
+        Err(canonical::CanonicalError::DuplicateKey(key)) => {
+            // The id is reported only when it can be read unambiguously.
+            let id = serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|v| v.get("id").cloned())
+                .filter(valid_id)
+                .filter(|_| key != "id")
+                .unwrap_or(Value::Null);
+            return error(
+                id,
+                INVALID_REQUEST,
+                format!("duplicate key {key:?}: a message must say each thing once"),
+            );
+        }
+        Err(e) => {
+            return error(
+                Value::Null,
+                PARSE_ERROR,
+                format!("not acceptable JSON: {e}"),
+            );
+        }
+    };
+    let Value::Object(object) = &value else {
+        let why = if value.is_array() {
+            "batches are not accepted: send one message at a time"
+        } else {
+            "a message must be a JSON object"
+        };
+        return error(Value::Null, INVALID_REQUEST, why);
+    };
+    let id = object.get("id");
+    if object.get("jsonrpc") != Some(&json!("2.0")) {
+        let id = id.filter(|i| valid_id(i)).cloned().unwrap_or(Value::Null);
+        return error(id, INVALID_REQUEST, "jsonrpc must be \"2.0\"");
+    }
+    if let Some(id) = id
+        && !valid_id(id)
+    {
+        return error(
+            Value::Null,
+            INVALID_REQUEST,
+            "an id must be a string or an integer",
+        );
+    }
+    let method = match object.get("method") {
+        None => return response(value),
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => {
+            let id = id.cloned().unwrap_or(Value::Null);
+            return error(id, INVALID_REQUEST, "method must be a string");
+        }
+    };
+    match id.cloned() {
+        Some(id) => request(value, id, &method),
+        None => notification(value, &method),
+    }
+}
+
+fn request(value: Value, id: Value, method: &str) -> Routed {
+    if !REQUESTS.contains(&method) {
+        return error(
+            id,
+            METHOD_NOT_FOUND,
+            format!("Countersign does not pass on `{method}`"),
+        );
+    }
+    if let Some(params) = value.get("params")
+        && !params.is_object()
+    {
+        return error(id, INVALID_PARAMS, "params must be an object");
+    }
+    if method == "tools/call" {
+        // Checked here as well as by the typed parse below, so the refusal says what is wrong.
+        let params = value.get("params");
+        let field = |name: &str| params.and_then(|p| p.get(name));
+        if !field("name").is_some_and(Value::is_string) {
+            return error(id, INVALID_PARAMS, "tools/call: name must be a string");
+        }
+        if field("arguments").is_some_and(|a| !a.is_object()) {
+            return error(
+                id,
+                INVALID_PARAMS,
+                "tools/call: arguments must be an object",
+            );
+        }
+        if field("requestState").is_some_and(|s| !s.is_string()) {
+            return error(
+                id,
+                INVALID_PARAMS,
+                "tools/call: requestState must be a string",
+            );
+        }
+    }
+    match serde_json::from_value::<ClientJsonRpcMessage>(value) {
+        Ok(JsonRpcMessage::Request(r)) if !matches!(r.request, ClientRequest::CustomRequest(_)) => {
+            Routed::Pass(Box::new(JsonRpcMessage::Request(r)))
+        }
+        // rmcp falls back to a custom request when the params do not fit the method's type.
+        _ => error(
+            id,
+            INVALID_PARAMS,
+            format!("{method}: the params do not have the shape MCP defines"),
+        ),
+    }
+}
+
+fn notification(value: Value, method: &str) -> Routed {
+    if !NOTIFICATIONS.contains(&method) {
+        return Routed::Drop(format!("notification `{method}` is not passed on"));
+    }
+    match serde_json::from_value::<ClientJsonRpcMessage>(value) {
+        Ok(JsonRpcMessage::Notification(n))
+            if !matches!(n.notification, ClientNotification::CustomNotification(_)) =>
+        {
+            Routed::Pass(Box::new(JsonRpcMessage::Notification(n)))
+        }
+        _ => Routed::Drop(format!("notification `{method}` has the wrong shape")),
+    }
+}
+
+/// A response or error from the agent, to a request the session sent it (roots, sampling,
+/// elicitation). rmcp matches it to the waiting request by id and ignores unknown ids.
+fn response(value: Value) -> Routed {
+    let has = |k: &str| value.get(k).is_some();
+    if has("id") && has("result") != has("error") {
+        match serde_json::from_value::<ClientJsonRpcMessage>(value) {
+            Ok(m @ (JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_))) => {
+                return Routed::Pass(Box::new(m));
+            }
+            _ => return Routed::Drop("a response of the wrong shape".into()),
+        }
+    }
+    Routed::Drop("neither a request, a notification nor a response".into())
+}
+
+/// The agent's side of a session as an rmcp transport: `M` frames in (already split off the
+/// socket by the connection), judged by [`route`]; typed messages out, as `M` frames.
+pub struct AgentTransport {
+    inbound: mpsc::Receiver<Vec<u8>>,
+    outbound: mpsc::Sender<Frame>,
+}
+
+impl AgentTransport {
+    /// A transport reading the agent's messages from `inbound` and writing to `outbound`.
+    pub fn new(inbound: mpsc::Receiver<Vec<u8>>, outbound: mpsc::Sender<Frame>) -> Self {
+        Self { inbound, outbound }
+    }
+}
+
+/// The gateway went away while the session was writing to it.
+#[derive(Debug, thiserror::Error)]
+#[error("the gateway's connection is closed")]
+pub struct Closed;
+
+impl Transport<RoleServer> for AgentTransport {
+    type Error = Closed;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let outbound = self.outbound.clone();
+        async move {
+            let bytes = serde_json::to_vec(&item).map_err(|_| Closed)?;
+            outbound.send(Frame::Mcp(bytes)).await.map_err(|_| Closed)
+        }
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleServer>> {
+        loop {
+            let bytes = self.inbound.recv().await?;
+            match route(&bytes) {
+                Routed::Pass(message) => return Some(*message),
+                Routed::Answer(reply) => {
+                    tracing::warn!(target: "router", "refused a message from the agent: {}", reply["error"]["message"]);
+                    let bytes = serde_json::to_vec(&reply).expect("a JSON value serializes");
+                    self.outbound.send(Frame::Mcp(bytes)).await.ok()?;
+                }
+                Routed::Drop(why) => {
+                    tracing::warn!(target: "router", "dropped a message from the agent: {why}")
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.inbound.close();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routed(text: &str) -> Routed {
+        route(text.as_bytes())
+    }
+
+    fn error_code(r: &Routed) -> Option<i64> {
+        match r {
+            Routed::Answer(v) => v["error"]["code"].as_i64(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_well_formed_call_passes_typed() {
+        let r = routed(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"w","arguments":{"a":1}}}"#,
+        );
+        assert!(matches!(r, Routed::Pass(_)), "{r:?}");
+    }
+
+    #[test]
+    fn request_state_that_is_not_a_string_is_invalid_params() {
+        let r = routed(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"w","arguments":{},"requestState":0}}"#,
+        );
+        assert_eq!(error_code(&r), Some(INVALID_PARAMS), "{r:?}");
+    }
+
+    #[test]
+    fn arguments_that_are_not_an_object_are_invalid_params() {
+        for args in ["\"x\"", "[1]", "3", "null"] {
+            let r = routed(&format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"w","arguments":{args}}}}}"#
+            ));
+            assert_eq!(error_code(&r), Some(INVALID_PARAMS), "{args}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn duplicate_keys_anywhere_are_invalid_requests() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"r","name":"w"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"w","arguments":{"p":"a","p":"b"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call","params":{"name":"w"}}"#,
+        ] {
+            assert_eq!(error_code(&routed(text)), Some(INVALID_REQUEST), "{text}");
+        }
+    }
+
+    #[test]
+    fn batches_are_invalid_requests() {
+        let r = routed(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#);
+        assert_eq!(error_code(&r), Some(INVALID_REQUEST));
+    }
+
+    #[test]
+    fn tools_call_as_a_notification_is_dropped() {
+        let r = routed(r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"w"}}"#);
+        assert!(matches!(r, Routed::Drop(_)), "{r:?}");
+    }
+
+    #[test]
+    fn unknown_methods_are_method_not_found() {
+        for m in [
+            "tools/execute",
+            "x/y",
+            "tasks/get",
+            "sampling/createMessage",
+        ] {
+            let r = routed(&format!(r#"{{"jsonrpc":"2.0","id":"a","method":"{m}"}}"#));
+            assert_eq!(error_code(&r), Some(METHOD_NOT_FOUND), "{m}");
+        }
+    }
+
+    #[test]
+    fn odd_ids_and_versions_are_invalid_requests() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":7}"#,
+        ] {
+            assert_eq!(error_code(&routed(text)), Some(INVALID_REQUEST), "{text}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_a_parse_error() {
+        for text in ["", "{", "nul", "\"\\ud800\"", "{\"a\":1} {}"] {
+            assert!(matches!(routed(text), Routed::Answer(_)), "{text:?}");
+        }
+        assert!(matches!(route(&[0xff, 0xfe]), Routed::Answer(_)));
+    }
+
+    #[test]
+    fn unknown_notifications_are_dropped_and_known_ones_pass() {
+        assert!(matches!(
+            routed(r#"{"jsonrpc":"2.0","method":"notifications/whatever"}"#),
+            Routed::Drop(_)
+        ));
+        assert!(matches!(
+            routed(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+            Routed::Pass(_)
+        ));
+    }
+}

@@ -1,0 +1,328 @@
+//! The desk's end of the local socket.
+//!
+//! A Unix domain socket at [`countersign_wire::socket_path`], created inside a 0700 directory
+//! and itself 0600; each connection's peer uid must be ours. Binding it is the single-instance
+//! lock: if a live desk answers on the path, a second one refuses to start; a stale file left by
+//! a crash is replaced. Each connection is one gateway: its hello says what to reach, the desk
+//! reaches it (starting the upstream as its own child), answers with a tenant, and then runs the
+//! MCP session between the gateway's `M` frames and the upstream until either side goes away. A
+//! malformed or oversized frame closes that connection only.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use countersign_engine::Engine;
+use countersign_wire::{
+    Frame, FrameError, Hello, PROTOCOL_VERSION, RefusedCode, Welcome, read_frame, write_frame,
+};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::children::Children;
+use crate::reach;
+
+/// The socket could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SocketError {
+    /// Another desk already answers on this path.
+    #[error("a Countersign desk is already running (socket {0})")]
+    AlreadyRunning(PathBuf),
+    /// The socket or its directory could not be set up.
+    #[error("cannot set up the socket {path}: {source}")]
+    Setup {
+        /// The socket's path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// A running socket server; dropping it (or calling [`Served::stop`]) stops accepting and removes
+/// the socket file.
+#[derive(Debug)]
+pub struct Served {
+    path: PathBuf,
+    task: JoinHandle<()>,
+    children: Children,
+}
+
+impl Served {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The upstream processes started for connections, live now.
+    pub fn children(&self) -> &Children {
+        &self.children
+    }
+
+    /// Stops accepting connections, removes the socket file and kills every upstream.
+    pub fn stop(self) {}
+
+    /// Kills every upstream this desk started (for an exit path where destructors do not run).
+    pub fn kill_upstreams(&self) {
+        self.children.kill_all();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.children.kill_all();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How the desk serves its sessions.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How long a preflight waits for a person when the gateway does not say.
+    pub default_wait: Duration,
+    /// The longest wait a gateway may ask for.
+    pub max_wait: Duration,
+    /// How long a new connection has to send its hello.
+    pub hello_deadline: Duration,
+    /// How long an upstream has to start and complete the MCP handshake.
+    pub upstream_deadline: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            default_wait: Duration::from_secs(45),
+            max_wait: Duration::from_secs(10 * 60),
+            hello_deadline: Duration::from_secs(10),
+            upstream_deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+fn setup_error(path: &Path) -> impl FnOnce(io::Error) -> SocketError + '_ {
+    move |source| SocketError::Setup {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Binds the socket at `path` and serves `engine` on it with default [`Options`] until the
+/// returned [`Served`] is dropped. Must be called inside a Tokio runtime.
+pub async fn serve(engine: Engine, path: PathBuf) -> Result<Served, SocketError> {
+    serve_with(engine, path, Options::default()).await
+}
+
+/// [`serve`] with options.
+pub async fn serve_with(
+    engine: Engine,
+    path: PathBuf,
+    options: Options,
+) -> Result<Served, SocketError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(setup_error(&path))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(setup_error(&path))?;
+    }
+    let listener = match UnixListener::bind(&path) {
+        Ok(listener) => listener,
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            if UnixStream::connect(&path).await.is_ok() {
+                return Err(SocketError::AlreadyRunning(path));
+            }
+            // Nobody answers: a file left by a desk that crashed.
+            std::fs::remove_file(&path).map_err(setup_error(&path))?;
+            UnixListener::bind(&path).map_err(setup_error(&path))?
+        }
+        Err(e) => return Err(setup_error(&path)(e)),
+    };
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(setup_error(&path))?;
+    tracing::info!(target: "desk", socket = %path.display(), "listening");
+    let children = Children::default();
+    let desk = Desk {
+        engine,
+        options,
+        children: children.clone(),
+    };
+    let task = tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let desk = desk.clone();
+                    tokio::spawn(async move { connection(desk, stream).await });
+                }
+                Err(err) => {
+                    tracing::warn!(target: "desk", error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    Ok(Served {
+        path,
+        task,
+        children,
+    })
+}
+
+fn same_user(stream: &UnixStream) -> bool {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let me = unsafe { libc::getuid() };
+    stream
+        .peer_cred()
+        .map(|cred| cred.uid() == me)
+        .unwrap_or(false)
+}
+
+/// What every connection shares.
+#[derive(Clone)]
+struct Desk {
+    engine: Engine,
+    options: Options,
+    children: Children,
+}
+
+/// Serves one connection: the hello, reaching the upstream, then the MCP session.
+async fn connection(desk: Desk, stream: UnixStream) {
+    if !same_user(&stream) {
+        tracing::warn!(target: "desk", "refused a connection from another user");
+        return;
+    }
+    let (mut reader, mut writer) = stream.into_split();
+    let hello = match tokio::time::timeout(desk.options.hello_deadline, read_frame(&mut reader))
+        .await
+    {
+        Ok(Ok(Frame::Hello(hello))) => hello,
+        Ok(Ok(other)) => {
+            tracing::warn!(target: "desk", "a connection opened with {other:?} instead of a hello");
+            return;
+        }
+        Ok(Err(err)) => {
+            tracing::warn!(target: "desk", error = %err, "connection closed before its hello");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(target: "desk", "a connection sent no hello in time");
+            return;
+        }
+    };
+    let (version, reach, label, wait_ms, pid) = match hello {
+        Hello::Focus { .. } => {
+            desk.engine.request_focus();
+            return;
+        }
+        Hello::Gateway {
+            version,
+            reach,
+            label,
+            wait_ms,
+            pid,
+        } => (version, reach, label, wait_ms, pid),
+        other => {
+            tracing::warn!(target: "desk", "a hello this desk does not know: {other:?}");
+            return;
+        }
+    };
+    let refuse =
+        |code: RefusedCode, message: String| Frame::Welcome(Welcome::Refused { code, message });
+    if version != PROTOCOL_VERSION {
+        let message = format!(
+            "this desk speaks protocol version {PROTOCOL_VERSION}, the gateway {version}: \
+             update Countersign so that both come from the same release, and restart the desk"
+        );
+        tracing::warn!(target: "desk", "{message}");
+        let _ = write_frame(&mut writer, &refuse(RefusedCode::VersionMismatch, message)).await;
+        return;
+    }
+
+    // Every frame to the gateway goes through one writer task, so the upstream's stderr, the
+    // welcome and the session's messages never interleave inside a frame.
+    let (out, mut outbox) = mpsc::channel::<Frame>(1024);
+    let writing = tokio::spawn(async move {
+        while let Some(frame) = outbox.recv().await {
+            if let Err(err) = write_frame(&mut writer, &frame).await {
+                tracing::debug!(target: "desk", error = %err, "could not write to a gateway");
+                break;
+            }
+        }
+    });
+
+    let reached = match tokio::time::timeout(
+        desk.options.upstream_deadline,
+        reach::reach(&reach, &out, &desk.children),
+    )
+    .await
+    {
+        Ok(Ok(reached)) => reached,
+        Ok(Err(refusal)) => {
+            tracing::warn!(target: "desk", ?reach, "{}", refusal.message);
+            let _ = out.send(refuse(refusal.code, refusal.message)).await;
+            drop(out);
+            let _ = writing.await;
+            return;
+        }
+        Err(_) => {
+            let message = format!(
+                "the upstream did not complete the MCP handshake within {} s",
+                desk.options.upstream_deadline.as_secs()
+            );
+            let _ = out.send(refuse(RefusedCode::UpstreamFailed, message)).await;
+            drop(out);
+            let _ = writing.await;
+            return;
+        }
+    };
+    let tenant = desk.engine.connect(reached.identity.clone());
+    tracing::info!(target: "desk", %tenant, server = %reached.identity, label = label.as_deref().unwrap_or(""), pid, "gateway connected");
+    let welcome = Frame::Welcome(Welcome::Accepted {
+        version: PROTOCOL_VERSION,
+        tenant: tenant.clone(),
+    });
+    if out.send(welcome).await.is_err() {
+        desk.engine.disconnect(&tenant);
+        return;
+    }
+
+    // The gateway's frames: MCP messages, to the router; anything else ends the connection.
+    let (inbound, inbox) = mpsc::channel::<Vec<u8>>(64);
+    let reading = tokio::spawn(async move {
+        loop {
+            match read_frame(&mut reader).await {
+                Ok(Frame::Mcp(bytes)) => {
+                    if inbound.send(bytes).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(other) => {
+                    tracing::warn!(target: "desk", "closing a connection that sent {other:?}");
+                    break;
+                }
+                Err(FrameError::Closed) => break,
+                Err(err) => {
+                    tracing::warn!(target: "desk", error = %err, "closing a connection that sent a bad frame");
+                    break;
+                }
+            }
+        }
+    });
+    let wait = wait_ms
+        .map_or(desk.options.default_wait, Duration::from_millis)
+        .min(desk.options.max_wait);
+    crate::run(
+        desk.engine.clone(),
+        tenant.clone(),
+        wait,
+        reached,
+        crate::router::AgentTransport::new(inbox, out),
+    )
+    .await;
+    // Gone: withdraw its pending requests.
+    desk.engine.disconnect(&tenant);
+    reading.abort();
+    // The writer ends once the session and the upstream's stderr have let go of it.
+    let _ = tokio::time::timeout(Duration::from_secs(5), writing).await;
+    tracing::info!(target: "desk", %tenant, "gateway disconnected");
+}
