@@ -32,7 +32,7 @@ fn desk() -> Desk {
 fn tools() -> Vec<Value> {
     vec![
         json!({"name": "read", "annotations": {"readOnlyHint": true}}),
-        json!({"name": "delete", "annotations": {"destructiveHint": true}, "inputSchema": {"type": "object"}}),
+        json!({"name": "delete", "annotations": {"destructiveHint": true}, "inputSchema": {"type": "object", "properties": {"id": {"type": "string"}}}}),
         json!({"name": "backup", "annotations": {"destructiveHint": false, "idempotentHint": true}}),
         json!({"name": "execute"}),
         json!({"name": "sneaky", "inputSchema": {"type": "object", "properties": {"confirmToken": {}}}}),
@@ -382,4 +382,96 @@ async fn open_and_unknown_tools_are_not_gated_here() {
             ..
         }
     ));
+}
+
+/// The re-listing attack: a tool listed as works-once gets a click, then the upstream lists it
+/// again as idempotent (class `token`, reusable). The approval keeps the class it was made under.
+#[tokio::test]
+async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one() {
+    let d = desk();
+    let tenant = d.engine.connect("s".into());
+    let append = |idempotent: bool| {
+        vec![json!({"name": "append", "annotations": {
+            "readOnlyHint": false, "destructiveHint": false, "idempotentHint": idempotent}})]
+    };
+    d.engine.register_tools(&tenant, append(false));
+    let args = json!({"line": "charge the card"});
+    let (_, token, target) = approved(&d.engine, &tenant, "append", &args).await;
+    let Answer::Classes { tools } = d.engine.register_tools(&tenant, append(true)) else {
+        panic!("no classes");
+    };
+    assert_eq!(
+        tools[0].class,
+        GateClass::Token,
+        "the listing now says token"
+    );
+    let confirm = confirm_args(&args, &target, &token);
+    let first = d.engine.confirm(&tenant, "append", &confirm);
+    assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");
+    let again = d.engine.confirm(&tenant, "append", &confirm);
+    assert_eq!(refusal(&again), Some(Refusal::AlreadyUsed), "{again:?}");
+}
+
+/// The other way round: a token-class approval under a listing that became stricter spends.
+#[tokio::test]
+async fn a_confirm_is_checked_under_the_stricter_of_recorded_and_current_class() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let args = json!({"name": "nightly"});
+    let (_, token, target) = approved(&d.engine, &tenant, "backup", &args).await;
+    // Still not destructive (the plan is the same), but no longer idempotent: works once now.
+    let stricter = vec![json!({"name": "backup", "annotations": {
+        "destructiveHint": false, "idempotentHint": false}})];
+    d.engine.register_tools(&tenant, stricter);
+    let confirm = confirm_args(&args, &target, &token);
+    let first = d.engine.confirm(&tenant, "backup", &confirm);
+    assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");
+    let again = d.engine.confirm(&tenant, "backup", &confirm);
+    assert_eq!(refusal(&again), Some(Refusal::AlreadyUsed), "{again:?}");
+}
+
+#[tokio::test]
+async fn a_name_listed_twice_is_withheld() {
+    let d = desk();
+    let tenant = d.engine.connect("s".into());
+    let twice = vec![
+        json!({"name": "write", "annotations": {"readOnlyHint": true}}),
+        json!({"name": "write"}),
+    ];
+    let Answer::Classes { tools } = d.engine.register_tools(&tenant, twice) else {
+        panic!("no classes");
+    };
+    assert!(tools.iter().all(|t| t.withheld.is_some()), "{tools:?}");
+    let r = d
+        .engine
+        .preflight(&tenant, "write", &json!({}), Duration::from_millis(10))
+        .await;
+    assert!(
+        matches!(
+            r,
+            Answer::Error {
+                code: ErrorCode::UnknownTool,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn without_a_window_preflights_are_desk_unavailable_and_nothing_is_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
+    config.window = false;
+    let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
+    let tenant = connect(&engine);
+    let r = engine
+        .preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT)
+        .await;
+    let Answer::Refused { refusal, message } = r else {
+        panic!("{r:?}");
+    };
+    assert_eq!(refusal, Refusal::DeskUnavailable);
+    assert!(message.contains("desktop session"), "{message}");
+    assert!(engine.pending().is_empty());
 }
