@@ -1,52 +1,88 @@
-//! What `countersign mcp` costs an agent on a read-only tool, which it passes straight through.
+//! What `countersign mcp` and the desk behind it cost an agent on a read-only tool, which the
+//! desk forwards at once.
 //!
-//! One run measures the latency of the same trivial upstream tool (`echo`) three ways, interleaved
-//! in round-robin blocks so that machine noise hits all three alike:
+//! One run measures the latency of the same trivial upstream tool (`echo`) four ways, interleaved
+//! in round-robin blocks so that machine noise hits all of them alike:
 //!
 //! - direct: the client talks to the upstream;
-//! - relay: through a process that copies bytes both ways and parses nothing (the floor for any
+//! - relay: through one process that copies bytes both ways and parses nothing (the floor for any
 //!   process in the middle);
-//! - gateway: through `countersign mcp --no-launch --socket <none> -- <upstream>` (no desk is
-//!   needed for open tools).
+//! - 2 relays: relay → relay → upstream (the floor for two processes in the middle);
+//! - pipe+desk: through `countersign mcp --no-launch --socket <sock> -- <upstream>`, the pipe, to
+//!   a desk that starts the upstream as its own child and runs the MCP session (routing, the gate
+//!   decision, re-serialization): two processes in the middle, like the two relays.
 //!
-//! Then the gateway's idle resident memory (after `initialize`, `tools/list` and 1 s idle) and its
-//! start-to-first-response time (spawn to the `initialize` response, median of several starts).
-//! Goals: gateway median at most 1.10 × relay, idle RSS at most 10 MiB, start at most 50 ms.
+//! Each arm prints median, p90 and p99, and the CPU time per call of its processes in the middle
+//! (for pipe+desk: the pipe's plus the desk's). Goal: pipe+desk median ≤ 1.10 × the two relays'.
 //!
-//! The upstream is this same program in upstream mode: an rmcp server with one read-only `echo`
-//! tool, so the benchmark needs nothing installed. The relay is this program in relay mode too.
+//! Then, for `countersign mcp`:
+//! - idle resident memory (VmRSS after `initialize`, `tools/list` and 1 s idle); goal ≤ 5 MiB;
+//! - start time: spawn to the first `tools/list` answer (through `initialize`) with the desk
+//!   already running, next to the same for one bare relay in front of the upstream, alternating,
+//!   medians of several starts; goal: at most 30 ms more than the relay.
+//!
+//! And for the desk: its added resident memory per connected agent, upstream processes excluded
+//! (they are the desk's children, separate processes). A fresh desk's VmRSS (and RssAnon) is read
+//! idle, then with 1, 10 and 50 agents connected (cumulatively; each agent a `countersign mcp`
+//! process with an initialized session and one `tools/list` answered), and the delta per agent
+//! is printed against the idle desk and against the previous step.
+//!
+//! The desk runs in a child process: this same program in desk mode (the real engine, with an
+//! in-memory key and a SQLite file in a temporary directory, served by `countersign_session::serve`
+//! on a socket there, on a multi-thread Tokio runtime like the desk app's). So it shares neither
+//! the measuring client's current-thread runtime nor its memory: the client's timing is not
+//! distorted by the desk's work, and the desk's VmRSS is its own. It exits when its stdin closes.
+//! The upstream is this program in upstream mode: an rmcp server with one read-only `echo` tool,
+//! so the benchmark needs nothing installed. The relay is this program in relay mode too.
 //! When the pinned `@modelcontextprotocol/server-everything` is installed under `target/peers`
-//! (`.ci/setup tests` puts it there), its `echo` is measured the same three ways afterwards.
+//! (`.ci/setup tests` puts it there), its `echo` is measured the same four ways afterwards.
 //!
 //! `cargo bench -p countersign --bench passthrough [-- CALLS]`; environment:
-//! `COUNTERSIGN_BENCH_CALLS` (default 10000 per setup), `COUNTERSIGN_BENCH_BLOCK` (calls per block,
-//! default 100), `COUNTERSIGN_BENCH_STARTS` (default 20), `COUNTERSIGN_BENCH_EVERYTHING` (`0` to
-//! skip server-everything, or the path of its `dist/index.js`). Run without `--bench` (as
-//! `cargo test --all-targets` does) it only smoke-tests every path with a few calls.
+//! `COUNTERSIGN_BENCH_CALLS` (default 10000 per arm), `COUNTERSIGN_BENCH_BLOCK` (calls per block,
+//! default 100), `COUNTERSIGN_BENCH_STARTS` (default 20), `COUNTERSIGN_BENCH_AGENTS` (the agent
+//! counts for the desk's memory, default `1,10,50`), `COUNTERSIGN_BENCH_EVERYTHING` (`0` to skip
+//! server-everything, or the path of its `dist/index.js`). Run without `--bench` (as
+//! `cargo test --all-targets` does) it only smoke-tests every arm with a few calls, 3 starts and
+//! 1 and 2 agents.
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io;
+use std::io::{self, Write as _};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use countersign_core::token::SigningKey;
+use countersign_engine::{Engine, EngineConfig};
 use rmcp::model::*;
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 /// First argument that makes this program the trivial upstream server.
 const UPSTREAM: &str = "__countersign_bench_upstream";
 /// First argument that makes this program the byte relay; the upstream command follows.
 const RELAY: &str = "__countersign_bench_relay";
+/// First argument that makes this program the desk; the socket and SQLite paths follow.
+const DESK: &str = "__countersign_bench_desk";
+/// The line the desk prints on stdout once its socket is bound.
+const DESK_READY: &str = "desk ready";
+
+/// `countersign mcp`'s idle VmRSS goal, in kB (5 MiB).
+const PIPE_IDLE_RSS_GOAL_KB: u64 = 5 * 1024;
+/// How much slower than one bare relay the pipe may be to its first `tools/list` answer.
+const PIPE_START_GOAL_EXTRA: Duration = Duration::from_millis(30);
+/// pipe+desk median over the two relays' median.
+const LATENCY_GOAL_RATIO: f64 = 1.10;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some(UPSTREAM) => return upstream(),
         Some(RELAY) => relay(&args[1..]),
+        Some(DESK) => desk(&args[1..]),
         _ => {}
     }
     let config = Config::new(&args);
@@ -138,6 +174,92 @@ fn relay(command: &[String]) -> ! {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The desk: the real engine and socket server, in a process of its own, on a multi-thread
+// runtime as in the desk app. Prints `DESK_READY` once the socket is bound; stops (killing the
+// upstreams it started) when its stdin closes.
+
+fn desk(args: &[String]) -> ! {
+    let [socket, db] = args else {
+        panic!("desk: expected SOCKET DB, got {args:?}");
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    runtime.block_on(async {
+        let key = SigningKey::new(&[42; 32]).expect("a 32-byte key");
+        let engine = Engine::new(EngineConfig::new(db), Ok(key)).expect("the engine starts");
+        let served = countersign_session::serve(engine, PathBuf::from(socket))
+            .await
+            .expect("the desk serves its socket");
+        {
+            let mut out = io::stdout().lock();
+            writeln!(out, "{DESK_READY}").expect("stdout");
+            out.flush().expect("stdout");
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 64];
+        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+        drop(served);
+    });
+    std::process::exit(0)
+}
+
+/// A desk running in a child process, and where it listens.
+struct DeskProcess {
+    child: tokio::process::Child,
+    socket: PathBuf,
+    _stdout: tokio::io::BufReader<tokio::process::ChildStdout>,
+    _dir: tempfile::TempDir,
+}
+
+impl DeskProcess {
+    async fn start(me: &Path) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let socket = dir.path().join("run/desk.sock");
+        let mut child = tokio::process::Command::new(me)
+            .arg(DESK)
+            .arg(&socket)
+            .arg(dir.path().join("desk.sqlite"))
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the desk starts");
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        tokio::time::timeout(Duration::from_secs(30), stdout.read_line(&mut line))
+            .await
+            .expect("the desk is ready within 30 s")
+            .expect("the desk's stdout");
+        assert_eq!(line.trim(), DESK_READY, "the desk did not start");
+        Self {
+            child,
+            socket,
+            _stdout: stdout,
+            _dir: dir,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("the desk is running")
+    }
+
+    /// Closes the desk's stdin and waits (briefly) for it to exit.
+    async fn stop(mut self) {
+        drop(self.child.stdin.take());
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The measurements.
 
 struct Config {
@@ -146,6 +268,7 @@ struct Config {
     calls: usize,
     block: usize,
     starts: usize,
+    agents: Vec<usize>,
     everything: Option<PathBuf>,
 }
 
@@ -173,6 +296,21 @@ impl Config {
         let starts = env_number("COUNTERSIGN_BENCH_STARTS")
             .unwrap_or(if full { 20 } else { 3 })
             .max(1);
+        let mut agents: Vec<usize> = match std::env::var("COUNTERSIGN_BENCH_AGENTS") {
+            Ok(list) => list
+                .split(',')
+                .map(|n| {
+                    n.trim().parse().unwrap_or_else(|_| {
+                        panic!("COUNTERSIGN_BENCH_AGENTS={list:?} is not a list of numbers")
+                    })
+                })
+                .filter(|&n| n > 0)
+                .collect(),
+            Err(_) if full => vec![1, 10, 50],
+            Err(_) => vec![1, 2],
+        };
+        agents.sort_unstable();
+        agents.dedup();
         let everything = match std::env::var_os("COUNTERSIGN_BENCH_EVERYTHING") {
             Some(v) if v == "0" || v.is_empty() => None,
             Some(path) => Some(PathBuf::from(path)),
@@ -188,6 +326,7 @@ impl Config {
             calls,
             block,
             starts,
+            agents,
             everything,
         }
     }
@@ -230,6 +369,18 @@ impl Running {
         Self { client, child }
     }
 
+    /// Starts `command`, and asks for its tools: it must list `echo`.
+    async fn start_listed(command: &[OsString], quiet: bool) -> Self {
+        let r = Self::start(command, quiet).await;
+        let tools = r.client.peer().list_all_tools().await.expect("tools/list");
+        assert!(
+            tools.iter().any(|t| t.name == "echo"),
+            "{:?}: no echo tool in {tools:?}",
+            command[0]
+        );
+        r
+    }
+
     fn pid(&self) -> u32 {
         self.child.id().expect("still running")
     }
@@ -264,15 +415,18 @@ async fn timed_call(client: &Client, params: CallToolRequestParams) -> Duration 
 
 struct Stats {
     median: Duration,
+    p90: Duration,
     p99: Duration,
 }
 
 fn stats(samples: &mut [Duration]) -> Stats {
     samples.sort_unstable();
     let n = samples.len();
+    let percentile = |p: usize| samples[(n * p).div_ceil(100).max(1) - 1];
     Stats {
         median: samples[n / 2],
-        p99: samples[(n * 99).div_ceil(100).max(1) - 1],
+        p90: percentile(90),
+        p99: percentile(99),
     }
 }
 
@@ -338,15 +492,60 @@ fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(total))
 }
 
+/// The direct children of a process, any of its threads' (`/proc/<pid>/task/*/children`).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The process started for an arm and its first descendants: `pid`, its child, that one's, ...
+fn chain(pid: u32) -> Vec<u32> {
+    let mut chain = vec![pid];
+    while let Some(&child) = children(*chain.last().expect("non-empty")).first() {
+        chain.push(child);
+    }
+    chain
+}
+
 fn met(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
 
-/// The three ways to reach one upstream.
-fn setups(upstream: &[OsString], socket: &Path, me: &Path) -> [(&'static str, Vec<OsString>); 3] {
-    let mut relay = vec![me.into(), RELAY.into()];
-    relay.extend(upstream.iter().cloned());
-    let mut gateway: Vec<OsString> = vec![
+/// One way to reach the upstream.
+struct Arm {
+    name: &'static str,
+    command: Vec<OsString>,
+    /// The desk's pid, when the arm goes through it.
+    desk: Option<u32>,
+}
+
+impl Arm {
+    /// The processes between the client and the upstream, for an arm started as `pid`: the pipe
+    /// and the desk, or every process of the chain but the last (the upstream).
+    fn middle(&self, pid: u32) -> Vec<u32> {
+        match self.desk {
+            Some(desk) => vec![pid, desk],
+            None => {
+                let mut chain = chain(pid);
+                chain.pop();
+                chain
+            }
+        }
+    }
+}
+
+/// `countersign mcp --no-launch --socket SOCKET -- UPSTREAM...`.
+fn pipe_command(socket: &Path, upstream: &[OsString]) -> Vec<OsString> {
+    let mut pipe: Vec<OsString> = vec![
         env!("CARGO_BIN_EXE_countersign").into(),
         "mcp".into(),
         "--no-launch".into(),
@@ -354,35 +553,56 @@ fn setups(upstream: &[OsString], socket: &Path, me: &Path) -> [(&'static str, Ve
         socket.into(),
         "--".into(),
     ];
-    gateway.extend(upstream.iter().cloned());
+    pipe.extend(upstream.iter().cloned());
+    pipe
+}
+
+/// `COMMAND...` behind one bare relay (this program in relay mode).
+fn relayed(me: &Path, command: &[OsString]) -> Vec<OsString> {
+    let mut relay = vec![me.into(), RELAY.into()];
+    relay.extend(command.iter().cloned());
+    relay
+}
+
+/// The four ways to reach one upstream.
+fn arms(upstream: &[OsString], desk: &DeskProcess, me: &Path) -> [Arm; 4] {
+    let relay = relayed(me, upstream);
+    let relays = relayed(me, &relay);
     [
-        ("direct", upstream.to_vec()),
-        ("relay", relay),
-        ("gateway", gateway),
+        Arm {
+            name: "direct",
+            command: upstream.to_vec(),
+            desk: None,
+        },
+        Arm {
+            name: "relay",
+            command: relay,
+            desk: None,
+        },
+        Arm {
+            name: "2 relays",
+            command: relays,
+            desk: None,
+        },
+        Arm {
+            name: "pipe+desk",
+            command: pipe_command(&desk.socket, upstream),
+            desk: Some(desk.pid()),
+        },
     ]
 }
 
-/// Latency of `echo` through each setup, interleaved in round-robin blocks; prints the figures and
-/// the gateway's memory after the run.
-async fn latency(
-    config: &Config,
-    title: &str,
-    setups: &[(&'static str, Vec<OsString>); 3],
-    quiet: bool,
-) {
+/// Latency of `echo` through each arm, interleaved in round-robin blocks; prints the figures and
+/// the pipe's and the desk's memory after the run.
+async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
     println!();
     println!(
-        "{title}: {} calls per setup, interleaved in blocks of {}",
+        "{title}: {} calls per arm, interleaved in blocks of {}",
         config.calls, config.block
     );
     let mut running = Vec::new();
-    for (name, command) in setups {
-        let r = Running::start(command, quiet).await;
-        let tools = r.client.peer().list_all_tools().await.expect("tools/list");
-        assert!(
-            tools.iter().any(|t| t.name == "echo"),
-            "{name}: no echo tool"
-        );
+    for arm in arms {
+        let r = Running::start_listed(&arm.command, quiet).await;
         let check = r
             .client
             .peer()
@@ -393,10 +613,19 @@ async fn latency(
         assert_eq!(
             text.map(|t| t.text.as_str()),
             Some("Echo: hello"),
-            "{name}: {check:?}"
+            "{}: {check:?}",
+            arm.name
         );
         running.push(r);
     }
+    let middles: Vec<Vec<u32>> = arms
+        .iter()
+        .zip(&running)
+        .map(|(arm, r)| arm.middle(r.pid()))
+        .collect();
+    let middle_cpu = |pids: &[u32]| -> Option<Duration> {
+        pids.iter().map(|&p| cpu_time(p)).sum::<Option<Duration>>()
+    };
     // Warm-up, interleaved like the measurement.
     let warmup = (config.calls / 10).clamp(1, 500);
     for r in &running {
@@ -404,125 +633,192 @@ async fn latency(
             timed_call(&r.client, echo_params("warm-up")).await;
         }
     }
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(config.calls); setups.len()];
-    // CPU of the process in the middle (the relay, the gateway) over the measured calls.
-    let cpu_before: Vec<_> = running.iter().map(|r| cpu_time(r.pid())).collect();
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(config.calls); arms.len()];
+    // CPU of the processes in the middle (relays; the pipe and the desk) over the measured calls.
+    let cpu_before: Vec<_> = middles.iter().map(|m| middle_cpu(m)).collect();
     let blocks = config.calls.div_ceil(config.block);
     for b in 0..blocks {
         let size = config.block.min(config.calls - b * config.block);
-        // Rotate which setup goes first, so none always follows the same neighbour.
-        for k in 0..setups.len() {
-            let i = (b + k) % setups.len();
+        // Rotate which arm goes first, so none always follows the same neighbour.
+        for k in 0..arms.len() {
+            let i = (b + k) % arms.len();
             for _ in 0..size {
                 let d = timed_call(&running[i].client, echo_params("hello")).await;
                 samples[i].push(d);
             }
         }
     }
-    let cpu_per_call: Vec<Option<Duration>> = running
+    let cpu_per_call: Vec<Option<Duration>> = middles
         .iter()
         .zip(cpu_before)
-        .map(|(r, before)| Some((cpu_time(r.pid())? - before?) / config.calls as u32))
+        .map(|(m, before)| {
+            if m.is_empty() {
+                return None;
+            }
+            Some((middle_cpu(m)? - before?) / config.calls as u32)
+        })
         .collect();
     let results: Vec<Stats> = samples.iter_mut().map(|s| stats(s)).collect();
     println!(
-        "  {:<8} {:>12} {:>12} {:>26}",
-        "setup", "median µs", "p99 µs", "CPU µs/call in the middle"
+        "  {:<10} {:>11} {:>11} {:>11} {:>27}",
+        "arm", "median µs", "p90 µs", "p99 µs", "CPU µs/call in the middle"
     );
-    for (i, ((name, _), s)) in setups.iter().zip(&results).enumerate() {
-        let cpu = match cpu_per_call[i] {
-            Some(cpu) if i > 0 => format!("{:.1}", micros(cpu)),
-            _ => "-".to_owned(),
+    for ((arm, s), cpu) in arms.iter().zip(&results).zip(&cpu_per_call) {
+        let cpu = match cpu {
+            Some(cpu) => format!("{:.1}", micros(*cpu)),
+            None => "-".to_owned(),
         };
         println!(
-            "  {:<8} {:>12.1} {:>12.1} {:>26}",
-            name,
+            "  {:<10} {:>11.1} {:>11.1} {:>11.1} {:>27}",
+            arm.name,
             micros(s.median),
+            micros(s.p90),
             micros(s.p99),
             cpu
         );
     }
-    let (direct, relay, gateway) = (&results[0], &results[1], &results[2]);
-    let gateway_over_relay = gateway.median.as_secs_f64() / relay.median.as_secs_f64();
+    let ratio = |a: &Stats, b: &Stats| a.median.as_secs_f64() / b.median.as_secs_f64();
+    let (direct, relay, relays, pipe) = (&results[0], &results[1], &results[2], &results[3]);
     println!(
-        "  ratio relay/direct (median): {:.2}",
-        relay.median.as_secs_f64() / direct.median.as_secs_f64()
+        "  ratio relay/direct (median): {:.2}; 2 relays/relay: {:.2}",
+        ratio(relay, direct),
+        ratio(relays, relay)
     );
-    println!("  ratio gateway/relay (median): {gateway_over_relay:.2}");
+    let pipe_over_relays = ratio(pipe, relays);
+    println!("  ratio pipe+desk/2 relays (median): {pipe_over_relays:.2}");
     println!(
-        "  goal: gateway median ≤ 1.10 × relay: {} ({gateway_over_relay:.2} ×; gateway adds {:.1} µs over the relay)",
-        met(gateway_over_relay <= 1.10),
-        micros(gateway.median) - micros(relay.median)
+        "  goal: pipe+desk median ≤ {LATENCY_GOAL_RATIO:.2} × 2 relays: {} ({pipe_over_relays:.2} ×; pipe+desk adds {:.1} µs over the two relays)",
+        met(pipe_over_relays <= LATENCY_GOAL_RATIO),
+        micros(pipe.median) - micros(relays.median)
     );
-    println!(
-        "  gateway memory after the run: {}",
-        memory(running[2].pid())
-    );
+    println!("  pipe memory after the run: {}", memory(running[3].pid()));
+    if let Some(desk) = arms[3].desk {
+        println!("  desk memory after the run: {}", memory(desk));
+    }
     for r in running {
         r.stop().await;
     }
 }
 
+/// The desk's added memory per connected agent: a fresh desk, read idle and then with each count
+/// of agents connected (cumulatively), each agent a pipe with one `tools/list` answered.
+async fn desk_memory(config: &Config, me: &Path, upstream: &[OsString]) {
+    let desk = DeskProcess::start(me).await;
+    let settle = Duration::from_millis(if config.full { 500 } else { 100 });
+    let command = pipe_command(&desk.socket, upstream);
+    tokio::time::sleep(settle).await;
+    let idle = memory(desk.pid());
+    println!();
+    println!(
+        "desk memory per connected agent (its own VmRSS; the upstreams are other processes): idle {} kB (RssAnon {} kB)",
+        idle.rss, idle.anon
+    );
+    println!(
+        "  {:>6} {:>11} {:>14} {:>16} {:>18} {:>20}",
+        "agents",
+        "VmRSS kB",
+        "RssAnon kB",
+        "kB/agent (RSS)",
+        "kB/agent (anon)",
+        "kB/agent since prev"
+    );
+    let mut agents = Vec::new();
+    let mut previous = (0usize, idle.rss);
+    for &count in &config.agents {
+        while agents.len() < count {
+            agents.push(Running::start_listed(&command, true).await);
+        }
+        tokio::time::sleep(settle).await;
+        let now = memory(desk.pid());
+        let per = |now: u64, before: u64, n: usize| (now as f64 - before as f64) / n as f64;
+        println!(
+            "  {:>6} {:>11} {:>14} {:>16.1} {:>18.1} {:>20.1}",
+            count,
+            now.rss,
+            now.anon,
+            per(now.rss, idle.rss, count),
+            per(now.anon, idle.anon, count),
+            per(now.rss, previous.1, count - previous.0),
+        );
+        previous = (count, now.rss);
+    }
+    assert_eq!(
+        desk_children_count(desk.pid()),
+        agents.len(),
+        "one upstream per agent"
+    );
+    println!(
+        "  desk memory with every agent connected: {}",
+        memory(desk.pid())
+    );
+    for r in agents {
+        r.stop().await;
+    }
+    desk.stop().await;
+}
+
+/// How many processes the desk has started (one upstream per connected agent).
+fn desk_children_count(pid: u32) -> usize {
+    children(pid).len()
+}
+
 async fn bench(config: Config) {
     let me = std::env::current_exe().expect("this program's path");
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    // No desk listens here: open tools must not need one.
-    let socket = dir.path().join("no-desk.sock");
-    let ours: Vec<OsString> = vec![me.clone().into(), UPSTREAM.into()];
-    let ours = setups(&ours, &socket, &me);
+    let upstream: Vec<OsString> = vec![me.clone().into(), UPSTREAM.into()];
 
     println!(
-        "countersign gateway bench{}",
+        "countersign pipe + desk bench{}",
         if config.full {
             ""
         } else {
             " (smoke test: pass --bench for real figures)"
         }
     );
+    let desk = DeskProcess::start(&me).await;
+    let ours = arms(&upstream, &desk, &me);
+    let (relay, pipe) = (&ours[1].command, &ours[3].command);
 
     // Idle memory: initialize, tools/list, then 1 s of nothing.
-    let idle = Running::start(&ours[2].1, false).await;
-    idle.client
-        .peer()
-        .list_all_tools()
-        .await
-        .expect("tools/list");
+    let idle = Running::start_listed(pipe, false).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_memory = memory(idle.pid());
     println!(
-        "gateway idle memory: {idle_memory}; goal ≤ 10 MiB: {}",
-        met(idle_memory.rss <= 10 * 1024)
+        "countersign mcp idle memory: {idle_memory}; goal ≤ {} MiB: {}",
+        PIPE_IDLE_RSS_GOAL_KB / 1024,
+        met(idle_memory.rss <= PIPE_IDLE_RSS_GOAL_KB)
     );
     idle.stop().await;
 
-    // Start-to-first-response, the upstream alone alternating with the gateway in front of it.
-    let mut gateway_starts = Vec::new();
-    let mut upstream_starts = Vec::new();
+    // Start to the first tools/list answer, one relay alternating with the pipe (desk running).
+    let mut pipe_starts = Vec::new();
+    let mut relay_starts = Vec::new();
     for _ in 0..config.starts {
-        for (command, into) in [
-            (&ours[2].1, &mut gateway_starts),
-            (&ours[0].1, &mut upstream_starts),
-        ] {
+        for (command, into) in [(pipe, &mut pipe_starts), (relay, &mut relay_starts)] {
             let started = Instant::now();
-            let r = Running::start(command, false).await;
+            let r = Running::start_listed(command, false).await;
             into.push(started.elapsed());
             r.stop().await;
         }
     }
-    let gateway_start = median(gateway_starts);
+    let (pipe_start, relay_start) = (median(pipe_starts), median(relay_starts));
+    let extra = pipe_start.saturating_sub(relay_start);
     println!(
-        "gateway start to first response (spawn to the initialize response, median of {}): {:.1} ms; goal ≤ 50 ms: {} (the upstream alone: {:.1} ms)",
+        "start to the first tools/list answer (spawn, initialize, tools/list; median of {}): pipe+desk {:.1} ms, one relay {:.1} ms; goal ≤ {} ms more than the relay: {} ({:+.1} ms)",
         config.starts,
-        millis(gateway_start),
-        met(gateway_start <= Duration::from_millis(50)),
-        millis(median(upstream_starts))
+        millis(pipe_start),
+        millis(relay_start),
+        PIPE_START_GOAL_EXTRA.as_millis(),
+        met(extra <= PIPE_START_GOAL_EXTRA),
+        millis(pipe_start) - millis(relay_start)
     );
 
     latency(&config, "trivial rmcp upstream (this bench)", &ours, false).await;
 
+    desk_memory(&config, &me, &upstream).await;
+
     if let Some(index) = &config.everything {
         let upstream: Vec<OsString> = vec!["node".into(), index.into(), "stdio".into()];
-        let everything = setups(&upstream, &socket, &me);
+        let everything = arms(&upstream, &desk, &me);
         latency(
             &config,
             "@modelcontextprotocol/server-everything (node)",
@@ -531,4 +827,5 @@ async fn bench(config: Config) {
         )
         .await;
     }
+    desk.stop().await;
 }

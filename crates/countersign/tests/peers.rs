@@ -527,7 +527,8 @@ async fn everything_gated_tool_runs_after_approval_once() {
     let click = click_approve(&desk.engine);
     let preflight = call(&agent, "toggle-subscriber-updates", json!({})).await;
     let request = click.await.unwrap();
-    assert_eq!(request.server, "mcp-servers/everything");
+    // The desk's name for the server is what it runs, never a name the server or gateway gives.
+    assert_eq!(request.server, s(&server));
     assert_eq!(request.plan.tool, "toggle-subscriber-updates");
     assert_eq!(request.client_info["name"], json!("peer-agent"));
     assert_ne!(preflight.is_error, Some(true), "{preflight:?}");
@@ -930,6 +931,27 @@ async fn filesystem_move_runs_once() {
     );
     assert_eq!(std::fs::read_to_string(&from).unwrap(), "v2");
     assert_eq!(std::fs::read_to_string(&to).unwrap(), "v1");
+}
+
+/// The decoy: `move_file` declares `source` and `destination`; an extra `path` argument it does
+/// not declare must not become the target the person sees and types while `source` moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filesystem_move_with_an_undeclared_path_decoy_targets_the_source() {
+    let desk = desk().await;
+    let (_dir, dir) = workdir();
+    let agent = filesystem_agent(&desk, &dir).await;
+    let (from, to) = (dir.join("payroll.txt"), dir.join("gone.txt"));
+    std::fs::write(&from, "salaries").unwrap();
+    let args = json!({"source": s(&from), "destination": s(&to), "path": "notes.txt"});
+    let click = click_approve(&desk.engine);
+    let preflight = call(&agent, "move_file", args.clone()).await;
+    let request = click.await.unwrap();
+    assert_eq!(request.plan.target, s(&from), "{request:?}");
+    assert_eq!(request.plan.details["path"], json!("notes.txt"));
+    assert_eq!(
+        preflight.structured_content.unwrap()["confirmTarget"],
+        json!(s(&from))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

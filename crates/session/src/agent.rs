@@ -102,7 +102,18 @@ impl Session {
         })
         .await;
         if let Some(t) = registered {
-            self.shared.progress.lock().unwrap().remove(&t);
+            // rmcp hands notifications to their handler in tasks of their own, so the last
+            // progress of a call can be handled just after its response: keep the mapping a
+            // moment longer after a success. After a failure or a cancel, late progress goes.
+            let shared = self.shared.clone();
+            if r.is_ok() {
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    shared.progress.lock().unwrap().remove(&t);
+                });
+            } else {
+                shared.progress.lock().unwrap().remove(&t);
+            }
         }
         r
     }
