@@ -3,7 +3,8 @@
 
 run: ## Set up, build, and run the demo: the desk's window plus a scripted agent on the built-in tools.
 	.ci/setup
-	cargo build --locked -p countersign -p countersign-desk
+	# The same build as the test command's (a -p build resolves other features and would rebuild).
+	cargo build --locked --workspace
 	./target/debug/countersign demo
 
 test: ## Set up and run every test, as CI does.
