@@ -10,7 +10,7 @@ run: ## Set up, build, and run the demo: the desk's window plus a scripted agent
 test: ## Set up and run every test, as CI does.
 	.ci/test
 
-bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend; gateway: pass-through latency vs direct and a bare relay, idle memory, start time).
+bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend; pipe + desk: pass-through latency vs direct, one and two bare relays; the pipe's idle memory and start time; the desk's memory per agent).
 	cargo bench --locked -p countersign-core -p countersign-store
 	cargo bench --locked -p countersign --bench passthrough
 	cargo build --locked -p countersign -p countersign-desk

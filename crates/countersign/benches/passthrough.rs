@@ -27,7 +27,7 @@
 //! process with an initialized session and one `tools/list` answered), and the delta per agent
 //! is printed against the idle desk and against the previous step.
 //!
-//! The desk runs in a child process: this same program in desk mode (the real engine, with an
+//! The desk runs in a child process: this same program in desk mode (the real engine, with a fixed
 //! in-memory key and a SQLite file in a temporary directory, served by `countersign_session::serve`
 //! on a socket there, on a multi-thread Tokio runtime like the desk app's). So it shares neither
 //! the measuring client's current-thread runtime nor its memory: the client's timing is not
@@ -43,7 +43,7 @@
 //! counts for the desk's memory, default `1,10,50`), `COUNTERSIGN_BENCH_EVERYTHING` (`0` to skip
 //! server-everything, or the path of its `dist/index.js`). Run without `--bench` (as
 //! `cargo test --all-targets` does) it only smoke-tests every arm with a few calls, 3 starts and
-//! 1 and 2 agents.
+//! 1 and 2 agents. Any one step (a start, a listing, a call) that takes over 30 s fails the run.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -362,8 +362,7 @@ impl Running {
             ClientCapabilities::default(),
             Implementation::new("bench-agent", "1.0"),
         );
-        let client = info
-            .serve((read, write))
+        let client = within(STEP_DEADLINE, "initialize", info.serve((read, write)))
             .await
             .unwrap_or_else(|e| panic!("{:?} did not initialize: {e}", command[0]));
         Self { client, child }
@@ -372,7 +371,13 @@ impl Running {
     /// Starts `command`, and asks for its tools: it must list `echo`.
     async fn start_listed(command: &[OsString], quiet: bool) -> Self {
         let r = Self::start(command, quiet).await;
-        let tools = r.client.peer().list_all_tools().await.expect("tools/list");
+        let tools = within(
+            STEP_DEADLINE,
+            "tools/list",
+            r.client.peer().list_all_tools(),
+        )
+        .await
+        .expect("tools/list");
         assert!(
             tools.iter().any(|t| t.name == "echo"),
             "{:?}: no echo tool in {tools:?}",
@@ -397,6 +402,17 @@ impl Running {
     }
 }
 
+/// How long any one step (a start, a listing, a call) may take before the bench gives up: a hung
+/// pipe or desk fails the run (and `cargo test --all-targets`) instead of wedging it.
+const STEP_DEADLINE: Duration = Duration::from_secs(30);
+
+/// `future`'s output, or a panic naming `what` when it takes longer than `deadline`.
+async fn within<F: std::future::Future>(deadline: Duration, what: &str, future: F) -> F::Output {
+    tokio::time::timeout(deadline, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {} s", deadline.as_secs()))
+}
+
 fn echo_params(message: &str) -> CallToolRequestParams {
     let arguments: Map<String, Value> = [("message".to_owned(), json!(message))]
         .into_iter()
@@ -405,10 +421,15 @@ fn echo_params(message: &str) -> CallToolRequestParams {
 }
 
 /// One call, timed from just before the request is sent to the parsed response.
+/// (The deadline's timer is armed inside the timed span, alike for every arm: well under 1 µs.)
 async fn timed_call(client: &Client, params: CallToolRequestParams) -> Duration {
-    let started = Instant::now();
-    let result = client.peer().call_tool(params).await.expect("echo answers");
-    let elapsed = started.elapsed();
+    let (elapsed, result) = within(STEP_DEADLINE, "tools/call echo", async {
+        let started = Instant::now();
+        let result = client.peer().call_tool(params).await;
+        (started.elapsed(), result)
+    })
+    .await;
+    let result = result.expect("echo answers");
     assert_ne!(result.is_error, Some(true), "echo failed: {result:?}");
     elapsed
 }
@@ -603,12 +624,13 @@ async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
     let mut running = Vec::new();
     for arm in arms {
         let r = Running::start_listed(&arm.command, quiet).await;
-        let check = r
-            .client
-            .peer()
-            .call_tool(echo_params("hello"))
-            .await
-            .expect("echo answers");
+        let check = within(
+            STEP_DEADLINE,
+            "tools/call echo",
+            r.client.peer().call_tool(echo_params("hello")),
+        )
+        .await
+        .expect("echo answers");
         let text = check.content.first().and_then(|c| c.as_text());
         assert_eq!(
             text.map(|t| t.text.as_str()),
@@ -623,9 +645,8 @@ async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
         .zip(&running)
         .map(|(arm, r)| arm.middle(r.pid()))
         .collect();
-    let middle_cpu = |pids: &[u32]| -> Option<Duration> {
-        pids.iter().map(|&p| cpu_time(p)).sum::<Option<Duration>>()
-    };
+    let cpu_now =
+        |pids: &[u32]| -> Vec<Option<Duration>> { pids.iter().map(|&p| cpu_time(p)).collect() };
     // Warm-up, interleaved like the measurement.
     let warmup = (config.calls / 10).clamp(1, 500);
     for r in &running {
@@ -635,7 +656,7 @@ async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
     }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(config.calls); arms.len()];
     // CPU of the processes in the middle (relays; the pipe and the desk) over the measured calls.
-    let cpu_before: Vec<_> = middles.iter().map(|m| middle_cpu(m)).collect();
+    let cpu_before: Vec<_> = middles.iter().map(|m| cpu_now(m)).collect();
     let blocks = config.calls.div_ceil(config.block);
     for b in 0..blocks {
         let size = config.block.min(config.calls - b * config.block);
@@ -648,28 +669,43 @@ async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
             }
         }
     }
-    let cpu_per_call: Vec<Option<Duration>> = middles
+    // Per process in the middle, in the order of `Arm::middle`.
+    let cpu_per_call: Vec<Option<Vec<Duration>>> = middles
         .iter()
         .zip(cpu_before)
         .map(|(m, before)| {
-            if m.is_empty() {
-                return None;
-            }
-            Some((middle_cpu(m)? - before?) / config.calls as u32)
+            cpu_now(m)
+                .into_iter()
+                .zip(before)
+                .map(|(now, before)| Some((now? - before?) / config.calls as u32))
+                .collect()
         })
         .collect();
     let results: Vec<Stats> = samples.iter_mut().map(|s| stats(s)).collect();
     println!(
-        "  {:<10} {:>11} {:>11} {:>11} {:>27}",
-        "arm", "median µs", "p90 µs", "p99 µs", "CPU µs/call in the middle"
+        "  {:<10} {:>11} {:>11} {:>11}   CPU µs/call in the middle",
+        "arm", "median µs", "p90 µs", "p99 µs"
     );
     for ((arm, s), cpu) in arms.iter().zip(&results).zip(&cpu_per_call) {
-        let cpu = match cpu {
-            Some(cpu) => format!("{:.1}", micros(*cpu)),
-            None => "-".to_owned(),
+        let cpu = match cpu.as_deref() {
+            None | Some([]) => "-".to_owned(),
+            Some([one]) => format!("{:.1}", micros(*one)),
+            Some(each) => {
+                let total: Duration = each.iter().sum();
+                let parts: Vec<String> = each
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| match (arm.desk, i) {
+                        (Some(_), 0) => format!("pipe {:.1}", micros(*d)),
+                        (Some(_), _) => format!("desk {:.1}", micros(*d)),
+                        (None, _) => format!("{:.1}", micros(*d)),
+                    })
+                    .collect();
+                format!("{:.1} ({})", micros(total), parts.join(" + "))
+            }
         };
         println!(
-            "  {:<10} {:>11.1} {:>11.1} {:>11.1} {:>27}",
+            "  {:<10} {:>11.1} {:>11.1} {:>11.1}   {}",
             arm.name,
             micros(s.median),
             micros(s.p90),

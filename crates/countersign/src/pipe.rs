@@ -219,6 +219,14 @@ pub async fn run(options: Options) -> Result<(), PipeError> {
                     stdout.flush().await.ok();
                 }
                 Ok(Frame::Stderr(bytes)) => to_stderr(&bytes),
+                // The upstream is started once the agent's first message says which revision it
+                // speaks; when it cannot be, the desk says so after the welcome.
+                Ok(Frame::Welcome(Welcome::Refused { code, message })) => {
+                    return Err(PipeError::Refused {
+                        code: code.code(),
+                        message,
+                    });
+                }
                 Ok(other) => return Err(PipeError::Lost(format!("unexpected {other:?}"))),
                 Err(FrameError::Closed) => return Ok(()),
                 Err(e) => return Err(lost(e)),

@@ -312,13 +312,23 @@ async fn ledger_held_by_another_writer_is_ledger_unreachable_and_nothing_runs() 
     assert_eq!(count_rows(&agent).await, 1);
 }
 
-/// Runs `countersign mcp EXTRA...` with stdin closed at once; its exit code and stderr.
+/// Runs `countersign mcp EXTRA...` as an agent that sends `initialize` and closes stdin; its
+/// exit code and stderr. The desk starts the upstream when the agent's first message arrives.
 async fn gateway_alone(socket: &std::path::Path, extra: &[&str]) -> (i32, String) {
+    use tokio::io::AsyncWriteExt;
     let mut cmd = gateway_command(socket, extra);
-    cmd.stdin(std::process::Stdio::null())
+    cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "alone", "version": "1"}}});
+    // The gateway may already have exited (no desk): a closed pipe is fine.
+    let _ = stdin.write_all(format!("{initialize}\n").as_bytes()).await;
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .expect("the gateway did not exit within 30 s")
         .unwrap();

@@ -253,11 +253,11 @@ async fn python_agent_flow(mode: &str) -> PythonRun {
 }
 
 /// `mode="auto"`: the SDK first asks for the newest protocol (2026-07-28) with `server/discover`.
-/// The gateway never offers an agent a newer protocol than its upstream speaks, and it speaks the
-/// handshake-era 2025-11-25 to every stdio upstream (the built-in tools included), so it refuses
-/// the probe with the versions it supports and the SDK falls back to the initialize handshake.
+/// The desk opens the upstream the same way (the built-in tools are an rmcp server that speaks
+/// 2026-07-28), so the agent gets the revision it would get talking to the upstream directly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_sdk_agent_in_auto_mode_falls_back_to_the_handshake_and_completes_the_flow() {
+async fn python_sdk_agent_in_auto_mode_negotiates_2026_07_28_through_the_desk_and_completes_the_flow()
+ {
     let run = python_agent_flow("auto").await;
     let first = &run.sent[0];
     assert_eq!(first["method"], json!("server/discover"), "{:?}", run.sent);
@@ -265,10 +265,14 @@ async fn python_sdk_agent_in_auto_mode_falls_back_to_the_handshake_and_completes
         first["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
         json!("2026-07-28")
     );
-    assert_eq!(run.sent[1]["method"], json!("initialize"), "{:?}", run.sent);
+    assert!(
+        run.sent.iter().all(|m| m["method"] != json!("initialize")),
+        "no handshake on 2026-07-28: {:?}",
+        run.sent
+    );
     assert_eq!(
         step(&run.steps, "connected")["protocol"],
-        json!("2025-11-25")
+        json!("2026-07-28")
     );
 }
 
@@ -285,6 +289,97 @@ async fn python_sdk_agent_in_legacy_mode_preflights_confirms_and_is_refused_a_re
         step(&run.steps, "connected")["protocol"],
         json!("2025-11-25")
     );
+}
+
+/// The Python SDK on both sides of the desk: `tests/peers/python_pair.py` (the SDK's client in
+/// `mode`) through `countersign mcp` to `tests/peers/python_server.py` (the SDK's `MCPServer`),
+/// approving the one preflight at the desk. Returns the agent's steps and the notes file.
+async fn python_pair(mode: &str) -> (Vec<(String, Value)>, String) {
+    let desk = desk().await;
+    let notes = desk.dir.path().join("notes.txt");
+    let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
+    let click = click_approve(&desk.engine);
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(peers.join("python_pair.py"))
+        .arg(mode)
+        .arg(env!("CARGO_BIN_EXE_countersign"))
+        .arg(&desk.socket)
+        .arg(python())
+        .arg(peers.join("python_server.py"))
+        .arg(&notes)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("the Python pair did not finish within 120 s")
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "the Python agent failed ({}); it printed:\n{stdout}\nand on stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steps = stdout
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).unwrap();
+            (v["step"].as_str().unwrap().to_owned(), v)
+        })
+        .collect::<Vec<_>>();
+    let request = tokio::time::timeout(Duration::from_secs(5), click)
+        .await
+        .expect("the desk never saw the preflight")
+        .unwrap();
+    assert_eq!(request.plan.tool, "note");
+    assert_eq!(request.class, countersign_core::GateClass::Once);
+    // Whatever the revision, the flow holds: approved, run once, the replay refused.
+    assert_eq!(
+        step(&steps, "preflight")["approved"],
+        json!(true),
+        "{steps:?}"
+    );
+    assert_eq!(
+        step(&steps, "confirm")["is_error"],
+        json!(false),
+        "{steps:?}"
+    );
+    assert_eq!(
+        step(&steps, "replay")["refusal"],
+        json!("already_used"),
+        "{steps:?}"
+    );
+    let noted = std::fs::read_to_string(&notes).unwrap_or_default();
+    (steps, noted)
+}
+
+/// Directly, the SDK's client in auto mode and its `MCPServer` speak 2026-07-28; through the desk
+/// they do too, on both sides: the agent negotiated it, and the upstream served the open call
+/// under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_client_and_server_speak_2026_07_28_through_the_desk() {
+    let (steps, noted) = python_pair("auto").await;
+    assert_eq!(step(&steps, "connected")["protocol"], json!("2026-07-28"));
+    assert_eq!(
+        step(&steps, "whoami")["text"],
+        json!("protocol 2026-07-28"),
+        "{steps:?}"
+    );
+    assert_eq!(noted, "from python\n");
+}
+
+/// The same pair with the client on the handshake: 2025-11-25 on both sides, as directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_client_in_legacy_mode_and_server_speak_2025_11_25_through_the_desk() {
+    let (steps, noted) = python_pair("legacy").await;
+    assert_eq!(step(&steps, "connected")["protocol"], json!("2025-11-25"));
+    assert_eq!(
+        step(&steps, "whoami")["text"],
+        json!("protocol 2025-11-25"),
+        "{steps:?}"
+    );
+    assert_eq!(noted, "from python\n");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -350,13 +445,11 @@ async fn agent_before(desk: &Desk, agent: Recording, upstream: &[&str]) -> PeerA
     connect(gateway_command(&desk.socket, &args), agent).await
 }
 
-/// Starts the gateway `cmd`, and connects `agent` to it only once the gateway's stderr (where its
-/// upstream's stderr goes too) has printed a line containing `ready`, and `then` has passed: an
-/// agent that sends its `initialize` late. Returns the agent and the gateway's process.
+/// Starts the gateway `cmd`, and connects `agent` to it only once `then` has passed: an agent
+/// that sends its `initialize` late. Returns the agent and the gateway's process.
 async fn connect_after(
     mut cmd: tokio::process::Command,
     agent: Recording,
-    ready: &str,
     then: Duration,
 ) -> (PeerAgent, tokio::process::Child) {
     use tokio::io::AsyncBufReadExt;
@@ -366,17 +459,6 @@ async fn connect_after(
         .kill_on_drop(true);
     let mut child = cmd.spawn().unwrap();
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            eprintln!("{line}");
-            if line.contains(ready) {
-                return;
-            }
-        }
-        panic!("the gateway ended before printing {ready:?}");
-    })
-    .await
-    .unwrap_or_else(|_| panic!("the gateway did not print {ready:?} within 30 s"));
     // Keep passing its stderr on, so that it never blocks on a full pipe.
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
@@ -758,10 +840,10 @@ async fn allowed_until(agent: &Peer<RoleClient>, dir: &Path) -> String {
 
 /// server-filesystem asks its client for roots right after the handshake (when the client
 /// declares the roots capability) and replaces its allowed directories with them. Through the
-/// gateway, that client is the agent, and the question must reach it even when the agent sends
-/// its `initialize` a moment after starting the gateway (as hosts that start many servers do):
-/// the gateway completes the upstream's handshake first, so the upstream asks before the agent
-/// has said anything.
+/// desk, that client is the agent, and the question must reach it even though the desk completes
+/// the upstream's handshake (started when the agent's `initialize` arrives, here a moment after
+/// the gateway started, as hosts that start many servers do) before it answers the agent's: the
+/// upstream asks before the agent's session is initialized.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filesystem_asks_the_agent_for_its_roots_and_follows_them() {
     let server = server_filesystem();
@@ -771,15 +853,7 @@ async fn filesystem_asks_the_agent_for_its_roots_and_follows_them() {
     let (recording, _progress) = Recording::new(Some(vec![file_root(&root_dir)]));
     let asked = recording.roots_asked.clone();
     let cmd = gateway_command(&desk.socket, &["--", s(&server), s(&started_dir)]);
-    // The upstream prints this once it is serving; its handshake with the gateway and its roots
-    // request follow within milliseconds.
-    let (agent, _gateway) = connect_after(
-        cmd,
-        recording,
-        "Secure MCP Filesystem Server running on stdio",
-        Duration::from_secs(1),
-    )
-    .await;
+    let (agent, _gateway) = connect_after(cmd, recording, Duration::from_secs(1)).await;
 
     let allowed = allowed_until(&agent, &root_dir).await;
     assert!(

@@ -43,6 +43,8 @@ pub struct Session {
     tenant: String,
     wait: Duration,
     gates: Arc<Mutex<HashMap<String, Gate>>>,
+    /// The agent's clientInfo as last shown to the person.
+    client_info: Arc<Mutex<Option<Value>>>,
 }
 
 impl Session {
@@ -76,6 +78,7 @@ impl Session {
             tenant,
             wait,
             gates: Arc::default(),
+            client_info: Arc::default(),
         }
     }
 
@@ -87,6 +90,10 @@ impl Session {
     ) -> Result<ServerResult, ErrorData> {
         let mut meta = context.meta.clone();
         meta.remove("progressToken");
+        // The agent's own lifecycle keys (2026-07-28: protocol version, clientInfo, capabilities)
+        // describe the agent to the desk; toward the upstream the desk is the client and says so
+        // itself.
+        meta.retain(|key, _| !key.starts_with("io.modelcontextprotocol/"));
         let options = PeerRequestOptions::no_options().with_meta(meta);
         let agent_token = context.meta.get_progress_token();
         let mut registered = None;
@@ -116,6 +123,16 @@ impl Session {
             }
         }
         r
+    }
+
+    /// Shows the person who asks: the agent's `clientInfo` (its own claim), from its `initialize`
+    /// or, on 2026-07-28, from each request's `_meta`.
+    fn note_client_info(&self, info: Value) {
+        let mut seen = self.client_info.lock().unwrap();
+        if seen.as_ref() != Some(&info) {
+            self.engine.set_client_info(&self.tenant, info.clone());
+            *seen = Some(info);
+        }
     }
 
     /// Every tool of the upstream, raw, across all pages.
@@ -350,8 +367,7 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
-        let client_info = serde_json::to_value(&request.client_info).unwrap_or_default();
-        self.engine.set_client_info(&self.tenant, client_info);
+        self.note_client_info(serde_json::to_value(&request.client_info).unwrap_or_default());
         self.negotiate_initialize(&request)
     }
 
@@ -575,12 +591,17 @@ fn unexpected(r: ServerResult) -> ErrorData {
     ErrorData::internal_error(format!("unexpected upstream result: {r:?}"), None)
 }
 
+/// Whether the agent speaks 2026-07-28 or later on this request.
+fn is_modern(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
+}
+
 /// Bypassing rmcp's handler also bypasses its per-version fix-ups: agents on protocol 2026-07-28
 /// or later need `resultType`, older ones must not see it.
 fn fit_result_type(raw: &mut Value, context: &RequestContext<RoleServer>) {
-    let newer = context
-        .protocol_version()
-        .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+    let newer = is_modern(context);
     let Some(object) = raw.as_object_mut() else {
         return;
     };
@@ -604,11 +625,22 @@ impl Service<RoleServer> for RawTools {
         request: ClientRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, ErrorData> {
+        if let Some(info) = context.meta.client_info() {
+            self.0
+                .note_client_info(serde_json::to_value(info).unwrap_or_default());
+        }
         match request {
             ClientRequest::ListToolsRequest(_) => {
                 let tools = self.0.refresh_tools(&context).await?;
                 let mut raw = json!({ "tools": tools });
                 fit_result_type(&mut raw, &context);
+                if is_modern(&context) {
+                    // 2026-07-28 list results say how long they may be cached. This listing is
+                    // this session's alone and changes with the desk's policy: never shared,
+                    // never cached.
+                    raw["ttlMs"] = json!(0);
+                    raw["cacheScope"] = json!("private");
+                }
                 Ok(ServerResult::CustomResult(CustomResult::new(raw)))
             }
             // An open tool's call is passed on raw: the result keeps every field the upstream

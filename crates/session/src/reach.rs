@@ -10,8 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use countersign_wire::{Frame, Reach, RefusedCode};
+use rmcp::model::ProtocolVersion;
 use rmcp::service::RunningService;
-use rmcp::{ClientCacheConfig, RoleClient, ServiceExt};
+use rmcp::{ClientCacheConfig, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use tokio::sync::mpsc;
 
 use crate::children::Children;
@@ -63,13 +64,63 @@ pub fn command_identity(argv: &[String]) -> String {
     argv.iter().map(|a| quoted(a)).collect::<Vec<_>>().join(" ")
 }
 
-/// Starts or connects what `reach` names and completes the MCP handshake with it. The upstream's
-/// stderr goes to `out` as `E` frames (dropped, not queued without bound, when the gateway is slow).
+/// The desk's name for what `reach` names, or why it cannot be reached at all. Checked before the
+/// gateway is welcomed; nothing is started.
+pub fn identity(reach: &Reach) -> Result<String, Unreached> {
+    match reach {
+        Reach::Builtin { db } if Path::new(db).is_absolute() => Ok(format!("builtin:{db}")),
+        Reach::Builtin { db } => Err(unreached(
+            RefusedCode::BadHello,
+            format!("the built-in tools' database must be an absolute path, not {db:?}"),
+        )),
+        Reach::Url { url } if url.starts_with("http://") || url.starts_with("https://") => {
+            Ok(url.clone())
+        }
+        Reach::Url { url } => Err(unreached(
+            RefusedCode::BadHello,
+            format!("--url takes an http:// or https:// URL, not {url:?}"),
+        )),
+        Reach::Command { argv, .. } if !argv.is_empty() => Ok(command_identity(argv)),
+        Reach::Command { .. } => Err(unreached(RefusedCode::BadHello, "no upstream command")),
+        Reach::Server { name } => Err(unreached(
+            RefusedCode::NoSuchServer,
+            format!(
+                "no server named {name:?} is registered in the desk (servers cannot be \
+                 registered yet: use -- CMD ARGS..., --url URL or --db PATH)"
+            ),
+        )),
+        other => Err(unreached(
+            RefusedCode::BadHello,
+            format!("this desk cannot reach {other:?}"),
+        )),
+    }
+}
+
+/// How the desk opens its session with the upstream, chosen from the agent's first message:
+/// the revision they would negotiate directly.
+pub fn lifecycle(agent_probes_modern: bool) -> ClientLifecycleMode {
+    if agent_probes_modern {
+        // The agent opened with `server/discover`: probe the upstream the same way, and fall back
+        // to the handshake where the upstream is older (the agent is then offered that too).
+        ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(ProtocolVersion::V_2025_11_25),
+        }
+    } else {
+        ClientLifecycleMode::Initialize
+    }
+}
+
+/// Starts or connects what `reach` names and opens the MCP session with it (`lifecycle`). The
+/// upstream's stderr goes to `out` as `E` frames (dropped, not queued without bound, when the
+/// gateway is slow).
 pub async fn reach(
     reach: &Reach,
+    lifecycle: ClientLifecycleMode,
     out: &mpsc::Sender<Frame>,
     children: &Children,
 ) -> Result<Reached, Unreached> {
+    let identity = identity(reach)?;
     let shared = Arc::new(Shared::default());
     let client = UpstreamClient::new(shared.clone());
     let failed = |e: &dyn std::fmt::Display| {
@@ -78,15 +129,9 @@ pub async fn reach(
             format!("the upstream did not initialize: {e}"),
         )
     };
-    let (identity, upstream) = match reach {
+    let upstream = match reach {
         Reach::Builtin { db } => {
             let path = Path::new(db);
-            if !path.is_absolute() {
-                return Err(unreached(
-                    RefusedCode::BadHello,
-                    format!("the built-in tools' database must be an absolute path, not {db:?}"),
-                ));
-            }
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| {
                     unreached(
@@ -103,22 +148,17 @@ pub async fn reach(
                 their_write,
             ));
             let (read, write) = tokio::io::split(ours);
-            let upstream = client
-                .serve(RawPassthroughTransport::new(read, write))
+            client
+                .serve_with_lifecycle(RawPassthroughTransport::new(read, write), lifecycle)
                 .await
-                .map_err(|e| failed(&e))?;
-            (format!("builtin:{db}"), upstream)
+                .map_err(|e| failed(&e))?
         }
         Reach::Url { url } => {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(unreached(
-                    RefusedCode::BadHello,
-                    format!("--url takes an http:// or https:// URL, not {url:?}"),
-                ));
-            }
             let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
-            let upstream = client.serve(transport).await.map_err(|e| failed(&e))?;
-            (url.clone(), upstream)
+            client
+                .serve_with_lifecycle(transport, lifecycle)
+                .await
+                .map_err(|e| failed(&e))?
         }
         Reach::Command { argv, cwd, env } => {
             let Some((program, args)) = argv.split_first() else {
@@ -140,18 +180,13 @@ pub async fn reach(
                         format!("cannot start the upstream `{program}`: {e}"),
                     )
                 })?;
-            let upstream = client.serve(transport).await.map_err(|e| failed(&e))?;
-            (command_identity(argv), upstream)
+            client
+                .serve_with_lifecycle(transport, lifecycle)
+                .await
+                .map_err(|e| failed(&e))?
         }
-        Reach::Server { name } => {
-            return Err(unreached(
-                RefusedCode::NoSuchServer,
-                format!(
-                    "no server named {name:?} is registered in the desk (servers cannot be \
-                     registered yet: use -- CMD ARGS..., --url URL or --db PATH)"
-                ),
-            ));
-        }
+        // `identity` has refused everything else already; should a new kind slip through, it is
+        // refused here too.
         other => {
             return Err(unreached(
                 RefusedCode::BadHello,

@@ -222,13 +222,68 @@ fn response(value: Value) -> Routed {
 pub struct AgentTransport {
     inbound: mpsc::Receiver<Vec<u8>>,
     outbound: mpsc::Sender<Frame>,
+    replayed: Option<ClientJsonRpcMessage>,
 }
 
 impl AgentTransport {
     /// A transport reading the agent's messages from `inbound` and writing to `outbound`.
     pub fn new(inbound: mpsc::Receiver<Vec<u8>>, outbound: mpsc::Sender<Frame>) -> Self {
-        Self { inbound, outbound }
+        Self {
+            inbound,
+            outbound,
+            replayed: None,
+        }
     }
+
+    /// The first message the router lets through (refusing or dropping what comes before it),
+    /// or `None` when the gateway goes away first. Hand it back with [`Self::replay`].
+    pub async fn first(&mut self) -> Option<ClientJsonRpcMessage> {
+        self.next().await
+    }
+
+    /// Makes `message` the next one [`Transport::receive`] returns.
+    pub fn replay(&mut self, message: ClientJsonRpcMessage) {
+        self.replayed = Some(message);
+    }
+
+    async fn next(&mut self) -> Option<ClientJsonRpcMessage> {
+        if let Some(message) = self.replayed.take() {
+            return Some(message);
+        }
+        loop {
+            let bytes = self.inbound.recv().await?;
+            match route(&bytes) {
+                Routed::Pass(message) => return Some(*message),
+                Routed::Answer(reply) => {
+                    tracing::warn!(target: "router", "refused a message from the agent: {}", reply["error"]["message"]);
+                    let bytes = serde_json::to_vec(&reply).expect("a JSON value serializes");
+                    self.outbound.send(Frame::Mcp(bytes)).await.ok()?;
+                }
+                Routed::Drop(why) => {
+                    tracing::warn!(target: "router", "dropped a message from the agent: {why}")
+                }
+            }
+        }
+    }
+}
+
+/// Whether the agent opened with the 2026-07-28 probe (`server/discover`) rather than the
+/// `initialize` handshake.
+pub fn probes_modern(message: &ClientJsonRpcMessage) -> bool {
+    matches!(message, JsonRpcMessage::Request(r) if matches!(r.request, ClientRequest::DiscoverRequest(_)))
+}
+
+/// A JSON-RPC error answering `message`, if it is a request.
+pub fn error_reply(message: &ClientJsonRpcMessage, text: &str) -> Option<Vec<u8>> {
+    let JsonRpcMessage::Request(r) = message else {
+        return None;
+    };
+    let reply = json!({
+        "jsonrpc": "2.0",
+        "id": r.id,
+        "error": {"code": -32603, "message": text},
+    });
+    serde_json::to_vec(&reply).ok()
 }
 
 /// The gateway went away while the session was writing to it.
@@ -251,20 +306,7 @@ impl Transport<RoleServer> for AgentTransport {
     }
 
     async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleServer>> {
-        loop {
-            let bytes = self.inbound.recv().await?;
-            match route(&bytes) {
-                Routed::Pass(message) => return Some(*message),
-                Routed::Answer(reply) => {
-                    tracing::warn!(target: "router", "refused a message from the agent: {}", reply["error"]["message"]);
-                    let bytes = serde_json::to_vec(&reply).expect("a JSON value serializes");
-                    self.outbound.send(Frame::Mcp(bytes)).await.ok()?;
-                }
-                Routed::Drop(why) => {
-                    tracing::warn!(target: "router", "dropped a message from the agent: {why}")
-                }
-            }
-        }
+        self.next().await
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
@@ -382,5 +424,25 @@ mod tests {
             routed(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
             Routed::Pass(_)
         ));
+    }
+}
+
+#[cfg(test)]
+mod transport_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_replayed_first_message_is_received_again() {
+        let (tx, rx) = mpsc::channel(4);
+        let (out, _out_rx) = mpsc::channel(4);
+        let mut t = AgentTransport::new(rx, out);
+        tx.send(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#.to_vec())
+            .await
+            .unwrap();
+        let first = t.first().await.unwrap();
+        t.replay(first);
+        drop(tx);
+        assert!(Transport::receive(&mut t).await.is_some());
+        assert!(Transport::receive(&mut t).await.is_none());
     }
 }

@@ -238,6 +238,17 @@ async fn connection(desk: Desk, stream: UnixStream) {
         return;
     }
 
+    // What to reach is checked before anything starts: a name the desk does not know, or a
+    // malformed hello, is refused at once.
+    let identity = match reach::identity(&reach) {
+        Ok(identity) => identity,
+        Err(refusal) => {
+            tracing::warn!(target: "desk", ?reach, "{}", refusal.message);
+            let _ = write_frame(&mut writer, &refuse(refusal.code, refusal.message)).await;
+            return;
+        }
+    };
+
     // Every frame to the gateway goes through one writer task, so the upstream's stderr, the
     // welcome and the session's messages never interleave inside a frame.
     let (out, mut outbox) = mpsc::channel::<Frame>(1024);
@@ -249,34 +260,8 @@ async fn connection(desk: Desk, stream: UnixStream) {
             }
         }
     });
-
-    let reached = match tokio::time::timeout(
-        desk.options.upstream_deadline,
-        reach::reach(&reach, &out, &desk.children),
-    )
-    .await
-    {
-        Ok(Ok(reached)) => reached,
-        Ok(Err(refusal)) => {
-            tracing::warn!(target: "desk", ?reach, "{}", refusal.message);
-            let _ = out.send(refuse(refusal.code, refusal.message)).await;
-            drop(out);
-            let _ = writing.await;
-            return;
-        }
-        Err(_) => {
-            let message = format!(
-                "the upstream did not complete the MCP handshake within {} s",
-                desk.options.upstream_deadline.as_secs()
-            );
-            let _ = out.send(refuse(RefusedCode::UpstreamFailed, message)).await;
-            drop(out);
-            let _ = writing.await;
-            return;
-        }
-    };
-    let tenant = desk.engine.connect(reached.identity.clone());
-    tracing::info!(target: "desk", %tenant, server = %reached.identity, label = label.as_deref().unwrap_or(""), pid, "gateway connected");
+    let tenant = desk.engine.connect(identity.clone());
+    tracing::info!(target: "desk", %tenant, server = %identity, label = label.as_deref().unwrap_or(""), pid, "gateway connected");
     let welcome = Frame::Welcome(Welcome::Accepted {
         version: PROTOCOL_VERSION,
         tenant: tenant.clone(),
@@ -308,17 +293,49 @@ async fn connection(desk: Desk, stream: UnixStream) {
             }
         }
     });
-    let wait = wait_ms
-        .map_or(desk.options.default_wait, Duration::from_millis)
-        .min(desk.options.max_wait);
-    crate::run(
-        desk.engine.clone(),
-        tenant.clone(),
-        wait,
-        reached,
-        crate::router::AgentTransport::new(inbox, out),
-    )
-    .await;
+
+    let mut agent = crate::router::AgentTransport::new(inbox, out.clone());
+    'serve: {
+        // The agent's first message says which revision it would speak: the upstream is opened
+        // the same way, so the two negotiate through the desk what they would negotiate directly.
+        let Some(first) = agent.first().await else {
+            break 'serve;
+        };
+        let lifecycle = reach::lifecycle(crate::router::probes_modern(&first));
+        let reached = tokio::time::timeout(
+            desk.options.upstream_deadline,
+            reach::reach(&reach, lifecycle, &out, &desk.children),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(reach::Unreached {
+                code: RefusedCode::UpstreamFailed,
+                message: format!(
+                    "the upstream did not complete the MCP handshake within {} s",
+                    desk.options.upstream_deadline.as_secs()
+                ),
+            })
+        });
+        let reached = match reached {
+            Ok(reached) => reached,
+            Err(refusal) => {
+                tracing::warn!(target: "desk", %tenant, ?reach, "{}", refusal.message);
+                // The agent's first request gets an error it can show; the gateway gets the
+                // refusal, prints it and exits.
+                if let Some(reply) = crate::router::error_reply(&first, &refusal.message) {
+                    let _ = out.send(Frame::Mcp(reply)).await;
+                }
+                let _ = out.send(refuse(refusal.code, refusal.message)).await;
+                break 'serve;
+            }
+        };
+        agent.replay(first);
+        let wait = wait_ms
+            .map_or(desk.options.default_wait, Duration::from_millis)
+            .min(desk.options.max_wait);
+        crate::run(desk.engine.clone(), tenant.clone(), wait, reached, agent).await;
+    }
+    drop(out);
     // Gone: withdraw its pending requests.
     desk.engine.disconnect(&tenant);
     reading.abort();
