@@ -118,7 +118,7 @@ async fn a_desk_without_a_display_serves_open_tools_and_refuses_gated_calls() {
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     headless(&mut desk, dir.path());
-    let mut desk = desk.spawn().unwrap();
+    let desk = desk.spawn().unwrap();
     wait_for_socket(&dir.path().join("desk.sock")).await;
     let agent = agent(dir.path(), false).await;
     open_works_and_gated_is_refused(&agent).await;

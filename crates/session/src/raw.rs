@@ -167,13 +167,12 @@ where
     async fn close(&mut self) -> Result<(), Self::Error> {
         // closing stdin lets a well-behaved stdio server exit
         self.writer.lock().await.take();
-        if let Some(mut child) = self.child.take() {
-            if tokio::time::timeout(std::time::Duration::from_secs(3), child.wait())
+        if let Some(mut child) = self.child.take()
+            && tokio::time::timeout(std::time::Duration::from_secs(3), child.wait())
                 .await
                 .is_err()
-            {
-                let _ = child.kill().await;
-            }
+        {
+            let _ = child.kill().await;
         }
         // Whatever the server started and left behind goes with it.
         self.group.take();
