@@ -190,11 +190,7 @@ fn main() {
 }
 
 fn mcp(options: pipe::Options) -> i32 {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a Tokio runtime");
-    match runtime.block_on(pipe::run(options)) {
+    match pipe::run(options) {
         Ok(()) => pipe::exit::OK,
         Err(err) => {
             eprintln!("countersign mcp: {err}");

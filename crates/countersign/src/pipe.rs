@@ -5,16 +5,19 @@
 //! reached, then copies MCP messages (one JSON-RPC message per line on stdin/stdout) to and from
 //! the socket, and the upstream's stderr, which the desk sends, to its own stderr. It never starts
 //! or reaches an upstream and links no policy, store or MCP code; taking it over gains nothing.
+//!
+//! Plain blocking I/O on two threads (stdin → desk on one, desk → stdout on the other), no async
+//! runtime: agents start one of these per server, so it must start fast, idle light and add as
+//! little as possible to every call.
 
-use std::io::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use countersign_wire::{
-    Frame, FrameError, Hello, MAX_FRAME, PROTOCOL_VERSION, Reach, Welcome, read_frame, write_frame,
+    Frame, FrameError, Hello, MAX_FRAME, PROTOCOL_VERSION, Reach, Welcome, decode, encode,
 };
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
 
 /// Exit codes, for scripts and for the person reading a client's log.
 pub mod exit {
@@ -73,6 +76,10 @@ impl PipeError {
     }
 }
 
+fn lost(e: impl std::fmt::Display) -> PipeError {
+    PipeError::Lost(e.to_string())
+}
+
 /// The hello's `Reach` for an ad-hoc command: with the working directory and environment this
 /// process was given, which the desk passes to the upstream it starts.
 pub fn command_reach(argv: Vec<String>) -> Reach {
@@ -95,27 +102,65 @@ pub fn builtin_reach(db: &Path) -> Reach {
     }
 }
 
-async fn dial(socket: &Path) -> std::io::Result<UnixStream> {
-    let stream = UnixStream::connect(socket).await?;
+fn dial(socket: &Path) -> std::io::Result<UnixStream> {
+    let stream = UnixStream::connect(socket)?;
     // Only a desk of our own user is the authority: a socket someone else planted at the path
     // could otherwise answer every preflight.
+    let owner = peer_uid(&stream)?;
     // SAFETY: getuid has no preconditions and cannot fail.
     let me = unsafe { libc::getuid() };
-    match stream.peer_cred() {
-        Ok(cred) if cred.uid() == me => Ok(stream),
-        Ok(cred) => Err(std::io::Error::new(
+    if owner != me {
+        return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            format!("the socket belongs to uid {}, not to this user", cred.uid()),
-        )),
-        Err(e) => Err(e),
+            format!("the socket belongs to uid {owner}, not to this user"),
+        ));
+    }
+    Ok(stream)
+}
+
+#[cfg(target_os = "linux")]
+fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, for the whole call.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(cred.uid)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let (mut uid, mut gid) = (0, 0);
+    // SAFETY: both out-pointers are valid for writes for the whole call.
+    if unsafe { libc::getpeereid(stream.as_raw_fd(), &mut uid, &mut gid) } == 0 {
+        Ok(uid)
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
 /// Connects, starting the desk once if none answers and giving it a few seconds to bind.
-async fn connect(options: &Options) -> Result<UnixStream, PipeError> {
+fn connect(options: &Options) -> Result<UnixStream, PipeError> {
     let unreachable =
         |e: std::io::Error| PipeError::Unreachable(format!("{}: {e}", options.socket.display()));
-    let first = match dial(&options.socket).await {
+    let first = match dial(&options.socket) {
         Ok(stream) => return Ok(stream),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(unreachable(e)),
         Err(e) => e,
@@ -134,8 +179,8 @@ async fn connect(options: &Options) -> Result<UnixStream, PipeError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut step = Duration::from_millis(20);
     loop {
-        tokio::time::sleep(step).await;
-        match dial(&options.socket).await {
+        std::thread::sleep(step);
+        match dial(&options.socket) {
             Ok(stream) => return Ok(stream),
             Err(e) if Instant::now() >= deadline => return Err(unreachable(e)),
             Err(_) => step = (step * 2).min(Duration::from_millis(250)),
@@ -143,10 +188,34 @@ async fn connect(options: &Options) -> Result<UnixStream, PipeError> {
     }
 }
 
+/// Reads one frame. `Ok(None)` when the desk closed the connection between frames.
+fn read_frame(reader: &mut impl Read) -> Result<Option<Frame>, FrameError> {
+    let mut len = [0u8; 4];
+    match reader.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body)?;
+    decode(&body).map(Some)
+}
+
+fn write_frame(writer: &mut impl Write, frame: &Frame) -> Result<(), FrameError> {
+    // One write per frame: the desk sees whole frames as early as possible.
+    writer.write_all(&encode(frame)?)?;
+    Ok(())
+}
+
 /// Runs the pipe until the agent closes stdin or the desk ends the session.
-pub async fn run(options: Options) -> Result<(), PipeError> {
-    let stream = connect(&options).await?;
-    let (mut from_desk, mut to_desk) = stream.into_split();
+pub fn run(options: Options) -> Result<(), PipeError> {
+    let stream = connect(&options)?;
+    let mut to_desk = stream.try_clone().map_err(lost)?;
+    let mut from_desk = BufReader::with_capacity(64 * 1024, stream);
     let hello = Frame::Hello(Hello::Gateway {
         version: PROTOCOL_VERSION,
         reach: options.reach.clone(),
@@ -154,107 +223,120 @@ pub async fn run(options: Options) -> Result<(), PipeError> {
         wait_ms: options.wait.map(|w| w.as_millis() as u64),
         pid: std::process::id(),
     });
-    let lost = |e: FrameError| PipeError::Lost(e.to_string());
-    write_frame(&mut to_desk, &hello).await.map_err(lost)?;
+    write_frame(&mut to_desk, &hello).map_err(lost)?;
     // The upstream's stderr may come before the answer (it says why a server would not start).
     loop {
-        match read_frame(&mut from_desk).await.map_err(lost)? {
-            Frame::Stderr(bytes) => to_stderr(&bytes),
-            Frame::Welcome(Welcome::Accepted { tenant, .. }) => {
+        match read_frame(&mut from_desk).map_err(lost)? {
+            Some(Frame::Stderr(bytes)) => to_stderr(&bytes),
+            Some(Frame::Welcome(Welcome::Accepted { tenant, .. })) => {
                 tracing::info!(target: "gateway", %tenant, "connected to the desk");
                 break;
             }
-            Frame::Welcome(Welcome::Refused { code, message }) => {
+            Some(Frame::Welcome(Welcome::Refused { code, message })) => {
                 return Err(PipeError::Refused {
                     code: code.code(),
                     message,
                 });
             }
-            other => return Err(PipeError::Lost(format!("unexpected {other:?}"))),
+            Some(other) => return Err(lost(format!("unexpected {other:?}"))),
+            None => return Err(lost("the desk closed the connection before answering")),
         }
     }
 
-    let agent_to_desk = async move {
-        let mut stdin = BufReader::with_capacity(64 * 1024, tokio::io::stdin());
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            // Read at most one frame's worth (plus the newline): a longer line is dropped whole.
-            let n = (&mut stdin)
-                .take(MAX_FRAME as u64)
-                .read_until(b'\n', &mut line)
-                .await
-                .map_err(|e| PipeError::Lost(format!("stdin: {e}")))?;
-            if n == 0 {
-                return Ok(()); // stdin closed: the agent is done.
+    // stdin → desk, on a thread of its own. When the agent closes stdin, our half of the socket
+    // closes too: the desk ends the session and its upstream, then closes its half, which ends
+    // the loop below (given a few seconds at most).
+    let closer = to_desk.try_clone().map_err(lost)?;
+    let agent_to_desk = std::thread::spawn(move || -> Result<(), PipeError> {
+        let result = copy_stdin(&mut to_desk);
+        let _ = to_desk.shutdown(std::net::Shutdown::Write);
+        let _ = closer.set_read_timeout(Some(Duration::from_secs(5)));
+        result
+    });
+
+    // desk → stdout and stderr, here.
+    let mut stdout = std::io::stdout().lock();
+    let ended = loop {
+        match read_frame(&mut from_desk) {
+            Ok(Some(Frame::Mcp(mut bytes))) => {
+                bytes.push(b'\n');
+                if let Err(e) = stdout.write_all(&bytes).and_then(|()| stdout.flush()) {
+                    break Err(PipeError::Lost(format!("stdout: {e}")));
+                }
             }
-            if line.last() != Some(&b'\n') && n as u64 == MAX_FRAME as u64 {
-                eprintln!(
-                    "countersign mcp: dropped a message longer than {MAX_FRAME} bytes from the agent"
-                );
-                skip_line(&mut stdin).await;
-                continue;
+            Ok(Some(Frame::Stderr(bytes))) => to_stderr(&bytes),
+            // The upstream is started once the agent's first message says which revision it
+            // speaks; when it cannot be, the desk says so after the welcome.
+            Ok(Some(Frame::Welcome(Welcome::Refused { code, message }))) => {
+                break Err(PipeError::Refused {
+                    code: code.code(),
+                    message,
+                });
             }
-            while matches!(line.last(), Some(b'\n' | b'\r')) {
-                line.pop();
+            Ok(Some(other)) => break Err(lost(format!("unexpected {other:?}"))),
+            Ok(None) => break Ok(()),
+            // The agent is gone and the desk did not close in time: done all the same.
+            Err(FrameError::Io(e))
+                if agent_to_desk.is_finished()
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+            {
+                break Ok(());
             }
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            write_frame(&mut to_desk, &Frame::Mcp(std::mem::take(&mut line)))
-                .await
-                .map_err(lost)?;
+            Err(e) => break Err(lost(e)),
         }
     };
-    let desk_to_agent = async move {
-        let mut stdout = tokio::io::stdout();
-        loop {
-            match read_frame(&mut from_desk).await {
-                Ok(Frame::Mcp(mut bytes)) => {
-                    bytes.push(b'\n');
-                    stdout
-                        .write_all(&bytes)
-                        .await
-                        .map_err(|e| PipeError::Lost(format!("stdout: {e}")))?;
-                    stdout.flush().await.ok();
-                }
-                Ok(Frame::Stderr(bytes)) => to_stderr(&bytes),
-                // The upstream is started once the agent's first message says which revision it
-                // speaks; when it cannot be, the desk says so after the welcome.
-                Ok(Frame::Welcome(Welcome::Refused { code, message })) => {
-                    return Err(PipeError::Refused {
-                        code: code.code(),
-                        message,
-                    });
-                }
-                Ok(other) => return Err(PipeError::Lost(format!("unexpected {other:?}"))),
-                Err(FrameError::Closed) => return Ok(()),
-                Err(e) => return Err(lost(e)),
-            }
-        }
-    };
-    tokio::pin!(desk_to_agent);
-    tokio::select! {
-        done = agent_to_desk => {
-            done?;
-            // The agent is done; closing our half tells the desk, which ends the session and
-            // its upstream, then closes too. Messages already on their way still reach stdout.
-            match tokio::time::timeout(Duration::from_secs(5), &mut desk_to_agent).await {
-                Ok(r) => r,
-                Err(_) => Ok(()),
-            }
-        }
-        done = &mut desk_to_agent => {
-            done?;
-            eprintln!("countersign mcp: the desk ended this session (the upstream exited, or the desk stopped)");
-            Ok(())
-        }
+    ended?;
+    if agent_to_desk.is_finished() {
+        agent_to_desk
+            .join()
+            .unwrap_or_else(|_| Err(lost("the stdin thread panicked")))
+    } else {
+        // The desk ended the session while the agent still talks: the upstream exited, or the
+        // desk stopped. The stdin thread is blocked in a read; the process exit ends it.
+        eprintln!(
+            "countersign mcp: the desk ended this session (the upstream exited, or the desk stopped)"
+        );
+        Ok(())
     }
 }
 
-async fn skip_line<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) {
+/// Copies stdin's lines to the desk as `M` frames until stdin closes.
+fn copy_stdin(to_desk: &mut UnixStream) -> Result<(), PipeError> {
+    let mut stdin = BufReader::with_capacity(64 * 1024, std::io::stdin().lock());
+    let mut line = Vec::new();
     loop {
-        let Ok(buf) = reader.fill_buf().await else {
+        line.clear();
+        // At most one frame's worth (plus the newline): a longer line is dropped whole.
+        let n = (&mut stdin)
+            .take(MAX_FRAME as u64)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| PipeError::Lost(format!("stdin: {e}")))?;
+        if n == 0 {
+            return Ok(()); // stdin closed: the agent is done.
+        }
+        if line.last() != Some(&b'\n') && n as u64 == MAX_FRAME as u64 {
+            eprintln!(
+                "countersign mcp: dropped a message longer than {MAX_FRAME} bytes from the agent"
+            );
+            skip_line(&mut stdin);
+            continue;
+        }
+        while matches!(line.last(), Some(b'\n' | b'\r')) {
+            line.pop();
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        write_frame(to_desk, &Frame::Mcp(std::mem::take(&mut line))).map_err(lost)?;
+    }
+}
+
+fn skip_line(reader: &mut impl BufRead) {
+    loop {
+        let Ok(buf) = reader.fill_buf() else {
             return;
         };
         if buf.is_empty() {

@@ -238,11 +238,18 @@ pub enum FrameError {
 
 /// The bytes of one frame, length prefix included.
 pub fn encode(frame: &Frame) -> Result<Vec<u8>, FrameError> {
-    let (kind, body) = match frame {
-        Frame::Hello(h) => (b'H', serde_json::to_vec(h)?),
-        Frame::Welcome(w) => (b'W', serde_json::to_vec(w)?),
-        Frame::Mcp(m) => (b'M', m.clone()),
-        Frame::Stderr(e) => (b'E', e.clone()),
+    let control;
+    let (kind, body): (u8, &[u8]) = match frame {
+        Frame::Hello(h) => {
+            control = serde_json::to_vec(h)?;
+            (b'H', &control)
+        }
+        Frame::Welcome(w) => {
+            control = serde_json::to_vec(w)?;
+            (b'W', &control)
+        }
+        Frame::Mcp(m) => (b'M', m),
+        Frame::Stderr(e) => (b'E', e),
     };
     let len = body.len() + 1;
     if len > MAX_FRAME {
@@ -251,7 +258,7 @@ pub fn encode(frame: &Frame) -> Result<Vec<u8>, FrameError> {
     let mut out = Vec::with_capacity(4 + len);
     out.extend_from_slice(&(len as u32).to_be_bytes());
     out.push(kind);
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body);
     Ok(out)
 }
 
