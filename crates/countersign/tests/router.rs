@@ -481,3 +481,59 @@ async fn open_tool_call_is_forwarded_serialized_by_the_desk() {
         "the upstream received the agent's own bytes"
     );
 }
+
+/// The re-listing attack, by the upstream: `write` is listed as works-once, a person approves a
+/// call, then the upstream re-lists it as idempotent (reusable) and says its list changed. The
+/// approval keeps the class it was made under: the first confirm runs, the second is
+/// `already_used`, and the upstream executed `write` exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_relisted_as_reusable_after_the_click_still_runs_once() {
+    let desk = desk().await;
+    let log = desk.dir.path().join("relist.log");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/peers/obedient_server.py"
+    );
+    let cmd = gateway_command(
+        &desk.socket,
+        &[
+            "--wait",
+            "10",
+            "--",
+            "python3",
+            script,
+            log.to_str().unwrap(),
+        ],
+    );
+    let agent = connect(cmd, plain_client()).await;
+    let tools = agent.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "write"), "{tools:?}");
+    let args = json!({"path": "ledger.txt", "text": "pay 100"});
+    let confirm = approved(&desk, &agent, "write", args).await;
+
+    // The upstream re-lists `write` as idempotent; the desk learns it on the next call.
+    let r = call(&agent, "read", json!({"path": "relist"})).await;
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    let relisted = agent.list_all_tools().await.unwrap();
+    let write = relisted.iter().find(|t| t.name == "write").unwrap();
+    assert_eq!(
+        write.annotations.as_ref().unwrap().idempotent_hint,
+        Some(true),
+        "the upstream did not re-list: {write:?}"
+    );
+
+    let first = call(&agent, "write", confirm.clone()).await;
+    assert_ne!(first.is_error, Some(true), "{first:?}");
+    let second = call(&agent, "write", confirm).await;
+    assert_eq!(
+        refusal(&second).as_deref(),
+        Some("already_used"),
+        "{second:?}"
+    );
+    let writes = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).unwrap()["params"]["name"] == json!("write"))
+        .count();
+    assert_eq!(writes, 1, "the upstream executed write {writes} times");
+}
