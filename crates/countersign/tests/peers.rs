@@ -100,20 +100,20 @@ struct PythonRun {
     sent: Vec<Value>,
 }
 
-/// Runs `tests/peers/python_agent.py` in `mode` against `countersign mcp` on the built-in tools,
-/// approving its one preflight at the desk.
-async fn python_agent(mode: &str) -> PythonRun {
-    let desk = desk().await;
-    let wire = desk.dir.path().join("agent-out.jsonl");
-    let click = click_approve(&desk.engine);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/python_agent.py");
+/// Runs the Python script `tests/peers/SCRIPT` with `args` (the desk approving what reaches its
+/// queue through `click`), and returns the steps it printed (one JSON line each) and the request
+/// the desk saw.
+async fn run_python_agent(
+    script: &str,
+    args: &[&std::ffi::OsStr],
+    click: tokio::task::JoinHandle<countersign_engine::PendingRequest>,
+) -> (Vec<(String, Value)>, countersign_engine::PendingRequest) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/peers")
+        .join(script);
     let mut cmd = tokio::process::Command::new(python());
     cmd.arg(&script)
-        .arg(mode)
-        .arg(env!("CARGO_BIN_EXE_countersign"))
-        .arg(&desk.socket)
-        .arg(desk.dir.path().join("app.sqlite"))
-        .arg(&wire)
+        .args(args)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true);
@@ -140,6 +140,24 @@ async fn python_agent(mode: &str) -> PythonRun {
         .await
         .expect("the desk never saw the preflight")
         .unwrap();
+    (steps, request)
+}
+
+/// Runs `tests/peers/python_agent.py` in `mode` against `countersign mcp` on the built-in tools,
+/// approving its one preflight at the desk.
+async fn python_agent(mode: &str) -> PythonRun {
+    let desk = desk().await;
+    let wire = desk.dir.path().join("agent-out.jsonl");
+    let click = click_approve(&desk.engine);
+    let db = desk.dir.path().join("app.sqlite");
+    let args = [
+        mode.as_ref(),
+        env!("CARGO_BIN_EXE_countersign").as_ref(),
+        desk.socket.as_os_str(),
+        db.as_os_str(),
+        wire.as_os_str(),
+    ];
+    let (steps, request) = run_python_agent("python_agent.py", &args, click).await;
     PythonRun {
         steps,
         request,
@@ -297,41 +315,18 @@ async fn python_sdk_agent_in_legacy_mode_preflights_confirms_and_is_refused_a_re
 async fn python_pair(mode: &str) -> (Vec<(String, Value)>, String) {
     let desk = desk().await;
     let notes = desk.dir.path().join("notes.txt");
-    let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
+    let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/python_server.py");
     let click = click_approve(&desk.engine);
-    let mut cmd = tokio::process::Command::new(python());
-    cmd.arg(peers.join("python_pair.py"))
-        .arg(mode)
-        .arg(env!("CARGO_BIN_EXE_countersign"))
-        .arg(&desk.socket)
-        .arg(python())
-        .arg(peers.join("python_server.py"))
-        .arg(&notes)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-        .await
-        .expect("the Python pair did not finish within 120 s")
-        .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "the Python agent failed ({}); it printed:\n{stdout}\nand on stderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let steps = stdout
-        .lines()
-        .map(|line| {
-            let v: Value = serde_json::from_str(line).unwrap();
-            (v["step"].as_str().unwrap().to_owned(), v)
-        })
-        .collect::<Vec<_>>();
-    let request = tokio::time::timeout(Duration::from_secs(5), click)
-        .await
-        .expect("the desk never saw the preflight")
-        .unwrap();
+    let python = python();
+    let args = [
+        mode.as_ref(),
+        env!("CARGO_BIN_EXE_countersign").as_ref(),
+        desk.socket.as_os_str(),
+        python.as_os_str(),
+        server.as_os_str(),
+        notes.as_os_str(),
+    ];
+    let (steps, request) = run_python_agent("python_pair.py", &args, click).await;
     assert_eq!(request.plan.tool, "note");
     assert_eq!(request.class, countersign_core::GateClass::Once);
     // Whatever the revision, the flow holds: approved, run once, the replay refused.

@@ -177,12 +177,10 @@ struct Call {
 
 #[derive(Debug, Clone)]
 enum Decision {
+    /// The answer the waiting preflight gets: always an [`Answer::Approved`].
     Approved {
-        text: String,
-        token: String,
-        target: String,
+        answer: Answer,
         expires_at_ms: u64,
-        class: GateClass,
     },
     Denied {
         note: Option<String>,
@@ -459,11 +457,14 @@ impl Engine {
         let token = token::mint(key, &claims);
         let text = render::preflight(&view.plan, &token, self.token_ttl_ms(), view.class);
         let decision = Decision::Approved {
-            text,
-            token: token.expose().to_owned(),
-            target: claims.target.clone(),
+            answer: Answer::Approved {
+                text,
+                token: token.expose().to_owned(),
+                target: claims.target.clone(),
+                expires_at_ms: claims.exp,
+                class: view.class,
+            },
             expires_at_ms: claims.exp,
-            class: view.class,
         };
         entry.decision.send_replace(Some(decision));
         let event = ConfirmEvent {
@@ -747,19 +748,7 @@ impl Engine {
         // Collected: the decision has reached its agent, so the entry is done.
         lock(&self.inner.state).requests.remove(&id);
         match decision {
-            Some(Decision::Approved {
-                text,
-                token,
-                target,
-                expires_at_ms,
-                class,
-            }) => Answer::Approved {
-                text,
-                token,
-                target,
-                expires_at_ms,
-                class,
-            },
+            Some(Decision::Approved { answer, .. }) => answer,
             Some(Decision::Denied { note }) => {
                 let message = match note {
                     Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
