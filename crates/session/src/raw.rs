@@ -51,11 +51,13 @@ impl RawPassthroughTransport<tokio::process::ChildStdout, tokio::process::ChildS
     /// Spawns `cmd` in a process group of its own with piped stdin/stdout/stderr and wraps it;
     /// `stderr` receives what it writes there. The whole group is killed when the transport
     /// closes or is dropped, so a server that started helpers (`npx` starting `node`) leaves none.
+    /// The returned handle finishes when the upstream's stderr closes: after a failed start,
+    /// waiting on it lets the server's last words reach the gateway before the refusal does.
     pub fn spawn(
         mut cmd: tokio::process::Command,
         stderr: impl FnMut(Vec<u8>) + Send + 'static,
         children: Children,
-    ) -> std::io::Result<Self> {
+    ) -> std::io::Result<(Self, tokio::task::JoinHandle<()>)> {
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -64,14 +66,13 @@ impl RawPassthroughTransport<tokio::process::ChildStdout, tokio::process::ChildS
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().expect("piped");
         let stdin = child.stdin.take().expect("piped");
-        if let Some(err) = child.stderr.take() {
-            tokio::spawn(pipe_stderr(err, stderr));
-        }
+        let err = child.stderr.take().expect("piped");
+        let stderr_done = tokio::spawn(pipe_stderr(err, stderr));
         let group = child.id().map(|pid| children.add(pid as i32));
         let mut t = Self::new(stdout, stdin);
         t.child = Some(child);
         t.group = group;
-        Ok(t)
+        Ok((t, stderr_done))
     }
 }
 

@@ -173,17 +173,23 @@ pub async fn reach(
             let stderr = move |chunk: Vec<u8>| {
                 let _ = sink.try_send(Frame::Stderr(chunk));
             };
-            let transport =
+            let (transport, stderr_done) =
                 RawPassthroughTransport::spawn(cmd, stderr, children.clone()).map_err(|e| {
                     unreached(
                         RefusedCode::UpstreamFailed,
                         format!("cannot start the upstream `{program}`: {e}"),
                     )
                 })?;
-            client
-                .serve_with_lifecycle(transport, lifecycle)
-                .await
-                .map_err(|e| failed(&e))?
+            match client.serve_with_lifecycle(transport, lifecycle).await {
+                Ok(upstream) => upstream,
+                Err(e) => {
+                    // The server is gone (its group killed with the transport): what it said on
+                    // stderr, usually why, goes to the gateway before the refusal.
+                    let _ =
+                        tokio::time::timeout(std::time::Duration::from_secs(2), stderr_done).await;
+                    return Err(failed(&e));
+                }
+            }
         }
         // `identity` has refused everything else already; should a new kind slip through, it is
         // refused here too.

@@ -191,7 +191,9 @@ async fn connection(desk: Desk, stream: UnixStream) {
         tracing::warn!(target: "desk", "refused a connection from another user");
         return;
     }
-    let (mut reader, mut writer) = stream.into_split();
+    let (reader, mut writer) = stream.into_split();
+    // Buffered: a frame is its length and its body, one read rather than two.
+    let mut reader = tokio::io::BufReader::with_capacity(64 * 1024, reader);
     let hello = match tokio::time::timeout(desk.options.hello_deadline, read_frame(&mut reader))
         .await
     {
