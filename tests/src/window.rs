@@ -128,11 +128,31 @@ impl Desk {
             "tauri:options".into(),
             json!({ "application": bin("countersign-desk"), "args": [] }),
         );
-        let browser = ClientBuilder::native()
-            .capabilities(caps)
-            .connect(&format!("http://127.0.0.1:{port}"))
-            .await
-            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let mut attempts = 0;
+        let browser = loop {
+            match ClientBuilder::native()
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(browser) => break browser,
+                // tauri-driver now and then drops the first request while its native driver
+                // starts (seen as an incomplete HTTP message). Try again, but only while no desk
+                // answers: a desk already started would make a retry start a second one.
+                Err(e)
+                    if attempts < 3
+                        && tokio::net::UnixStream::connect(dir.path().join("desk.sock"))
+                            .await
+                            .is_err() =>
+                {
+                    attempts += 1;
+                    eprintln!("no WebDriver session yet ({e}); trying again");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("no WebDriver session: {e}"),
+            }
+        };
         let desk = Desk {
             dir,
             driver,
