@@ -485,3 +485,64 @@ async fn gateway_disconnect_withdraws_its_pending_requests() {
     assert_eq!(removed, countersign_engine::Removal::Disconnected);
     assert!(desk.engine.pending().is_empty());
 }
+
+/// Speaks the socket protocol by hand: sends `frame` as a connection's first, and returns what
+/// the desk answers (`None` when it closes the connection instead).
+async fn raw_hello(
+    socket: &std::path::Path,
+    frame: countersign_wire::Frame,
+) -> Option<countersign_wire::Frame> {
+    let mut stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    countersign_wire::write_frame(&mut stream, &frame)
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        countersign_wire::read_frame(&mut stream),
+    )
+    .await
+    .expect("the desk neither answered nor closed within 10 s")
+    .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_of_another_version_is_refused_and_a_connection_without_one_is_closed() {
+    use countersign_wire::{Frame, Hello, Reach, RefusedCode, Welcome};
+    let desk = desk().await;
+    let old = Frame::Hello(Hello::Gateway {
+        version: 1,
+        reach: Reach::Builtin {
+            db: desk.dir.path().join("a.sqlite").display().to_string(),
+        },
+        label: None,
+        wait_ms: None,
+        pid: 1,
+    });
+    match raw_hello(&desk.socket, old).await {
+        Some(Frame::Welcome(Welcome::Refused { code, message })) => {
+            assert_eq!(code, RefusedCode::VersionMismatch);
+            assert!(message.contains("same release"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // An MCP message before any hello: closed, nothing answered, nothing started.
+    let early = Frame::Mcp(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#.to_vec());
+    assert_eq!(raw_hello(&desk.socket, early).await, None);
+    // A relative database path would be resolved against the desk's directory: refused.
+    let relative = Frame::Hello(Hello::Gateway {
+        version: countersign_wire::PROTOCOL_VERSION,
+        reach: Reach::Builtin {
+            db: "app.sqlite".into(),
+        },
+        label: None,
+        wait_ms: None,
+        pid: 1,
+    });
+    match raw_hello(&desk.socket, relative).await {
+        Some(Frame::Welcome(Welcome::Refused { code, .. })) => {
+            assert_eq!(code, RefusedCode::BadHello)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(desk.children().is_empty());
+}

@@ -537,3 +537,56 @@ async fn a_tool_relisted_as_reusable_after_the_click_still_runs_once() {
         .count();
     assert_eq!(writes, 1, "the upstream executed write {writes} times");
 }
+
+/// Names that look like a listed tool but are not it (a Cyrillic і, a zero-width space, a
+/// trailing space, another case) are tools the upstream does not list: refused, never sent on,
+/// and never mistaken for the open `read`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn look_alike_and_invisible_tool_names_are_refused_and_never_forwarded() {
+    let (_desk, mut agent) = hostile().await;
+    for (i, name) in [
+        "re\u{0430}d",
+        "wr\u{0456}te",
+        "read\u{200b}",
+        "write ",
+        "Read",
+        "\u{202e}daer",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = 100 + i as u64;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": {"path": "x", "text": "y"}}})
+        .to_string();
+        let reply = agent.request(&line, json!(id)).await;
+        assert_eq!(
+            reply["result"]["isError"],
+            json!(true),
+            "{name:?} was not refused: {reply}"
+        );
+        assert_eq!(
+            reply["result"]["structuredContent"]["error"],
+            json!("unlisted_tool"),
+            "{name:?}: {reply}"
+        );
+    }
+    agent.assert_no_call_reached_the_upstream().await;
+}
+
+/// A line longer than the largest frame is dropped by the pipe (it says so on stderr) without
+/// taking anything down: the next message is answered, and nothing reached the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_larger_than_a_frame_is_dropped_and_the_session_goes_on() {
+    let (_desk, mut agent) = hostile().await;
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":50,"method":"tools/call","params":{{"name":"write","arguments":{{"path":"x","text":"{}"}}}}}}"#,
+        "a".repeat(countersign_wire::MAX_FRAME + 10)
+    );
+    agent.send(&huge).await;
+    let reply = agent
+        .request(r#"{"jsonrpc":"2.0","id":51,"method":"ping"}"#, json!(51))
+        .await;
+    assert!(reply["result"].is_object(), "{reply}");
+    agent.assert_no_call_reached_the_upstream().await;
+}
