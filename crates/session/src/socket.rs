@@ -152,7 +152,7 @@ pub async fn serve_with(
             match listener.accept().await {
                 Ok((stream, _)) => {
                     let desk = desk.clone();
-                    tokio::spawn(async move { connection(desk, stream).await });
+                    on_its_own_thread(desk, stream);
                 }
                 Err(err) => {
                     tracing::warn!(target: "desk", error = %err, "accept failed");
@@ -166,6 +166,46 @@ pub async fn serve_with(
         task,
         children,
     })
+}
+
+/// Serves one connection on a thread of its own, with a single-threaded runtime: a session's
+/// tasks (the router, both rmcp sessions, the socket's reader and writer, the upstream's pipes)
+/// hand every message to each other, and on one thread those hand-offs are plain polls instead of
+/// wake-ups across threads, which cost most of a call's time in the desk when measured. The engine
+/// is shared across threads as before; its channels do not care which runtime waits on them.
+fn on_its_own_thread(desk: Desk, stream: UnixStream) {
+    let stream = match stream.into_std() {
+        Ok(stream) => stream,
+        Err(err) => {
+            tracing::warn!(target: "desk", error = %err, "could not take over a connection");
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("countersign-session".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    tracing::error!(target: "desk", error = %err, "no runtime for a session");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                match UnixStream::from_std(stream) {
+                    Ok(stream) => connection(desk, stream).await,
+                    Err(err) => {
+                        tracing::warn!(target: "desk", error = %err, "could not serve a connection")
+                    }
+                }
+            });
+        });
+    if let Err(err) = spawned {
+        tracing::error!(target: "desk", error = %err, "no thread for a session");
+    }
 }
 
 fn same_user(stream: &UnixStream) -> bool {
