@@ -42,8 +42,8 @@ enum Command {
     /// start); 5 the connection to the desk broke.
     #[command(verbatim_doc_comment)]
     Mcp {
-        /// A name for this server, shown in the desk (a label only: policy is keyed by what the
-        /// desk reaches, never by this name).
+        /// A name for this server in the desk's log (a label only: the desk names and keys policy
+        /// by what it reaches, never by this name).
         #[arg(long)]
         name: Option<String>,
         /// Seconds a preflight waits for a person before answering `pending` (the desk caps it).
