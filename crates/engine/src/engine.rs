@@ -178,10 +178,7 @@ struct Call {
 #[derive(Debug, Clone)]
 enum Decision {
     /// The answer the waiting preflight gets: always an [`Answer::Approved`].
-    Approved {
-        answer: Answer,
-        expires_at_ms: u64,
-    },
+    Approved(Answer),
     Denied {
         note: Option<String>,
     },
@@ -456,16 +453,13 @@ impl Engine {
             .map_err(|e| ApproveError::Store(e.to_string()))?;
         let token = token::mint(key, &claims);
         let text = render::preflight(&view.plan, &token, self.token_ttl_ms(), view.class);
-        let decision = Decision::Approved {
-            answer: Answer::Approved {
-                text,
-                token: token.expose().to_owned(),
-                target: claims.target.clone(),
-                expires_at_ms: claims.exp,
-                class: view.class,
-            },
+        let decision = Decision::Approved(Answer::Approved {
+            text,
+            token: token.expose().to_owned(),
+            target: claims.target.clone(),
             expires_at_ms: claims.exp,
-        };
+            class: view.class,
+        });
         entry.decision.send_replace(Some(decision));
         let event = ConfirmEvent {
             at_ms: now,
@@ -659,7 +653,10 @@ impl Engine {
     fn sweep(state: &mut State, now: u64, ttl: u64) {
         state.requests.retain(|_, e| match &*e.decision.borrow() {
             None => true,
-            Some(Decision::Approved { expires_at_ms, .. }) => *expires_at_ms > now,
+            Some(Decision::Approved(Answer::Approved { expires_at_ms, .. })) => {
+                *expires_at_ms > now
+            }
+            Some(Decision::Approved(_)) => false,
             Some(Decision::Denied { .. }) => e.view.arrived_at_ms.saturating_add(ttl) > now,
         });
     }
@@ -748,7 +745,7 @@ impl Engine {
         // Collected: the decision has reached its agent, so the entry is done.
         lock(&self.inner.state).requests.remove(&id);
         match decision {
-            Some(Decision::Approved { answer, .. }) => answer,
+            Some(Decision::Approved(answer)) => answer,
             Some(Decision::Denied { note }) => {
                 let message = match note {
                     Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
@@ -818,21 +815,20 @@ impl Engine {
             target: &plan.target,
             plan: hash,
         };
-        // An approval counts under the stricter of the class it was made under and the tool's
-        // class now: an upstream that re-lists a tool as idempotent after the click must not turn
-        // a works-once approval into a reusable one. The token's signature is checked before the
-        // store is read, so a forged token never reaches the database.
-        let recorded = fields
+        // What the token approved, read once, and only for a token whose signature holds (a
+        // forged token never reaches the database). It counts under the stricter of the class it
+        // was made under and the tool's class now: an upstream that re-lists a tool as idempotent
+        // after the click must not turn a works-once approval into a reusable one. The row is
+        // never rewritten, so reading it before the spend reads what the spend will cover.
+        let approved = fields
             .token
             .as_deref()
             .and_then(|t| token::decode(key, t).ok())
-            .and_then(|claims| {
-                lock(&self.inner.store)
-                    .approval(&claims.nonce)
-                    .ok()
-                    .flatten()
-            })
-            .map(|approval| approval.class);
+            .map(|claims| lock(&self.inner.store).approval(&claims.nonce));
+        let recorded = match &approved {
+            Some(Ok(Some(approval))) => Some(approval.class),
+            _ => None,
+        };
         let single_use =
             rule.class.is_single_use() || recorded.is_some_and(GateClass::is_single_use);
         let verdict = {
@@ -858,9 +854,12 @@ impl Engine {
                 refused(rejected.refusal)
             }
             Ok(claims) => {
-                let approved = lock(&self.inner.store).approval(&claims.nonce);
-                match approved {
-                    Ok(Some(approval)) if approval.plan == hash => {
+                // The chain passed, so the token decoded above and its approval was read there;
+                // a read that failed refuses here, after the chain, in the seed's order.
+                match approved.unwrap_or(Ok(None)) {
+                    Ok(Some(approval))
+                        if approval.plan == hash && approval.nonce == claims.nonce =>
+                    {
                         self.record(event(EventKind::Accepted, Some(&claims)));
                         Answer::Accepted {
                             arguments: approval.arguments,
