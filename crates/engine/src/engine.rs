@@ -857,9 +857,7 @@ impl Engine {
                 // The chain passed, so the token decoded above and its approval was read there;
                 // a read that failed refuses here, after the chain, in the seed's order.
                 match approved.unwrap_or(Ok(None)) {
-                    Ok(Some(approval))
-                        if approval.plan == hash && approval.nonce == claims.nonce =>
-                    {
+                    Ok(Some(approval)) if approval.plan == hash => {
                         self.record(event(EventKind::Accepted, Some(&claims)));
                         Answer::Accepted {
                             arguments: approval.arguments,
