@@ -339,9 +339,10 @@ fn from_desk(answer: Answer) -> CallToolResult {
             Refusal::DeskUnavailable,
             &format!("Refused: the Countersign desk cannot sign approvals right now: {message}"),
         ),
-        Answer::Error { message, .. } => {
+        // A code the agent can branch on, as for refusals and unlisted tools; the text for people.
+        Answer::Error { code, message } => {
             let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
-            r.structured_content = Some(json!({ "error": message }));
+            r.structured_content = Some(json!({ "error": code.code(), "message": message }));
             r
         }
         other => refusal(

@@ -19,10 +19,8 @@ use crate::children::Children;
 use crate::raw::RawPassthroughTransport;
 use crate::upstream::{Shared, UpstreamClient};
 
-/// An upstream reached and initialized.
+/// An upstream reached and initialized (the desk's name for it is [`identity`]'s).
 pub struct Reached {
-    /// The desk's name for it.
-    pub identity: String,
     /// The client session toward it.
     pub upstream: RunningService<RoleClient, UpstreamClient>,
     /// What the session's two halves share.
@@ -120,7 +118,8 @@ pub async fn reach(
     out: &mpsc::Sender<Frame>,
     children: &Children,
 ) -> Result<Reached, Unreached> {
-    let identity = identity(reach)?;
+    // Checked again here, so that nothing `identity` refuses is ever started.
+    identity(reach)?;
     let shared = Arc::new(Shared::default());
     let client = UpstreamClient::new(shared.clone());
     let failed = |e: &dyn std::fmt::Display| {
@@ -203,11 +202,7 @@ pub async fn reach(
     upstream
         .set_response_cache_config(ClientCacheConfig::disabled())
         .await;
-    Ok(Reached {
-        identity,
-        upstream,
-        shared,
-    })
+    Ok(Reached { upstream, shared })
 }
 
 #[cfg(test)]

@@ -63,11 +63,6 @@ impl Served {
 
     /// Stops accepting connections, removes the socket file and kills every upstream.
     pub fn stop(self) {}
-
-    /// Kills every upstream this desk started (for an exit path where destructors do not run).
-    pub fn kill_upstreams(&self) {
-        self.children.kill_all();
-    }
 }
 
 impl Drop for Served {

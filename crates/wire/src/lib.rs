@@ -172,8 +172,6 @@ pub enum RefusedCode {
     BadHello,
     /// The upstream could not be started or did not complete the MCP handshake.
     UpstreamFailed,
-    /// The desk is shutting down or at its limit of connections.
-    Busy,
 }
 
 impl RefusedCode {
@@ -184,7 +182,6 @@ impl RefusedCode {
             RefusedCode::NoSuchServer => "no_such_server",
             RefusedCode::BadHello => "bad_hello",
             RefusedCode::UpstreamFailed => "upstream_failed",
-            RefusedCode::Busy => "busy",
         }
     }
 }
