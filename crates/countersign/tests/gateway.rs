@@ -546,3 +546,30 @@ async fn a_hello_of_another_version_is_refused_and_a_connection_without_one_is_c
     }
     assert!(desk.children().is_empty());
 }
+
+/// Slow input at the socket: a connection that says nothing, or sends only part of a hello, is
+/// closed at the hello deadline and starts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_no_hello_in_time_is_closed_and_starts_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let desk = desk().await;
+    let path = desk.dir.path().join("run/slow.sock");
+    let options = countersign_session::Options {
+        hello_deadline: Duration::from_millis(300),
+        ..countersign_session::Options::default()
+    };
+    let served = countersign_session::serve_with(desk.engine.clone(), path.clone(), options)
+        .await
+        .unwrap();
+    for partial in [&b""[..], &[0, 0, 0, 200, b'H', b'{'][..]] {
+        let mut stream = tokio::net::UnixStream::connect(&path).await.unwrap();
+        stream.write_all(partial).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte))
+            .await
+            .expect("the desk kept a silent connection open past its hello deadline");
+        assert_eq!(read.unwrap(), 0, "the desk answered instead of closing");
+    }
+    assert!(served.children().is_empty());
+    assert!(desk.engine.pending().is_empty());
+}

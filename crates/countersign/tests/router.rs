@@ -590,3 +590,36 @@ async fn a_message_larger_than_a_frame_is_dropped_and_the_session_goes_on() {
     assert!(reply["result"].is_object(), "{reply}");
     agent.assert_no_call_reached_the_upstream().await;
 }
+
+/// Malformed JSON-RPC and wrong types, end to end: text that is not JSON, a lone surrogate,
+/// trailing data, a number as the whole message, a float or object id, another `jsonrpc`, a
+/// method that is not a string. Each is an error and nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_json_rpc_and_wrong_types_are_errors_and_never_reach_the_upstream() {
+    let call =
+        r#""method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"}}"#;
+    each_is_an_error_and_nothing_reaches_the_upstream(&[
+        ("nul", Value::Null),
+        (r#"{"jsonrpc":"2.0","id":60,"#, Value::Null),
+        (r#""\ud800""#, Value::Null),
+        (
+            &format!(r#"{{"jsonrpc":"2.0","id":61,{call}}} {{}}"#),
+            Value::Null,
+        ),
+        ("42", Value::Null),
+        (
+            &format!(r#"{{"jsonrpc":"2.0","id":6.5,{call}}}"#),
+            Value::Null,
+        ),
+        (
+            &format!(r#"{{"jsonrpc":"2.0","id":{{"a":1}},{call}}}"#),
+            Value::Null,
+        ),
+        (&format!(r#"{{"jsonrpc":"1.0","id":62,{call}}}"#), json!(62)),
+        (
+            r#"{"jsonrpc":"2.0","id":63,"method":["tools/call"],"params":{"name":"write"}}"#,
+            json!(63),
+        ),
+    ])
+    .await;
+}
