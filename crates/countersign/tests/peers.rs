@@ -594,6 +594,43 @@ async fn everything_open_tools_pass_through_with_structured_content_and_every_fi
     assert!(desk.engine.pending().is_empty());
 }
 
+/// Resources, prompts and logging pass through the desk typed, with nothing queued for a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_resources_prompts_and_logging_pass_through() {
+    let server = server_everything();
+    let desk = desk().await;
+    let (recording, _progress) = Recording::new(None);
+    let agent = agent_before(&desk, recording, &[s(&server)]).await;
+    let resources = agent.list_all_resources().await.unwrap();
+    let first = resources
+        .first()
+        .expect("server-everything lists resources");
+    let read = agent
+        .read_resource(ReadResourceRequestParams::new(first.uri.clone()))
+        .await
+        .unwrap();
+    assert!(!read.contents.is_empty(), "{read:?}");
+    let prompts = agent.list_all_prompts().await.unwrap();
+    let simple = prompts
+        .iter()
+        .find(|p| {
+            p.arguments
+                .as_ref()
+                .is_none_or(|a| a.iter().all(|x| x.required != Some(true)))
+        })
+        .expect("a prompt without required arguments");
+    let got = agent
+        .get_prompt(GetPromptRequestParams::new(simple.name.clone()))
+        .await
+        .unwrap();
+    assert!(!got.messages.is_empty(), "{got:?}");
+    agent
+        .set_level(SetLevelRequestParams::new(LoggingLevel::Warning))
+        .await
+        .unwrap();
+    assert!(desk.engine.pending().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_gated_tool_runs_after_approval_once() {
     let server = server_everything();

@@ -403,153 +403,6 @@ impl ServerHandler for Session {
         Ok(result.into())
     }
 
-    async fn list_resources(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListResourcesResult, ErrorData> {
-        let req = ListResourcesRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        };
-        match self
-            .up(ClientRequest::ListResourcesRequest(req), &context)
-            .await?
-        {
-            ServerResult::ListResourcesResult(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn list_resource_templates(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        let req = ListResourceTemplatesRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        };
-        match self
-            .up(ClientRequest::ListResourceTemplatesRequest(req), &context)
-            .await?
-        {
-            ServerResult::ListResourceTemplatesResult(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn read_resource(
-        &self,
-        request: ReadResourceRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ReadResourceResponse, ErrorData> {
-        match self
-            .up(
-                ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request)),
-                &context,
-            )
-            .await?
-        {
-            ServerResult::ReadResourceResult(r) => Ok(r.into()),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn list_prompts(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListPromptsResult, ErrorData> {
-        let req = ListPromptsRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        };
-        match self
-            .up(ClientRequest::ListPromptsRequest(req), &context)
-            .await?
-        {
-            ServerResult::ListPromptsResult(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn get_prompt(
-        &self,
-        request: GetPromptRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<GetPromptResponse, ErrorData> {
-        match self
-            .up(
-                ClientRequest::GetPromptRequest(GetPromptRequest::new(request)),
-                &context,
-            )
-            .await?
-        {
-            ServerResult::GetPromptResult(r) => Ok(r.into()),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn complete(
-        &self,
-        request: CompleteRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CompleteResult, ErrorData> {
-        match self
-            .up(
-                ClientRequest::CompleteRequest(CompleteRequest::new(request)),
-                &context,
-            )
-            .await?
-        {
-            ServerResult::CompleteResult(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn set_level(
-        &self,
-        request: SetLevelRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        self.up(
-            ClientRequest::SetLevelRequest(SetLevelRequest::new(request)),
-            &context,
-        )
-        .await
-        .map(|_| ())
-    }
-
-    async fn subscribe(
-        &self,
-        request: SubscribeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        self.up(
-            ClientRequest::SubscribeRequest(SubscribeRequest::new(request)),
-            &context,
-        )
-        .await
-        .map(|_| ())
-    }
-
-    async fn unsubscribe(
-        &self,
-        request: UnsubscribeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        self.up(
-            ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(request)),
-            &context,
-        )
-        .await
-        .map(|_| ())
-    }
-
     async fn on_custom_request(
         &self,
         request: CustomRequest,
@@ -586,10 +439,6 @@ fn unlisted(name: &str) -> CallToolResult {
     let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
     r.structured_content = Some(json!({ "error": "unlisted_tool", "message": message }));
     r
-}
-
-fn unexpected(r: ServerResult) -> ErrorData {
-    ErrorData::internal_error(format!("unexpected upstream result: {r:?}"), None)
 }
 
 /// Whether the agent speaks 2026-07-28 or later on this request.
@@ -667,6 +516,18 @@ impl Service<RoleServer> for RawTools {
                 fit_result_type(&mut raw, &context);
                 Ok(ServerResult::CustomResult(CustomResult::new(raw)))
             }
+            // Resources, prompts, completion and logging: sent on as typed (the router has
+            // checked their shape; rmcp re-serializes them), the upstream's typed answer back.
+            request @ (ClientRequest::ListResourcesRequest(_)
+            | ClientRequest::ListResourceTemplatesRequest(_)
+            | ClientRequest::ReadResourceRequest(_)
+            | ClientRequest::ListPromptsRequest(_)
+            | ClientRequest::GetPromptRequest(_)
+            | ClientRequest::CompleteRequest(_)
+            | ClientRequest::SetLevelRequest(_)
+            | ClientRequest::SubscribeRequest(_)
+            | ClientRequest::UnsubscribeRequest(_)) => self.0.up(request, &context).await,
+            // The handshake, ping, and the refusal of anything else.
             other => {
                 <Session as Service<RoleServer>>::handle_request(&self.0, other, context).await
             }
