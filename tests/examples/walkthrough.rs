@@ -105,7 +105,9 @@ async fn main() {
     println!("{key:?}   <- what a Debug print of the key shows");
 
     let dir = std::env::temp_dir().join(format!("countersign-walkthrough-{}", std::process::id()));
-    let config = EngineConfig::new(dir.join("desk.sqlite"));
+    let mut config = EngineConfig::new(dir.join("desk.sqlite"));
+    // The scripted clicker approves at once; a person's window enforces the delay.
+    config.approve_delay_ms = 0;
     let engine = Engine::new(config, Ok(key)).expect("engine");
     let tenant = {
         let t = engine.connect("builtin".into());

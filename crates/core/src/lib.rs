@@ -9,6 +9,7 @@
 //! parameter: milliseconds since the Unix epoch.
 #![deny(missing_docs)]
 
+pub mod binding;
 pub mod canonical;
 pub mod gate;
 pub mod ledger;

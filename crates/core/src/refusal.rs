@@ -30,6 +30,9 @@ pub enum Refusal {
     AlreadyUsed,
     /// The ledger could not record the spend; nothing was executed.
     LedgerUnreachable,
+    /// The approval stored for the token does not carry the MAC the desk gave it: its arguments,
+    /// class or binding were changed behind the desk's back. Nothing was executed.
+    ApprovalAltered,
     /// The person denied the request.
     Denied,
     /// No decision yet: the request is still waiting for a person.
@@ -40,7 +43,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every refusal, in the order of the verification chain, then the desk's own outcomes.
-    pub const ALL: [Refusal; 12] = [
+    pub const ALL: [Refusal; 13] = [
         Refusal::NoToken,
         Refusal::BadToken,
         Refusal::Expired,
@@ -50,6 +53,7 @@ impl Refusal {
         Refusal::PlanChanged,
         Refusal::AlreadyUsed,
         Refusal::LedgerUnreachable,
+        Refusal::ApprovalAltered,
         Refusal::Denied,
         Refusal::Pending,
         Refusal::DeskUnavailable,
@@ -67,6 +71,7 @@ impl Refusal {
             Refusal::PlanChanged => "plan_changed",
             Refusal::AlreadyUsed => "already_used",
             Refusal::LedgerUnreachable => "ledger_unreachable",
+            Refusal::ApprovalAltered => "approval_altered",
             Refusal::Denied => "denied",
             Refusal::Pending => "pending",
             Refusal::DeskUnavailable => "desk_unavailable",
@@ -129,6 +134,11 @@ impl Refusal {
             Refusal::LedgerUnreachable => {
                 "Refused: the ledger that makes this token single-use is unreachable. Nothing was \
                  executed. Retry shortly."
+            }
+            Refusal::ApprovalAltered => {
+                "Refused: what is stored for this approval is not what the person approved (the \
+                 desk's database was changed behind its back). Nothing was executed. Do not retry \
+                 with this token: tell the user, and run the preflight again for a fresh approval."
             }
             Refusal::Denied => "Refused: the person denied this request.",
             Refusal::Pending => {

@@ -38,10 +38,63 @@ pub enum EventKind {
         /// Whether the execution succeeded.
         ok: bool,
     },
+    /// A gated call (a preflight or a confirm) was refused before verification could begin:
+    /// `reason` says why. Probing with unknown tools or bad arguments is on the record too.
+    Rejected {
+        /// Why.
+        reason: Rejection,
+    },
+}
+
+/// Why a gated call was refused before the verification chain: the codes an agent receives in
+/// `structuredContent.error`, and that history stores in its refusal column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The tool is not a gated tool this connection offers.
+    UnknownTool,
+    /// The upstream does not list the tool at all: the desk cannot tell what it does.
+    UnlistedTool,
+    /// The arguments cannot be planned (not an object, too deep, too large, a confirm sent as a
+    /// preflight...).
+    BadArguments,
+    /// The desk has no secret (keychain missing or locked): nothing can be minted or verified.
+    NoSecret,
+    /// Too many requests already wait for a person.
+    Busy,
+}
+
+impl Rejection {
+    /// Every rejection.
+    pub const ALL: [Rejection; 5] = [
+        Rejection::UnknownTool,
+        Rejection::UnlistedTool,
+        Rejection::BadArguments,
+        Rejection::NoSecret,
+        Rejection::Busy,
+    ];
+
+    /// The stable code, e.g. `unknown_tool`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Rejection::UnknownTool => "unknown_tool",
+            Rejection::UnlistedTool => "unlisted_tool",
+            Rejection::BadArguments => "bad_arguments",
+            Rejection::NoSecret => "no_secret",
+            Rejection::Busy => "busy",
+        }
+    }
+
+    /// Parses a code back; `None` for anything unknown.
+    pub fn from_code(code: &str) -> Option<Rejection> {
+        Rejection::ALL.into_iter().find(|r| r.code() == code)
+    }
 }
 
 impl EventKind {
-    /// The history code: `issued`, `accepted`, `refused`, `replay`, `denied`, `executed`.
+    /// The history code: `issued`, `accepted`, `refused`, `replay`, `denied`, `executed`,
+    /// `rejected`.
     pub fn code(self) -> &'static str {
         match self {
             EventKind::Issued => "issued",
@@ -50,6 +103,7 @@ impl EventKind {
             EventKind::Replay => "replay",
             EventKind::Denied => "denied",
             EventKind::Executed { .. } => "executed",
+            EventKind::Rejected { .. } => "rejected",
         }
     }
 
@@ -64,7 +118,10 @@ impl EventKind {
 
     /// Whether this is a security event that must never be sampled or filtered out.
     pub fn is_security_event(self) -> bool {
-        matches!(self, EventKind::Refused { .. } | EventKind::Replay)
+        matches!(
+            self,
+            EventKind::Refused { .. } | EventKind::Replay | EventKind::Rejected { .. }
+        )
     }
 }
 
@@ -99,6 +156,7 @@ impl ConfirmEvent {
         let refusal = match self.kind {
             EventKind::Refused { refusal } => Some(refusal.code()),
             EventKind::Replay => Some(Refusal::AlreadyUsed.code()),
+            EventKind::Rejected { reason } => Some(reason.code()),
             _ => None,
         };
         macro_rules! event {

@@ -63,6 +63,13 @@ impl SigningKey {
     fn mac(&self) -> HmacSha256 {
         HmacSha256::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
     }
+
+    /// A MAC under a key derived from this one for `label` (HMAC of the label under this key):
+    /// other uses of the secret never sign with the token key itself.
+    pub(crate) fn derived(&self, label: &[u8]) -> HmacSha256 {
+        let derived = Zeroizing::new(hmac_sha256(&self.0, label));
+        HmacSha256::new_from_slice(&derived[..]).expect("HMAC accepts keys of any length")
+    }
 }
 
 impl fmt::Debug for SigningKey {

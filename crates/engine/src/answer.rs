@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use countersign_core::telemetry::Rejection;
 use countersign_core::{GateClass, Refusal};
 use serde_json::Value;
 
@@ -117,6 +118,9 @@ pub enum ErrorCode {
     BadArguments,
     /// The desk cannot mint: no secret (keychain missing or locked).
     NoSecret,
+    /// Too many requests already wait for a person, from this connection or from all: the
+    /// message says which and what to do.
+    Busy,
     /// Anything else on the desk's side.
     Internal,
 }
@@ -129,7 +133,19 @@ impl ErrorCode {
             ErrorCode::UnknownTool => "unknown_tool",
             ErrorCode::BadArguments => "bad_arguments",
             ErrorCode::NoSecret => "no_secret",
+            ErrorCode::Busy => "busy",
             ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// How history records this error, when it is a gated call refused before verification.
+    pub fn rejection(self) -> Option<Rejection> {
+        match self {
+            ErrorCode::UnknownTool => Some(Rejection::UnknownTool),
+            ErrorCode::BadArguments => Some(Rejection::BadArguments),
+            ErrorCode::NoSecret => Some(Rejection::NoSecret),
+            ErrorCode::Busy => Some(Rejection::Busy),
+            ErrorCode::NotIntroduced | ErrorCode::Internal => None,
         }
     }
 }

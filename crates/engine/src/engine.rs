@@ -13,10 +13,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::answer::{Answer, ErrorCode, ToolDecision};
 use countersign_core::policy::{self, Policy, ToolRule};
-use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
 use countersign_core::verify::{self, Confirm};
-use countersign_core::{GateClass, Plan, PlanHash, Refusal, render};
+use countersign_core::{GateClass, Plan, PlanHash, Refusal, binding, render};
 use countersign_store::{Approval, HistoryFilter, Store, StoreOptions};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -29,6 +29,18 @@ in a desktop session (`countersign desk`), then call this tool again.";
 
 /// Token lifetime unless configured otherwise: ten minutes.
 pub const DEFAULT_TOKEN_TTL_MS: u64 = 10 * 60 * 1000;
+
+/// The most requests one connection may have waiting for a person: more is a flood, not work.
+pub const MAX_PENDING_PER_CONNECTION: usize = 16;
+
+/// The most requests waiting for a person at once, from every connection together.
+pub const MAX_PENDING: usize = 128;
+
+/// How many disconnected connections' server names are kept for history to show.
+const MAX_GONE_SERVERS: usize = 4096;
+
+/// The approve delay unless configured otherwise: one second.
+pub const DEFAULT_APPROVE_DELAY_MS: u64 = 1000;
 
 /// How the engine is set up.
 #[derive(Debug, Clone)]
@@ -44,6 +56,11 @@ pub struct EngineConfig {
     /// Whether a window shows requests to a person. Without one (no display), gated calls are
     /// refused `desk_unavailable` at once: nobody could approve them.
     pub window: bool,
+    /// How long after a request arrives, or the window is shown or focused again
+    /// ([`Engine::hold_approvals`]), an approve of it is refused: the window disables its button
+    /// for as long, and the engine enforces it too, so a script driving the page cannot click
+    /// sooner. The desk never sets less than a second; tests below the window may set 0.
+    pub approve_delay_ms: u64,
 }
 
 impl EngineConfig {
@@ -55,6 +72,7 @@ impl EngineConfig {
             policy: Policy::default(),
             token_ttl_ms: DEFAULT_TOKEN_TTL_MS,
             window: true,
+            approve_delay_ms: DEFAULT_APPROVE_DELAY_MS,
         }
     }
 }
@@ -89,6 +107,13 @@ pub enum ApproveError {
     /// The approved arguments could not be stored, so no token was minted.
     #[error("the approval could not be stored: {0}")]
     Store(String),
+    /// The approve came sooner than the approve delay after the request arrived or after the
+    /// window was last shown or focused: nothing was minted; approve again after `wait_ms`.
+    #[error("too soon: Approve works {wait_ms} ms from now")]
+    TooSoon {
+        /// How long until an approve of this request is accepted.
+        wait_ms: u64,
+    },
 }
 
 impl ApproveError {
@@ -99,6 +124,7 @@ impl ApproveError {
             ApproveError::TargetNotTyped => "target_not_typed",
             ApproveError::NoSecret(_) => "no_secret",
             ApproveError::Store(_) => "store_failed",
+            ApproveError::TooSoon { .. } => "too_soon",
         }
     }
 }
@@ -188,6 +214,8 @@ struct Entry {
     view: PendingRequest,
     arguments: Map<String, Value>,
     decision: watch::Sender<Option<Decision>>,
+    /// An approve of it is writing its approval: a second approve or a deny finds it taken.
+    approving: bool,
 }
 
 struct Connection {
@@ -200,15 +228,24 @@ struct Connection {
 struct State {
     next_id: u64,
     connections: HashMap<String, Connection>,
-    /// Every connection's server name, kept after it disconnects so history can show it.
+    /// Every connection's server name, kept after it disconnects so history can show it (the
+    /// newest [`MAX_GONE_SERVERS`] of those gone).
     servers: HashMap<String, String>,
+    /// Disconnected tenants in the order they went, for pruning `servers`.
+    gone: std::collections::VecDeque<String>,
     requests: BTreeMap<u64, Entry>,
+    /// Accepted calls whose outcome is still to come, by tenant and nonce (a reusable token's
+    /// nonce may be accepted more than once): each acceptance records one outcome.
+    awaiting_outcome: HashMap<(String, Nonce), u32>,
 }
 
 /// What settings may change while the engine runs.
 struct Live {
     policy: Policy,
     token_ttl_ms: u64,
+    approve_delay_ms: u64,
+    /// When the window was last shown or focused (ms since the epoch).
+    held_at_ms: u64,
 }
 
 struct Inner {
@@ -286,6 +323,8 @@ impl Engine {
                 live: std::sync::RwLock::new(Live {
                     policy: config.policy.clone(),
                     token_ttl_ms: config.token_ttl_ms,
+                    approve_delay_ms: config.approve_delay_ms,
+                    held_at_ms: 0,
                 }),
                 config,
                 key: std::sync::RwLock::new(key),
@@ -315,6 +354,33 @@ impl Engine {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .token_ttl_ms = ttl_ms.max(1000);
+    }
+
+    /// Changes the approve delay (see [`EngineConfig::approve_delay_ms`]).
+    pub fn set_approve_delay_ms(&self, delay_ms: u64) {
+        self.inner
+            .live
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .approve_delay_ms = delay_ms;
+    }
+
+    /// The window was just shown or regained focus: no approve is accepted until the approve
+    /// delay has passed again, so a click aimed at whatever was on screen before lands on nothing.
+    pub fn hold_approvals(&self) {
+        self.inner
+            .live
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .held_at_ms = now_ms();
+    }
+
+    /// How long until request `arrived_at_ms` may be approved (0: now).
+    fn approve_wait_ms(&self, arrived_at_ms: u64, now: u64) -> u64 {
+        let live = self.inner.live.read().unwrap_or_else(|p| p.into_inner());
+        let from = arrived_at_ms.max(live.held_at_ms);
+        from.saturating_add(live.approve_delay_ms)
+            .saturating_sub(now)
     }
 
     /// The policy in force.
@@ -392,11 +458,55 @@ impl Engine {
 
     fn record(&self, event: ConfirmEvent) {
         // History is the audit trail, but failing to write it must not turn a refusal into an
-        // acceptance or lose the telemetry: the event is still emitted, and the failure logged.
+        // acceptance or lose the telemetry: the store emits the event whether or not the write
+        // succeeds (once), and the failure is logged here.
         if let Err(err) = lock(&self.inner.store).record(&event) {
-            event.emit();
             tracing::error!(target: "desk", error = %err, "could not write history");
         }
+    }
+
+    /// Records a gated call refused before verification, and passes its answer on.
+    fn rejected(&self, tenant: &str, tool: &str, answer: Answer) -> Answer {
+        if let Answer::Error { code, message } = &answer
+            && let Some(reason) = code.rejection()
+        {
+            self.record(ConfirmEvent {
+                at_ms: now_ms(),
+                kind: EventKind::Rejected { reason },
+                tool: tool.to_owned(),
+                target: None,
+                tenant: tenant.to_owned(),
+                nonce: None,
+                plan: None,
+                note: Some(message.clone()),
+            });
+        }
+        answer
+    }
+
+    /// The session refused a call of `tool` before it reached the engine (the upstream does not
+    /// list it): on the record like every other refusal.
+    pub fn record_unlisted(&self, tenant: &str, tool: &str) {
+        self.record(ConfirmEvent {
+            at_ms: now_ms(),
+            kind: EventKind::Rejected {
+                reason: Rejection::UnlistedTool,
+            },
+            tool: tool.to_owned(),
+            target: None,
+            tenant: tenant.to_owned(),
+            nonce: None,
+            plan: None,
+            note: None,
+        });
+    }
+
+    /// Forgets what has expired (spent nonces, approvals) and the oldest history beyond what the
+    /// store keeps. The desk calls this on a schedule.
+    pub fn prune(&self) -> Result<countersign_store::Pruned, String> {
+        lock(&self.inner.store)
+            .prune(now_ms())
+            .map_err(|e| e.to_string())
     }
 
     fn publish(&self, change: QueueChange) {
@@ -414,18 +524,32 @@ impl Engine {
     /// typed, where policy asks for it. This is the only place a token is minted.
     pub fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
         let key = self.key().map_err(ApproveError::NoSecret)?;
-        let key = &key;
-        let state = lock(&self.inner.state);
-        let entry = state
-            .requests
-            .get(&id)
-            .filter(|e| e.decision.borrow().is_none())
-            .ok_or(ApproveError::NotPending)?;
-        let view = &entry.view;
-        if view.type_target && typed_target != Some(view.plan.target.as_str()) {
-            return Err(ApproveError::TargetNotTyped);
-        }
         let now = now_ms();
+        // Under the lock only long enough to check the request and claim it: the durable write
+        // below must not hold up the queue, the window or any other connection.
+        let (view, arguments) = {
+            let mut state = lock(&self.inner.state);
+            let entry = state
+                .requests
+                .get_mut(&id)
+                .filter(|e| e.decision.borrow().is_none() && !e.approving)
+                .ok_or(ApproveError::NotPending)?;
+            let view = &entry.view;
+            if view.type_target && typed_target != Some(view.plan.target.as_str()) {
+                return Err(ApproveError::TargetNotTyped);
+            }
+            let wait_ms = self.approve_wait_ms(view.arrived_at_ms, now);
+            if wait_ms > 0 {
+                return Err(ApproveError::TooSoon { wait_ms });
+            }
+            entry.approving = true;
+            (entry.view.clone(), entry.arguments.clone())
+        };
+        let release = |engine: &Engine| {
+            if let Some(entry) = lock(&engine.inner.state).requests.get_mut(&id) {
+                entry.approving = false;
+            }
+        };
         let claims = Claims {
             tool: view.plan.tool.clone(),
             target: view.plan.target.clone(),
@@ -435,24 +559,52 @@ impl Engine {
             exp: now.saturating_add(self.token_ttl_ms()),
             nonce: Nonce::from_bytes(rand::random()),
         };
+        let arguments = Value::Object(arguments);
         let approval = Approval {
             nonce: claims.nonce,
             tool: claims.tool.clone(),
             target: claims.target.clone(),
             tenant: claims.tenant.clone(),
             plan: claims.plan,
-            arguments: Value::Object(entry.arguments.clone()),
+            mac: None,
+            arguments,
             class: view.class,
             issued_at_ms: claims.iat,
             expires_at_ms: claims.exp,
         };
+        let mac = binding::approval_mac(
+            &key,
+            &binding::Bound {
+                nonce: &approval.nonce,
+                tenant: &approval.tenant,
+                plan: &approval.plan,
+                class: approval.class,
+                expires_at_ms: approval.expires_at_ms,
+                arguments: &approval.arguments,
+            },
+        );
+        let approval = match mac {
+            Ok(mac) => Approval {
+                mac: Some(mac),
+                ..approval
+            },
+            Err(e) => {
+                release(self);
+                return Err(ApproveError::Store(format!(
+                    "the arguments have no canonical form: {e}"
+                )));
+            }
+        };
         // The approved arguments are durable before the token exists: a token whose arguments
         // were lost could never execute what the person read.
-        lock(&self.inner.store)
-            .put_approval(&approval)
-            .map_err(|e| ApproveError::Store(e.to_string()))?;
-        let token = token::mint(key, &claims);
-        let text = render::preflight(&view.plan, &token, self.token_ttl_ms(), view.class);
+        if let Err(e) = lock(&self.inner.store).put_approval(&approval) {
+            release(self);
+            return Err(ApproveError::Store(e.to_string()));
+        }
+        let token = token::mint(&key, &claims);
+        // The lifetime shown is the token's own, not the setting read again.
+        let ttl_ms = claims.exp - claims.iat;
+        let text = render::preflight(&view.plan, &token, ttl_ms, view.class);
         let decision = Decision::Approved(Answer::Approved {
             text,
             token: token.expose().to_owned(),
@@ -460,19 +612,25 @@ impl Engine {
             expires_at_ms: claims.exp,
             class: view.class,
         });
-        entry.decision.send_replace(Some(decision));
-        let event = ConfirmEvent {
+        {
+            let state = lock(&self.inner.state);
+            // Withdrawn or disconnected while the approval was written: its token reaches no one,
+            // and the stored approval expires unused.
+            let Some(entry) = state.requests.get(&id) else {
+                return Err(ApproveError::NotPending);
+            };
+            entry.decision.send_replace(Some(decision));
+        }
+        self.record(ConfirmEvent {
             at_ms: now,
             kind: EventKind::Issued,
-            tool: claims.tool.clone(),
-            target: Some(claims.target.clone()),
-            tenant: claims.tenant.clone(),
+            tool: claims.tool,
+            target: Some(claims.target),
+            tenant: claims.tenant,
             nonce: Some(claims.nonce),
             plan: Some(claims.plan),
             note: None,
-        };
-        drop(state);
-        self.record(event);
+        });
         self.publish(QueueChange::Removed {
             id,
             reason: Removal::Approved,
@@ -490,7 +648,7 @@ impl Engine {
         let entry = state
             .requests
             .get(&id)
-            .filter(|e| e.decision.borrow().is_none())
+            .filter(|e| e.decision.borrow().is_none() && !e.approving)
             .ok_or(ApproveError::NotPending)?;
         entry
             .decision
@@ -543,7 +701,15 @@ impl Engine {
     /// A gateway went away: its pending requests leave the queue.
     pub fn disconnect(&self, tenant: &str) {
         let mut state = lock(&self.inner.state);
-        state.connections.remove(tenant);
+        if state.connections.remove(tenant).is_some() {
+            state.gone.push_back(tenant.to_owned());
+        }
+        while state.gone.len() > MAX_GONE_SERVERS {
+            if let Some(oldest) = state.gone.pop_front() {
+                state.servers.remove(&oldest);
+            }
+        }
+        state.awaiting_outcome.retain(|(t, _), _| t != tenant);
         let gone: Vec<u64> = state
             .requests
             .iter()
@@ -649,6 +815,34 @@ impl Engine {
         })
     }
 
+    /// Why a new request of `tenant` cannot be queued, if it cannot: a refusal with a next move,
+    /// never a silent drop.
+    fn queue_full(state: &State, tenant: &str) -> Option<String> {
+        let waiting = state
+            .requests
+            .values()
+            .filter(|e| e.decision.borrow().is_none());
+        let (mine, all) = waiting.fold((0, 0), |(mine, all), e| {
+            (mine + usize::from(e.view.tenant == tenant), all + 1)
+        });
+        if mine >= MAX_PENDING_PER_CONNECTION {
+            Some(format!(
+                "Refused: {mine} requests of this agent already wait for the person at the \
+                 Countersign desk, the most it queues for one agent. Nothing was executed. Next: \
+                 wait for the person to decide those (calling one again with the same arguments \
+                 keeps waiting for it), or cancel the ones no longer needed, then call this again."
+            ))
+        } else if all >= MAX_PENDING {
+            Some(format!(
+                "Refused: {all} requests already wait for the person at the Countersign desk, the \
+                 most it queues. Nothing was executed. Next: wait for the person to work through \
+                 the queue, then call this again."
+            ))
+        } else {
+            None
+        }
+    }
+
     /// Drops decided requests nobody collected whose token (or denial) has expired.
     fn sweep(state: &mut State, now: u64, ttl: u64) {
         state.requests.retain(|_, e| match &*e.decision.borrow() {
@@ -680,10 +874,11 @@ impl Engine {
             hash,
         } = match self.plan_call(tenant, tool, arguments) {
             Ok(call) => call,
-            Err(response) => return response,
+            Err(response) => return self.rejected(tenant, tool, response),
         };
         if fields.is_confirm() {
-            return error(ErrorCode::BadArguments, "a confirm is not a preflight");
+            let answer = error(ErrorCode::BadArguments, "a confirm is not a preflight");
+            return self.rejected(tenant, tool, answer);
         }
         if !self.inner.config.window {
             return Answer::Refused {
@@ -702,6 +897,10 @@ impl Engine {
             match existing {
                 Some((id, entry)) => (*id, entry.decision.subscribe()),
                 None => {
+                    if let Some(full) = Self::queue_full(&state, tenant) {
+                        drop(state);
+                        return self.rejected(tenant, tool, error(ErrorCode::Busy, full));
+                    }
                     let id = state.next_id;
                     state.next_id += 1;
                     let view = PendingRequest {
@@ -724,6 +923,7 @@ impl Engine {
                             view: view.clone(),
                             arguments: args,
                             decision: sender,
+                            approving: false,
                         },
                     );
                     drop(state);
@@ -799,11 +999,11 @@ impl Engine {
             ..
         } = match self.plan_call(tenant, tool, arguments) {
             Ok(call) => call,
-            Err(response) => return response,
+            Err(response) => return self.rejected(tenant, tool, response),
         };
         let key = match self.key() {
             Ok(key) => key,
-            Err(why) => return error(ErrorCode::NoSecret, why),
+            Err(why) => return self.rejected(tenant, tool, error(ErrorCode::NoSecret, why)),
         };
         let key = &key;
         let now = now_ms();
@@ -816,21 +1016,36 @@ impl Engine {
             plan: hash,
         };
         // What the token approved, read once, and only for a token whose signature holds (a
-        // forged token never reaches the database). It counts under the stricter of the class it
-        // was made under and the tool's class now: an upstream that re-lists a tool as idempotent
-        // after the click must not turn a works-once approval into a reusable one. The row is
-        // never rewritten, so reading it before the spend reads what the spend will cover.
+        // forged token never reaches the database). The row is never rewritten, so reading it
+        // before the spend reads what the spend will cover.
         let approved = fields
             .token
             .as_deref()
             .and_then(|t| token::decode(key, t).ok())
             .map(|claims| lock(&self.inner.store).approval(&claims.nonce));
-        let recorded = match &approved {
-            Some(Ok(Some(approval))) => Some(approval.class),
-            _ => None,
+        // Whether the approval can run at all: read, bound by its MAC, for this plan. Anything
+        // else is known before the spend, so the nonce is not spent for it: a refusal that says
+        // "retry" must find the approval still usable.
+        let usable: Result<Approval, Refusal> = match approved {
+            // No token, or one that does not decode: the chain refuses it before any of this.
+            None => Err(Refusal::BadToken),
+            Some(Err(_)) => Err(Refusal::LedgerUnreachable),
+            // Genuine but gone (pruned, or a store that was replaced): nothing may run that the
+            // person did not read.
+            Some(Ok(None)) => Err(Refusal::PlanChanged),
+            Some(Ok(Some(approval))) if approval.plan != hash => Err(Refusal::PlanChanged),
+            Some(Ok(Some(approval))) if !Self::bound(key, &approval) => {
+                Err(Refusal::ApprovalAltered)
+            }
+            Some(Ok(Some(approval))) => Ok(approval),
         };
-        let single_use =
-            rule.class.is_single_use() || recorded.is_some_and(GateClass::is_single_use);
+        // It counts under the stricter of the class it was made under and the tool's class now:
+        // an upstream that re-lists a tool as idempotent after the click must not turn a
+        // works-once approval into a reusable one. Nothing is spent for an approval that cannot
+        // run (the chain still checks everything else, in order).
+        let single_use = usable.is_ok()
+            && (rule.class.is_single_use()
+                || usable.as_ref().is_ok_and(|a| a.class.is_single_use()));
         let verdict = {
             let mut store = lock(&self.inner.store);
             verify::verify(key, &confirm, single_use, now, &mut *store)
@@ -845,70 +1060,91 @@ impl Engine {
             plan: Some(hash),
             note: None,
         };
-        match verdict {
+        let claims = match verdict {
             Err(rejected) => {
                 self.record(event(
                     EventKind::for_refusal(rejected.refusal),
                     rejected.claims.as_deref(),
                 ));
-                refused(rejected.refusal)
+                return refused(rejected.refusal);
             }
-            Ok(claims) => {
-                // The chain passed, so the token decoded above and its approval was read there;
-                // a read that failed refuses here, after the chain, in the seed's order.
-                match approved.unwrap_or(Ok(None)) {
-                    Ok(Some(approval)) if approval.plan == hash => {
-                        self.record(event(EventKind::Accepted, Some(&claims)));
-                        Answer::Accepted {
-                            arguments: approval.arguments,
-                            nonce: claims.nonce.to_hex(),
-                        }
-                    }
-                    // The token is genuine but what it approved is gone (pruned, or a store that
-                    // was replaced): nothing may run that the person did not read.
-                    Ok(_) => {
-                        self.record(event(
-                            EventKind::Refused {
-                                refusal: Refusal::PlanChanged,
-                            },
-                            Some(&claims),
-                        ));
-                        refused(Refusal::PlanChanged)
-                    }
-                    Err(_) => {
-                        self.record(event(
-                            EventKind::Refused {
-                                refusal: Refusal::LedgerUnreachable,
-                            },
-                            Some(&claims),
-                        ));
-                        refused(Refusal::LedgerUnreachable)
-                    }
+            Ok(claims) => claims,
+        };
+        match usable {
+            Ok(approval) => {
+                self.record(event(EventKind::Accepted, Some(&claims)));
+                *lock(&self.inner.state)
+                    .awaiting_outcome
+                    .entry((tenant.to_owned(), claims.nonce))
+                    .or_default() += 1;
+                Answer::Accepted {
+                    arguments: approval.arguments,
+                    nonce: claims.nonce.to_hex(),
                 }
+            }
+            Err(refusal) => {
+                if refusal == Refusal::ApprovalAltered {
+                    tracing::error!(target: "desk", nonce = %claims.nonce.to_hex(), "an approval in the store does not carry its MAC: refused");
+                }
+                self.record(event(EventKind::Refused { refusal }, Some(&claims)));
+                refused(refusal)
             }
         }
     }
 
-    /// What became of an accepted call.
+    /// Whether `approval` carries the MAC the desk gave it when the person clicked.
+    fn bound(key: &SigningKey, approval: &Approval) -> bool {
+        approval.mac.is_some_and(|mac| {
+            binding::approval_mac_matches(
+                key,
+                &binding::Bound {
+                    nonce: &approval.nonce,
+                    tenant: &approval.tenant,
+                    plan: &approval.plan,
+                    class: approval.class,
+                    expires_at_ms: approval.expires_at_ms,
+                    arguments: &approval.arguments,
+                },
+                &mac,
+            )
+        })
+    }
+
+    /// What became of an accepted call: one outcome per acceptance, from the connection it was
+    /// accepted on.
     pub fn outcome(&self, tenant: &str, nonce: &str, ok: bool, note: Option<String>) -> Answer {
         let Some(nonce) = Nonce::from_hex(nonce) else {
             return error(ErrorCode::BadArguments, "nonce: 32 lowercase hex digits");
         };
+        {
+            let mut state = lock(&self.inner.state);
+            let key = (tenant.to_owned(), nonce);
+            match state.awaiting_outcome.get_mut(&key) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    state.awaiting_outcome.remove(&key);
+                }
+                None => {
+                    return error(
+                        ErrorCode::BadArguments,
+                        "no accepted call of this connection awaits an outcome under this nonce",
+                    );
+                }
+            }
+        }
         let approval = lock(&self.inner.store).approval(&nonce).ok().flatten();
-        let Some(approval) = approval.filter(|a| a.tenant == tenant) else {
-            return error(
-                ErrorCode::BadArguments,
-                "no accepted call of this connection has this nonce",
-            );
+        let (tool, target, plan) = match approval {
+            Some(a) => (a.tool, Some(a.target), Some(a.plan)),
+            None => (String::new(), None, None),
         };
         self.record(ConfirmEvent {
             at_ms: now_ms(),
             kind: EventKind::Executed { ok },
-            tool: approval.tool,
-            target: Some(approval.target),
+            tool,
+            target,
             tenant: tenant.to_owned(),
             nonce: Some(nonce),
-            plan: Some(approval.plan),
+            plan,
             note,
         });
         Answer::Done

@@ -15,6 +15,7 @@ mod engine;
 
 pub use answer::{Answer, ErrorCode, ToolDecision};
 pub use engine::{
-    ApproveError, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig, EngineError, HEADLESS,
-    PendingRequest, QueueChange, Removal,
+    ApproveError, DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig,
+    EngineError, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, PendingRequest, QueueChange,
+    Removal,
 };

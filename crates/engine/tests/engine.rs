@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 struct Desk {
     engine: Engine,
+    path: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -19,7 +20,10 @@ fn desk_with(ttl_ms: u64, key: Result<SigningKey, String>) -> Desk {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.token_ttl_ms = ttl_ms;
+    // Approvals below the window, right after the preflight: no person's delay to wait out.
+    config.approve_delay_ms = 0;
     Desk {
+        path: config.store_path.clone(),
         engine: Engine::new(config, key).unwrap(),
         _dir: dir,
     }
@@ -474,4 +478,248 @@ async fn without_a_window_preflights_are_desk_unavailable_and_nothing_is_queued(
     assert_eq!(refusal, Refusal::DeskUnavailable);
     assert!(message.contains("desktop session"), "{message}");
     assert!(engine.pending().is_empty());
+}
+
+/// A second connection to the desk's file, as another process that can write it would have.
+fn behind_the_desks_back(d: &Desk, sql: &str) {
+    let conn = rusqlite::Connection::open(&d.path).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch(sql).unwrap();
+}
+
+fn kinds(engine: &Engine) -> Vec<String> {
+    engine
+        .history(&HistoryFilter::default())
+        .unwrap()
+        .iter()
+        .map(|e| match e.kind {
+            countersign_core::telemetry::EventKind::Rejected { reason } => {
+                format!("rejected:{}", reason.code())
+            }
+            countersign_core::telemetry::EventKind::Refused { refusal } => {
+                format!("refused:{}", refusal.code())
+            }
+            kind => kind.code().to_owned(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
+    config.approve_delay_ms = 400;
+    let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
+    let tenant = connect(&engine);
+    let args = json!({"sql": "DELETE FROM t"});
+    let waiting = {
+        let (engine, tenant, args) = (engine.clone(), tenant.clone(), args.clone());
+        tokio::spawn(async move { engine.preflight(&tenant, "execute", &args, WAIT).await })
+    };
+    while engine.pending().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let id = engine.pending()[0].id;
+    assert!(
+        matches!(engine.approve(id, None), Err(ApproveError::TooSoon { wait_ms }) if wait_ms > 0 && wait_ms <= 400)
+    );
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    // The window came forward again: what is on screen may have changed under the pointer.
+    engine.hold_approvals();
+    assert!(matches!(
+        engine.approve(id, None),
+        Err(ApproveError::TooSoon { .. })
+    ));
+    assert_eq!(
+        engine.pending().len(),
+        1,
+        "a refused approve leaves it pending"
+    );
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(engine.approve(id, None), Ok(()));
+    assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
+}
+
+#[tokio::test]
+async fn an_approval_edited_in_the_file_is_refused_and_spends_nothing() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let args = json!({"sql": "DELETE FROM t WHERE id = 7"});
+    let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
+    let confirm = confirm_args(&args, &target, &token);
+    // Someone with write access to the file swaps what runs, keeping the plan hash.
+    behind_the_desks_back(
+        &d,
+        "UPDATE approval SET arguments = '{\"sql\":\"DELETE FROM t\"}';",
+    );
+    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    assert_eq!(refusal(&r), Some(Refusal::ApprovalAltered), "{r:?}");
+    // A row that lost its MAC (or one written before MACs) is refused the same way.
+    behind_the_desks_back(
+        &d,
+        "UPDATE approval SET arguments = '{\"sql\":\"DELETE FROM t WHERE id = 7\"}', mac = NULL;",
+    );
+    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    assert_eq!(refusal(&r), Some(Refusal::ApprovalAltered), "{r:?}");
+    assert!(
+        kinds(&d.engine).starts_with(&[
+            "refused:approval_altered".into(),
+            "refused:approval_altered".into()
+        ]),
+        "{:?}",
+        kinds(&d.engine)
+    );
+}
+
+#[tokio::test]
+async fn an_approval_that_cannot_be_read_spends_nothing_so_retrying_works() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let args = json!({"sql": "DELETE FROM t WHERE id = 8"});
+    let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
+    let confirm = confirm_args(&args, &target, &token);
+    behind_the_desks_back(&d, "ALTER TABLE approval RENAME TO approval_away;");
+    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    assert_eq!(refusal(&r), Some(Refusal::LedgerUnreachable), "{r:?}");
+    let Answer::Refused { message, .. } = &r else {
+        unreachable!()
+    };
+    assert!(message.contains("Retry shortly"));
+    behind_the_desks_back(&d, "ALTER TABLE approval_away RENAME TO approval;");
+    // "Retry shortly" was the truth: the once-token still works, exactly once.
+    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    assert!(matches!(r, Answer::Accepted { .. }), "{r:?}");
+    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    assert_eq!(refusal(&r), Some(Refusal::AlreadyUsed));
+}
+
+#[tokio::test]
+async fn one_outcome_is_accepted_per_accepted_call_and_only_from_its_connection() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    let other = connect(&d.engine);
+    let args = json!({"sql": "DELETE FROM t WHERE id = 9"});
+    let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
+    let nonce = match d
+        .engine
+        .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+    {
+        Answer::Accepted { nonce, .. } => nonce,
+        other => panic!("{other:?}"),
+    };
+    let not_accepted = |a: Answer| {
+        matches!(
+            a,
+            Answer::Error {
+                code: ErrorCode::BadArguments,
+                ..
+            }
+        )
+    };
+    assert!(not_accepted(d.engine.outcome(&other, &nonce, true, None)));
+    assert_eq!(
+        d.engine
+            .outcome(&tenant, &nonce, false, Some("boom".into())),
+        Answer::Done
+    );
+    assert!(
+        not_accepted(d.engine.outcome(&tenant, &nonce, true, None)),
+        "a second outcome"
+    );
+    // An approved nonce that was never confirmed has no outcome to give.
+    let args = json!({"sql": "DELETE FROM t WHERE id = 10"});
+    approved(&d.engine, &tenant, "execute", &args).await;
+    let issued = d.engine.history(&HistoryFilter::default()).unwrap()[0]
+        .nonce
+        .unwrap();
+    assert!(not_accepted(d.engine.outcome(
+        &tenant,
+        &issued.to_hex(),
+        true,
+        None
+    )));
+    let executed = kinds(&d.engine).iter().filter(|k| *k == "executed").count();
+    assert_eq!(executed, 1);
+}
+
+#[tokio::test]
+async fn calls_refused_before_verification_are_on_the_record() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    d.engine
+        .confirm(&tenant, "no_such_tool", &json!({"confirm": true}));
+    d.engine.confirm(
+        &tenant,
+        "delete",
+        &json!({"id": {"deep": 1}, "confirm": true, "confirmToken": 5}),
+    );
+    d.engine
+        .preflight(
+            &tenant,
+            "execute",
+            &json!({"confirm": true}),
+            Duration::ZERO,
+        )
+        .await;
+    d.engine.record_unlisted(&tenant, "hidden");
+    let no_secret = desk_with(600_000, Err("locked".into()));
+    let t2 = connect(&no_secret.engine);
+    no_secret.engine.confirm(
+        &t2,
+        "execute",
+        &json!({"confirm": true, "confirmToken": "cs1.a.b"}),
+    );
+    assert_eq!(
+        kinds(&d.engine),
+        [
+            "rejected:unlisted_tool",
+            "rejected:bad_arguments",
+            "rejected:bad_arguments",
+            "rejected:unknown_tool"
+        ]
+    );
+    assert_eq!(kinds(&no_secret.engine), ["rejected:no_secret"]);
+}
+
+#[tokio::test]
+async fn a_flood_of_preflights_is_refused_busy_with_a_next_move_and_others_still_queue() {
+    let d = desk();
+    let flood = connect(&d.engine);
+    let calm = connect(&d.engine);
+    let preflight = |tenant: &str, n: usize| {
+        let engine = d.engine.clone();
+        let tenant = tenant.to_owned();
+        async move {
+            engine
+                .preflight(
+                    &tenant,
+                    "execute",
+                    &json!({ "sql": format!("DELETE FROM t WHERE id = {n}") }),
+                    Duration::ZERO,
+                )
+                .await
+        }
+    };
+    for n in 0..countersign_engine::MAX_PENDING_PER_CONNECTION {
+        assert_eq!(refusal(&preflight(&flood, n).await), Some(Refusal::Pending));
+    }
+    let over = preflight(&flood, 999).await;
+    let Answer::Error {
+        code: ErrorCode::Busy,
+        message,
+    } = &over
+    else {
+        panic!("{over:?}")
+    };
+    assert!(
+        message.contains("Nothing was executed") && message.contains("Next:"),
+        "{message}"
+    );
+    // Asking again for a request already queued still re-attaches to it.
+    assert_eq!(refusal(&preflight(&flood, 3).await), Some(Refusal::Pending));
+    assert_eq!(refusal(&preflight(&calm, 0).await), Some(Refusal::Pending));
+    assert_eq!(
+        d.engine.pending().len(),
+        countersign_engine::MAX_PENDING_PER_CONNECTION + 1
+    );
 }

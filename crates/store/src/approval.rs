@@ -38,6 +38,9 @@ pub struct Approval {
     /// (an [`GateClass::Open`] tool needs no approval, and storing one is refused). Rows written
     /// before the class was recorded read back as [`GateClass::Once`].
     pub class: GateClass,
+    /// The MAC binding this row to the click (see `countersign_core::binding`); `None` for rows
+    /// written before it existed. The store keeps it; the desk checks it.
+    pub mac: Option<[u8; 32]>,
 }
 
 impl Store {
@@ -57,8 +60,8 @@ impl Store {
             let inserted = tx.execute(
                 "INSERT INTO approval
                      (nonce, tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms,
-                      class)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                      class, mac)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 rusqlite::params![
                     &approval.nonce.as_bytes()[..],
                     approval.tool,
@@ -69,6 +72,7 @@ impl Store {
                     issued_at,
                     expires_at,
                     class,
+                    approval.mac.as_ref().map(|m| &m[..]),
                 ],
             );
             match inserted {
@@ -92,7 +96,7 @@ impl Store {
             Ok(conn
                 .prepare_cached(
                     "SELECT tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms,
-                            class
+                            class, mac
                      FROM approval WHERE nonce = ?1",
                 )?
                 .query_row([&nonce.as_bytes()[..]], |row| {
@@ -105,11 +109,12 @@ impl Store {
                         row.get::<_, i64>(5)?,
                         row.get::<_, i64>(6)?,
                         row.get::<_, String>(7)?,
+                        row.get::<_, Option<Vec<u8>>>(8)?,
                     ))
                 })
                 .optional()?)
         })?;
-        let Some((tool, target, tenant, plan, arguments, issued_at, expires_at, class)) = row
+        let Some((tool, target, tenant, plan, arguments, issued_at, expires_at, class, mac)) = row
         else {
             return Ok(None);
         };
@@ -131,6 +136,10 @@ impl Store {
             class: GateClass::from_code(&class)
                 .filter(|c| c.is_gated())
                 .ok_or_else(|| invalid(format!("gate class {class:?} is not token or once")))?,
+            mac: mac
+                .map(|m| <[u8; 32]>::try_from(m.as_slice()))
+                .transpose()
+                .map_err(|_| invalid("mac is not 32 bytes".to_owned()))?,
         }))
     }
 }

@@ -6,7 +6,7 @@
 //! dropped. What is stored is exactly a [`ConfirmEvent`], which has no token field; the table has
 //! no token column either, and a test keeps it that way.
 
-use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
 use countersign_core::{Nonce, PlanHash, Refusal};
 use rusqlite::TransactionBehavior;
 
@@ -79,6 +79,7 @@ fn kind_columns(
         }
         EventKind::Refused { refusal } => (kind.code(), Some(refusal.code()), None),
         EventKind::Executed { ok } => (kind.code(), None, Some(ok)),
+        EventKind::Rejected { reason } => (kind.code(), Some(reason.code()), None),
         other => return Err(StoreError::UnknownEventKind(other.code())),
     })
 }
@@ -98,6 +99,10 @@ fn kind_from_columns(
                 .ok_or_else(|| format!("unknown refusal code {refusal:?}"))?,
         },
         ("executed", None, Some(ok)) => EventKind::Executed { ok },
+        ("rejected", Some(reason), None) => EventKind::Rejected {
+            reason: Rejection::from_code(reason)
+                .ok_or_else(|| format!("unknown rejection code {reason:?}"))?,
+        },
         _ => {
             return Err(format!(
                 "kind {code:?} with refusal {refusal:?} and ok {ok:?}"
@@ -105,6 +110,22 @@ fn kind_from_columns(
         }
     };
     Ok(kind)
+}
+
+/// The most characters of an agent's or upstream's text (a tool name, a target, a note) history
+/// keeps: a row is read back 500 at a time, and an agent must not fill the disk through them.
+pub const MAX_STORED_CHARS: usize = 1024;
+
+/// `text` as stored: whole if short enough, else its first [`MAX_STORED_CHARS`] characters and a
+/// marker saying how much was cut, so that a cut is never mistaken for the whole.
+pub fn capped(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(MAX_STORED_CHARS) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((end, _)) => {
+            let rest = text[end..].chars().count();
+            std::borrow::Cow::Owned(format!("{}… [cut: {rest} more characters]", &text[..end]))
+        }
+    }
 }
 
 /// One history row as stored, before decoding.
@@ -162,6 +183,9 @@ impl Store {
 
     fn insert_event(&mut self, event: &ConfirmEvent) -> Result<(), StoreError> {
         let at_ms = ms_to_sql(event.at_ms)?;
+        let tool = capped(&event.tool);
+        let target = event.target.as_deref().map(capped);
+        let note = event.note.as_deref().map(capped);
         let (kind, refusal, ok) = kind_columns(event.kind)?;
         let nonce = event.nonce.map(|n| n.to_hex());
         let plan = event.plan.map(|p| p.to_hex());
@@ -177,12 +201,12 @@ impl Store {
                 kind,
                 refusal,
                 ok,
-                event.tool,
-                event.target,
+                tool,
+                target,
                 event.tenant,
                 nonce,
                 plan,
-                event.note,
+                note,
             ])?;
             tx.commit()?;
             Ok(())
@@ -255,6 +279,11 @@ mod tests {
             Refusal::ALL
                 .into_iter()
                 .map(|refusal| EventKind::Refused { refusal }),
+        );
+        kinds.extend(
+            Rejection::ALL
+                .into_iter()
+                .map(|reason| EventKind::Rejected { reason }),
         );
         kinds
     }
@@ -492,5 +521,41 @@ mod tests {
                 .unwrap()
                 .contains(&("confirm".to_owned(), "refused".to_owned()))
         );
+    }
+
+    #[test]
+    fn long_agent_text_is_stored_cut_with_a_visible_marker() {
+        let (_dir, mut store) = temp_store();
+        let mut long = event(1, EventKind::Denied);
+        long.target = Some("é".repeat(5000));
+        long.note = Some("n".repeat(MAX_STORED_CHARS + 1));
+        long.tool = "t".repeat(MAX_STORED_CHARS);
+        store.record(&long).unwrap();
+        let back = store.history(&HistoryFilter::all()).unwrap().remove(0);
+        let target = back.target.unwrap();
+        assert!(target.starts_with(&"é".repeat(MAX_STORED_CHARS)));
+        assert!(
+            target.ends_with("… [cut: 3976 more characters]"),
+            "{target}"
+        );
+        assert!(back.note.unwrap().ends_with("[cut: 1 more characters]"));
+        assert_eq!(back.tool, long.tool, "exactly the cap is kept whole");
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_history_and_forgets_expired_approvals() {
+        let (_dir, mut store) = temp_store();
+        store
+            .put_approval(&crate::test_support::approval(1, 10))
+            .unwrap();
+        store
+            .put_approval(&crate::test_support::approval(2, 1000))
+            .unwrap();
+        store.record(&event(1, EventKind::Issued)).unwrap();
+        let pruned = store.prune(500).unwrap();
+        assert_eq!((pruned.approvals, pruned.history), (1, 0));
+        assert!(store.approval(&nonce(1)).unwrap().is_none());
+        assert!(store.approval(&nonce(2)).unwrap().is_some());
+        assert_eq!(store.history(&HistoryFilter::all()).unwrap().len(), 1);
     }
 }

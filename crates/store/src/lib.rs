@@ -34,7 +34,7 @@ use crate::connection::FileIdentity;
 pub use approval::Approval;
 pub use connection::StoreOptions;
 pub use error::StoreError;
-pub use history::HistoryFilter;
+pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.
@@ -63,7 +63,12 @@ pub struct Pruned {
     pub nonces: usize,
     /// Approvals whose tokens had expired.
     pub approvals: usize,
+    /// History events older than the newest [`MAX_HISTORY_ROWS`].
+    pub history: usize,
 }
+
+/// How many history events [`Store::prune`] keeps.
+pub const MAX_HISTORY_ROWS: i64 = 100_000;
 
 impl Store {
     /// Opens (creating it if needed) and migrates the file at `path` now, reporting why if that
@@ -96,11 +101,13 @@ impl Store {
         self.opened.is_some()
     }
 
-    /// Deletes the spent nonces and the approvals whose expiry is before `now_ms`.
+    /// Deletes the spent nonces and the approvals whose expiry is before `now_ms`, and the
+    /// oldest history beyond the newest [`MAX_HISTORY_ROWS`] events.
     ///
     /// Strictly before: a row expiring exactly at `now_ms` is kept, so a clock that lags the
     /// verifier's by a millisecond never forgets a nonce whose token still verifies. History is
-    /// never pruned here; it is the audit trail.
+    /// the audit trail, kept by count rather than age: a quiet month loses nothing, and an agent
+    /// that provokes refusals in a loop cannot fill the disk.
     pub fn prune(&mut self, now_ms: u64) -> Result<Pruned, StoreError> {
         // A `now` beyond SQLite's range is later than any stored expiry.
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
@@ -108,8 +115,17 @@ impl Store {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let nonces = tx.execute("DELETE FROM spent_nonce WHERE expires_at_ms < ?1", [now])?;
             let approvals = tx.execute("DELETE FROM approval WHERE expires_at_ms < ?1", [now])?;
+            let history = tx.execute(
+                "DELETE FROM history WHERE id <=
+                     (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET ?1)",
+                [MAX_HISTORY_ROWS],
+            )?;
             tx.commit()?;
-            Ok(Pruned { nonces, approvals })
+            Ok(Pruned {
+                nonces,
+                approvals,
+                history,
+            })
         })
     }
 
@@ -185,7 +201,8 @@ mod tests {
             store.prune(20).unwrap(),
             Pruned {
                 nonces: 1,
-                approvals: 1
+                approvals: 1,
+                history: 0
             }
         );
         // Expiring exactly at `now` is not "before now": kept.
@@ -199,7 +216,8 @@ mod tests {
             store.prune(u64::MAX).unwrap(),
             Pruned {
                 nonces: 3,
-                approvals: 2
+                approvals: 2,
+                history: 0
             }
         );
     }

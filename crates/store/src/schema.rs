@@ -75,6 +75,15 @@ const STEPS: &[Step] = &[
             ADD COLUMN class TEXT NOT NULL DEFAULT 'once' CHECK (class IN ('token', 'once'));
     ",
     },
+    Step {
+        purpose: "approvals carry a MAC binding their arguments to the click",
+        sql: "
+        -- A MAC under a key derived from the signing secret over nonce, tenant, plan, class,
+        -- expiry and arguments: an edit of the row is refused instead of executed. Rows written
+        -- before the column existed have none, and are refused the same way.
+        ALTER TABLE approval ADD COLUMN mac BLOB CHECK (mac IS NULL OR length(mac) = 32);
+    ",
+    },
 ];
 
 /// The schema version this build writes and understands.

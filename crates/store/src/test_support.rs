@@ -37,6 +37,7 @@ pub(crate) fn approval(n: u8, expires_at_ms: u64) -> Approval {
         issued_at_ms: expires_at_ms.saturating_sub(600_000),
         expires_at_ms,
         class: GateClass::Once,
+        mac: Some([n; 32]),
     }
 }
 
