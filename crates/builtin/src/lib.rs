@@ -4,10 +4,13 @@
 //! machine with nothing else installed, on a real SQLite file with real errors for bad SQL. Each
 //! tool carries honest MCP annotations, and the gate classes follow from them like any
 //! upstream's: `list_tables`, `describe_table` and `query` are read-only (`open`; `query` runs on
-//! a read-only connection, so annotation and behaviour agree); `execute` changes data (`once`);
+//! a read-only connection whose authorizer allows only reads, so annotation and behaviour agree:
+//! see [`read_only`]); `execute` changes data (`once`);
 //! `create_backup` is idempotent and non-destructive (`token`); `restore_backup` and
 //! `delete_backup` are destructive (`once`).
 #![deny(missing_docs)]
+
+mod read_only;
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +20,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{Map, Value, json};
+
+use crate::read_only::ReadOnly;
 
 /// The most rows a `query` returns; more are reported as truncated.
 pub const MAX_ROWS: usize = 1000;
@@ -112,19 +117,14 @@ impl Builtin {
         Ok(self.backups().join(format!("{name}.sqlite")))
     }
 
-    fn read_only(&self) -> Result<Connection, Failure> {
+    fn read_only(&self) -> Result<ReadOnly, Failure> {
         if !self.db.exists() {
             return Err(Failure(format!(
                 "the database {} does not exist yet",
                 self.db.display()
             )));
         }
-        let conn = Connection::open_with_flags(
-            &self.db,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.pragma_update(None, "query_only", true)?;
-        Ok(conn)
+        ReadOnly::open(&self.db)
     }
 
     fn writable(&self) -> Result<Connection, Failure> {
@@ -133,12 +133,15 @@ impl Builtin {
         Ok(conn)
     }
 
-    fn rows(
-        conn: &Connection,
-        sql: &str,
-        params: &[&dyn rusqlite::ToSql],
-    ) -> Result<Value, Failure> {
+    fn rows(conn: &ReadOnly, sql: &str, params: &[&dyn rusqlite::ToSql]) -> Result<Value, Failure> {
         let mut stmt = conn.prepare(sql)?;
+        Self::collect(&mut stmt, params).map_err(|e| conn.failure(sql, e))
+    }
+
+    fn collect(
+        stmt: &mut rusqlite::Statement<'_>,
+        params: &[&dyn rusqlite::ToSql],
+    ) -> rusqlite::Result<Value> {
         let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
         let mut rows = stmt.query(params)?;
         let mut out = Vec::new();
@@ -386,5 +389,399 @@ mod tests {
             b.run("create_backup", &args(json!({"name": "../escape"})))
                 .is_err()
         );
+    }
+
+    /// A database with two rows in `t`, an index, a view, a trigger and a full-text table, so
+    /// that every kind of change has something to change.
+    fn seeded() -> (tempfile::TempDir, Builtin) {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Builtin::new(dir.path().join("demo.sqlite"));
+        b.run(
+            "execute",
+            &args(json!({"sql": "
+                CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT);
+                INSERT INTO t (name) VALUES ('a'), ('b');
+                CREATE TABLE u (t_id INTEGER REFERENCES t(id), note TEXT);
+                INSERT INTO u VALUES (1, 'first');
+                CREATE INDEX t_name ON t(name);
+                CREATE VIEW names AS SELECT upper(name) AS big FROM t;
+                CREATE TRIGGER t_noted AFTER INSERT ON t BEGIN INSERT INTO u VALUES (new.id, 'new'); END;
+                CREATE VIRTUAL TABLE notes USING fts5(body);
+                INSERT INTO notes VALUES ('hello world');
+                CREATE VIRTUAL TABLE old_notes USING fts4(body);
+                INSERT INTO old_notes VALUES ('hello world');"})),
+        )
+        .unwrap();
+        (dir, b)
+    }
+
+    /// Everything in the database, to show a refused statement changed nothing.
+    fn snapshot(b: &Builtin) -> Value {
+        let conn = Connection::open(b.db()).unwrap();
+        let mut contents = Vec::new();
+        for sql in [
+            "SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY name",
+            "SELECT id, name FROM t ORDER BY id",
+            "SELECT t_id, note FROM u ORDER BY rowid",
+            "SELECT body FROM notes",
+            "SELECT * FROM pragma_user_version, pragma_application_id, pragma_journal_mode",
+        ] {
+            let mut stmt = conn.prepare(sql).unwrap();
+            let width = stmt.column_count();
+            let rows: Vec<Value> = stmt
+                .query_map([], |row| {
+                    (0..width)
+                        .map(|i| row.get_ref(i).map(json_of))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .unwrap()
+                .map(|row| Value::Array(row.unwrap()))
+                .collect();
+            contents.push(json!({sql: rows}));
+        }
+        Value::Array(contents)
+    }
+
+    /// The names in the database's directory.
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Runs `sql` through `query`, asserts it is refused with the read-only message naming
+    /// `what`, and that neither the database nor its directory changed.
+    fn assert_query_refuses(b: &Builtin, sql: &str, what: &str) {
+        let dir = b.db().parent().unwrap();
+        let (before, listed) = (snapshot(b), files(dir));
+        match b.run("query", &args(json!({"sql": sql}))) {
+            Ok(value) => panic!("query ran {sql:?}: {value}"),
+            Err(Failure(message)) => assert_eq!(
+                message,
+                format!("query is read-only: {what} is not allowed; use execute"),
+                "for {sql:?}"
+            ),
+        }
+        assert_eq!(snapshot(b), before, "{sql:?} changed the database");
+        assert_eq!(files(dir), listed, "{sql:?} changed the files beside it");
+    }
+
+    #[test]
+    fn attach_through_query_is_refused_and_opens_no_other_database() {
+        let (dir, b) = seeded();
+        let other = dir.path().join("other.sqlite");
+        Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE secret (x); INSERT INTO secret VALUES ('kept')")
+            .unwrap();
+        let sql = format!("ATTACH DATABASE '{}' AS other", other.display());
+        assert_query_refuses(&b, &sql, "ATTACH");
+        let sql = format!(
+            "ATTACH '{}' AS other; SELECT x FROM other.secret",
+            other.display()
+        );
+        assert_query_refuses(&b, &sql, "ATTACH");
+    }
+
+    #[test]
+    fn attach_of_a_new_path_through_query_is_refused_and_creates_no_file() {
+        let (dir, b) = seeded();
+        let new = dir.path().join("new.sqlite");
+        for sql in [
+            format!("ATTACH '{}' AS new", new.display()),
+            format!("ATTACH 'file:{}?mode=rwc' AS new", new.display()),
+        ] {
+            assert_query_refuses(&b, &sql, "ATTACH");
+            assert!(!new.exists(), "{sql:?} created a file");
+        }
+    }
+
+    #[test]
+    fn detach_through_query_is_refused() {
+        let (_dir, b) = seeded();
+        assert_query_refuses(&b, "DETACH DATABASE other", "DETACH");
+        assert_query_refuses(&b, "DETACH main", "DETACH");
+    }
+
+    #[test]
+    fn vacuum_into_through_query_is_refused_and_writes_no_file() {
+        let (dir, b) = seeded();
+        let copy = dir.path().join("copy.sqlite");
+        assert_query_refuses(&b, &format!("VACUUM INTO '{}'", copy.display()), "VACUUM");
+        assert_query_refuses(
+            &b,
+            &format!("/* a copy */ vacuum main into '{}'", copy.display()),
+            "VACUUM",
+        );
+        assert!(!copy.exists());
+    }
+
+    #[test]
+    fn vacuum_through_query_is_refused() {
+        let (_dir, b) = seeded();
+        assert_query_refuses(&b, "VACUUM", "VACUUM");
+        assert_query_refuses(&b, "-- tidy up\nVACUUM main", "VACUUM");
+    }
+
+    #[test]
+    fn row_writes_through_query_are_refused_and_change_nothing() {
+        let (_dir, b) = seeded();
+        for (sql, what) in [
+            ("INSERT INTO t (name) VALUES ('c')", "INSERT"),
+            ("INSERT INTO t (name) VALUES ('c') RETURNING id", "INSERT"),
+            ("REPLACE INTO t (id, name) VALUES (1, 'z')", "INSERT"),
+            (
+                "INSERT INTO t (id, name) VALUES (1, 'z') ON CONFLICT (id) DO UPDATE SET name = 'z'",
+                "INSERT",
+            ),
+            ("UPDATE t SET name = 'z'", "UPDATE"),
+            ("DELETE FROM t", "DELETE"),
+            (
+                "WITH doomed AS (SELECT id FROM t) DELETE FROM t WHERE id IN doomed",
+                "DELETE",
+            ),
+            ("INSERT INTO notes VALUES ('more')", "INSERT"),
+            ("INSERT INTO notes (notes) VALUES ('optimize')", "INSERT"),
+        ] {
+            assert_query_refuses(&b, sql, what);
+        }
+    }
+
+    #[test]
+    fn schema_changes_through_query_are_refused_and_change_nothing() {
+        let (_dir, b) = seeded();
+        for (sql, what) in [
+            ("CREATE TABLE made (x)", "CREATE"),
+            ("CREATE TEMP TABLE made (x)", "CREATE"),
+            ("CREATE TABLE made AS SELECT * FROM t", "CREATE"),
+            ("CREATE INDEX made ON t(id, name)", "CREATE"),
+            ("CREATE VIEW made AS SELECT 1", "CREATE"),
+            ("CREATE TEMP VIEW made AS SELECT 1", "CREATE"),
+            (
+                "CREATE TRIGGER made AFTER DELETE ON t BEGIN SELECT 1; END",
+                "CREATE TRIGGER",
+            ),
+            ("CREATE VIRTUAL TABLE made USING fts5(x)", "CREATE"),
+            ("DROP TABLE u", "DROP"),
+            ("DROP INDEX t_name", "DROP"),
+            ("DROP VIEW names", "DROP"),
+            ("DROP TRIGGER t_noted", "DROP TRIGGER"),
+            ("DROP TABLE notes", "DROP"),
+            ("ALTER TABLE t RENAME TO renamed", "ALTER TABLE"),
+            ("ALTER TABLE t ADD COLUMN extra", "ALTER TABLE"),
+            ("ALTER TABLE t DROP COLUMN name", "ALTER TABLE"),
+            ("REINDEX t_name", "REINDEX"),
+            ("ANALYZE", "ANALYZE"),
+        ] {
+            assert_query_refuses(&b, sql, what);
+        }
+    }
+
+    #[test]
+    fn transactions_and_savepoints_through_query_are_refused() {
+        let (_dir, b) = seeded();
+        for (sql, what) in [
+            ("BEGIN", "BEGIN"),
+            ("BEGIN IMMEDIATE", "BEGIN"),
+            ("COMMIT", "COMMIT"),
+            ("END", "COMMIT"),
+            ("ROLLBACK", "ROLLBACK"),
+            ("SAVEPOINT s", "SAVEPOINT"),
+            ("RELEASE s", "RELEASE"),
+            ("ROLLBACK TO s", "ROLLBACK TO"),
+        ] {
+            assert_query_refuses(&b, sql, what);
+        }
+    }
+
+    #[test]
+    fn pragma_writes_through_query_are_refused_and_change_nothing() {
+        let (_dir, b) = seeded();
+        for (sql, what) in [
+            ("PRAGMA user_version = 7", "PRAGMA user_version"),
+            ("PRAGMA application_id = 7", "PRAGMA application_id"),
+            ("PRAGMA query_only = 0", "PRAGMA query_only"),
+            ("PRAGMA journal_mode = WAL", "PRAGMA journal_mode"),
+            ("PRAGMA writable_schema = ON", "PRAGMA writable_schema"),
+            ("PRAGMA page_size = 8192", "PRAGMA page_size"),
+            ("PRAGMA wal_checkpoint", "PRAGMA wal_checkpoint"),
+            ("PRAGMA optimize", "PRAGMA optimize"),
+            ("PRAGMA incremental_vacuum", "PRAGMA incremental_vacuum"),
+        ] {
+            assert_query_refuses(&b, sql, what);
+        }
+    }
+
+    #[test]
+    fn functions_with_side_effects_through_query_are_refused() {
+        let (dir, b) = seeded();
+        let library = dir.path().join("library");
+        assert_query_refuses(
+            &b,
+            &format!("SELECT load_extension('{}')", library.display()),
+            "the function load_extension()",
+        );
+        assert_query_refuses(
+            &b,
+            "SELECT fts3_tokenizer('simple')",
+            "the function fts3_tokenizer()",
+        );
+        assert_query_refuses(
+            &b,
+            "SELECT optimize(old_notes) FROM old_notes LIMIT 1",
+            "the function optimize()",
+        );
+        // The SQLite shell's file functions are not in the library at all.
+        for sql in [
+            format!(
+                "SELECT writefile('{}', 'x')",
+                dir.path().join("written").display()
+            ),
+            format!("SELECT readfile('{}')", b.db().display()),
+            "SELECT edit('x')".to_string(),
+        ] {
+            let Err(Failure(message)) = b.run("query", &args(json!({"sql": sql}))) else {
+                panic!("query ran {sql:?}")
+            };
+            assert!(message.starts_with("no such function"), "{message}");
+        }
+        assert!(!dir.path().join("written").exists());
+    }
+
+    #[test]
+    fn a_refused_statement_after_a_read_is_refused_too() {
+        let (dir, b) = seeded();
+        let other = dir.path().join("other.sqlite");
+        Connection::open(&other).unwrap();
+        assert_query_refuses(
+            &b,
+            &format!("SELECT 1; ATTACH '{}' AS other", other.display()),
+            "ATTACH",
+        );
+        assert_query_refuses(&b, "SELECT 1; DELETE FROM t", "DELETE");
+        let Err(Failure(message)) = b.run("query", &args(json!({"sql": "SELECT 1; SELECT 2"})))
+        else {
+            panic!("query ran two statements")
+        };
+        assert!(message.contains("Multiple statements"), "{message}");
+    }
+
+    #[test]
+    fn reads_through_query_still_work() {
+        let (_dir, b) = seeded();
+        let query = |sql: &str| {
+            b.run("query", &args(json!({"sql": sql})))
+                .unwrap_or_else(|Failure(message)| panic!("{sql:?}: {message}"))["rows"]
+                .clone()
+        };
+        assert_eq!(
+            query("SELECT id, name FROM t ORDER BY id"),
+            json!([{"id": 1, "name": "a"}, {"id": 2, "name": "b"}])
+        );
+        assert_eq!(
+            query("SELECT t.name, u.note FROM t JOIN u ON u.t_id = t.id"),
+            json!([{"name": "a", "note": "first"}])
+        );
+        assert_eq!(
+            query(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4) SELECT sum(i) AS s FROM n"
+            ),
+            json!([{"s": 10}])
+        );
+        assert_eq!(
+            query(
+                "SELECT name, row_number() OVER (ORDER BY name DESC) AS r, json_object('n', length(name)) AS j FROM t ORDER BY name"
+            ),
+            json!([{"name": "a", "r": 2, "j": "{\"n\":1}"}, {"name": "b", "r": 1, "j": "{\"n\":1}"}])
+        );
+        assert_eq!(
+            query("SELECT big FROM names ORDER BY big"),
+            json!([{"big": "A"}, {"big": "B"}])
+        );
+        assert_eq!(
+            query("SELECT value FROM json_each('[1, 2]')"),
+            json!([{"value": 1}, {"value": 2}])
+        );
+        assert_eq!(
+            query(
+                "SELECT highlight(notes, 0, '[', ']') AS h FROM notes WHERE notes MATCH 'hello' ORDER BY bm25(notes)"
+            ),
+            json!([{"h": "[hello] world"}])
+        );
+        assert_eq!(
+            query("SELECT snippet(old_notes) AS s FROM old_notes WHERE old_notes MATCH 'world'"),
+            json!([{"s": "hello <b>world</b>"}])
+        );
+        assert_eq!(
+            query("PRAGMA table_info(t)"),
+            json!([
+                {"cid": 0, "name": "id", "type": "INTEGER", "notnull": 0, "dflt_value": null, "pk": 1},
+                {"cid": 1, "name": "name", "type": "TEXT", "notnull": 0, "dflt_value": null, "pk": 0}
+            ])
+        );
+        assert_eq!(
+            query("SELECT name FROM pragma_index_list('t')"),
+            json!([{"name": "t_name"}])
+        );
+        assert_eq!(
+            query("SELECT \"table\" FROM pragma_foreign_key_list('u')"),
+            json!([{"table": "t"}])
+        );
+        assert!(
+            !query("EXPLAIN QUERY PLAN SELECT * FROM t WHERE name = 'a'")
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
+        let tables = b.run("list_tables", &Map::new()).unwrap()["rows"].clone();
+        for name in ["notes", "old_notes", "t", "u"] {
+            assert!(
+                tables.as_array().unwrap().contains(&json!({"name": name})),
+                "{tables}"
+            );
+        }
+        assert_eq!(
+            b.run("describe_table", &args(json!({"table": "u"})))
+                .unwrap()["rows"],
+            json!([
+                {"name": "t_id", "type": "INTEGER", "notnull": 0, "dflt_value": null, "pk": 0},
+                {"name": "note", "type": "TEXT", "notnull": 0, "dflt_value": null, "pk": 0}
+            ])
+        );
+    }
+
+    #[test]
+    fn execute_still_runs_what_query_refuses() {
+        let (dir, b) = seeded();
+        let (other, copy) = (
+            dir.path().join("other.sqlite"),
+            dir.path().join("copy.sqlite"),
+        );
+        let sql = format!(
+            "ATTACH '{}' AS other; CREATE TABLE other.kept AS SELECT * FROM t; DETACH other;
+             BEGIN; INSERT INTO t (name) VALUES ('c'); COMMIT;
+             PRAGMA user_version = 7;
+             VACUUM INTO '{}'",
+            other.display(),
+            copy.display()
+        );
+        // The insert and the row its trigger adds; SQLite counts no changes for CREATE ... AS.
+        assert_eq!(
+            b.run("execute", &args(json!({"sql": sql}))).unwrap(),
+            json!({"changes": 2})
+        );
+        assert!(other.exists() && copy.exists());
+        let count = |path: &Path, sql: &str| -> i64 {
+            Connection::open(path)
+                .unwrap()
+                .query_row(sql, [], |row| row.get(0))
+                .unwrap()
+        };
+        assert_eq!(count(&other, "SELECT count(*) FROM kept"), 2);
+        assert_eq!(count(&copy, "SELECT count(*) FROM t"), 3);
+        assert_eq!(count(b.db(), "PRAGMA user_version"), 7);
     }
 }
