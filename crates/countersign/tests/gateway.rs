@@ -573,3 +573,127 @@ async fn a_connection_that_sends_no_hello_in_time_is_closed_and_starts_nothing()
     assert!(served.children().is_empty());
     assert!(desk.engine.pending().is_empty());
 }
+
+fn builtin_hello(dir: &std::path::Path) -> countersign_wire::Frame {
+    countersign_wire::Frame::Hello(countersign_wire::Hello::Gateway {
+        version: countersign_wire::PROTOCOL_VERSION,
+        reach: countersign_wire::Reach::Builtin {
+            db: dir.join("a.sqlite").display().to_string(),
+        },
+        label: None,
+        wait_ms: None,
+        pid: 1,
+    })
+}
+
+/// A gateway that, after its welcome, starts a frame and never finishes it is closed at the frame
+/// deadline: it cannot pin the memory of a frame it announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_that_stops_short_is_closed_at_the_frame_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let desk = desk().await;
+    let path = desk.dir.path().join("run/short.sock");
+    let options = countersign_session::Options {
+        frame_deadline: Duration::from_millis(300),
+        ..countersign_session::Options::default()
+    };
+    let _served = countersign_session::serve_with(desk.engine.clone(), path.clone(), options)
+        .await
+        .unwrap();
+    let mut stream = tokio::net::UnixStream::connect(&path).await.unwrap();
+    countersign_wire::write_frame(&mut stream, &builtin_hello(desk.dir.path()))
+        .await
+        .unwrap();
+    let welcome = countersign_wire::read_frame(&mut stream).await.unwrap();
+    assert!(matches!(
+        welcome,
+        countersign_wire::Frame::Welcome(countersign_wire::Welcome::Accepted { .. })
+    ));
+    // 16 MiB announced, a few bytes sent, then nothing.
+    let mut partial = (countersign_wire::MAX_FRAME as u32).to_be_bytes().to_vec();
+    partial.extend_from_slice(b"M{\"jsonrpc\"");
+    stream.write_all(&partial).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest))
+        .await
+        .expect("the desk kept a stalled frame open past its deadline")
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(250));
+}
+
+/// One account cannot take every thread: beyond the limit a connection is refused `busy` with a
+/// next move, and a place given back is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_account_limit_are_refused_busy_until_one_closes() {
+    use countersign_wire::{Frame, RefusedCode, Welcome};
+    let desk = desk().await;
+    let path = desk.dir.path().join("run/few.sock");
+    let options = countersign_session::Options {
+        max_connections: 3,
+        ..countersign_session::Options::default()
+    };
+    let _served = countersign_session::serve_with(desk.engine.clone(), path.clone(), options)
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut stream = tokio::net::UnixStream::connect(&path).await.unwrap();
+        countersign_wire::write_frame(&mut stream, &builtin_hello(desk.dir.path()))
+            .await
+            .unwrap();
+        let welcome = countersign_wire::read_frame(&mut stream).await.unwrap();
+        assert!(matches!(welcome, Frame::Welcome(Welcome::Accepted { .. })));
+        held.push(stream);
+    }
+    match raw_hello(&path, builtin_hello(desk.dir.path())).await {
+        Some(Frame::Welcome(Welcome::Refused { code, message })) => {
+            assert_eq!(code, RefusedCode::Busy);
+            assert!(message.contains("Next:"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(held.pop());
+    // The session's thread gives its place back when it ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match raw_hello(&path, builtin_hello(desk.dir.path())).await {
+            Some(Frame::Welcome(Welcome::Accepted { .. })) => break,
+            _ if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("no place freed: {other:?}"),
+        }
+    }
+}
+
+/// A flood of preflights from one agent gets `busy` beyond the per-agent queue, through the
+/// whole stack; the person's queue never holds more than the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_preflights_through_the_desk_is_refused_busy_beyond_the_cap() {
+    let desk = desk().await;
+    let agent = agent_on(
+        &desk.socket,
+        &desk.dir.path().join("app.sqlite"),
+        &["--wait", "0"],
+    )
+    .await;
+    let mut busy = 0;
+    for n in 0..(countersign_engine::MAX_PENDING_PER_CONNECTION + 4) {
+        let sql = format!("DELETE FROM t WHERE id = {n}");
+        let r = call(&agent, "execute", json!({ "sql": sql })).await;
+        let error = r.structured_content.as_ref().and_then(|s| s.get("error"));
+        if error.and_then(|e| e.as_str()) == Some("busy") {
+            assert!(text(&r).contains("Nothing was executed"), "{}", text(&r));
+            busy += 1;
+        } else {
+            assert_eq!(refusal(&r).as_deref(), Some("pending"), "{r:?}");
+        }
+    }
+    assert_eq!(busy, 4);
+    assert_eq!(
+        desk.engine.pending().len(),
+        countersign_engine::MAX_PENDING_PER_CONNECTION
+    );
+    agent.cancel().await.unwrap();
+}

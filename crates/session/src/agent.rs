@@ -386,7 +386,10 @@ impl ServerHandler for Session {
             Some(Gate::Class(GateClass::Open)) => self.forward_call(request, &context).await?,
             // Not in the upstream's listing, even after listing again: no annotations, no schema,
             // nothing a person could judge. Refused, never sent on ungated.
-            None => unlisted(&request.name),
+            None => {
+                self.engine.record_unlisted(&self.tenant, &request.name);
+                unlisted(&request.name)
+            }
             Some(Gate::Class(class)) => self.gated(request, class, &context).await?,
             Some(Gate::Withheld(reason)) => {
                 let mut r = CallToolResult::error(vec![ContentBlock::text(format!(

@@ -11,6 +11,7 @@
 
 mod agent;
 mod children;
+mod peer;
 mod raw;
 pub mod reach;
 pub mod router;

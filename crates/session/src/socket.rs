@@ -15,14 +15,15 @@ use std::time::Duration;
 
 use countersign_engine::Engine;
 use countersign_wire::{
-    Frame, FrameError, Hello, PROTOCOL_VERSION, RefusedCode, Welcome, read_frame, write_frame,
+    Frame, FrameError, Hello, PROTOCOL_VERSION, RefusedCode, Welcome, read_frame_within,
+    write_frame,
 };
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::children::Children;
-use crate::reach;
+use crate::{peer, reach};
 
 /// The socket could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +85,17 @@ pub struct Options {
     pub hello_deadline: Duration,
     /// How long an upstream has to start and complete the MCP handshake.
     pub upstream_deadline: Duration,
+    /// User ids besides the desk's own that may connect: the accounts listed in the desk's
+    /// settings, for agents that run under accounts of their own. They may reach URLs and
+    /// registered servers only (see `peer`). When there are any, the socket's directory is 0711
+    /// so that they can pass through it.
+    pub other_accounts: Vec<u32>,
+    /// How long a frame may take to arrive once its first byte has: a peer that sends all but
+    /// the last byte is closed, not waited for.
+    pub frame_deadline: Duration,
+    /// The most connections one account may have open at once (each session is a thread and,
+    /// once it calls, an upstream process); beyond it a new one is refused `busy`.
+    pub max_connections: usize,
 }
 
 impl Default for Options {
@@ -93,6 +105,9 @@ impl Default for Options {
             max_wait: Duration::from_secs(10 * 60),
             hello_deadline: Duration::from_secs(10),
             upstream_deadline: Duration::from_secs(60),
+            other_accounts: Vec::new(),
+            frame_deadline: Duration::from_secs(30),
+            max_connections: 2048,
         }
     }
 }
@@ -117,8 +132,8 @@ pub async fn serve_with(
     options: Options,
 ) -> Result<Served, SocketError> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(setup_error(&path))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        // Refused when another account owns it or can write into it (it may be in /tmp).
+        countersign_wire::prepare_socket_dir(dir, !options.other_accounts.is_empty())
             .map_err(setup_error(&path))?;
     }
     let listener = match UnixListener::bind(&path) {
@@ -141,13 +156,15 @@ pub async fn serve_with(
         engine,
         options,
         children: children.clone(),
+        slots: Slots::default(),
     };
     let task = tokio::spawn(async move {
         loop {
             match listener.accept().await {
+                // Until its hello, a connection is a task here, not a thread: a crowd of silent
+                // or half-sent connections costs little, and each meets the hello deadline.
                 Ok((stream, _)) => {
-                    let desk = desk.clone();
-                    on_its_own_thread(desk, stream);
+                    tokio::spawn(introduce(desk.clone(), stream));
                 }
                 Err(err) => {
                     tracing::warn!(target: "desk", error = %err, "accept failed");
@@ -168,7 +185,7 @@ pub async fn serve_with(
 /// hand every message to each other, and on one thread those hand-offs are plain polls instead of
 /// wake-ups across threads, which cost most of a call's time in the desk when measured. The engine
 /// is shared across threads as before; its channels do not care which runtime waits on them.
-fn on_its_own_thread(desk: Desk, stream: UnixStream) {
+fn on_its_own_thread(desk: Desk, stream: UnixStream, hello: Introduced, slot: Slot) {
     let stream = match stream.into_std() {
         Ok(stream) => stream,
         Err(err) => {
@@ -179,6 +196,7 @@ fn on_its_own_thread(desk: Desk, stream: UnixStream) {
     let spawned = std::thread::Builder::new()
         .name("countersign-session".into())
         .spawn(move || {
+            let _slot = slot;
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -191,7 +209,7 @@ fn on_its_own_thread(desk: Desk, stream: UnixStream) {
             };
             runtime.block_on(async move {
                 match UnixStream::from_std(stream) {
-                    Ok(stream) => connection(desk, stream).await,
+                    Ok(stream) => connection(desk, stream, hello).await,
                     Err(err) => {
                         tracing::warn!(target: "desk", error = %err, "could not serve a connection")
                     }
@@ -203,33 +221,98 @@ fn on_its_own_thread(desk: Desk, stream: UnixStream) {
     }
 }
 
-fn same_user(stream: &UnixStream) -> bool {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let me = unsafe { libc::getuid() };
-    stream
-        .peer_cred()
-        .map(|cred| cred.uid() == me)
-        .unwrap_or(false)
+/// Open connections per account, so that one account cannot take every thread and descriptor.
+#[derive(Clone, Default)]
+struct Slots(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>>);
+
+/// One open connection's place among its account's; given back when dropped.
+struct Slot {
+    slots: Slots,
+    uid: u32,
 }
 
-/// What every connection shares.
-#[derive(Clone)]
-struct Desk {
-    engine: Engine,
-    options: Options,
-    children: Children,
-}
-
-/// Serves one connection: the hello, reaching the upstream, then the MCP session.
-async fn connection(desk: Desk, stream: UnixStream) {
-    if !same_user(&stream) {
-        tracing::warn!(target: "desk", "refused a connection from another user");
-        return;
+impl Slots {
+    fn take(&self, uid: u32, max: usize) -> Option<Slot> {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(uid).or_default();
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(Slot {
+            slots: self.clone(),
+            uid,
+        })
     }
-    let (reader, mut writer) = stream.into_split();
-    // Buffered: a frame is its length and its body, one read rather than two.
-    let mut reader = tokio::io::BufReader::with_capacity(64 * 1024, reader);
-    let hello = match tokio::time::timeout(desk.options.hello_deadline, read_frame(&mut reader))
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.slots.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(&self.uid) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// A gateway's hello, taken apart, and the account it came from.
+struct Introduced {
+    peer: peer::Peer,
+    version: u32,
+    reach: countersign_wire::Reach,
+    label: Option<String>,
+    wait_ms: Option<u64>,
+    pid: u32,
+}
+
+/// A new connection, up to its hello: the peer's account, the per-account limit, the hello
+/// within its deadline. A focus request ends here; a gateway moves to a thread of its own.
+async fn introduce(desk: Desk, mut stream: UnixStream) {
+    let peer = match peer::identify(&stream, &desk.options.other_accounts) {
+        Ok(peer) => peer,
+        Err(refused) => {
+            tracing::warn!(target: "desk", uid = ?refused.0, "refused a connection from an account not listed in the settings");
+            // Say why, then read what the gateway sent (closing on unread bytes would reset the
+            // connection before it reads the answer).
+            let answer = Frame::Welcome(Welcome::Refused {
+                code: RefusedCode::AccountNotAllowed,
+                message: refused.message(),
+            });
+            if write_frame(&mut stream, &answer).await.is_ok() {
+                let deadline = desk.options.hello_deadline;
+                let _ =
+                    tokio::time::timeout(deadline, read_frame_within(&mut stream, Some(deadline)))
+                        .await;
+            }
+            return;
+        }
+    };
+    let uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
+    let Some(slot) = desk.slots.take(uid, desk.options.max_connections) else {
+        tracing::warn!(target: "desk", uid, "refused a connection: the account has too many open");
+        let message = format!(
+            "the desk already serves {} connections of this account, the most it allows. Nothing \
+             was started. Next: close agents no longer in use, then start this one again",
+            desk.options.max_connections
+        );
+        let refused = Frame::Welcome(Welcome::Refused {
+            code: RefusedCode::Busy,
+            message,
+        });
+        // As for an account not allowed: answer, then read the hello, so that closing does not
+        // reset the connection before the gateway reads why.
+        let deadline = desk.options.hello_deadline;
+        if write_frame(&mut stream, &refused).await.is_ok() {
+            let _ = tokio::time::timeout(deadline, read_frame_within(&mut stream, Some(deadline)))
+                .await;
+        }
+        return;
+    };
+    let deadline = desk.options.hello_deadline;
+    let hello = match tokio::time::timeout(deadline, read_frame_within(&mut stream, Some(deadline)))
         .await
     {
         Ok(Ok(Frame::Hello(hello))) => hello,
@@ -246,23 +329,53 @@ async fn connection(desk: Desk, stream: UnixStream) {
             return;
         }
     };
-    let (version, reach, label, wait_ms, pid) = match hello {
-        Hello::Focus { .. } => {
-            desk.engine.request_focus();
-            return;
-        }
+    match hello {
+        Hello::Focus { .. } => desk.engine.request_focus(),
         Hello::Gateway {
             version,
             reach,
             label,
             wait_ms,
             pid,
-        } => (version, reach, label, wait_ms, pid),
+        } => {
+            let hello = Introduced {
+                peer,
+                version,
+                reach,
+                label,
+                wait_ms,
+                pid,
+            };
+            on_its_own_thread(desk, stream, hello, slot);
+        }
         other => {
             tracing::warn!(target: "desk", "a hello this desk does not know: {other:?}");
-            return;
         }
-    };
+    }
+}
+
+/// What every connection shares.
+#[derive(Clone)]
+struct Desk {
+    engine: Engine,
+    options: Options,
+    children: Children,
+    slots: Slots,
+}
+
+/// Serves one introduced connection: reaching the upstream, then the MCP session.
+async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
+    let Introduced {
+        peer,
+        version,
+        reach,
+        label,
+        wait_ms,
+        pid,
+    } = hello;
+    let (reader, mut writer) = stream.into_split();
+    // Buffered: a frame is its length and its body, one read rather than two.
+    let mut reader = tokio::io::BufReader::with_capacity(64 * 1024, reader);
     let refuse =
         |code: RefusedCode, message: String| Frame::Welcome(Welcome::Refused { code, message });
     if version != PROTOCOL_VERSION {
@@ -285,6 +398,12 @@ async fn connection(desk: Desk, stream: UnixStream) {
             return;
         }
     };
+
+    if let Err(refusal) = peer.may_reach(&reach) {
+        tracing::warn!(target: "desk", ?peer, ?reach, "{}", refusal.message);
+        let _ = write_frame(&mut writer, &refuse(refusal.code, refusal.message)).await;
+        return;
+    }
 
     // Every frame to the gateway goes through one writer task, so the upstream's stderr, the
     // welcome and the session's messages never interleave inside a frame.
@@ -310,9 +429,10 @@ async fn connection(desk: Desk, stream: UnixStream) {
 
     // The gateway's frames: MCP messages, to the router; anything else ends the connection.
     let (inbound, inbox) = mpsc::channel::<Vec<u8>>(64);
+    let frame_deadline = desk.options.frame_deadline;
     let reading = tokio::spawn(async move {
         loop {
-            match read_frame(&mut reader).await {
+            match read_frame_within(&mut reader, Some(frame_deadline)).await {
                 Ok(Frame::Mcp(bytes)) => {
                     if inbound.send(bytes).await.is_err() {
                         break;

@@ -35,27 +35,13 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// The environment variable that overrides the socket's path (for tests and unusual setups).
-pub const SOCKET_ENV: &str = "COUNTERSIGN_SOCKET";
-
-/// Where the desk listens: `$COUNTERSIGN_SOCKET` if set, else a path computed from the user id
-/// alone, so that a gateway whose environment the agent's client stripped still finds the desk:
-/// `/run/user/<uid>/countersign/desk.sock` where that runtime directory exists, else
-/// `/tmp/countersign-<uid>/desk.sock`.
 #[cfg(unix)]
-pub fn socket_path() -> std::path::PathBuf {
-    if let Some(path) = std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()) {
-        return path.into();
-    }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let runtime = std::path::PathBuf::from(format!("/run/user/{uid}"));
-    if runtime.is_dir() {
-        runtime.join("countersign").join("desk.sock")
-    } else {
-        std::path::PathBuf::from(format!("/tmp/countersign-{uid}")).join("desk.sock")
-    }
-}
+mod place;
+#[cfg(unix)]
+pub use place::{
+    DESK_DIR_ENV, DeskDirs, SOCKET_ENV, account_home, account_uid, agents_socket_path,
+    agents_socket_path_of, default_socket_path, prepare_socket_dir, socket_override, socket_path,
+};
 
 /// The protocol version this build speaks. Both sides must speak the same one. Version 2: the
 /// desk runs the MCP session and the upstream; the gateway is a pipe.
@@ -172,6 +158,12 @@ pub enum RefusedCode {
     BadHello,
     /// The upstream could not be started or did not complete the MCP handshake.
     UpstreamFailed,
+    /// The gateway runs under another account than the desk's, and that account is not listed
+    /// in the desk's settings, or asked for something only the desk's own account may ask for
+    /// (a command or the built-in tools, which would run as the desk's account).
+    AccountNotAllowed,
+    /// The desk already serves as many connections of this account as it allows.
+    Busy,
 }
 
 impl RefusedCode {
@@ -182,6 +174,8 @@ impl RefusedCode {
             RefusedCode::NoSuchServer => "no_such_server",
             RefusedCode::BadHello => "bad_hello",
             RefusedCode::UpstreamFailed => "upstream_failed",
+            RefusedCode::AccountNotAllowed => "account_not_allowed",
+            RefusedCode::Busy => "busy",
         }
     }
 }
@@ -228,6 +222,9 @@ pub enum FrameError {
     /// A control frame is not valid JSON of the expected shape.
     #[error("malformed frame: {0}")]
     Malformed(#[from] serde_json::Error),
+    /// A frame began but did not complete within the deadline.
+    #[error("a frame began but did not complete within {0:?}")]
+    Stalled(std::time::Duration),
     /// The socket failed.
     #[error("socket error: {0}")]
     Io(#[from] std::io::Error),
@@ -283,19 +280,47 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
 
 /// Reads one frame. [`FrameError::Closed`] when the peer closed cleanly before a new frame.
 pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Frame, FrameError> {
+    read_frame_within(reader, None).await
+}
+
+/// Reads one frame; once its first byte has arrived, the whole frame must arrive within
+/// `deadline` (when given), else [`FrameError::Stalled`]. Waiting for a frame to begin has no
+/// limit: a quiet connection is idle, not stuck.
+///
+/// Memory follows the bytes that arrived, not the length a frame announces: a peer that
+/// announces 16 MiB and sends a byte holds a few KiB, not 16 MiB.
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    deadline: Option<std::time::Duration>,
+) -> Result<Frame, FrameError> {
     let mut len = [0u8; 4];
-    match reader.read_exact(&mut len).await {
+    match reader.read(&mut len[..1]).await {
+        Ok(0) => return Err(FrameError::Closed),
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
         Err(e) => return Err(e.into()),
     }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(FrameError::TooLarge(len));
+    let rest = async {
+        reader.read_exact(&mut len[1..]).await?;
+        let len = u32::from_be_bytes(len) as usize;
+        if len > MAX_FRAME {
+            return Err(FrameError::TooLarge(len));
+        }
+        let mut body = Vec::with_capacity(len.min(64 * 1024));
+        (&mut *reader)
+            .take(len as u64)
+            .read_to_end(&mut body)
+            .await?;
+        if body.len() < len {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+        decode(&body)
+    };
+    match deadline {
+        None => rest.await,
+        Some(deadline) => tokio::time::timeout(deadline, rest)
+            .await
+            .unwrap_or(Err(FrameError::Stalled(deadline))),
     }
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).await?;
-    decode(&body)
 }
 
 #[cfg(test)]
@@ -390,6 +415,10 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&refused).unwrap(),
             json!({"type": "refused", "code": "no_such_server", "message": "m"})
+        );
+        assert_eq!(
+            serde_json::to_value(RefusedCode::AccountNotAllowed).unwrap(),
+            json!(RefusedCode::AccountNotAllowed.code())
         );
         assert_eq!(
             serde_json::to_value(Reach::Server { name: "gh".into() }).unwrap(),
