@@ -119,6 +119,26 @@ fn setup_error(path: &Path) -> impl FnOnce(io::Error) -> SocketError + '_ {
     }
 }
 
+/// Lets the desk hold as many descriptors as the system allows it (the soft limit raised to the
+/// hard one): each connection is one, each upstream three more, and a default of 1,024 would let
+/// a crowd of idle connections lock every later agent out before the per-account limit does.
+fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system calls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                tracing::debug!(target: "desk", "could not raise the descriptor limit");
+            }
+        }
+    }
+}
+
 /// Binds the socket at `path` and serves `engine` on it with default [`Options`] until the
 /// returned [`Served`] is dropped. Must be called inside a Tokio runtime.
 pub async fn serve(engine: Engine, path: PathBuf) -> Result<Served, SocketError> {
@@ -136,6 +156,7 @@ pub async fn serve_with(
         countersign_wire::prepare_socket_dir(dir, !options.other_accounts.is_empty())
             .map_err(setup_error(&path))?;
     }
+    raise_descriptor_limit();
     let listener = match UnixListener::bind(&path) {
         Ok(listener) => listener,
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => {

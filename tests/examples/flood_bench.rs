@@ -1,0 +1,236 @@
+//! The desk under a flood, measured and printed (not asserted: the machines are shared and
+//! noisy). One account opens 1,500 connections that never finish introducing themselves or
+//! never finish a frame (500 silent, 500 with half a hello, 500 with a hello and then half a
+//! message), and one agent sends 2,000 preflights that nobody answers. Meanwhile a normal agent's
+//! open calls are timed (goal: each within 1 s), the window's responsiveness is timed through
+//! WebDriver, and the desk's memory (PSS over its processes) is printed before, during and after.
+//! `make bench` runs it under Xvfb with the keychain.
+
+use std::time::{Duration, Instant};
+
+use countersign_tests::window::Desk;
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+fn pss_mb(group: u32) -> f64 {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let pgrp: u32 = after
+            .split_whitespace()
+            .nth(2)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if pgrp != group || name.contains("tauri-driver") || name.contains("WebKitWebDriv") {
+            continue;
+        }
+        let kb = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("Pss:"))?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0);
+        total += kb;
+    }
+    total as f64 / 1024.0
+}
+
+fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system calls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> String {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    format!(
+        "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (n = {})",
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        samples.last().unwrap().as_secs_f64() * 1e3,
+        samples.len()
+    )
+}
+
+/// Times `n` open calls of a normal agent, one after another.
+async fn open_calls(agent: &rmcp::Peer<rmcp::RoleClient>, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        let args = json!({"sql": "SELECT 1 AS one"})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let started = Instant::now();
+        agent
+            .call_tool(CallToolRequestParams::new("query").with_arguments(args))
+            .await
+            .expect("an open call answered");
+        samples.push(started.elapsed());
+    }
+    samples
+}
+
+/// Times `n` WebDriver round trips that read the queue from the page.
+async fn window_round_trips(desk: &Desk, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        let started = Instant::now();
+        let _: Value = desk
+            .browser
+            .execute(
+                "return document.getElementById('queue').children.length",
+                vec![],
+            )
+            .await
+            .unwrap();
+        samples.push(started.elapsed());
+    }
+    samples
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    raise_descriptor_limit();
+    let desk = Desk::start().await;
+    let group = desk.process_group().expect("the driver's process group");
+    let normal = desk.agent("normal-agent").await;
+    let flood = desk.agent("flooding-agent").await;
+    let _ = open_calls(normal.peer(), 5).await;
+    println!("flood bench");
+    println!(
+        "before: open call {}; window round trip {}; desk memory {:.1} MB",
+        percentiles(open_calls(normal.peer(), 50).await),
+        percentiles(window_round_trips(&desk, 20).await),
+        pss_mb(group)
+    );
+
+    // 1,500 connections that never get anywhere.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    let hello = countersign_wire::encode(&countersign_wire::Frame::Hello(
+        countersign_wire::Hello::Gateway {
+            version: countersign_wire::PROTOCOL_VERSION,
+            reach: countersign_wire::Reach::Builtin {
+                db: desk.dir.path().join("app.sqlite").display().to_string(),
+            },
+            label: None,
+            wait_ms: None,
+            pid: std::process::id(),
+        },
+    ))
+    .unwrap();
+    let opened = Instant::now();
+    for i in 0..1500 {
+        let Ok(mut stream) = tokio::net::UnixStream::connect(desk.socket()).await else {
+            refused += 1;
+            continue;
+        };
+        let sent = match i % 3 {
+            0 => Ok(()),
+            // Half a hello: announced, never finished.
+            1 => stream.write_all(&hello[..hello.len() / 2]).await,
+            // A hello, then half of a 16 MiB message.
+            _ => {
+                let mut bytes = hello.clone();
+                bytes.extend_from_slice(&(16u32 << 20).to_be_bytes());
+                bytes.extend_from_slice(b"M{\"jsonrpc\":\"2.0\"");
+                stream.write_all(&bytes).await
+            }
+        };
+        if sent.is_err() {
+            refused += 1;
+        }
+        held.push(stream);
+    }
+    println!(
+        "opened {} stalled connections in {:.1} s ({refused} could not connect or write)",
+        held.len(),
+        opened.elapsed().as_secs_f64()
+    );
+
+    // 2,000 preflights nobody answers, all at once.
+    let mut calls = Vec::new();
+    for n in 0..2000 {
+        let peer = flood.peer().clone();
+        calls.push(tokio::spawn(async move {
+            let sql = format!("DELETE FROM t WHERE id = {n}");
+            let args = json!({ "sql": sql }).as_object().cloned().unwrap();
+            let r = peer
+                .call_tool(CallToolRequestParams::new("execute").with_arguments(args))
+                .await;
+            r.ok()
+                .and_then(|r| r.structured_content)
+                .and_then(|s| s.get("error").or(s.get("refusal")).cloned())
+                .and_then(|c| c.as_str().map(str::to_owned))
+                .unwrap_or_else(|| "none".into())
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!(
+        "during: open call {}; window round trip {}; desk memory {:.1} MB",
+        percentiles(open_calls(normal.peer(), 50).await),
+        percentiles(window_round_trips(&desk, 20).await),
+        pss_mb(group)
+    );
+    let queued: Value = desk
+        .browser
+        .execute(
+            "return document.getElementById('queue').children.length",
+            vec![],
+        )
+        .await
+        .unwrap();
+    println!("requests in the window's queue: {queued}");
+
+    // Every stalled connection meets its deadline (hello 10 s, frame 30 s).
+    tokio::time::sleep(Duration::from_secs(32)).await;
+    let mut closed = 0;
+    for stream in &held {
+        let mut byte = [0u8; 1];
+        if matches!(stream.try_read(&mut byte), Ok(0)) {
+            closed += 1;
+        }
+    }
+    println!(
+        "after the deadlines: {closed} of {} stalled connections closed by the desk",
+        held.len()
+    );
+    drop(held);
+    let mut codes = std::collections::BTreeMap::<String, usize>::new();
+    for call in calls {
+        *codes.entry(call.await.unwrap()).or_default() += 1;
+    }
+    println!("the 2,000 preflights ended as: {codes:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!(
+        "after: open call {}; window round trip {}; desk memory {:.1} MB",
+        percentiles(open_calls(normal.peer(), 50).await),
+        percentiles(window_round_trips(&desk, 20).await),
+        pss_mb(group)
+    );
+    drop(normal);
+    drop(flood);
+    desk.stop().await;
+}
