@@ -723,3 +723,38 @@ async fn a_flood_of_preflights_is_refused_busy_with_a_next_move_and_others_still
         countersign_engine::MAX_PENDING_PER_CONNECTION + 1
     );
 }
+
+/// Log lines, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_event_history_cannot_keep_is_still_logged_once_and_the_failure_said() {
+    let d = desk();
+    let tenant = connect(&d.engine);
+    // The desk opens its file on first use.
+    d.engine.history(&HistoryFilter::default()).unwrap();
+    behind_the_desks_back(&d, "ALTER TABLE history RENAME TO history_away;");
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        d.engine.record_unlisted(&tenant, "hidden");
+    });
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(log.matches("confirm rejected").count(), 1, "{log}");
+    assert!(log.contains("could not write history"), "{log}");
+}
