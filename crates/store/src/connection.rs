@@ -9,6 +9,11 @@
 //! (the multi-process tests see it while switching a new file to WAL), so the open step alone is
 //! retried, for about the busy timeout at most. A spend is never retried here: its only waiting
 //! is the busy timeout.
+//!
+//! The file holds what people approved and the history of every decision: it is the account's
+//! alone. It is created 0600 before SQLite first opens it, and an existing one (with its `-wal`
+//! and `-shm`) that others could read is made 0600; SQLite gives the `-wal` and `-shm` it creates
+//! the main file's mode.
 
 use std::path::Path;
 use std::thread;
@@ -66,6 +71,7 @@ pub(crate) fn open(path: &Path, options: &StoreOptions) -> Result<Connection, St
 }
 
 fn open_once(path: &Path, options: &StoreOptions) -> Result<Connection, StoreError> {
+    make_private(path)?;
     // No URI interpretation: the path is a path, whatever it starts with.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
@@ -87,6 +93,46 @@ fn open_once(path: &Path, options: &StoreOptions) -> Result<Connection, StoreErr
         .map_err(open_error(path, "setting synchronous=FULL"))?;
     schema::migrate(&mut conn, path)?;
     Ok(conn)
+}
+
+/// Creates the file 0600 if it does not exist, and takes group and other permissions away from
+/// it and from its `-wal` and `-shm` where they exist. A file that cannot be created is left to
+/// SQLite to report, as an [`StoreError::Open`] like any unopenable path.
+#[cfg(unix)]
+fn make_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
+    let failed = |source| StoreError::NotPrivate {
+        path: path.to_owned(),
+        source,
+    };
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        // An existing file is the ledger: never truncated.
+        .truncate(false)
+        .mode(0o600)
+        .open(path);
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let mut shm = path.as_os_str().to_owned();
+    shm.push("-shm");
+    for file in [path.as_os_str(), &wal, &shm] {
+        // A file that is not there (or cannot be looked at) is SQLite's to create or report.
+        if let Ok(meta) = std::fs::metadata(file)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            let mode = meta.permissions().mode() & 0o700;
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode))
+                .map_err(failed)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn make_private(_: &Path) -> Result<(), StoreError> {
+    Ok(())
 }
 
 /// Which file a path named when it was opened (device and inode on Unix), so that a file deleted
@@ -117,5 +163,60 @@ impl FileIdentity {
     /// Whether `path` still names this file.
     pub(crate) fn still_at(self, path: &Path) -> bool {
         self.0.is_some() && FileIdentity::of(path) == self
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use countersign_core::Ledger;
+
+    use crate::test_support::nonce;
+    use crate::{Store, StoreOptions};
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    fn sidecars(db: &Path) -> [std::path::PathBuf; 3] {
+        let with = |suffix: &str| {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            std::path::PathBuf::from(p)
+        };
+        [db.to_owned(), with("-wal"), with("-shm")]
+    }
+
+    #[test]
+    fn the_file_its_wal_and_its_shm_are_0600_after_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("desk.sqlite");
+        let mut store = Store::open(&db, StoreOptions::default()).unwrap();
+        store.spend(&nonce(1), 10).unwrap();
+        // The connection is open: SQLite keeps the -wal and -shm while it is.
+        for file in sidecars(&db) {
+            assert!(file.exists(), "{} is missing", file.display());
+            assert_eq!(mode(&file), 0o600, "{}", file.display());
+        }
+    }
+
+    #[test]
+    fn an_existing_file_others_could_read_is_made_0600_with_its_wal_and_shm() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("desk.sqlite");
+        let mut first = Store::open(&db, StoreOptions::default()).unwrap();
+        first.spend(&nonce(1), 10).unwrap();
+        // Loosened while the first connection keeps the -wal and -shm, as an older build or a
+        // careless copy could leave them.
+        for file in sidecars(&db) {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let mut second = Store::open(&db, StoreOptions::default()).unwrap();
+        second.spend(&nonce(2), 10).unwrap();
+        for file in sidecars(&db) {
+            assert_eq!(mode(&file), 0o600, "{}", file.display());
+        }
     }
 }

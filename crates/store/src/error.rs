@@ -24,6 +24,16 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// An existing file (or its `-wal` or `-shm`) that other accounts may read could not be made
+    /// private (0600). Nothing was opened.
+    #[error("cannot make the store at {} private to this account (0600): {source}", .path.display())]
+    NotPrivate {
+        /// The file's path.
+        path: PathBuf,
+        /// What the system reported.
+        #[source]
+        source: std::io::Error,
+    },
     /// SQLite would not put the file in WAL mode, so the durability and concurrency the ledger
     /// relies on are not available (for example a file system without shared memory support).
     #[error("the store at {} cannot use WAL journaling (journal mode stayed {mode:?})", .path.display())]
@@ -117,6 +127,7 @@ impl StoreError {
             | StoreError::UnknownEventKind(_) => false,
             // Opening failed, so there is no connection to keep.
             StoreError::Open { .. }
+            | StoreError::NotPrivate { .. }
             | StoreError::NotWal { .. }
             | StoreError::NewerSchema { .. }
             | StoreError::NotAStore { .. }
