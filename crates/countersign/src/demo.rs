@@ -113,6 +113,20 @@ pub async fn run(socket: PathBuf) -> i32 {
         )
     );
     if !desk_is_up(&socket).await {
+        // A desk started from here listens at the default socket, never at one the environment
+        // names (it does not take its socket from the environment of whoever starts it).
+        if countersign_wire::socket_override().is_some() {
+            eprintln!(
+                "countersign demo: no desk answers at {}, the socket {} names: start one there \
+                 with `{}={} countersign-desk`, or unset {} to use the default desk",
+                socket.display(),
+                countersign_wire::SOCKET_ENV,
+                countersign_wire::SOCKET_ENV,
+                socket.display(),
+                countersign_wire::SOCKET_ENV,
+            );
+            return 1;
+        }
         println!("Starting the desk…");
         if let Err(e) = crate::launch::start_desk(&[]) {
             eprintln!("countersign demo: cannot start the desk: {e}");

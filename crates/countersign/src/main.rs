@@ -37,9 +37,12 @@ enum Command {
     /// directory and environment. stdout carries the protocol; logs and the upstream's stderr go
     /// to stderr (RUST_LOG sets how much).
     ///
+    /// A desk is started when none answers at the socket computed from your user id; never for a
+    /// socket chosen with --socket, $COUNTERSIGN_SOCKET or --desk-user.
+    ///
     /// Exit codes: 0 the agent closed stdin or the session ended; 3 no desk answers and none could
     /// be started; 4 the desk refused (another version, no such server, the upstream failed to
-    /// start); 5 the connection to the desk broke.
+    /// start, an account the desk does not list); 5 the connection to the desk broke.
     #[command(verbatim_doc_comment)]
     Mcp {
         /// A name for this server in the desk's log (a label only: the desk names and keys policy
@@ -58,6 +61,11 @@ enum Command {
         /// The desk's socket (default: computed from your user id; or $COUNTERSIGN_SOCKET).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// The account the desk runs under, by name or uid, when this agent runs under an account
+        /// of its own that the desk's settings list (agent_accounts): connects to that desk's
+        /// socket for agent accounts, and only to a desk of that account.
+        #[arg(long, value_name = "ACCOUNT")]
+        desk_user: Option<String>,
         /// Do not start the desk when none is running.
         #[arg(long)]
         no_launch: bool,
@@ -117,6 +125,7 @@ fn main() {
             db,
             server,
             socket,
+            desk_user,
             no_launch,
             url,
             upstream,
@@ -130,12 +139,42 @@ fn main() {
             } else {
                 pipe::builtin_reach(&db.unwrap_or_else(paths::builtin_db))
             };
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let me = unsafe { libc::getuid() };
+            let desk_uid = match &desk_user {
+                None => me,
+                Some(account) => match countersign_wire::account_uid(account) {
+                    Ok(Some(uid)) => uid,
+                    Ok(None) => {
+                        eprintln!("countersign mcp: --desk-user: no account named {account:?}");
+                        std::process::exit(2);
+                    }
+                    Err(e) => {
+                        eprintln!("countersign mcp: --desk-user {account:?}: {e}");
+                        std::process::exit(2);
+                    }
+                },
+            };
+            let (socket, socket_chosen_by) = if let Some(socket) = socket {
+                (socket, Some("--socket"))
+            } else if let Some(socket) = countersign_wire::socket_override() {
+                (socket, Some(countersign_wire::SOCKET_ENV))
+            } else if desk_uid != me {
+                (
+                    countersign_wire::agents_socket_path_of(desk_uid),
+                    Some("--desk-user"),
+                )
+            } else {
+                (countersign_wire::default_socket_path(), None)
+            };
             mcp(pipe::Options {
                 reach,
                 label: name,
                 wait: wait.map(Duration::from_secs),
-                socket: socket.unwrap_or_else(countersign_wire::socket_path),
+                socket,
+                socket_chosen_by,
                 launch_desk: !no_launch,
+                desk_uid,
             })
         }
         Command::Desk { args } => match launch::start_desk(&args) {

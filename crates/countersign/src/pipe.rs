@@ -1,7 +1,8 @@
 //! `countersign mcp`: the pipe between an agent and the desk.
 //!
 //! The agent launches and controls this process, so it holds nothing and decides nothing: it
-//! connects to the desk (starting one when none answers), says in a hello what the agent wants
+//! connects to the desk (starting one when none answers at the socket computed from the user id;
+//! never for a socket chosen by a flag or the environment, or another account's desk), says in a hello what the agent wants
 //! reached, then copies MCP messages (one JSON-RPC message per line on stdin/stdout) to and from
 //! the socket, and the upstream's stderr, which the desk sends, to its own stderr. It never starts
 //! or reaches an upstream and links no policy, store or MCP code; taking it over gains nothing.
@@ -42,8 +43,16 @@ pub struct Options {
     pub wait: Option<Duration>,
     /// The desk's socket.
     pub socket: PathBuf,
-    /// Whether to start a desk when none answers.
+    /// What chose `socket` when it is not the path computed from the user id (`--socket`,
+    /// `COUNTERSIGN_SOCKET`, `--desk-user`). A desk is started only at the computed path: a desk
+    /// the gateway starts never takes a socket from the agent's environment, so one started for
+    /// another path would listen where nobody looks.
+    pub socket_chosen_by: Option<&'static str>,
+    /// Whether to start a desk when none answers at the computed path.
     pub launch_desk: bool,
+    /// The account the desk runs under: this one, or the one `--desk-user` names when the agent
+    /// runs under an account of its own. Only a desk of that account is answered.
+    pub desk_uid: u32,
 }
 
 /// Why the pipe stopped.
@@ -52,6 +61,9 @@ pub enum PipeError {
     /// No desk answers (and starting one did not help).
     #[error("the Countersign desk is not running and could not be started ({0})")]
     Unreachable(String),
+    /// No desk answers at a socket chosen by a flag or the environment, where no desk is started.
+    #[error("{0}")]
+    NoDeskAt(String),
     /// The desk refused the hello.
     #[error("the Countersign desk refused: {message} [{code}]")]
     Refused {
@@ -69,7 +81,7 @@ impl PipeError {
     /// The process exit code for this failure.
     pub fn exit_code(&self) -> i32 {
         match self {
-            PipeError::Unreachable(_) => exit::DESK_UNREACHABLE,
+            PipeError::Unreachable(_) | PipeError::NoDeskAt(_) => exit::DESK_UNREACHABLE,
             PipeError::Refused { .. } => exit::REFUSED,
             PipeError::Lost(_) => exit::LOST,
         }
@@ -102,20 +114,50 @@ pub fn builtin_reach(db: &Path) -> Reach {
     }
 }
 
-fn dial(socket: &Path) -> std::io::Result<UnixStream> {
-    let stream = UnixStream::connect(socket)?;
-    // Only a desk of our own user is the authority: a socket someone else planted at the path
-    // could otherwise answer every preflight.
-    let owner = peer_uid(&stream)?;
+fn my_uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
-    let me = unsafe { libc::getuid() };
-    if owner != me {
+    unsafe { libc::getuid() }
+}
+
+fn dial(socket: &Path, desk_uid: u32) -> std::io::Result<UnixStream> {
+    let stream = UnixStream::connect(socket)?;
+    // Only a desk of the desk's account (ours, unless --desk-user says) is the authority: a
+    // socket someone else planted at the path could otherwise answer every preflight.
+    let owner = peer_uid(&stream)?;
+    if owner != desk_uid {
+        let whose = if desk_uid == my_uid() {
+            "this user".to_owned()
+        } else {
+            format!("the desk's account (uid {desk_uid})")
+        };
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            format!("the socket belongs to uid {owner}, not to this user"),
+            format!("the socket belongs to uid {owner}, not to {whose}"),
         ));
     }
     Ok(stream)
+}
+
+/// What to tell the person when no desk answers at a socket the gateway does not start one for.
+fn no_desk_at(options: &Options, chosen_by: &str, e: &std::io::Error) -> PipeError {
+    let socket = options.socket.display();
+    if options.desk_uid != my_uid() {
+        return PipeError::NoDeskAt(format!(
+            "no desk of uid {} answers at {socket} ({e}). That desk listens there for agent \
+             accounts while it runs and its settings list this account (uid {}); a gateway \
+             never starts another account's desk",
+            options.desk_uid,
+            my_uid()
+        ));
+    }
+    PipeError::NoDeskAt(format!(
+        "the Countersign desk is not running at {socket}, the socket {chosen_by} names ({e}). A \
+         gateway starts a desk only at the socket computed from the user id, because the desk it \
+         starts does not take its socket from the agent's environment. Start a desk at this \
+         socket with `{}={socket} countersign-desk`, or leave {chosen_by} out to use the default \
+         desk",
+        countersign_wire::SOCKET_ENV
+    ))
 }
 
 #[cfg(target_os = "linux")]
@@ -156,15 +198,19 @@ fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     }
 }
 
-/// Connects, starting the desk once if none answers and giving it a few seconds to bind.
+/// Connects, starting the desk once if none answers at the computed path and giving it a few
+/// seconds to bind.
 fn connect(options: &Options) -> Result<UnixStream, PipeError> {
     let unreachable =
         |e: std::io::Error| PipeError::Unreachable(format!("{}: {e}", options.socket.display()));
-    let first = match dial(&options.socket) {
+    let first = match dial(&options.socket, options.desk_uid) {
         Ok(stream) => return Ok(stream),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(unreachable(e)),
         Err(e) => e,
     };
+    if let Some(chosen_by) = options.socket_chosen_by {
+        return Err(no_desk_at(options, chosen_by, &first));
+    }
     if !options.launch_desk {
         return Err(unreachable(first));
     }
@@ -180,7 +226,7 @@ fn connect(options: &Options) -> Result<UnixStream, PipeError> {
     let mut step = Duration::from_millis(20);
     loop {
         std::thread::sleep(step);
-        match dial(&options.socket) {
+        match dial(&options.socket, options.desk_uid) {
             Ok(stream) => return Ok(stream),
             Err(e) if Instant::now() >= deadline => return Err(unreachable(e)),
             Err(_) => step = (step * 2).min(Duration::from_millis(250)),
