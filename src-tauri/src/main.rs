@@ -4,11 +4,20 @@
 //! serves gateways on the local socket (whose bind is the single-instance lock: a second start
 //! asks the first to come forward and exits), runs each gateway's MCP session and upstream, and
 //! shows each preflight in its window, where only a person's click mints a token. With no display
-//! it runs without a window: open tools work, gated calls are refused `desk_unavailable`. Webview automation and devtools exist only in debug builds: a
-//! release build clears the automation switch from its own environment before any webview exists.
+//! it runs without a window: open tools work, gated calls are refused `desk_unavailable`.
+//!
+//! It takes nothing that matters from the environment of whoever started it (often a gateway,
+//! the agent's own process): its files are the account's own, found from the password database
+//! (`settings::Dirs`); inspector and code-loading switches are scrubbed first thing (`harden`);
+//! webview automation and devtools exist only in debug builds, and a release build is not
+//! dumpable. It logs to stderr and to `desk.log` in its state directory (`log_file`), since a
+//! desk a gateway started has no terminal. With accounts listed in its settings it also listens
+//! on a second socket they can reach, for agents that run under accounts of their own.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
 mod commands;
+mod harden;
+mod log_file;
 mod settings;
 mod view;
 
@@ -32,6 +41,7 @@ pub struct Desk {
     settings: Mutex<Settings>,
     secret: Box<dyn SecretStore>,
     _served: socket::Served,
+    _agents: Option<socket::Served>,
 }
 
 impl Desk {
@@ -77,21 +87,57 @@ fn has_display() -> bool {
         .any(|v| std::env::var_os(v).is_some_and(|d| !d.is_empty()))
 }
 
-fn init_logging() {
+/// Logs to stderr (as `RUST_LOG` says, confirmation events always) and to the log file in the
+/// state directory at `info` whatever the environment says: the file is the record that outlives
+/// an outage of the store, so whoever started the desk does not get to thin it.
+fn init_logging(state: &std::path::Path) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+
+    let confirm = || "confirm=info".parse().expect("a valid directive");
     let user = std::env::var("RUST_LOG").ok();
-    let filter = user
+    let stderr_filter = user
         .as_deref()
-        .and_then(|s| tracing_subscriber::EnvFilter::try_new(s).ok())
-        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"))
-        .add_directive("confirm=info".parse().expect("a valid directive"));
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter)
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"))
+        .add_directive(confirm());
+    let (file, file_error) = match log_file::RotatingFile::desk_log(state) {
+        Ok(file) => (Some(file), None),
+        Err(e) => (None, Some(e)),
+    };
+    let file_layer = file.map(|file| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(Mutex::new(file))
+            .with_filter(EnvFilter::new("info").add_directive(confirm()))
+    });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(stderr_filter),
+        )
+        .with(file_layer)
         .init();
+    if let Some(e) = file_error {
+        tracing::error!(target: "desk", "no log file in {}: {e}; logging to stderr only", state.display());
+    }
 }
 
-/// Brings the window forward and refreshes the pending count in its title and the tray.
+/// The window was just shown or regained focus: the engine accepts no approve until the approve
+/// delay has passed again, and the window disables Approve for as long. The engine holds first,
+/// so the window's own wait always ends after the engine's.
+fn hold_approvals(app: &AppHandle) {
+    if let Some(desk) = app.try_state::<Desk>() {
+        desk.engine.hold_approvals();
+    }
+    let _ = app.emit("approvals://held", ());
+}
+
+/// Brings the window forward; the engine holds approvals for the delay first.
 fn show(app: &AppHandle) {
+    hold_approvals(app);
     if let Some(window) = app.get_webview_window("main") {
         let _ = window.show();
         let _ = window.unminimize();
@@ -149,12 +195,8 @@ fn update_count(app: &AppHandle, engine: &Engine) {
 }
 
 fn main() {
-    // Release builds never offer webview automation, whatever the environment says.
-    #[cfg(not(debug_assertions))]
     // SAFETY: first statement of main: no other thread exists yet to read the environment.
-    unsafe {
-        std::env::remove_var("TAURI_WEBVIEW_AUTOMATION");
-    }
+    let hardened = unsafe { harden::harden() };
     // A text-only window needs no accelerated compositing, and without it WebKit's web process
     // idles at about 60 MB less (measured under Xvfb). A user's own setting wins.
     if std::env::var_os("WEBKIT_DISABLE_COMPOSITING_MODE").is_none() {
@@ -163,9 +205,30 @@ fn main() {
             std::env::set_var("WEBKIT_DISABLE_COMPOSITING_MODE", "1");
         }
     }
-    init_logging();
+    let dirs = match Dirs::new() {
+        Ok(dirs) => dirs,
+        Err(e) => {
+            eprintln!("countersign-desk: {e}");
+            std::process::exit(1);
+        }
+    };
+    init_logging(&dirs.state);
+    tracing::info!(
+        target: "desk",
+        version = env!("CARGO_PKG_VERSION"),
+        pid = std::process::id(),
+        config = %dirs.config.display(),
+        data = %dirs.data.display(),
+        state = %dirs.state.display(),
+        "starting"
+    );
+    for name in &hardened.removed {
+        tracing::warn!(target: "desk", "ignored {name} from the environment");
+    }
+    if let Some(e) = &hardened.dumpable {
+        tracing::warn!(target: "desk", "could not make the desk undumpable: {e}");
+    }
     let in_memory = std::env::args().any(|a| a == "--in-memory-secret");
-    let dirs = Dirs::new();
     let settings = dirs.load_settings();
     let secret: Box<dyn SecretStore> = if in_memory {
         tracing::warn!(target: "desk", "using an in-memory secret by request: every token dies with this desk");
@@ -224,6 +287,7 @@ fn run(
     let mut config = EngineConfig::new(dirs.store());
     config.policy = dirs.load_policy();
     config.token_ttl_ms = settings.token_minutes * 60_000;
+    config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;
     let engine = match Engine::new(config, key) {
         Ok(engine) => engine,
@@ -246,17 +310,20 @@ fn run(
                 std::process::exit(1);
             }
         };
+    let agents = serve_agents(&engine, settings.agent_uids());
     if !window {
-        headless(served);
+        headless(served, agents);
         return;
     }
     let kill_upstreams = served.children().clone();
+    let kill_agents_upstreams = agents.as_ref().map(|a| a.children().clone());
     let desk = Desk {
         engine: engine.clone(),
         dirs,
         settings: Mutex::new(settings),
         secret,
         _served: served,
+        _agents: agents,
     };
 
     tauri::Builder::default()
@@ -272,6 +339,11 @@ fn run(
             commands::rotate_secret,
             commands::status,
         ])
+        .on_window_event(|window, event| {
+            if let tauri::WindowEvent::Focused(true) = event {
+                hold_approvals(window.app_handle());
+            }
+        })
         .setup(move |app| {
             let handle = app.handle().clone();
             let quit = MenuItem::with_id(app, "quit", "Quit Countersign", true, None::<&str>)?;
@@ -321,13 +393,52 @@ fn run(
             // Tauri exits the process without dropping what it manages: end the upstreams now.
             if let tauri::RunEvent::Exit = event {
                 kill_upstreams.kill_all();
+                if let Some(children) = &kill_agents_upstreams {
+                    children.kill_all();
+                }
             }
         });
 }
 
-/// The desk with no display: the socket and the sessions, no window. Runs until SIGTERM or
+/// The second socket, for the accounts the settings list (`countersign_wire::agents_socket_path`):
+/// its directory 0711, the socket itself 0666, and each connection's account checked by the
+/// desk against the list (the kernel says which account connected). Refused for one of those
+/// accounts, a command or the built-in tools; a URL or a registered server is served. When it
+/// cannot be set up the desk says why and serves its own account only.
+fn serve_agents(engine: &Engine, uids: Vec<u32>) -> Option<socket::Served> {
+    use std::os::unix::fs::PermissionsExt;
+
+    if uids.is_empty() {
+        return None;
+    }
+    let path = countersign_wire::agents_socket_path();
+    let options = socket::Options {
+        other_accounts: uids.clone(),
+        ..socket::Options::default()
+    };
+    let served =
+        tauri::async_runtime::block_on(socket::serve_with(engine.clone(), path.clone(), options));
+    let served = match served {
+        Ok(served) => served,
+        Err(e) => {
+            tracing::error!(target: "desk", "not serving agent accounts: {e}");
+            eprintln!("countersign-desk: not serving agent accounts: {e}");
+            return None;
+        }
+    };
+    // Who may connect is decided per connection from the kernel's word; the file's mode only
+    // lets the listed accounts' processes try.
+    if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)) {
+        tracing::error!(target: "desk", "not serving agent accounts: {}: {e}", path.display());
+        return None;
+    }
+    tracing::info!(target: "desk", socket = %path.display(), ?uids, "listening for agent accounts");
+    Some(served)
+}
+
+/// The desk with no display: the sockets and the sessions, no window. Runs until SIGTERM or
 /// SIGINT, then ends every upstream it started.
-fn headless(served: socket::Served) {
+fn headless(served: socket::Served, agents: Option<socket::Served>) {
     eprintln!(
         "countersign-desk: no display: running without a window. Open tools work; calls that \
          need approval are refused until the desk runs in a desktop session."
@@ -347,5 +458,6 @@ fn headless(served: socket::Served) {
         }
     });
     tracing::info!(target: "desk", "stopping");
+    drop(agents);
     drop(served);
 }

@@ -1,10 +1,15 @@
-//! The desk's settings and policy files, in the user's config directory.
+//! The desk's settings and policy files, in the account's config directory.
 //!
-//! `settings.json` holds what the settings view edits (token lifetime, approve delay); the policy
-//! is `policy.toml` (DESIGN.md, "Gate classes and plans"), checked before it is saved, so a typo
-//! never replaces a working policy. The approve delay can be raised, never set below one second.
+//! `settings.json` holds what the settings view edits (token lifetime, approve delay) and the
+//! accounts agents may connect from; the policy is `policy.toml` (DESIGN.md, "Gate classes and
+//! plans"), checked before it is saved, so a typo never replaces a working policy. The approve
+//! delay can be raised, never set below one second.
+//!
+//! The directories are the account's own, found from the password database and never from the
+//! environment (see `countersign_wire::DeskDirs`), and each is 0700.
 
-use std::path::PathBuf;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
 use countersign_core::policy::Policy;
 use serde::{Deserialize, Serialize};
@@ -21,6 +26,12 @@ pub struct Settings {
     pub token_minutes: u64,
     /// How long Approve stays disabled, in ms (at least [`MIN_APPROVE_DELAY_MS`]).
     pub approve_delay_ms: u64,
+    /// Accounts besides the desk's own, by name or uid, whose agents may connect (agents that run
+    /// under accounts of their own): the desk then also listens on a socket they can reach. Read
+    /// at start. `None` when a caller did not say (the settings view does not edit it): saving
+    /// then keeps the list already saved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_accounts: Option<Vec<String>>,
 }
 
 impl Default for Settings {
@@ -28,6 +39,7 @@ impl Default for Settings {
         Self {
             token_minutes: 10,
             approve_delay_ms: MIN_APPROVE_DELAY_MS,
+            agent_accounts: None,
         }
     }
 }
@@ -48,24 +60,25 @@ pub struct Dirs {
     pub data: PathBuf,
     /// Config: settings and policy.
     pub config: PathBuf,
+    /// State: the log.
+    pub state: PathBuf,
 }
 
 impl Dirs {
-    /// The platform's per-user directories for Countersign.
-    pub fn new() -> Self {
-        match directories::ProjectDirs::from("", "", "countersign") {
-            Some(d) => Dirs {
-                data: d.data_dir().to_owned(),
-                config: d.config_dir().to_owned(),
-            },
-            None => {
-                let tmp = std::env::temp_dir().join("countersign");
-                Dirs {
-                    data: tmp.clone(),
-                    config: tmp,
-                }
-            }
+    /// This account's directories for the desk, created 0700 (see
+    /// `countersign_wire::DeskDirs::locate`: `$COUNTERSIGN_DESK_DIR`, else the platform's places
+    /// in the home the password database records).
+    pub fn new() -> Result<Self, String> {
+        let located = countersign_wire::DeskDirs::locate().map_err(|e| e.to_string())?;
+        let dirs = Dirs {
+            data: located.data,
+            config: located.config,
+            state: located.state,
+        };
+        for dir in [&dirs.config, &dirs.data, &dirs.state] {
+            private_dir(dir).map_err(|e| format!("cannot set up {}: {e}", dir.display()))?;
         }
+        Ok(dirs)
     }
 
     /// The desk's SQLite file.
@@ -94,12 +107,16 @@ impl Dirs {
         }
     }
 
-    /// Saves settings.
+    /// Saves settings. A list of agent accounts that is not given keeps the saved one.
     pub fn save_settings(&self, settings: &Settings) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.config)?;
+        private_dir(&self.config)?;
+        let mut settings = settings.clone();
+        if settings.agent_accounts.is_none() {
+            settings.agent_accounts = self.load_settings().agent_accounts;
+        }
         std::fs::write(
             self.settings_file(),
-            serde_json::to_vec_pretty(settings).expect("settings serialize"),
+            serde_json::to_vec_pretty(&settings).expect("settings serialize"),
         )
     }
 
@@ -119,10 +136,50 @@ impl Dirs {
     /// Checks and saves policy text; returns the parsed policy.
     pub fn save_policy(&self, text: &str) -> Result<Policy, String> {
         let policy = Policy::from_toml(text)?;
-        std::fs::create_dir_all(&self.config).map_err(|e| e.to_string())?;
+        private_dir(&self.config).map_err(|e| e.to_string())?;
         std::fs::write(self.policy_file(), text).map_err(|e| e.to_string())?;
         Ok(policy)
     }
+}
+
+impl Settings {
+    /// The user ids of [`Settings::agent_accounts`]; a name with no account is reported and left
+    /// out, and so is the desk's own account (it is always served).
+    pub fn agent_uids(&self) -> Vec<u32> {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let me = unsafe { libc::getuid() };
+        let mut uids = Vec::new();
+        for account in self.agent_accounts.iter().flatten() {
+            match countersign_wire::account_uid(account) {
+                Ok(Some(uid)) if uid == me => {}
+                Ok(Some(uid)) => uids.push(uid),
+                Ok(None) => {
+                    tracing::warn!(target: "desk", "agent_accounts: no account named {account:?}; left out")
+                }
+                Err(e) => {
+                    tracing::warn!(target: "desk", "agent_accounts: cannot look {account:?} up ({e}); left out")
+                }
+            }
+        }
+        uids.sort_unstable();
+        uids.dedup();
+        uids
+    }
+}
+
+/// Creates `dir` (and missing parents) 0700, and takes group and other permissions away from an
+/// existing one of this account's.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -133,13 +190,13 @@ mod tests {
     fn approve_delay_can_be_raised_never_lowered_below_one_second() {
         let s = Settings {
             approve_delay_ms: 200,
-            token_minutes: 10,
+            ..Settings::default()
         }
         .sanitized();
         assert_eq!(s.approve_delay_ms, MIN_APPROVE_DELAY_MS);
         let s = Settings {
             approve_delay_ms: 3000,
-            token_minutes: 10,
+            ..Settings::default()
         }
         .sanitized();
         assert_eq!(s.approve_delay_ms, 3000);
@@ -151,6 +208,7 @@ mod tests {
         let dirs = Dirs {
             data: dir.clone(),
             config: dir.clone(),
+            state: dir.clone(),
         };
         dirs.save_policy("[servers.fs.tools.write_file]\nclass = \"token\"\n")
             .unwrap();
@@ -160,5 +218,52 @@ mod tests {
         );
         assert!(dirs.policy_text().contains("\"token\""));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn saving_from_the_settings_view_keeps_the_agent_accounts() {
+        let dir = std::env::temp_dir().join(format!("cs-accounts-{}", std::process::id()));
+        let dirs = Dirs {
+            data: dir.clone(),
+            config: dir.clone(),
+            state: dir.clone(),
+        };
+        let listed = Settings {
+            agent_accounts: Some(vec!["agent".into(), "1234".into()]),
+            ..Settings::default()
+        };
+        dirs.save_settings(&listed).unwrap();
+        // The view sends only what it edits.
+        let from_view: Settings =
+            serde_json::from_str(r#"{"token_minutes": 5, "approve_delay_ms": 2000}"#).unwrap();
+        dirs.save_settings(&from_view).unwrap();
+        let saved = dirs.load_settings();
+        assert_eq!(saved.token_minutes, 5);
+        assert_eq!(saved.agent_accounts, listed.agent_accounts);
+        // An explicit empty list clears it.
+        dirs.save_settings(&Settings {
+            agent_accounts: Some(vec![]),
+            ..Settings::default()
+        })
+        .unwrap();
+        assert_eq!(dirs.load_settings().agent_accounts, Some(vec![]));
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn agent_accounts_are_uids_without_the_desks_own_or_unknown_names() {
+        let me = unsafe { libc::getuid() };
+        let s = Settings {
+            agent_accounts: Some(vec![
+                "4242".into(),
+                me.to_string(),
+                "no-such-account-countersign".into(),
+                "4242".into(),
+            ]),
+            ..Settings::default()
+        };
+        assert_eq!(s.agent_uids(), vec![4242]);
     }
 }
