@@ -446,8 +446,7 @@ async fn without_a_keychain_the_desk_says_so_and_mints_nothing() {
 async fn a_second_start_brings_the_first_forward_and_exits() {
     let desk = Desk::start().await;
     let second = tokio::process::Command::new(bin("countersign-desk"))
-        .env("XDG_DATA_HOME", desk.dir.path().join("data"))
-        .env("XDG_CONFIG_HOME", desk.dir.path().join("config"))
+        .env("COUNTERSIGN_DESK_DIR", desk.dir.path())
         .env("COUNTERSIGN_SOCKET", desk.socket())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -1,11 +1,18 @@
 //! The desk where there is no display (a server, a container, an SSH session): it runs without a
 //! window, open tools work through it, and every gated call is refused `desk_unavailable` with the
-//! next move, because nobody could approve it. A gateway with no display starts the desk that way.
+//! next move, because nobody could approve it. A gateway with no display starts the desk that way,
+//! in the account's own directories whatever the agent's environment says, and starts none for a
+//! socket the environment chose. The desk logs to a file in its state directory, keeps its
+//! directories 0700, and refuses a socket directory that someone else controls.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use std::os::unix::fs::PermissionsExt;
+
+use countersign_tests::account::{Account, files_under, is_root};
+use countersign_tests::desk_process;
 use countersign_tests::window::bin;
 use rmcp::model::*;
 use rmcp::service::RunningService;
@@ -17,8 +24,7 @@ use serde_json::{Value, json};
 fn headless(cmd: &mut tokio::process::Command, dir: &Path) {
     cmd.env_remove("DISPLAY")
         .env_remove("WAYLAND_DISPLAY")
-        .env("XDG_DATA_HOME", dir.join("data"))
-        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .env("COUNTERSIGN_DESK_DIR", dir)
         .env("COUNTERSIGN_SOCKET", dir.join("desk.sock"))
         .env("RUST_LOG", "warn");
 }
@@ -77,37 +83,6 @@ async fn open_works_and_gated_is_refused(agent: &RunningService<RoleClient, Clie
     );
 }
 
-/// The pid of the desk answering on `socket`.
-async fn desk_pid(socket: &PathBuf) -> i32 {
-    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
-    stream.peer_cred().unwrap().pid().unwrap()
-}
-
-async fn wait_for_socket(socket: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::UnixStream::connect(socket).await.is_err() {
-        assert!(Instant::now() < deadline, "the desk did not listen");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn terminate_and_wait(pid: i32) {
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the desk did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_desk_without_a_display_serves_open_tools_and_refuses_gated_calls() {
     let dir = tempfile::tempdir().unwrap();
@@ -119,21 +94,210 @@ async fn a_desk_without_a_display_serves_open_tools_and_refuses_gated_calls() {
         .kill_on_drop(true);
     headless(&mut desk, dir.path());
     let desk = desk.spawn().unwrap();
-    wait_for_socket(&dir.path().join("desk.sock")).await;
+    desk_process::wait_for_socket(&dir.path().join("desk.sock")).await;
     let agent = agent(dir.path(), false).await;
     open_works_and_gated_is_refused(&agent).await;
     agent.cancel().await.unwrap();
-    terminate_and_wait(desk.id().unwrap() as i32);
+    desk_process::terminate(desk.id().unwrap() as i32);
     let out = desk.wait_with_output().await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no display"), "{stderr}");
 }
 
+/// The end-to-end case of "the desk's files are the person's": an agent under a fresh account,
+/// with no display, whose environment points `HOME`, every `XDG_*` directory and
+/// `COUNTERSIGN_DESK_DIR` at a directory it controls. Its gateway starts the desk, which runs
+/// without a window (open tools work, gated calls are `desk_unavailable`) and keeps its database,
+/// settings and log in the account's home from the password database; nothing at all is written
+/// in the agent's directories.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_without_a_display_starts_the_desk_without_a_window() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = agent(dir.path(), true).await;
+async fn a_gateway_starts_the_desk_in_the_accounts_own_home_whatever_the_agents_environment_says() {
+    let Some(account) = Account::create("a desk started under a fresh account") else {
+        return;
+    };
+    // The agent's directories: the account's to write, so writing there would succeed.
+    let attacker = tempfile::tempdir().unwrap();
+    let bait = ["home", "data", "config", "state", "cache", "desk"];
+    for sub in bait {
+        std::fs::create_dir(attacker.path().join(sub)).unwrap();
+    }
+    account.give(attacker.path());
+    let at = |sub: &str| attacker.path().join(sub);
+    let mut cmd = account.command(bin("countersign"));
+    cmd.arg("mcp")
+        .arg("--db")
+        .arg(account.home.join("app.sqlite"))
+        .env("HOME", at("home"))
+        .env("XDG_DATA_HOME", at("data"))
+        .env("XDG_CONFIG_HOME", at("config"))
+        .env("XDG_STATE_HOME", at("state"))
+        .env("XDG_CACHE_HOME", at("cache"))
+        .env("COUNTERSIGN_DESK_DIR", at("desk"))
+        .env("RUST_LOG", "warn");
+    let info = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("fresh-account-agent", "1.0"),
+    );
+    let agent = info
+        .serve(TokioChildProcess::new(cmd).unwrap())
+        .await
+        .unwrap();
     open_works_and_gated_is_refused(&agent).await;
     agent.cancel().await.unwrap();
-    terminate_and_wait(desk_pid(&dir.path().join("desk.sock")).await);
+
+    // The desk this account's gateway computes (no runtime directory: no login session).
+    let socket = PathBuf::from(format!("/tmp/countersign-{}/desk.sock", account.uid));
+    let pid = desk_process::pid_at(&socket).await;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    desk_process::terminate(pid);
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.contains(&account.uid.to_string())),
+        "the desk runs as the account: {status}"
+    );
+    let home = &account.home;
+    let logged = std::fs::read_to_string(home.join(".local/state/countersign/desk.log")).unwrap();
+    let start = logged.lines().find(|l| l.contains("starting")).unwrap();
+    assert!(
+        start.contains(&format!(
+            "data={}",
+            home.join(".local/share/countersign").display()
+        )),
+        "{start}"
+    );
+    for dir in [
+        ".config/countersign",
+        ".local/share/countersign",
+        ".local/state/countersign",
+    ] {
+        let mode = std::fs::metadata(home.join(dir))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700, "{dir}");
+    }
+    let written = files_under(attacker.path());
+    assert!(
+        written.is_empty(),
+        "the desk wrote in the agent's directories: {written:?}"
+    );
+}
+
+/// A gateway told (by the environment or a flag) to use a socket where no desk answers starts
+/// none, since a desk it started would listen at the default socket, and says how to start one
+/// there.
+#[test]
+fn a_gateway_whose_socket_was_chosen_starts_no_desk_and_says_how_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("desk.sock");
+    for (how, flag) in [("env", false), ("flag", true)] {
+        let mut cmd = std::process::Command::new(bin("countersign"));
+        cmd.arg("mcp")
+            .arg("--db")
+            .arg(dir.path().join("app.sqlite"))
+            .env("RUST_LOG", "warn")
+            .env_remove("DISPLAY")
+            .stdin(Stdio::null());
+        if flag {
+            cmd.arg("--socket").arg(&socket);
+        } else {
+            cmd.env("COUNTERSIGN_SOCKET", &socket);
+        }
+        let started = Instant::now();
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{how}: {stderr}");
+        assert!(
+            stderr.contains("the Countersign desk is not running at")
+                && stderr.contains(&socket.display().to_string())
+                && stderr.contains(&format!(
+                    "COUNTERSIGN_SOCKET={} countersign-desk",
+                    socket.display()
+                )),
+            "{how}: {stderr}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{how}: it waited for a desk to start"
+        );
+        assert!(!socket.exists(), "{how}: a desk listens there");
+    }
+}
+
+/// The log file in the state directory has the desk's start line even when `RUST_LOG` keeps
+/// stderr quiet (a desk a gateway started has no stderr anyone reads); the desk's directories
+/// are 0700.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_desk_writes_its_start_line_to_the_log_in_its_state_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut desk = tokio::process::Command::new(bin("countersign-desk"));
+    desk.arg("--in-memory-secret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    headless(&mut desk, dir.path());
+    let desk = desk.spawn().unwrap();
+    let socket = dir.path().join("desk.sock");
+    desk_process::wait_for_socket(&socket).await;
+    let log = dir.path().join("state/desk.log");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let start = logged
+        .lines()
+        .find(|l| l.contains("starting"))
+        .unwrap_or_else(|| panic!("no start line in {}: {logged}", log.display()));
+    assert!(
+        start.contains(&format!("pid={}", desk.id().unwrap())),
+        "{start}"
+    );
+    assert!(logged.contains("listening"), "{logged}");
+    assert!(!logged.contains("\x1b["), "no terminal colours in the file");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for sub in ["config", "data", "state"] {
+        assert_eq!(mode(&dir.path().join(sub)), 0o700, "{sub}");
+    }
+    assert_eq!(mode(&log), 0o600);
+    desk_process::terminate(desk.id().unwrap() as i32);
+}
+
+/// The socket's directory may be in the shared temporary directory (`/tmp/countersign-<uid>`,
+/// where there is no per-user runtime directory): a desk refuses one that other accounts can
+/// write into or that another account owns, and says why, instead of listening where someone
+/// else could replace its socket. Here the desk's socket is pointed into such a directory; the
+/// check is the same one the fallback path goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_desk_refuses_a_socket_directory_someone_else_controls() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("countersign-shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let run = |expect: &str| {
+        let out = std::process::Command::new(bin("countersign-desk"))
+            .arg("--in-memory-secret")
+            .env_remove("DISPLAY")
+            .env_remove("WAYLAND_DISPLAY")
+            .env("COUNTERSIGN_DESK_DIR", dir.path())
+            .env("COUNTERSIGN_SOCKET", shared.join("desk.sock"))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("refusing the socket directory") && stderr.contains(expect),
+            "{stderr}"
+        );
+        assert!(!shared.join("desk.sock").exists());
+    };
+    run("its mode 0777 lets other accounts write into it");
+    if !is_root() {
+        println!("skipped the other account's directory: giving it away needs root");
+        return;
+    }
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&shared, Some(65534), Some(65534)).unwrap();
+    run("it belongs to uid 65534");
 }

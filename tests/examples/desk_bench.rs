@@ -129,8 +129,7 @@ async fn release_memory() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(&desk)
-        .env("XDG_DATA_HOME", dir.path().join("data"))
-        .env("XDG_CONFIG_HOME", dir.path().join("config"))
+        .env("COUNTERSIGN_DESK_DIR", dir.path())
         .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

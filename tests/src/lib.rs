@@ -7,6 +7,8 @@
 //! every child's stdin, and parse what each reports. Nothing here prints.
 #![deny(missing_docs)]
 
+pub mod account;
+pub mod desk_process;
 pub mod window;
 
 use std::io::{BufRead, BufReader, Read, pipe};

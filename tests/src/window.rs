@@ -86,11 +86,11 @@ impl Desk {
             "the desk tests need a display: run them under Xvfb (make test does)"
         );
         let dir = tempfile::tempdir().unwrap();
-        for sub in ["data", "config/countersign"] {
+        for sub in ["data", "config"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         }
         if let Some(settings) = settings {
-            let file = dir.path().join("config/countersign/settings.json");
+            let file = dir.path().join("config/settings.json");
             std::fs::write(file, settings.to_string()).unwrap();
         }
         let port = free_port();
@@ -102,8 +102,7 @@ impl Desk {
                 "--native-port",
                 &native.to_string(),
             ])
-            .env("XDG_DATA_HOME", dir.path().join("data"))
-            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .env("COUNTERSIGN_DESK_DIR", dir.path())
             .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
