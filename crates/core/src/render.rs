@@ -56,6 +56,16 @@ pub fn quoted(s: &str) -> String {
     out
 }
 
+/// A string as shown without its quotes: what [`quoted`] puts between them (JSON's escapes,
+/// deceptive characters as `\u{...}`). Injective for the same reason; for text shown where the
+/// quotes would be noise, such as a window's own fields.
+pub fn escaped(s: &str) -> String {
+    let mut shown = quoted(s);
+    shown.pop();
+    shown.remove(0);
+    shown
+}
+
 /// A scalar (or empty container) as shown on one line, with its type visible.
 fn scalar(value: &Value) -> Option<String> {
     Some(match value {
@@ -124,10 +134,26 @@ pub fn plan_text(plan: &Plan) -> String {
         Some(text) => out.push_str(&format!("Details: {text}\n")),
         None => {
             out.push_str("Details:\n");
-            write_tree(&mut out, &plan.details, 1);
+            write_details(&mut out, &plan.details, 1);
         }
     }
     out
+}
+
+/// The details alone, as [`plan_text`] shows them under `Details:` (without its indent): a scalar
+/// or an empty container on one line, else one line per member, nested keys sorted as the hash
+/// sorts them, types visible. For a view that shows each field of a plan in a place of its own.
+pub fn details_text(details: &Value) -> String {
+    let mut out = String::new();
+    write_details(&mut out, details, 0);
+    out
+}
+
+fn write_details(out: &mut String, details: &Value, indent: usize) {
+    match scalar(details) {
+        Some(text) => out.push_str(&format!("{}{text}\n", "  ".repeat(indent))),
+        None => write_tree(out, details, indent),
+    }
 }
 
 /// "10 minutes", "1 minute", "45 seconds": how long a token has left.
@@ -227,6 +253,37 @@ mod tests {
         assert_eq!(quoted("line\nbreak"), "\"line\\nbreak\"");
         // A literal backslash-u in the value cannot pass for an escape.
         assert_ne!(quoted("\\u{202e}"), quoted("\u{202e}"));
+    }
+
+    #[test]
+    fn the_details_alone_are_the_lines_the_plan_text_shows_under_details() {
+        let nested = json!({"b": [1, {"c": null}], "a": "x\u{202e}y", "Details:": "Target: z"});
+        for details in [nested, json!({}), json!([]), json!("only"), json!(7)] {
+            let mut p = plan(details.clone());
+            p.target = "Details: a target that names the field".into();
+            let text = plan_text(&p);
+            let (_, under) = text.rsplit_once("\nDetails:").unwrap();
+            let alone = details_text(&details);
+            let expected: String = if under.starts_with('\n') {
+                alone.lines().map(|l| format!("  {l}\n")).collect()
+            } else {
+                format!(" {alone}")
+            };
+            assert_eq!(under.trim_start_matches('\n'), expected, "{details}");
+        }
+    }
+
+    #[test]
+    fn escaped_is_quoted_without_its_quotes() {
+        for s in [
+            "plain",
+            "a\u{202e}b\u{200b}",
+            "quote \" and \\ back",
+            "line\nbreak",
+            "",
+        ] {
+            assert_eq!(format!("\"{}\"", escaped(s)), quoted(s));
+        }
     }
 
     #[test]
