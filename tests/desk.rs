@@ -233,26 +233,169 @@ async fn two_gateways_show_two_requests_in_one_queue_and_the_title_counts_them()
     desk.stop().await;
 }
 
+/// The characters an agent could use to make one string read as another: the right-to-left
+/// override, the directional isolates, the right-to-left mark, zero-width space and joiner, and
+/// the byte order mark.
+const SNEAKY: [char; 9] = [
+    '\u{202e}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}', '\u{200f}', '\u{200b}', '\u{200d}',
+    '\u{feff}',
+];
+
+/// Fails on any raw invisible or direction-changing character anywhere in the page.
+async fn assert_nothing_raw(desk: &Desk, when: &str) {
+    let page = desk.page_text().await;
+    let raw: Vec<String> = page
+        .chars()
+        .filter(|c| SNEAKY.contains(c) || countersign_core::render::is_deceptive(*c))
+        .map(|c| format!("U+{:04X}", c as u32))
+        .collect();
+    assert!(raw.is_empty(), "{when}: raw {raw:?} in the page:\n{page:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_target_with_a_bidi_override_and_a_zero_width_character_is_shown_flagged() {
+async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the_screen_raw() {
     let desk = Desk::start().await;
     let agent = desk.agent("claude-code").await;
-    let sneaky = "report\u{202e}fdp.exe\u{200b}";
-    let pending = call(&agent, "create_backup", json!({"name": sneaky}));
+    // The target, so also the summary, hides a right-to-left override and a zero-width space;
+    // an argument the tool does not declare carries the rest.
+    let sneaky = "nightly\u{202e}txt.exe\u{200b}";
+    let arguments = json!({
+        "name": sneaky,
+        "reason": "clean\u{2066}up\u{2069} \u{feff}old\u{200d} \u{2067}backups\u{2068} \u{200f}",
+    });
+    let mut first = call(&agent, "delete_backup", arguments);
     desk.wait_for_request().await;
-    let shown = desk.text("#d-target").await;
-    assert_eq!(shown, "report\\u{202e}fdp.exe\\u{200b}");
-    let flags: Value = desk
+    // A second agent whose own name, and the database path it reaches (so the server the desk
+    // names), carry more; its target names the details field.
+    let odd = desk.dir.path().join("re\u{202e}ports");
+    std::fs::create_dir_all(&odd).unwrap();
+    let other = desk
+        .agent_on("cursor\u{2067}\u{feff}", &odd.join("app.sqlite"))
+        .await;
+    let second = call(
+        &other,
+        "create_backup",
+        json!({"name": "Details: \u{200f}x"}),
+    );
+    desk.until("two requests", |d| {
+        Box::pin(async move { d.count("#queue li").await == 2 })
+    })
+    .await;
+
+    assert_eq!(
+        desk.text("#d-target").await,
+        "nightly\\u{202e}txt.exe\\u{200b}"
+    );
+    assert_eq!(
+        desk.text("#d-summary").await,
+        "delete_backup on nightly\\u{202e}txt.exe\\u{200b}"
+    );
+    let all = ["bidi", "invisible", "non_ascii"];
+    for field in ["target", "summary", "details"] {
+        let flags = desk.flags(&format!("#d-{field}-flags .flag")).await;
+        assert_eq!(flags, all, "{field}");
+    }
+    assert!(desk.flags("#d-agent-flags .flag").await.is_empty());
+    assert_eq!(
+        desk.count("#queue li .mark").await,
+        4,
+        "the first entry's target is flagged; the second's agent, server and target"
+    );
+    assert_nothing_raw(&desk, "the first request").await;
+    // The state the README shows: read, the delay over, the target still to type.
+    desk.until("the hint to type the target", |d| {
+        Box::pin(async move { d.text("#wait").await == "Type the target to enable Approve." })
+    })
+    .await;
+
+    // The second request: its agent and server are flagged, and a target that says "Details:"
+    // leaves the details pane as the plan has it.
+    desk.click("#queue li:nth-child(2)").await;
+    desk.until("the second request", |d| {
+        Box::pin(async move { d.text("#d-tool").await == "create_backup" })
+    })
+    .await;
+    assert_eq!(desk.text("#d-agent").await, "cursor\\u{2067}\\u{feff} 1.0");
+    assert_eq!(desk.flags("#d-agent-flags .flag").await, all);
+    assert_eq!(
+        desk.flags("#d-server-flags .flag").await,
+        ["bidi", "non_ascii"]
+    );
+    let details: Value = desk
         .browser
         .execute(
-            "return [...document.querySelectorAll('#d-flags .flag')].map(e => e.dataset.flag)",
+            "return document.getElementById('d-details').textContent",
             vec![],
         )
         .await
         .unwrap();
-    assert_eq!(flags, json!(["bidi", "invisible", "non_ascii"]));
+    assert_eq!(details, json!("name: \"Details: \\u{200f}x\"\n"));
+    assert_nothing_raw(&desk, "the second request").await;
+    // Denied with a note that hides a character of its own (as pasted into the field).
+    desk.set_value("#deny-note", "not \u{202e}now").await;
     desk.click("#deny").await;
-    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    assert_eq!(refusal(&second.await.unwrap()).as_deref(), Some("denied"));
+
+    // The first one approved (the target typed as it is, as a paste would).
+    desk.until("the first request again", |d| {
+        Box::pin(async move { d.text("#d-tool").await == "delete_backup" })
+    })
+    .await;
+    desk.set_value("#typed-target", sneaky).await;
+    read_then_approve(&desk).await;
+    let approved = tokio::time::timeout(Duration::from_secs(30), &mut first)
+        .await
+        .expect("the approval reaches the agent")
+        .unwrap();
+    assert!(approved.structured_content.unwrap()["confirmToken"].is_string());
+    desk.until("the queue to empty", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+    assert_nothing_raw(&desk, "the empty queue").await;
+
+    // History: tool, target, server and note escaped and flagged there too.
+    desk.click("#tab-history").await;
+    desk.until("the issued and denied rows", |d| {
+        Box::pin(async move {
+            let kinds: Value = d
+                .browser
+                .execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent)", vec![])
+                .await
+                .unwrap();
+            // Newest first.
+            kinds == json!(["issued", "denied"])
+        })
+    })
+    .await;
+    let cells: Value = desk
+        .browser
+        .execute(
+            "return [...document.querySelectorAll('#history tr')].map(r => \
+               [...r.children].map(c => [c.firstChild ? c.firstChild.textContent : '', \
+                 c.querySelector('.mark') ? c.querySelector('.mark').dataset.flag : '']))",
+            vec![],
+        )
+        .await
+        .unwrap();
+    // Columns: when, event, code, server, tool, target, note, nonce.
+    let issued = &cells[0];
+    let denied = &cells[1];
+    assert_eq!(
+        issued[5],
+        json!([
+            "nightly\\u{202e}txt.exe\\u{200b}",
+            "bidi invisible non_ascii"
+        ])
+    );
+    assert_eq!(denied[5], json!(["Details: \\u{200f}x", "bidi non_ascii"]));
+    assert_eq!(denied[3][1], json!("bidi non_ascii"), "{denied}");
+    assert!(
+        denied[3][0].as_str().unwrap().contains("re\\u{202e}ports"),
+        "{denied}"
+    );
+    assert_eq!(denied[6], json!(["not \\u{202e}now", "bidi non_ascii"]));
+    assert_nothing_raw(&desk, "the history").await;
     desk.stop().await;
 }
 

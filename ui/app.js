@@ -1,4 +1,5 @@
-// The window. Everything an agent sent is put on screen with textContent, never as HTML.
+// The window. Everything an agent or an upstream sent arrives escaped and flagged by the desk (a
+// Shown: { text, flags }) and is put on screen with textContent, never as HTML.
 import * as api from "./api.js";
 
 const $ = (id) => document.getElementById(id);
@@ -12,6 +13,54 @@ let timer = null;
 
 function text(id, value) {
   $(id).textContent = value;
+}
+
+const FLAG_LABELS = {
+  bidi: "contains direction-changing characters (shown escaped)",
+  invisible: "contains invisible characters (shown escaped)",
+  non_ascii: "contains non-ASCII characters that may look like others",
+};
+
+const SHORT_LABELS = { bidi: "direction-changing", invisible: "invisible", non_ascii: "non-ASCII" };
+
+/** One chip per flag of a Shown: the whole sentence for the target, a word elsewhere (the
+ *  sentence then in its tooltip). */
+function flagChips(flags, long) {
+  return flags.map((f) => {
+    const chip = document.createElement("span");
+    chip.className = long ? "flag" : "flag short";
+    chip.dataset.flag = f;
+    chip.textContent = "⚠ " + ((long ? FLAG_LABELS : SHORT_LABELS)[f] || f);
+    chip.title = FLAG_LABELS[f] || f;
+    return chip;
+  });
+}
+
+/** A Shown into element `id`, its flags into `id`-flags. */
+function shown(id, value, long = false) {
+  text(id, value.text);
+  $(id + "-flags").replaceChildren(...flagChips(value.flags, long));
+}
+
+/** A Shown as a table cell or list part: its text, and one small mark carrying its flags. */
+function shownNode(tag, value) {
+  const node = document.createElement(tag);
+  node.textContent = value ? value.text : "";
+  if (value && value.flags.length) {
+    const mark = document.createElement("span");
+    mark.className = "flag mark";
+    mark.dataset.flag = value.flags.join(" ");
+    mark.title = value.flags.map((f) => FLAG_LABELS[f] || f).join("; ");
+    mark.textContent = "⚠";
+    node.append(" ", mark);
+  }
+  return node;
+}
+
+/** The first `n` characters (code points, so an escape's surrogate pair is never split). */
+function head(s, n) {
+  const chars = [...s];
+  return chars.length > n ? chars.slice(0, n).join("") + "…" : s;
 }
 
 /** Approve stays disabled for the delay after a request is shown, after the window regains
@@ -43,12 +92,10 @@ function renderQueue() {
     const li = document.createElement("li");
     li.tabIndex = 0;
     li.className = (selected && selected.id === r.id ? "selected " : "") + (r.reversible ? "" : "irreversible");
-    const tool = document.createElement("strong");
-    tool.textContent = r.tool;
-    const target = document.createElement("span");
-    target.textContent = r.target_shown.length > 40 ? r.target_shown.slice(0, 40) + "…" : r.target_shown;
+    const tool = shownNode("strong", r.tool);
+    const target = shownNode("span", { text: head(r.target_shown.text, 40), flags: r.target_shown.flags });
     const who = document.createElement("small");
-    who.textContent = `${r.agent} · ${r.server}`;
+    who.append(shownNode("span", r.agent), " · ", shownNode("span", r.server));
     li.append(tool, target, who);
     li.addEventListener("click", () => select(r.id));
     list.append(li);
@@ -69,33 +116,29 @@ function select(id) {
 function renderDetail(changed) {
   $("empty").hidden = !!selected;
   $("detail").hidden = !selected;
-  if (!selected) return;
+  if (!selected) {
+    $("typed-target").value = "";
+    $("deny-note").value = "";
+    return;
+  }
   const r = selected;
   const badge = $("reversibility");
   badge.textContent = r.reversible ? "Reversible" : "IRREVERSIBLE: this cannot be undone";
   badge.className = "badge " + (r.reversible ? "reversible" : "irreversible");
   $("detail").className = r.reversible ? "" : "irreversible";
-  text("d-agent", r.agent);
-  text("d-server", r.server);
-  text("d-tool", r.tool);
-  const long = r.target_shown.length > LONG_TARGET;
-  text("d-target", long ? `${r.target_shown.slice(0, 80)} … ${r.target_shown.slice(-60)}` : r.target_shown);
+  shown("d-agent", r.agent);
+  shown("d-server", r.server);
+  shown("d-tool", r.tool);
+  shown("d-target", r.target_shown, true);
+  const chars = [...r.target_shown.text];
+  const long = chars.length > LONG_TARGET;
+  if (long) text("d-target", `${chars.slice(0, 80).join("")} … ${chars.slice(-60).join("")}`);
   $("d-target-whole").hidden = !long;
-  const flags = $("d-flags");
-  flags.replaceChildren();
-  const labels = { bidi: "contains direction-changing characters (shown escaped)", invisible: "contains invisible characters (shown escaped)", non_ascii: "contains non-ASCII characters that may look like others" };
-  for (const f of r.target_flags) {
-    const chip = document.createElement("span");
-    chip.className = "flag";
-    chip.dataset.flag = f;
-    chip.textContent = "⚠ " + (labels[f] || f);
-    flags.append(chip);
-  }
-  text("d-action", r.action);
-  text("d-summary", r.summary);
+  shown("d-action", r.action);
+  shown("d-summary", r.summary);
   const minutes = Math.round(r.token_ttl_ms / 60000);
   text("d-use", (r.works_once ? "Works once" : "Works until it expires") + ` · the token would expire ${minutes} minute${minutes === 1 ? "" : "s"} after approval`);
-  text("d-details", r.details || "(none)");
+  shown("d-details", r.details);
   text("d-hash", r.plan_hash);
   $("typed").hidden = !r.type_target;
   if (changed) {
@@ -150,11 +193,9 @@ async function loadHistory() {
     const tr = document.createElement("tr");
     tr.className = "event-" + row.kind;
     const code = row.refusal || (row.kind === "executed" ? (row.ok ? "ok" : "failed") : "");
-    for (const cell of [new Date(row.at_ms).toLocaleString(), row.kind, code, row.server || "", row.tool, row.target || "", row.nonce || ""]) {
-      const td = document.createElement("td");
-      td.textContent = cell;
-      tr.append(td);
-    }
+    const plain = (s) => ({ text: s, flags: [] });
+    const cells = [plain(new Date(row.at_ms).toLocaleString()), plain(row.kind), plain(code), row.server, row.tool, row.target, row.note, plain(row.nonce || "")];
+    for (const cell of cells) tr.append(shownNode("td", cell));
     body.append(tr);
   }
 }
@@ -196,7 +237,7 @@ async function start() {
   $("deny").addEventListener("click", onDeny);
   $("typed-target").addEventListener("input", refreshApprove);
   $("d-target-whole").addEventListener("click", () => {
-    text("d-target", selected.target_shown);
+    text("d-target", selected.target_shown.text);
     $("d-target-whole").hidden = true;
   });
   // Enter never approves: not on the button, not in a field.

@@ -4,14 +4,13 @@
 //! approval window (see `capabilities/approval.json`). Errors cross as [`UiError`] codes.
 
 use countersign_core::policy::Policy;
-use countersign_core::telemetry::ConfirmEvent;
 use countersign_store::HistoryFilter;
 use serde::{Deserialize, Serialize};
 use tauri::State;
 
 use crate::Desk;
 use crate::settings::Settings;
-use crate::view::{RequestView, UiError};
+use crate::view::{HistoryRow, RequestView, UiError};
 
 /// Every request waiting for a person.
 #[tauri::command]
@@ -45,22 +44,14 @@ pub fn deny(desk: State<'_, Desk>, id: u64, note: Option<String>) -> Result<(), 
 pub struct HistoryQuery {
     /// Only this tool.
     pub tool: Option<String>,
-    /// Only this kind (`issued`, `accepted`, `refused`, `replay`, `denied`, `executed`).
+    /// Only this kind (`issued`, `accepted`, `refused`, `replay`, `denied`, `executed`, `rejected`).
     pub kind: Option<String>,
     /// Only events whose tenant's server is this (matched on the tenant's server name).
     pub server: Option<String>,
 }
 
-/// An event as the history view shows it.
-#[derive(Debug, Serialize)]
-pub struct HistoryRow {
-    /// The event.
-    #[serde(flatten)]
-    pub event: ConfirmEvent,
-    /// The server of the event's connection, when known.
-    pub server: Option<String>,
-}
-
+/// History, newest first, filtered; every string an agent or upstream sent shown escaped and
+/// flagged.
 #[tauri::command]
 pub fn history(desk: State<'_, Desk>, query: HistoryQuery) -> Result<Vec<HistoryRow>, UiError> {
     let mut filter = HistoryFilter::default().limit(500);
@@ -70,18 +61,22 @@ pub fn history(desk: State<'_, Desk>, query: HistoryQuery) -> Result<Vec<History
         .engine
         .history(&filter)
         .map_err(|e| UiError::new("store_failed", e))?;
+    let wanted = query.server.filter(|s| !s.is_empty());
     let rows = events
-        .into_iter()
-        .map(|event| HistoryRow {
-            server: desk.engine.server_of(&event.tenant),
-            event,
-        })
-        .filter(
-            |row| match query.server.as_deref().filter(|s| !s.is_empty()) {
-                Some(s) => row.server.as_deref() == Some(s),
+        .iter()
+        .filter_map(|event| {
+            let server = desk.engine.server_of(&event.tenant);
+            let row = HistoryRow::new(event, server.as_deref());
+            // The server as it is, or as the window shows it (which is what a person can type).
+            let matches = match &wanted {
                 None => true,
-            },
-        )
+                Some(s) => {
+                    server.as_deref() == Some(s.as_str())
+                        || row.server.as_ref().is_some_and(|shown| &shown.text == s)
+                }
+            };
+            matches.then_some(row)
+        })
         .collect();
     Ok(rows)
 }

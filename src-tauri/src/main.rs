@@ -154,8 +154,9 @@ fn notify_if_unseen(app: &AppHandle, request: &countersign_engine::PendingReques
     if seen {
         return;
     }
-    let r = view::RequestView::from(request);
-    let body = format!("{} asks to run {} on {}", r.agent, r.tool, r.target_shown);
+    // Freedesktop notification servers may render the body as markup; macOS and Windows do not.
+    let markup = cfg!(all(unix, not(target_os = "macos")));
+    let body = view::notification_body(request, markup);
     if let Err(e) = app
         .notification()
         .builder()

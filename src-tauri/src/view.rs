@@ -1,36 +1,134 @@
 //! What the window is sent: plain data, each field named in `ui/contract.json` (a test checks the
 //! two agree), strings the front end only ever puts into `textContent`.
 //!
-//! The target is sent twice: as it is, and as shown, with invisible and direction-changing
-//! characters escaped (the same rule as the preflight text) and flags that say why it looks odd,
-//! so that `safe\u{202e}txt.exe` cannot pass for another name.
+//! Every string that came from an agent or an upstream (the agent's name, the server, tool,
+//! target, action, summary, details, a history row's note) reaches the screen through one
+//! function, [`shown`]: escaped by the same rule as the preflight text the agent receives
+//! (`render::escaped`: JSON's escapes, invisible and direction-changing characters as `\u{...}`),
+//! with flags that say why it looks odd, so that `safe\u{202e}txt.exe` cannot pass for another
+//! name. The desktop notification adds one layer, [`Shown::markup`], because notification servers
+//! may read markup. Views are built from the plan's fields, never by re-parsing rendered text.
 
 use countersign_core::render;
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_engine::PendingRequest;
 use serde::Serialize;
 use serde_json::Value;
+
+/// Why a string deserves a second look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flag {
+    /// It holds characters that change the direction of the text around them (shown escaped).
+    Bidi,
+    /// It holds invisible characters: zero-width, joiners, the byte order mark... (shown escaped).
+    Invisible,
+    /// It holds characters beyond ASCII, which may look like others (`а` for `a`).
+    NonAscii,
+}
+
+/// A string from an agent or an upstream, as the window shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Shown {
+    /// The text to put on screen: JSON's escapes (a backslash doubled, a quote and control
+    /// characters escaped) and every invisible or direction-changing character as `\u{...}`.
+    pub text: String,
+    /// Why the original deserves a second look; empty when it is plain ASCII.
+    pub flags: Vec<Flag>,
+}
+
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn add_flags(flags: &mut Vec<Flag>, s: &str) {
+    let mut add = |flag| {
+        if !flags.contains(&flag) {
+            flags.push(flag);
+        }
+    };
+    if s.chars().any(is_bidi) {
+        add(Flag::Bidi);
+    }
+    if s.chars().any(|c| render::is_deceptive(c) && !is_bidi(c)) {
+        add(Flag::Invisible);
+    }
+    if !s.is_ascii() {
+        add(Flag::NonAscii);
+    }
+    flags.sort();
+}
+
+/// The one way a string from an agent or an upstream reaches the screen: escaped as the preflight
+/// text escapes it, and flagged.
+pub fn shown(s: &str) -> Shown {
+    let mut flags = Vec::new();
+    add_flags(&mut flags, s);
+    Shown {
+        text: render::escaped(s),
+        flags,
+    }
+}
+
+/// The plan's details as shown: the lines the preflight text shows under `Details:`, each string
+/// in them escaped by the same rule as [`shown`], flagged for every key and string inside.
+pub fn shown_details(details: &Value) -> Shown {
+    fn walk(flags: &mut Vec<Flag>, value: &Value) {
+        match value {
+            Value::String(s) => add_flags(flags, s),
+            Value::Array(items) => items.iter().for_each(|v| walk(flags, v)),
+            Value::Object(map) => map.iter().for_each(|(k, v)| {
+                add_flags(flags, k);
+                walk(flags, v);
+            }),
+            _ => {}
+        }
+    }
+    let mut flags = Vec::new();
+    walk(&mut flags, details);
+    Shown {
+        text: render::details_text(details),
+        flags,
+    }
+}
+
+impl Shown {
+    /// The text for a surface that reads markup (a desktop notification's body, which a
+    /// freedesktop notification server may render as HTML-like markup): `&`, `<` and `>` as
+    /// entities on top of the escaping already done.
+    pub fn markup(&self) -> String {
+        let mut out = String::with_capacity(self.text.len());
+        for c in self.text.chars() {
+            match c {
+                '&' => out.push_str("&amp;"),
+                '<' => out.push_str("&lt;"),
+                '>' => out.push_str("&gt;"),
+                c => out.push(c),
+            }
+        }
+        out
+    }
+}
 
 /// A request in the queue, as the approval view shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct RequestView {
     /// The queue's id.
     pub id: u64,
-    /// The agent: `clientInfo` name and version.
-    pub agent: String,
-    /// The server the gateway stands in front of.
-    pub server: String,
+    /// The agent: `clientInfo` name and version (the agent's own claim).
+    pub agent: Shown,
+    /// The server the desk reaches for this connection.
+    pub server: Shown,
     /// The tool.
-    pub tool: String,
-    /// The target, as it is.
+    pub tool: Shown,
+    /// The target, as it is: only compared with what the person types, never put on screen.
     pub target: String,
-    /// The target, as shown: deceptive characters escaped.
-    pub target_shown: String,
-    /// Why the target looks odd: `bidi`, `invisible`, `non_ascii`.
-    pub target_flags: Vec<&'static str>,
+    /// The target, as shown.
+    pub target_shown: Shown,
     /// The action.
-    pub action: String,
+    pub action: Shown,
     /// The summary.
-    pub summary: String,
+    pub summary: Shown,
     /// Whether it can be undone.
     pub reversible: bool,
     /// Whether the token works once (`once`) or until it expires (`token`).
@@ -42,45 +140,9 @@ pub struct RequestView {
     /// When it arrived, ms since the epoch.
     pub arrived_at_ms: u64,
     /// The details exactly as hashed: sorted keys, types visible.
-    pub details: String,
+    pub details: Shown,
     /// The plan hash.
     pub plan_hash: String,
-}
-
-fn is_bidi(c: char) -> bool {
-    matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
-/// Why a target deserves a second look.
-pub fn target_flags(target: &str) -> Vec<&'static str> {
-    let mut flags = Vec::new();
-    if target.chars().any(is_bidi) {
-        flags.push("bidi");
-    }
-    if target
-        .chars()
-        .any(|c| render::is_deceptive(c) && !is_bidi(c))
-    {
-        flags.push("invisible");
-    }
-    if !target.is_ascii() {
-        flags.push("non_ascii");
-    }
-    flags
-}
-
-/// A string as shown: invisible, direction-changing and control characters escaped as `\u{...}`,
-/// the rest as it is.
-pub fn visible(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if render::is_deceptive(c) || c.is_control() {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn agent_name(client_info: &Value) -> String {
@@ -96,28 +158,96 @@ fn agent_name(client_info: &Value) -> String {
 
 impl From<&PendingRequest> for RequestView {
     fn from(r: &PendingRequest) -> Self {
-        let shown = render::quoted(&r.plan.target);
-        let details = r
-            .text
-            .split_once("Details:")
-            .map_or(String::new(), |(_, d)| d.trim_start_matches(' ').to_owned());
         RequestView {
             id: r.id,
-            agent: visible(&agent_name(&r.client_info)),
-            server: visible(&r.server),
-            tool: visible(&r.plan.tool),
+            agent: shown(&agent_name(&r.client_info)),
+            server: shown(&r.server),
+            tool: shown(&r.plan.tool),
             target: r.plan.target.clone(),
-            target_shown: shown[1..shown.len() - 1].to_owned(),
-            target_flags: target_flags(&r.plan.target),
-            action: visible(&r.plan.action),
-            summary: visible(&r.plan.summary),
+            target_shown: shown(&r.plan.target),
+            action: shown(&r.plan.action),
+            summary: shown(&r.plan.summary),
             reversible: r.plan.reversible,
             works_once: r.class.is_single_use(),
             type_target: r.type_target,
             token_ttl_ms: r.token_ttl_ms,
             arrived_at_ms: r.arrived_at_ms,
-            details: details.trim_start_matches('\n').to_owned(),
+            details: shown_details(&r.plan.details),
             plan_hash: r.plan_hash.to_hex(),
+        }
+    }
+}
+
+/// The body of the desktop notification for a new request. `markup`: whether the platform's
+/// notification server may read markup (freedesktop servers may; macOS and Windows show text).
+pub fn notification_body(r: &PendingRequest, markup: bool) -> String {
+    let parts = [
+        shown(&agent_name(&r.client_info)),
+        shown(&r.plan.tool),
+        shown(&r.plan.target),
+    ];
+    let mut flags: Vec<Flag> = parts.iter().flat_map(|p| p.flags.clone()).collect();
+    flags.sort();
+    let warning = match flags.first() {
+        Some(Flag::Bidi) => " (⚠ direction-changing characters, shown escaped)",
+        Some(Flag::Invisible) => " (⚠ invisible characters, shown escaped)",
+        Some(Flag::NonAscii) => " (⚠ non-ASCII characters that may look like others)",
+        None => "",
+    };
+    let [agent, tool, target] = parts.map(|p| if markup { p.markup() } else { p.text });
+    format!("{agent} asks to run {tool} on {target}{warning}")
+}
+
+/// An event as the history view shows it.
+#[derive(Debug, Serialize)]
+pub struct HistoryRow {
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// `issued`, `accepted`, `refused`, `replay`, `denied`, `executed`, `rejected`.
+    pub kind: &'static str,
+    /// For `refused`: the refusal code; for `rejected`: why the call was refused before the
+    /// verification chain.
+    pub refusal: Option<&'static str>,
+    /// For `executed`: whether the upstream reported success.
+    pub ok: Option<bool>,
+    /// The tool.
+    pub tool: Shown,
+    /// The target, when known.
+    pub target: Option<Shown>,
+    /// The connection (the desk's own random name for it).
+    pub tenant: String,
+    /// The nonce, when known.
+    pub nonce: Option<String>,
+    /// The plan hash, when known.
+    pub plan: Option<String>,
+    /// A denial's note, an execution's error.
+    pub note: Option<Shown>,
+    /// The server of the event's connection, when known.
+    pub server: Option<Shown>,
+}
+
+impl HistoryRow {
+    /// The row for `event`, on a connection to `server`.
+    pub fn new(event: &ConfirmEvent, server: Option<&str>) -> Self {
+        HistoryRow {
+            at_ms: event.at_ms,
+            kind: event.kind.code(),
+            refusal: match event.kind {
+                EventKind::Refused { refusal } => Some(refusal.code()),
+                EventKind::Rejected { reason } => Some(reason.code()),
+                _ => None,
+            },
+            ok: match event.kind {
+                EventKind::Executed { ok } => Some(ok),
+                _ => None,
+            },
+            tool: shown(&event.tool),
+            target: event.target.as_deref().map(shown),
+            tenant: event.tenant.clone(),
+            nonce: event.nonce.map(|n| n.to_hex()),
+            plan: event.plan.map(|p| p.to_hex()),
+            note: event.note.as_deref().map(shown),
+            server: server.map(shown),
         }
     }
 }
@@ -125,7 +255,8 @@ impl From<&PendingRequest> for RequestView {
 /// An error as the window receives it: a stable code to branch on, and a sentence to show.
 #[derive(Debug, Clone, Serialize)]
 pub struct UiError {
-    /// Stable: `not_pending`, `target_not_typed`, `no_secret`, `store_failed`, `bad_policy`, `io`.
+    /// Stable: `not_pending`, `target_not_typed`, `too_soon`, `no_secret`, `store_failed`,
+    /// `bad_policy`, `io`.
     pub code: &'static str,
     /// For the person.
     pub message: String,
@@ -150,102 +281,244 @@ impl From<countersign_engine::ApproveError> for UiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use countersign_core::{GateClass, Plan};
+    use serde_json::json;
+
+    fn request(plan: Plan, client_info: Value, server: &str) -> PendingRequest {
+        PendingRequest {
+            id: 1,
+            tenant: "c".into(),
+            client_info,
+            server: server.into(),
+            text: render::plan_text(&plan),
+            plan_hash: plan.hash().unwrap(),
+            plan,
+            class: GateClass::Once,
+            type_target: false,
+            token_ttl_ms: 600_000,
+            arrived_at_ms: 0,
+        }
+    }
+
+    fn plan(target: &str, details: Value) -> Plan {
+        Plan {
+            tool: "t".into(),
+            target: target.into(),
+            action: "t".into(),
+            summary: format!("t on {target}"),
+            details,
+            reversible: false,
+        }
+    }
+
+    /// Every string in a JSON value, keys included.
+    fn strings(value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+            Value::Object(map) => map.iter().for_each(|(k, v)| {
+                out.push(k.clone());
+                strings(v, out);
+            }),
+            _ => {}
+        }
+    }
+
+    fn sorted_keys(v: &Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    }
 
     #[test]
     fn the_window_receives_exactly_the_fields_of_its_contract() {
-        let contract: serde_json::Value =
-            serde_json::from_str(include_str!("../../ui/contract.json"))
-                .expect("contract.json parses");
-        let keys = |v: serde_json::Value| -> Vec<String> {
-            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
-            k.sort();
-            k
-        };
+        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
+            .expect("contract.json parses");
         let expected = |name: &str| -> Vec<String> {
             let mut k: Vec<String> = contract[name]
                 .as_array()
-                .unwrap()
+                .unwrap_or_else(|| panic!("{name} is in contract.json"))
                 .iter()
                 .map(|v| v.as_str().unwrap().to_owned())
                 .collect();
             k.sort();
             k
         };
-        let plan = countersign_core::Plan {
-            tool: "t".into(),
-            target: "x".into(),
-            action: "t".into(),
-            summary: "t on x".into(),
-            details: serde_json::json!({"a": 1}),
-            reversible: false,
-        };
-        let request = PendingRequest {
-            id: 1,
-            tenant: "c".into(),
-            client_info: serde_json::json!({"name": "agent"}),
-            server: "s".into(),
-            text: countersign_core::render::plan_text(&plan),
-            plan_hash: plan.hash().unwrap(),
-            plan,
-            class: countersign_core::GateClass::Once,
-            type_target: false,
-            token_ttl_ms: 600_000,
-            arrived_at_ms: 0,
-        };
+        let view = serde_json::to_value(RequestView::from(&request(
+            plan("x", json!({"a": 1})),
+            json!({"name": "agent"}),
+            "s",
+        )))
+        .unwrap();
+        assert_eq!(sorted_keys(&view), expected("RequestView"));
+        for field in contract["RequestView.Shown"].as_array().unwrap() {
+            let field = field.as_str().unwrap();
+            assert_eq!(sorted_keys(&view[field]), expected("Shown"), "{field}");
+        }
         assert_eq!(
-            keys(serde_json::to_value(RequestView::from(&request)).unwrap()),
-            expected("RequestView")
-        );
-        assert_eq!(
-            keys(serde_json::to_value(UiError::new("io", "m")).unwrap()),
+            sorted_keys(&serde_json::to_value(UiError::new("io", "m")).unwrap()),
             expected("UiError")
         );
-        let event = countersign_core::telemetry::ConfirmEvent {
+        let event = ConfirmEvent {
             at_ms: 1,
-            kind: countersign_core::telemetry::EventKind::Refused {
+            kind: EventKind::Refused {
                 refusal: countersign_core::Refusal::Expired,
             },
             tool: "t".into(),
-            target: None,
+            target: Some("x".into()),
             tenant: "c".into(),
             nonce: None,
             plan: None,
-            note: None,
+            note: Some("n".into()),
         };
-        let row = serde_json::to_value(crate::commands::HistoryRow {
-            event,
-            server: None,
-        })
-        .unwrap();
-        let allowed = expected("HistoryRow");
-        for key in keys(row) {
-            assert!(
-                allowed.contains(&key),
-                "history field {key} is not in contract.json"
-            );
+        let row = serde_json::to_value(HistoryRow::new(&event, Some("s"))).unwrap();
+        assert_eq!(sorted_keys(&row), expected("HistoryRow"));
+        for field in contract["HistoryRow.Shown"].as_array().unwrap() {
+            let field = field.as_str().unwrap();
+            assert_eq!(sorted_keys(&row[field]), expected("Shown"), "{field}");
         }
     }
 
     #[test]
     fn agent_text_shows_invisible_characters_escaped() {
         assert_eq!(
-            visible("delete on a\u{202e}b\n"),
-            "delete on a\\u{202e}b\\u{a}"
+            shown("delete on a\u{202e}b\n").text,
+            "delete on a\\u{202e}b\\n"
         );
-        assert_eq!(visible("plain text"), "plain text");
+        assert_eq!(
+            shown("plain text"),
+            Shown {
+                text: "plain text".into(),
+                flags: vec![]
+            }
+        );
+        // As injective as the preflight text: a literal escape cannot pass for a real one.
+        assert_ne!(shown("a\\u{202e}").text, shown("a\u{202e}").text);
     }
 
     #[test]
     fn bidi_and_zero_width_targets_are_flagged_and_escaped() {
-        let target = "invoice\u{202e}fdp.exe\u{200b}";
-        assert_eq!(target_flags(target), vec!["bidi", "invisible", "non_ascii"]);
-        let shown = render::quoted(target);
-        assert!(shown.contains("\\u{202e}") && shown.contains("\\u{200b}"));
-        assert!(target_flags("/tmp/a.txt").is_empty());
+        let target = shown("invoice\u{202e}fdp.exe\u{200b}");
         assert_eq!(
-            target_flags("pаypal.com"),
-            vec!["non_ascii"],
+            target.flags,
+            vec![Flag::Bidi, Flag::Invisible, Flag::NonAscii]
+        );
+        assert_eq!(target.text, "invoice\\u{202e}fdp.exe\\u{200b}");
+        assert!(shown("/tmp/a.txt").flags.is_empty());
+        assert_eq!(
+            shown("pаypal.com").flags,
+            vec![Flag::NonAscii],
             "a Cyrillic а is a look-alike"
         );
+    }
+
+    #[test]
+    fn no_string_an_agent_or_upstream_sent_reaches_the_view_raw() {
+        let sneaky =
+            "a\u{202e}b\u{2066}c\u{2067}d\u{2068}e\u{2069}f\u{200f}g\u{200b}h\u{200d}i\u{feff}j";
+        let plan = Plan {
+            tool: format!("tool{sneaky}"),
+            target: format!("target{sneaky}"),
+            action: format!("action{sneaky}"),
+            summary: format!("summary{sneaky}"),
+            details: json!({"name": sneaky, format!("key{sneaky}"): [sneaky, {"deep": sneaky}]}),
+            reversible: false,
+        };
+        let client_info = json!({"name": format!("agent{sneaky}"), "version": sneaky});
+        let r = request(plan, client_info, &format!("server{sneaky}"));
+        let view = serde_json::to_value(RequestView::from(&r)).unwrap();
+        let mut all = Vec::new();
+        for (field, value) in view.as_object().unwrap() {
+            // The raw target is only compared with what the person types.
+            if field != "target" {
+                strings(value, &mut all);
+            }
+        }
+        for s in &all {
+            assert!(
+                !s.chars().any(render::is_deceptive),
+                "raw in the view: {s:?}"
+            );
+        }
+        for field in [
+            "agent",
+            "server",
+            "tool",
+            "target_shown",
+            "action",
+            "summary",
+            "details",
+        ] {
+            assert_eq!(
+                view[field]["flags"],
+                json!(["bidi", "invisible", "non_ascii"]),
+                "{field}"
+            );
+        }
+        let body = notification_body(&r, true);
+        assert!(!body.chars().any(render::is_deceptive), "{body:?}");
+        assert!(body.contains("direction-changing"), "{body}");
+    }
+
+    #[test]
+    fn a_target_that_names_the_details_field_leaves_the_details_pane_correct() {
+        let details = json!({"name": "x Details: y", "sql": "DROP TABLE t"});
+        let r = request(
+            plan("Details: not the details", details.clone()),
+            json!({"name": "agent"}),
+            "s",
+        );
+        let view = RequestView::from(&r);
+        assert_eq!(
+            view.details.text,
+            "name: \"x Details: y\"\nsql: \"DROP TABLE t\"\n"
+        );
+        assert_eq!(view.details.text, render::details_text(&details));
+    }
+
+    #[test]
+    fn the_notification_escapes_markup_as_well_when_the_server_reads_it() {
+        let r = request(
+            plan("<b>x</b> & \u{202e}y", json!({})),
+            json!({"name": "<i>agent</i>", "version": "1"}),
+            "s",
+        );
+        assert_eq!(
+            notification_body(&r, true),
+            "&lt;i&gt;agent&lt;/i&gt; 1 asks to run t on &lt;b&gt;x&lt;/b&gt; &amp; \\u{202e}y \
+             (⚠ direction-changing characters, shown escaped)"
+        );
+        assert_eq!(
+            notification_body(&r, false),
+            "<i>agent</i> 1 asks to run t on <b>x</b> & \\u{202e}y \
+             (⚠ direction-changing characters, shown escaped)"
+        );
+    }
+
+    #[test]
+    fn history_rows_show_tool_target_server_and_note_escaped_and_flagged() {
+        let event = ConfirmEvent {
+            at_ms: 1,
+            kind: EventKind::Denied,
+            tool: "delete\u{200b}".into(),
+            target: Some("a\u{202e}b".into()),
+            tenant: "c".into(),
+            nonce: None,
+            plan: None,
+            note: Some("no\u{2066}pe".into()),
+        };
+        let row = serde_json::to_value(HistoryRow::new(&event, Some("srv\u{feff}"))).unwrap();
+        let mut all = Vec::new();
+        strings(&row, &mut all);
+        for s in &all {
+            assert!(
+                !s.chars().any(render::is_deceptive),
+                "raw in a history row: {s:?}"
+            );
+        }
+        assert_eq!(row["target"]["text"], "a\\u{202e}b");
+        assert_eq!(row["note"]["flags"], json!(["bidi", "non_ascii"]));
+        assert_eq!(row["server"]["flags"], json!(["invisible", "non_ascii"]));
+        assert_eq!(row["kind"], "denied");
     }
 }

@@ -172,6 +172,16 @@ impl Desk {
 
     /// A real MCP client connected through `countersign mcp` to this desk and the built-in tools.
     pub async fn agent(&self, name: &str) -> RunningService<RoleClient, ClientConfig> {
+        self.agent_on(name, &self.dir.path().join("app.sqlite"))
+            .await
+    }
+
+    /// A real MCP client connected to this desk's built-in tools on the database file `db`.
+    pub async fn agent_on(
+        &self,
+        name: &str,
+        db: &std::path::Path,
+    ) -> RunningService<RoleClient, ClientConfig> {
         let mut cmd = tokio::process::Command::new(bin("countersign"));
         cmd.arg("mcp")
             .arg("--no-launch")
@@ -179,7 +189,7 @@ impl Desk {
             .arg("40")
             .arg("--socket")
             .arg(self.socket());
-        cmd.arg("--db").arg(self.dir.path().join("app.sqlite"));
+        cmd.arg("--db").arg(db);
         cmd.env("RUST_LOG", "warn");
         let info = ClientConfig::new(
             ClientCapabilities::default(),
@@ -271,6 +281,64 @@ impl Desk {
             .unwrap_or_else(|_| panic!("the screenshot {name} did not come back"))
             .expect("ImageMagick's import (installed by .ci/setup)");
         assert!(status.success(), "import could not take {}", path.display());
+    }
+
+    /// Everything the page holds as text: its title, its visible and hidden text, every
+    /// attribute, and every field's value.
+    pub async fn page_text(&self) -> String {
+        let text: Value = self
+            .browser
+            .execute(
+                "const parts = [document.title, document.body.innerText, \
+                   document.documentElement.textContent]; \
+                 for (const el of document.querySelectorAll('*')) { \
+                   for (const a of el.attributes) parts.push(a.value); \
+                   if (typeof el.value === 'string') parts.push(el.value); \
+                 } \
+                 return parts.join('\\n');",
+                vec![],
+            )
+            .await
+            .unwrap();
+        text.as_str().unwrap().to_owned()
+    }
+
+    /// Sets a field's value as a person typing (or pasting) it would, `input` event included.
+    pub async fn set_value(&self, css: &str, value: &str) {
+        self.browser
+            .execute(
+                "const [css, value] = arguments; const el = document.querySelector(css); \
+                 el.value = value; el.dispatchEvent(new Event('input'));",
+                vec![json!(css), json!(value)],
+            )
+            .await
+            .unwrap();
+    }
+
+    /// How many elements match `css`.
+    pub async fn count(&self, css: &str) -> usize {
+        let n: Value = self
+            .browser
+            .execute(
+                "return document.querySelectorAll(arguments[0]).length",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap();
+        n.as_u64().unwrap() as usize
+    }
+
+    /// The `data-flag`s of the elements matching `css`.
+    pub async fn flags(&self, css: &str) -> Vec<String> {
+        let flags: Value = self
+            .browser
+            .execute(
+                "return [...document.querySelectorAll(arguments[0])].map(e => e.dataset.flag)",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap();
+        serde_json::from_value(flags).unwrap()
     }
 
     /// Ends the session (the process group ends on drop).
