@@ -164,6 +164,33 @@ async fn a_click_in_the_first_second_and_enter_do_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn space_on_the_focused_approve_button_does_not_approve() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("vscode").await;
+    let mut pending = call(&agent, "create_backup", json!({"name": "space"}));
+    desk.wait_for_request().await;
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.browser
+        .execute("document.getElementById('approve').focus()", vec![])
+        .await
+        .unwrap();
+    let button = desk.browser.find(Locator::Css("#approve")).await.unwrap();
+    button.send_keys(" ").await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), &mut pending)
+            .await
+            .is_err(),
+        "Space on the focused Approve button approved the request"
+    );
+    assert!(desk.visible_request().await);
+    desk.click("#approve").await;
+    let r = pending.await.unwrap();
+    assert!(r.structured_content.unwrap()["confirmToken"].is_string());
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destructive_request_needs_the_typed_target() {
     let desk = Desk::start().await;
     let agent = desk.agent("claude-desktop").await;

@@ -240,10 +240,19 @@ async function start() {
     text("d-target", selected.target_shown.text);
     $("d-target-whole").hidden = true;
   });
-  // Enter never approves: not on the button, not in a field.
-  document.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.target === $("approve") || e.target.tagName === "INPUT")) e.preventDefault();
-  }, true);
+  // Enter and Space never approve: not on the focused button (which a browser would click on
+  // keydown or keyup), not from a field. Only a pointer's click does.
+  const activates = (e) => e.key === "Enter" || e.key === " " || e.key === "Spacebar" || e.code === "Space";
+  for (const type of ["keydown", "keypress", "keyup"]) {
+    document.addEventListener(type, (e) => {
+      const onApproveButton = e.target === $("approve") && activates(e);
+      const enterInField = e.key === "Enter" && e.target.tagName === "INPUT";
+      if (onApproveButton || enterInField) {
+        e.preventDefault();
+        e.stopPropagation();
+      }
+    }, true);
+  }
   window.addEventListener("focus", holdApprove);
   document.addEventListener("visibilitychange", () => { if (!document.hidden) holdApprove(); });
   $("tab-queue").addEventListener("click", () => tab("queue"));
