@@ -4,18 +4,20 @@
 //! account could start one: what the desk inherits must not turn it into the agent's instrument.
 //! So, first thing in `main`:
 //!
-//! * Variables that open an inspector or a remote-debugging port on the web view
-//!   (`WEBKIT_INSPECTOR_SERVER`, `WEBKIT_INSPECTOR_HTTP_SERVER`), load code into it or its
-//!   processes (`WEBKIT_INJECTED_BUNDLE_PATH`, GTK and GIO modules, GStreamer plugins), switch its
-//!   sandbox off, open GTK's interactive inspector (`GTK_DEBUG`) or set JavaScriptCore options
-//!   (`JSC_*`, which include test-only powers) are removed from the environment, so neither
-//!   WebKit in this process nor the WebKit processes it starts ever see them. A gateway already
-//!   passes none of them; this holds for a desk started any other way too.
-//! * Release builds also remove `TAURI_WEBVIEW_AUTOMATION` (WebDriver works only in debug
-//!   builds), and make the process not dumpable: on Linux `PR_SET_DUMPABLE` 0 (no core file; a
-//!   process of the same account can no longer attach to it or read its memory, its environment
-//!   or its open files through `/proc`, where the HMAC key lives), on macOS `PT_DENY_ATTACH`; on
-//!   both no core file. Debug builds stay debuggable.
+//! * Variables that load code into the web view or its processes (`WEBKIT_INJECTED_BUNDLE_PATH`,
+//!   GTK and GIO modules, GStreamer plugins), switch its sandbox off, open GTK's interactive
+//!   inspector (`GTK_DEBUG`) or set JavaScriptCore options (`JSC_*`, which include test-only
+//!   powers) are removed from the environment, so neither WebKit in this process nor the WebKit
+//!   processes it starts ever see them. A gateway already passes none of them; this holds for a
+//!   desk started any other way too.
+//! * Release builds also remove the variables that open an inspector or remote-debugging port on
+//!   the web view (`WEBKIT_INSPECTOR_SERVER`, `WEBKIT_INSPECTOR_HTTP_SERVER`: WebKit's WebDriver
+//!   drives a browser through the first) and `TAURI_WEBVIEW_AUTOMATION`, so WebDriver and the
+//!   inspector work only in debug builds, where the window's tests need them; and they make the
+//!   process not dumpable: on Linux `PR_SET_DUMPABLE` 0 (a process of the same account can no
+//!   longer attach to it or read its memory, its environment or its open files through `/proc`,
+//!   where the HMAC key lives), on macOS `PT_DENY_ATTACH`; on both no core file. Debug builds
+//!   stay debuggable.
 
 /// Removed by name.
 const SCRUBBED: &[&str] = &[
@@ -34,15 +36,19 @@ const SCRUBBED: &[&str] = &[
     "GST_REGISTRY_1_0",
 ];
 
-/// Removed by prefix: every inspector switch WebKit has or may gain, every JavaScriptCore option,
-/// every GStreamer plugin path.
-const SCRUBBED_PREFIXES: &[&str] = &["WEBKIT_INSPECTOR", "JSC_", "GST_PLUGIN"];
+/// Removed by prefix: every JavaScriptCore option, every GStreamer plugin path.
+const SCRUBBED_PREFIXES: &[&str] = &["JSC_", "GST_PLUGIN"];
+
+/// Removed in release builds: automation, and every inspector switch WebKit has or may gain.
+fn automation_or_inspector(name: &str) -> bool {
+    name == "TAURI_WEBVIEW_AUTOMATION" || name.starts_with("WEBKIT_INSPECTOR")
+}
 
 /// Whether `name` is removed from the desk's environment.
 fn scrubbed(name: &str) -> bool {
     SCRUBBED.contains(&name)
         || SCRUBBED_PREFIXES.iter().any(|p| name.starts_with(p))
-        || (cfg!(not(debug_assertions)) && name == "TAURI_WEBVIEW_AUTOMATION")
+        || (cfg!(not(debug_assertions)) && automation_or_inspector(name))
 }
 
 /// What [`harden`] did, to be logged once logging is up.
@@ -126,8 +132,6 @@ mod tests {
     #[test]
     fn inspector_code_loading_and_sandbox_switches_are_scrubbed_and_the_rest_kept() {
         for name in [
-            "WEBKIT_INSPECTOR_SERVER",
-            "WEBKIT_INSPECTOR_HTTP_SERVER",
             "WEBKIT_INJECTED_BUNDLE_PATH",
             "WEBKIT_DISABLE_SANDBOX_THIS_IS_DANGEROUS",
             "JSC_useDollarVM",
@@ -147,9 +151,13 @@ mod tests {
         ] {
             assert!(!scrubbed(name), "{name}");
         }
-        assert_eq!(
-            scrubbed("TAURI_WEBVIEW_AUTOMATION"),
-            cfg!(not(debug_assertions))
-        );
+        // WebDriver drives the debug desk through these; a release desk never offers them.
+        for name in [
+            "TAURI_WEBVIEW_AUTOMATION",
+            "WEBKIT_INSPECTOR_SERVER",
+            "WEBKIT_INSPECTOR_HTTP_SERVER",
+        ] {
+            assert_eq!(scrubbed(name), cfg!(not(debug_assertions)), "{name}");
+        }
     }
 }
