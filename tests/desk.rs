@@ -45,6 +45,16 @@ fn confirm_of(preflight: &CallToolResult, mut arguments: Value) -> Value {
     arguments
 }
 
+/// Approves the request shown through the page's IPC, past its button, as a script running in
+/// the window could: the error the engine gives.
+async fn approve_by_script(desk: &Desk) -> Value {
+    let pending = desk.invoke("pending", json!({})).await.unwrap();
+    let id = pending[0]["id"].clone();
+    desk.invoke("approve", json!({"id": id, "typedTarget": null}))
+        .await
+        .expect_err("an approve by script sooner than the delay")
+}
+
 /// Waits out the approve delay, as a person reading the request would.
 async fn read_then_approve(desk: &Desk) {
     desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
@@ -135,12 +145,16 @@ async fn a_click_in_the_first_second_and_enter_do_nothing() {
         .unwrap()
         .click()
         .await;
-    // The raised delay is honoured: still disabled past the default second.
+    // The raised delay is honoured: still disabled past the default second, and the engine
+    // itself refuses an approve that a script in the page sends past the button.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         !desk.approve_enabled().await,
         "the raised approve delay was not honoured"
     );
+    let early = approve_by_script(&desk).await;
+    assert_eq!(early["code"], "too_soon", "{early}");
+    assert!(early["wait_ms"].as_u64().unwrap() > 500, "{early}");
     // Once enabled, Enter on the focused button does nothing either.
     desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
         .await;
@@ -185,6 +199,40 @@ async fn space_on_the_focused_approve_button_does_not_approve() {
     );
     assert!(desk.visible_request().await);
     desk.click("#approve").await;
+    let r = pending.await.unwrap();
+    assert!(r.structured_content.unwrap()["confirmToken"].is_string());
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_raised_in_settings_is_kept_by_the_engine_and_the_window_waits_it_out() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("claude-code").await;
+    let mut pending = call(&agent, "create_backup", json!({"name": "raised"}));
+    desk.wait_for_request().await;
+    // The window's own wait is the second it read at start; the delay is raised behind it.
+    let mut view = desk.invoke("settings", json!({})).await.unwrap();
+    view["settings"]["approve_delay_ms"] = json!(6000);
+    desk.invoke("save_settings", json!({"view": view}))
+        .await
+        .unwrap();
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+    // The engine refuses it as too soon; the window holds Approve for as long as it says.
+    desk.until("Approve to be held again", |d| {
+        Box::pin(async move { !d.approve_enabled().await })
+    })
+    .await;
+    assert!(desk.text("#wait").await.starts_with("Approve in"));
+    assert!(desk.text("#error").await.is_empty());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut pending)
+            .await
+            .is_err(),
+        "approved sooner than the raised delay"
+    );
+    read_then_approve(&desk).await;
     let r = pending.await.unwrap();
     assert!(r.structured_content.unwrap()["confirmToken"].is_string());
     desk.stop().await;
@@ -615,6 +663,11 @@ async fn without_a_keychain_the_desk_says_so_and_mints_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_start_brings_the_first_forward_and_exits() {
     let desk = Desk::start().await;
+    let agent = desk.agent("before-second-start").await;
+    let waiting = call(&agent, "create_backup", json!({"name": "read-already"}));
+    desk.wait_for_request().await;
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
     let second = tokio::process::Command::new(bin("countersign-desk"))
         .env("COUNTERSIGN_DESK_DIR", desk.dir.path())
         .env("COUNTERSIGN_SOCKET", desk.socket())
@@ -631,6 +684,16 @@ async fn a_second_start_brings_the_first_forward_and_exits() {
         String::from_utf8_lossy(&out.stderr).contains("already running"),
         "{out:?}"
     );
+    // Brought forward: a click aimed at whatever was on screen before lands on nothing, in the
+    // window and in the engine (which holds first), until the delay has passed again.
+    desk.until("Approve to be held when the window came forward", |d| {
+        Box::pin(async move { !d.approve_enabled().await })
+    })
+    .await;
+    let held = approve_by_script(&desk).await;
+    assert_eq!(held["code"], "too_soon", "{held}");
+    desk.click("#deny").await;
+    assert_eq!(refusal(&waiting.await.unwrap()).as_deref(), Some("denied"));
     // The first one still serves: a request still reaches its window.
     let agent = desk.agent("after-second-start").await;
     let pending = call(&agent, "create_backup", json!({"name": "still-here"}));

@@ -1,6 +1,7 @@
 // The only module that talks to Rust: every `invoke` and `listen` of the window is here, with the
 // shapes named in contract.json (a Rust test checks that the desk sends exactly those fields).
-// Errors arrive as { code, message }: branch on `code`, show `message`.
+// Errors arrive as { code, message, wait_ms }: branch on `code`, show `message` (`wait_ms`: for
+// `too_soon`, how long until the desk accepts an approve).
 
 const tauri = window.__TAURI__;
 
@@ -25,6 +26,10 @@ export const rotateSecret = () => tauri.core.invoke("rotate_secret");
 
 /** { secret_problem, approve_delay_ms } */
 export const status = () => tauri.core.invoke("status");
+
+/** Calls `handler()` whenever the desk holds approvals (the window was shown or focused): the
+ *  engine refuses an approve until the delay has passed again. */
+export const onHeld = (handler) => tauri.event.listen("approvals://held", () => handler());
 
 /** Calls `handler(RequestView[])` whenever the queue changes. */
 export const onQueue = (handler) => tauri.event.listen("queue://changed", (event) => handler(event.payload));

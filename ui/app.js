@@ -64,9 +64,10 @@ function head(s, n) {
 }
 
 /** Approve stays disabled for the delay after a request is shown, after the window regains
- *  focus, and after what is shown changes. */
-function holdApprove() {
-  enabledAt = Date.now() + approveDelay;
+ *  focus, and after what is shown changes; and for as long as the engine says when it refuses
+ *  an approval as too soon (`atLeast`, in ms). */
+function holdApprove(atLeast = 0) {
+  enabledAt = Date.now() + Math.max(approveDelay, atLeast);
   $("approve").disabled = true;
   clearInterval(timer);
   timer = setInterval(refreshApprove, 100);
@@ -161,7 +162,10 @@ async function onApprove() {
   try {
     await api.approve(id, selected.type_target ? $("typed-target").value : null);
   } catch (e) {
-    showError(e);
+    // The engine keeps its own delay (from the window's focus and the request's arrival): wait
+    // as long as it says, then Approve works again.
+    if (e && e.code === "too_soon") holdApprove(e.wait_ms || 0);
+    else showError(e);
   }
 }
 
@@ -277,6 +281,7 @@ async function start() {
     banner.hidden = false;
     banner.textContent = "Nothing can be approved: " + s.secret_problem;
   }
+  await api.onHeld(() => holdApprove());
   await api.onQueue(onQueue);
   onQueue(await api.pending());
 }

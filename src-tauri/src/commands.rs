@@ -111,6 +111,7 @@ pub fn save_settings(desk: State<'_, Desk>, view: SettingsView) -> Result<Settin
     desk.engine.set_policy(policy);
     desk.engine
         .set_token_ttl_ms(settings.token_minutes * 60_000);
+    desk.engine.set_approve_delay_ms(settings.approve_delay_ms);
     *desk.settings.lock().unwrap() = settings.clone();
     Ok(SettingsView {
         settings,

@@ -260,6 +260,8 @@ pub struct UiError {
     pub code: &'static str,
     /// For the person.
     pub message: String,
+    /// For `too_soon`: how long until the engine accepts an approval, in ms.
+    pub wait_ms: Option<u64>,
 }
 
 impl UiError {
@@ -268,13 +270,21 @@ impl UiError {
         Self {
             code,
             message: message.into(),
+            wait_ms: None,
         }
     }
 }
 
 impl From<countersign_engine::ApproveError> for UiError {
     fn from(e: countersign_engine::ApproveError) -> Self {
-        UiError::new(e.code(), e.to_string())
+        let wait_ms = match e {
+            countersign_engine::ApproveError::TooSoon { wait_ms } => Some(wait_ms),
+            _ => None,
+        };
+        UiError {
+            wait_ms,
+            ..UiError::new(e.code(), e.to_string())
+        }
     }
 }
 

@@ -283,6 +283,25 @@ impl Desk {
         assert!(status.success(), "import could not take {}", path.display());
     }
 
+    /// Calls a desk command through the page's own IPC, as a script in the window could:
+    /// `Ok(value)` or `Err(the UiError)`.
+    pub async fn invoke(&self, command: &str, args: Value) -> Result<Value, Value> {
+        let answer: Value = self
+            .browser
+            .execute_async(
+                "const [command, args, done] = arguments; \
+                 window.__TAURI__.core.invoke(command, args).then( \
+                   (v) => done({ ok: v === undefined ? null : v }), (e) => done({ err: e }))",
+                vec![json!(command), args],
+            )
+            .await
+            .unwrap();
+        match answer.get("err") {
+            Some(e) => Err(e.clone()),
+            None => Ok(answer["ok"].clone()),
+        }
+    }
+
     /// Everything the page holds as text: its title, its visible and hidden text, every
     /// attribute, and every field's value.
     pub async fn page_text(&self) -> String {
