@@ -327,6 +327,7 @@ async fn assert_nothing_raw(desk: &Desk, when: &str) {
     assert!(raw.is_empty(), "{when}: raw {raw:?} in the page:\n{page:?}");
 }
 
+/// Also takes the README's picture (tests/readme/approval.png): see `Desk::readme_picture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the_screen_raw() {
     let desk = Desk::start().await;
@@ -382,6 +383,9 @@ async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the
         Box::pin(async move { d.text("#wait").await == "Type the target to enable Approve." })
     })
     .await;
+    // As tall as the test screen, so the picture shows the buttons too.
+    desk.browser.set_window_size(960, 800).await.unwrap();
+    desk.readme_picture("approval").await;
 
     // The second request: its agent and server are flagged, and a target that says "Details:"
     // leaves the details pane as the plan has it.

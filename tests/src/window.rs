@@ -265,22 +265,82 @@ impl Desk {
             .unwrap();
     }
 
-    /// Saves a screenshot under target/screenshots.
+    /// Saves a screenshot of the whole screen under target/screenshots.
     pub async fn screenshot(&self, name: &str) {
+        self.shoot(name, None).await;
+    }
+
+    /// Takes a picture from the X server, as a person would see the screen (WebKit's own snapshot
+    /// can stall when accelerated compositing is off, which the desk turns off to save memory),
+    /// cut to `crop` (x, y, width, height) when given, without metadata.
+    async fn shoot(&self, name: &str, crop: Option<(u64, u64, u64, u64)>) -> PathBuf {
         // Let the page paint what the DOM already says.
         tokio::time::sleep(Duration::from_millis(400)).await;
-        // From the X server, as a person would see the screen (WebKit's own snapshot can stall
-        // when accelerated compositing is off, which the desk turns off to save memory).
         let path = screenshots().join(name);
-        let shot = tokio::process::Command::new("import")
-            .args(["-window", "root"])
-            .arg(&path)
-            .status();
+        let mut import = tokio::process::Command::new("import");
+        import.args(["-window", "root"]);
+        if let Some((x, y, w, h)) = crop {
+            import.args(["-crop", &format!("{w}x{h}+{x}+{y}"), "+repage"]);
+        }
+        let shot = import.arg("-strip").arg(&path).status();
         let status = tokio::time::timeout(Duration::from_secs(20), shot)
             .await
             .unwrap_or_else(|_| panic!("the screenshot {name} did not come back"))
             .expect("ImageMagick's import (installed by .ci/setup)");
         assert!(status.success(), "import could not take {}", path.display());
+        path
+    }
+
+    /// The README's picture `tests/readme/<name>.png`, taken of this window as it is now, so that
+    /// it cannot drift from what the window shows. What the picture shows that matters is kept
+    /// beside it in `<name>.txt`: the window's text (this desk's directory written `$DIR`) and a
+    /// SHA-256 of every file of `ui/`. Every run takes the picture into target/screenshots and
+    /// fails when that record differs from the committed one; with `COUNTERSIGN_UPDATE_README=1`
+    /// it writes both files instead (then commit them). The picture itself is not compared byte
+    /// for byte: fonts and anti-aliasing differ between machines, and a picture that changed on
+    /// every run would dirty the tree.
+    pub async fn readme_picture(&self, name: &str) {
+        let text: Value = self
+            .browser
+            .execute("return document.body.innerText", vec![])
+            .await
+            .unwrap();
+        let dir = self.dir.path().to_str().unwrap();
+        let text = text.as_str().unwrap().replace(dir, "$DIR");
+        let ui = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ui");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&ui)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        let mut record = format!(
+            "What tests/readme/{name}.png shows, written with it by the desk test that takes it \
+             (COUNTERSIGN_UPDATE_README=1); every other run checks the window against it.\n\n"
+        );
+        for file in files {
+            let digest = countersign_core::PlanHash::of_bytes(&std::fs::read(&file).unwrap());
+            let file = file.file_name().unwrap().to_string_lossy().into_owned();
+            record.push_str(&format!("ui/{file} sha256:{}\n", digest.to_hex()));
+        }
+        record.push_str(&format!("\n{}\n", text.trim_end()));
+        let rect = self.browser.get_window_rect().await.unwrap();
+        let shot = self.shoot(&format!("{name}.png"), Some(rect)).await;
+        std::fs::write(screenshots().join(format!("{name}.txt")), &record).unwrap();
+        let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("readme");
+        if std::env::var_os("COUNTERSIGN_UPDATE_README").is_some_and(|v| v == "1") {
+            std::fs::copy(&shot, readme.join(format!("{name}.png"))).unwrap();
+            std::fs::write(readme.join(format!("{name}.txt")), &record).unwrap();
+            return;
+        }
+        let committed =
+            std::fs::read_to_string(readme.join(format!("{name}.txt"))).unwrap_or_default();
+        assert!(
+            committed == record,
+            "tests/readme/{name}.png no longer shows what the window shows (see \
+             target/screenshots/{name}.png and .txt); run the desk tests again with \
+             COUNTERSIGN_UPDATE_README=1 and commit tests/readme.\n--- committed\n{committed}\n\
+             --- now\n{record}"
+        );
     }
 
     /// Calls a desk command through the page's own IPC, as a script in the window could:
