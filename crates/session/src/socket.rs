@@ -1,12 +1,19 @@
 //! The desk's end of the local socket.
 //!
-//! A Unix domain socket at [`countersign_wire::socket_path`], created inside a 0700 directory
-//! and itself 0600; each connection's peer uid must be ours. Binding it is the single-instance
-//! lock: if a live desk answers on the path, a second one refuses to start; a stale file left by
-//! a crash is replaced. Each connection is one gateway: its hello says what to reach, the desk
-//! reaches it (starting the upstream as its own child), answers with a tenant, and then runs the
-//! MCP session between the gateway's `M` frames and the upstream until either side goes away. A
-//! malformed or oversized frame closes that connection only.
+//! A Unix domain socket at [`countersign_wire::socket_path`], created inside a directory only
+//! this account controls (0700, or 0711 when other accounts are listed, see `peer`) and itself
+//! 0600; each connection's peer uid is checked with the kernel. Binding it is the
+//! single-instance lock: if a live desk answers on the path, a second one refuses to start; a
+//! stale file left by a crash is replaced. Each connection is one gateway: its hello says what to
+//! reach, the desk reaches it (starting the upstream as its own child), answers with a tenant,
+//! and then runs the MCP session between the gateway's `M` frames and the upstream until either
+//! side goes away.
+//!
+//! Everything is bounded, since the peer may be hostile: until its hello a connection is a task
+//! (not a thread) and has [`Options::hello_deadline`] to say it; an account holds at most
+//! [`Options::max_connections`]; a frame that has begun must complete within
+//! [`Options::frame_deadline`], and a frame's memory follows the bytes that arrived. A malformed,
+//! oversized or stalled frame closes that connection only.
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
