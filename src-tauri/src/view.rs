@@ -365,6 +365,8 @@ mod tests {
             let field = field.as_str().unwrap();
             assert_eq!(sorted_keys(&view[field]), expected("Shown"), "{field}");
         }
+        let flags = serde_json::to_value([Flag::Bidi, Flag::Invisible, Flag::NonAscii]).unwrap();
+        assert_eq!(flags, contract["Flag"]);
         assert_eq!(
             sorted_keys(&serde_json::to_value(UiError::new("io", "m")).unwrap()),
             expected("UiError")
