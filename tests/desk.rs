@@ -698,6 +698,11 @@ async fn a_second_start_brings_the_first_forward_and_exits() {
     assert_eq!(held["code"], "too_soon", "{held}");
     desk.click("#deny").await;
     assert_eq!(refusal(&waiting.await.unwrap()).as_deref(), Some("denied"));
+    // Until the window has taken the denied request off, the next wait would see it still there.
+    desk.until("the denied request to leave the window", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
     // The first one still serves: a request still reaches its window.
     let agent = desk.agent("after-second-start").await;
     let pending = call(&agent, "create_backup", json!({"name": "still-here"}));

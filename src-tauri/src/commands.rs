@@ -2,6 +2,11 @@
 //!
 //! `approve` is the one path in the product that mints a token, and it is reachable only from the
 //! approval window (see `capabilities/approval.json`). Errors cross as [`UiError`] codes.
+//!
+//! Tauri runs a plain command on the UI thread. Every command that touches the disk or the
+//! keychain (the store's durable writes, history, settings files, the secret) is `async` and does
+//! that work on the blocking pool, so neither the window nor the sessions' async workers wait on
+//! a disk; only `pending` and `status`, which read memory, stay plain.
 
 use countersign_core::policy::Policy;
 use countersign_store::HistoryFilter;
@@ -22,20 +27,31 @@ pub fn pending(desk: State<'_, Desk>) -> Vec<RequestView> {
         .collect()
 }
 
+/// Runs `work` on the blocking pool; a panic there is a UI error, not a crash of the window.
+async fn off_the_ui<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, UiError> + Send + 'static,
+) -> Result<T, UiError> {
+    tauri::async_runtime::spawn_blocking(work)
+        .await
+        .map_err(|e| UiError::new("internal", e.to_string()))?
+}
+
 /// A person clicked Approve (after the delay, with the target typed where policy asks).
 #[tauri::command]
-pub fn approve(
+pub async fn approve(
     desk: State<'_, Desk>,
     id: u64,
     typed_target: Option<String>,
 ) -> Result<(), UiError> {
-    Ok(desk.engine.approve(id, typed_target.as_deref())?)
+    let engine = desk.engine.clone();
+    off_the_ui(move || Ok(engine.approve(id, typed_target.as_deref())?)).await
 }
 
 /// A person clicked Deny, with an optional note for the agent.
 #[tauri::command]
-pub fn deny(desk: State<'_, Desk>, id: u64, note: Option<String>) -> Result<(), UiError> {
-    Ok(desk.engine.deny(id, note.as_deref())?)
+pub async fn deny(desk: State<'_, Desk>, id: u64, note: Option<String>) -> Result<(), UiError> {
+    let engine = desk.engine.clone();
+    off_the_ui(move || Ok(engine.deny(id, note.as_deref())?)).await
 }
 
 /// History, newest first, filtered.
@@ -53,19 +69,29 @@ pub struct HistoryQuery {
 /// History, newest first, filtered; every string an agent or upstream sent shown escaped and
 /// flagged.
 #[tauri::command]
-pub fn history(desk: State<'_, Desk>, query: HistoryQuery) -> Result<Vec<HistoryRow>, UiError> {
+pub async fn history(
+    desk: State<'_, Desk>,
+    query: HistoryQuery,
+) -> Result<Vec<HistoryRow>, UiError> {
+    let engine = desk.engine.clone();
+    off_the_ui(move || history_rows(&engine, query)).await
+}
+
+fn history_rows(
+    engine: &countersign_engine::Engine,
+    query: HistoryQuery,
+) -> Result<Vec<HistoryRow>, UiError> {
     let mut filter = HistoryFilter::default().limit(500);
     filter.tool = query.tool.filter(|t| !t.is_empty());
     filter.kind = query.kind.filter(|k| !k.is_empty());
-    let events = desk
-        .engine
+    let events = engine
         .history(&filter)
         .map_err(|e| UiError::new("store_failed", e))?;
     let wanted = query.server.filter(|s| !s.is_empty());
     let rows = events
         .iter()
         .filter_map(|event| {
-            let server = desk.engine.server_of(&event.tenant);
+            let server = engine.server_of(&event.tenant);
             let row = HistoryRow::new(event, server.as_deref());
             // The server as it is, or as the window shows it (which is what a person can type).
             let matches = match &wanted {
@@ -90,7 +116,9 @@ pub struct SettingsView {
     pub policy: String,
 }
 
-#[tauri::command]
+// The settings files and the keychain are small, local and quick: these run on the async pool
+// (`async`), off the UI thread, rather than holding a blocking thread each.
+#[tauri::command(async)]
 pub fn settings(desk: State<'_, Desk>) -> SettingsView {
     SettingsView {
         settings: desk.settings.lock().unwrap().clone(),
@@ -98,7 +126,7 @@ pub fn settings(desk: State<'_, Desk>) -> SettingsView {
     }
 }
 
-#[tauri::command]
+#[tauri::command(async)]
 pub fn save_settings(desk: State<'_, Desk>, view: SettingsView) -> Result<SettingsView, UiError> {
     let settings = view.settings.sanitized();
     let policy: Policy = desk
@@ -120,7 +148,7 @@ pub fn save_settings(desk: State<'_, Desk>, view: SettingsView) -> Result<Settin
 }
 
 /// Replaces the secret: every outstanding token stops working.
-#[tauri::command]
+#[tauri::command(async)]
 pub fn rotate_secret(desk: State<'_, Desk>) -> Result<(), UiError> {
     desk.rotate_secret()
         .map_err(|e| UiError::new("no_secret", e))

@@ -18,6 +18,7 @@
 mod commands;
 mod harden;
 mod log_file;
+mod pace;
 mod settings;
 mod view;
 
@@ -145,8 +146,9 @@ fn show(app: &AppHandle) {
     }
 }
 
-/// A desktop notification for a new request, when the window is hidden or not focused.
-fn notify_if_unseen(app: &AppHandle, request: &countersign_engine::PendingRequest) {
+/// A desktop notification for new requests (the newest, and how many more came with it), when
+/// the window is hidden or not focused.
+fn notify_if_unseen(app: &AppHandle, request: &countersign_engine::PendingRequest, more: usize) {
     use tauri_plugin_notification::NotificationExt;
     let seen = app
         .get_webview_window("main")
@@ -156,7 +158,10 @@ fn notify_if_unseen(app: &AppHandle, request: &countersign_engine::PendingReques
     }
     // Freedesktop notification servers may render the body as markup; macOS and Windows do not.
     let markup = cfg!(all(unix, not(target_os = "macos")));
-    let body = view::notification_body(request, markup);
+    let mut body = view::notification_body(request, markup);
+    if more > 0 {
+        body.push_str(&format!(" (and {more} more)"));
+    }
     if let Err(e) = app
         .notification()
         .builder()
@@ -312,6 +317,7 @@ fn run(
             }
         };
     let agents = serve_agents(&engine, settings.agent_uids());
+    prune_on_a_schedule(&engine);
     if !window {
         headless(served, agents);
         return;
@@ -364,25 +370,55 @@ fn run(
             if let Err(e) = tray.build(app) {
                 tracing::warn!(target: "desk", "no tray icon: {e}");
             }
-            // Queue changes reach the window as events: it never polls.
+            // Queue changes reach the window as events: it never polls. Changes that arrive
+            // together go out as one update, and raising the window or notifying is paced
+            // (`pace`), so a flood of requests cannot turn into a flood of interruptions.
             let mut changes = engine.subscribe();
             tauri::async_runtime::spawn(async move {
-                loop {
+                use tokio::sync::broadcast::error::RecvError;
+                let mut interruptions = pace::Interruptions::default();
+                'changes: loop {
+                    let mut batch = pace::Batch::default();
+                    let mut newest = None;
+                    let mut absorb = |change: QueueChange, batch: &mut pace::Batch| match change {
+                        QueueChange::Added { request } => {
+                            batch.added += 1;
+                            newest = Some(request);
+                        }
+                        QueueChange::Focus => batch.focus = true,
+                        QueueChange::Removed { .. } => {}
+                    };
                     match changes.recv().await {
-                        Ok(change) => {
-                            if let QueueChange::Added { request } = &change {
-                                notify_if_unseen(&handle, request);
-                            }
-                            publish_queue(&handle, &engine);
-                            if matches!(change, QueueChange::Added { .. } | QueueChange::Focus) {
-                                show(&handle);
-                            }
-                        }
+                        Ok(change) => absorb(change, &mut batch),
                         // Missed some changes: the whole queue is sent anyway.
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                            publish_queue(&handle, &engine)
+                        Err(RecvError::Lagged(_)) => {}
+                        Err(RecvError::Closed) => break,
+                    }
+                    // The first change goes out at once (a person deciding one request sees the
+                    // next without delay); whatever follows within `GATHER` goes out together.
+                    publish_queue(&handle, &engine);
+                    let until = tokio::time::Instant::now() + pace::GATHER;
+                    let mut more = false;
+                    loop {
+                        match tokio::time::timeout_at(until, changes.recv()).await {
+                            Ok(Ok(change)) => {
+                                absorb(change, &mut batch);
+                                more = true;
+                            }
+                            Ok(Err(RecvError::Lagged(_))) => more = true,
+                            Ok(Err(RecvError::Closed)) => break 'changes,
+                            Err(_) => break,
                         }
-                        Err(_) => break,
+                    }
+                    if more {
+                        publish_queue(&handle, &engine);
+                    }
+                    let actions = interruptions.decide(&batch, std::time::Instant::now());
+                    if let (Some(added), Some(request)) = (actions.notify, &newest) {
+                        notify_if_unseen(&handle, request, added.saturating_sub(1));
+                    }
+                    if actions.raise {
+                        show(&handle);
                     }
                 }
             });
@@ -399,6 +435,32 @@ fn run(
                 }
             }
         });
+}
+
+/// How often expired nonces and approvals, and history beyond what the store keeps, are pruned.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60 * 60);
+
+/// Prunes the store at start and then every [`PRUNE_EVERY`], on the blocking pool.
+fn prune_on_a_schedule(engine: &Engine) {
+    let engine = engine.clone();
+    tauri::async_runtime::spawn(async move {
+        let mut every = tokio::time::interval(PRUNE_EVERY);
+        loop {
+            every.tick().await;
+            let engine = engine.clone();
+            match tauri::async_runtime::spawn_blocking(move || engine.prune()).await {
+                Ok(Ok(pruned)) => tracing::info!(
+                    target: "desk",
+                    nonces = pruned.nonces,
+                    approvals = pruned.approvals,
+                    history = pruned.history,
+                    "pruned the store"
+                ),
+                Ok(Err(e)) => tracing::warn!(target: "desk", "could not prune the store: {e}"),
+                Err(e) => tracing::warn!(target: "desk", "pruning failed: {e}"),
+            }
+        }
+    });
 }
 
 /// The second socket, for the accounts the settings list (`countersign_wire::agents_socket_path`):

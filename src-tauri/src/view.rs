@@ -256,7 +256,7 @@ impl HistoryRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct UiError {
     /// Stable: `not_pending`, `target_not_typed`, `too_soon`, `no_secret`, `store_failed`,
-    /// `bad_policy`, `io`.
+    /// `bad_policy`, `io`, `internal`.
     pub code: &'static str,
     /// For the person.
     pub message: String,
