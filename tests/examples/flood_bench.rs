@@ -207,12 +207,28 @@ async fn main() {
     // Every stalled connection meets its deadline (hello 10 s, frame 30 s).
     tokio::time::sleep(Duration::from_secs(32)).await;
     let mut closed = 0;
-    for stream in &held {
-        let mut byte = [0u8; 1];
-        if matches!(stream.try_read(&mut byte), Ok(0)) {
-            closed += 1;
+    let mut by_kind = [0; 3];
+    for (i, stream) in held.iter().enumerate() {
+        let before = closed;
+        // Those that said hello got a welcome first: read past it to the end, if it came.
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.try_read(&mut buf) {
+                Ok(0) => {
+                    closed += 1;
+                    break;
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    closed += 1;
+                    break;
+                }
+            }
         }
+        by_kind[i % 3] += closed - before;
     }
+    println!("closed by kind (silent, half a hello, half a message): {by_kind:?}");
     println!(
         "after the deadlines: {closed} of {} stalled connections closed by the desk",
         held.len()

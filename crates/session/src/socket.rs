@@ -479,8 +479,10 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         }
     });
 
-    let mut agent = crate::router::AgentTransport::new(inbox, out.clone());
     'serve: {
+        // Inside the block: every way out of it drops the agent's side, and with it the last
+        // sender the writer waits on, so the connection closes at once.
+        let mut agent = crate::router::AgentTransport::new(inbox, out.clone());
         // The agent's first message says which revision it would speak: the upstream is opened
         // the same way, so the two negotiate through the desk what they would negotiate directly.
         let Some(first) = agent.first().await else {
