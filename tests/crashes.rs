@@ -336,3 +336,84 @@ async fn a_desk_killed_at_any_moment_never_runs_an_approval_twice_or_one_nobody_
     }
     eprintln!("where the kills landed: {moments:?}");
 }
+
+/// Sets the soft file-size limit of process `pid` (the hard one stays as it is).
+fn limit_file_size(pid: i32, bytes: libc::rlim_t) {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reading and setting a resource limit of our own child through local structs.
+    unsafe {
+        assert_eq!(
+            libc::prlimit(pid, libc::RLIMIT_FSIZE, std::ptr::null(), &mut old),
+            0
+        );
+        let new = libc::rlimit {
+            rlim_cur: bytes.min(old.rlim_max),
+            rlim_max: old.rlim_max,
+        };
+        assert_eq!(
+            libc::prlimit(pid, libc::RLIMIT_FSIZE, &new, std::ptr::null_mut()),
+            0,
+            "prlimit: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// A full disk at the moment of the spend (a file-size limit on the desk stands in for it):
+/// `ledger_unreachable`, nothing runs; once there is room again the same approval spends and
+/// runs, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_at_the_spend_runs_nothing_and_the_same_approval_works_once_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("desk.sock");
+    let db = dir.path().join("desk.sqlite");
+    let log = dir.path().join("upstream.log");
+    let desk = DeskChild::start(&socket, &db).await;
+    let agent = agent(&socket, &log).await;
+    let args = json!({ "path": dir.path().join("w.txt"), "text": "full-disk" });
+    let pre = call(&agent, args.clone()).await.unwrap();
+    let s = pre.structured_content.clone().unwrap();
+    let mut confirm = args;
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = s["confirmTarget"].clone();
+    confirm["confirmToken"] = s["confirmToken"].clone();
+    let nonce = token::decode(&key(), s["confirmToken"].as_str().unwrap())
+        .unwrap()
+        .nonce;
+
+    // No room for a single byte more in any file the desk writes.
+    limit_file_size(desk.pid(), 1);
+    let r = call(&agent, confirm.clone()).await.unwrap();
+    let refusal = r
+        .structured_content
+        .as_ref()
+        .and_then(|s| s.get("refusal"))
+        .and_then(Value::as_str);
+    assert_eq!(refusal, Some("ledger_unreachable"), "{r:?}");
+    assert!(!spent(&db, &nonce));
+    assert_eq!(
+        executions(&log).get("full-disk"),
+        None,
+        "it ran on a full disk"
+    );
+
+    // Room again: the same token spends and runs, once.
+    limit_file_size(desk.pid(), libc::RLIM_INFINITY);
+    let r = call(&agent, confirm.clone()).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    assert_eq!(executions(&log).get("full-disk"), Some(&1));
+    assert!(spent(&db, &nonce));
+    let r = call(&agent, confirm).await.unwrap();
+    let refusal = r
+        .structured_content
+        .as_ref()
+        .and_then(|s| s.get("refusal"))
+        .and_then(Value::as_str);
+    assert_eq!(refusal, Some("already_used"));
+    assert_eq!(executions(&log).get("full-disk"), Some(&1));
+    let _ = agent.cancel().await;
+    desk.killed().await;
+}

@@ -6,7 +6,8 @@
 //! the keychain would). With `--approve` it approves every request that reaches its queue by
 //! calling `Engine::approve`, the function the window's Approve button calls: the click, below
 //! the window, inside a test program. It prints `READY` once it listens and runs until killed or
-//! until its stdin closes. Never built into the product.
+//! until its stdin closes. It ignores SIGXFSZ, so that a test can stand a file-size limit in for
+//! a full disk. Never built into the product.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -25,6 +26,12 @@ fn main() {
         }
     };
     let approve = args.iter().any(|a| a == "--approve");
+    // A file-size limit (which tests set to stand in for a full disk) then fails the write with
+    // EFBIG, as a full disk fails it with ENOSPC, instead of killing the process with SIGXFSZ.
+    // SAFETY: setting a signal's disposition to ignore, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
