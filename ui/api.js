@@ -33,3 +33,7 @@ export const onHeld = (handler) => tauri.event.listen("approvals://held", () => 
 
 /** Calls `handler(RequestView[])` whenever the queue changes. */
 export const onQueue = (handler) => tauri.event.listen("queue://changed", (event) => handler(event.payload));
+
+/** Calls `handler(problem)` whenever the keychain stops or starts answering: `problem` is why
+ *  nothing can be approved, or null when minting works again. */
+export const onSecret = (handler) => tauri.event.listen("secret://status", (event) => handler(event.payload));

@@ -236,6 +236,13 @@ function tab(name) {
   if (name === "queue") holdApprove();
 }
 
+/** The banner says why nothing can be approved, for as long as that is so. */
+function showSecretProblem(problem) {
+  const banner = $("banner");
+  banner.hidden = !problem;
+  banner.textContent = problem ? "Nothing can be approved: " + problem : "";
+}
+
 async function start() {
   $("approve").addEventListener("click", onApprove);
   $("deny").addEventListener("click", onDeny);
@@ -276,11 +283,8 @@ async function start() {
   });
   const s = await api.status();
   approveDelay = Math.max(1000, s.approve_delay_ms);
-  if (s.secret_problem) {
-    const banner = $("banner");
-    banner.hidden = false;
-    banner.textContent = "Nothing can be approved: " + s.secret_problem;
-  }
+  showSecretProblem(s.secret_problem);
+  await api.onSecret(showSecretProblem);
   await api.onHeld(() => holdApprove());
   await api.onQueue(onQueue);
   onQueue(await api.pending());

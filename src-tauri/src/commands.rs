@@ -39,10 +39,21 @@ async fn off_the_ui<T: Send + 'static>(
 /// A person clicked Approve (after the delay, with the target typed where policy asks).
 #[tauri::command]
 pub async fn approve(
+    app: tauri::AppHandle,
     desk: State<'_, Desk>,
     id: u64,
     typed_target: Option<String>,
 ) -> Result<(), UiError> {
+    // Mint only while the keychain answers (see `check_keychain`).
+    if let Some(why) = crate::check_keychain(&app).await {
+        return Err(UiError::new(
+            "no_secret",
+            format!(
+                "Nothing can be approved: {why}. Approvals already given keep working until they \
+                 expire. Unlock the keychain (or start its service) and try again."
+            ),
+        ));
+    }
     let engine = desk.engine.clone();
     off_the_ui(move || Ok(engine.approve(id, typed_target.as_deref())?)).await
 }
@@ -166,7 +177,7 @@ pub struct Status {
 #[tauri::command]
 pub fn status(desk: State<'_, Desk>) -> Status {
     Status {
-        secret_problem: desk.engine.secret_problem(),
+        secret_problem: desk.secret_problem(),
         approve_delay_ms: desk.settings.lock().unwrap().approve_delay_ms,
     }
 }

@@ -40,7 +40,9 @@ pub struct Desk {
     engine: Engine,
     dirs: Dirs,
     settings: Mutex<Settings>,
-    secret: Box<dyn SecretStore>,
+    secret: std::sync::Arc<dyn SecretStore>,
+    /// Why the keychain could not be read when last asked (`None`: it could).
+    keychain_problem: Mutex<Option<String>>,
     _served: socket::Served,
     _agents: Option<socket::Served>,
 }
@@ -53,6 +55,59 @@ impl Desk {
         tracing::warn!(target: "desk", "secret rotated: every outstanding token stopped working");
         Ok(())
     }
+
+    /// Why nothing can be approved right now, if so: no key at all, or a keychain that stopped
+    /// answering since.
+    fn secret_problem(&self) -> Option<String> {
+        self.engine
+            .secret_problem()
+            .or_else(|| self.keychain_problem.lock().unwrap().clone())
+    }
+}
+
+/// How long the keychain may take to answer before the desk counts it as unavailable (a locked
+/// keychain may wait for a prompt nobody answers).
+const KEYCHAIN_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often the desk asks the keychain whether it is still there, to show or clear the banner.
+const KEYCHAIN_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Asks the keychain for the secret, on the blocking pool, and records and announces
+/// (`secret://status`) whether it answered. The desk mints only while the keychain answers: a
+/// keychain that was locked or whose service went away means the person's secrets are not to be
+/// used, so Approve stops with a banner. Verifying tokens already minted goes on with the key
+/// read at start: those approvals were given while the keychain was there, and refusing them
+/// would only strand work the person already allowed; they still expire as always.
+pub(crate) async fn check_keychain(app: &AppHandle) -> Option<String> {
+    let desk = app.state::<Desk>();
+    let secret = desk.secret.clone();
+    let asked = tauri::async_runtime::spawn_blocking(move || match secret.load() {
+        Ok(Some(_)) => None,
+        Ok(None) => Some("the secret is no longer in the OS keychain".to_owned()),
+        Err(e) => Some(e.to_string()),
+    });
+    let problem = match tokio::time::timeout(KEYCHAIN_ANSWER, asked).await {
+        Ok(Ok(problem)) => problem,
+        Ok(Err(e)) => Some(format!("asking the keychain failed: {e}")),
+        Err(_) => Some(format!(
+            "the OS keychain did not answer within {} s (locked?)",
+            KEYCHAIN_ANSWER.as_secs()
+        )),
+    };
+    let changed = {
+        let mut last = desk.keychain_problem.lock().unwrap();
+        let changed = *last != problem;
+        *last = problem.clone();
+        changed
+    };
+    if changed {
+        match &problem {
+            Some(why) => tracing::error!(target: "desk", "minting stopped: {why}"),
+            None => tracing::warn!(target: "desk", "the keychain answers again: minting resumed"),
+        }
+        let _ = app.emit("secret://status", desk.secret_problem());
+    }
+    problem
 }
 
 fn load_key(store: &dyn SecretStore) -> Result<SigningKey, String> {
@@ -236,17 +291,22 @@ fn main() {
     }
     let in_memory = std::env::args().any(|a| a == "--in-memory-secret");
     let settings = dirs.load_settings();
-    let secret: Box<dyn SecretStore> = if in_memory {
+    let secret: std::sync::Arc<dyn SecretStore> = if in_memory {
         tracing::warn!(target: "desk", "using an in-memory secret by request: every token dies with this desk");
-        Box::new(MemoryStore::new())
+        std::sync::Arc::new(MemoryStore::new())
     } else {
         match KeychainStore::open_default() {
-            Ok(store) => Box::new(store),
+            Ok(store) => std::sync::Arc::new(store),
             Err(e) => {
                 // Still start: say so plainly, and mint nothing until it is fixed.
                 eprintln!("countersign-desk: {e}");
                 let key = Err(e.to_string());
-                return run(dirs, settings, Box::new(Unavailable(e.to_string())), key);
+                return run(
+                    dirs,
+                    settings,
+                    std::sync::Arc::new(Unavailable(e.to_string())),
+                    key,
+                );
             }
         }
     };
@@ -286,7 +346,7 @@ impl SecretStore for Unavailable {
 fn run(
     dirs: Dirs,
     settings: Settings,
-    secret: Box<dyn SecretStore>,
+    secret: std::sync::Arc<dyn SecretStore>,
     key: Result<SigningKey, String>,
 ) {
     let window = has_display();
@@ -329,6 +389,7 @@ fn run(
         dirs,
         settings: Mutex::new(settings),
         secret,
+        keychain_problem: Mutex::new(None),
         _served: served,
         _agents: agents,
     };
@@ -370,6 +431,15 @@ fn run(
             if let Err(e) = tray.build(app) {
                 tracing::warn!(target: "desk", "no tray icon: {e}");
             }
+            // Whether the keychain still answers, now and then: the banner follows it.
+            let asking = handle.clone();
+            tauri::async_runtime::spawn(async move {
+                let mut every = tokio::time::interval(KEYCHAIN_CHECK_EVERY);
+                loop {
+                    every.tick().await;
+                    check_keychain(&asking).await;
+                }
+            });
             // Queue changes reach the window as events: it never polls. Changes that arrive
             // together go out as one update, and raising the window or notifying is paced
             // (`pace`), so a flood of requests cannot turn into a flood of interruptions.
