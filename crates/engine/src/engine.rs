@@ -283,6 +283,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What an approval's MAC covers, as the row holds it.
+fn bound_of(approval: &Approval) -> binding::Bound<'_> {
+    binding::Bound {
+        nonce: &approval.nonce,
+        tenant: &approval.tenant,
+        plan: &approval.plan,
+        class: approval.class,
+        expires_at_ms: approval.expires_at_ms,
+        arguments: &approval.arguments,
+    }
+}
+
 fn refused(refusal: Refusal) -> Answer {
     Answer::Refused {
         refusal,
@@ -572,17 +584,7 @@ impl Engine {
             issued_at_ms: claims.iat,
             expires_at_ms: claims.exp,
         };
-        let mac = binding::approval_mac(
-            &key,
-            &binding::Bound {
-                nonce: &approval.nonce,
-                tenant: &approval.tenant,
-                plan: &approval.plan,
-                class: approval.class,
-                expires_at_ms: approval.expires_at_ms,
-                arguments: &approval.arguments,
-            },
-        );
+        let mac = binding::approval_mac(&key, &bound_of(&approval));
         let approval = match mac {
             Ok(mac) => Approval {
                 mac: Some(mac),
@@ -1094,20 +1096,9 @@ impl Engine {
 
     /// Whether `approval` carries the MAC the desk gave it when the person clicked.
     fn bound(key: &SigningKey, approval: &Approval) -> bool {
-        approval.mac.is_some_and(|mac| {
-            binding::approval_mac_matches(
-                key,
-                &binding::Bound {
-                    nonce: &approval.nonce,
-                    tenant: &approval.tenant,
-                    plan: &approval.plan,
-                    class: approval.class,
-                    expires_at_ms: approval.expires_at_ms,
-                    arguments: &approval.arguments,
-                },
-                &mac,
-            )
-        })
+        approval
+            .mac
+            .is_some_and(|mac| binding::approval_mac_matches(key, &bound_of(approval), &mac))
     }
 
     /// What became of an accepted call: one outcome per acceptance, from the connection it was
