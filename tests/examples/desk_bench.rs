@@ -9,46 +9,10 @@
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
+use countersign_tests::measure::{desk_processes, pss_kb};
 use countersign_tests::window::Desk;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
-
-fn pss_kb(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    text.lines()
-        .find(|l| l.starts_with("Pss:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// The desk and its web processes: everything in the driver's process group but the drivers.
-fn desk_processes(group: u32) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let pgrp: u32 = after
-            .split_whitespace()
-            .nth(2)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
-        if pgrp == group && !name.contains("tauri-driver") && !name.contains("WebKitWebDriv") {
-            out.push((pid, name));
-        }
-    }
-    out
-}
 
 /// Prints each process's PSS and returns the sum, in MB.
 fn print_memory(group: u32) -> f64 {

@@ -8,45 +8,11 @@
 
 use std::time::{Duration, Instant};
 
+use countersign_tests::measure::desk_pss_mb;
 use countersign_tests::window::Desk;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
-
-fn pss_mb(group: u32) -> f64 {
-    let mut total = 0u64;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let pgrp: u32 = after
-            .split_whitespace()
-            .nth(2)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if pgrp != group || name.contains("tauri-driver") || name.contains("WebKitWebDriv") {
-            continue;
-        }
-        let kb = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("Pss:"))?
-                    .split_whitespace()
-                    .nth(1)?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or(0);
-        total += kb;
-    }
-    total as f64 / 1024.0
-}
 
 fn raise_descriptor_limit() {
     let mut limit = libc::rlimit {
@@ -123,7 +89,7 @@ async fn main() {
         "before: open call {}; window round trip {}; desk memory {:.1} MB",
         percentiles(open_calls(normal.peer(), 50).await),
         percentiles(window_round_trips(&desk, 20).await),
-        pss_mb(group)
+        desk_pss_mb(group)
     );
 
     // 1,500 connections that never get anywhere.
@@ -192,7 +158,7 @@ async fn main() {
         "during: open call {}; window round trip {}; desk memory {:.1} MB",
         percentiles(open_calls(normal.peer(), 50).await),
         percentiles(window_round_trips(&desk, 20).await),
-        pss_mb(group)
+        desk_pss_mb(group)
     );
     let queued: Value = desk
         .browser
@@ -244,7 +210,7 @@ async fn main() {
         "after: open call {}; window round trip {}; desk memory {:.1} MB",
         percentiles(open_calls(normal.peer(), 50).await),
         percentiles(window_round_trips(&desk, 20).await),
-        pss_mb(group)
+        desk_pss_mb(group)
     );
     drop(normal);
     drop(flood);

@@ -10,6 +10,7 @@
 pub mod account;
 pub mod desk_process;
 pub mod keyring;
+pub mod measure;
 pub mod window;
 
 use std::io::{BufRead, BufReader, Read, pipe};
