@@ -145,8 +145,11 @@ fn has_display() -> bool {
 
 /// Logs to stderr (as `RUST_LOG` says, confirmation events always) and to the log file in the
 /// state directory at `info` whatever the environment says: the file is the record that outlives
-/// an outage of the store, so whoever started the desk does not get to thin it.
+/// an outage of the store, so whoever started the desk does not get to thin it. rmcp's events
+/// above `info` are never written, whatever `RUST_LOG` says: they print every MCP message whole,
+/// and a confirm carries its token, as does the answer to an approved preflight.
 fn init_logging(state: &std::path::Path) {
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer};
@@ -157,7 +160,11 @@ fn init_logging(state: &std::path::Path) {
         .as_deref()
         .and_then(|s| EnvFilter::try_new(s).ok())
         .unwrap_or_else(|| EnvFilter::new("info"))
-        .add_directive(confirm());
+        .add_directive(confirm())
+        .and(filter_fn(|meta| {
+            let rmcp = meta.target() == "rmcp" || meta.target().starts_with("rmcp::");
+            !rmcp || *meta.level() <= tracing::Level::INFO
+        }));
     let (file, file_error) = match log_file::RotatingFile::desk_log(state) {
         Ok(file) => (Some(file), None),
         Err(e) => (None, Some(e)),

@@ -444,3 +444,170 @@ impl Desk {
         self.driver.id()
     }
 }
+
+impl Desk {
+    /// Starts a desk whose files are all under `dir` (its `COUNTERSIGN_DESK_DIR` and socket),
+    /// with extra environment, writing tauri-driver's stderr to `stderr`. WebKitWebDriver
+    /// inherits that stderr from tauri-driver, and the desk from WebKitWebDriver, so the file
+    /// also holds everything the desk writes to its stderr.
+    pub async fn start_recording(
+        dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        stderr: std::fs::File,
+    ) -> Desk {
+        assert!(
+            std::env::var_os("DISPLAY").is_some(),
+            "the desk tests need a display: run them under Xvfb (make test does)"
+        );
+        for sub in ["data", "config"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let port = free_port();
+        let native = free_port();
+        let driver = tokio::process::Command::new(tauri_driver())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--native-port",
+                &native.to_string(),
+            ])
+            .env("COUNTERSIGN_DESK_DIR", dir.path())
+            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "tauri-driver did not listen");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut caps = Map::new();
+        caps.insert("browserName".into(), json!("wry"));
+        caps.insert(
+            "tauri:options".into(),
+            json!({ "application": bin("countersign-desk"), "args": [] }),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        let mut attempts = 0;
+        let browser = loop {
+            match ClientBuilder::native()
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(browser) => break browser,
+                // As in `start_configured`: retry only while no desk answers.
+                Err(e)
+                    if attempts < 3
+                        && tokio::net::UnixStream::connect(dir.path().join("desk.sock"))
+                            .await
+                            .is_err() =>
+                {
+                    attempts += 1;
+                    eprintln!("no WebDriver session yet ({e}); trying again");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("no WebDriver session: {e}"),
+            }
+        };
+        let desk = Desk {
+            dir,
+            driver,
+            browser,
+        };
+        desk.until("the window to load", |d| {
+            Box::pin(async move { d.exists("#empty").await })
+        })
+        .await;
+        desk
+    }
+
+    /// A real MCP client connected through `countersign mcp -- ARGV...` to this desk: an ad-hoc
+    /// stdio upstream, which the desk starts with the gateway's environment (this process's,
+    /// plus `env`). The gateway runs in `cwd` and writes its stderr to `stderr`.
+    pub async fn agent_command(
+        &self,
+        name: &str,
+        argv: &[&str],
+        env: &[(&str, &str)],
+        cwd: &std::path::Path,
+        stderr: std::fs::File,
+    ) -> RunningService<RoleClient, ClientConfig> {
+        let mut cmd = tokio::process::Command::new(bin("countersign"));
+        cmd.arg("mcp")
+            .arg("--no-launch")
+            .arg("--wait")
+            .arg("40")
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--")
+            .args(argv)
+            .current_dir(cwd)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied());
+        let (transport, _) = TokioChildProcess::builder(cmd)
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let info = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new(name.to_owned(), "1.0"),
+        );
+        info.serve(transport).await.unwrap()
+    }
+}
+
+/// An X display of a test's own (Xvfb), for a desk whose window must not share the screen, and
+/// so the focus, with the windows of desk tests running beside it. Ends with it.
+pub struct OwnDisplay {
+    server: std::process::Child,
+    /// The `DISPLAY` value, e.g. `:42`.
+    pub name: String,
+}
+
+impl OwnDisplay {
+    /// Starts Xvfb on a free display number (Xvfb picks it) and waits until it accepts clients.
+    pub fn start() -> OwnDisplay {
+        use std::io::BufRead;
+        let mut server = std::process::Command::new("Xvfb")
+            .args([
+                "-displayfd",
+                "1",
+                "-screen",
+                "0",
+                "1280x800x24",
+                "-nolisten",
+                "tcp",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Xvfb (installed by .ci/setup)");
+        let mut number = String::new();
+        std::io::BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut number)
+            .unwrap();
+        let number = number.trim();
+        assert!(!number.is_empty(), "Xvfb did not say which display it took");
+        OwnDisplay {
+            server,
+            name: format!(":{number}"),
+        }
+    }
+}
+
+impl Drop for OwnDisplay {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
