@@ -20,10 +20,11 @@ use countersign_core::{GateClass, Refusal, policy};
 use countersign_engine::{Answer, Engine, ErrorCode};
 use rmcp::model::*;
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
-use rmcp::{ErrorData, Peer, RoleClient, RoleServer, ServerHandler, Service};
+use rmcp::{ErrorData, RoleServer, ServerHandler, Service};
 use serde_json::{Value, json};
 
-use crate::upstream::{Shared, forward};
+use crate::reach::{Live, Unreached, Upstream};
+use crate::upstream::{ForwardError, Shared, send};
 
 /// How one tool is treated, as last decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +37,7 @@ enum Gate {
 #[derive(Clone)]
 pub struct Session {
     shared: Arc<Shared>,
-    upstream: Peer<RoleClient>,
+    upstream: Arc<Upstream>,
     info: ServerConfig,
     upstream_version: ProtocolVersion,
     engine: Engine,
@@ -48,17 +49,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// Mirrors the upstream's `InitializeResult` (capabilities, serverInfo, instructions).
-    pub fn new(
-        shared: Arc<Shared>,
-        upstream: Peer<RoleClient>,
-        engine: Engine,
-        tenant: String,
-        wait: Duration,
-    ) -> Self {
-        let up = upstream
-            .peer_info()
-            .expect("an initialized upstream has peer info");
+    /// Mirrors the upstream's `InitializeResult` (capabilities, serverInfo, instructions), as
+    /// it first started.
+    pub fn new(upstream: Arc<Upstream>, engine: Engine, tenant: String, wait: Duration) -> Self {
+        let shared = upstream.shared().clone();
+        let up = upstream.info();
         let mut info = ServerConfig::new(up.capabilities.clone())
             .with_protocol_version(up.protocol_version.clone());
         if let Some(server_info) = &up.server_info {
@@ -82,12 +77,38 @@ impl Session {
         }
     }
 
-    /// Forwards one request to the upstream, mapping progress tokens and cancellation.
+    /// The upstream, started again if it has exited; an agent-facing error when it cannot be.
+    async fn live(&self) -> Result<Live, ErrorData> {
+        self.upstream.live().await.map_err(unavailable)
+    }
+
+    /// Forwards one request to the upstream (started again if it has exited), mapping progress
+    /// tokens and cancellation. Not for `tools/call`: a call goes only to the start its tool was
+    /// gated against ([`Self::up_on`]).
     async fn up(
         &self,
         req: ClientRequest,
         context: &RequestContext<RoleServer>,
     ) -> Result<ServerResult, ErrorData> {
+        // A request not handed over reached nothing, so it may go to a new start.
+        for _ in 0..3 {
+            let live = self.live().await?;
+            match self.up_on(&live, req.clone(), context).await {
+                Err(ForwardError::NotSent) => self.upstream.discard(&live).await,
+                other => return other.map_err(|e| lost_request(e, req.method())),
+            }
+        }
+        Err(unavailable(Unreached::keeps_exiting()))
+    }
+
+    /// Forwards one request to the start `live` of the upstream, mapping progress tokens and
+    /// cancellation.
+    async fn up_on(
+        &self,
+        live: &Live,
+        req: ClientRequest,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ServerResult, ForwardError> {
         let mut meta = context.meta.clone();
         meta.remove("progressToken");
         // The agent's own lifecycle keys (2026-07-28: protocol version, clientInfo, capabilities)
@@ -97,7 +118,7 @@ impl Session {
         let options = PeerRequestOptions::no_options().with_meta(meta);
         let agent_token = context.meta.get_progress_token();
         let mut registered = None;
-        let r = forward(&self.upstream, req, options, &context.ct, |up_token| {
+        let r = send(&live.peer, req, options, &context.ct, |up_token| {
             if let Some(agent_token) = agent_token {
                 self.shared
                     .progress
@@ -211,37 +232,49 @@ impl Session {
         Ok(listed)
     }
 
+    /// How `tool` is treated, as the running start of the upstream lists it, and that start: a
+    /// call goes only to the start whose listing it was gated against.
     async fn gate_of(
         &self,
         tool: &str,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Option<Gate>, ErrorData> {
-        let known = self.gates.lock().unwrap().get(tool).cloned();
-        if known.is_some() && !self.shared.tools_stale.load(Ordering::Acquire) {
-            return Ok(known);
+    ) -> Result<(Option<Gate>, Live), ErrorData> {
+        for _ in 0..3 {
+            let live = self.live().await?;
+            let known = self.gates.lock().unwrap().get(tool).cloned();
+            if known.is_some() && !self.shared.tools_stale.load(Ordering::Acquire) {
+                return Ok((known, live));
+            }
+            // A tool not in the last listing, a list that changed, or an upstream started again:
+            // never guess, list again.
+            self.refresh_tools(context).await?;
+            // Listed by this start, unless it was started again meanwhile (then once more).
+            if self.upstream.is_current(&live).await {
+                return Ok((self.gates.lock().unwrap().get(tool).cloned(), live));
+            }
         }
-        // A tool not in the last listing (or a list that changed): never guess, list again.
-        self.refresh_tools(context).await?;
-        Ok(self.gates.lock().unwrap().get(tool).cloned())
+        Err(unavailable(Unreached::keeps_exiting()))
     }
 
     async fn forward_call(
         &self,
+        live: &Live,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<CallToolResult, ForwardError> {
         match self
-            .up(
+            .up_on(
+                live,
                 ClientRequest::CallToolRequest(CallToolRequest::new(request)),
                 context,
             )
             .await?
         {
             ServerResult::CallToolResult(r) => Ok(r),
-            other => Err(ErrorData::internal_error(
+            other => Err(ForwardError::Answer(ErrorData::internal_error(
                 format!("unexpected upstream result: {other:?}"),
                 None,
-            )),
+            ))),
         }
     }
 
@@ -249,6 +282,7 @@ impl Session {
         &self,
         mut request: CallToolRequestParams,
         class: GateClass,
+        live: &Live,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let tool = request.name.to_string();
@@ -257,15 +291,27 @@ impl Session {
             let answer = self.engine.confirm(&self.tenant, &tool, &arguments);
             return match answer {
                 Answer::Accepted { arguments, nonce } => {
-                    // What runs is what the person approved, as the desk kept it.
+                    // What runs is what the person approved, as the desk kept it. It goes to the
+                    // start the tool was gated against, or nowhere: never to a new process whose
+                    // tools the engine has not seen.
                     request.arguments = arguments.as_object().cloned();
-                    let result = self.forward_call(request, context).await;
+                    let result = self.forward_call(live, request, context).await;
                     let (ok, note) = match &result {
                         Ok(r) => (r.is_error != Some(true), None),
-                        Err(e) => (false, Some(e.message.to_string())),
+                        Err(ForwardError::Answer(e)) => (false, Some(e.message.to_string())),
+                        Err(ForwardError::NotSent) => (false, Some(NOT_SENT_NOTE.to_owned())),
+                        Err(ForwardError::Lost) => (false, Some(LOST_NOTE.to_owned())),
                     };
                     let _ = self.engine.outcome(&self.tenant, &nonce, ok, note);
-                    result
+                    match result {
+                        Ok(r) => Ok(r),
+                        Err(ForwardError::Answer(e)) => Err(e),
+                        Err(ForwardError::NotSent) => {
+                            self.upstream.discard(live).await;
+                            Ok(call_not_sent(&tool, Some(class)))
+                        }
+                        Err(ForwardError::Lost) => Ok(call_lost(&tool, Some(class))),
+                    }
                 }
                 answer => Ok(from_desk(answer)),
             };
@@ -296,7 +342,6 @@ impl Session {
                 }
             }
         };
-        let _ = class;
         Ok(from_desk(answer))
     }
 }
@@ -382,23 +427,46 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let mut result = match self.gate_of(&request.name, &context).await? {
-            Some(Gate::Class(GateClass::Open)) => self.forward_call(request, &context).await?,
-            // Not in the upstream's listing, even after listing again: no annotations, no schema,
-            // nothing a person could judge. Refused, never sent on ungated.
-            None => {
-                self.engine.record_unlisted(&self.tenant, &request.name);
-                unlisted(&request.name)
+        let mut result = 'decided: {
+            for _ in 0..3 {
+                let (gate, live) = match self.gate_of(&request.name, &context).await {
+                    Ok(decided) => decided,
+                    Err(e) => break 'decided upstream_gone(e)?,
+                };
+                break 'decided match gate {
+                    Some(Gate::Class(GateClass::Open)) => {
+                        match self.forward_call(&live, request.clone(), &context).await {
+                            Ok(r) => r,
+                            Err(ForwardError::Answer(e)) => return Err(e),
+                            // Nothing was handed over: gate it again on a new start.
+                            Err(ForwardError::NotSent) => {
+                                self.upstream.discard(&live).await;
+                                continue;
+                            }
+                            Err(ForwardError::Lost) => call_lost(&request.name, None),
+                        }
+                    }
+                    // Not in the upstream's listing, even after listing again: no annotations, no
+                    // schema, nothing a person could judge. Refused, never sent on ungated.
+                    None => {
+                        self.engine.record_unlisted(&self.tenant, &request.name);
+                        unlisted(&request.name)
+                    }
+                    Some(Gate::Class(class)) => {
+                        self.gated(request.clone(), class, &live, &context).await?
+                    }
+                    Some(Gate::Withheld(reason)) => {
+                        let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
+                            "Countersign does not offer `{}`: {reason}.",
+                            request.name
+                        ))]);
+                        r.structured_content =
+                            Some(json!({ "error": "withheld", "reason": reason }));
+                        r
+                    }
+                };
             }
-            Some(Gate::Class(class)) => self.gated(request, class, &context).await?,
-            Some(Gate::Withheld(reason)) => {
-                let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
-                    "Countersign does not offer `{}`: {reason}.",
-                    request.name
-                ))]);
-                r.structured_content = Some(json!({ "error": "withheld", "reason": reason }));
-                r
-            }
+            upstream_gone(unavailable(Unreached::keeps_exiting()))?
         };
         // Results from older upstreams carry no resultType; newer agents require it (rmcp removes
         // it again for older agents).
@@ -420,7 +488,10 @@ impl ServerHandler for Session {
     }
 
     async fn on_roots_list_changed(&self, _context: NotificationContext<RoleServer>) {
-        let _ = self.upstream.notify_roots_list_changed().await;
+        // A start that is not running yet asks for roots when it starts.
+        if let Some(upstream) = self.upstream.running().await {
+            let _ = upstream.notify_roots_list_changed().await;
+        }
     }
 
     async fn on_custom_notification(
@@ -442,6 +513,106 @@ fn unlisted(name: &str) -> CallToolResult {
     let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
     r.structured_content = Some(json!({ "error": "unlisted_tool", "message": message }));
     r
+}
+
+/// The code of an agent-facing error for an upstream that has exited and could not be started
+/// again: nothing was sent to it.
+const UNAVAILABLE: &str = "upstream_unavailable";
+/// The code of an agent-facing error for an upstream that exited while a request was in flight:
+/// whether it acted on it is unknown.
+const EXITED: &str = "upstream_exited";
+
+/// What the history says of a confirmed call whose upstream exited before it was handed over.
+const NOT_SENT_NOTE: &str = "not sent: the upstream had exited";
+/// What the history says of a confirmed call whose upstream exited while it ran.
+const LOST_NOTE: &str = "the upstream exited during the call: whether it ran is not known";
+
+/// The upstream has exited and could not be started again, as a JSON-RPC error.
+fn unavailable(why: Unreached) -> ErrorData {
+    let message = format!(
+        "The upstream server has exited and could not be started again ({}). Nothing was sent \
+         to it. Next: tell the person (what the server printed is in the gateway's log); each \
+         new request tries to start it again.",
+        why.message
+    );
+    ErrorData::internal_error(message, Some(json!({ "error": UNAVAILABLE })))
+}
+
+/// The answer to a request other than `tools/call` that the upstream took and never answered.
+fn lost_request(e: ForwardError, method: &str) -> ErrorData {
+    match e {
+        ForwardError::Answer(e) => e,
+        ForwardError::NotSent | ForwardError::Lost => ErrorData::internal_error(
+            format!(
+                "The upstream server exited (it crashed or was killed) before it answered \
+                 `{method}`. Next: send it again; Countersign starts the server again."
+            ),
+            Some(json!({ "error": EXITED })),
+        ),
+    }
+}
+
+/// A call answered for an upstream that went away: an error result, with a code the agent can
+/// branch on.
+fn gone_result(code: &str, message: String) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
+    r.structured_content = Some(json!({ "error": code, "message": message }));
+    r.result_type.get_or_insert(ResultType::COMPLETE);
+    r
+}
+
+/// What became of an approval whose call did not complete, for a gated call (`class`).
+fn approval_after(class: Option<GateClass>) -> &'static str {
+    match class {
+        None => "",
+        Some(class) if class.is_single_use() => {
+            " Its approval worked once and is spent: if the call must run, make the preflight \
+             again."
+        }
+        Some(_) => {
+            " Its token stays valid until it expires: calling again with it runs the call again."
+        }
+    }
+}
+
+/// A call the upstream took and never answered because it exited: whether it ran is unknown.
+fn call_lost(tool: &str, class: Option<GateClass>) -> CallToolResult {
+    gone_result(
+        EXITED,
+        format!(
+            "The upstream server exited (it crashed or was killed) while `{tool}` was running, \
+             so whether it ran, in whole or in part, is not known.{} Next: check whether its \
+             effect happened before calling it again; Countersign starts the server again on the \
+             next call.",
+            approval_after(class)
+        ),
+    )
+}
+
+/// A confirmed call the upstream never received: it had exited just before.
+fn call_not_sent(tool: &str, class: Option<GateClass>) -> CallToolResult {
+    gone_result(
+        EXITED,
+        format!(
+            "The upstream server exited (it crashed or was killed) just before `{tool}` was sent \
+             to it: nothing was executed.{} Countersign starts the server again on the next call.",
+            approval_after(class)
+        ),
+    )
+}
+
+/// `e` as a call's result when it says the upstream is gone (so that an agent reads it where it
+/// reads tool errors); any other error stays a JSON-RPC error.
+fn upstream_gone(e: ErrorData) -> Result<CallToolResult, ErrorData> {
+    let code = e
+        .data
+        .as_ref()
+        .and_then(|d| d.get("error"))
+        .and_then(Value::as_str);
+    match code {
+        Some(code @ (UNAVAILABLE | EXITED)) => Ok(gone_result(code, e.message.to_string())),
+        _ => Err(e),
+    }
 }
 
 /// Whether the agent speaks 2026-07-28 or later on this request.
@@ -499,25 +670,43 @@ impl Service<RoleServer> for RawTools {
             // An open tool's call is passed on raw: the result keeps every field the upstream
             // sent, and skips rmcp's decoding by trial of every result shape (the hot path).
             ClientRequest::CallToolRequest(req) => {
-                let gate = self.0.gate_of(&req.params.name, &context).await?;
-                if gate != Some(Gate::Class(GateClass::Open)) {
-                    let req = ClientRequest::CallToolRequest(req);
-                    return <Session as Service<RoleServer>>::handle_request(&self.0, req, context)
+                for _ in 0..3 {
+                    let (gate, live) = match self.0.gate_of(&req.params.name, &context).await {
+                        Ok(decided) => decided,
+                        Err(e) => return upstream_gone(e).map(ServerResult::CallToolResult),
+                    };
+                    if gate != Some(Gate::Class(GateClass::Open)) {
+                        let req = ClientRequest::CallToolRequest(req);
+                        return <Session as Service<RoleServer>>::handle_request(
+                            &self.0, req, context,
+                        )
                         .await;
+                    }
+                    let params = serde_json::to_value(&req.params)
+                        .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                    let call = CustomRequest::new("tools/call", Some(params));
+                    let up = self
+                        .0
+                        .up_on(&live, ClientRequest::CustomRequest(call), &context);
+                    let mut raw = match up.await {
+                        Ok(ServerResult::CustomResult(raw)) => raw.0,
+                        Ok(typed) => serde_json::to_value(typed).unwrap_or_default(),
+                        Err(ForwardError::Answer(e)) => return Err(e),
+                        // Nothing was handed over: gate it again on a new start.
+                        Err(ForwardError::NotSent) => {
+                            self.0.upstream.discard(&live).await;
+                            continue;
+                        }
+                        Err(ForwardError::Lost) => {
+                            let lost = call_lost(&req.params.name, None);
+                            return Ok(ServerResult::CallToolResult(lost));
+                        }
+                    };
+                    fit_result_type(&mut raw, &context);
+                    return Ok(ServerResult::CustomResult(CustomResult::new(raw)));
                 }
-                let params = serde_json::to_value(&req.params)
-                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-                let call = CustomRequest::new("tools/call", Some(params));
-                let mut raw = match self
-                    .0
-                    .up(ClientRequest::CustomRequest(call), &context)
-                    .await?
-                {
-                    ServerResult::CustomResult(raw) => raw.0,
-                    typed => serde_json::to_value(typed).unwrap_or_default(),
-                };
-                fit_result_type(&mut raw, &context);
-                Ok(ServerResult::CustomResult(CustomResult::new(raw)))
+                upstream_gone(unavailable(Unreached::keeps_exiting()))
+                    .map(ServerResult::CallToolResult)
             }
             // Resources, prompts, completion and logging: sent on as typed (the router has
             // checked their shape; rmcp re-serializes them), the upstream's typed answer back.

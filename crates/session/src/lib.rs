@@ -18,6 +18,7 @@ pub mod router;
 mod socket;
 mod upstream;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_engine::Engine;
@@ -27,54 +28,26 @@ pub use agent::{RawTools, Session};
 pub use children::Children;
 pub use socket::{Options, Served, SocketError, serve, serve_with};
 
-/// Runs one session until the agent or the upstream goes away, then shuts the upstream down
-/// (gracefully: its stdin closes, it gets a moment, then its process group is killed).
+/// Runs one session until the agent goes away, then shuts the upstream down (gracefully: its
+/// stdin closes, it gets a moment, then its process group is killed). An upstream that exits
+/// before then does not end the session: the next request starts it again (see
+/// [`reach::Upstream`]).
 async fn run(
     engine: Engine,
     tenant: String,
     wait: Duration,
-    reached: reach::Reached,
+    upstream: Arc<reach::Upstream>,
     agent: router::AgentTransport,
 ) {
-    let reach::Reached {
-        upstream, shared, ..
-    } = reached;
-    let session = Session::new(
-        shared,
-        upstream.peer().clone(),
-        engine,
-        tenant.clone(),
-        wait,
-    );
-    let upstream_ct = upstream.cancellation_token();
-    let upstream_done = tokio::spawn(upstream.waiting());
-    tokio::pin!(upstream_done);
-    let server = tokio::select! {
-        server = RawTools(session).serve(agent) => server,
-        r = &mut upstream_done => {
-            tracing::warn!(target: "session", %tenant, "the upstream went away before the agent initialized: {r:?}");
-            return;
+    let session = Session::new(upstream.clone(), engine, tenant.clone(), wait);
+    match RawTools(session).serve(agent).await {
+        Ok(server) => {
+            let r = server.waiting().await;
+            tracing::info!(target: "session", %tenant, "the agent disconnected: {r:?}");
         }
-    };
-    let server = match server {
-        Ok(server) => server,
         Err(err) => {
             tracing::warn!(target: "session", %tenant, "the agent did not initialize: {err}");
-            upstream_ct.cancel();
-            let _ = upstream_done.await;
-            return;
-        }
-    };
-    let server_ct = server.cancellation_token();
-    tokio::select! {
-        r = server.waiting() => {
-            tracing::info!(target: "session", %tenant, "the agent disconnected: {r:?}");
-            upstream_ct.cancel();
-            let _ = upstream_done.await;
-        }
-        r = &mut upstream_done => {
-            tracing::warn!(target: "session", %tenant, "the upstream went away: {r:?}");
-            server_ct.cancel();
         }
     }
+    upstream.stop().await;
 }

@@ -76,6 +76,13 @@ impl RawPassthroughTransport<tokio::process::ChildStdout, tokio::process::ChildS
     }
 }
 
+impl<R, W> RawPassthroughTransport<R, W> {
+    /// The process id of the upstream it started, if it started one.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(tokio::process::Child::id)
+    }
+}
+
 /// Passes the upstream's stderr on in chunks, until it closes.
 async fn pipe_stderr(
     mut err: tokio::process::ChildStderr,

@@ -1,5 +1,5 @@
-//! From a gateway's hello to a running upstream: what the desk starts or connects, and the
-//! identity it will know that upstream by.
+//! From a gateway's hello to a running upstream: what the desk starts or connects, the identity
+//! it will know that upstream by, and starting it again when it exits before its session ends.
 //!
 //! The identity is the desk's own word, never the gateway's: `builtin:<db path>` for the built-in
 //! tools, the URL, or the command line itself for an ad-hoc command (policy is keyed by it, and
@@ -8,24 +8,18 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use countersign_wire::{Frame, Reach, RefusedCode};
-use rmcp::model::ProtocolVersion;
+use rmcp::model::{ProtocolVersion, ServerPeerInfo};
 use rmcp::service::RunningService;
-use rmcp::{ClientCacheConfig, ClientLifecycleMode, ClientServiceExt, RoleClient};
+use rmcp::{ClientCacheConfig, ClientLifecycleMode, ClientServiceExt, Peer, RoleClient};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::children::Children;
 use crate::raw::RawPassthroughTransport;
 use crate::upstream::{Shared, UpstreamClient};
-
-/// An upstream reached and initialized (the desk's name for it is [`identity`]'s).
-pub struct Reached {
-    /// The client session toward it.
-    pub upstream: RunningService<RoleClient, UpstreamClient>,
-    /// What the session's two halves share.
-    pub shared: Arc<Shared>,
-}
 
 /// Why a hello is not served.
 #[derive(Debug)]
@@ -34,6 +28,16 @@ pub struct Unreached {
     pub code: RefusedCode,
     /// For the person reading the gateway's stderr.
     pub message: String,
+}
+
+impl Unreached {
+    /// An upstream that exits again each time it is started.
+    pub fn keeps_exiting() -> Self {
+        unreached(
+            RefusedCode::UpstreamFailed,
+            "it exited again each time it was started",
+        )
+    }
 }
 
 fn unreached(code: RefusedCode, message: impl Into<String>) -> Unreached {
@@ -109,18 +113,256 @@ pub fn lifecycle(agent_probes_modern: bool) -> ClientLifecycleMode {
     }
 }
 
-/// Starts or connects what `reach` names and opens the MCP session with it (`lifecycle`). The
-/// upstream's stderr goes to `out` as `E` frames (dropped, not queued without bound, when the
-/// gateway is slow).
-pub async fn reach(
+/// The upstream of one session.
+///
+/// Started when the agent's first message arrives. When it exits (it crashed, was killed, or
+/// closed its end) the session stays: the next request that needs it starts it again the same
+/// way, with the MCP handshake again, and marks the tool list stale, so that the tools are listed
+/// and registered with the engine again before any call reaches the new process. The tenant
+/// stays, so the person's pending decisions stay with the agent; a confirm is checked against
+/// the tool as the new process lists it (a tool it no longer lists is refused, a changed one is
+/// planned under its new listing, so a different plan is refused `plan_changed`).
+pub struct Upstream {
+    reach: Reach,
+    lifecycle: ClientLifecycleMode,
+    out: mpsc::Sender<Frame>,
+    children: Children,
+    deadline: Duration,
+    shared: Arc<Shared>,
+    /// What the first start said about itself: what the agent was offered.
+    info: Arc<ServerPeerInfo>,
+    running: tokio::sync::Mutex<Running>,
+    /// Cancelled when the session ends: a start under way gives up.
+    ended: CancellationToken,
+}
+
+/// One start of the upstream: the client session toward it, and its process, when the desk
+/// started one.
+struct Opened {
+    service: RunningService<RoleClient, UpstreamClient>,
+    pid: Option<u32>,
+}
+
+impl Opened {
+    /// Whether it still runs. A process that has exited counts as gone at once, before the
+    /// client session has read the end of its output: a request is never handed to a process
+    /// known to be dead, where it could only be lost.
+    fn is_running(&self) -> bool {
+        !self.service.is_closed()
+            && !self.service.peer().is_transport_closed()
+            && !self.pid.is_some_and(has_exited)
+    }
+}
+
+/// Whether the child `pid` of this process has exited (or been collected already). It is left
+/// to be collected by whoever waits for it.
+fn has_exited(pid: libc::id_t) -> bool {
+    // SAFETY: an all-zero siginfo_t is a valid value for waitid to fill in.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is valid for writes for the whole call; WNOWAIT leaves the child waitable.
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // ECHILD: collected already. Otherwise a pid is filled in only for a child that has exited.
+    // SAFETY: waitid filled in `info` (or left it zeroed: no child has changed state).
+    r != 0 || unsafe { info.si_pid() } != 0
+}
+
+/// The current start of the upstream.
+struct Running {
+    opened: Option<Opened>,
+    /// Which start it is (1 for the first).
+    start: u64,
+}
+
+/// The upstream as one request found it: the client session toward one start of it.
+#[derive(Clone)]
+pub struct Live {
+    /// The client session's peer.
+    pub peer: Peer<RoleClient>,
+    start: u64,
+}
+
+fn ended() -> Unreached {
+    unreached(RefusedCode::UpstreamFailed, "the session has ended")
+}
+
+impl Upstream {
+    /// Starts or connects what `reach` names and opens the MCP session with it (`lifecycle`),
+    /// within `deadline`. The upstream's stderr goes to `out` as `E` frames (dropped, not queued
+    /// without bound, when the gateway is slow).
+    pub async fn start(
+        reach: Reach,
+        lifecycle: ClientLifecycleMode,
+        out: mpsc::Sender<Frame>,
+        children: Children,
+        deadline: Duration,
+    ) -> Result<Self, Unreached> {
+        let shared = Arc::new(Shared::default());
+        let opened = open_within(deadline, &reach, &lifecycle, &out, &children, &shared).await?;
+        let info = opened
+            .service
+            .peer()
+            .peer_info()
+            .expect("an initialized upstream has peer info");
+        Ok(Self {
+            reach,
+            lifecycle,
+            out,
+            children,
+            deadline,
+            shared,
+            info,
+            running: tokio::sync::Mutex::new(Running {
+                opened: Some(opened),
+                start: 1,
+            }),
+            ended: CancellationToken::new(),
+        })
+    }
+
+    /// What the session's two halves share.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// What the upstream said about itself when it first started (capabilities, serverInfo,
+    /// instructions, protocol version): what the agent is offered, for the whole session.
+    pub fn info(&self) -> &ServerPeerInfo {
+        &self.info
+    }
+
+    /// The upstream, running: the current start, or a new one when it has exited. A new start
+    /// marks the tools stale (see [`Shared::tools_stale`]).
+    pub async fn live(&self) -> Result<Live, Unreached> {
+        let mut running = self.running.lock().await;
+        if let Some(opened) = running.opened.as_ref().filter(|o| o.is_running()) {
+            return Ok(Live {
+                peer: opened.service.peer().clone(),
+                start: running.start,
+            });
+        }
+        if self.ended.is_cancelled() {
+            return Err(ended());
+        }
+        if let Some(old) = running.opened.take() {
+            tracing::warn!(target: "session", start = running.start, "the upstream has exited; starting it again");
+            // Ended already, or ending: this collects it (and kills what it left behind).
+            let _ = old.service.cancel().await;
+        }
+        let opened = tokio::select! {
+            opened = open_within(
+                self.deadline,
+                &self.reach,
+                &self.lifecycle,
+                &self.out,
+                &self.children,
+                &self.shared,
+            ) => opened?,
+            _ = self.ended.cancelled() => return Err(ended()),
+        };
+        if let Some(info) = opened.service.peer().peer_info()
+            && info.protocol_version != self.info.protocol_version
+        {
+            tracing::warn!(target: "session", was = %self.info.protocol_version, now = %info.protocol_version, "the upstream started again speaks another protocol revision; the agent keeps the one it negotiated");
+        }
+        // Whatever the old process listed, the engine learns the new one's tools before a call
+        // reaches it.
+        self.shared
+            .tools_stale
+            .store(true, std::sync::atomic::Ordering::Release);
+        running.start += 1;
+        tracing::info!(target: "session", start = running.start, "the upstream started again");
+        let live = Live {
+            peer: opened.service.peer().clone(),
+            start: running.start,
+        };
+        running.opened = Some(opened);
+        Ok(live)
+    }
+
+    /// The current start's peer, if it is running; never starts one (for notifications, which a
+    /// new start does not need).
+    pub async fn running(&self) -> Option<Peer<RoleClient>> {
+        let running = self.running.lock().await;
+        running
+            .opened
+            .as_ref()
+            .filter(|o| o.is_running())
+            .map(|o| o.service.peer().clone())
+    }
+
+    /// Whether `live` is the current start and still running.
+    pub async fn is_current(&self, live: &Live) -> bool {
+        let running = self.running.lock().await;
+        running.start == live.start && running.opened.as_ref().is_some_and(Opened::is_running)
+    }
+
+    /// Gives up on the start `live` came from (a request could not be handed to it, so it is
+    /// not usable): the next [`Self::live`] starts a new one. A later start is left alone.
+    pub async fn discard(&self, live: &Live) {
+        let mut running = self.running.lock().await;
+        if running.start == live.start
+            && let Some(opened) = running.opened.as_mut()
+        {
+            let _ = opened
+                .service
+                .close_with_timeout(Duration::from_secs(5))
+                .await;
+        }
+    }
+
+    /// Ends the upstream with its session, gracefully (its stdin closes, it gets a moment, then
+    /// its process group is killed). A start under way gives up.
+    pub async fn stop(&self) {
+        self.ended.cancel();
+        let opened = self.running.lock().await.opened.take();
+        if let Some(opened) = opened {
+            let _ = opened.service.cancel().await;
+        }
+    }
+}
+
+/// [`open`] within `deadline`.
+async fn open_within(
+    deadline: Duration,
+    reach: &Reach,
+    lifecycle: &ClientLifecycleMode,
+    out: &mpsc::Sender<Frame>,
+    children: &Children,
+    shared: &Arc<Shared>,
+) -> Result<Opened, Unreached> {
+    tokio::time::timeout(
+        deadline,
+        open(reach, lifecycle.clone(), out, children, shared),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(unreached(
+            RefusedCode::UpstreamFailed,
+            format!(
+                "the upstream did not complete the MCP handshake within {} s",
+                deadline.as_secs()
+            ),
+        ))
+    })
+}
+
+/// Starts or connects what `reach` names and opens the MCP session with it (`lifecycle`).
+async fn open(
     reach: &Reach,
     lifecycle: ClientLifecycleMode,
     out: &mpsc::Sender<Frame>,
     children: &Children,
-) -> Result<Reached, Unreached> {
+    shared: &Arc<Shared>,
+) -> Result<Opened, Unreached> {
     // Checked again here, so that nothing `identity` refuses is ever started.
     identity(reach)?;
-    let shared = Arc::new(Shared::default());
     let client = UpstreamClient::new(shared.clone());
     let failed = |e: &dyn std::fmt::Display| {
         unreached(
@@ -128,6 +370,7 @@ pub async fn reach(
             format!("the upstream did not initialize: {e}"),
         )
     };
+    let mut pid = None;
     let upstream = match reach {
         Reach::Builtin { db } => {
             let path = Path::new(db);
@@ -179,6 +422,7 @@ pub async fn reach(
                         format!("cannot start the upstream `{program}`: {e}"),
                     )
                 })?;
+            pid = transport.pid();
             match client.serve_with_lifecycle(transport, lifecycle).await {
                 Ok(upstream) => upstream,
                 Err(e) => {
@@ -202,7 +446,10 @@ pub async fn reach(
     upstream
         .set_response_cache_config(ClientCacheConfig::disabled())
         .await;
-    Ok(Reached { upstream, shared })
+    Ok(Opened {
+        service: upstream,
+        pid,
+    })
 }
 
 #[cfg(test)]

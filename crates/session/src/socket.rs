@@ -6,8 +6,8 @@
 //! single-instance lock: if a live desk answers on the path, a second one refuses to start; a
 //! stale file left by a crash is replaced. Each connection is one gateway: its hello says what to
 //! reach, the desk reaches it (starting the upstream as its own child), answers with a tenant,
-//! and then runs the MCP session between the gateway's `M` frames and the upstream until either
-//! side goes away.
+//! and then runs the MCP session between the gateway's `M` frames and the upstream until the
+//! gateway goes away (an upstream that exits is started again by the next request).
 //!
 //! Everything is bounded, since the peer may be hostile: until its hello a connection is a task
 //! (not a thread) and has [`Options::hello_deadline`] to say it; an account holds at most
@@ -489,22 +489,16 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
             break 'serve;
         };
         let lifecycle = reach::lifecycle(crate::router::probes_modern(&first));
-        let reached = tokio::time::timeout(
+        let reached = reach::Upstream::start(
+            reach.clone(),
+            lifecycle,
+            out.clone(),
+            desk.children.clone(),
             desk.options.upstream_deadline,
-            reach::reach(&reach, lifecycle, &out, &desk.children),
         )
-        .await
-        .unwrap_or_else(|_| {
-            Err(reach::Unreached {
-                code: RefusedCode::UpstreamFailed,
-                message: format!(
-                    "the upstream did not complete the MCP handshake within {} s",
-                    desk.options.upstream_deadline.as_secs()
-                ),
-            })
-        });
-        let reached = match reached {
-            Ok(reached) => reached,
+        .await;
+        let upstream = match reached {
+            Ok(upstream) => std::sync::Arc::new(upstream),
             Err(refusal) => {
                 tracing::warn!(target: "desk", %tenant, ?reach, "{}", refusal.message);
                 // The agent's first request gets an error it can show; the gateway gets the
@@ -520,7 +514,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         let wait = wait_ms
             .map_or(desk.options.default_wait, Duration::from_millis)
             .min(desk.options.max_wait);
-        crate::run(desk.engine.clone(), tenant.clone(), wait, reached, agent).await;
+        crate::run(desk.engine.clone(), tenant.clone(), wait, upstream, agent).await;
     }
     drop(out);
     // Gone: withdraw its pending requests.

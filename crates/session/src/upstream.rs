@@ -25,6 +25,29 @@ pub fn service_error(e: ServiceError) -> ErrorData {
     }
 }
 
+/// Why a forwarded request has no answer.
+#[derive(Debug)]
+pub enum ForwardError {
+    /// The peer answered with an error, or the request failed otherwise: as the agent sees it.
+    Answer(ErrorData),
+    /// The peer's session had ended before the request was handed over: it never received it.
+    NotSent,
+    /// The peer's session ended (its process exited, its connection closed) after the request
+    /// was handed over and before an answer came: whether it acted on it is unknown.
+    Lost,
+}
+
+impl From<ForwardError> for ErrorData {
+    fn from(e: ForwardError) -> Self {
+        match e {
+            ForwardError::Answer(e) => e,
+            ForwardError::NotSent | ForwardError::Lost => {
+                service_error(ServiceError::TransportClosed)
+            }
+        }
+    }
+}
+
 /// Sends `req` on `peer`, lets `register` see the progress token rmcp chose for it, and turns a
 /// cancellation of `ct` into `notifications/cancelled` to that peer.
 pub async fn forward<R: ServiceRole>(
@@ -34,21 +57,40 @@ pub async fn forward<R: ServiceRole>(
     ct: &CancellationToken,
     register: impl FnOnce(&ProgressToken),
 ) -> Result<R::PeerResp, ErrorData> {
-    let handle = peer
-        .send_request_with_option(req, options)
+    send(peer, req, options, ct, register)
         .await
-        .map_err(service_error)?;
+        .map_err(ErrorData::from)
+}
+
+/// [`forward`], saying whether a request that got no answer was handed over at all.
+pub async fn send<R: ServiceRole>(
+    peer: &Peer<R>,
+    req: R::Req,
+    options: PeerRequestOptions,
+    ct: &CancellationToken,
+    register: impl FnOnce(&ProgressToken),
+) -> Result<R::PeerResp, ForwardError> {
+    let handle = match peer.send_request_with_option(req, options).await {
+        Ok(handle) => handle,
+        Err(ServiceError::TransportClosed) => return Err(ForwardError::NotSent),
+        Err(e) => return Err(ForwardError::Answer(service_error(e))),
+    };
     register(&handle.progress_token);
     let id = handle.id.clone();
     tokio::select! {
-        r = handle.await_response() => r.map_err(service_error),
+        r = handle.await_response() => r.map_err(|e| match e {
+            // Handed over, then the session ended with the request unanswered, or writing it
+            // failed (over HTTP, a request can fail after the server has read it).
+            ServiceError::TransportClosed | ServiceError::TransportSend(_) => ForwardError::Lost,
+            e => ForwardError::Answer(service_error(e)),
+        }),
         _ = ct.cancelled() => {
             let n: CancelledNotification = Notification::new(CancelledNotificationParam::new(
                 Some(id),
                 Some("cancelled by the agent".into()),
             ));
             let _ = peer.send_notification(n.into()).await;
-            Err(ErrorData::internal_error("request cancelled", None))
+            Err(ForwardError::Answer(ErrorData::internal_error("request cancelled", None)))
         }
     }
 }
