@@ -7,7 +7,8 @@
 //! stale file left by a crash is replaced. Each connection is one gateway: its hello says what to
 //! reach, the desk reaches it (starting the upstream as its own child), answers with a tenant,
 //! and then runs the MCP session between the gateway's `M` frames and the upstream until the
-//! gateway goes away (an upstream that exits is started again by the next request).
+//! gateway goes away (an upstream that exits is started again by the next request) or the desk
+//! stops serving, which closes every connection at once.
 //!
 //! Everything is bounded, since the peer may be hostile: until its hello a connection is a task
 //! (not a thread) and has [`Options::hello_deadline`] to say it; an account holds at most
@@ -28,6 +29,7 @@ use countersign_wire::{
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::children::Children;
 use crate::{peer, reach};
@@ -56,6 +58,7 @@ pub struct Served {
     path: PathBuf,
     task: JoinHandle<()>,
     children: Children,
+    stopping: CancellationToken,
 }
 
 impl Served {
@@ -69,13 +72,15 @@ impl Served {
         &self.children
     }
 
-    /// Stops accepting connections, removes the socket file and kills every upstream.
+    /// Stops accepting connections, closes every open one, removes the socket file and kills
+    /// every upstream.
     pub fn stop(self) {}
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
         self.task.abort();
+        self.stopping.cancel();
         self.children.kill_all();
         let _ = std::fs::remove_file(&self.path);
     }
@@ -180,11 +185,13 @@ pub async fn serve_with(
         .map_err(setup_error(&path))?;
     tracing::info!(target: "desk", socket = %path.display(), "listening");
     let children = Children::default();
+    let stopping = CancellationToken::new();
     let desk = Desk {
         engine,
         options,
         children: children.clone(),
         slots: Slots::default(),
+        stopping: stopping.clone(),
     };
     let task = tokio::spawn(async move {
         loop {
@@ -205,6 +212,7 @@ pub async fn serve_with(
         path,
         task,
         children,
+        stopping,
     })
 }
 
@@ -366,6 +374,10 @@ async fn introduce(desk: Desk, mut stream: UnixStream) {
             wait_ms,
             pid,
         } => {
+            if desk.stopping.is_cancelled() {
+                // Said hello as the desk stopped: closed, as every open connection is.
+                return;
+            }
             let hello = Introduced {
                 peer,
                 version,
@@ -389,6 +401,8 @@ struct Desk {
     options: Options,
     children: Children,
     slots: Slots,
+    /// Cancelled when the desk stops serving: every connection closes.
+    stopping: CancellationToken,
 }
 
 /// Serves one introduced connection: reaching the upstream, then the MCP session.
@@ -479,14 +493,14 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         }
     });
 
-    'serve: {
+    let serve = async {
         // Inside the block: every way out of it drops the agent's side, and with it the last
         // sender the writer waits on, so the connection closes at once.
         let mut agent = crate::router::AgentTransport::new(inbox, out.clone());
         // The agent's first message says which revision it would speak: the upstream is opened
         // the same way, so the two negotiate through the desk what they would negotiate directly.
         let Some(first) = agent.first().await else {
-            break 'serve;
+            return;
         };
         let lifecycle = reach::lifecycle(crate::router::probes_modern(&first));
         let reached = reach::Upstream::start(
@@ -507,7 +521,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
                     let _ = out.send(Frame::Mcp(reply)).await;
                 }
                 let _ = out.send(refuse(refusal.code, refusal.message)).await;
-                break 'serve;
+                return;
             }
         };
         agent.replay(first);
@@ -515,11 +529,22 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
             .map_or(desk.options.default_wait, Duration::from_millis)
             .min(desk.options.max_wait);
         crate::run(desk.engine.clone(), tenant.clone(), wait, upstream, agent).await;
-    }
+    };
+    // The desk stopping ends every session at once: its gateway sees the connection close, and
+    // answers the agent's requests still in flight itself.
+    let stopped = tokio::select! {
+        () = serve => false,
+        () = desk.stopping.cancelled() => true,
+    };
     drop(out);
     // Gone: withdraw its pending requests.
     desk.engine.disconnect(&tenant);
     reading.abort();
+    if stopped {
+        writing.abort();
+        tracing::info!(target: "desk", %tenant, "closed a gateway's connection: the desk stops");
+        return;
+    }
     // The writer ends once the session and the upstream's stderr have let go of it.
     let _ = tokio::time::timeout(Duration::from_secs(5), writing).await;
     tracing::info!(target: "desk", %tenant, "gateway disconnected");
