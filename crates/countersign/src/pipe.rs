@@ -10,10 +10,22 @@
 //! Plain blocking I/O on two threads (stdin → desk on one, desk → stdout on the other), no async
 //! runtime: agents start one of these per server, so it must start fast, idle light and add as
 //! little as possible to every call.
+//!
+//! The desk may stop or restart while the agent runs. The pipe reads just enough of each message
+//! (its id and method) to know which of the agent's requests are in flight: when the connection
+//! is lost, each of them gets a JSON-RPC error saying so (a confirm may have run; nothing more is
+//! known), and the agent's next request connects again, a few tries with a growing pause (never
+//! starting a desk where the gateway would not start one at its own start). The new connection
+//! is a new session with the desk, so the pipe replays the agent's `initialize` (or the
+//! `server/discover` it opened with) under an id of its own, swallowing the answer, and its
+//! `notifications/initialized`: the agent goes on as if nothing happened, except that confirm
+//! tokens of the old session no longer work, which the errors say.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use countersign_wire::{
@@ -28,7 +40,8 @@ pub mod exit {
     pub const DESK_UNREACHABLE: i32 = 3;
     /// The desk refused the hello (another version, no such server, the upstream failed).
     pub const REFUSED: i32 = 4;
-    /// The connection to the desk broke while the agent was still talking.
+    /// The connection to the desk broke before its welcome, or the agent's stdin or stdout
+    /// failed. (A connection lost later is made again on the agent's next request.)
     pub const LOST: i32 = 5;
 }
 
@@ -257,9 +270,26 @@ fn write_frame(writer: &mut impl Write, frame: &Frame) -> Result<(), FrameError>
     Ok(())
 }
 
-/// Runs the pipe until the agent closes stdin or the desk ends the session.
-pub fn run(options: Options) -> Result<(), PipeError> {
-    let stream = connect(&options)?;
+/// How many times the pipe dials the desk again after losing it, before it says none answers.
+const RECONNECT_TRIES: u32 = 6;
+/// The first pause between those tries; each pause doubles, up to [`RECONNECT_MAX_PAUSE`].
+const RECONNECT_FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between two tries. The tries span 2.5 s: a desk that restarts binds its
+/// socket early, and an agent waiting on a desk that is not coming back hears so soon (its next
+/// request tries again).
+const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// The JSON-RPC error code of the pipe's own answers (an implementation-defined server error).
+const PIPE_ERROR: i64 = -32000;
+
+/// A connection to the desk, welcomed: its two halves.
+struct Connection {
+    to_desk: UnixStream,
+    from_desk: BufReader<UnixStream>,
+}
+
+/// Says hello on `stream` and reads the desk's welcome (the upstream's stderr may come first).
+fn handshake(stream: UnixStream, options: &Options) -> Result<Connection, PipeError> {
     let mut to_desk = stream.try_clone().map_err(lost)?;
     let mut from_desk = BufReader::with_capacity(64 * 1024, stream);
     let hello = Frame::Hello(Hello::Gateway {
@@ -270,13 +300,12 @@ pub fn run(options: Options) -> Result<(), PipeError> {
         pid: std::process::id(),
     });
     write_frame(&mut to_desk, &hello).map_err(lost)?;
-    // The upstream's stderr may come before the answer (it says why a server would not start).
     loop {
         match read_frame(&mut from_desk).map_err(lost)? {
             Some(Frame::Stderr(bytes)) => to_stderr(&bytes),
             Some(Frame::Welcome(Welcome::Accepted { tenant, .. })) => {
                 tracing::info!(target: "gateway", %tenant, "connected to the desk");
-                break;
+                return Ok(Connection { to_desk, from_desk });
             }
             Some(Frame::Welcome(Welcome::Refused { code, message })) => {
                 return Err(PipeError::Refused {
@@ -288,69 +317,419 @@ pub fn run(options: Options) -> Result<(), PipeError> {
             None => return Err(lost("the desk closed the connection before answering")),
         }
     }
+}
+
+/// Connects again after the connection was lost: a few tries with a growing pause (a desk that
+/// restarts takes a moment to bind), then, only where the gateway may start a desk, the start
+/// [`connect`] makes.
+fn reconnect(options: &Options) -> Result<Connection, PipeError> {
+    let mut pause = RECONNECT_FIRST_PAUSE;
+    let started = Instant::now();
+    let mut last = None;
+    for attempt in 0..RECONNECT_TRIES {
+        if attempt > 0 {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
+        }
+        match dial(&options.socket, options.desk_uid) {
+            Ok(stream) => return handshake(stream, options),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(PipeError::Unreachable(format!(
+                    "{}: {e}",
+                    options.socket.display()
+                )));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let last = last.unwrap_or_else(|| std::io::Error::other("no answer"));
+    let tried = format!(
+        "tried {RECONNECT_TRIES} times over {} s",
+        started.elapsed().as_secs()
+    );
+    match options.socket_chosen_by {
+        // Where the gateway starts desks, it starts one now, as it would at its own start.
+        None if options.launch_desk => handshake(connect(options)?, options),
+        None => Err(PipeError::Unreachable(format!(
+            "no desk answers at {} ({last}; {tried})",
+            options.socket.display()
+        ))),
+        Some(chosen_by) => Err(match no_desk_at(options, chosen_by, &last) {
+            PipeError::NoDeskAt(why) => PipeError::NoDeskAt(format!("{why} ({tried})")),
+            other => other,
+        }),
+    }
+}
+
+/// What the pipe reads of a JSON-RPC message to tell requests, notifications and responses
+/// apart (everything else in it is skipped, not kept).
+#[derive(serde::Deserialize)]
+struct Head {
+    #[serde(default)]
+    id: Option<serde_json::Value>,
+    #[serde(default)]
+    method: Option<String>,
+}
+
+/// What the pipe reads of a `tools/call`: the tool, and whether it is a confirm.
+#[derive(serde::Deserialize)]
+struct CallHead {
+    params: CallParams,
+}
+
+#[derive(serde::Deserialize)]
+struct CallParams {
+    name: String,
+    #[serde(default)]
+    arguments: Option<CallArguments>,
+}
+
+#[derive(serde::Deserialize)]
+struct CallArguments {
+    #[serde(default)]
+    confirm: Option<serde_json::Value>,
+}
+
+/// What the pipe reads of a `notifications/cancelled`: the request it cancels, which the desk
+/// will not answer.
+#[derive(serde::Deserialize)]
+struct CancelHead {
+    params: CancelParams,
+}
+
+#[derive(serde::Deserialize)]
+struct CancelParams {
+    #[serde(rename = "requestId")]
+    request_id: serde_json::Value,
+}
+
+/// One message, as far as the pipe needs to know it.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    /// A request: its id and its method. Ids are compared as JSON text, so that `1` and `"1"`
+    /// stay apart.
+    Request {
+        id: serde_json::Value,
+        method: String,
+    },
+    /// A response or error, to the request with this id (as JSON text).
+    Response { key: String },
+    /// A notification (or anything the pipe cannot read: the desk judges it).
+    Other { method: Option<String> },
+}
+
+impl Kind {
+    fn of(bytes: &[u8]) -> Kind {
+        let Ok(head) = serde_json::from_slice::<Head>(bytes) else {
+            return Kind::Other { method: None };
+        };
+        match (head.id, head.method) {
+            (Some(id), Some(method)) => Kind::Request { id, method },
+            (Some(id), None) => Kind::Response {
+                key: id.to_string(),
+            },
+            (None, method) => Kind::Other { method },
+        }
+    }
+}
+
+/// What an agent's request was, for the answer the pipe gives it when the desk is lost.
+#[derive(Debug, Clone)]
+enum Asked {
+    /// A `tools/call`: the tool, and whether it was a confirm (`confirm: true`).
+    Call { tool: String, confirm: bool },
+    /// Anything else.
+    Other { method: String },
+}
+
+impl Asked {
+    fn of(method: &str, bytes: &[u8]) -> Asked {
+        if method != "tools/call" {
+            return Asked::Other {
+                method: method.to_owned(),
+            };
+        }
+        match serde_json::from_slice::<CallHead>(bytes) {
+            Ok(call) => Asked::Call {
+                tool: call.params.name,
+                confirm: call
+                    .params
+                    .arguments
+                    .and_then(|a| a.confirm)
+                    .is_some_and(|c| c == serde_json::Value::Bool(true)),
+            },
+            Err(_) => Asked::Other {
+                method: method.to_owned(),
+            },
+        }
+    }
+
+    /// What the agent is told about this request when the connection to the desk is lost while
+    /// it is in flight.
+    fn lost(&self) -> String {
+        let what = match self {
+            Asked::Call {
+                tool,
+                confirm: true,
+            } => format!(
+                " This was a confirm of `{tool}`: it may have been executed, in whole or in part, \
+                 or not at all, and nothing more is known. Check whether its effect happened \
+                 before doing it again."
+            ),
+            Asked::Call {
+                tool,
+                confirm: false,
+            } => format!(
+                " If `{tool}` is a gated tool, this was a preflight and nothing was executed; if \
+                 it is an open tool, it may have run, and nothing more is known."
+            ),
+            Asked::Other { method } => format!(" Nothing more is known about `{method}`."),
+        };
+        format!(
+            "Countersign: the connection to the desk was lost while this request was in progress \
+             (the desk stopped or restarted).{what} The gateway connects to the desk again on \
+             the next request, and the desk gives this agent a new session: confirm tokens \
+             issued before no longer work there (they are bound to the old session), so run the \
+             preflight again for a new one."
+        )
+    }
+}
+
+/// What both threads know about the connection to the desk.
+#[derive(Default)]
+struct Link {
+    /// The write half of the connection now; `None` once it is lost, until the agent's next
+    /// request connects again.
+    desk: Option<Arc<UnixStream>>,
+    /// Which connection `desk` is (1 for the first).
+    generation: u64,
+    /// The agent's requests sent to the desk and not answered yet: id → (connection, what).
+    outstanding: HashMap<String, (u64, Asked)>,
+    /// The desk's requests to the agent: id → connection. An answer to a connection that is
+    /// gone is dropped: the new desk may have asked something else under the same id.
+    asked_by_desk: HashMap<String, u64>,
+    /// Requests the pipe replayed itself (id → connection): their answers are not the agent's.
+    replayed: HashMap<String, u64>,
+    /// The agent's `initialize` (or opening `server/discover`) and its
+    /// `notifications/initialized`, replayed to a new connection.
+    opening: Option<Vec<u8>>,
+    initialized: Option<Vec<u8>>,
+    /// The agent closed stdin.
+    agent_done: bool,
+    /// Why the pipe must stop, found by the stdin thread.
+    fatal: Option<PipeError>,
+}
+
+impl Link {
+    /// Keeps what opens the agent's session (its `initialize`, or the `server/discover` it
+    /// opened with, and its `notifications/initialized`) for a new connection, and forgets the
+    /// requests it cancels.
+    fn remember(&mut self, kind: &Kind, message: &[u8]) {
+        match kind {
+            Kind::Request { method, .. } if method == "initialize" => {
+                self.opening = Some(message.to_vec());
+                self.initialized = None;
+            }
+            Kind::Request { method, .. }
+                if method == "server/discover" && self.opening.is_none() =>
+            {
+                self.opening = Some(message.to_vec());
+            }
+            Kind::Other { method: Some(m) } if m == "notifications/initialized" => {
+                self.initialized = Some(message.to_vec());
+            }
+            // A cancelled request gets no answer: it is no longer in flight.
+            Kind::Other { method: Some(m) } if m == "notifications/cancelled" => {
+                if let Ok(cancel) = serde_json::from_slice::<CancelHead>(message) {
+                    self.outstanding
+                        .remove(&cancel.params.request_id.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The link, shared by both threads. Never held across a write to the socket or to stdout.
+type Shared = Arc<Mutex<Link>>;
+
+fn lock(link: &Shared) -> std::sync::MutexGuard<'_, Link> {
+    link.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes one line to stdout (whole, so that the two threads' lines never interleave).
+fn to_stdout(line: &[u8]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(line)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// The pipe's own JSON-RPC error answer to the agent's request `id`.
+fn answer_error(id: &serde_json::Value, code: &str, message: &str) {
+    let reply = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": PIPE_ERROR, "message": message, "data": {"error": code}},
+    });
+    // The agent may be gone already; there is no one else to tell.
+    let _ = to_stdout(reply.to_string().as_bytes());
+}
+
+/// Runs the pipe until the agent closes stdin (or the desk refuses it).
+pub fn run(options: Options) -> Result<(), PipeError> {
+    let Connection { to_desk, from_desk } = handshake(connect(&options)?, &options)?;
+    let link: Shared = Arc::new(Mutex::new(Link {
+        desk: Some(Arc::new(to_desk)),
+        generation: 1,
+        ..Link::default()
+    }));
+    // The stdin thread hands each new connection's read half to the loop below.
+    let (readers, next_reader) = std::sync::mpsc::channel::<(BufReader<UnixStream>, u64)>();
 
     // stdin → desk, on a thread of its own. When the agent closes stdin, our half of the socket
     // closes too: the desk ends the session and its upstream, then closes its half, which ends
     // the loop below (given a few seconds at most).
-    let closer = to_desk.try_clone().map_err(lost)?;
-    let agent_to_desk = std::thread::spawn(move || -> Result<(), PipeError> {
-        let result = copy_stdin(&mut to_desk);
-        let _ = to_desk.shutdown(std::net::Shutdown::Write);
-        let _ = closer.set_read_timeout(Some(Duration::from_secs(5)));
-        result
+    let stdin_link = link.clone();
+    std::thread::spawn(move || {
+        let result = copy_stdin(&stdin_link, &options, &readers);
+        let mut state = lock(&stdin_link);
+        state.agent_done = true;
+        if let Err(e) = result {
+            state.fatal = Some(e);
+        }
+        if let Some(desk) = state.desk.clone() {
+            drop(state);
+            let _ = desk.shutdown(std::net::Shutdown::Write);
+            let _ = desk.set_read_timeout(Some(Duration::from_secs(5)));
+        }
+        // Dropping `readers` wakes the loop below if it waits for a connection.
     });
 
     // desk → stdout and stderr, here.
-    let mut stdout = std::io::stdout().lock();
-    let ended = loop {
-        match read_frame(&mut from_desk) {
-            Ok(Some(Frame::Mcp(mut bytes))) => {
-                bytes.push(b'\n');
-                if let Err(e) = stdout.write_all(&bytes).and_then(|()| stdout.flush()) {
-                    break Err(PipeError::Lost(format!("stdout: {e}")));
+    let (mut from_desk, mut generation) = (from_desk, 1);
+    loop {
+        match relay(&link, &mut from_desk, generation) {
+            Ended::Refused(e) => {
+                let message = e.to_string();
+                answer_lost(&link, generation, |_| message.clone());
+                return Err(e);
+            }
+            Ended::Stdout(e) => return Err(PipeError::Lost(format!("stdout: {e}"))),
+            Ended::Lost(why) => {
+                tracing::debug!(target: "gateway", "the connection to the desk ended: {why}");
+                if answer_lost(&link, generation, Asked::lost) {
+                    return Ok(());
+                }
+                eprintln!(
+                    "countersign mcp: the connection to the desk was lost ({why}); the gateway \
+                     connects again on the agent's next request"
+                );
+                match next_reader.recv() {
+                    Ok((reader, g)) => (from_desk, generation) = (reader, g),
+                    Err(_) => return lock(&link).fatal.take().map_or(Ok(()), Err),
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection's relay ended.
+enum Ended {
+    /// The desk refused the session after its welcome (the upstream could not be started).
+    Refused(PipeError),
+    /// stdout is closed: the agent is gone.
+    Stdout(std::io::Error),
+    /// The connection closed or broke (the desk stopped or restarted), or the agent is done.
+    Lost(String),
+}
+
+/// Copies the desk's frames of connection `generation` to stdout and stderr until it ends.
+fn relay(link: &Shared, from_desk: &mut BufReader<UnixStream>, generation: u64) -> Ended {
+    loop {
+        match read_frame(from_desk) {
+            Ok(Some(Frame::Mcp(bytes))) => {
+                match Kind::of(&bytes) {
+                    Kind::Response { key } => {
+                        let mut state = lock(link);
+                        if state.replayed.remove(&key).is_some() {
+                            continue; // the answer to the pipe's own replay
+                        }
+                        if state
+                            .outstanding
+                            .get(&key)
+                            .is_some_and(|(g, _)| *g == generation)
+                        {
+                            state.outstanding.remove(&key);
+                        }
+                    }
+                    Kind::Request { id, .. } => {
+                        let mut state = lock(link);
+                        // Kept to drop answers meant for a desk that is gone; bounded all the
+                        // same (an agent that never answers must not grow it).
+                        if state.asked_by_desk.len() >= 1024 {
+                            state.asked_by_desk.retain(|_, g| *g == generation);
+                            if state.asked_by_desk.len() >= 1024 {
+                                state.asked_by_desk.clear();
+                            }
+                        }
+                        state.asked_by_desk.insert(id.to_string(), generation);
+                    }
+                    Kind::Other { .. } => {}
+                }
+                if let Err(e) = to_stdout(&bytes) {
+                    return Ended::Stdout(e);
                 }
             }
             Ok(Some(Frame::Stderr(bytes))) => to_stderr(&bytes),
             // The upstream is started once the agent's first message says which revision it
             // speaks; when it cannot be, the desk says so after the welcome.
             Ok(Some(Frame::Welcome(Welcome::Refused { code, message }))) => {
-                break Err(PipeError::Refused {
+                return Ended::Refused(PipeError::Refused {
                     code: code.code(),
                     message,
                 });
             }
-            Ok(Some(other)) => break Err(lost(format!("unexpected {other:?}"))),
-            Ok(None) => break Ok(()),
-            // The agent is gone and the desk did not close in time: done all the same.
-            Err(FrameError::Io(e))
-                if agent_to_desk.is_finished()
-                    && matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-            {
-                break Ok(());
-            }
-            Err(e) => break Err(lost(e)),
+            Ok(Some(other)) => return Ended::Lost(format!("the desk sent {other:?}")),
+            Ok(None) => return Ended::Lost("the desk closed it".into()),
+            Err(e) => return Ended::Lost(e.to_string()),
         }
-    };
-    ended?;
-    if agent_to_desk.is_finished() {
-        agent_to_desk
-            .join()
-            .unwrap_or_else(|_| Err(lost("the stdin thread panicked")))
-    } else {
-        // The desk ended the session while the agent still talks: the upstream exited, or the
-        // desk stopped. The stdin thread is blocked in a read; the process exit ends it.
-        eprintln!(
-            "countersign mcp: the desk ended this session (the upstream exited, or the desk stopped)"
-        );
-        Ok(())
     }
 }
 
+/// The connection `generation` is gone: every request still in flight on it gets an error saying
+/// so (`message` says what is known), and the next request connects again. Returns whether the
+/// agent is done (then there is nothing to connect again for).
+fn answer_lost(link: &Shared, generation: u64, message: impl Fn(&Asked) -> String) -> bool {
+    let (lost, agent_done) = {
+        let mut state = lock(link);
+        if state.generation == generation
+            && let Some(desk) = state.desk.take()
+        {
+            let _ = desk.shutdown(std::net::Shutdown::Both);
+        }
+        state.replayed.retain(|_, g| *g != generation);
+        let lost: Vec<(String, Asked)> = state
+            .outstanding
+            .extract_if(|_, (g, _)| *g == generation)
+            .map(|(key, (_, asked))| (key, asked))
+            .collect();
+        (lost, state.agent_done)
+    };
+    for (key, asked) in lost {
+        if let Ok(id) = serde_json::from_str::<serde_json::Value>(&key) {
+            answer_error(&id, "desk_lost", &message(&asked));
+        }
+    }
+    agent_done
+}
+
 /// Copies stdin's lines to the desk as `M` frames until stdin closes.
-fn copy_stdin(to_desk: &mut UnixStream) -> Result<(), PipeError> {
+fn copy_stdin(
+    link: &Shared,
+    options: &Options,
+    readers: &std::sync::mpsc::Sender<(BufReader<UnixStream>, u64)>,
+) -> Result<(), PipeError> {
     let mut stdin = BufReader::with_capacity(64 * 1024, std::io::stdin().lock());
     let mut line = Vec::new();
     loop {
@@ -376,8 +755,163 @@ fn copy_stdin(to_desk: &mut UnixStream) -> Result<(), PipeError> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        write_frame(to_desk, &Frame::Mcp(std::mem::take(&mut line))).map_err(lost)?;
+        forward(link, options, readers, std::mem::take(&mut line))?;
     }
+}
+
+/// Sends one message of the agent to the desk, connecting again first when the connection was
+/// lost and the message is a request. Errors only when the pipe must stop.
+fn forward(
+    link: &Shared,
+    options: &Options,
+    readers: &std::sync::mpsc::Sender<(BufReader<UnixStream>, u64)>,
+    message: Vec<u8>,
+) -> Result<(), PipeError> {
+    let kind = Kind::of(&message);
+    let asked = match &kind {
+        Kind::Request { method, .. } => Some(Asked::of(method, &message)),
+        _ => None,
+    };
+    lock(link).remember(&kind, &message);
+    // Encoded once, whatever connection it goes to.
+    let frame = match encode(&Frame::Mcp(message)) {
+        Ok(frame) => frame,
+        Err(e) => {
+            eprintln!("countersign mcp: dropped a message from the agent: {e}");
+            return Ok(());
+        }
+    };
+    // Sent at most twice: again on a new connection only when it never arrived whole.
+    let mut sent = 0;
+    loop {
+        let (desk, generation) = {
+            let mut state = lock(link);
+            if let Kind::Response { key } = &kind {
+                match state.asked_by_desk.remove(key) {
+                    // An answer to a desk that is gone: nobody can take it.
+                    Some(g) if g != state.generation || state.desk.is_none() => return Ok(()),
+                    None if state.desk.is_none() => return Ok(()),
+                    _ => {}
+                }
+            }
+            match state.desk.clone() {
+                Some(desk) => {
+                    let generation = state.generation;
+                    if let (Kind::Request { id, .. }, Some(asked)) = (&kind, &asked) {
+                        let entry = (generation, asked.clone());
+                        state.outstanding.insert(id.to_string(), entry);
+                    }
+                    (desk, generation)
+                }
+                // Lost: a request connects again; anything else has no one to go to.
+                None if asked.is_some() && sent < 2 => {
+                    drop(state);
+                    if connect_again(link, options, readers, &kind)? {
+                        continue;
+                    }
+                    return Ok(()); // answered: no desk answers
+                }
+                None => return Ok(()),
+            }
+        };
+        sent += 1;
+        // One write per frame: the desk sees whole frames as early as possible.
+        if (&*desk).write_all(&frame).is_ok() {
+            return Ok(());
+        }
+        // The frame did not arrive whole, so the desk never read it: the connection is gone.
+        let mut state = lock(link);
+        if state.generation == generation
+            && let Some(desk) = state.desk.take()
+        {
+            let _ = desk.shutdown(std::net::Shutdown::Both);
+        }
+        if let Kind::Request { id, .. } = &kind {
+            if state.outstanding.remove(&id.to_string()).is_none() {
+                return Ok(()); // answered already, as lost with its connection
+            }
+            if sent >= 2 {
+                drop(state);
+                let message = "Countersign: the connection to the desk broke twice while this \
+                               request was being sent, so it was not sent: nothing was executed. \
+                               Next: send it again.";
+                answer_error(id, "desk_lost", message);
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Connects again for the agent's request `kind`, and replays the agent's opening messages on
+/// the new connection: `true` once connected. When no desk answers, the request is answered with
+/// an error saying so (`false`; the next request tries again); when the desk refuses, the pipe
+/// stops.
+fn connect_again(
+    link: &Shared,
+    options: &Options,
+    readers: &std::sync::mpsc::Sender<(BufReader<UnixStream>, u64)>,
+    kind: &Kind,
+) -> Result<bool, PipeError> {
+    let Kind::Request { id, method } = kind else {
+        return Ok(false);
+    };
+    let connection = match reconnect(options) {
+        Ok(connection) => connection,
+        Err(e @ PipeError::Refused { .. }) => {
+            answer_error(id, "desk_refused", &e.to_string());
+            return Err(e);
+        }
+        Err(e) => {
+            eprintln!("countersign mcp: {e}");
+            let message = format!(
+                "Countersign: the connection to the desk was lost, and connecting again failed: \
+                 {e}. Nothing was sent for this request. Next: start the Countersign desk (or \
+                 wait until it is back), then send it again: the gateway connects again on each \
+                 request."
+            );
+            answer_error(id, "desk_unreachable", &message);
+            return Ok(false);
+        }
+    };
+    let Connection { to_desk, from_desk } = connection;
+    let mut state = lock(link);
+    state.generation += 1;
+    let generation = state.generation;
+    // The agent's session is re-established transparently: its own opening again (unless this
+    // request is that opening), under an id of the pipe's whose answer is dropped.
+    let mut replay = Vec::new();
+    let reopening = method == "initialize" || method == "server/discover";
+    if !reopening && let Some(opening) = &state.opening {
+        if let Ok(mut opening) = serde_json::from_slice::<serde_json::Value>(opening) {
+            let own = format!("countersign-reconnect-{generation}");
+            opening["id"] = serde_json::Value::String(own.clone());
+            state
+                .replayed
+                .insert(serde_json::Value::String(own).to_string(), generation);
+            replay.push(opening.to_string().into_bytes());
+        }
+        if let Some(initialized) = &state.initialized {
+            replay.push(initialized.clone());
+        }
+    }
+    let desk = Arc::new(to_desk);
+    state.desk = Some(desk.clone());
+    drop(state);
+    eprintln!(
+        "countersign mcp: connected to the desk again; the agent has a new session there, so \
+         confirm tokens issued before no longer work"
+    );
+    // The read half first: the loop that relays it answers what this connection carries.
+    if readers.send((from_desk, generation)).is_err() {
+        return Err(PipeError::Lost("the relay stopped".into()));
+    }
+    for message in replay {
+        // A failure shows on the next write, which connects again.
+        if write_frame(&mut &*desk, &Frame::Mcp(message)).is_err() {
+            break;
+        }
+    }
+    Ok(true)
 }
 
 fn skip_line(reader: &mut impl BufRead) {
