@@ -80,6 +80,11 @@ const KEYCHAIN_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs
 /// would only strand work the person already allowed; they still expire as always.
 pub(crate) async fn check_keychain(app: &AppHandle) -> Option<String> {
     let desk = app.state::<Desk>();
+    // No key at all (the keychain was missing at start): that is the problem to show, as it was
+    // said then.
+    if let Some(problem) = desk.engine.secret_problem() {
+        return Some(problem);
+    }
     let secret = desk.secret.clone();
     let asked = tauri::async_runtime::spawn_blocking(move || match secret.load() {
         Ok(Some(_)) => None,
