@@ -62,6 +62,8 @@ pub struct Desk {
     driver: tokio::process::Child,
     /// The WebDriver session.
     pub browser: Client,
+    /// The screen of its own it runs on, unless the test gave it one (`DISPLAY` in its env).
+    _display: Option<OwnDisplay>,
 }
 
 impl Desk {
@@ -81,88 +83,7 @@ impl Desk {
     }
 
     async fn start_configured(env: &[(&str, &str)], settings: Option<Value>) -> Desk {
-        assert!(
-            std::env::var_os("DISPLAY").is_some(),
-            "the desk tests need a display: run them under Xvfb (make test does)"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        for sub in ["data", "config"] {
-            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
-        }
-        if let Some(settings) = settings {
-            let file = dir.path().join("config/settings.json");
-            std::fs::write(file, settings.to_string()).unwrap();
-        }
-        let port = free_port();
-        let native = free_port();
-        let driver = tokio::process::Command::new(tauri_driver())
-            .args([
-                "--port",
-                &port.to_string(),
-                "--native-port",
-                &native.to_string(),
-            ])
-            .env("COUNTERSIGN_DESK_DIR", dir.path())
-            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            // Its own process group: the native driver and the desk it starts end with it.
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "tauri-driver did not listen");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let mut caps = Map::new();
-        caps.insert("browserName".into(), json!("wry"));
-        caps.insert(
-            "tauri:options".into(),
-            json!({ "application": bin("countersign-desk"), "args": [] }),
-        );
-        let url = format!("http://127.0.0.1:{port}");
-        let mut attempts = 0;
-        let browser = loop {
-            match ClientBuilder::native()
-                .capabilities(caps.clone())
-                .connect(&url)
-                .await
-            {
-                Ok(browser) => break browser,
-                // tauri-driver now and then drops the first request while its native driver
-                // starts (seen as an incomplete HTTP message). Try again, but only while no desk
-                // answers: a desk already started would make a retry start a second one.
-                Err(e)
-                    if attempts < 3
-                        && tokio::net::UnixStream::connect(dir.path().join("desk.sock"))
-                            .await
-                            .is_err() =>
-                {
-                    attempts += 1;
-                    eprintln!("no WebDriver session yet ({e}); trying again");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => panic!("no WebDriver session: {e}"),
-            }
-        };
-        let desk = Desk {
-            dir,
-            driver,
-            browser,
-        };
-        // The window is up once its script has asked for the queue.
-        desk.until("the window to load", |d| {
-            Box::pin(async move { d.exists("#empty").await })
-        })
-        .await;
-        desk
+        Desk::launch(tempfile::tempdir().unwrap(), env, settings, Stdio::null()).await
     }
 
     /// Its socket.
@@ -455,12 +376,29 @@ impl Desk {
         env: &[(&str, &str)],
         stderr: std::fs::File,
     ) -> Desk {
-        assert!(
-            std::env::var_os("DISPLAY").is_some(),
-            "the desk tests need a display: run them under Xvfb (make test does)"
-        );
+        Desk::launch(dir, env, None, stderr.into()).await
+    }
+
+    /// Starts a desk through tauri-driver with its files under `dir`, extra environment, the
+    /// settings file holding `settings` when given, and tauri-driver's stderr (so the desk's)
+    /// going to `stderr`; waits until its window has loaded.
+    async fn launch(
+        dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        settings: Option<Value>,
+        stderr: Stdio,
+    ) -> Desk {
+        // Each desk on a screen of its own: windows of desks running side by side on one screen
+        // take focus from each other, and a window that regains focus holds Approve again, so a
+        // test could wait for Approve until it timed out.
+        let display = (!env.iter().any(|(k, _)| *k == "DISPLAY")).then(OwnDisplay::start);
+        let own_display = display.as_ref().map(|d| ("DISPLAY", d.name.clone()));
         for sub in ["data", "config"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        if let Some(settings) = settings {
+            let file = dir.path().join("config/settings.json");
+            std::fs::write(file, settings.to_string()).unwrap();
         }
         let port = free_port();
         let native = free_port();
@@ -475,8 +413,10 @@ impl Desk {
             .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
+            .envs(own_display)
             .stdout(Stdio::null())
             .stderr(stderr)
+            // Its own process group: the native driver and the desk it starts end with it.
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
@@ -504,7 +444,9 @@ impl Desk {
                 .await
             {
                 Ok(browser) => break browser,
-                // As in `start_configured`: retry only while no desk answers.
+                // tauri-driver now and then drops the first request while its native driver
+                // starts (seen as an incomplete HTTP message). Try again, but only while no desk
+                // answers: a desk already started would make a retry start a second one.
                 Err(e)
                     if attempts < 3
                         && tokio::net::UnixStream::connect(dir.path().join("desk.sock"))
@@ -522,6 +464,7 @@ impl Desk {
             dir,
             driver,
             browser,
+            _display: display,
         };
         desk.until("the window to load", |d| {
             Box::pin(async move { d.exists("#empty").await })
