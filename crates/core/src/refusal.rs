@@ -110,8 +110,10 @@ impl Refusal {
                 "Refused: the confirmation token has expired. Run the preflight again for a fresh token."
             }
             Refusal::WrongTenant => {
-                "Refused: this token was issued to another agent session. It cannot be used here; \
-                 this is not a retry case."
+                "Refused: this token was issued to another agent session (or to this one before the \
+                 Countersign desk restarted, which starts every session anew). It cannot be used \
+                 here; this is not a retry case. If the work is still needed, run the preflight \
+                 again."
             }
             Refusal::WrongTool => {
                 "Refused: this token was issued for another tool. It cannot be used here; this is \
