@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 
 use countersign_core::token::{self, SigningKey};
 use countersign_store::{HistoryFilter, Store, StoreOptions};
+use countersign_tests::desk_process::DeskChild;
 use rmcp::model::*;
 use rmcp::service::RunningService;
 use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The key `desk_child` signs with.
 fn key() -> SigningKey {
@@ -42,45 +42,6 @@ fn obedient_server() -> PathBuf {
 
 fn countersign() -> PathBuf {
     countersign_tests::window::bin("countersign")
-}
-
-/// A desk in a child process, on `socket` and `db`.
-struct DeskChild {
-    child: tokio::process::Child,
-}
-
-impl DeskChild {
-    async fn start(socket: &Path, db: &Path) -> DeskChild {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_desk_child"))
-            .arg(socket)
-            .arg(db)
-            .arg("--approve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("the desk child did not start within 20 s")
-            .unwrap();
-        assert_eq!(ready.as_deref(), Some("READY"));
-        DeskChild { child }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id().unwrap() as i32
-    }
-
-    async fn killed(mut self) {
-        // SAFETY: a signal to our own child.
-        unsafe {
-            libc::kill(self.pid(), libc::SIGKILL);
-        }
-        let _ = self.child.wait().await;
-    }
 }
 
 type Agent = RunningService<RoleClient, ClientConfig>;
@@ -252,7 +213,7 @@ async fn a_desk_killed_at_any_moment_never_runs_an_approval_twice_or_one_nobody_
         let agent = agent(&socket, &log).await;
         let kill_after =
             Duration::from_micros(random.next() % (span.as_micros() as u64 * 13 / 10).max(1));
-        let pid = running.pid();
+        let pid = running.pid as i32;
         let killer = tokio::spawn(async move {
             tokio::time::sleep(kill_after).await;
             // SAFETY: a signal to our own child.
@@ -385,7 +346,7 @@ async fn a_full_disk_at_the_spend_runs_nothing_and_the_same_approval_works_once_
         .nonce;
 
     // No room for a single byte more in any file the desk writes.
-    limit_file_size(desk.pid(), 1);
+    limit_file_size(desk.pid as i32, 1);
     let r = call(&agent, confirm.clone()).await.unwrap();
     let refusal = r
         .structured_content
@@ -401,7 +362,7 @@ async fn a_full_disk_at_the_spend_runs_nothing_and_the_same_approval_works_once_
     );
 
     // Room again: the same token spends and runs, once.
-    limit_file_size(desk.pid(), libc::RLIM_INFINITY);
+    limit_file_size(desk.pid as i32, libc::RLIM_INFINITY);
     let r = call(&agent, confirm.clone()).await.unwrap();
     assert_ne!(r.is_error, Some(true), "{r:?}");
     assert_eq!(executions(&log).get("full-disk"), Some(&1));

@@ -14,20 +14,6 @@ use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-fn raise_descriptor_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain system calls on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
-}
-
 fn percentiles(mut samples: Vec<Duration>) -> String {
     samples.sort();
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
@@ -78,7 +64,7 @@ async fn window_round_trips(desk: &Desk, n: usize) -> Vec<Duration> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    raise_descriptor_limit();
+    countersign_tests::measure::raise_descriptor_limit();
     let desk = Desk::start().await;
     let group = desk.process_group().expect("the driver's process group");
     let normal = desk.agent("normal-agent").await;

@@ -32,6 +32,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use countersign_tests::desk_process::DeskChild;
 use countersign_tests::measure;
 use rmcp::model::*;
 use rmcp::service::RunningService;
@@ -100,45 +101,6 @@ impl Random {
 
 // ---------------------------------------------------------------------------------------------
 // The desk.
-
-/// `desk_child SOCKET DB --approve`, stopped by closing its stdin.
-struct DeskChild {
-    child: tokio::process::Child,
-    pid: u32,
-}
-
-impl DeskChild {
-    async fn start(socket: &Path, db: &Path) -> DeskChild {
-        let mut child = tokio::process::Command::new(countersign_tests::window::bin("desk_child"))
-            .arg(socket)
-            .arg(db)
-            .arg("--approve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("desk_child starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("the desk child did not start within 20 s")
-            .unwrap();
-        assert_eq!(ready.as_deref(), Some("READY"));
-        let pid = child.id().unwrap();
-        DeskChild { child, pid }
-    }
-
-    async fn stop(mut self) {
-        drop(self.child.stdin.take());
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
 
 /// What the desk looks like from `/proc` at one moment.
 struct Snapshot {
@@ -881,23 +843,9 @@ async fn churn(config: &Config, desk: &DeskChild, socket: &Path, run_dir: &Path)
     failures.is_empty()
 }
 
-fn raise_descriptor_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain system calls on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    raise_descriptor_limit();
+    countersign_tests::measure::raise_descriptor_limit();
     let config = Config::from_env();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("desk.sock");

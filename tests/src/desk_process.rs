@@ -44,3 +44,56 @@ pub fn terminate(pid: i32) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `desk_child SOCKET DB --approve` (the desk's engine and sessions without the window,
+/// approving each request through `Engine::approve`) in a process of its own.
+pub struct DeskChild {
+    child: tokio::process::Child,
+    /// Its pid.
+    pub pid: u32,
+}
+
+impl DeskChild {
+    /// Starts it and waits (up to 20 s) until it says it listens.
+    pub async fn start(socket: &Path, db: &Path) -> DeskChild {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(crate::window::bin("desk_child"))
+            .arg(socket)
+            .arg(db)
+            .arg("--approve")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("desk_child starts");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the desk child did not start within 20 s")
+            .unwrap();
+        assert_eq!(ready.as_deref(), Some("READY"));
+        let pid = child.id().unwrap();
+        DeskChild { child, pid }
+    }
+
+    /// Kills it with SIGKILL, as a crash would, and reaps it.
+    pub async fn killed(mut self) {
+        // SAFETY: a signal to our own child.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGKILL);
+        }
+        let _ = self.child.wait().await;
+    }
+
+    /// Closes its stdin, which ends it cleanly; kills it if it has not ended within 10 s.
+    pub async fn stop(mut self) {
+        drop(self.child.stdin.take());
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}

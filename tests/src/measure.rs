@@ -136,3 +136,18 @@ pub fn desk_pss_mb(group: u32) -> f64 {
         .sum();
     kb as f64 / 1024.0
 }
+
+/// Raises this process's soft descriptor limit to the hard one (a bench opens many sockets).
+pub fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system calls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
