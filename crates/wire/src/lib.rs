@@ -16,6 +16,7 @@
 //! | `W` | [`Welcome`] as JSON | desk → gateway, the answer to the hello |
 //! | `M` | one MCP (JSON-RPC) message, the bytes of one stdio line without its newline | both |
 //! | `E` | bytes the upstream wrote to its stderr | desk → gateway |
+//! | `R` | [`RegistryAnswer`] as JSON | desk → `countersign server`/`install`, after [`Hello::Registry`] |
 //!
 //! # Conversation
 //! The gateway opens with [`Hello::Gateway`]: the [`PROTOCOL_VERSION`] it speaks and what to
@@ -24,7 +25,9 @@
 //! with a [`RefusedCode`] and a sentence for a person. After an acceptance both sides send `M`
 //! frames until one closes: the agent's messages one way, the desk's answers, notifications and
 //! requests (roots, sampling, elicitation) the other. A second start of the desk opens with
-//! [`Hello::Focus`] instead, which asks the running desk to bring its window forward.
+//! [`Hello::Focus`] instead, which asks the running desk to bring its window forward. The
+//! command line's registry requests open with [`Hello::Registry`] (see [`RegistryRequest`]): a
+//! proposal, which for anything but a new server waits for the person's click in the window.
 //!
 //! There is no message that approves or denies, and none that carries policy, a class or an
 //! identity: the desk decides those itself. A name in the hello is a display label only.
@@ -37,10 +40,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 #[cfg(unix)]
 mod place;
+mod registry;
 #[cfg(unix)]
 pub use place::{
     DESK_DIR_ENV, DeskDirs, SOCKET_ENV, account_home, account_uid, agents_socket_path,
     agents_socket_path_of, default_socket_path, prepare_socket_dir, socket_override, socket_path,
+};
+
+pub use registry::{
+    Invalid, MAX_NAME, RegistryAnswer, RegistryCode, RegistryRequest, SecretText, ServerSpec,
+    Setting, Upstream, check_name,
 };
 
 /// The protocol version this build speaks. Both sides must speak the same one. Version 2: the
@@ -122,6 +131,14 @@ pub enum Hello {
         /// [`PROTOCOL_VERSION`] of the second desk.
         version: u32,
     },
+    /// `countersign server ...` or `countersign install`: a request to the registry of servers
+    /// (see [`RegistryRequest`]), answered with `R` frames.
+    Registry {
+        /// [`PROTOCOL_VERSION`] of the command.
+        version: u32,
+        /// What it asks.
+        request: RegistryRequest,
+    },
 }
 
 /// The desk's answer to a [`Hello`].
@@ -192,6 +209,8 @@ pub enum Frame {
     Mcp(Vec<u8>),
     /// `E`: bytes from the upstream's stderr.
     Stderr(Vec<u8>),
+    /// `R`: the desk's answer to a [`Hello::Registry`].
+    Registry(RegistryAnswer),
 }
 
 impl fmt::Debug for Frame {
@@ -202,6 +221,7 @@ impl fmt::Debug for Frame {
             Frame::Welcome(w) => f.debug_tuple("Welcome").field(w).finish(),
             Frame::Mcp(b) => write!(f, "Mcp(<{} bytes>)", b.len()),
             Frame::Stderr(b) => write!(f, "Stderr(<{} bytes>)", b.len()),
+            Frame::Registry(r) => f.debug_tuple("Registry").field(r).finish(),
         }
     }
 }
@@ -244,6 +264,10 @@ pub fn encode(frame: &Frame) -> Result<Vec<u8>, FrameError> {
         }
         Frame::Mcp(m) => (b'M', m),
         Frame::Stderr(e) => (b'E', e),
+        Frame::Registry(r) => {
+            control = serde_json::to_vec(r)?;
+            (b'R', &control)
+        }
     };
     let len = body.len() + 1;
     if len > MAX_FRAME {
@@ -264,6 +288,7 @@ pub fn decode(body: &[u8]) -> Result<Frame, FrameError> {
         b'W' => Frame::Welcome(serde_json::from_slice(rest)?),
         b'M' => Frame::Mcp(rest.to_vec()),
         b'E' => Frame::Stderr(rest.to_vec()),
+        b'R' => Frame::Registry(serde_json::from_slice(rest)?),
         other => return Err(FrameError::UnknownKind(other)),
     })
 }
