@@ -9,3 +9,4 @@ pub mod launch;
 pub mod logging;
 pub mod paths;
 pub mod pipe;
+pub mod registry;

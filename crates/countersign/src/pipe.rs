@@ -101,7 +101,7 @@ impl PipeError {
     }
 }
 
-fn lost(e: impl std::fmt::Display) -> PipeError {
+pub(crate) fn lost(e: impl std::fmt::Display) -> PipeError {
     PipeError::Lost(e.to_string())
 }
 
@@ -213,7 +213,7 @@ fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
 
 /// Connects, starting the desk once if none answers at the computed path and giving it a few
 /// seconds to bind.
-fn connect(options: &Options) -> Result<UnixStream, PipeError> {
+pub(crate) fn connect(options: &Options) -> Result<UnixStream, PipeError> {
     let unreachable =
         |e: std::io::Error| PipeError::Unreachable(format!("{}: {e}", options.socket.display()));
     let first = match dial(&options.socket, options.desk_uid) {
@@ -248,7 +248,7 @@ fn connect(options: &Options) -> Result<UnixStream, PipeError> {
 }
 
 /// Reads one frame. `Ok(None)` when the desk closed the connection between frames.
-fn read_frame(reader: &mut impl Read) -> Result<Option<Frame>, FrameError> {
+pub(crate) fn read_frame(reader: &mut impl Read) -> Result<Option<Frame>, FrameError> {
     let mut len = [0u8; 4];
     match reader.read_exact(&mut len) {
         Ok(()) => {}
@@ -264,7 +264,7 @@ fn read_frame(reader: &mut impl Read) -> Result<Option<Frame>, FrameError> {
     decode(&body).map(Some)
 }
 
-fn write_frame(writer: &mut impl Write, frame: &Frame) -> Result<(), FrameError> {
+pub(crate) fn write_frame(writer: &mut impl Write, frame: &Frame) -> Result<(), FrameError> {
     // One write per frame: the desk sees whole frames as early as possible.
     writer.write_all(&encode(frame)?)?;
     Ok(())
