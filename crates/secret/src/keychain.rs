@@ -40,9 +40,7 @@ impl KeychainStore {
     /// Secret Service session over D-Bus) but reads nothing yet. Tests use a unique account and
     /// delete it afterwards.
     pub fn open(service: &str, account: &str) -> Result<Self, SecretError> {
-        let store = platform_store().map_err(|e| SecretError::NoKeychain {
-            detail: describe_cause(&e),
-        })?;
+        let store = open_platform_store()?;
         let name = format!("`{service}`/`{account}` in the OS keychain");
         let entry =
             Entry::new_in_store(&store, service, account).map_err(|e| from_keyring(e, &name))?;
@@ -89,6 +87,13 @@ impl std::fmt::Debug for KeychainStore {
     }
 }
 
+/// This platform's credential store, or [`SecretError::NoKeychain`].
+pub(crate) fn open_platform_store() -> Result<Arc<CredentialStore>, SecretError> {
+    platform_store().map_err(|e| SecretError::NoKeychain {
+        detail: describe_cause(&e),
+    })
+}
+
 /// This platform's credential store. On Linux this connects to the Secret Service, so it fails
 /// when there is no session bus or no provider on it.
 fn platform_store() -> keyring_core::Result<Arc<CredentialStore>> {
@@ -107,7 +112,7 @@ fn platform_store() -> keyring_core::Result<Arc<CredentialStore>> {
 
 /// Maps a keychain error from an operation on an entry. Errors that carry the stored bytes
 /// (`BadEncoding`, `BadDataFormat`) are reduced to a reason, so no secret reaches a message.
-fn from_keyring(err: keyring_core::Error, entry: &str) -> SecretError {
+pub(crate) fn from_keyring(err: keyring_core::Error, entry: &str) -> SecretError {
     use keyring_core::Error as K;
     match err {
         K::NoStorageAccess(_) => SecretError::NoKeychain {

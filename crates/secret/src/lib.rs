@@ -19,11 +19,13 @@
 #![deny(missing_docs)]
 
 mod error;
+mod items;
 mod keychain;
 mod memory;
 mod secret;
 
 pub use error::SecretError;
+pub use items::{Items, KeychainItems, MemoryItems};
 pub use keychain::{DEFAULT_ACCOUNT, KeychainStore, SERVICE};
 pub use memory::MemoryStore;
 pub use secret::{HmacSecret, SECRET_LEN};
