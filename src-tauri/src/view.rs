@@ -307,6 +307,7 @@ mod tests {
             type_target: false,
             token_ttl_ms: 600_000,
             arrived_at_ms: 0,
+            change: None,
         }
     }
 

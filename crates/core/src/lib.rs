@@ -5,12 +5,14 @@
 //! any auditor: a plan and its canonical hash ([`plan`], [`canonical`]), the preflight text that
 //! agrees with the hash ([`render`]), the signed token ([`token`]), the verification chain in the
 //! seed's order ([`verify`]) with its typed refusals ([`refusal`]), the gate classes ([`gate`]) and
-//! the ledger contract that single-use tokens are spent against ([`ledger`]). Time is always a
+//! the ledger contract that single-use tokens are spent against ([`ledger`]), and the line diff a
+//! person reads before accepting a change to the desk ([`diff`]). Time is always a
 //! parameter: milliseconds since the Unix epoch.
 #![deny(missing_docs)]
 
 pub mod binding;
 pub mod canonical;
+pub mod diff;
 pub mod gate;
 pub mod ledger;
 pub mod plan;

@@ -39,11 +39,15 @@ pub enum Refusal {
     Pending,
     /// The desk (the authority) could not be reached; nothing gated can run.
     DeskUnavailable,
+    /// The tool's definition (description, schemas, annotations, title) differs from the one the
+    /// desk pinned when it first saw it: no call of it runs, open or gated, until the person
+    /// accepts the change in the desk. A changed description can carry an injection.
+    ToolChanged,
 }
 
 impl Refusal {
     /// Every refusal, in the order of the verification chain, then the desk's own outcomes.
-    pub const ALL: [Refusal; 13] = [
+    pub const ALL: [Refusal; 14] = [
         Refusal::NoToken,
         Refusal::BadToken,
         Refusal::Expired,
@@ -57,6 +61,7 @@ impl Refusal {
         Refusal::Denied,
         Refusal::Pending,
         Refusal::DeskUnavailable,
+        Refusal::ToolChanged,
     ];
 
     /// The stable wire code, e.g. `already_used`.
@@ -75,6 +80,7 @@ impl Refusal {
             Refusal::Denied => "denied",
             Refusal::Pending => "pending",
             Refusal::DeskUnavailable => "desk_unavailable",
+            Refusal::ToolChanged => "tool_changed",
         }
     }
 
@@ -151,6 +157,12 @@ impl Refusal {
                 "Refused: the Countersign desk is not running or cannot be reached, so nothing that \
                  needs approval can run. Ask the user to start it (`countersign desk`)."
             }
+            Refusal::ToolChanged => {
+                "Refused: this tool's definition (its description, schemas or annotations) changed \
+                 since the Countersign desk first saw it, so no call of it runs until that change \
+                 is accepted. Nothing was executed. Next: the person reviews the change in the \
+                 Countersign desk; call again after they accept it."
+            }
         }
     }
 }
@@ -199,6 +211,14 @@ mod tests {
         let text = Refusal::LedgerUnreachable.next_move();
         assert!(text.contains("Nothing was executed"));
         assert!(text.contains("Retry shortly"));
+    }
+
+    #[test]
+    fn tool_changed_says_nothing_ran_and_that_the_person_reviews_it() {
+        let text = Refusal::ToolChanged.next_move();
+        assert!(text.contains("Nothing was executed"));
+        assert!(text.contains("the person reviews the change in the Countersign desk"));
+        assert!(text.contains("call again after they accept it"));
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub enum EventKind {
         /// Why.
         reason: Rejection,
     },
+    /// A person approved a change to the desk itself (a registered server, the policy, a tool
+    /// definition): `tool` is `change:<kind>`, `target` what changes. A denied change is
+    /// [`EventKind::Denied`] with the same `tool` and `target`.
+    Changed,
 }
 
 /// Why a gated call was refused before the verification chain: the codes an agent receives in
@@ -94,7 +98,7 @@ impl Rejection {
 
 impl EventKind {
     /// The history code: `issued`, `accepted`, `refused`, `replay`, `denied`, `executed`,
-    /// `rejected`.
+    /// `rejected`, `changed`.
     pub fn code(self) -> &'static str {
         match self {
             EventKind::Issued => "issued",
@@ -104,6 +108,7 @@ impl EventKind {
             EventKind::Denied => "denied",
             EventKind::Executed { .. } => "executed",
             EventKind::Rejected { .. } => "rejected",
+            EventKind::Changed => "changed",
         }
     }
 

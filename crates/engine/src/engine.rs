@@ -5,6 +5,13 @@
 //! decision is published through a `watch` channel to whoever waits; an approval whose caller
 //! already gave up waiting stays collectable until its token expires. Changes to the queue go out
 //! on a broadcast channel, so the window never polls.
+//!
+//! The same queue holds requests to change the desk itself ([`Change`]: a server, the policy, a
+//! tool whose definition differs from its pin). They are decided by the same click and delay but
+//! mint nothing, and are capped on their own ([`MAX_PENDING_CHANGES`]). Tool definitions are
+//! pinned per server identity at first sight (in the store); a tool listed with another
+//! definition keeps being listed, but no call of it, open or gated, runs until the person accepts
+//! the change, which re-pins it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -12,12 +19,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::answer::{Answer, ErrorCode, ToolDecision};
+use crate::change::{self, Change, ChangeDecision, ChangeKind, MAX_PENDING_CHANGES};
 use countersign_core::policy::{self, Policy, ToolRule};
 use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
 use countersign_core::verify::{self, Confirm};
 use countersign_core::{GateClass, Plan, PlanHash, Refusal, binding, render};
-use countersign_store::{Approval, HistoryFilter, Store, StoreOptions};
+use countersign_store::{Approval, HistoryFilter, Store, StoreOptions, ToolPin};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
@@ -26,6 +34,11 @@ use tokio::sync::{broadcast, watch};
 pub const HEADLESS: &str = "Refused: the Countersign desk is running without a window (no \
 display), so nobody can approve this call. Nothing was executed. Next: open the Countersign desk \
 in a desktop session (`countersign desk`), then call this tool again.";
+
+/// Why a desk without a window denies every proposed change.
+const NO_WINDOW_FOR_CHANGES: &str = "the Countersign desk is running without a window (no \
+display), so nobody can review this change. Nothing was changed. Open the desk in a desktop \
+session (`countersign desk`) and propose it again.";
 
 /// Token lifetime unless configured otherwise: ten minutes.
 pub const DEFAULT_TOKEN_TTL_MS: u64 = 10 * 60 * 1000;
@@ -154,6 +167,9 @@ pub struct PendingRequest {
     pub arrived_at_ms: u64,
     /// The plan as plain text, exactly as hashed.
     pub text: String,
+    /// For a request to change the desk itself (not a tool call): the change. Its `plan` then
+    /// only names it (tool `change:<kind>`, target its subject); nothing is minted for it.
+    pub change: Option<Change>,
 }
 
 /// Why a request left the queue.
@@ -205,6 +221,8 @@ struct Call {
 enum Decision {
     /// The answer the waiting preflight gets: always an [`Answer::Approved`].
     Approved(Answer),
+    /// A change was approved (and, for a tool, re-pinned).
+    Changed,
     Denied {
         note: Option<String>,
     },
@@ -216,12 +234,33 @@ struct Entry {
     decision: watch::Sender<Option<Decision>>,
     /// An approve of it is writing its approval: a second approve or a deny finds it taken.
     approving: bool,
+    /// For a tool's changed definition: the pin that approving it puts in force.
+    repin: Option<ToolPin>,
+}
+
+impl Entry {
+    fn is_change(&self) -> bool {
+        self.view.change.is_some()
+    }
+
+    fn is_waiting(&self) -> bool {
+        self.decision.borrow().is_none()
+    }
+}
+
+/// One tool as a connection's upstream listed it.
+struct Listed {
+    rule: ToolRule,
+    /// The hash of its definition as listed.
+    hash: PlanHash,
+    /// Whether that definition is the one pinned: calls of it run only while it is.
+    pinned: bool,
 }
 
 struct Connection {
     client_info: Value,
     server: String,
-    tools: HashMap<String, (Value, ToolRule)>,
+    tools: HashMap<String, Listed>,
 }
 
 #[derive(Default)]
@@ -479,6 +518,13 @@ impl Engine {
 
     /// Records a gated call refused before verification, and passes its answer on.
     fn rejected(&self, tenant: &str, tool: &str, answer: Answer) -> Answer {
+        if let Answer::Refused {
+            refusal: Refusal::ToolChanged,
+            ..
+        } = answer
+        {
+            return self.tool_changed(tenant, tool);
+        }
         if let Answer::Error { code, message } = &answer
             && let Some(reason) = code.rejection()
         {
@@ -535,6 +581,13 @@ impl Engine {
     /// nonce, and hand the preflight to whoever waits for it. `typed_target` is what the person
     /// typed, where policy asks for it. This is the only place a token is minted.
     pub fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
+        let is_change = lock(&self.inner.state)
+            .requests
+            .get(&id)
+            .is_some_and(Entry::is_change);
+        if is_change {
+            return self.approve_change(id);
+        }
         let key = self.key().map_err(ApproveError::NoSecret)?;
         let now = now_ms();
         // Under the lock only long enough to check the request and claim it: the durable write
@@ -544,7 +597,7 @@ impl Engine {
             let entry = state
                 .requests
                 .get_mut(&id)
-                .filter(|e| e.decision.borrow().is_none() && !e.approving)
+                .filter(|e| e.is_waiting() && !e.approving && !e.is_change())
                 .ok_or(ApproveError::NotPending)?;
             let view = &entry.view;
             if view.type_target && typed_target != Some(view.plan.target.as_str()) {
@@ -646,15 +699,16 @@ impl Engine {
             .map(str::trim)
             .filter(|n| !n.is_empty())
             .map(str::to_owned);
-        let state = lock(&self.inner.state);
+        let mut state = lock(&self.inner.state);
         let entry = state
             .requests
             .get(&id)
-            .filter(|e| e.decision.borrow().is_none() && !e.approving)
+            .filter(|e| e.is_waiting() && !e.approving)
             .ok_or(ApproveError::NotPending)?;
         entry
             .decision
             .send_replace(Some(Decision::Denied { note: note.clone() }));
+        let is_change = entry.is_change();
         let event = ConfirmEvent {
             at_ms: now_ms(),
             kind: EventKind::Denied,
@@ -662,14 +716,255 @@ impl Engine {
             target: Some(entry.view.plan.target.clone()),
             tenant: entry.view.tenant.clone(),
             nonce: None,
-            plan: Some(entry.view.plan_hash),
+            // A change has no plan a token could bind.
+            plan: (!is_change).then_some(entry.view.plan_hash),
             note,
         };
+        if is_change {
+            // Nobody collects a change's denial from the queue: whoever waits on it already
+            // holds the decision.
+            state.requests.remove(&id);
+        }
         drop(state);
         self.record(event);
         self.publish(QueueChange::Removed {
             id,
             reason: Removal::Denied,
+        });
+        Ok(())
+    }
+
+    /// Queues `change` for the person and waits for their decision. The same change (kind,
+    /// subject and new text) proposed again while one waits re-attaches to it, so both callers
+    /// get the one decision. Approving it mints nothing: it needs no signing key and no typed
+    /// target, only the approve delay. The caller applies an approved change itself.
+    ///
+    /// Denied at once, with a note saying why, when the desk has no window (nobody could decide
+    /// it) or [`MAX_PENDING_CHANGES`] changes already wait. A change whose caller stops waiting
+    /// stays queued until it is decided or [withdrawn](Self::withdraw_change).
+    pub async fn propose(&self, change: Change) -> ChangeDecision {
+        let queued = {
+            let mut state = lock(&self.inner.state);
+            self.queue_change(&mut state, change, None)
+        };
+        let mut decision = match queued {
+            Ok((decision, added)) => {
+                if let Some(view) = added {
+                    self.publish(QueueChange::Added {
+                        request: Box::new(view),
+                    });
+                }
+                decision
+            }
+            Err(refused) => return refused,
+        };
+        let decided = decision
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|d| d.clone());
+        match decided {
+            Some(Decision::Changed) => ChangeDecision::Approved,
+            Some(Decision::Denied { note }) => ChangeDecision::Denied { note },
+            // The entry left the queue undecided.
+            _ => ChangeDecision::Withdrawn,
+        }
+    }
+
+    /// Records a change to the desk that took effect without a click, because none was needed:
+    /// a new server name (it reaches no existing secret), or the person's own edit in the
+    /// settings view. History shows it as `changed`, like an approved change, with `note` saying
+    /// why no click was asked. Never pass a secret.
+    pub fn record_change(&self, kind: ChangeKind, subject: &str, note: Option<String>) {
+        self.record(ConfirmEvent {
+            at_ms: now_ms(),
+            kind: EventKind::Changed,
+            tool: format!("change:{}", kind.code()),
+            target: Some(subject.to_owned()),
+            tenant: String::new(),
+            nonce: None,
+            plan: None,
+            note,
+        });
+    }
+
+    /// Withdraws the waiting changes of `kind` to `subject` (e.g. the registry file changed
+    /// again, so what was proposed is no longer what would apply): whoever waits on one gets
+    /// [`ChangeDecision::Withdrawn`].
+    pub fn withdraw_change(&self, kind: ChangeKind, subject: &str) {
+        let subject = change::cut(subject.to_owned(), change::MAX_CHANGE_LABEL_CHARS);
+        let mut state = lock(&self.inner.state);
+        let ids: Vec<u64> = state
+            .requests
+            .iter()
+            .filter(|(_, e)| e.is_waiting() && !e.approving)
+            .filter(|(_, e)| {
+                e.view
+                    .change
+                    .as_ref()
+                    .is_some_and(|c| c.kind == kind && c.subject == subject)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            state.requests.remove(id);
+        }
+        drop(state);
+        for id in ids {
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Withdrawn,
+            });
+        }
+    }
+
+    /// Queues `change` (or finds the same one waiting). `repin`: for a tool, the pin approving
+    /// it puts in force. The receiver sees the decision; the view is `Some` when the change is
+    /// new, for the caller to publish once the lock is released.
+    #[allow(clippy::type_complexity)]
+    fn queue_change(
+        &self,
+        state: &mut State,
+        change: Change,
+        repin: Option<ToolPin>,
+    ) -> Result<(watch::Receiver<Option<Decision>>, Option<PendingRequest>), ChangeDecision> {
+        let change = change.bounded();
+        if !self.inner.config.window {
+            return Err(ChangeDecision::Denied {
+                note: Some(NO_WINDOW_FOR_CHANGES.to_owned()),
+            });
+        }
+        let same = state.requests.values().find(|e| {
+            e.is_waiting()
+                && e.view.change.as_ref().is_some_and(|c| {
+                    c.kind == change.kind && c.subject == change.subject && c.after == change.after
+                })
+        });
+        if let Some(entry) = same {
+            return Ok((entry.decision.subscribe(), None));
+        }
+        let waiting = state
+            .requests
+            .values()
+            .filter(|e| e.is_waiting() && e.is_change())
+            .count();
+        if waiting >= MAX_PENDING_CHANGES {
+            tracing::warn!(target: "desk", kind = change.kind.code(), subject = %change.subject, "change not queued: {waiting} changes already wait");
+            return Err(ChangeDecision::Denied {
+                note: Some(format!(
+                    "{waiting} changes already wait for the person at the Countersign desk, the \
+                     most it queues. Nothing was changed. Propose this again once they have \
+                     decided some."
+                )),
+            });
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let action = match (&change.before, &change.after) {
+            (None, _) => "add",
+            (_, None) => "remove",
+            _ => "change",
+        };
+        // What names the change where a plan is expected (history, notifications): nothing is
+        // ever minted for it.
+        let plan = Plan {
+            tool: format!("change:{}", change.kind.code()),
+            target: change.subject.clone(),
+            action: action.to_owned(),
+            summary: change.summary.clone(),
+            details: serde_json::json!({ "origin": change.origin }),
+            reversible: true,
+        };
+        let plan_hash = plan.hash().unwrap_or(PlanHash::from_bytes([0; 32]));
+        let view = PendingRequest {
+            id,
+            tenant: String::new(),
+            client_info: Value::Null,
+            server: repin.as_ref().map(|p| p.server.clone()).unwrap_or_default(),
+            text: render::plan_text(&plan),
+            plan,
+            plan_hash,
+            class: GateClass::Once,
+            type_target: false,
+            token_ttl_ms: 0,
+            arrived_at_ms: now_ms(),
+            change: Some(change),
+        };
+        let (sender, receiver) = watch::channel(None);
+        state.requests.insert(
+            id,
+            Entry {
+                view: view.clone(),
+                arguments: Map::new(),
+                decision: sender,
+                approving: false,
+                repin,
+            },
+        );
+        Ok((receiver, Some(view)))
+    }
+
+    /// A person approved change request `id`: for a tool, its new definition is pinned (and
+    /// calls of it pass from now on, on every connection that lists it); whoever proposed it is
+    /// told. Nothing is minted.
+    fn approve_change(&self, id: u64) -> Result<(), ApproveError> {
+        let now = now_ms();
+        let (view, repin) = {
+            let mut state = lock(&self.inner.state);
+            let entry = state
+                .requests
+                .get_mut(&id)
+                .filter(|e| e.is_waiting() && !e.approving && e.is_change())
+                .ok_or(ApproveError::NotPending)?;
+            let wait_ms = self.approve_wait_ms(entry.view.arrived_at_ms, now);
+            if wait_ms > 0 {
+                return Err(ApproveError::TooSoon { wait_ms });
+            }
+            entry.approving = true;
+            (entry.view.clone(), entry.repin.clone())
+        };
+        if let Some(pin) = &repin {
+            let pin = ToolPin {
+                pinned_at_ms: now,
+                ..pin.clone()
+            };
+            if let Err(e) = lock(&self.inner.store).repin(&pin) {
+                if let Some(entry) = lock(&self.inner.state).requests.get_mut(&id) {
+                    entry.approving = false;
+                }
+                return Err(ApproveError::Store(e.to_string()));
+            }
+        }
+        {
+            let mut state = lock(&self.inner.state);
+            let entry = state.requests.remove(&id).ok_or(ApproveError::NotPending)?;
+            entry.decision.send_replace(Some(Decision::Changed));
+            if let Some(pin) = &repin {
+                // The pin changed for every connection of this server: what each lists is
+                // compared with the new one (a connection still listing the old definition is
+                // held back now).
+                for conn in state.connections.values_mut() {
+                    if conn.server == pin.server
+                        && let Some(listed) = conn.tools.get_mut(&pin.tool)
+                    {
+                        listed.pinned = listed.hash == pin.hash;
+                    }
+                }
+            }
+        }
+        self.record(ConfirmEvent {
+            at_ms: now,
+            kind: EventKind::Changed,
+            tool: view.plan.tool.clone(),
+            target: Some(view.plan.target.clone()),
+            tenant: String::new(),
+            nonce: None,
+            plan: None,
+            note: None,
+        });
+        self.publish(QueueChange::Removed {
+            id,
+            reason: Removal::Approved,
         });
         Ok(())
     }
@@ -736,14 +1031,21 @@ impl Engine {
     }
 
     /// The upstream's tools for `tenant`: each one's class and whether it is withheld.
+    ///
+    /// Each tool's definition is compared with the one pinned for the connection's server: a
+    /// tool seen for the first time is pinned as it is; one whose definition differs keeps being
+    /// listed, but its calls are refused `tool_changed` and the change is queued for the person
+    /// (once: the same definition proposed again re-attaches). A tool no longer listed just goes;
+    /// its pin stays.
     pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Answer {
         let policy = self.policy();
-        let mut state = lock(&self.inner.state);
-        let Some(conn) = state.connections.get_mut(tenant) else {
+        let Some(server) = lock(&self.inner.state)
+            .connections
+            .get(tenant)
+            .map(|c| c.server.clone())
+        else {
             return error(ErrorCode::NotIntroduced, "unknown connection");
         };
-        let mut decisions = Vec::with_capacity(tools.len());
-        conn.tools.clear();
         // A name listed twice could be read one way and called the other: offer neither.
         let mut seen = HashMap::<&str, usize>::new();
         for tool in &tools {
@@ -751,6 +1053,45 @@ impl Engine {
                 *seen.entry(name).or_default() += 1;
             }
         }
+        let now = now_ms();
+        // The definitions as listed, and the pins in force for them, read (and taken at first
+        // sight) before the queue's lock: the file must not hold up the queue.
+        let listed: Vec<(&Value, ToolPin)> = tools
+            .iter()
+            .filter(|t| {
+                t.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| seen.get(n) == Some(&1))
+            })
+            .map(|tool| {
+                let definition = change::definition(tool);
+                let pin = ToolPin {
+                    server: server.clone(),
+                    tool: tool["name"].as_str().unwrap_or_default().to_owned(),
+                    hash: change::definition_hash(&definition),
+                    definition: change::definition_text(&definition),
+                    pinned_at_ms: now,
+                };
+                (tool, pin)
+            })
+            .collect();
+        let candidates: Vec<ToolPin> = listed.iter().map(|(_, pin)| pin.clone()).collect();
+        let pins = match lock(&self.inner.store).pin_first_seen(&candidates) {
+            Ok(pins) => pins,
+            Err(e) => {
+                // Deny by default: with no pin to compare with, no tool counts as unchanged.
+                tracing::error!(target: "desk", server = %server, error = %e, "could not read the pinned tool definitions: every tool is held back");
+                Vec::new()
+            }
+        };
+        let pinned: HashMap<&str, &ToolPin> = pins.iter().map(|p| (p.tool.as_str(), p)).collect();
+        let mut held_back = Vec::new();
+        let mut decisions = Vec::with_capacity(tools.len());
+        let mut state = lock(&self.inner.state);
+        let Some(conn) = state.connections.get_mut(tenant) else {
+            return error(ErrorCode::NotIntroduced, "unknown connection");
+        };
+        conn.tools.clear();
         for tool in &tools {
             // A tool without a string name cannot be called by name: it is not offered.
             let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
@@ -766,9 +1107,22 @@ impl Engine {
             };
             if let Some(reason) = &withheld {
                 tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool withheld: {reason}");
-            } else {
-                conn.tools
-                    .insert(name.clone(), (tool.clone(), rule.clone()));
+            } else if let Some((_, candidate)) = listed.iter().find(|(t, _)| std::ptr::eq(*t, tool))
+            {
+                let pin = pinned.get(name.as_str());
+                let is_pinned = pin.is_some_and(|p| p.hash == candidate.hash);
+                if !is_pinned {
+                    tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool definition differs from its pin: calls held back until the person accepts it");
+                    held_back.push((pin.map(|p| p.definition.clone()), candidate.clone()));
+                }
+                conn.tools.insert(
+                    name.clone(),
+                    Listed {
+                        rule: rule.clone(),
+                        hash: candidate.hash,
+                        pinned: is_pinned,
+                    },
+                );
             }
             decisions.push(ToolDecision {
                 name,
@@ -776,7 +1130,104 @@ impl Engine {
                 withheld,
             });
         }
+        let stale = Self::stale_tool_changes(&state, &server);
+        let mut added = Vec::new();
+        let mut removed = Vec::new();
+        for id in stale {
+            if state.requests.remove(&id).is_some() {
+                removed.push(id);
+            }
+        }
+        for (before, pin) in held_back {
+            // With no pin at all (the store failed) there is nothing to accept against: the
+            // tool stays held back until the pins can be read.
+            let Some(before) = before else { continue };
+            let change = Change {
+                kind: ChangeKind::Tool,
+                subject: format!("{server} · {}", pin.tool),
+                summary: change::tool_summary(&pin.tool, &before, &pin.definition),
+                before: Some(before),
+                after: Some(pin.definition.clone()),
+                origin: "the upstream's tool listing".to_owned(),
+            };
+            if let Ok((_, Some(view))) = self.queue_change(&mut state, change, Some(pin)) {
+                added.push(view);
+            }
+        }
+        drop(state);
+        for id in removed {
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Withdrawn,
+            });
+        }
+        for view in added {
+            self.publish(QueueChange::Added {
+                request: Box::new(view),
+            });
+        }
         Answer::Classes { tools: decisions }
+    }
+
+    /// Waiting tool changes of `server` that no connection of it lists any more (the tool went
+    /// back to its pinned definition, changed again, or went): accepting one would pin what no
+    /// upstream of it offers.
+    fn stale_tool_changes(state: &State, server: &str) -> Vec<u64> {
+        state
+            .requests
+            .iter()
+            .filter(|(_, e)| e.is_waiting() && !e.approving)
+            .filter_map(|(id, e)| {
+                let pin = e.repin.as_ref().filter(|p| p.server == server)?;
+                let offered = state.connections.values().any(|c| {
+                    c.server == server
+                        && c.tools
+                            .get(&pin.tool)
+                            .is_some_and(|l| !l.pinned && l.hash == pin.hash)
+                });
+                (!offered).then_some(*id)
+            })
+            .collect()
+    }
+
+    /// Whether an open tool's call may go to the upstream: the engine knows the connection, the
+    /// tool is listed, and its definition is the pinned one. [`Answer::Done`] when it may; a
+    /// refusal or an error (recorded in history) when it may not. The session asks before every
+    /// open call it forwards.
+    pub fn open_call(&self, tenant: &str, tool: &str) -> Answer {
+        let found = {
+            let state = lock(&self.inner.state);
+            state
+                .connections
+                .get(tenant)
+                .map(|c| c.tools.get(tool).map(|l| l.pinned))
+        };
+        match found {
+            None => error(ErrorCode::NotIntroduced, "unknown connection"),
+            Some(None) => {
+                let message = format!("`{tool}` is not a tool this connection offers");
+                self.rejected(tenant, tool, error(ErrorCode::UnknownTool, message))
+            }
+            Some(Some(false)) => self.tool_changed(tenant, tool),
+            Some(Some(true)) => Answer::Done,
+        }
+    }
+
+    /// A call of a tool whose definition differs from its pin: refused, and on the record.
+    fn tool_changed(&self, tenant: &str, tool: &str) -> Answer {
+        self.record(ConfirmEvent {
+            at_ms: now_ms(),
+            kind: EventKind::Refused {
+                refusal: Refusal::ToolChanged,
+            },
+            tool: tool.to_owned(),
+            target: None,
+            tenant: tenant.to_owned(),
+            nonce: None,
+            plan: None,
+            note: None,
+        });
+        refused(Refusal::ToolChanged)
     }
 
     /// A gated call of a registered tool of `tenant`, planned under its rule: the one place that
@@ -789,7 +1240,9 @@ impl Engine {
                 .get(tenant)
                 .ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
             match conn.tools.get(tool) {
-                Some((_, rule)) if rule.class.is_gated() => {
+                // Recorded by the caller that refuses the call (a withdraw refuses nothing).
+                Some(listed) if !listed.pinned => return Err(refused(Refusal::ToolChanged)),
+                Some(Listed { rule, .. }) if rule.class.is_gated() => {
                     (rule.clone(), conn.client_info.clone(), conn.server.clone())
                 }
                 Some(_) => {
@@ -820,10 +1273,11 @@ impl Engine {
     /// Why a new request of `tenant` cannot be queued, if it cannot: a refusal with a next move,
     /// never a silent drop.
     fn queue_full(state: &State, tenant: &str) -> Option<String> {
+        // Changes to the desk are capped on their own (MAX_PENDING_CHANGES).
         let waiting = state
             .requests
             .values()
-            .filter(|e| e.decision.borrow().is_none());
+            .filter(|e| e.is_waiting() && !e.is_change());
         let (mine, all) = waiting.fold((0, 0), |(mine, all), e| {
             (mine + usize::from(e.view.tenant == tenant), all + 1)
         });
@@ -852,7 +1306,7 @@ impl Engine {
             Some(Decision::Approved(Answer::Approved { expires_at_ms, .. })) => {
                 *expires_at_ms > now
             }
-            Some(Decision::Approved(_)) => false,
+            Some(Decision::Approved(_)) | Some(Decision::Changed) => false,
             Some(Decision::Denied { .. }) => e.view.arrived_at_ms.saturating_add(ttl) > now,
         });
     }
@@ -894,7 +1348,10 @@ impl Engine {
             let mut state = lock(&self.inner.state);
             Self::sweep(&mut state, now, ttl);
             let existing = state.requests.iter().find(|(_, e)| {
-                e.view.tenant == tenant && e.view.plan.tool == tool && e.view.plan_hash == hash
+                !e.is_change()
+                    && e.view.tenant == tenant
+                    && e.view.plan.tool == tool
+                    && e.view.plan_hash == hash
             });
             match existing {
                 Some((id, entry)) => (*id, entry.decision.subscribe()),
@@ -917,6 +1374,7 @@ impl Engine {
                         type_target: rule.type_target,
                         token_ttl_ms: ttl,
                         arrived_at_ms: now,
+                        change: None,
                     };
                     let (sender, receiver) = watch::channel(None);
                     state.requests.insert(
@@ -926,6 +1384,7 @@ impl Engine {
                             arguments: args,
                             decision: sender,
                             approving: false,
+                            repin: None,
                         },
                     );
                     drop(state);
@@ -958,7 +1417,7 @@ impl Engine {
                     message,
                 }
             }
-            None => refused(Refusal::Pending),
+            Some(Decision::Changed) | None => refused(Refusal::Pending),
         }
     }
 
@@ -973,7 +1432,8 @@ impl Engine {
             .requests
             .iter()
             .find(|(_, e)| {
-                e.view.tenant == tenant
+                !e.is_change()
+                    && e.view.tenant == tenant
                     && e.view.plan.tool == tool
                     && e.view.plan_hash == hash
                     && e.decision.borrow().is_none()

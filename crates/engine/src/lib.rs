@@ -7,13 +7,19 @@
 //! [`Engine::approve`], [`Engine::deny`], [`Engine::subscribe`]) and the desk's MCP sessions
 //! (crates/session: [`Engine::connect`], [`Engine::register_tools`], [`Engine::preflight`],
 //! [`Engine::confirm`], [`Engine::outcome`]). Nothing here speaks MCP or touches a socket, and no
-//! session call approves or denies.
+//! session call approves or denies. Requests to change the desk itself (a server, the policy, a
+//! tool whose definition differs from its pin) wait in the same queue: [`Engine::propose`].
 #![deny(missing_docs)]
 
 mod answer;
+mod change;
 mod engine;
 
 pub use answer::{Answer, ErrorCode, ToolDecision};
+pub use change::{
+    Change, ChangeDecision, ChangeKind, MAX_CHANGE_LABEL_CHARS, MAX_CHANGE_TEXT_CHARS,
+    MAX_PENDING_CHANGES, PINNED_FIELDS,
+};
 pub use engine::{
     ApproveError, DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig,
     EngineError, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, PendingRequest, QueueChange,

@@ -97,6 +97,16 @@ async fn approved(
     }
 }
 
+/// The person accepts every tool definition change waiting in the queue (a re-listing that
+/// changed annotations is held back until then).
+fn accept_tool_changes(engine: &Engine) {
+    for request in engine.pending() {
+        if request.change.is_some() {
+            engine.approve(request.id, None).unwrap();
+        }
+    }
+}
+
 fn refusal(response: &Answer) -> Option<Refusal> {
     match response {
         Answer::Refused { refusal, .. } => Some(*refusal),
@@ -409,6 +419,7 @@ async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one
         GateClass::Token,
         "the listing now says token"
     );
+    accept_tool_changes(&d.engine);
     let confirm = confirm_args(&args, &target, &token);
     let first = d.engine.confirm(&tenant, "append", &confirm);
     assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");
@@ -427,6 +438,7 @@ async fn a_confirm_is_checked_under_the_stricter_of_recorded_and_current_class()
     let stricter = vec![json!({"name": "backup", "annotations": {
         "destructiveHint": false, "idempotentHint": false}})];
     d.engine.register_tools(&tenant, stricter);
+    accept_tool_changes(&d.engine);
     let confirm = confirm_args(&args, &target, &token);
     let first = d.engine.confirm(&tenant, "backup", &confirm);
     assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");

@@ -74,9 +74,11 @@ fn kind_columns(
     kind: EventKind,
 ) -> Result<(&'static str, Option<&'static str>, Option<bool>), StoreError> {
     Ok(match kind {
-        EventKind::Issued | EventKind::Accepted | EventKind::Replay | EventKind::Denied => {
-            (kind.code(), None, None)
-        }
+        EventKind::Issued
+        | EventKind::Accepted
+        | EventKind::Replay
+        | EventKind::Denied
+        | EventKind::Changed => (kind.code(), None, None),
         EventKind::Refused { refusal } => (kind.code(), Some(refusal.code()), None),
         EventKind::Executed { ok } => (kind.code(), None, Some(ok)),
         EventKind::Rejected { reason } => (kind.code(), Some(reason.code()), None),
@@ -94,6 +96,7 @@ fn kind_from_columns(
         ("accepted", None, None) => EventKind::Accepted,
         ("replay", None, None) => EventKind::Replay,
         ("denied", None, None) => EventKind::Denied,
+        ("changed", None, None) => EventKind::Changed,
         ("refused", Some(refusal), None) => EventKind::Refused {
             refusal: Refusal::from_code(refusal)
                 .ok_or_else(|| format!("unknown refusal code {refusal:?}"))?,
@@ -272,6 +275,7 @@ mod tests {
             EventKind::Accepted,
             EventKind::Replay,
             EventKind::Denied,
+            EventKind::Changed,
             EventKind::Executed { ok: true },
             EventKind::Executed { ok: false },
         ];

@@ -1,5 +1,5 @@
 //! The desk's one SQLite file: the single-use nonce ledger, the arguments each person approved,
-//! and the history of every confirmation event.
+//! the history of every confirmation event, and the tool definitions pinned per server.
 //!
 //! Why one durable file: the desk restarts, and more than one process (the desk, a second desk
 //! started before the first noticed, tools and tests) may open the ledger at once. A token
@@ -18,11 +18,13 @@
 //! to decide anything.
 #![deny(missing_docs)]
 
+mod accepted;
 mod approval;
 mod connection;
 mod error;
 mod history;
 mod ledger;
+mod pin;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -31,10 +33,12 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::connection::FileIdentity;
 
+pub use accepted::{Accepted, MAX_ACCEPTED_BYTES};
 pub use approval::Approval;
 pub use connection::StoreOptions;
 pub use error::StoreError;
 pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
+pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, ToolPin};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.
@@ -65,6 +69,8 @@ pub struct Pruned {
     pub approvals: usize,
     /// History events older than the newest [`MAX_HISTORY_ROWS`].
     pub history: usize,
+    /// Tool pins older than the newest [`MAX_PINS`].
+    pub pins: usize,
 }
 
 /// How many history events [`Store::prune`] keeps.
@@ -101,8 +107,9 @@ impl Store {
         self.opened.is_some()
     }
 
-    /// Deletes the spent nonces and the approvals whose expiry is before `now_ms`, and the
-    /// oldest history beyond the newest [`MAX_HISTORY_ROWS`] events.
+    /// Deletes the spent nonces and the approvals whose expiry is before `now_ms`, the oldest
+    /// history beyond the newest [`MAX_HISTORY_ROWS`] events, and the oldest tool pins beyond the
+    /// newest [`MAX_PINS`] (a pruned pin is taken again at the tool's next sight).
     ///
     /// Strictly before: a row expiring exactly at `now_ms` is kept, so a clock that lags the
     /// verifier's by a millisecond never forgets a nonce whose token still verifies. History is
@@ -120,11 +127,18 @@ impl Store {
                      (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET ?1)",
                 [MAX_HISTORY_ROWS],
             )?;
+            let pins = tx.execute(
+                "DELETE FROM tool_pin WHERE rowid IN
+                     (SELECT rowid FROM tool_pin ORDER BY pinned_at_ms DESC, rowid DESC
+                      LIMIT -1 OFFSET ?1)",
+                [MAX_PINS],
+            )?;
             tx.commit()?;
             Ok(Pruned {
                 nonces,
                 approvals,
                 history,
+                pins,
             })
         })
     }
@@ -202,7 +216,8 @@ mod tests {
             Pruned {
                 nonces: 1,
                 approvals: 1,
-                history: 0
+                history: 0,
+                pins: 0
             }
         );
         // Expiring exactly at `now` is not "before now": kept.
@@ -217,7 +232,8 @@ mod tests {
             Pruned {
                 nonces: 3,
                 approvals: 2,
-                history: 0
+                history: 0,
+                pins: 0
             }
         );
     }

@@ -84,6 +84,35 @@ const STEPS: &[Step] = &[
         ALTER TABLE approval ADD COLUMN mac BLOB CHECK (mac IS NULL OR length(mac) = 32);
     ",
     },
+    Step {
+        purpose: "tool definitions pinned per server identity when first seen",
+        sql: "
+        -- What each server's tool looked like when the desk first saw it (or when the person last
+        -- accepted a change to it): calls of a tool whose listing differs are held back.
+        CREATE TABLE tool_pin (
+            server         TEXT    NOT NULL,
+            tool           TEXT    NOT NULL,
+            hash           TEXT    NOT NULL CHECK (length(hash) = 64),
+            definition     TEXT    NOT NULL,
+            pinned_at_ms   INTEGER NOT NULL,
+            PRIMARY KEY (server, tool)
+        ) STRICT;
+        CREATE INDEX tool_pin_oldest ON tool_pin (pinned_at_ms);
+    ",
+    },
+    Step {
+        purpose: "the text of each file a person may edit, as the desk last accepted it",
+        sql: "
+        -- servers.json and policy.toml as last accepted (by the person's settings view or their
+        -- click on a change): what applies. An edit of the file made behind the desk's back
+        -- differs from this and waits for the person.
+        CREATE TABLE accepted_file (
+            name            TEXT    NOT NULL PRIMARY KEY,
+            text            TEXT    NOT NULL,
+            accepted_at_ms  INTEGER NOT NULL
+        ) STRICT;
+    ",
+    },
 ];
 
 /// The schema version this build writes and understands.
@@ -168,7 +197,7 @@ mod tests {
         let conn = raw(&store);
         assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
         assert_eq!(application_id(&conn).unwrap(), APPLICATION_ID);
-        for table in ["spent_nonce", "approval", "history"] {
+        for table in ["spent_nonce", "approval", "history", "tool_pin"] {
             let n: i64 = conn
                 .query_row(
                     "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1",
