@@ -1,0 +1,98 @@
+//! The files a person may edit, guarded: which they are, what an empty one says, how each is
+//! checked, and how the desk reads and writes them (0600, whole or not at all).
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use countersign_core::policy::Policy;
+use countersign_engine::ChangeKind;
+
+use crate::file::{FILE_NAME, Servers};
+
+/// A file whose edits made outside the desk wait for the person's click.
+#[derive(Debug, Clone, Copy)]
+pub struct Guarded {
+    /// Its name in the desk's config directory.
+    pub name: &'static str,
+    /// The kind of change an edit of it is.
+    pub kind: ChangeKind,
+    /// Checks a text of it.
+    pub check: fn(&str) -> Result<(), String>,
+}
+
+impl Guarded {
+    /// What applies when there is no file.
+    pub fn default_text(self) -> String {
+        if self.name == FILE_NAME {
+            Servers::default().text()
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// The registry of servers.
+pub const SERVERS: Guarded = Guarded {
+    name: FILE_NAME,
+    kind: ChangeKind::Server,
+    check: |text| Servers::parse(text).map(drop),
+};
+
+/// The policy.
+pub const POLICY: Guarded = Guarded {
+    name: "policy.toml",
+    kind: ChangeKind::Policy,
+    check: |text| Policy::from_toml(text).map(drop),
+};
+
+/// The most bytes read of a guarded file (more is an edit that is refused as invalid).
+const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+/// The file's text; `None` when there is none. A file too large, or not UTF-8, reads as a text
+/// that fails its check.
+pub(crate) fn read_file(path: &Path) -> std::io::Result<Option<String>> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Ok(Some(format!(
+            "(the file is larger than {MAX_FILE_BYTES} bytes; not shown)"
+        )));
+    }
+    Ok(Some(String::from_utf8(bytes).unwrap_or_else(|e| {
+        format!(
+            "(the file is not UTF-8 text: {} bytes; not shown)",
+            e.as_bytes().len()
+        )
+    })))
+}
+
+/// Writes `text` to `path` whole: a temporary file beside it (0600), synced, renamed over it.
+pub(crate) fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temp)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}

@@ -1,0 +1,721 @@
+//! The desk's registry of servers, and the guard on the files a person may edit.
+//!
+//! An agent's client config used to hold each server's command and credentials, so the agent
+//! could reach the service around Countersign. With a registry the config holds only
+//! `countersign mcp --server NAME`: the desk runs the command it has on record for the name, with
+//! an environment (or, for a URL, headers) whose secret values live in the OS keychain, one item
+//! per value, never in a file, never in history, never sent to a gateway.
+//!
+//! Who may change what (DESIGN.md, "Servers and credentials"):
+//! * a new name takes effect at once (it reaches no existing secret) and is recorded;
+//! * changing or removing an existing server, from the command line or by editing `servers.json`
+//!   behind the desk's back, is a change shown in the window ([`Engine::propose`]) that takes
+//!   effect only after the person approves it; the same holds for `policy.toml`;
+//! * what the person does in the desk's own settings view applies directly.
+//!
+//! What applies is the text the desk last accepted (kept in its SQLite file), never the file as
+//! it is now: the file is the person's view of it, and an edit to it is a proposal.
+
+mod file;
+mod guard;
+mod secrets;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use countersign_core::policy::Policy;
+use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine};
+use countersign_secret::Items;
+use countersign_store::{Store, StoreOptions};
+use countersign_wire::{
+    RegistryAnswer, RegistryCode, RegistryRequest, SecretText, ServerSpec, Setting, Upstream,
+    check_name,
+};
+use zeroize::Zeroizing;
+
+pub use file::{FILE_NAME, Servers};
+pub use guard::{Guarded, POLICY, SERVERS};
+
+/// A registered server as the desk reaches it: its spec and every environment value or header,
+/// the secret ones read from the keychain. Never printed.
+pub struct Resolved {
+    /// The name it is registered under.
+    pub name: String,
+    /// Its spec.
+    pub spec: ServerSpec,
+    /// Every environment variable (stdio) or header (URL), with its value.
+    pub values: Vec<(String, Zeroizing<String>)>,
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("name", &self.name)
+            .field("spec", &self.spec)
+            .field(
+                "keys",
+                &self.values.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// Why a registered server cannot be reached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    /// No server has that name.
+    #[error(
+        "no server named {0:?} is registered in the desk (`countersign server list` lists them; `countersign server add` registers one)"
+    )]
+    NoSuchServer(String),
+    /// A secret value of it cannot be read.
+    #[error("the secret {key} of the server {name:?} cannot be read: {detail}")]
+    Secret {
+        /// The server.
+        name: String,
+        /// The variable or header.
+        key: String,
+        /// Why.
+        detail: String,
+    },
+}
+
+/// The registry. Cheap to clone: every clone is the same registry.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config_dir: PathBuf,
+    store: Mutex<Store>,
+    /// The keychain, or why there is none.
+    items: Result<Arc<dyn Items>, String>,
+    engine: Engine,
+    /// Held while the accepted record and its file are read or written together: a check of the
+    /// file never sees the record updated and the file not yet.
+    files: Mutex<()>,
+    /// Edits of guarded files being shown to the person, by file name: the text proposed.
+    proposed: Mutex<BTreeMap<&'static str, String>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn refused(code: RegistryCode, message: impl Into<String>) -> RegistryAnswer {
+    RegistryAnswer::Refused {
+        code,
+        message: message.into(),
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("config_dir", &self.inner.config_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// Opens the registry of the desk whose config directory is `config_dir` and whose SQLite
+    /// file is `store_path`. `items` is the keychain, or why there is none (servers without
+    /// secrets still work). At the first start the files as found are accepted (an invalid one
+    /// is reported and its default accepted instead).
+    pub fn open(
+        config_dir: &Path,
+        store_path: &Path,
+        items: Result<Arc<dyn Items>, String>,
+        engine: Engine,
+    ) -> Result<Registry, String> {
+        let store = Store::open(store_path, StoreOptions::default()).map_err(|e| e.to_string())?;
+        let registry = Registry {
+            inner: Arc::new(Inner {
+                config_dir: config_dir.to_owned(),
+                store: Mutex::new(store),
+                items,
+                engine,
+                files: Mutex::new(()),
+                proposed: Mutex::new(BTreeMap::new()),
+            }),
+        };
+        for guarded in [SERVERS, POLICY] {
+            registry.first_start(guarded)?;
+        }
+        Ok(registry)
+    }
+
+    fn path(&self, guarded: Guarded) -> PathBuf {
+        self.inner.config_dir.join(guarded.name)
+    }
+
+    fn keychain(&self) -> Result<&Arc<dyn Items>, String> {
+        self.inner.items.as_ref().map_err(Clone::clone)
+    }
+
+    /// The text of `guarded` that applies.
+    pub fn accepted_text(&self, guarded: Guarded) -> String {
+        match lock(&self.inner.store).accepted(guarded.name) {
+            Ok(Some(accepted)) => accepted.text,
+            Ok(None) => guarded.default_text(),
+            Err(e) => {
+                tracing::error!(target: "registry", file = guarded.name, "cannot read what was accepted: {e}");
+                guarded.default_text()
+            }
+        }
+    }
+
+    /// The registered servers, as accepted.
+    pub fn servers(&self) -> BTreeMap<String, ServerSpec> {
+        Servers::parse(&self.accepted_text(SERVERS))
+            .map(|s| s.servers)
+            .unwrap_or_default()
+    }
+
+    /// The policy, as accepted.
+    pub fn policy(&self) -> Policy {
+        Policy::from_toml(&self.accepted_text(POLICY)).unwrap_or_default()
+    }
+
+    /// The server registered as `name`, with its values, for the desk to start or reach.
+    pub fn resolve(&self, name: &str) -> Result<Resolved, ResolveError> {
+        let spec = self
+            .servers()
+            .remove(name)
+            .ok_or_else(|| ResolveError::NoSuchServer(name.to_owned()))?;
+        let mut values = Vec::new();
+        for (key, setting) in spec.upstream.settings() {
+            let value = match setting {
+                Setting::Plain(v) => Zeroizing::new(v.clone()),
+                Setting::Secret => {
+                    let fail = |detail: String| ResolveError::Secret {
+                        name: name.to_owned(),
+                        key: key.clone(),
+                        detail,
+                    };
+                    let items = self.keychain().map_err(fail)?;
+                    items
+                        .get(&secrets::account(name, &spec.upstream, key))
+                        .map_err(|e| fail(e.to_string()))?
+                        .ok_or_else(|| {
+                            fail(
+                                "the keychain holds no value for it (set it with `countersign \
+                                 server add`)"
+                                    .into(),
+                            )
+                        })?
+                }
+            };
+            values.push((key.clone(), value));
+        }
+        Ok(Resolved {
+            name: name.to_owned(),
+            spec,
+            values,
+        })
+    }
+
+    /// Serves one request from the command line. `origin` says who asked, for the person;
+    /// `waiting` is told when the person must decide first.
+    pub async fn handle(
+        &self,
+        request: RegistryRequest,
+        origin: &str,
+        waiting: impl FnOnce(RegistryAnswer),
+    ) -> RegistryAnswer {
+        match request {
+            RegistryRequest::List => RegistryAnswer::Servers {
+                servers: self.servers(),
+            },
+            RegistryRequest::Put {
+                name,
+                spec,
+                secrets,
+            } => self.put(name, spec, secrets, origin, waiting).await,
+            RegistryRequest::Remove { name } => self.remove(name, origin, waiting).await,
+            RegistryRequest::KeepBackup { key, text } => self.backup_op(&key, |items, account| {
+                items.set(account, text.expose()).map(|()| None)
+            }),
+            RegistryRequest::TakeBackup { key } => self.backup_op(&key, |items, account| {
+                items
+                    .get(account)
+                    .map(|v| v.map(|v| SecretText::new(v.to_string())))
+            }),
+            RegistryRequest::DropBackup { key } => {
+                self.backup_op(&key, |items, account| items.delete(account).map(|_| None))
+            }
+            other => refused(
+                RegistryCode::BadRequest,
+                format!("this desk does not know the request {other:?}"),
+            ),
+        }
+    }
+
+    fn backup_op(
+        &self,
+        key: &str,
+        op: impl FnOnce(
+            &Arc<dyn Items>,
+            &str,
+        ) -> Result<Option<SecretText>, countersign_secret::SecretError>,
+    ) -> RegistryAnswer {
+        if key.is_empty() || key.len() > 4096 || key.contains('\0') {
+            return refused(RegistryCode::BadRequest, "a backup key is 1 to 4096 bytes");
+        }
+        let items = match self.keychain() {
+            Ok(items) => items,
+            Err(e) => return refused(RegistryCode::NoKeychain, e),
+        };
+        match op(items, &format!("backup/{key}")) {
+            Ok(text) => RegistryAnswer::Backup { text },
+            Err(e) => refused(RegistryCode::NoKeychain, e.to_string()),
+        }
+    }
+
+    /// What the keychain holds now for each secret key of `name`'s `upstream`.
+    fn stored_secrets(
+        &self,
+        name: &str,
+        upstream: &Upstream,
+    ) -> Result<BTreeMap<String, Option<Zeroizing<String>>>, String> {
+        let keys = upstream.secret_keys();
+        if keys.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let items = self.keychain()?;
+        keys.into_iter()
+            .map(|key| {
+                let value = items
+                    .get(&secrets::account(name, upstream, key))
+                    .map_err(|e| e.to_string())?;
+                Ok((key.to_owned(), value))
+            })
+            .collect()
+    }
+
+    async fn put(
+        &self,
+        name: String,
+        spec: ServerSpec,
+        secrets: BTreeMap<String, SecretText>,
+        origin: &str,
+        waiting: impl FnOnce(RegistryAnswer),
+    ) -> RegistryAnswer {
+        if let Err(e) = check_name(&name)
+            .and_then(|()| spec.check())
+            .and_then(|()| spec.check_secrets(&secrets))
+        {
+            return refused(RegistryCode::BadRequest, e.0);
+        }
+        if !secrets.is_empty()
+            && let Err(e) = self.keychain()
+        {
+            return refused(RegistryCode::NoKeychain, e);
+        }
+        let Some(current) = self.servers().remove(&name) else {
+            return match self.apply_put(&name, None, &spec, &secrets) {
+                Ok(()) => {
+                    let note = format!(
+                        "registered by {origin}; took effect at once (a new name reaches no \
+                         existing secret)"
+                    );
+                    self.inner
+                        .engine
+                        .record_change(ChangeKind::Server, &name, Some(note));
+                    RegistryAnswer::Done {
+                        message: format!(
+                            "registered the server {name}: `countersign mcp --server {name}` \
+                             reaches it"
+                        ),
+                    }
+                }
+                Err(answer) => answer,
+            };
+        };
+        let stored = match self.stored_secrets(&name, &current.upstream) {
+            Ok(stored) => stored,
+            Err(e) => return refused(RegistryCode::NoKeychain, e),
+        };
+        let same_secrets = current.upstream.secret_keys() == spec.upstream.secret_keys()
+            && secrets.iter().all(|(k, v)| {
+                stored.get(k).and_then(Option::as_deref).map(String::as_str) == Some(v.expose())
+            });
+        if current == spec && same_secrets {
+            return RegistryAnswer::Done {
+                message: format!(
+                    "the server {name} is registered as given already: nothing changed"
+                ),
+            };
+        }
+        let change = Change {
+            kind: ChangeKind::Server,
+            subject: name.clone(),
+            summary: format!("change the registered server {name}"),
+            before: Some(secrets::describe(&current, &BTreeMap::new())),
+            after: Some(secrets::describe(
+                &spec,
+                &secrets::notes(&spec, &secrets, &stored),
+            )),
+            origin: origin.to_owned(),
+        };
+        waiting(RegistryAnswer::Waiting {
+            message: format!(
+                "the change to {name} is shown in the Countersign desk's window: it takes effect \
+                 when the person approves it"
+            ),
+        });
+        match self.inner.engine.propose(change).await {
+            ChangeDecision::Approved => {
+                // Applied only onto what the person saw as "before".
+                let now = self.servers().remove(&name);
+                let now_stored = self.stored_secrets(&name, &current.upstream).ok();
+                if now.as_ref() != Some(&current) || now_stored.as_ref() != Some(&stored) {
+                    return RegistryAnswer::Denied {
+                        message: format!(
+                            "the server {name} changed while this change waited: nothing was \
+                             applied; propose it again"
+                        ),
+                    };
+                }
+                match self.apply_put(&name, Some(&current), &spec, &secrets) {
+                    Ok(()) => RegistryAnswer::Done {
+                        message: format!("the person approved: the server {name} is changed"),
+                    },
+                    Err(answer) => answer,
+                }
+            }
+            decision => denied(&name, decision),
+        }
+    }
+
+    async fn remove(
+        &self,
+        name: String,
+        origin: &str,
+        waiting: impl FnOnce(RegistryAnswer),
+    ) -> RegistryAnswer {
+        let Some(current) = self.servers().remove(&name) else {
+            return refused(
+                RegistryCode::NoSuchServer,
+                format!("no server named {name:?} is registered"),
+            );
+        };
+        let change = Change {
+            kind: ChangeKind::Server,
+            subject: name.clone(),
+            summary: format!("remove the registered server {name} and its secrets"),
+            before: Some(secrets::describe(&current, &BTreeMap::new())),
+            after: None,
+            origin: origin.to_owned(),
+        };
+        waiting(RegistryAnswer::Waiting {
+            message: format!(
+                "removing {name} is shown in the Countersign desk's window: it takes effect when \
+                 the person approves it"
+            ),
+        });
+        match self.inner.engine.propose(change).await {
+            ChangeDecision::Approved => {
+                if self.servers().get(&name) != Some(&current) {
+                    return RegistryAnswer::Denied {
+                        message: format!(
+                            "the server {name} changed while this waited: nothing was removed; \
+                             propose it again"
+                        ),
+                    };
+                }
+                match self.apply_remove(&name, &current) {
+                    Ok(()) => RegistryAnswer::Done {
+                        message: format!("the person approved: the server {name} is removed"),
+                    },
+                    Err(answer) => answer,
+                }
+            }
+            decision => denied(&name, decision),
+        }
+    }
+
+    /// The person's own edit in the settings view: registers or changes `name` at once.
+    pub fn put_directly(
+        &self,
+        name: &str,
+        spec: &ServerSpec,
+        secrets: &BTreeMap<String, SecretText>,
+    ) -> Result<(), String> {
+        check_name(name)
+            .and_then(|()| spec.check())
+            .and_then(|()| spec.check_secrets(secrets))
+            .map_err(|e| e.0)?;
+        let current = self.servers().remove(name);
+        self.apply_put(name, current.as_ref(), spec, secrets)
+            .map_err(answer_text)?;
+        self.inner.engine.record_change(
+            ChangeKind::Server,
+            name,
+            Some("saved in the desk's settings view".into()),
+        );
+        Ok(())
+    }
+
+    /// The person's own removal in the settings view.
+    pub fn remove_directly(&self, name: &str) -> Result<(), String> {
+        let current = self
+            .servers()
+            .remove(name)
+            .ok_or_else(|| format!("no server named {name:?} is registered"))?;
+        self.apply_remove(name, &current).map_err(answer_text)?;
+        self.inner.engine.record_change(
+            ChangeKind::Server,
+            name,
+            Some("removed in the desk's settings view".into()),
+        );
+        Ok(())
+    }
+
+    /// Stores `spec`'s secrets, then the registry with `name` as `spec`, then forgets the
+    /// secrets `old` had that `spec` has not.
+    fn apply_put(
+        &self,
+        name: &str,
+        old: Option<&ServerSpec>,
+        spec: &ServerSpec,
+        values: &BTreeMap<String, SecretText>,
+    ) -> Result<(), RegistryAnswer> {
+        if !values.is_empty() {
+            let items = self
+                .keychain()
+                .map_err(|e| refused(RegistryCode::NoKeychain, e))?;
+            for (key, value) in values {
+                items
+                    .set(&secrets::account(name, &spec.upstream, key), value.expose())
+                    .map_err(|e| refused(RegistryCode::NoKeychain, e.to_string()))?;
+            }
+        }
+        let mut servers = self.servers();
+        servers.insert(name.to_owned(), spec.clone());
+        self.write(SERVERS, &Servers { servers }.text())
+            .map_err(|e| refused(RegistryCode::Failed, e))?;
+        if let Some(old) = old {
+            self.forget_secrets(name, old, Some(spec));
+        }
+        Ok(())
+    }
+
+    fn apply_remove(&self, name: &str, old: &ServerSpec) -> Result<(), RegistryAnswer> {
+        let mut servers = self.servers();
+        servers.remove(name);
+        self.write(SERVERS, &Servers { servers }.text())
+            .map_err(|e| refused(RegistryCode::Failed, e))?;
+        self.forget_secrets(name, old, None);
+        Ok(())
+    }
+
+    /// Deletes the keychain items of `old`'s secret keys that `new` does not keep secret.
+    fn forget_secrets(&self, name: &str, old: &ServerSpec, new: Option<&ServerSpec>) {
+        let Ok(items) = self.keychain() else { return };
+        let kept = new.map(|n| n.upstream.secret_keys()).unwrap_or_default();
+        let same_kind = new.is_some_and(|n| {
+            std::mem::discriminant(&n.upstream) == std::mem::discriminant(&old.upstream)
+        });
+        for key in old.upstream.secret_keys() {
+            if same_kind && kept.contains(key) {
+                continue;
+            }
+            if let Err(e) = items.delete(&secrets::account(name, &old.upstream, key)) {
+                tracing::warn!(target: "registry", server = name, key, "could not delete a secret no longer used: {e}");
+            }
+        }
+    }
+
+    /// Records `text` as accepted for `guarded` and writes its file, as one step.
+    fn write(&self, guarded: Guarded, text: &str) -> Result<(), String> {
+        let _files = lock(&self.inner.files);
+        lock(&self.inner.store)
+            .accept(guarded.name, text, now_ms())
+            .map_err(|e| format!("cannot record {}: {e}", guarded.name))?;
+        guard::write_file(&self.path(guarded), text)
+            .map_err(|e| format!("cannot write {}: {e}", self.path(guarded).display()))
+    }
+
+    /// The person saved the policy in the desk's settings view: checked, accepted and applied.
+    pub fn save_policy_directly(&self, text: &str) -> Result<Policy, String> {
+        let policy = Policy::from_toml(text)?;
+        self.write(POLICY, text)?;
+        self.inner.engine.set_policy(policy.clone());
+        self.inner.engine.record_change(
+            ChangeKind::Policy,
+            POLICY.name,
+            Some("saved in the desk's settings view".into()),
+        );
+        Ok(policy)
+    }
+
+    /// At the first start (nothing accepted yet), accepts the file as found, or its default
+    /// when it is missing or invalid.
+    fn first_start(&self, guarded: Guarded) -> Result<(), String> {
+        let known = lock(&self.inner.store)
+            .accepted(guarded.name)
+            .map_err(|e| e.to_string())?;
+        if known.is_some() {
+            return Ok(());
+        }
+        let text = match std::fs::read_to_string(self.path(guarded)) {
+            Ok(text) => match (guarded.check)(&text) {
+                Ok(()) => text,
+                Err(e) => {
+                    tracing::warn!(target: "registry", file = guarded.name, "ignoring it: {e}");
+                    guarded.default_text()
+                }
+            },
+            Err(_) => guarded.default_text(),
+        };
+        let _files = lock(&self.inner.files);
+        lock(&self.inner.store)
+            .accept(guarded.name, &text, now_ms())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Compares each guarded file with what was accepted: a file edited outside the desk is
+    /// proposed to the person (and applied when they approve, written back as accepted when
+    /// they deny); a missing one is written again. Call it at start and every few seconds.
+    pub fn check_files(&self) {
+        for guarded in [SERVERS, POLICY] {
+            self.check_file(guarded);
+        }
+    }
+
+    fn check_file(&self, guarded: Guarded) {
+        let path = self.path(guarded);
+        let (found, accepted) = {
+            let _files = lock(&self.inner.files);
+            let accepted = self.accepted_text(guarded);
+            match guard::read_file(&path) {
+                Ok(Some(found)) => (found, accepted),
+                Ok(None) => {
+                    if let Err(e) = guard::write_file(&path, &accepted) {
+                        tracing::warn!(target: "registry", file = guarded.name, "cannot write it again: {e}");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(target: "registry", file = guarded.name, "cannot read it: {e}");
+                    return;
+                }
+            }
+        };
+        if found == accepted {
+            return;
+        }
+        {
+            let mut proposed = lock(&self.inner.proposed);
+            match proposed.get(guarded.name) {
+                Some(text) if *text == found => return,
+                Some(_) => {
+                    // Edited again while the person looks at the last edit: that one goes.
+                    self.inner
+                        .engine
+                        .withdraw_change(guarded.kind, guarded.name);
+                }
+                None => {}
+            }
+            proposed.insert(guarded.name, found.clone());
+        }
+        let why_not = (guarded.check)(&found).err();
+        let registry = self.clone();
+        tokio::spawn(async move {
+            registry
+                .decide_file(guarded, accepted, found, why_not)
+                .await;
+        });
+    }
+
+    async fn decide_file(
+        &self,
+        guarded: Guarded,
+        accepted: String,
+        found: String,
+        why_not: Option<String>,
+    ) {
+        let summary = match &why_not {
+            None => format!("apply {} as edited outside the desk", guarded.name),
+            Some(e) => format!(
+                "{} was edited outside the desk and is not valid ({e}): Approve puts back the \
+                 text that applies",
+                guarded.name
+            ),
+        };
+        let change = Change {
+            kind: guarded.kind,
+            subject: guarded.name.to_owned(),
+            summary,
+            before: Some(accepted.clone()),
+            after: Some(found.clone()),
+            origin: format!("{} edited outside the desk", guarded.name),
+        };
+        let decision = self.inner.engine.propose(change).await;
+        {
+            let mut proposed = lock(&self.inner.proposed);
+            if proposed.get(guarded.name) == Some(&found) {
+                proposed.remove(guarded.name);
+            }
+        }
+        match decision {
+            ChangeDecision::Approved
+                if why_not.is_none() && self.accepted_text(guarded) == accepted =>
+            {
+                if let Err(e) = self.write(guarded, &found) {
+                    tracing::error!(target: "registry", file = guarded.name, "cannot accept it: {e}");
+                    return;
+                }
+                if guarded.kind == ChangeKind::Policy {
+                    self.inner.engine.set_policy(self.policy());
+                }
+                tracing::info!(target: "registry", file = guarded.name, "the person approved an edit made outside the desk");
+            }
+            ChangeDecision::Withdrawn => {}
+            _ => {
+                // Denied, invalid, or overtaken: the file says again what applies.
+                let _files = lock(&self.inner.files);
+                if let Err(e) = guard::write_file(&self.path(guarded), &self.accepted_text(guarded))
+                {
+                    tracing::warn!(target: "registry", file = guarded.name, "cannot write it back: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn denied(name: &str, decision: ChangeDecision) -> RegistryAnswer {
+    let message = match decision {
+        ChangeDecision::Denied { note: Some(note) } => {
+            format!("the change to {name} was denied: {note}. Nothing changed")
+        }
+        ChangeDecision::Denied { note: None } => {
+            format!("the change to {name} was denied. Nothing changed")
+        }
+        _ => format!("the change to {name} was withdrawn undecided. Nothing changed"),
+    };
+    RegistryAnswer::Denied { message }
+}
+
+fn answer_text(answer: RegistryAnswer) -> String {
+    match answer {
+        RegistryAnswer::Refused { message, .. }
+        | RegistryAnswer::Denied { message }
+        | RegistryAnswer::Done { message } => message,
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,89 @@
+//! Where a server's secret values live in the keychain, and how a server is described to the
+//! person deciding a change to it: every key and plain value, and for a secret only whether it
+//! is kept, new or changed, never the value.
+
+use std::collections::BTreeMap;
+
+use countersign_wire::{SecretText, ServerSpec, Setting, Upstream};
+use zeroize::Zeroizing;
+
+/// The keychain account of `name`'s secret `key`: `server/<name>/env/<KEY>` or
+/// `server/<name>/header/<Name>`.
+pub(crate) fn account(name: &str, upstream: &Upstream, key: &str) -> String {
+    let kind = match upstream {
+        Upstream::Stdio { .. } => "env",
+        Upstream::Http { .. } => "header",
+    };
+    format!("server/{name}/{kind}/{key}")
+}
+
+/// A word as a shell would need it written.
+fn quoted(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        arg.to_owned()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// What the person is told about each secret of a proposed spec: a new value, a changed one, or
+/// the one kept.
+pub(crate) fn notes(
+    spec: &ServerSpec,
+    given: &BTreeMap<String, SecretText>,
+    stored: &BTreeMap<String, Option<Zeroizing<String>>>,
+) -> BTreeMap<String, &'static str> {
+    spec.upstream
+        .secret_keys()
+        .into_iter()
+        .map(|key| {
+            let note = match (given.get(key), stored.get(key).and_then(Option::as_ref)) {
+                (Some(new), Some(old)) if new.expose() == old.as_str() => "secret, unchanged",
+                (Some(_), Some(_)) => "secret, A NEW VALUE",
+                (Some(_), None) => "secret, new",
+                (None, _) => "secret, kept",
+            };
+            (key.to_owned(), note)
+        })
+        .collect()
+}
+
+/// `spec` as lines the person reads in a change: one line per fact, so a line diff shows
+/// exactly what changes.
+pub(crate) fn describe(spec: &ServerSpec, notes: &BTreeMap<String, &'static str>) -> String {
+    let mut lines = Vec::new();
+    let word = match &spec.upstream {
+        Upstream::Stdio { command, cwd, .. } => {
+            lines.push(format!(
+                "command: {}",
+                command
+                    .iter()
+                    .map(|a| quoted(a))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+            if let Some(cwd) = cwd {
+                lines.push(format!("working directory: {cwd}"));
+            }
+            "env"
+        }
+        Upstream::Http { url, .. } => {
+            lines.push(format!("url: {url}"));
+            "header"
+        }
+    };
+    for (key, value) in spec.upstream.settings() {
+        lines.push(match value {
+            Setting::Plain(v) => format!("{word} {key} = {v}"),
+            Setting::Secret => format!(
+                "{word} {key} = ({})",
+                notes.get(key).copied().unwrap_or("secret, in the keychain")
+            ),
+        });
+    }
+    lines.join("\n") + "\n"
+}

@@ -1,0 +1,371 @@
+//! The registry against a real engine and SQLite file, with the keychain in memory (the real
+//! keychain is used by the desk's end-to-end tests).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_engine::{Engine, EngineConfig};
+use countersign_secret::{Items, MemoryItems};
+use countersign_wire::{RegistryAnswer, RegistryRequest, SecretText, ServerSpec};
+use serde_json::json;
+
+use super::*;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    engine: Engine,
+    items: Arc<MemoryItems>,
+    registry: Registry,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("data/desk.sqlite");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    let mut config = EngineConfig::new(&db);
+    config.window = true;
+    config.approve_delay_ms = 0;
+    let key = countersign_secret::HmacSecret::from_bytes([7; 32]).signing_key();
+    let engine = Engine::new(config, Ok(key)).unwrap();
+    let items = Arc::new(MemoryItems::new());
+    let registry = Registry::open(
+        &dir.path().join("config"),
+        &db,
+        Ok(items.clone() as Arc<dyn Items>),
+        engine.clone(),
+    )
+    .unwrap();
+    Fixture {
+        dir,
+        engine,
+        items,
+        registry,
+    }
+}
+
+fn spec(v: serde_json::Value) -> ServerSpec {
+    serde_json::from_value(v).unwrap()
+}
+
+fn secrets(pairs: &[(&str, &str)]) -> BTreeMap<String, SecretText> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), SecretText::new(v.to_string())))
+        .collect()
+}
+
+fn put(name: &str, spec: ServerSpec, secrets: BTreeMap<String, SecretText>) -> RegistryRequest {
+    RegistryRequest::Put {
+        name: name.into(),
+        spec,
+        secrets,
+    }
+}
+
+async fn ask(f: &Fixture, request: RegistryRequest) -> (RegistryAnswer, bool) {
+    let mut waited = false;
+    let answer = f
+        .registry
+        .handle(request, "a test (pid 1)", |_| waited = true)
+        .await;
+    (answer, waited)
+}
+
+fn gh() -> ServerSpec {
+    spec(
+        json!({"command": ["gh-server", "stdio"], "env": {"GITHUB_TOKEN": {"secret": true}, "LOG": "info"}}),
+    )
+}
+
+/// Waits until one request is pending, and returns its id.
+async fn pending_id(engine: &Engine) -> u64 {
+    for _ in 0..200 {
+        if let Some(r) = engine.pending().first() {
+            return r.id;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no request became pending");
+}
+
+#[tokio::test]
+async fn a_new_server_takes_effect_at_once_with_its_secret_only_in_the_keychain() {
+    let f = fixture();
+    let (answer, waited) = ask(
+        &f,
+        put("gh", gh(), secrets(&[("GITHUB_TOKEN", "ghp_s3cret")])),
+    )
+    .await;
+    assert!(matches!(answer, RegistryAnswer::Done { .. }), "{answer:?}");
+    assert!(!waited);
+    let resolved = f.registry.resolve("gh").unwrap();
+    let values: BTreeMap<_, _> = resolved
+        .values
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(values["GITHUB_TOKEN"], "ghp_s3cret");
+    assert_eq!(values["LOG"], "info");
+    let file = std::fs::read_to_string(f.dir.path().join("config/servers.json")).unwrap();
+    assert!(
+        file.contains("GITHUB_TOKEN") && !file.contains("ghp_s3cret"),
+        "{file}"
+    );
+    assert!(!format!("{resolved:?}").contains("ghp_s3cret"));
+    let history = f.engine.history(&Default::default()).unwrap();
+    assert_eq!(history[0].kind.code(), "changed");
+    assert_eq!(history[0].target.as_deref(), Some("gh"));
+}
+
+#[tokio::test]
+async fn a_change_to_an_existing_server_does_nothing_until_the_person_approves() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "old")]))).await;
+    let evil =
+        spec(json!({"command": ["sh", "-c", "steal"], "env": {"GITHUB_TOKEN": {"secret": true}}}));
+    let registry = f.registry.clone();
+    let proposal = tokio::spawn(async move {
+        let mut waited = false;
+        let answer = registry
+            .handle(
+                put("gh", evil, secrets(&[("GITHUB_TOKEN", "new")])),
+                "a test",
+                |_| waited = true,
+            )
+            .await;
+        (answer, waited)
+    });
+    let id = pending_id(&f.engine).await;
+    // Shown to the person, and nothing applied yet.
+    let request = &f.engine.pending()[0];
+    let change = request.change.as_ref().expect("a change request");
+    assert!(
+        change
+            .after
+            .as_deref()
+            .unwrap()
+            .contains("command: sh -c steal")
+    );
+    assert!(change.after.as_deref().unwrap().contains("A NEW VALUE"));
+    assert!(!change.after.as_deref().unwrap().contains("new\n"));
+    assert_eq!(f.registry.servers()["gh"], gh());
+    let token = f.registry.resolve("gh").unwrap();
+    assert_eq!(
+        token
+            .values
+            .iter()
+            .find(|(k, _)| k == "GITHUB_TOKEN")
+            .unwrap()
+            .1
+            .as_str(),
+        "old"
+    );
+    f.engine.approve(id, None).unwrap();
+    let (answer, waited) = proposal.await.unwrap();
+    assert!(waited);
+    assert!(matches!(answer, RegistryAnswer::Done { .. }), "{answer:?}");
+    let resolved = f.registry.resolve("gh").unwrap();
+    assert_eq!(resolved.spec.upstream.settings().len(), 1);
+    assert_eq!(resolved.values[0].1.as_str(), "new");
+}
+
+#[tokio::test]
+async fn a_denied_removal_leaves_the_server_and_its_secret() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let registry = f.registry.clone();
+    let proposal = tokio::spawn(async move {
+        registry
+            .handle(
+                RegistryRequest::Remove { name: "gh".into() },
+                "a test",
+                |_| {},
+            )
+            .await
+    });
+    let id = pending_id(&f.engine).await;
+    f.engine.deny(id, Some("no")).unwrap();
+    let answer = proposal.await.unwrap();
+    assert!(
+        matches!(&answer, RegistryAnswer::Denied { message } if message.contains("no")),
+        "{answer:?}"
+    );
+    assert!(f.registry.resolve("gh").is_ok());
+}
+
+#[tokio::test]
+async fn an_approved_removal_forgets_the_secret() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let registry = f.registry.clone();
+    let proposal = tokio::spawn(async move {
+        registry
+            .handle(
+                RegistryRequest::Remove { name: "gh".into() },
+                "a test",
+                |_| {},
+            )
+            .await
+    });
+    let id = pending_id(&f.engine).await;
+    f.engine.approve(id, None).unwrap();
+    assert!(matches!(
+        proposal.await.unwrap(),
+        RegistryAnswer::Done { .. }
+    ));
+    assert!(matches!(
+        f.registry.resolve("gh"),
+        Err(ResolveError::NoSuchServer(_))
+    ));
+    assert_eq!(f.items.get("server/gh/env/GITHUB_TOKEN").unwrap(), None);
+}
+
+#[tokio::test]
+async fn the_same_spec_and_secrets_again_is_no_change() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let (answer, waited) = ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    assert!(
+        matches!(answer, RegistryAnswer::Done { .. }) && !waited,
+        "{answer:?}"
+    );
+    assert!(f.engine.pending().is_empty());
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_with_a_code_and_change_nothing() {
+    let f = fixture();
+    for request in [
+        put("a b", gh(), secrets(&[("GITHUB_TOKEN", "t")])),
+        put("gh", gh(), secrets(&[])),
+        put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t"), ("LOG", "x")])),
+        RegistryRequest::Remove {
+            name: "nope".into(),
+        },
+    ] {
+        let (answer, _) = ask(&f, request).await;
+        assert!(
+            matches!(answer, RegistryAnswer::Refused { .. }),
+            "{answer:?}"
+        );
+    }
+    assert!(f.registry.servers().is_empty());
+}
+
+#[tokio::test]
+async fn a_file_edited_behind_the_desks_back_applies_only_after_approval() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let path = f.dir.path().join("config/servers.json");
+    let edited = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("gh-server", "/tmp/evil");
+    std::fs::write(&path, &edited).unwrap();
+    f.registry.check_files();
+    let id = pending_id(&f.engine).await;
+    // Still the accepted command while the person looks.
+    assert_eq!(f.registry.servers()["gh"], gh());
+    // Checking again proposes nothing new.
+    f.registry.check_files();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(f.engine.pending().len(), 1);
+    f.engine.approve(id, None).unwrap();
+    for _ in 0..100 {
+        if f.registry.accepted_text(SERVERS) == edited {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        matches!(&f.registry.servers()["gh"].upstream, Upstream::Stdio { command, .. } if command[0] == "/tmp/evil")
+    );
+}
+
+#[tokio::test]
+async fn a_denied_file_edit_is_written_back() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let path = f.dir.path().join("config/servers.json");
+    let accepted = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, accepted.replace("gh-server", "/tmp/evil")).unwrap();
+    f.registry.check_files();
+    let id = pending_id(&f.engine).await;
+    f.engine.deny(id, None).unwrap();
+    for _ in 0..100 {
+        if std::fs::read_to_string(&path).unwrap() == accepted {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the file was not written back");
+}
+
+#[tokio::test]
+async fn a_policy_edited_behind_the_desks_back_applies_only_after_approval() {
+    let f = fixture();
+    let path = f.dir.path().join("config/policy.toml");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let text = "[servers.\"server:gh\".tools.delete_repo]\nclass = \"open\"\n";
+    std::fs::write(&path, text).unwrap();
+    f.registry.check_files();
+    let id = pending_id(&f.engine).await;
+    assert_eq!(f.registry.accepted_text(POLICY), "");
+    f.engine.approve(id, None).unwrap();
+    for _ in 0..100 {
+        if f.registry.accepted_text(POLICY) == text {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the approved policy was not accepted");
+}
+
+#[tokio::test]
+async fn the_first_start_adopts_the_files_as_found() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/servers.json"),
+        r#"{"servers": {"x": {"command": ["x"]}}}"#,
+    )
+    .unwrap();
+    let db = dir.path().join("desk.sqlite");
+    let engine = Engine::new(EngineConfig::new(&db), Err("none".into())).unwrap();
+    let registry = Registry::open(
+        &dir.path().join("config"),
+        &db,
+        Err("no keychain".into()),
+        engine,
+    )
+    .unwrap();
+    assert!(registry.servers().contains_key("x"));
+    // Without a keychain a server with no secrets still resolves.
+    assert!(registry.resolve("x").is_ok());
+}
+
+#[tokio::test]
+async fn backups_live_in_the_keychain() {
+    let f = fixture();
+    let key = "claude-desktop:/home/alice/config.json".to_string();
+    let (answer, _) = ask(
+        &f,
+        RegistryRequest::KeepBackup {
+            key: key.clone(),
+            text: SecretText::new("{\"token\": \"t\"}".into()),
+        },
+    )
+    .await;
+    assert!(
+        matches!(answer, RegistryAnswer::Backup { text: None }),
+        "{answer:?}"
+    );
+    let (answer, _) = ask(&f, RegistryRequest::TakeBackup { key: key.clone() }).await;
+    let RegistryAnswer::Backup { text: Some(text) } = answer else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(text.expose(), "{\"token\": \"t\"}");
+    ask(&f, RegistryRequest::DropBackup { key: key.clone() }).await;
+    let (answer, _) = ask(&f, RegistryRequest::TakeBackup { key }).await;
+    assert!(matches!(answer, RegistryAnswer::Backup { text: None }));
+}

@@ -1,0 +1,102 @@
+//! The files a person may edit (the server registry `servers.json`, `policy.toml`) as the desk
+//! last accepted them.
+//!
+//! The desk applies what is recorded here, not what the file says: an edit made in the desk's
+//! own settings view is the person's and is recorded at once, but an edit made behind the desk's
+//! back (by an agent with a shell, say) differs from the record, and is shown to the person as a
+//! change that takes effect only after their click. Without the record there would be no "before"
+//! to compare with.
+
+use rusqlite::OptionalExtension;
+
+use crate::error::{ms_from_sql, ms_to_sql};
+use crate::{Store, StoreError};
+
+const TABLE: &str = "accepted_file";
+
+/// The most bytes of a file the desk accepts (registry and policy are small; a huge file is
+/// refused, not stored).
+pub const MAX_ACCEPTED_BYTES: usize = 4 * 1024 * 1024;
+
+/// A file's text as last accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// Its text.
+    pub text: String,
+    /// When it was accepted, ms since the epoch.
+    pub at_ms: u64,
+}
+
+impl Store {
+    /// The text of the file `name` as last accepted, if it ever was.
+    pub fn accepted(&mut self, name: &str) -> Result<Option<Accepted>, StoreError> {
+        self.with_connection(|conn| {
+            let row = conn
+                .prepare_cached("SELECT text, accepted_at_ms FROM accepted_file WHERE name = ?1")?
+                .query_row([name], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                })
+                .optional()?;
+            row.map(|(text, at)| {
+                Ok(Accepted {
+                    text,
+                    at_ms: ms_from_sql(at, TABLE)?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    /// Records `text` as the accepted text of the file `name`.
+    pub fn accept(&mut self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError> {
+        if text.len() > MAX_ACCEPTED_BYTES {
+            return Err(StoreError::InvalidRow {
+                table: TABLE,
+                reason: format!("{name} is larger than {MAX_ACCEPTED_BYTES} bytes"),
+            });
+        }
+        let at = ms_to_sql(at_ms)?;
+        self.with_connection(|conn| {
+            conn.prepare_cached(
+                "INSERT INTO accepted_file (name, text, accepted_at_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE
+                     SET text = excluded.text, accepted_at_ms = excluded.accepted_at_ms",
+            )?
+            .execute(rusqlite::params![name, text, at])?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::temp_store;
+
+    #[test]
+    fn a_file_is_unknown_until_accepted_then_its_latest_text_is_kept() {
+        let (_dir, mut store) = temp_store();
+        assert_eq!(store.accepted("servers.json").unwrap(), None);
+        store.accept("servers.json", "{}", 5).unwrap();
+        store
+            .accept("servers.json", "{\"servers\": {}}", 7)
+            .unwrap();
+        store.accept("policy.toml", "", 8).unwrap();
+        assert_eq!(
+            store.accepted("servers.json").unwrap(),
+            Some(Accepted {
+                text: "{\"servers\": {}}".into(),
+                at_ms: 7
+            })
+        );
+        assert_eq!(store.accepted("policy.toml").unwrap().unwrap().text, "");
+    }
+
+    #[test]
+    fn a_huge_file_is_refused_not_stored() {
+        let (_dir, mut store) = temp_store();
+        let huge = "x".repeat(MAX_ACCEPTED_BYTES + 1);
+        assert!(store.accept("policy.toml", &huge, 1).is_err());
+        assert_eq!(store.accepted("policy.toml").unwrap(), None);
+    }
+}
