@@ -133,21 +133,23 @@ pub struct SettingsView {
 pub fn settings(desk: State<'_, Desk>) -> SettingsView {
     SettingsView {
         settings: desk.settings.lock().unwrap().clone(),
-        policy: desk.dirs.policy_text(),
+        policy: desk.registry.accepted_text(countersign_registry::POLICY),
     }
 }
 
 #[tauri::command(async)]
 pub fn save_settings(desk: State<'_, Desk>, view: SettingsView) -> Result<SettingsView, UiError> {
     let settings = view.settings.sanitized();
-    let policy: Policy = desk
-        .dirs
-        .save_policy(&view.policy)
-        .map_err(|e| UiError::new("bad_policy", e))?;
+    // The person's own edit applies directly; an unchanged policy is not saved (nor recorded).
+    if view.policy != desk.registry.accepted_text(countersign_registry::POLICY) {
+        Policy::from_toml(&view.policy).map_err(|e| UiError::new("bad_policy", e))?;
+        desk.registry
+            .save_policy_directly(&view.policy)
+            .map_err(|e| UiError::new("io", e))?;
+    }
     desk.dirs
         .save_settings(&settings)
         .map_err(|e| UiError::new("io", e.to_string()))?;
-    desk.engine.set_policy(policy);
     desk.engine
         .set_token_ttl_ms(settings.token_minutes * 60_000);
     desk.engine.set_approve_delay_ms(settings.approve_delay_ms);

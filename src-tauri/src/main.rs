@@ -26,7 +26,10 @@ use std::sync::Mutex;
 
 use countersign_core::token::SigningKey;
 use countersign_engine::{Engine, EngineConfig, QueueChange};
-use countersign_secret::{KeychainStore, MemoryStore, SecretStore};
+use countersign_registry::Registry;
+use countersign_secret::{
+    Items, KeychainItems, KeychainStore, MemoryItems, MemoryStore, SecretStore,
+};
 use countersign_session as socket;
 use countersign_wire::{Frame, Hello, PROTOCOL_VERSION};
 use tauri::menu::{Menu, MenuItem};
@@ -43,6 +46,8 @@ pub struct Desk {
     secret: std::sync::Arc<dyn SecretStore>,
     /// Why the keychain could not be read when last asked (`None`: it could).
     keychain_problem: Mutex<Option<String>>,
+    /// Registered servers, and the guard on servers.json and policy.toml.
+    registry: Registry,
     _served: socket::Served,
     _agents: Option<socket::Served>,
 }
@@ -318,6 +323,7 @@ fn main() {
                     settings,
                     std::sync::Arc::new(Unavailable(e.to_string())),
                     key,
+                    Err(e.to_string()),
                 );
             }
         }
@@ -326,7 +332,15 @@ fn main() {
     if let Err(e) = &key {
         eprintln!("countersign-desk: {e}");
     }
-    run(dirs, settings, secret, key)
+    // Registered servers' credentials sit beside the secret: in memory when it is.
+    let items: Result<std::sync::Arc<dyn Items>, String> = if in_memory {
+        Ok(std::sync::Arc::new(MemoryItems::new()))
+    } else {
+        KeychainItems::open_default()
+            .map(|items| std::sync::Arc::new(items) as std::sync::Arc<dyn Items>)
+            .map_err(|e| e.to_string())
+    };
+    run(dirs, settings, secret, key, items)
 }
 
 /// A secret store that is not there: every operation says why.
@@ -360,10 +374,10 @@ fn run(
     settings: Settings,
     secret: std::sync::Arc<dyn SecretStore>,
     key: Result<SigningKey, String>,
+    items: Result<std::sync::Arc<dyn Items>, String>,
 ) {
     let window = has_display();
     let mut config = EngineConfig::new(dirs.store());
-    config.policy = dirs.load_policy();
     config.token_ttl_ms = settings.token_minutes * 60_000;
     config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;
@@ -374,22 +388,40 @@ fn run(
             std::process::exit(1);
         }
     };
+    // What applies is what was last accepted: the policy and servers.json as they are on disk
+    // are checked against it below, and an edit made outside the desk waits for the person.
+    let registry = match Registry::open(&dirs.config, &dirs.store(), items, engine.clone()) {
+        Ok(registry) => registry,
+        Err(e) => {
+            eprintln!("countersign-desk: cannot open the registry of servers: {e}");
+            std::process::exit(1);
+        }
+    };
+    engine.set_policy(registry.policy());
     let socket_path = countersign_wire::socket_path();
-    let served =
-        match tauri::async_runtime::block_on(socket::serve(engine.clone(), socket_path.clone())) {
-            Ok(served) => served,
-            Err(socket::SocketError::AlreadyRunning(_)) => {
-                eprintln!("countersign-desk: already running; bringing its window forward");
-                focus_running_desk(&socket_path);
-                std::process::exit(0);
-            }
-            Err(e) => {
-                eprintln!("countersign-desk: {e}");
-                std::process::exit(1);
-            }
-        };
-    let agents = serve_agents(&engine, settings.agent_uids());
+    let options = socket::Options {
+        registry: Some(registry.clone()),
+        ..socket::Options::default()
+    };
+    let served = match tauri::async_runtime::block_on(socket::serve_with(
+        engine.clone(),
+        socket_path.clone(),
+        options,
+    )) {
+        Ok(served) => served,
+        Err(socket::SocketError::AlreadyRunning(_)) => {
+            eprintln!("countersign-desk: already running; bringing its window forward");
+            focus_running_desk(&socket_path);
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("countersign-desk: {e}");
+            std::process::exit(1);
+        }
+    };
+    let agents = serve_agents(&engine, &registry, settings.agent_uids());
     prune_on_a_schedule(&engine);
+    check_files_on_a_schedule(&registry);
     if !window {
         headless(served, agents);
         return;
@@ -402,6 +434,7 @@ fn run(
         settings: Mutex::new(settings),
         secret,
         keychain_problem: Mutex::new(None),
+        registry,
         _served: served,
         _agents: agents,
     };
@@ -550,7 +583,24 @@ fn prune_on_a_schedule(engine: &Engine) {
 /// desk against the list (the kernel says which account connected). Refused for one of those
 /// accounts, a command or the built-in tools; a URL or a registered server is served. When it
 /// cannot be set up the desk says why and serves its own account only.
-fn serve_agents(engine: &Engine, uids: Vec<u32>) -> Option<socket::Served> {
+/// How often the desk compares servers.json and policy.toml with what it accepted.
+const FILE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Compares the guarded files with what was accepted, now and every [`FILE_CHECK_EVERY`]: an
+/// edit made outside the desk becomes a change the person decides.
+fn check_files_on_a_schedule(registry: &Registry) {
+    let registry = registry.clone();
+    tauri::async_runtime::spawn(async move {
+        let mut every = tokio::time::interval(FILE_CHECK_EVERY);
+        loop {
+            every.tick().await;
+            let registry = registry.clone();
+            let _ = tauri::async_runtime::spawn_blocking(move || registry.check_files()).await;
+        }
+    });
+}
+
+fn serve_agents(engine: &Engine, registry: &Registry, uids: Vec<u32>) -> Option<socket::Served> {
     use std::os::unix::fs::PermissionsExt;
 
     if uids.is_empty() {
@@ -559,6 +609,7 @@ fn serve_agents(engine: &Engine, uids: Vec<u32>) -> Option<socket::Served> {
     let path = countersign_wire::agents_socket_path();
     let options = socket::Options {
         other_accounts: uids.clone(),
+        registry: Some(registry.clone()),
         ..socket::Options::default()
     };
     let served =

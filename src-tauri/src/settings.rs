@@ -1,9 +1,9 @@
 //! The desk's settings and policy files, in the account's config directory.
 //!
 //! `settings.json` holds what the settings view edits (token lifetime, approve delay) and the
-//! accounts agents may connect from; the policy is `policy.toml` (DESIGN.md, "Gate classes and
-//! plans"), checked before it is saved, so a typo never replaces a working policy. The approve
-//! delay can be raised, never set below one second.
+//! accounts agents may connect from. The approve delay can be raised, never set below one
+//! second. The policy (`policy.toml`) and the registry of servers (`servers.json`) are guarded
+//! by `countersign_registry`: what applies is what the desk last accepted.
 //!
 //! The directories are the account's own, found from the password database and never from the
 //! environment (see `countersign_wire::DeskDirs`), and each is 0700.
@@ -11,7 +11,6 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use countersign_core::policy::Policy;
 use serde::{Deserialize, Serialize};
 
 /// The shortest approve delay, in ms: a click in the first second after a request appears, the
@@ -90,10 +89,6 @@ impl Dirs {
         self.config.join("settings.json")
     }
 
-    fn policy_file(&self) -> PathBuf {
-        self.config.join("policy.toml")
-    }
-
     /// The saved settings, or the defaults (a broken file is reported and ignored).
     pub fn load_settings(&self) -> Settings {
         match std::fs::read_to_string(self.settings_file()) {
@@ -118,27 +113,6 @@ impl Dirs {
             self.settings_file(),
             serde_json::to_vec_pretty(&settings).expect("settings serialize"),
         )
-    }
-
-    /// The policy text as saved ("" when there is none).
-    pub fn policy_text(&self) -> String {
-        std::fs::read_to_string(self.policy_file()).unwrap_or_default()
-    }
-
-    /// The saved policy; a broken file is reported and the defaults apply.
-    pub fn load_policy(&self) -> Policy {
-        Policy::from_toml(&self.policy_text()).unwrap_or_else(|e| {
-            tracing::warn!(target: "desk", "ignoring {}: {e}", self.policy_file().display());
-            Policy::default()
-        })
-    }
-
-    /// Checks and saves policy text; returns the parsed policy.
-    pub fn save_policy(&self, text: &str) -> Result<Policy, String> {
-        let policy = Policy::from_toml(text)?;
-        private_dir(&self.config).map_err(|e| e.to_string())?;
-        std::fs::write(self.policy_file(), text).map_err(|e| e.to_string())?;
-        Ok(policy)
     }
 }
 
@@ -200,24 +174,6 @@ mod tests {
         }
         .sanitized();
         assert_eq!(s.approve_delay_ms, 3000);
-    }
-
-    #[test]
-    fn a_broken_policy_is_refused_and_the_saved_one_kept() {
-        let dir = std::env::temp_dir().join(format!("cs-settings-{}", std::process::id()));
-        let dirs = Dirs {
-            data: dir.clone(),
-            config: dir.clone(),
-            state: dir.clone(),
-        };
-        dirs.save_policy("[servers.fs.tools.write_file]\nclass = \"token\"\n")
-            .unwrap();
-        assert!(
-            dirs.save_policy("[servers.fs.tools.write_file]\nclass = \"maybe\"\n")
-                .is_err()
-        );
-        assert!(dirs.policy_text().contains("\"token\""));
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -369,3 +369,18 @@ async fn backups_live_in_the_keychain() {
     let (answer, _) = ask(&f, RegistryRequest::TakeBackup { key }).await;
     assert!(matches!(answer, RegistryAnswer::Backup { text: None }));
 }
+
+#[tokio::test]
+async fn a_broken_policy_from_the_settings_view_is_refused_and_the_accepted_one_kept() {
+    let f = fixture();
+    let good = "[servers.fs.tools.write_file]\nclass = \"token\"\n";
+    f.registry.save_policy_directly(good).unwrap();
+    assert!(
+        f.registry
+            .save_policy_directly("[servers.fs.tools.write_file]\nclass = \"maybe\"\n")
+            .is_err()
+    );
+    assert_eq!(f.registry.accepted_text(POLICY), good);
+    let on_disk = std::fs::read_to_string(f.dir.path().join("config/policy.toml")).unwrap();
+    assert_eq!(on_disk, good);
+}

@@ -4,10 +4,11 @@
 //! `tools/list` is fetched raw from the upstream (every field it sent survives), classed by the
 //! engine, and answered with gated tools augmented (`confirm`, `confirmTarget`, `confirmToken`, a
 //! sentence, no `outputSchema`) and withheld tools left out. Every `tools/call` is decided here:
-//! an open tool's call goes on, a gated one goes to the engine (a preflight waits for a person,
-//! with progress to the agent; a confirm is verified, and what the person approved is what gets
-//! sent), and a tool missing from the listing is refused. The other allowed requests are sent on
-//! typed, re-serialized by the desk; anything else is an error, never "forward".
+//! an open tool's call goes on once the engine agrees (its definition is the pinned one), a gated
+//! one goes to the engine (a preflight waits for a person, with progress to the agent; a confirm
+//! is verified, and what the person approved is what gets sent), and a tool missing from the
+//! listing is refused. The other allowed requests are sent on typed, re-serialized by the desk;
+//! anything else is an error, never "forward".
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
 use std::borrow::Cow;
@@ -278,6 +279,16 @@ impl Session {
         }
     }
 
+    /// Why an open tool's call must not go on, if it must not: the engine has the last word on
+    /// every call (a tool whose definition differs from its pin is refused `tool_changed`, open
+    /// or not). Anything but a plain yes refuses.
+    fn open_refused(&self, tool: &str) -> Option<CallToolResult> {
+        match self.engine.open_call(&self.tenant, tool) {
+            Answer::Done => None,
+            answer => Some(from_desk(answer)),
+        }
+    }
+
     async fn gated(
         &self,
         mut request: CallToolRequestParams,
@@ -435,15 +446,19 @@ impl ServerHandler for Session {
                 };
                 break 'decided match gate {
                     Some(Gate::Class(GateClass::Open)) => {
-                        match self.forward_call(&live, request.clone(), &context).await {
-                            Ok(r) => r,
-                            Err(ForwardError::Answer(e)) => return Err(e),
-                            // Nothing was handed over: gate it again on a new start.
-                            Err(ForwardError::NotSent) => {
-                                self.upstream.discard(&live).await;
-                                continue;
+                        if let Some(refused) = self.open_refused(&request.name) {
+                            refused
+                        } else {
+                            match self.forward_call(&live, request.clone(), &context).await {
+                                Ok(r) => r,
+                                Err(ForwardError::Answer(e)) => return Err(e),
+                                // Nothing was handed over: gate it again on a new start.
+                                Err(ForwardError::NotSent) => {
+                                    self.upstream.discard(&live).await;
+                                    continue;
+                                }
+                                Err(ForwardError::Lost) => call_lost(&request.name, None),
                             }
-                            Err(ForwardError::Lost) => call_lost(&request.name, None),
                         }
                     }
                     // Not in the upstream's listing, even after listing again: no annotations, no
@@ -681,6 +696,10 @@ impl Service<RoleServer> for RawTools {
                             &self.0, req, context,
                         )
                         .await;
+                    }
+                    if let Some(mut refused) = self.0.open_refused(&req.params.name) {
+                        refused.result_type.get_or_insert(ResultType::COMPLETE);
+                        return Ok(ServerResult::CallToolResult(refused));
                     }
                     let params = serde_json::to_value(&req.params)
                         .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;

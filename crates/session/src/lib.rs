@@ -14,6 +14,7 @@ mod children;
 mod peer;
 mod raw;
 pub mod reach;
+mod registry;
 pub mod router;
 mod socket;
 mod upstream;

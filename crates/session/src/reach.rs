@@ -3,8 +3,10 @@
 //!
 //! The identity is the desk's own word, never the gateway's: `builtin:<db path>` for the built-in
 //! tools, the URL, or the command line itself for an ad-hoc command (policy is keyed by it, and
-//! the person sees it). A registered server (`--server NAME`) will be the registry's name; until
-//! the registry exists, every name is answered "no such server".
+//! the person sees it). A registered server (`--server NAME`) is `server:NAME`, and what the
+//! desk starts for it is what the registry has on record for the name, with the secret values
+//! from the keychain: never what the gateway says. The prefix keeps a registered name apart from
+//! an ad-hoc command of the same word, so neither shares the other's policy or pinned tools.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -86,16 +88,70 @@ pub fn identity(reach: &Reach) -> Result<String, Unreached> {
         Reach::Command { .. } => Err(unreached(RefusedCode::BadHello, "no upstream command")),
         Reach::Server { name } => Err(unreached(
             RefusedCode::NoSuchServer,
-            format!(
-                "no server named {name:?} is registered in the desk (servers cannot be \
-                 registered yet: use -- CMD ARGS..., --url URL or --db PATH)"
-            ),
+            format!("the server {name:?} must be resolved through the desk's registry"),
         )),
         other => Err(unreached(
             RefusedCode::BadHello,
             format!("this desk cannot reach {other:?}"),
         )),
     }
+}
+
+/// Headers sent with every request to an upstream reached by URL (a registered server's, whose
+/// values may be secret: never printed).
+#[derive(Clone, Default)]
+pub struct Headers(Vec<(String, zeroize::Zeroizing<String>)>);
+
+impl std::fmt::Debug for Headers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, _)| k))
+            .finish()
+    }
+}
+
+/// What `reach` names, as the desk will start or connect it, with its identity: a registered
+/// server becomes the command or URL on record (its environment or headers with their secret
+/// values); anything else is checked by [`identity`] and kept as it is.
+pub fn resolve(
+    reach: Reach,
+    registry: Option<&countersign_registry::Registry>,
+) -> Result<(Reach, Headers, String), Unreached> {
+    let Reach::Server { name } = reach else {
+        let identity = identity(&reach)?;
+        return Ok((reach, Headers::default(), identity));
+    };
+    let Some(registry) = registry else {
+        return Err(unreached(
+            RefusedCode::NoSuchServer,
+            format!("no server named {name:?} is registered: this desk has no registry"),
+        ));
+    };
+    let resolved = registry.resolve(&name).map_err(|e| match e {
+        countersign_registry::ResolveError::NoSuchServer(_) => {
+            unreached(RefusedCode::NoSuchServer, e.to_string())
+        }
+        other => unreached(RefusedCode::UpstreamFailed, other.to_string()),
+    })?;
+    let identity = format!("server:{name}");
+    let values = resolved.values;
+    Ok(match resolved.spec.upstream {
+        countersign_wire::Upstream::Stdio { command, cwd, .. } => (
+            Reach::Command {
+                argv: command,
+                cwd: cwd.unwrap_or_default(),
+                env: values
+                    .into_iter()
+                    .map(|(k, v)| (k, v.as_str().to_owned()))
+                    .collect(),
+            },
+            Headers::default(),
+            identity,
+        ),
+        countersign_wire::Upstream::Http { url, .. } => {
+            (Reach::Url { url }, Headers(values), identity)
+        }
+    })
 }
 
 /// How the desk opens its session with the upstream, chosen from the agent's first message:
@@ -124,6 +180,7 @@ pub fn lifecycle(agent_probes_modern: bool) -> ClientLifecycleMode {
 /// planned under its new listing, so a different plan is refused `plan_changed`).
 pub struct Upstream {
     reach: Reach,
+    headers: Headers,
     lifecycle: ClientLifecycleMode,
     out: mpsc::Sender<Frame>,
     children: Children,
@@ -198,13 +255,17 @@ impl Upstream {
     /// without bound, when the gateway is slow).
     pub async fn start(
         reach: Reach,
+        headers: Headers,
         lifecycle: ClientLifecycleMode,
         out: mpsc::Sender<Frame>,
         children: Children,
         deadline: Duration,
     ) -> Result<Self, Unreached> {
         let shared = Arc::new(Shared::default());
-        let opened = open_within(deadline, &reach, &lifecycle, &out, &children, &shared).await?;
+        let opened = open_within(
+            deadline, &reach, &headers, &lifecycle, &out, &children, &shared,
+        )
+        .await?;
         let info = opened
             .service
             .peer()
@@ -212,6 +273,7 @@ impl Upstream {
             .expect("an initialized upstream has peer info");
         Ok(Self {
             reach,
+            headers,
             lifecycle,
             out,
             children,
@@ -259,6 +321,7 @@ impl Upstream {
             opened = open_within(
                 self.deadline,
                 &self.reach,
+                &self.headers,
                 &self.lifecycle,
                 &self.out,
                 &self.children,
@@ -332,6 +395,7 @@ impl Upstream {
 async fn open_within(
     deadline: Duration,
     reach: &Reach,
+    headers: &Headers,
     lifecycle: &ClientLifecycleMode,
     out: &mpsc::Sender<Frame>,
     children: &Children,
@@ -339,7 +403,7 @@ async fn open_within(
 ) -> Result<Opened, Unreached> {
     tokio::time::timeout(
         deadline,
-        open(reach, lifecycle.clone(), out, children, shared),
+        open(reach, headers, lifecycle.clone(), out, children, shared),
     )
     .await
     .unwrap_or_else(|_| {
@@ -356,6 +420,7 @@ async fn open_within(
 /// Starts or connects what `reach` names and opens the MCP session with it (`lifecycle`).
 async fn open(
     reach: &Reach,
+    headers: &Headers,
     lifecycle: ClientLifecycleMode,
     out: &mpsc::Sender<Frame>,
     children: &Children,
@@ -396,7 +461,23 @@ async fn open(
                 .map_err(|e| failed(&e))?
         }
         Reach::Url { url } => {
-            let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
+            let mut custom = std::collections::HashMap::new();
+            for (name, value) in &headers.0 {
+                let bad = |what: &str| {
+                    unreached(
+                        RefusedCode::UpstreamFailed,
+                        format!("the header {name:?} has an invalid {what}"),
+                    )
+                };
+                let key = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad("name"))?;
+                let mut value =
+                    http::HeaderValue::from_str(value.as_str()).map_err(|_| bad("value"))?;
+                value.set_sensitive(true);
+                custom.insert(key, value);
+            }
+            let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .custom_headers(custom);
+            let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
             client
                 .serve_with_lifecycle(transport, lifecycle)
                 .await

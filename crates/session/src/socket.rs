@@ -108,6 +108,9 @@ pub struct Options {
     /// The most connections one account may have open at once (each session is a thread and,
     /// once it calls, an upstream process); beyond it a new one is refused `busy`.
     pub max_connections: usize,
+    /// The servers registered in the desk (`--server NAME`, `countersign server ...`); without
+    /// one every name is unknown and the registry's requests are refused.
+    pub registry: Option<countersign_registry::Registry>,
 }
 
 impl Default for Options {
@@ -120,6 +123,7 @@ impl Default for Options {
             other_accounts: Vec::new(),
             frame_deadline: Duration::from_secs(30),
             max_connections: 2048,
+            registry: None,
         }
     }
 }
@@ -367,6 +371,21 @@ async fn introduce(desk: Desk, mut stream: UnixStream) {
     };
     match hello {
         Hello::Focus { .. } => desk.engine.request_focus(),
+        Hello::Registry { version, request } => {
+            let origin = match stream.peer_cred().ok().and_then(|c| c.pid()) {
+                Some(pid) => format!("the command line (`countersign`, pid {pid})"),
+                None => "the command line (`countersign`)".to_owned(),
+            };
+            crate::registry::serve(
+                desk.options.registry.clone(),
+                peer,
+                version,
+                request,
+                origin,
+                stream,
+            )
+            .await;
+        }
         Hello::Gateway {
             version,
             reach,
@@ -430,22 +449,23 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         return;
     }
 
-    // What to reach is checked before anything starts: a name the desk does not know, or a
-    // malformed hello, is refused at once.
-    let identity = match reach::identity(&reach) {
-        Ok(identity) => identity,
-        Err(refusal) => {
-            tracing::warn!(target: "desk", ?reach, "{}", refusal.message);
-            let _ = write_frame(&mut writer, &refuse(refusal.code, refusal.message)).await;
-            return;
-        }
-    };
-
     if let Err(refusal) = peer.may_reach(&reach) {
         tracing::warn!(target: "desk", ?peer, ?reach, "{}", refusal.message);
         let _ = write_frame(&mut writer, &refuse(refusal.code, refusal.message)).await;
         return;
     }
+
+    // What to reach is checked before anything starts: a name the desk does not know, or a
+    // malformed hello, is refused at once. A registered name becomes what the registry has on
+    // record for it, with its secrets, and never what the gateway says.
+    let (reach, headers, identity) = match reach::resolve(reach, desk.options.registry.as_ref()) {
+        Ok(resolved) => resolved,
+        Err(refusal) => {
+            tracing::warn!(target: "desk", "{}", refusal.message);
+            let _ = write_frame(&mut writer, &refuse(refusal.code, refusal.message)).await;
+            return;
+        }
+    };
 
     // Every frame to the gateway goes through one writer task, so the upstream's stderr, the
     // welcome and the session's messages never interleave inside a frame.
@@ -505,6 +525,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         let lifecycle = reach::lifecycle(crate::router::probes_modern(&first));
         let reached = reach::Upstream::start(
             reach.clone(),
+            headers,
             lifecycle,
             out.clone(),
             desk.children.clone(),
