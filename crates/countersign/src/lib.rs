@@ -10,3 +10,4 @@ pub mod logging;
 pub mod paths;
 pub mod pipe;
 pub mod registry;
+pub mod server;

@@ -98,6 +98,10 @@ enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// The servers registered in the desk: list, add, change or remove them. An agent's config
+    /// then reaches one with `countersign mcp --server NAME`, and never holds its credentials.
+    #[command(subcommand)]
+    Server(countersign::server::ServerCommand),
     /// Print the desk's history of approvals, confirms and refusals, newest first.
     History {
         /// Print JSON lines instead of a table.
@@ -218,6 +222,12 @@ fn main() {
             );
             0
         }
+        Command::Server(command) => countersign::server::run(
+            command,
+            &mut countersign::registry::DeskAt::default_desk(),
+            &mut countersign::server::read_secret,
+            &mut std::io::stdout(),
+        ),
         Command::History {
             json,
             tool,
