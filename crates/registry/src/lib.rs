@@ -451,14 +451,14 @@ impl Registry {
         name: &str,
         spec: &ServerSpec,
         secrets: &BTreeMap<String, SecretText>,
-    ) -> Result<(), String> {
+    ) -> Result<(), EditError> {
         check_name(name)
             .and_then(|()| spec.check())
             .and_then(|()| spec.check_secrets(secrets))
-            .map_err(|e| e.0)?;
+            .map_err(|e| EditError::new(RegistryCode::BadRequest, e.0))?;
         let current = self.servers().remove(name);
         self.apply_put(name, current.as_ref(), spec, secrets)
-            .map_err(answer_text)?;
+            .map_err(EditError::from_answer)?;
         self.inner.engine.record_change(
             ChangeKind::Server,
             name,
@@ -467,13 +467,69 @@ impl Registry {
         Ok(())
     }
 
+    /// The person's own edit in the settings view, where a secret they left empty keeps the
+    /// value the keychain holds for it: `given` has the secret values typed anew, and each other
+    /// secret key of `spec` must be one `name` has on record as secret (of the same kind: an
+    /// environment variable stays an environment variable). The settings view never reads a
+    /// secret back, so this is how an edit of the command leaves the credentials alone.
+    pub fn put_directly_keeping(
+        &self,
+        name: &str,
+        spec: &ServerSpec,
+        given: &BTreeMap<String, SecretText>,
+    ) -> Result<(), EditError> {
+        let missing: Vec<&str> = spec
+            .upstream
+            .secret_keys()
+            .into_iter()
+            .filter(|key| !given.contains_key(*key))
+            .collect();
+        if missing.is_empty() {
+            return self.put_directly(name, spec, given);
+        }
+        let bad = |code, message| Err(EditError::new(code, message));
+        let current = self.servers().remove(name).filter(|current| {
+            std::mem::discriminant(&current.upstream) == std::mem::discriminant(&spec.upstream)
+        });
+        let Some(current) = current else {
+            return bad(
+                RegistryCode::BadRequest,
+                format!("no value was given for the secret {}", missing[0]),
+            );
+        };
+        let stored = self
+            .stored_secrets(name, &current.upstream)
+            .map_err(|e| EditError::new(RegistryCode::NoKeychain, e))?;
+        let mut secrets = given.clone();
+        for key in missing {
+            match stored.get(key).and_then(Option::as_ref) {
+                Some(value) => {
+                    secrets.insert(key.to_owned(), SecretText::new(value.as_str().to_owned()));
+                }
+                None => {
+                    return bad(
+                        RegistryCode::BadRequest,
+                        format!(
+                            "no value was given for the secret {key}, and the keychain holds \
+                             none for it"
+                        ),
+                    );
+                }
+            }
+        }
+        self.put_directly(name, spec, &secrets)
+    }
+
     /// The person's own removal in the settings view.
-    pub fn remove_directly(&self, name: &str) -> Result<(), String> {
-        let current = self
-            .servers()
-            .remove(name)
-            .ok_or_else(|| format!("no server named {name:?} is registered"))?;
-        self.apply_remove(name, &current).map_err(answer_text)?;
+    pub fn remove_directly(&self, name: &str) -> Result<(), EditError> {
+        let current = self.servers().remove(name).ok_or_else(|| {
+            EditError::new(
+                RegistryCode::NoSuchServer,
+                format!("no server named {name:?} is registered"),
+            )
+        })?;
+        self.apply_remove(name, &current)
+            .map_err(EditError::from_answer)?;
         self.inner.engine.record_change(
             ChangeKind::Server,
             name,
@@ -708,12 +764,33 @@ fn denied(name: &str, decision: ChangeDecision) -> RegistryAnswer {
     RegistryAnswer::Denied { message }
 }
 
-fn answer_text(answer: RegistryAnswer) -> String {
-    match answer {
-        RegistryAnswer::Refused { message, .. }
-        | RegistryAnswer::Denied { message }
-        | RegistryAnswer::Done { message } => message,
-        other => format!("{other:?}"),
+/// Why the person's own edit in the settings view was not applied: a code to branch on (the
+/// same as the command line's), and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct EditError {
+    /// Why, as a code.
+    pub code: RegistryCode,
+    /// Why, for a person.
+    pub message: String,
+}
+
+impl EditError {
+    fn new(code: RegistryCode, message: impl Into<String>) -> Self {
+        EditError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn from_answer(answer: RegistryAnswer) -> Self {
+        match answer {
+            RegistryAnswer::Refused { code, message } => EditError { code, message },
+            RegistryAnswer::Denied { message } | RegistryAnswer::Done { message } => {
+                EditError::new(RegistryCode::Failed, message)
+            }
+            other => EditError::new(RegistryCode::Failed, format!("{other:?}")),
+        }
     }
 }
 

@@ -384,3 +384,95 @@ async fn a_broken_policy_from_the_settings_view_is_refused_and_the_accepted_one_
     let on_disk = std::fs::read_to_string(f.dir.path().join("config/policy.toml")).unwrap();
     assert_eq!(on_disk, good);
 }
+
+fn value_of(f: &Fixture, name: &str, key: &str) -> String {
+    let resolved = f.registry.resolve(name).unwrap();
+    let (_, value) = resolved.values.iter().find(|(k, _)| k == key).unwrap();
+    value.to_string()
+}
+
+#[tokio::test]
+async fn an_edit_in_the_settings_view_that_leaves_a_secret_empty_keeps_the_stored_value() {
+    let f = fixture();
+    f.registry
+        .put_directly_keeping("gh", &gh(), &secrets(&[("GITHUB_TOKEN", "ghp_first")]))
+        .unwrap();
+    // The command changes, the secret is not typed again: the keychain's value stays.
+    let moved = spec(
+        json!({"command": ["gh-server", "stdio", "--verbose"], "env": {"GITHUB_TOKEN": {"secret": true}, "LOG": "debug"}}),
+    );
+    f.registry
+        .put_directly_keeping("gh", &moved, &BTreeMap::new())
+        .unwrap();
+    assert_eq!(f.registry.servers()["gh"], moved);
+    assert_eq!(value_of(&f, "gh", "GITHUB_TOKEN"), "ghp_first");
+    // Typed again, it is replaced.
+    f.registry
+        .put_directly_keeping("gh", &moved, &secrets(&[("GITHUB_TOKEN", "ghp_second")]))
+        .unwrap();
+    assert_eq!(value_of(&f, "gh", "GITHUB_TOKEN"), "ghp_second");
+    // The person's edits apply directly, and each is recorded.
+    assert!(f.engine.pending().is_empty());
+    let history = f.engine.history(&Default::default()).unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .filter(|e| e.kind.code() == "changed")
+            .count(),
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_secret_left_empty_with_nothing_stored_for_it_is_refused_and_changes_nothing() {
+    let f = fixture();
+    // A new server: nothing to keep.
+    let err = f
+        .registry
+        .put_directly_keeping("gh", &gh(), &BTreeMap::new())
+        .unwrap_err();
+    assert_eq!(err.code, RegistryCode::BadRequest);
+    assert!(err.message.contains("GITHUB_TOKEN"), "{err}");
+    assert!(f.registry.servers().is_empty());
+    f.registry
+        .put_directly_keeping("gh", &gh(), &secrets(&[("GITHUB_TOKEN", "t")]))
+        .unwrap();
+    // A key that was plain until now has no stored secret to keep.
+    let log_secret = spec(
+        json!({"command": ["gh-server", "stdio"], "env": {"GITHUB_TOKEN": {"secret": true}, "LOG": {"secret": true}}}),
+    );
+    let err = f
+        .registry
+        .put_directly_keeping("gh", &log_secret, &BTreeMap::new())
+        .unwrap_err();
+    assert!(err.message.contains("LOG"), "{err}");
+    // An environment variable's secret is not kept as a header's.
+    let as_url = spec(
+        json!({"url": "https://gh.example/mcp", "headers": {"GITHUB_TOKEN": {"secret": true}}}),
+    );
+    assert!(
+        f.registry
+            .put_directly_keeping("gh", &as_url, &BTreeMap::new())
+            .is_err()
+    );
+    assert_eq!(f.registry.servers()["gh"], gh());
+    assert_eq!(value_of(&f, "gh", "GITHUB_TOKEN"), "t");
+}
+
+#[tokio::test]
+async fn a_removal_in_the_settings_view_forgets_the_secrets_and_says_when_there_is_no_such_server()
+{
+    let f = fixture();
+    f.registry
+        .put_directly("gh", &gh(), &secrets(&[("GITHUB_TOKEN", "t")]))
+        .unwrap();
+    let account = "server/gh/env/GITHUB_TOKEN";
+    assert!(f.items.get(account).unwrap().is_some());
+    f.registry.remove_directly("gh").unwrap();
+    assert!(f.registry.servers().is_empty());
+    assert_eq!(f.items.get(account).unwrap(), None);
+    assert_eq!(
+        f.registry.remove_directly("gh").unwrap_err().code,
+        RegistryCode::NoSuchServer
+    );
+}
