@@ -1,6 +1,7 @@
 //! `countersign`: the command an agent's MCP configuration launches, and the commands that start
 //! or query the desk.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -98,6 +99,37 @@ enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Protect a client in one command: register each MCP server of its configuration in the
+    /// desk (every environment value and header into the keychain) and rewrite each entry to
+    /// `countersign mcp --server NAME`, keeping everything else of the file as it was.
+    ///
+    /// The original file is kept in the keychain first; `countersign uninstall` restores it.
+    ///
+    /// Example: countersign install --client claude-desktop --dry-run
+    Install {
+        /// Which client's configuration.
+        #[arg(long, value_enum)]
+        client: countersign::clients::Client,
+        /// Say what would change, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        file: ConfigFile,
+    },
+    /// Restore a client's configuration as it was before `countersign install`, byte for byte.
+    ///
+    /// The servers install registered stay registered in the desk (`countersign server remove
+    /// NAME` removes one).
+    Uninstall {
+        /// Which client's configuration.
+        #[arg(long, value_enum)]
+        client: countersign::clients::Client,
+        /// Restore it even if the file was edited since install wrote it (those edits are lost).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        file: ConfigFile,
+    },
     /// The servers registered in the desk: list, add, change or remove them. An agent's config
     /// then reaches one with `countersign mcp --server NAME`, and never holds its credentials.
     #[command(subcommand)]
@@ -117,6 +149,19 @@ enum Command {
         #[arg(long)]
         db: Option<PathBuf>,
     },
+}
+
+/// Which configuration file of a client: the user's (found where the client keeps it), a
+/// project's, or one given.
+#[derive(Debug, clap::Args)]
+struct ConfigFile {
+    /// The configuration file (default: the user's, where the client keeps it).
+    #[arg(long, value_name = "PATH", conflicts_with = "project")]
+    config: Option<PathBuf>,
+    /// The project configuration in the current directory (`.mcp.json` for Claude Code,
+    /// `.vscode/mcp.json` for VS Code, ...).
+    #[arg(long)]
+    project: bool,
 }
 
 fn main() {
@@ -222,6 +267,16 @@ fn main() {
             );
             0
         }
+        Command::Install {
+            client,
+            dry_run,
+            file,
+        } => install_or_uninstall(client, file, dry_run, false, countersign::clients::install),
+        Command::Uninstall {
+            client,
+            force,
+            file,
+        } => install_or_uninstall(client, file, false, force, countersign::clients::uninstall),
         Command::Server(command) => countersign::server::run(
             command,
             &mut countersign::registry::DeskAt::default_desk(),
@@ -244,6 +299,67 @@ fn mcp(options: pipe::Options) -> i32 {
         Err(err) => {
             eprintln!("countersign mcp: {err}");
             err.exit_code()
+        }
+    }
+}
+
+type InstallStep = fn(
+    &mut dyn countersign::registry::Registrar,
+    &countersign::clients::Options,
+    &mut dyn std::io::Write,
+) -> Result<(), countersign::clients::InstallError>;
+
+fn install_or_uninstall(
+    client: countersign::clients::Client,
+    file: ConfigFile,
+    dry_run: bool,
+    force: bool,
+    step: InstallStep,
+) -> i32 {
+    let path = if let Some(path) = file.config {
+        path
+    } else if file.project {
+        let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        match client.project_config(&here) {
+            Some(path) => path,
+            None => {
+                eprintln!(
+                    "countersign: {} has no project configuration; use --config PATH",
+                    client.title()
+                );
+                return 2;
+            }
+        }
+    } else {
+        match countersign::clients::Places::here() {
+            Some(places) => client.user_config(&places),
+            None => {
+                eprintln!("countersign: no home directory ($HOME); use --config PATH");
+                return 2;
+            }
+        }
+    };
+    let program = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "countersign".into());
+    let options = countersign::clients::Options {
+        client,
+        path,
+        program,
+        dry_run,
+        force,
+    };
+    let mut desk = countersign::registry::DeskAt::default_desk();
+    let mut stdout = std::io::stdout();
+    match step(&mut desk, &options, &mut stdout) {
+        Ok(()) => 0,
+        Err(err) => {
+            let _ = stdout.flush();
+            eprintln!("countersign: {err}");
+            match err {
+                countersign::clients::InstallError::Desk(e) => e.exit_code(),
+                _ => 1,
+            }
         }
     }
 }

@@ -1,0 +1,174 @@
+//! Codex's `config.toml`: `[mcp_servers.NAME]` tables (or inline tables under `[mcp_servers]`),
+//! read and edited with `toml_edit`, which keeps comments, blank lines and the order of keys.
+//!
+//! An entry keeps what is about how Codex uses the server (`enabled`, `startup_timeout_sec`,
+//! `tool_timeout_sec`, `enabled_tools`, ...) and loses what is about how to reach it (`env`,
+//! `cwd`, `url`, `http_headers`). Entries that take values from Codex's own environment
+//! (`env_vars`, `bearer_token_env_var`, `env_http_headers`) are left as they are: the desk does
+//! not have that environment.
+
+use toml_edit::{Array, DocumentMut, Item, TableLike, Value};
+
+use super::{Client, EntryAt, Found, Reach, gateway_args, is_wrapped, server_of};
+
+const SERVERS: &str = "mcp_servers";
+
+/// Keys that say how Codex reaches a server: the rewritten entry loses them.
+const REACH_KEYS: [&str; 4] = ["env", "cwd", "url", "http_headers"];
+
+/// Keys whose values come from Codex's environment.
+const FROM_CODEX_ENV: [&str; 3] = ["env_vars", "bearer_token_env_var", "env_http_headers"];
+
+fn parse(text: &str) -> Result<DocumentMut, String> {
+    text.parse::<DocumentMut>().map_err(|e| {
+        // The message and the line only: toml_edit's own rendering quotes the line, which could
+        // hold a secret.
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        match line {
+            Some(line) => format!("{} (line {line})", e.message().trim_end()),
+            None => e.message().trim_end().to_owned(),
+        }
+    })
+}
+
+fn text_of(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.value().clone()),
+        Value::Integer(i) => Some(i.value().to_string()),
+        Value::Boolean(b) => Some(b.value().to_string()),
+        _ => None,
+    }
+}
+
+fn strings(item: Option<&Item>) -> Option<Vec<String>> {
+    match item {
+        None => Some(Vec::new()),
+        Some(item) => item.as_array()?.iter().map(text_of).collect(),
+    }
+}
+
+fn pairs(item: Option<&Item>) -> Option<Vec<(String, String)>> {
+    match item {
+        None => Some(Vec::new()),
+        Some(item) => item
+            .as_table_like()?
+            .iter()
+            .map(|(k, v)| Some((k.to_owned(), text_of(v.as_value()?)?)))
+            .collect(),
+    }
+}
+
+/// Every entry of the file and what it is.
+pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
+    let doc = parse(text)?;
+    let Some(servers) = doc.get(SERVERS).and_then(Item::as_table_like) else {
+        return Ok(Vec::new());
+    };
+    Ok(servers
+        .iter()
+        .map(|(key, item)| {
+            let at = EntryAt {
+                parents: vec![SERVERS.to_owned()],
+                key: key.to_owned(),
+            };
+            let found = match item.as_table_like() {
+                Some(entry) => read_entry(client, entry),
+                None => Found::Left("it is not a table".into()),
+            };
+            (at, found)
+        })
+        .collect())
+}
+
+fn read_entry(client: Client, entry: &dyn TableLike) -> Found {
+    let str_of = |key: &str| entry.get(key).and_then(Item::as_str);
+    if let Some(program) = str_of("command") {
+        let (Some(args), Some(env)) = (strings(entry.get("args")), pairs(entry.get("env"))) else {
+            return Found::Left("its `args` or `env` is not what Codex reads".into());
+        };
+        if is_wrapped(program, &args) {
+            return Found::Wrapped;
+        }
+        if let Some(key) = FROM_CODEX_ENV.iter().find(|k| entry.contains_key(k)) {
+            return from_codex_env(key);
+        }
+        let cwd = match entry.get("cwd") {
+            None => None,
+            Some(item) => match item.as_str() {
+                Some(cwd) => Some(cwd.to_owned()),
+                None => return Found::Left("its `cwd` is not text".into()),
+            },
+        };
+        return server_of(
+            client,
+            Reach::Command {
+                program: program.to_owned(),
+                args,
+                cwd,
+                env,
+            },
+        );
+    }
+    if let Some(url) = str_of("url") {
+        if let Some(key) = FROM_CODEX_ENV.iter().find(|k| entry.contains_key(k)) {
+            return from_codex_env(key);
+        }
+        let Some(headers) = pairs(entry.get("http_headers")) else {
+            return Found::Left("its `http_headers` is not a table of text".into());
+        };
+        return server_of(
+            client,
+            Reach::Url {
+                url: url.to_owned(),
+                headers,
+            },
+        );
+    }
+    Found::Left("it has no `command` or `url`".into())
+}
+
+fn from_codex_env(key: &str) -> Found {
+    Found::Left(format!(
+        "its `{key}` takes values from Codex's own environment, which the desk does not have; \
+         register it with `countersign server add` instead"
+    ))
+}
+
+/// Sets `key` to `value`, keeping the spaces and comment around the old value.
+fn set_keeping_decor(entry: &mut dyn TableLike, key: &str, mut value: Value) {
+    match entry.get_mut(key).and_then(Item::as_value_mut) {
+        Some(old) => {
+            *value.decor_mut() = old.decor().clone();
+            *old = value;
+        }
+        None => {
+            entry.insert(key, Item::Value(value));
+        }
+    }
+}
+
+/// The file with each entry in `names` rewritten to `program mcp --server NAME`.
+pub(super) fn rewrite(
+    text: &str,
+    names: &[(EntryAt, String)],
+    program: &str,
+) -> Result<String, String> {
+    let mut doc = parse(text)?;
+    for (at, name) in names {
+        let entry = doc
+            .get_mut(SERVERS)
+            .and_then(Item::as_table_like_mut)
+            .and_then(|servers| servers.get_mut(&at.key))
+            .and_then(Item::as_table_like_mut)
+            .ok_or_else(|| format!("the entry {at} is gone from the file"))?;
+        set_keeping_decor(entry, "command", Value::from(program));
+        let args: Array = gateway_args(name).into_iter().collect();
+        set_keeping_decor(entry, "args", Value::Array(args));
+        for key in REACH_KEYS {
+            entry.remove(key);
+        }
+    }
+    Ok(doc.to_string())
+}

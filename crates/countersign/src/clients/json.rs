@@ -1,0 +1,300 @@
+//! The JSON clients (all but Codex): their files read and edited as JSON with comments, through
+//! `jsonc-parser`'s concrete syntax tree, so that what install does not touch stays byte for
+//! byte (VS Code's and Zed's files carry comments and trailing commas; Claude Code's
+//! `~/.claude.json` carries much else the client owns).
+//!
+//! The shapes differ a little: VS Code wants `"type": "stdio"`; Windsurf calls a URL
+//! `serverUrl`, Gemini `httpUrl` (and `url` is SSE there); Zed's entries may be
+//! `{"command": {"path", "args", "env"}}` (its older shape) or come from an extension, with no
+//! command at all. An entry keeps every key that is about how the client uses a server
+//! (`disabled`, `autoApprove`, `timeout`, `trust`, ...) and loses those about how to reach it.
+
+use jsonc_parser::ParseOptions;
+use jsonc_parser::cst::{CstInputValue, CstObject, CstObjectProp, CstRootNode};
+use serde_json::{Map, Value};
+
+use super::{Client, EntryAt, Found, Reach, gateway_args, is_wrapped, server_of};
+
+/// Keys that say how a client reaches a server: the rewritten entry loses them (the desk has
+/// them now), except `command`, `args` and `type`, which are set.
+const REACH_KEYS: [&str; 8] = [
+    "env",
+    "cwd",
+    "url",
+    "serverUrl",
+    "httpUrl",
+    "headers",
+    "transportType",
+    "envFile",
+];
+
+/// The keys that may hold a server's URL, in the order they are looked for.
+const URL_KEYS: [&str; 3] = ["url", "serverUrl", "httpUrl"];
+
+fn parse(text: &str) -> Result<CstRootNode, String> {
+    CstRootNode::parse(text, &ParseOptions::default()).map_err(|e| {
+        // The kind and the place only: a message quoting the text could quote a secret.
+        format!(
+            "{} (line {}, column {})",
+            e.kind(),
+            e.line_display(),
+            e.column_display()
+        )
+    })
+}
+
+/// The objects of entries in the file, with the keys leading to each.
+fn server_objects(client: Client, root: &CstRootNode) -> Vec<(Vec<String>, CstObject)> {
+    let mut found = Vec::new();
+    let Some(top) = root.object_value() else {
+        return found;
+    };
+    for pattern in client.servers_at() {
+        let mut level = vec![(Vec::new(), top.clone())];
+        for segment in *pattern {
+            let mut next = Vec::new();
+            for (path, object) in level {
+                if *segment == "*" {
+                    for prop in object.properties() {
+                        if let (Some(name), Some(inner)) =
+                            (prop.decoded_name(), prop.object_value())
+                        {
+                            let mut p = path.clone();
+                            p.push(name);
+                            next.push((p, inner));
+                        }
+                    }
+                } else if let Some(inner) = object.object_value(segment) {
+                    let mut p = path.clone();
+                    p.push((*segment).to_owned());
+                    next.push((p, inner));
+                }
+            }
+            level = next;
+        }
+        found.extend(level);
+    }
+    found
+}
+
+/// Every entry of the file and what it is.
+pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
+    let root = parse(text)?;
+    let mut out = Vec::new();
+    for (parents, object) in server_objects(client, &root) {
+        for prop in object.properties() {
+            let Some(key) = prop.decoded_name() else {
+                continue;
+            };
+            let at = EntryAt {
+                parents: parents.clone(),
+                key,
+            };
+            let found = match prop.value().and_then(|v| v.to_serde_value()) {
+                Some(Value::Object(entry)) => read_entry(client, &entry),
+                _ => Found::Left("it is not an object".into()),
+            };
+            out.push((at, found));
+        }
+    }
+    Ok(out)
+}
+
+fn text_of(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        // Some configs write a port or a flag unquoted; the client passes it on as text.
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn strings(value: Option<&Value>) -> Option<Vec<String>> {
+    match value {
+        None => Some(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(text_of).collect(),
+        Some(_) => None,
+    }
+}
+
+fn pairs(value: Option<&Value>) -> Option<Vec<(String, String)>> {
+    match value {
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| Some((k.clone(), text_of(v)?)))
+            .collect(),
+        Some(_) => None,
+    }
+}
+
+fn read_entry(client: Client, entry: &Map<String, Value>) -> Found {
+    let str_of = |key: &str| entry.get(key).and_then(Value::as_str);
+    let transport = str_of("type").or(str_of("transportType"));
+    // Zed's older shape: `"command": {"path": ..., "args": [...], "env": {...}}`.
+    let nested = entry.get("command").and_then(Value::as_object);
+    let program = match nested {
+        Some(command) => command.get("path").and_then(Value::as_str),
+        None => str_of("command"),
+    };
+    if let Some(program) = program {
+        let (args, env) = match nested {
+            Some(command) => (strings(command.get("args")), pairs(command.get("env"))),
+            None => (strings(entry.get("args")), pairs(entry.get("env"))),
+        };
+        let (Some(args), Some(env)) = (args, env) else {
+            return Found::Left("its `args` or `env` is not what the client reads".into());
+        };
+        if is_wrapped(program, &args) {
+            return Found::Wrapped;
+        }
+        if entry.contains_key("envFile") {
+            return Found::Left(
+                "it reads environment variables from `envFile`, which only the client loads; \
+                 register it with `countersign server add` instead"
+                    .into(),
+            );
+        }
+        let cwd = match entry.get("cwd") {
+            None => None,
+            Some(Value::String(cwd)) => Some(cwd.clone()),
+            Some(_) => return Found::Left("its `cwd` is not text".into()),
+        };
+        return server_of(
+            client,
+            Reach::Command {
+                program: program.to_owned(),
+                args,
+                cwd,
+                env,
+            },
+        );
+    }
+    let url_key = URL_KEYS.into_iter().find(|k| entry.contains_key(*k));
+    if let Some(url_key) = url_key {
+        let Some(url) = str_of(url_key) else {
+            return Found::Left(format!("its `{url_key}` is not text"));
+        };
+        let sse = transport == Some("sse") || (client == Client::Gemini && url_key == "url");
+        if sse {
+            return Found::Left(
+                "it is an SSE server, and the desk reaches streamable HTTP servers only".into(),
+            );
+        }
+        let Some(headers) = pairs(entry.get("headers")) else {
+            return Found::Left("its `headers` is not an object of text".into());
+        };
+        return server_of(
+            client,
+            Reach::Url {
+                url: url.to_owned(),
+                headers,
+            },
+        );
+    }
+    if client == Client::Zed {
+        return Found::Left(
+            "a Zed extension provides it, and only the extension knows its command".into(),
+        );
+    }
+    Found::Left("it has no `command` or URL".into())
+}
+
+fn text_array(items: &[String]) -> CstInputValue {
+    CstInputValue::Array(
+        items
+            .iter()
+            .map(|s| CstInputValue::String(s.clone()))
+            .collect(),
+    )
+}
+
+/// The entry object at `at`, if the file still has it.
+fn entry_object(client: Client, root: &CstRootNode, at: &EntryAt) -> Option<CstObject> {
+    server_objects(client, root)
+        .into_iter()
+        .find(|(path, _)| *path == at.parents)?
+        .1
+        .object_value(&at.key)
+}
+
+/// The file with each entry in `names` rewritten to `program mcp --server NAME`.
+pub(super) fn rewrite(
+    client: Client,
+    text: &str,
+    names: &[(EntryAt, String)],
+    program: &str,
+) -> Result<String, String> {
+    let root = parse(text)?;
+    for (at, name) in names {
+        let entry = entry_object(client, &root, at)
+            .ok_or_else(|| format!("the entry {at} is gone from the file"))?;
+        rewrite_entry(client, &entry, program, &gateway_args(name));
+    }
+    Ok(root.to_string())
+}
+
+fn rewrite_entry(client: Client, entry: &CstObject, program: &str, args: &[String]) {
+    let command = entry.get("command");
+    let nested = command.as_ref().and_then(CstObjectProp::object_value);
+    if let Some(nested) = nested {
+        // Zed's older shape stays that shape.
+        set_or_insert(&nested, "path", 0, program.into());
+        set_or_insert(&nested, "args", 1, text_array(args));
+        if let Some(env) = nested.get("env") {
+            env.remove();
+        }
+    } else {
+        // Where the command goes: where it was, or where the URL was, or first.
+        let at = command
+            .as_ref()
+            .or(URL_KEYS.iter().find_map(|k| entry.get(k)).as_ref())
+            .map_or(0, CstObjectProp::property_index);
+        let command = set_or_insert(entry, "command", at, program.into());
+        set_or_insert(
+            entry,
+            "args",
+            command.property_index() + 1,
+            text_array(args),
+        );
+    }
+    for key in REACH_KEYS {
+        if let Some(prop) = entry.get(key) {
+            prop.remove();
+        }
+    }
+    match entry.get("type") {
+        Some(kind) => {
+            let is_stdio = kind
+                .value()
+                .and_then(|v| v.as_string_lit())
+                .and_then(|s| s.decoded_value().ok())
+                .is_some_and(|v| v == "stdio");
+            if !is_stdio {
+                kind.set_value("stdio".into());
+            }
+        }
+        // VS Code reads `type` first; the others take an entry with a command as stdio.
+        None if client == Client::Vscode => {
+            entry.insert(0, "type", "stdio".into());
+        }
+        None => {}
+    }
+}
+
+/// Sets `key` to `value` where it is, or inserts it at `index`.
+fn set_or_insert(
+    object: &CstObject,
+    key: &str,
+    index: usize,
+    value: CstInputValue,
+) -> CstObjectProp {
+    match object.get(key) {
+        Some(prop) => {
+            prop.set_value(value);
+            prop
+        }
+        None => object.insert(index, key, value),
+    }
+}

@@ -1,0 +1,538 @@
+//! `countersign install` and `uninstall` on realistic configurations of every client, against a
+//! desk stand-in held in memory: the rewritten file is compared byte for byte with a golden
+//! file (`tests/clients/<client>/after.*`), and so are what the desk was asked to register
+//! (`registered.json`) and what the command printed (`report.txt`).
+//!
+//! `COUNTERSIGN_UPDATE_GOLDEN=1 cargo nextest run -p countersign --test clients` writes the
+//! goldens anew; read every changed one before committing it.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use countersign::clients::{self, Client, InstallError, Options};
+use countersign::pipe::PipeError;
+use countersign::registry::Registrar;
+use countersign_wire::{RegistryAnswer, RegistryCode, RegistryRequest, ServerSpec};
+use serde_json::{Value, json};
+
+const PROGRAM: &str = "/usr/local/bin/countersign";
+
+/// What a registered server holds in the stand-in.
+#[derive(Clone, PartialEq, Debug)]
+struct Held {
+    spec: ServerSpec,
+    secrets: BTreeMap<String, String>,
+}
+
+/// The desk, as far as install is concerned: a registry and a keychain of backups.
+#[derive(Default)]
+struct FakeDesk {
+    servers: BTreeMap<String, Held>,
+    backups: BTreeMap<String, String>,
+    /// Every Put, in order.
+    puts: Vec<(String, Held)>,
+    /// Every KeepBackup, DropBackup or Put (what changes the desk).
+    changes: usize,
+    /// The answer to a Put of this name.
+    deny: Option<String>,
+}
+
+impl Registrar for FakeDesk {
+    fn ask(
+        &mut self,
+        request: RegistryRequest,
+        _waiting: &mut dyn FnMut(&str),
+    ) -> Result<RegistryAnswer, PipeError> {
+        let done = || RegistryAnswer::Done {
+            message: "done".into(),
+        };
+        Ok(match request {
+            RegistryRequest::List => RegistryAnswer::Servers {
+                servers: self
+                    .servers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.spec.clone()))
+                    .collect(),
+            },
+            RegistryRequest::Put {
+                name,
+                spec,
+                secrets,
+            } => {
+                if self.deny.as_deref() == Some(name.as_str()) {
+                    return Ok(RegistryAnswer::Denied {
+                        message: "not this one".into(),
+                    });
+                }
+                spec.check().unwrap();
+                spec.check_secrets(&secrets).unwrap();
+                let held = Held {
+                    spec,
+                    secrets: secrets
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.expose().to_owned()))
+                        .collect(),
+                };
+                // A changed existing server would wait for a click; the tests never ask that.
+                if let Some(old) = self.servers.get(&name) {
+                    assert_eq!(*old, held, "install changed the existing server {name}");
+                }
+                self.changes += 1;
+                self.puts.push((name.clone(), held.clone()));
+                self.servers.insert(name, held);
+                done()
+            }
+            RegistryRequest::KeepBackup { key, text } => {
+                self.changes += 1;
+                self.backups.insert(key, text.expose().to_owned());
+                done()
+            }
+            RegistryRequest::TakeBackup { key } => RegistryAnswer::Backup {
+                text: self
+                    .backups
+                    .get(&key)
+                    .map(|t| countersign_wire::SecretText::new(t.clone())),
+            },
+            RegistryRequest::DropBackup { key } => {
+                self.changes += 1;
+                self.backups.remove(&key);
+                done()
+            }
+            _ => RegistryAnswer::Refused {
+                code: RegistryCode::BadRequest,
+                message: "not in this stand-in".into(),
+            },
+        })
+    }
+}
+
+fn golden_dir(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(case)
+}
+
+fn updating() -> bool {
+    std::env::var_os("COUNTERSIGN_UPDATE_GOLDEN").is_some_and(|v| v == "1")
+}
+
+/// Compares `actual` with the golden file `name` of `case` (or writes it when updating).
+fn check_golden(case: &str, name: &str, actual: &str) {
+    let path = golden_dir(case).join(name);
+    if updating() {
+        fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (COUNTERSIGN_UPDATE_GOLDEN=1 records it)",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "{} differs from what install produced:\n{actual}",
+        path.display()
+    );
+}
+
+/// A config file of `case`'s `before.<ext>` in a fresh directory.
+struct Setup {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    before: String,
+}
+
+fn setup(case: &str, ext: &str, file_name: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let before = fs::read_to_string(golden_dir(case).join(format!("before.{ext}"))).unwrap();
+    let path = dir.path().join(file_name);
+    fs::write(&path, &before).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+    Setup {
+        _dir: dir,
+        path,
+        before,
+    }
+}
+
+fn options(client: Client, path: &Path) -> Options {
+    Options {
+        client,
+        path: path.to_owned(),
+        program: PROGRAM.into(),
+        dry_run: false,
+        force: false,
+    }
+}
+
+fn run(
+    step: fn(&mut dyn Registrar, &Options, &mut dyn std::io::Write) -> Result<(), InstallError>,
+    desk: &mut FakeDesk,
+    options: &Options,
+) -> (Result<(), InstallError>, String) {
+    let mut out = Vec::new();
+    let result = step(desk, options, &mut out);
+    (result, String::from_utf8(out).unwrap())
+}
+
+/// The whole life of one client's file: dry run, install, install again, uninstall.
+fn golden(client: Client, case: &str, ext: &str, file_name: &str) {
+    let s = setup(case, ext, file_name);
+    let mut desk = FakeDesk::default();
+    let shown = |report: &str| report.replace(&s.path.display().to_string(), "<config>");
+
+    // --dry-run: says what it would do, asks the desk nothing that changes it, writes nothing.
+    let dry = Options {
+        dry_run: true,
+        ..options(client, &s.path)
+    };
+    let (result, dry_report) = run(clients::install, &mut desk, &dry);
+    result.unwrap();
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+    assert_eq!(desk.changes, 0, "a dry run changed the desk");
+    assert!(dry_report.contains("nothing was changed (--dry-run)"));
+
+    // Install.
+    let (result, report) = run(clients::install, &mut desk, &options(client, &s.path));
+    result.unwrap();
+    let after = fs::read_to_string(&s.path).unwrap();
+    check_golden(case, &format!("after.{ext}"), &after);
+    let mode = fs::metadata(&s.path).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o640, "install kept the file's mode");
+
+    let registered: serde_json::Map<String, Value> = desk
+        .puts
+        .iter()
+        .map(|(name, held)| {
+            (
+                name.clone(),
+                json!({"spec": held.spec, "secrets": held.secrets}),
+            )
+        })
+        .collect();
+    check_golden(
+        case,
+        "registered.json",
+        &format!(
+            "{}\n",
+            serde_json::to_string_pretty(&Value::Object(registered)).unwrap()
+        ),
+    );
+    check_golden(
+        case,
+        "report.txt",
+        &format!(
+            "$ install --dry-run\n{}\n$ install\n{}",
+            shown(&dry_report),
+            shown(&report)
+        ),
+    );
+    assert!(!desk.puts.is_empty(), "the fixture has servers to register");
+    for (name, held) in &desk.puts {
+        for value in held.secrets.values() {
+            assert!(
+                !after.contains(value.as_str()),
+                "{name}'s secret is in the file"
+            );
+            assert!(
+                !report.contains(value.as_str()),
+                "{name}'s secret was printed"
+            );
+            assert!(!dry_report.contains(value.as_str()));
+            assert!(s.before.contains(value.as_str()));
+        }
+        assert!(
+            after.contains(&format!("\"--server\", \"{name}\"")),
+            "{name} is wrapped"
+        );
+    }
+    assert_eq!(desk.backups.len(), 1);
+    assert_eq!(
+        desk.backups.keys().next().unwrap(),
+        &clients::backup_key(client, &fs::canonicalize(&s.path).unwrap())
+    );
+
+    // Install again: nothing to do, nothing asked, nothing written.
+    let changes = desk.changes;
+    let (result, again) = run(clients::install, &mut desk, &options(client, &s.path));
+    result.unwrap();
+    assert!(again.contains("nothing to do"), "{again}");
+    assert_eq!(desk.changes, changes);
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), after);
+
+    // Uninstall: the original, byte for byte; the backup gone; the servers still registered.
+    let (result, undone) = run(clients::uninstall, &mut desk, &options(client, &s.path));
+    result.unwrap();
+    assert_eq!(fs::read(&s.path).unwrap(), s.before.as_bytes());
+    assert!(desk.backups.is_empty());
+    assert!(
+        undone.contains("countersign server remove NAME"),
+        "{undone}"
+    );
+    assert!(!desk.servers.is_empty());
+    let mode = fs::metadata(&s.path).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o640, "uninstall kept the file's mode");
+}
+
+#[test]
+fn claude_desktop_config_is_protected_and_restored() {
+    golden(
+        Client::ClaudeDesktop,
+        "claude-desktop",
+        "json",
+        "claude_desktop_config.json",
+    );
+}
+
+#[test]
+fn claude_code_user_config_with_projects_is_protected_and_restored() {
+    golden(Client::ClaudeCode, "claude-code", "json", ".claude.json");
+}
+
+#[test]
+fn claude_code_project_config_is_protected_and_restored() {
+    golden(
+        Client::ClaudeCode,
+        "claude-code-project",
+        "json",
+        ".mcp.json",
+    );
+}
+
+#[test]
+fn cursor_config_is_protected_and_restored() {
+    golden(Client::Cursor, "cursor", "json", "mcp.json");
+}
+
+#[test]
+fn vscode_config_with_comments_is_protected_and_restored() {
+    golden(Client::Vscode, "vscode", "json", "mcp.json");
+}
+
+#[test]
+fn windsurf_config_is_protected_and_restored() {
+    golden(Client::Windsurf, "windsurf", "json", "mcp_config.json");
+}
+
+#[test]
+fn codex_toml_with_comments_is_protected_and_restored() {
+    golden(Client::Codex, "codex", "toml", "config.toml");
+}
+
+#[test]
+fn zed_settings_with_comments_are_protected_and_restored() {
+    golden(Client::Zed, "zed", "json", "settings.json");
+}
+
+#[test]
+fn gemini_settings_are_protected_and_restored() {
+    golden(Client::Gemini, "gemini", "json", "settings.json");
+}
+
+#[test]
+fn cline_settings_are_protected_and_restored() {
+    golden(Client::Cline, "cline", "json", "cline_mcp_settings.json");
+}
+
+#[test]
+fn a_denied_server_leaves_the_file_and_the_backup_as_they_were() {
+    let s = setup("claude-desktop", "json", "claude_desktop_config.json");
+    let mut desk = FakeDesk {
+        deny: Some("linear".into()),
+        ..FakeDesk::default()
+    };
+    let (result, _) = run(
+        clients::install,
+        &mut desk,
+        &options(Client::ClaudeDesktop, &s.path),
+    );
+    let err = result.unwrap_err();
+    assert!(matches!(err, InstallError::Denied { .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("was left as it was"), "{message}");
+    // Those registered before it are said to stay.
+    assert!(message.contains("github"), "{message}");
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+    assert!(
+        desk.backups.is_empty(),
+        "the backup of a failed install was taken back"
+    );
+}
+
+#[test]
+fn uninstall_refuses_to_lose_edits_made_after_install_unless_forced() {
+    let s = setup("cursor", "json", "mcp.json");
+    let mut desk = FakeDesk::default();
+    let opts = options(Client::Cursor, &s.path);
+    run(clients::install, &mut desk, &opts).0.unwrap();
+    let edited = fs::read_to_string(&s.path)
+        .unwrap()
+        .replace("\n}", ",\n  \"x\": 1\n}");
+    fs::write(&s.path, &edited).unwrap();
+
+    let err = run(clients::uninstall, &mut desk, &opts).0.unwrap_err();
+    assert!(
+        matches!(err, InstallError::EditedSinceInstall { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--force"));
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), edited);
+
+    let forced = Options {
+        force: true,
+        ..opts
+    };
+    run(clients::uninstall, &mut desk, &forced).0.unwrap();
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+}
+
+#[test]
+fn a_second_install_keeps_the_first_original_for_uninstall_to_reach() {
+    let s = setup("claude-desktop", "json", "claude_desktop_config.json");
+    let mut desk = FakeDesk::default();
+    let opts = options(Client::ClaudeDesktop, &s.path);
+    run(clients::install, &mut desk, &opts).0.unwrap();
+    let first = fs::read_to_string(&s.path).unwrap();
+    // The person adds a server by hand, then protects it too.
+    let added = first.replacen(
+        "\"mcpServers\": {",
+        "\"mcpServers\": {\n    \"slack\": {\"command\": \"slack-mcp\", \"env\": {\"SLACK_TOKEN\": \"xoxb-second0001\"}},",
+        1,
+    );
+    fs::write(&s.path, &added).unwrap();
+    run(clients::install, &mut desk, &opts).0.unwrap();
+    assert!(
+        !fs::read_to_string(&s.path)
+            .unwrap()
+            .contains("xoxb-second0001")
+    );
+    assert_eq!(
+        desk.servers["slack"].secrets["SLACK_TOKEN"],
+        "xoxb-second0001"
+    );
+
+    let (result, report) = run(clients::uninstall, &mut desk, &opts);
+    result.unwrap();
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), added);
+    assert!(report.contains("an earlier install"), "{report}");
+    assert!(report.contains("--force"), "{report}");
+    // Going further back loses the server added by hand: only when forced.
+    let err = run(clients::uninstall, &mut desk, &opts).0.unwrap_err();
+    assert!(
+        matches!(err, InstallError::EditedSinceInstall { .. }),
+        "{err}"
+    );
+    let forced = Options {
+        force: true,
+        ..opts
+    };
+    run(clients::uninstall, &mut desk, &forced).0.unwrap();
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+    assert!(desk.backups.is_empty());
+}
+
+#[test]
+fn a_name_registered_for_another_server_gets_a_suffix() {
+    let s = setup("claude-desktop", "json", "claude_desktop_config.json");
+    let other: ServerSpec = serde_json::from_value(json!({"command": ["other-github"]})).unwrap();
+    let mut desk = FakeDesk::default();
+    desk.servers.insert(
+        "github".into(),
+        Held {
+            spec: other.clone(),
+            secrets: BTreeMap::new(),
+        },
+    );
+    run(
+        clients::install,
+        &mut desk,
+        &options(Client::ClaudeDesktop, &s.path),
+    )
+    .0
+    .unwrap();
+    assert_eq!(desk.servers["github"].spec, other, "untouched");
+    assert!(desk.servers.contains_key("github-2"));
+    let after = fs::read_to_string(&s.path).unwrap();
+    assert!(after.contains("\"--server\", \"github-2\""), "{after}");
+}
+
+#[test]
+fn uninstall_without_an_install_says_there_is_nothing_to_restore() {
+    let s = setup("zed", "json", "settings.json");
+    let mut desk = FakeDesk::default();
+    let err = run(
+        clients::uninstall,
+        &mut desk,
+        &options(Client::Zed, &s.path),
+    )
+    .0
+    .unwrap_err();
+    assert!(matches!(err, InstallError::NoBackup { .. }), "{err}");
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+}
+
+#[test]
+fn a_config_that_does_not_parse_is_refused_without_quoting_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    fs::write(
+        &path,
+        "[mcp_servers.x]\ncommand = \"x\"\nenv = { TOKEN = \"sk_unterminated0001 }\n",
+    )
+    .unwrap();
+    let mut desk = FakeDesk::default();
+    let err = run(clients::install, &mut desk, &options(Client::Codex, &path))
+        .0
+        .unwrap_err();
+    assert!(matches!(err, InstallError::Parse { .. }), "{err}");
+    assert!(!err.to_string().contains("sk_unterminated0001"), "{err}");
+    assert!(!format!("{err:?}").contains("sk_unterminated0001"));
+}
+
+#[test]
+fn a_missing_config_says_where_it_was_looked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("absent.json");
+    let mut desk = FakeDesk::default();
+    let err = run(clients::install, &mut desk, &options(Client::Cursor, &path))
+        .0
+        .unwrap_err();
+    assert!(err.to_string().contains("absent.json"), "{err}");
+}
+
+#[test]
+fn a_symlinked_config_is_edited_where_it_lives() {
+    let s = setup("windsurf", "json", "mcp_config.json");
+    let link = s.path.with_file_name("link.json");
+    std::os::unix::fs::symlink(&s.path, &link).unwrap();
+    let mut desk = FakeDesk::default();
+    run(
+        clients::install,
+        &mut desk,
+        &options(Client::Windsurf, &link),
+    )
+    .0
+    .unwrap();
+    assert!(
+        fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(
+        !fs::read_to_string(&s.path)
+            .unwrap()
+            .contains("BSA_windsurfFixture0001")
+    );
+    run(
+        clients::uninstall,
+        &mut desk,
+        &options(Client::Windsurf, &s.path),
+    )
+    .0
+    .unwrap();
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+}
