@@ -391,6 +391,34 @@ fn debug_prints(
         tenant: "t-1".into(),
     };
     add("Welcome::Accepted", &accepted);
+    // The registry's requests and answers carry credentials and client config backups.
+    let spec: countersign_wire::ServerSpec = serde_json::from_value(
+        json!({"command": ["server"], "env": {"UPSTREAM_API_KEY": {"secret": true}}}),
+    )
+    .unwrap();
+    let put = countersign_wire::RegistryRequest::Put {
+        name: "upstream".into(),
+        spec,
+        secrets: [(
+            "UPSTREAM_API_KEY".to_owned(),
+            countersign_wire::SecretText::new(credential.to_owned()),
+        )]
+        .into(),
+    };
+    add("RegistryRequest::Put", &put);
+    add(
+        "Frame::Hello(Registry)",
+        &Frame::Hello(Hello::Registry {
+            version: PROTOCOL_VERSION,
+            request: put.clone(),
+        }),
+    );
+    let backup = countersign_wire::RegistryAnswer::Backup {
+        text: Some(countersign_wire::SecretText::new(format!(
+            "{{\"env\": {{\"UPSTREAM_API_KEY\": \"{credential}\"}}}}"
+        ))),
+    };
+    add("Frame::Registry(Backup)", &Frame::Registry(backup));
     add("Frame::Welcome", &Frame::Welcome(accepted));
     for code in [
         RefusedCode::VersionMismatch,
