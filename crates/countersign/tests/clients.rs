@@ -84,10 +84,12 @@ impl Registrar for FakeDesk {
                 self.servers.insert(name, held);
                 done()
             }
+            // As the desk does (crates/registry): a kept or dropped backup is answered with
+            // an empty `Backup`.
             RegistryRequest::KeepBackup { key, text } => {
                 self.changes += 1;
                 self.backups.insert(key, text.expose().to_owned());
-                done()
+                RegistryAnswer::Backup { text: None }
             }
             RegistryRequest::TakeBackup { key } => RegistryAnswer::Backup {
                 text: self
@@ -98,7 +100,7 @@ impl Registrar for FakeDesk {
             RegistryRequest::DropBackup { key } => {
                 self.changes += 1;
                 self.backups.remove(&key);
-                done()
+                RegistryAnswer::Backup { text: None }
             }
             _ => RegistryAnswer::Refused {
                 code: RegistryCode::BadRequest,

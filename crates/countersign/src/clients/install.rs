@@ -395,7 +395,8 @@ fn put_backup(
         None => RegistryRequest::DropBackup { key: key.into() },
     };
     match ask(registrar, request, out)? {
-        RegistryAnswer::Done { .. } => Ok(()),
+        // The desk answers a kept or dropped backup with an empty `Backup`.
+        RegistryAnswer::Done { .. } | RegistryAnswer::Backup { text: None } => Ok(()),
         RegistryAnswer::Refused { code, message } => Err(InstallError::Refused {
             what,
             code: code.code(),

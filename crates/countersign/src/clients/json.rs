@@ -298,3 +298,49 @@ fn set_or_insert(
         None => object.insert(index, key, value),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wrap(client: Client, text: &str, key: &str) -> String {
+        let at = EntryAt {
+            parents: client.servers_at()[0]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            key: key.into(),
+        };
+        rewrite(client, text, &[(at, key.to_owned())], "countersign").unwrap()
+    }
+
+    #[test]
+    fn an_entry_written_on_one_line_is_rewritten_and_its_neighbours_kept() {
+        let text = "{\"mcpServers\": {\"a\": {\"url\": \"https://e.com/mcp\", \"headers\": {\"K\": \"v\"}, \"disabled\": true}, \"b\": {\"command\": \"x\"}}}\n";
+        let out = wrap(Client::Cursor, text, "a");
+        let value: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"mcpServers": {
+                "a": {"command": "countersign", "args": ["mcp", "--server", "a"], "disabled": true},
+                "b": {"command": "x"}
+            }})
+        );
+        assert!(out.ends_with("}\n"), "{out}");
+    }
+
+    #[test]
+    fn comments_outside_the_removed_keys_stay() {
+        let text = "{\n  \"servers\": {\n    // mine\n    \"a\": {\n      \"command\": \"x\", // the old one\n      \"env\": {\"T\": \"v\"}\n    }\n  }\n}\n";
+        let out = wrap(Client::Vscode, text, "a");
+        assert!(out.contains("// mine"), "{out}");
+        assert!(!out.contains("\"v\""), "{out}");
+        let value = parse(&out)
+            .unwrap()
+            .value()
+            .unwrap()
+            .to_serde_value()
+            .unwrap();
+        assert_eq!(value["servers"]["a"]["type"], "stdio");
+    }
+}
