@@ -213,6 +213,90 @@ async fn an_agent_account_connects_only_when_the_desk_lists_it() {
         stderr.contains("the socket belongs to uid 0, not to the desk's account"),
         "{stderr}"
     );
+    // A registered server is the desk's own: only its account registers one. The agent
+    // account speaks the protocol by hand (its `countersign server` would not even talk to a
+    // socket of another account) and asks to register a command, which would run as root.
+    let hello = json!({"type": "registry", "version": countersign_wire::PROTOCOL_VERSION,
+        "request": {"op": "put", "name": "owned",
+                    "spec": {"command": ["/bin/sh", "-c", "id > /root/owned"]}, "secrets": {}}});
+    let out = agent
+        .std_command("python3")
+        .arg("-c")
+        .arg(RAW_HELLO)
+        .arg(&agents)
+        .arg(hello.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        answer.contains("account_not_allowed") && answer.contains("only the desk's own account"),
+        "{answer} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Root's own command line registers a URL server, and the agent account reaches it by name.
+    let out = std::process::Command::new(bin("countersign"))
+        .args(["server", "add", "everything", "--url", &url])
+        .env("COUNTERSIGN_SOCKET", &own)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(bin("countersign"))
+        .args(["server", "list", "--json"])
+        .env("COUNTERSIGN_SOCKET", &own)
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(listed.get("owned").is_none(), "{listed}");
+    let mut cmd = agent.command(bin("countersign"));
+    cmd.args(["mcp", "--desk-user", "root", "--socket"])
+        .arg(&agents)
+        .args(["--server", "everything"])
+        .env("RUST_LOG", "warn");
+    let client = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("agent-account", "1.0"),
+    )
+    .serve(TokioChildProcess::new(cmd).unwrap())
+    .await
+    .unwrap();
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new("echo")
+                .with_arguments(json!({"message": "by name"}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        format!("{:?}", r.content).contains("Echo: by name"),
+        "{r:?}"
+    );
+    client.cancel().await.unwrap();
     desk_process::terminate(third.id().unwrap() as i32);
     let _ = third.wait().await;
 }
+
+/// Sends one hello (argv[2], JSON) on the socket argv[1] and prints the body of the answer.
+const RAW_HELLO: &str = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+body = b"H" + sys.argv[2].encode()
+s.sendall(struct.pack(">I", len(body)) + body)
+def exactly(n):
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+n = struct.unpack(">I", exactly(4))[0]
+print(exactly(n)[1:].decode())
+"#;
