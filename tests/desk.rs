@@ -711,3 +711,118 @@ async fn a_second_start_brings_the_first_forward_and_exits() {
     assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
     desk.stop().await;
 }
+
+/// The text of a tool result's content blocks.
+fn text_of(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+/// Issue 10, pinned tool definitions: an upstream (tests/peers/shifting_server.py) changes an
+/// open tool's description after the desk pinned it and says so (`list_changed`). The agent lists
+/// again: the tool is still listed, but its calls are refused `tool_changed` until the person
+/// reads the old and new definitions side by side in the window, the changed line marked, and
+/// approves; then the same call passes, without listing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_tool_is_refused_until_the_person_accepts_the_difference_in_the_window() {
+    let desk = Desk::start().await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/shifting_server.py");
+    let stderr = std::fs::File::create(desk.dir.path().join("gateway.stderr")).unwrap();
+    let agent = desk
+        .agent_command(
+            "claude-code",
+            &["python3", script],
+            &[],
+            desk.dir.path(),
+            stderr,
+        )
+        .await;
+    let tools = agent.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "lookup"), "{tools:?}");
+    let word = json!({"word": "nonce"});
+    let first = call(&agent, "lookup", word.clone()).await.unwrap();
+    assert_ne!(
+        first.is_error,
+        Some(true),
+        "first sight pins and passes: {first:?}"
+    );
+
+    let shifted = call(&agent, "shift", json!({})).await.unwrap();
+    assert_ne!(shifted.is_error, Some(true), "{shifted:?}");
+    let relisted = agent.list_all_tools().await.unwrap();
+    let lookup = relisted.iter().find(|t| t.name == "lookup").unwrap();
+    assert!(
+        lookup
+            .description
+            .as_deref()
+            .unwrap_or("")
+            .contains("id_ed25519"),
+        "the changed tool is still listed, as the upstream lists it: {lookup:?}"
+    );
+    let held = call(&agent, "lookup", word.clone()).await.unwrap();
+    assert_eq!(refusal(&held).as_deref(), Some("tool_changed"), "{held:?}");
+    assert!(
+        text_of(&held).contains("the person reviews the change in the Countersign desk"),
+        "{held:?}"
+    );
+
+    desk.wait_for_request().await;
+    desk.until("the change request", |d| {
+        Box::pin(async move {
+            let hidden: Value = d
+                .browser
+                .execute("return document.getElementById('change').hidden", vec![])
+                .await
+                .unwrap();
+            hidden == json!(false)
+        })
+    })
+    .await;
+    assert_eq!(desk.text("#c-kind").await, "A tool's definition");
+    assert!(desk.text("#c-subject").await.ends_with(":: lookup"));
+    assert_eq!(desk.text("#c-origin").await, "the upstream's tool listing");
+    assert!(desk.text("#c-summary").await.contains("description"));
+    assert_eq!(desk.count("#c-rows tr.row-changed").await, 1);
+    assert!(desk.count("#c-rows tr.row-same").await >= 3);
+    let old = desk.text("#c-rows tr.row-changed td.before").await;
+    let new = desk.text("#c-rows tr.row-changed td.after").await;
+    assert!(old.contains("Looks up a word in the glossary."), "{old}");
+    assert!(!old.contains("id_ed25519"), "{old}");
+    assert!(new.contains("read ~/.ssh/id_ed25519"), "{new}");
+    assert_eq!(
+        desk.text("#c-rows tr.row-changed td.before-sign").await,
+        "−"
+    );
+    assert_eq!(desk.text("#c-rows tr.row-changed td.after-sign").await, "+");
+    assert!(!desk.exists("#call:not([hidden])").await, "no call fields");
+    desk.screenshot("change-tool.png").await;
+    // Still refused while the person reads.
+    let waiting = call(&agent, "lookup", word.clone()).await.unwrap();
+    assert_eq!(refusal(&waiting).as_deref(), Some("tool_changed"));
+
+    read_then_approve(&desk).await;
+    desk.until("the queue to empty", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+    let passed = call(&agent, "lookup", word.clone()).await.unwrap();
+    assert_ne!(passed.is_error, Some(true), "{passed:?}");
+    assert_eq!(passed.structured_content, Some(word));
+
+    desk.click("#tab-history").await;
+    desk.until("the change and the refusals in history", |d| {
+        Box::pin(async move {
+            let rows: Value = d
+                .browser
+                .execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent + ':' + r.children[2].textContent + ':' + r.children[4].textContent)", vec![])
+                .await
+                .unwrap();
+            let rows = rows.to_string();
+            rows.contains("changed::change:tool") && rows.contains("refused:tool_changed:lookup")
+        })
+    })
+    .await;
+    desk.stop().await;
+}

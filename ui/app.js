@@ -92,14 +92,21 @@ function renderQueue() {
   for (const r of requests) {
     const li = document.createElement("li");
     li.tabIndex = 0;
-    li.className = (selected && selected.id === r.id ? "selected " : "") + (r.reversible ? "" : "irreversible");
+    li.className = (selected && selected.id === r.id ? "selected " : "") + (r.change ? "change" : r.reversible ? "" : "irreversible");
+    li.addEventListener("click", () => select(r.id));
+    list.append(li);
+    if (r.change) {
+      const what = document.createElement("strong");
+      what.textContent = `Change: ${r.change.kind}`;
+      const subject = shownNode("span", { text: head(r.change.subject.text, 40), flags: r.change.subject.flags });
+      li.append(what, subject, shownNode("small", r.change.origin));
+      continue;
+    }
     const tool = shownNode("strong", r.tool);
     const target = shownNode("span", { text: head(r.target_shown.text, 40), flags: r.target_shown.flags });
     const who = document.createElement("small");
     who.append(shownNode("span", r.agent), " · ", shownNode("span", r.server));
     li.append(tool, target, who);
-    li.addEventListener("click", () => select(r.id));
-    list.append(li);
   }
   text("count", requests.length ? `(${requests.length})` : "");
   // The desk sets the native title too; this keeps the page's own title in step.
@@ -123,6 +130,61 @@ function renderDetail(changed) {
     return;
   }
   const r = selected;
+  $("change").hidden = !r.change;
+  $("call").hidden = !!r.change;
+  $("reversibility").hidden = !!r.change;
+  text("deny-note-label", r.change ? "Note for whoever proposed it (optional, sent with Deny):" : "Note for the agent (optional, sent with Deny):");
+  if (r.change) renderChange(r.change);
+  else renderCall(r);
+  $("typed").hidden = !r.type_target;
+  if (changed) {
+    $("typed-target").value = "";
+    $("deny-note").value = "";
+    text("error", "");
+    holdApprove();
+  } else {
+    refreshApprove();
+  }
+}
+
+const CHANGE_KINDS = { server: "A registered server", policy: "The policy", tool: "A tool's definition" };
+const SIGNS = { same: ["", ""], changed: ["−", "+"], removed: ["−", ""], added: ["", "+"] };
+
+/** A change to the desk: what, who proposed it, and old beside new with the differing lines
+ *  marked (the rows come from the desk, each line already escaped and flagged). */
+function renderChange(c) {
+  $("detail").className = "";
+  text("c-kind", CHANGE_KINDS[c.kind] || c.kind);
+  shown("c-subject", c.subject);
+  shown("c-summary", c.summary);
+  shown("c-origin", c.origin);
+  text("c-before-head", c.added ? "Now: nothing (new)" : "Now");
+  text("c-after-head", c.removed ? "After approval: removed" : "After approval");
+  const rows = c.rows.map((row) => {
+    const tr = document.createElement("tr");
+    tr.className = "row-" + row.kind;
+    tr.dataset.kind = row.kind;
+    const [minus, plus] = SIGNS[row.kind] || ["", ""];
+    const cell = (className, content) => {
+      const td = document.createElement("td");
+      td.className = className;
+      td.textContent = content;
+      return td;
+    };
+    const before = shownNode("td", row.before);
+    before.className = "before";
+    const after = shownNode("td", row.after);
+    after.className = "after";
+    tr.append(
+      cell("no", row.before_line ?? ""), cell("sign before-sign", minus), before,
+      cell("no", row.after_line ?? ""), cell("sign after-sign", plus), after,
+    );
+    return tr;
+  });
+  $("c-rows").replaceChildren(...rows);
+}
+
+function renderCall(r) {
   const badge = $("reversibility");
   badge.textContent = r.reversible ? "Reversible" : "IRREVERSIBLE: this cannot be undone";
   badge.className = "badge " + (r.reversible ? "reversible" : "irreversible");
@@ -141,15 +203,6 @@ function renderDetail(changed) {
   text("d-use", (r.works_once ? "Works once" : "Works until it expires") + ` · the token would expire ${minutes} minute${minutes === 1 ? "" : "s"} after approval`);
   shown("d-details", r.details);
   text("d-hash", r.plan_hash);
-  $("typed").hidden = !r.type_target;
-  if (changed) {
-    $("typed-target").value = "";
-    $("deny-note").value = "";
-    text("error", "");
-    holdApprove();
-  } else {
-    refreshApprove();
-  }
 }
 
 function showError(e) {

@@ -63,7 +63,7 @@ pub struct Desk {
     /// The WebDriver session.
     pub browser: Client,
     /// The screen of its own it runs on, unless the test gave it one (`DISPLAY` in its env).
-    _display: Option<OwnDisplay>,
+    display: Option<OwnDisplay>,
 }
 
 impl Desk {
@@ -199,6 +199,10 @@ impl Desk {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let path = screenshots().join(name);
         let mut import = tokio::process::Command::new("import");
+        // The screen the desk runs on: its own, unless the test gave it one (then `DISPLAY`).
+        if let Some(display) = &self.display {
+            import.args(["-display", &display.name]);
+        }
         import.args(["-window", "root"]);
         if let Some((x, y, w, h)) = crop {
             import.args(["-crop", &format!("{w}x{h}+{x}+{y}"), "+repage"]);
@@ -464,7 +468,7 @@ impl Desk {
             dir,
             driver,
             browser,
-            _display: display,
+            display,
         };
         desk.until("the window to load", |d| {
             Box::pin(async move { d.exists("#empty").await })

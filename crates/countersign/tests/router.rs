@@ -521,6 +521,16 @@ async fn a_tool_relisted_as_reusable_after_the_click_still_runs_once() {
         Some(true),
         "the upstream did not re-list: {write:?}"
     );
+    // A changed definition is held back until the person accepts it, then the approval made
+    // before still counts under the stricter class.
+    let held = call(&agent, "write", confirm.clone()).await;
+    assert_eq!(refusal(&held).as_deref(), Some("tool_changed"), "{held:?}");
+    let change = desk
+        .engine
+        .pending()
+        .into_iter()
+        .find(|r| r.change.is_some());
+    desk.engine.approve(change.unwrap().id, None).unwrap();
 
     let first = call(&agent, "write", confirm.clone()).await;
     assert_ne!(first.is_error, Some(true), "{first:?}");

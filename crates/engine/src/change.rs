@@ -56,7 +56,7 @@ impl ChangeKind {
 pub struct Change {
     /// What it is to.
     pub kind: ChangeKind,
-    /// Which one: a server's name, `policy.toml`, `<server identity> · <tool>`.
+    /// Which one: a server's name, `policy.toml`, `<server identity> :: <tool>`.
     pub subject: String,
     /// One line: what changes.
     pub summary: String,

@@ -1144,7 +1144,7 @@ impl Engine {
             let Some(before) = before else { continue };
             let change = Change {
                 kind: ChangeKind::Tool,
-                subject: format!("{server} · {}", pin.tool),
+                subject: format!("{server} :: {}", pin.tool),
                 summary: change::tool_summary(&pin.tool, &before, &pin.definition),
                 before: Some(before),
                 after: Some(pin.definition.clone()),

@@ -151,7 +151,7 @@ async fn a_changed_description_refuses_open_and_gated_calls_tool_changed() {
     let request = only_change(&d.engine);
     let change = request.change.unwrap();
     assert_eq!(change.kind, ChangeKind::Tool);
-    assert_eq!(change.subject, "srv · read");
+    assert_eq!(change.subject, "srv :: read");
     assert_eq!(change.origin, "the upstream's tool listing");
     assert!(change.summary.contains("description"), "{}", change.summary);
     let before = change.before.unwrap();
@@ -184,7 +184,7 @@ async fn a_changed_description_refuses_open_and_gated_calls_tool_changed() {
     );
     // `read` is back to its pin in this listing, so its change was withdrawn; `write`'s waits.
     assert_eq!(d.engine.open_call(&tenant, "read"), Answer::Done);
-    assert_eq!(only_change(&d.engine).plan.target, "srv · write");
+    assert_eq!(only_change(&d.engine).plan.target, "srv :: write");
     // Each refused call is on the record.
     let refused: Vec<_> = kinds(&d.engine)
         .into_iter()
@@ -225,7 +225,7 @@ async fn an_accepted_change_is_pinned_and_calls_pass_without_listing_again() {
         vec![(
             "changed".to_owned(),
             "change:tool".to_owned(),
-            Some("srv · read".to_owned())
+            Some("srv :: read".to_owned())
         )]
     );
 }
@@ -284,7 +284,7 @@ async fn a_denied_change_stays_refused_and_the_next_listing_asks_again() {
         vec![(
             "denied".to_owned(),
             "change:tool".to_owned(),
-            Some("srv · read".to_owned())
+            Some("srv :: read".to_owned())
         )]
     );
 }
