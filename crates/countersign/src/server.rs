@@ -181,7 +181,9 @@ fn spec_of(
     command: Vec<String>,
 ) -> Result<(ServerSpec, Vec<String>), String> {
     let mut settings = BTreeMap::new();
-    let (plain, secret, split): (_, _, fn(&str) -> Option<(&str, &str)>) = if url.is_some() {
+    /// Splits `NAME: VALUE` (a header) or `KEY=VALUE` (an environment variable).
+    type Split = fn(&str) -> Option<(&str, &str)>;
+    let (plain, secret, split): (_, _, Split) = if url.is_some() {
         (header, secret_header, |h| {
             h.split_once(':').map(|(k, v)| (k.trim(), v.trim_start()))
         })
