@@ -12,6 +12,9 @@ fn main() {
             "save_settings",
             "rotate_secret",
             "status",
+            "servers",
+            "save_server",
+            "remove_server",
         ]),
     ))
     .expect("tauri build script");

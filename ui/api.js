@@ -37,3 +37,13 @@ export const onQueue = (handler) => tauri.event.listen("queue://changed", (event
 /** Calls `handler(problem)` whenever the keychain stops or starts answering: `problem` is why
  *  nothing can be approved, or null when minting works again. */
 export const onSecret = (handler) => tauri.event.listen("secret://status", (event) => handler(event.payload));
+
+/** ServerView[]: the servers registered in the desk (secret values never among them). */
+export const servers = () => tauri.core.invoke("servers");
+
+/** Adds (`form.editing` false) or changes a server, at once; answers ServerView[]. A secret's
+ *  value travels once, here; `null` keeps the value on record. */
+export const saveServer = (form) => tauri.core.invoke("save_server", { form });
+
+/** Removes a server and its secrets, at once; answers ServerView[]. */
+export const removeServer = (name) => tauri.core.invoke("remove_server", { name });

@@ -1,6 +1,7 @@
 // The window. Everything an agent or an upstream sent arrives escaped and flagged by the desk (a
 // Shown: { text, flags }) and is put on screen with textContent, never as HTML.
 import * as api from "./api.js";
+import * as servers from "./servers.js";
 
 const $ = (id) => document.getElementById(id);
 const LONG_TARGET = 160;
@@ -324,6 +325,7 @@ async function start() {
   $("tab-settings").addEventListener("click", () => tab("settings"));
   for (const id of ["f-server", "f-tool", "f-kind"]) $(id).addEventListener("input", loadHistory);
   $("s-save").addEventListener("click", saveSettings);
+  servers.start();
   $("s-rotate").addEventListener("click", () => { $("s-rotate-now").hidden = false; });
   $("s-rotate-now").addEventListener("click", async () => {
     try {

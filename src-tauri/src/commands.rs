@@ -28,7 +28,7 @@ pub fn pending(desk: State<'_, Desk>) -> Vec<RequestView> {
 }
 
 /// Runs `work` on the blocking pool; a panic there is a UI error, not a crash of the window.
-async fn off_the_ui<T: Send + 'static>(
+pub(crate) async fn off_the_ui<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, UiError> + Send + 'static,
 ) -> Result<T, UiError> {
     tauri::async_runtime::spawn_blocking(work)

@@ -19,6 +19,7 @@ mod commands;
 mod harden;
 mod log_file;
 mod pace;
+mod servers;
 mod settings;
 mod view;
 
@@ -451,6 +452,9 @@ fn run(
             commands::save_settings,
             commands::rotate_secret,
             commands::status,
+            servers::servers,
+            servers::save_server,
+            servers::remove_server,
         ])
         .on_window_event(|window, event| {
             if let tauri::WindowEvent::Focused(true) = event {

@@ -340,7 +340,9 @@ impl HistoryRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct UiError {
     /// Stable: `not_pending`, `target_not_typed`, `too_soon`, `no_secret`, `store_failed`,
-    /// `bad_policy`, `io`, `internal`.
+    /// `bad_policy`, `io`, `internal`; for Settings → Servers, the registry's codes
+    /// (`bad_request`, `no_such_server`, `no_keychain`, `failed`) and `exists` (Add of a name
+    /// registered already).
     pub code: &'static str,
     /// For the person.
     pub message: String,

@@ -1,0 +1,325 @@
+//! Settings → Servers and Settings → Clients, end to end: the real desk and window (WebDriver),
+//! the real keychain (run under `.ci/with-keychain`, where this process and the desk share one
+//! Secret Service) and the real `countersign` command beside them.
+//!
+//! Servers: a server added through the form with a secret environment variable is listed with
+//! the secret masked, its value is in the keychain and in no file under the desk's directory; an
+//! edit that leaves the secret's field empty keeps it; Remove forgets it. A server registered from
+//! the command line with direction-changing and invisible characters is listed escaped and
+//! flagged, and an edit that leaves those fields alone keeps them as they were.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use countersign_secret::{Items, KeychainItems};
+use countersign_tests::window::{Desk, bin};
+use fantoccini::Locator;
+use serde_json::{Value, json};
+
+/// A server name of this run's own: keychain items are shared with every other test's desk.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+/// `countersign server ARGS...` against `desk`: its exit code, stdout and stderr.
+async fn server_command(desk: &Desk, args: &[&str]) -> (i32, String, String) {
+    let child = tokio::process::Command::new(bin("countersign"))
+        .arg("server")
+        .args(args)
+        .env("COUNTERSIGN_SOCKET", desk.socket())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("countersign server to finish")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The servers as `countersign server list --json` prints them.
+async fn listed(desk: &Desk) -> Value {
+    let (code, out, err) = server_command(desk, &["list", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Every file under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(entry.path()),
+                Ok(t) if t.is_file() => files.push(entry.path()),
+                _ => {}
+            }
+        }
+    }
+    files
+}
+
+fn assert_in_no_file(dir: &Path, secret: &str) {
+    let files = files_under(dir);
+    assert!(
+        files.iter().any(|f| f.ends_with("servers.json")),
+        "the scan reads the registry's file: {files:?}"
+    );
+    for file in files {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "the secret is in {}",
+            file.display()
+        );
+    }
+}
+
+/// Opens Settings → Servers.
+async fn open_servers(desk: &Desk) {
+    desk.click("#tab-settings").await;
+    desk.click("#st-servers").await;
+}
+
+/// Types `text` into the element `css` as a person would.
+async fn type_into(desk: &Desk, css: &str, text: &str) {
+    desk.browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap()
+        .send_keys(text)
+        .await
+        .unwrap();
+}
+
+/// The text of the Servers list row of `name` (empty when there is none).
+async fn row_text(desk: &Desk, name: &str) -> String {
+    let text: Value = desk
+        .browser
+        .execute(
+            "const row = document.querySelector(`#servers tr[data-server=\"${arguments[0]}\"]`); \
+             return row ? row.innerText : '';",
+            vec![json!(name)],
+        )
+        .await
+        .unwrap();
+    text.as_str().unwrap().to_owned()
+}
+
+async fn wait_for_row(desk: &Desk, name: &str, holding: &str) {
+    let (name, holding) = (name.to_owned(), holding.to_owned());
+    desk.until("the server's row", |d| {
+        let (name, holding) = (name.clone(), holding.clone());
+        Box::pin(async move { row_text(d, &name).await.contains(&holding) })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_added_in_settings_is_listed_with_its_secret_masked_and_its_value_in_no_file() {
+    let desk = Desk::start().await;
+    let name = unique("gh");
+    let secret = format!("ghp_settings{}Sekret", std::process::id());
+    let account = format!("server/{name}/env/GITHUB_TOKEN");
+    let keychain = KeychainItems::open_default().unwrap();
+    open_servers(&desk).await;
+    desk.until("the empty list", |d| {
+        Box::pin(async move { d.count("#sv-none:not([hidden])").await == 1 })
+    })
+    .await;
+
+    // Add: a command, a secret environment variable typed into a password field, a plain one.
+    desk.click("#sv-add").await;
+    type_into(&desk, "#sv-name", &name).await;
+    desk.set_value("#sv-command", "gh-server\nstdio").await;
+    desk.click("#sv-add-setting").await;
+    desk.click("#sv-add-setting").await;
+    type_into(&desk, ".sv-setting:nth-child(1) .sv-key", "GITHUB_TOKEN").await;
+    desk.click(".sv-setting:nth-child(1) .sv-secret").await;
+    let kind: Value = desk
+        .browser
+        .execute(
+            "return document.querySelector('.sv-setting:nth-child(1) .sv-value').type",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        kind,
+        json!("password"),
+        "a secret is typed into a password field"
+    );
+    type_into(&desk, ".sv-setting:nth-child(1) .sv-value", &secret).await;
+    type_into(&desk, ".sv-setting:nth-child(2) .sv-key", "LOG").await;
+    type_into(&desk, ".sv-setting:nth-child(2) .sv-value", "info").await;
+    desk.click("#sv-save").await;
+    wait_for_row(&desk, &name, "secret (in the keychain)").await;
+    desk.screenshot("settings-servers.png").await;
+
+    let row = row_text(&desk, &name).await;
+    assert!(row.contains("gh-server stdio"), "{row}");
+    assert!(row.contains("LOG") && row.contains("info"), "{row}");
+    assert!(
+        !desk.page_text().await.contains(&secret),
+        "the page holds the secret after saving"
+    );
+    let servers = listed(&desk).await;
+    assert_eq!(
+        servers[&name],
+        json!({"command": ["gh-server", "stdio"], "env": {"GITHUB_TOKEN": {"secret": true}, "LOG": "info"}})
+    );
+    assert_eq!(
+        keychain
+            .get(&account)
+            .unwrap()
+            .as_deref()
+            .map(String::as_str),
+        Some(secret.as_str())
+    );
+    assert_in_no_file(desk.dir.path(), &secret);
+
+    // Edit: the plain value changes, the secret's field is left empty and keeps the value.
+    desk.click(&format!("#servers tr[data-server=\"{name}\"] .sv-edit"))
+        .await;
+    let filled: Value = desk
+        .browser
+        .execute(
+            "return [...document.querySelectorAll('.sv-setting .sv-value')].map(v => v.value)",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        filled,
+        json!(["", "info"]),
+        "a secret is never read back into the form"
+    );
+    desk.set_value(".sv-setting:nth-child(2) .sv-value", "debug")
+        .await;
+    desk.click("#sv-save").await;
+    wait_for_row(&desk, &name, "debug").await;
+    assert_eq!(
+        listed(&desk).await[&name]["env"],
+        json!({"GITHUB_TOKEN": {"secret": true}, "LOG": "debug"})
+    );
+    assert_eq!(
+        keychain
+            .get(&account)
+            .unwrap()
+            .as_deref()
+            .map(String::as_str),
+        Some(secret.as_str()),
+        "the secret left empty is kept"
+    );
+
+    // The edits are the person's own: applied at once, recorded, never waiting for a click.
+    assert!(!desk.visible_request().await);
+
+    // Remove: asked once more, then gone with its secret.
+    desk.click(&format!("#servers tr[data-server=\"{name}\"] .sv-remove"))
+        .await;
+    desk.click(&format!(
+        "#servers tr[data-server=\"{name}\"] .sv-remove-now"
+    ))
+    .await;
+    let gone = name.clone();
+    desk.until("the row to go", |d| {
+        let gone = gone.clone();
+        Box::pin(async move { row_text(d, &gone).await.is_empty() })
+    })
+    .await;
+    assert_eq!(listed(&desk).await.get(&name), None);
+    assert_eq!(keychain.get(&account).unwrap(), None);
+    assert_in_no_file(desk.dir.path(), &secret);
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_registered_from_the_command_line_is_listed_escaped_and_an_edit_keeps_what_it_cannot_show()
+ {
+    let desk = Desk::start().await;
+    let name = unique("odd");
+    let program = "run\u{202e}txt.exe";
+    let note = "a\u{200b}b";
+    let (code, _, err) = server_command(
+        &desk,
+        &[
+            "add",
+            &name,
+            "--env",
+            &format!("NOTE={note}"),
+            "--",
+            program,
+            "--flag",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    open_servers(&desk).await;
+    wait_for_row(&desk, &name, "run\\u{202e}txt.exe").await;
+    let row = row_text(&desk, &name).await;
+    assert!(row.contains("a\\u{200b}b"), "{row}");
+    assert!(
+        !desk.page_text().await.contains(['\u{202e}', '\u{200b}']),
+        "raw on the page"
+    );
+    let flags = desk
+        .flags(&format!("#servers tr[data-server=\"{name}\"] .flag"))
+        .await;
+    assert!(flags.iter().any(|f| f.contains("bidi")), "{flags:?}");
+    assert!(flags.iter().any(|f| f.contains("invisible")), "{flags:?}");
+
+    // The form cannot show those values as they are: it leaves their fields empty, says what
+    // they hold (escaped), and saving keeps them.
+    desk.click(&format!("#servers tr[data-server=\"{name}\"] .sv-edit"))
+        .await;
+    let form: Value = desk
+        .browser
+        .execute(
+            "return [document.getElementById('sv-command').value, \
+                     document.getElementById('sv-command').placeholder]",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(form[0], json!(""));
+    assert!(
+        form[1]
+            .as_str()
+            .unwrap()
+            .contains("run\\u{202e}txt.exe --flag"),
+        "{form}"
+    );
+    assert!(!desk.page_text().await.contains(['\u{202e}', '\u{200b}']));
+    desk.click("#sv-add-setting").await;
+    type_into(&desk, ".sv-setting:nth-child(2) .sv-key", "LOG").await;
+    type_into(&desk, ".sv-setting:nth-child(2) .sv-value", "info").await;
+    desk.click("#sv-save").await;
+    wait_for_row(&desk, &name, "LOG").await;
+    assert_eq!(
+        listed(&desk).await[&name],
+        json!({"command": [program, "--flag"], "env": {"LOG": "info", "NOTE": note}})
+    );
+
+    // Add never replaces a server unseen.
+    desk.click("#sv-add").await;
+    type_into(&desk, "#sv-name", &name).await;
+    desk.set_value("#sv-command", "other").await;
+    desk.click("#sv-save").await;
+    desk.until("the refusal", |d| {
+        Box::pin(async move { d.text("#sv-error").await.contains("registered already") })
+    })
+    .await;
+    assert_eq!(listed(&desk).await[&name]["command"][0], json!(program));
+    desk.stop().await;
+}
