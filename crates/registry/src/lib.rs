@@ -91,6 +91,8 @@ pub struct Registry {
 
 struct Inner {
     config_dir: PathBuf,
+    /// The prefix of this desk's keychain accounts.
+    scope: String,
     store: Mutex<Store>,
     /// The keychain, or why there is none.
     items: Result<Arc<dyn Items>, String>,
@@ -142,6 +144,7 @@ impl Registry {
         let registry = Registry {
             inner: Arc::new(Inner {
                 config_dir: config_dir.to_owned(),
+                scope: secrets::scope_of(store_path),
                 store: Mutex::new(store),
                 items,
                 engine,
@@ -205,7 +208,12 @@ impl Registry {
                     };
                     let items = self.keychain().map_err(fail)?;
                     items
-                        .get(&secrets::account(name, &spec.upstream, key))
+                        .get(&secrets::account(
+                            &self.inner.scope,
+                            name,
+                            &spec.upstream,
+                            key,
+                        ))
                         .map_err(|e| fail(e.to_string()))?
                         .ok_or_else(|| {
                             fail(
@@ -276,7 +284,7 @@ impl Registry {
             Ok(items) => items,
             Err(e) => return refused(RegistryCode::NoKeychain, e),
         };
-        match op(items, &format!("backup/{key}")) {
+        match op(items, &format!("{}/backup/{key}", self.inner.scope)) {
             Ok(text) => RegistryAnswer::Backup { text },
             Err(e) => refused(RegistryCode::NoKeychain, e.to_string()),
         }
@@ -296,7 +304,7 @@ impl Registry {
         keys.into_iter()
             .map(|key| {
                 let value = items
-                    .get(&secrets::account(name, upstream, key))
+                    .get(&secrets::account(&self.inner.scope, name, upstream, key))
                     .map_err(|e| e.to_string())?;
                 Ok((key.to_owned(), value))
             })
@@ -553,7 +561,10 @@ impl Registry {
                 .map_err(|e| refused(RegistryCode::NoKeychain, e))?;
             for (key, value) in values {
                 items
-                    .set(&secrets::account(name, &spec.upstream, key), value.expose())
+                    .set(
+                        &secrets::account(&self.inner.scope, name, &spec.upstream, key),
+                        value.expose(),
+                    )
                     .map_err(|e| refused(RegistryCode::NoKeychain, e.to_string()))?;
             }
         }
@@ -587,7 +598,12 @@ impl Registry {
             if same_kind && kept.contains(key) {
                 continue;
             }
-            if let Err(e) = items.delete(&secrets::account(name, &old.upstream, key)) {
+            if let Err(e) = items.delete(&secrets::account(
+                &self.inner.scope,
+                name,
+                &old.upstream,
+                key,
+            )) {
                 tracing::warn!(target: "registry", server = name, key, "could not delete a secret no longer used: {e}");
             }
         }

@@ -7,14 +7,26 @@ use std::collections::BTreeMap;
 use countersign_wire::{SecretText, ServerSpec, Setting, Upstream};
 use zeroize::Zeroizing;
 
-/// The keychain account of `name`'s secret `key`: `server/<name>/env/<KEY>` or
-/// `server/<name>/header/<Name>`.
-pub(crate) fn account(name: &str, upstream: &Upstream, key: &str) -> String {
+/// The keychain account of `name`'s secret `key` in the desk `scope` (see [`scope_of`]):
+/// `<scope>/server/<name>/env/<KEY>` or `<scope>/server/<name>/header/<Name>`.
+pub(crate) fn account(scope: &str, name: &str, upstream: &Upstream, key: &str) -> String {
     let kind = match upstream {
         Upstream::Stdio { .. } => "env",
         Upstream::Http { .. } => "header",
     };
-    format!("server/{name}/{kind}/{key}")
+    format!("{scope}/server/{name}/{kind}/{key}")
+}
+
+/// The prefix of this desk's keychain accounts: `desk-` and the first 8 bytes of the SHA-256 of
+/// its SQLite file's path, in hex. The keychain is the account's, shared by every desk it runs
+/// (a second desk beside the person's, a test's): without the prefix, two desks registering the
+/// same name would overwrite each other's secrets.
+pub(crate) fn scope_of(store_path: &std::path::Path) -> String {
+    use sha2::Digest;
+    let path = std::fs::canonicalize(store_path).unwrap_or_else(|_| store_path.to_owned());
+    let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("desk-{hex}")
 }
 
 /// A word as a shell would need it written.

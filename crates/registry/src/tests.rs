@@ -218,7 +218,11 @@ async fn an_approved_removal_forgets_the_secret() {
         f.registry.resolve("gh"),
         Err(ResolveError::NoSuchServer(_))
     ));
-    assert_eq!(f.items.get("server/gh/env/GITHUB_TOKEN").unwrap(), None);
+    let account = format!(
+        "{}/server/gh/env/GITHUB_TOKEN",
+        secrets::scope_of(&f.dir.path().join("data/desk.sqlite"))
+    );
+    assert_eq!(f.items.get(&account).unwrap(), None);
 }
 
 #[tokio::test]
@@ -466,7 +470,10 @@ async fn a_removal_in_the_settings_view_forgets_the_secrets_and_says_when_there_
     f.registry
         .put_directly("gh", &gh(), &secrets(&[("GITHUB_TOKEN", "t")]))
         .unwrap();
-    let account = "server/gh/env/GITHUB_TOKEN";
+    let account = &format!(
+        "{}/server/gh/env/GITHUB_TOKEN",
+        secrets::scope_of(&f.dir.path().join("data/desk.sqlite"))
+    );
     assert!(f.items.get(account).unwrap().is_some());
     f.registry.remove_directly("gh").unwrap();
     assert!(f.registry.servers().is_empty());
@@ -475,4 +482,43 @@ async fn a_removal_in_the_settings_view_forgets_the_secrets_and_says_when_there_
         f.registry.remove_directly("gh").unwrap_err().code,
         RegistryCode::NoSuchServer
     );
+}
+
+#[tokio::test]
+async fn two_desks_registering_one_name_keep_their_own_secrets() {
+    let items = Arc::new(MemoryItems::new());
+    let mut desks = Vec::new();
+    for token in ["first", "second"] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("desk.sqlite");
+        let mut config = EngineConfig::new(&db);
+        config.window = true;
+        let engine = Engine::new(config, Err("none".into())).unwrap();
+        let registry = Registry::open(
+            &dir.path().join("config"),
+            &db,
+            Ok(items.clone() as Arc<dyn Items>),
+            engine,
+        )
+        .unwrap();
+        let answer = registry
+            .handle(
+                put("gh", gh(), secrets(&[("GITHUB_TOKEN", token)])),
+                "a test",
+                |_| {},
+            )
+            .await;
+        assert!(matches!(answer, RegistryAnswer::Done { .. }), "{answer:?}");
+        desks.push((dir, registry, token));
+    }
+    for (_dir, registry, token) in &desks {
+        let resolved = registry.resolve("gh").unwrap();
+        let value = &resolved
+            .values
+            .iter()
+            .find(|(k, _)| k == "GITHUB_TOKEN")
+            .unwrap()
+            .1;
+        assert_eq!(value.as_str(), *token);
+    }
 }
