@@ -5,8 +5,8 @@
 //! [`Engine::approve`], which the window calls on a person's click), verification of confirms,
 //! the ledger spend and history. Two kinds of callers use it: the window ([`Engine::pending`],
 //! [`Engine::approve`], [`Engine::deny`], [`Engine::subscribe`]) and the desk's MCP sessions
-//! (crates/session: [`Engine::connect`], [`Engine::register_tools`], [`Engine::preflight`],
-//! [`Engine::confirm`], [`Engine::outcome`]). Nothing here speaks MCP or touches a socket, and no
+//! (crates/session: [`Engine::connect`], [`Engine::register_tools`], [`Engine::open_call`],
+//! [`Engine::preflight`], [`Engine::confirm`], [`Engine::outcome`]). Nothing here speaks MCP or touches a socket, and no
 //! session call approves or denies. Requests to change the desk itself (a server, the policy, a
 //! tool whose definition differs from its pin) wait in the same queue: [`Engine::propose`].
 #![deny(missing_docs)]
