@@ -38,6 +38,9 @@ use zeroize::Zeroizing;
 pub use file::{FILE_NAME, Servers};
 pub use guard::{Guarded, POLICY, SERVERS};
 
+/// The most servers the registry holds.
+pub const MAX_SERVERS: usize = 1024;
+
 /// A registered server as the desk reaches it: its spec and every environment value or header,
 /// the secret ones read from the keychain. Never printed.
 pub struct Resolved {
@@ -330,7 +333,17 @@ impl Registry {
         {
             return refused(RegistryCode::NoKeychain, e);
         }
-        let Some(current) = self.servers().remove(&name) else {
+        let mut servers = self.servers();
+        let Some(current) = servers.remove(&name) else {
+            // New names apply without a click, so they are what a flood would be made of.
+            if servers.len() >= MAX_SERVERS {
+                return refused(
+                    RegistryCode::BadRequest,
+                    format!(
+                        "{MAX_SERVERS} servers are registered already, the most the desk keeps:                          remove ones no longer used first"
+                    ),
+                );
+            }
             return match self.apply_put(&name, None, &spec, &secrets) {
                 Ok(()) => {
                     let note = format!(

@@ -522,3 +522,21 @@ async fn two_desks_registering_one_name_keep_their_own_secrets() {
         assert_eq!(value.as_str(), *token);
     }
 }
+
+#[tokio::test]
+async fn new_names_stop_at_the_most_the_registry_keeps() {
+    let f = fixture();
+    let one = spec(json!({"command": ["x"]}));
+    let mut servers = Servers::default();
+    for i in 0..MAX_SERVERS {
+        servers.servers.insert(format!("s{i}"), one.clone());
+    }
+    f.registry.write(SERVERS, &servers.text()).unwrap();
+    let (answer, _) = ask(&f, put("one-more", one.clone(), secrets(&[]))).await;
+    assert!(
+        matches!(answer, RegistryAnswer::Refused { .. }),
+        "{answer:?}"
+    );
+    // A registered name can still be changed (it asks the person).
+    assert!(f.registry.servers().len() == MAX_SERVERS);
+}
