@@ -15,6 +15,9 @@ fn main() {
             "servers",
             "save_server",
             "remove_server",
+            "clients",
+            "protect_client",
+            "restore_client",
         ]),
     ))
     .expect("tauri build script");

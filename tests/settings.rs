@@ -7,6 +7,12 @@
 //! edit that leaves the secret's field empty keeps it; Remove forgets it. A server registered from
 //! the command line with direction-changing and invisible characters is listed escaped and
 //! flagged, and an edit that leaves those fields alone keeps them as they were.
+//!
+//! Clients: the desk pointed at a fake home (`COUNTERSIGN_CLIENTS_HOME`, honoured by debug
+//! builds only) finds a Claude Desktop configuration with two servers, one with a token in its
+//! environment; Protect registers both, rewrites the file to `countersign mcp --server NAME`
+//! keeping its other keys, and leaves the token in no file; Restore brings the file back byte for
+//! byte.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -20,6 +26,14 @@ use serde_json::{Value, json};
 /// A server name of this run's own: keychain items are shared with every other test's desk.
 fn unique(name: &str) -> String {
     format!("{name}-{}", std::process::id())
+}
+
+/// The keychain account of `rest` (`server/NAME/env/KEY`) for `desk`: each desk keeps its items
+/// under a prefix of its own, `desk-` and 8 bytes of the SHA-256 of its SQLite file's path.
+fn account(desk: &Desk, rest: &str) -> String {
+    let store = std::fs::canonicalize(desk.dir.path().join("data/desk.sqlite")).unwrap();
+    let digest = countersign_core::PlanHash::of_bytes(store.as_os_str().as_encoded_bytes());
+    format!("desk-{}/{rest}", &digest.to_hex()[..16])
 }
 
 /// `countersign server ARGS...` against `desk`: its exit code, stdout and stderr.
@@ -130,7 +144,7 @@ async fn a_server_added_in_settings_is_listed_with_its_secret_masked_and_its_val
     let desk = Desk::start().await;
     let name = unique("gh");
     let secret = format!("ghp_settings{}Sekret", std::process::id());
-    let account = format!("server/{name}/env/GITHUB_TOKEN");
+    let account = account(&desk, &format!("server/{name}/env/GITHUB_TOKEN"));
     let keychain = KeychainItems::open_default().unwrap();
     open_servers(&desk).await;
     desk.until("the empty list", |d| {
@@ -321,5 +335,139 @@ async fn a_server_registered_from_the_command_line_is_listed_escaped_and_an_edit
     })
     .await;
     assert_eq!(listed(&desk).await[&name]["command"][0], json!(program));
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protect_in_settings_rewrites_a_claude_desktop_config_and_restore_brings_it_back_byte_for_byte()
+ {
+    let home = tempfile::tempdir().unwrap();
+    let github = unique("github");
+    let files = unique("files");
+    let token = format!("ghp_clients{}TOKEN", std::process::id());
+    let config = home
+        .path()
+        .join(".config/Claude/claude_desktop_config.json");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    // As a person keeps it: their own layout, a key Countersign has no business with.
+    let original = r#"{
+  "mcpServers": {
+    "@GITHUB@": {
+      "command": "npx",
+      "args": ["-y", "@modelcontextprotocol/server-github"],
+      "env": { "GITHUB_PERSONAL_ACCESS_TOKEN": "@TOKEN@" }
+    },
+    "@FILES@": { "command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv/notes"] }
+  },
+  "globalShortcut": "Ctrl+Space"
+}
+"#
+    .replace("@GITHUB@", &github)
+    .replace("@FILES@", &files)
+    .replace("@TOKEN@", &token);
+    serde_json::from_str::<Value>(&original).expect("the fixture is JSON");
+    std::fs::write(&config, &original).unwrap();
+    let desk =
+        Desk::start_with(&[("COUNTERSIGN_CLIENTS_HOME", home.path().to_str().unwrap())]).await;
+    desk.click("#tab-settings").await;
+    desk.click("#st-clients").await;
+    let row = "#clients tr[data-client=\"claude-desktop\"]";
+    desk.until("Claude Desktop with two servers", |d| {
+        Box::pin(async move {
+            d.exists(row).await
+                && d.text(&format!("{row} .cl-count")).await == "2 servers, 0 through Countersign"
+        })
+    })
+    .await;
+    let path_shown = desk.text(&format!("{row} code")).await;
+    assert!(
+        path_shown.ends_with(".config/Claude/claude_desktop_config.json"),
+        "{path_shown}"
+    );
+
+    desk.click(&format!("{row} .cl-protect")).await;
+    desk.until("both servers through Countersign", |d| {
+        Box::pin(async move {
+            d.text(&format!("{row} .cl-count")).await == "2 servers, 2 through Countersign"
+        })
+    })
+    .await;
+    let summary = desk.text("#cl-summary").await;
+    assert!(
+        summary.contains(&format!("registered {github} in the desk")),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("kept the original in the keychain"),
+        "{summary}"
+    );
+    assert!(!summary.contains(&token), "{summary}");
+    desk.screenshot("settings-clients.png").await;
+
+    let rewritten: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    assert_eq!(rewritten["globalShortcut"], json!("Ctrl+Space"));
+    for name in [&github, &files] {
+        let entry = &rewritten["mcpServers"][name.as_str()];
+        assert!(
+            entry["command"].as_str().unwrap().ends_with("countersign"),
+            "{entry}"
+        );
+        assert_eq!(entry["args"], json!(["mcp", "--server", name]));
+        assert_eq!(entry.get("env"), None, "{entry}");
+    }
+    let servers = listed(&desk).await;
+    assert_eq!(
+        servers[&github]["env"],
+        json!({"GITHUB_PERSONAL_ACCESS_TOKEN": {"secret": true}})
+    );
+    assert_eq!(
+        servers[&files]["command"][2],
+        json!("@modelcontextprotocol/server-filesystem")
+    );
+    let keychain = KeychainItems::open_default().unwrap();
+    let account = account(
+        &desk,
+        &format!("server/{github}/env/GITHUB_PERSONAL_ACCESS_TOKEN"),
+    );
+    assert_eq!(
+        keychain
+            .get(&account)
+            .unwrap()
+            .as_deref()
+            .map(String::as_str),
+        Some(token.as_str())
+    );
+    for dir in [home.path(), desk.dir.path()] {
+        for file in files_under(dir) {
+            let bytes = std::fs::read(&file).unwrap_or_default();
+            assert!(
+                !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+                "the token is in {}",
+                file.display()
+            );
+        }
+    }
+
+    desk.click(&format!("{row} .cl-restore")).await;
+    desk.until("the restore's summary", |d| {
+        Box::pin(async move { d.text("#cl-summary").await.contains("restored the file") })
+    })
+    .await;
+    assert_eq!(std::fs::read(&config).unwrap(), original.as_bytes());
+    desk.until("no server through Countersign again", |d| {
+        Box::pin(async move {
+            d.text(&format!("{row} .cl-count")).await == "2 servers, 0 through Countersign"
+        })
+    })
+    .await;
+    // Nothing more to restore: said with a code, the file untouched.
+    desk.click(&format!("{row} .cl-restore")).await;
+    desk.until("the refusal", |d| {
+        Box::pin(async move { d.text("#cl-error").await.contains("nothing to restore") })
+    })
+    .await;
+    assert_eq!(std::fs::read(&config).unwrap(), original.as_bytes());
+    let _ = keychain.delete(&account);
     desk.stop().await;
 }

@@ -47,3 +47,13 @@ export const saveServer = (form) => tauri.core.invoke("save_server", { form });
 
 /** Removes a server and its secrets, at once; answers ServerView[]. */
 export const removeServer = (name) => tauri.core.invoke("remove_server", { name });
+
+/** ClientView[]: the MCP clients whose configuration the desk finds on this account. */
+export const clients = () => tauri.core.invoke("clients");
+
+/** Protect client `id` (what `countersign install --client ID` does); answers ClientAction:
+ *  { lines: Shown[] (what it printed), clients: ClientView[] }. */
+export const protectClient = (id) => tauri.core.invoke("protect_client", { id });
+
+/** Restore client `id`'s file as it was before Protect (`force`: even when edited since). */
+export const restoreClient = (id, force) => tauri.core.invoke("restore_client", { id, force: !!force });

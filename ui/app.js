@@ -1,6 +1,7 @@
 // The window. Everything an agent or an upstream sent arrives escaped and flagged by the desk (a
 // Shown: { text, flags }) and is put on screen with textContent, never as HTML.
 import * as api from "./api.js";
+import * as clients from "./clients.js";
 import * as servers from "./servers.js";
 
 const $ = (id) => document.getElementById(id);
@@ -325,7 +326,7 @@ async function start() {
   $("tab-settings").addEventListener("click", () => tab("settings"));
   for (const id of ["f-server", "f-tool", "f-kind"]) $(id).addEventListener("input", loadHistory);
   $("s-save").addEventListener("click", saveSettings);
-  servers.start();
+  servers.start({ onClients: clients.loadClients });
   $("s-rotate").addEventListener("click", () => { $("s-rotate-now").hidden = false; });
   $("s-rotate-now").addEventListener("click", async () => {
     try {

@@ -15,6 +15,7 @@
 //! on a second socket they can reach, for agents that run under accounts of their own.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
+mod clients;
 mod commands;
 mod harden;
 mod log_file;
@@ -455,6 +456,9 @@ fn run(
             servers::servers,
             servers::save_server,
             servers::remove_server,
+            clients::clients,
+            clients::protect_client,
+            clients::restore_client,
         ])
         .on_window_event(|window, event| {
             if let tauri::WindowEvent::Focused(true) = event {

@@ -1,0 +1,337 @@
+//! Settings → Clients: the MCP clients whose configuration the desk finds on this account, and
+//! Protect and Restore, which do in the desk what `countersign install --client X` and
+//! `countersign uninstall --client X` do from a terminal (the same library,
+//! `countersign::clients`), and show what they printed.
+//!
+//! The desk asks its own registry as the command line asks it over the socket ([`InDesk`]
+//! implements `Registrar` with `Registry::handle`): a new server name takes effect at once; one
+//! registered already under another spec is a change shown in this same window, which takes
+//! effect when the person approves it. So Protect runs on the blocking pool, never on the UI
+//! thread, and may wait for that click.
+//!
+//! Where the files are: under the account's home as the password database records it, never
+//! `$HOME`, `$XDG_CONFIG_HOME` or `$CODEX_HOME` (a gateway, the agent's process, may have started
+//! the desk with an environment of its choosing). For tests, a debug build takes the home from
+//! [`CLIENTS_HOME_ENV`] (then `.config` and `.codex` under it); a release build ignores it.
+
+use std::path::PathBuf;
+
+use countersign::clients::{self, Client, InstallError, Options, Places};
+use countersign::pipe::PipeError;
+use countersign::registry::Registrar;
+use countersign_registry::Registry;
+use countersign_wire::{RegistryAnswer, RegistryRequest};
+use serde::Serialize;
+use tauri::State;
+
+use crate::Desk;
+use crate::commands::off_the_ui;
+use crate::view::{Shown, UiError, shown};
+
+/// In debug builds only: the home directory the desk looks for clients' configurations under,
+/// instead of the account's own (tests point it at a fake home).
+pub const CLIENTS_HOME_ENV: &str = "COUNTERSIGN_CLIENTS_HOME";
+
+/// The directories clients keep their configuration in, for this account.
+fn places() -> Result<Places, UiError> {
+    let home = match test_home() {
+        Some(home) => home,
+        None => {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            countersign_wire::account_home(uid)
+                .ok()
+                .flatten()
+                .ok_or_else(|| {
+                    UiError::new(
+                        "io",
+                        format!(
+                            "uid {uid} has no home directory in the password database: no \
+                             client configuration can be found"
+                        ),
+                    )
+                })?
+        }
+    };
+    Ok(Places {
+        config_home: home.join(".config"),
+        codex_home: home.join(".codex"),
+        macos: cfg!(target_os = "macos"),
+        home,
+    })
+}
+
+#[cfg(debug_assertions)]
+fn test_home() -> Option<PathBuf> {
+    std::env::var_os(CLIENTS_HOME_ENV)
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute())
+}
+
+#[cfg(not(debug_assertions))]
+fn test_home() -> Option<PathBuf> {
+    None
+}
+
+/// The `countersign` program the rewritten entries start: the one installed beside the desk,
+/// else whichever `countersign` the client finds on its PATH.
+fn program() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("countersign")))
+        .filter(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "countersign".into())
+}
+
+/// A client, as Settings → Clients lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientView {
+    /// Its name on the command line (`claude-desktop`): what Protect and Restore are asked with.
+    pub id: &'static str,
+    /// The name a person knows (`Claude Desktop`).
+    pub title: &'static str,
+    /// Its configuration file (a path under the home, shown escaped like any other text).
+    pub path: Shown,
+    /// Whether that file exists.
+    pub exists: bool,
+    /// How many MCP servers it has.
+    pub servers: usize,
+    /// How many of them already go through Countersign (`countersign mcp ...`).
+    pub protected: usize,
+    /// How many Protect would leave as they are (each with its reason in Protect's summary).
+    pub left: usize,
+    /// Why the file cannot be read, when it cannot.
+    pub problem: Option<Shown>,
+}
+
+fn view_of(client: Client, places: &Places, registry: &Registry, program: &str) -> ClientView {
+    let path = client.user_config(places);
+    let mut view = ClientView {
+        id: client.id(),
+        title: client.title(),
+        path: shown(&path.display().to_string()),
+        exists: path.is_file(),
+        servers: 0,
+        protected: 0,
+        left: 0,
+        problem: None,
+    };
+    if !view.exists {
+        return view;
+    }
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) => {
+            view.problem = Some(shown(&format!("cannot read it: {e}")));
+            return view;
+        }
+    };
+    match clients::plan(client, &text, &registry.servers(), program) {
+        Ok(plan) => {
+            view.protected = plan.wrapped.len();
+            view.left = plan.left.len();
+            view.servers = plan.registrations.len() + view.protected + view.left;
+        }
+        Err(e) => view.problem = Some(shown(&e)),
+    }
+    view
+}
+
+fn list(registry: &Registry) -> Result<Vec<ClientView>, UiError> {
+    let places = places()?;
+    let program = program();
+    Ok(clients::ALL
+        .iter()
+        .map(|&client| view_of(client, &places, registry, &program))
+        .collect())
+}
+
+/// The desk's own registry, asked as the command line asks it over the socket.
+struct InDesk {
+    registry: Registry,
+    origin: String,
+}
+
+impl Registrar for InDesk {
+    fn ask(
+        &mut self,
+        request: RegistryRequest,
+        waiting: &mut dyn FnMut(&str),
+    ) -> Result<RegistryAnswer, PipeError> {
+        // On the blocking pool (see `off_the_ui`): a change to a registered server waits here
+        // for the person's click in the window.
+        let answer =
+            tauri::async_runtime::block_on(self.registry.handle(request, &self.origin, |answer| {
+                if let RegistryAnswer::Waiting { message } = &answer {
+                    waiting(message);
+                }
+            }));
+        Ok(answer)
+    }
+}
+
+/// What Protect or Restore did: the lines it printed, and the clients as they are now.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientAction {
+    /// What `countersign install` or `uninstall` would have printed, line by line, each shown
+    /// escaped (a configuration's keys and paths are the file's own text).
+    pub lines: Vec<Shown>,
+    /// The clients, after.
+    pub clients: Vec<ClientView>,
+}
+
+/// The stable code of an install or uninstall error, for the window to branch on.
+fn code_of(e: &InstallError) -> &'static str {
+    match e {
+        InstallError::NoConfig { .. } => "no_config",
+        InstallError::Read { .. } | InstallError::Write { .. } => "io",
+        InstallError::Parse { .. } => "bad_config",
+        InstallError::Desk(_) => "internal",
+        InstallError::Refused { code, .. } => code,
+        InstallError::Denied { .. } => "denied",
+        InstallError::ChangedMeanwhile { .. } => "changed_meanwhile",
+        InstallError::NoBackup { .. } => "no_backup",
+        InstallError::EditedSinceInstall { .. } => "edited_since_install",
+        InstallError::BadBackup { .. } => "bad_backup",
+        _ => "internal",
+    }
+}
+
+fn lines_of(out: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Which of the two the person asked for.
+#[derive(Clone, Copy)]
+enum Step {
+    Protect,
+    Restore { force: bool },
+}
+
+fn run(registry: &Registry, id: &str, step: Step) -> Result<ClientAction, UiError> {
+    let client = clients::ALL
+        .into_iter()
+        .find(|c| c.id() == id)
+        .ok_or_else(|| UiError::new("bad_request", format!("no client is called {id:?}")))?;
+    let options = Options {
+        client,
+        path: client.user_config(&places()?),
+        program: program(),
+        dry_run: false,
+        force: matches!(step, Step::Restore { force: true }),
+    };
+    let mut registrar = InDesk {
+        registry: registry.clone(),
+        origin: format!("the desk's settings view (Protect {})", client.title()),
+    };
+    let mut out = Vec::new();
+    let done = match step {
+        Step::Protect => clients::install(&mut registrar, &options, &mut out),
+        Step::Restore { .. } => clients::uninstall(&mut registrar, &options, &mut out),
+    };
+    let mut lines = lines_of(&out);
+    match done {
+        Ok(()) => {
+            tracing::info!(target: "desk", client = id, "client configuration changed in the settings view");
+            Ok(ClientAction {
+                lines: lines.iter().map(|l| shown(l)).collect(),
+                clients: list(registry)?,
+            })
+        }
+        Err(e) => {
+            // Never a secret: install's errors and summary name keys, paths and codes only.
+            lines.push(e.to_string());
+            let message = lines
+                .iter()
+                .map(|l| shown(l).text)
+                .collect::<Vec<_>>()
+                .join("\n");
+            Err(UiError::new(code_of(&e), message))
+        }
+    }
+}
+
+/// The clients found on this account.
+#[tauri::command]
+pub async fn clients(desk: State<'_, Desk>) -> Result<Vec<ClientView>, UiError> {
+    let registry = desk.registry.clone();
+    off_the_ui(move || list(&registry)).await
+}
+
+/// Protect: registers each of the client's servers in the desk (their environment values and
+/// headers into the keychain), keeps the original file in the keychain, and rewrites each entry
+/// to `countersign mcp --server NAME`.
+#[tauri::command]
+pub async fn protect_client(desk: State<'_, Desk>, id: String) -> Result<ClientAction, UiError> {
+    let registry = desk.registry.clone();
+    off_the_ui(move || run(&registry, &id, Step::Protect)).await
+}
+
+/// Restore: the client's file as it was before Protect, byte for byte (`force`: even when it
+/// was edited since, losing those edits). The servers stay registered.
+#[tauri::command]
+pub async fn restore_client(
+    desk: State<'_, Desk>,
+    id: String,
+    force: bool,
+) -> Result<ClientAction, UiError> {
+    let registry = desk.registry.clone();
+    off_the_ui(move || run(&registry, &id, Step::Restore { force })).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn keys(v: &Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn the_window_receives_exactly_the_fields_of_its_contract() {
+        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
+            .expect("contract.json parses");
+        let expected = |name: &str| -> Vec<String> {
+            let mut k: Vec<String> = serde_json::from_value(contract[name].clone())
+                .unwrap_or_else(|_| panic!("{name} is in contract.json"));
+            k.sort();
+            k
+        };
+        let view = ClientView {
+            id: "claude-desktop",
+            title: "Claude Desktop",
+            path: shown("/home/a/.config/Claude/claude_desktop_config.json"),
+            exists: true,
+            servers: 2,
+            protected: 1,
+            left: 0,
+            problem: Some(shown("x")),
+        };
+        let action = serde_json::to_value(ClientAction {
+            lines: vec![shown("Claude Desktop: /x")],
+            clients: vec![view],
+        })
+        .unwrap();
+        assert_eq!(keys(&action), expected("ClientAction"));
+        assert_eq!(keys(&action["clients"][0]), expected("ClientView"));
+        assert_eq!(keys(&action["clients"][0]["path"]), expected("Shown"));
+        assert_eq!(keys(&action["lines"][0]), expected("Shown"));
+    }
+
+    #[test]
+    fn a_summary_line_with_direction_changing_characters_is_shown_escaped() {
+        let lines =
+            lines_of("  already through Countersign: mcpServers[\"a\u{202e}b\"]\n".as_bytes());
+        let line = shown(&lines[0]);
+        assert!(!line.text.contains('\u{202e}'), "{}", line.text);
+        assert!(!line.flags.is_empty());
+    }
+}
