@@ -227,7 +227,14 @@ fn run(registry: &Registry, id: &str, step: Step) -> Result<ClientAction, UiErro
     };
     let mut registrar = InDesk {
         registry: registry.clone(),
-        origin: format!("the desk's settings view (Protect {})", client.title()),
+        origin: format!(
+            "the desk's settings view ({} {})",
+            match step {
+                Step::Protect => "Protect",
+                Step::Restore { .. } => "Restore",
+            },
+            client.title()
+        ),
     };
     let mut out = Vec::new();
     let done = match step {
