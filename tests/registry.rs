@@ -257,3 +257,96 @@ async fn servers_json_edited_behind_the_desks_back_waits_for_the_person() {
     );
     desk.stop().await;
 }
+
+/// Calls `tool` of `agent` with `arguments`; the structured result, or the error's text.
+async fn call(
+    agent: &RunningService<RoleClient, ClientConfig>,
+    tool: &str,
+    arguments: Value,
+) -> Result<Value, String> {
+    let params = CallToolRequestParams::new(tool.to_owned())
+        .with_arguments(arguments.as_object().unwrap().clone());
+    match agent.peer().call_tool(params).await {
+        Ok(r) if r.is_error != Some(true) => Ok(r.structured_content.unwrap_or(Value::Null)),
+        Ok(r) => Err(format!("{:?}", r.content)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Ends the upstream's process, then calls `env` for `var`: again while the call reached the
+/// exiting process (answered "exited while running"), so that what answers is a new start.
+async fn exit_then_env(
+    agent: &RunningService<RoleClient, ClientConfig>,
+    var: &str,
+) -> Result<Value, String> {
+    let _ = call(agent, "exit", json!({})).await;
+    for _ in 0..50 {
+        match call(agent, "env", json!({"name": var})).await {
+            Err(e) if e.contains("exited (it crashed or was killed) while") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+    panic!("the upstream was not started again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_started_again_runs_what_the_person_approved_and_never_a_removed_server() {
+    let desk = Desk::start().await;
+    let script = env_server();
+    let add = |mode: &str| {
+        server_command(
+            &desk,
+            &[
+                "add",
+                "envy",
+                "--env",
+                &format!("MODE={mode}"),
+                "--",
+                "python3",
+                &script,
+            ],
+            "",
+        )
+    };
+    let (code, _, err) = finished(add("one")).await;
+    assert_eq!(code, 0, "{err}");
+    let agent = agent(&desk, "envy").await;
+    assert_eq!(
+        call(&agent, "env", json!({"name": "MODE"})).await.unwrap()["value"],
+        json!("one")
+    );
+
+    // Approved while the session runs: its process keeps what it was started with...
+    let change = add("two");
+    desk.wait_for_request().await;
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+    assert_eq!(finished(change).await.0, 0);
+    assert_eq!(
+        call(&agent, "env", json!({"name": "MODE"})).await.unwrap()["value"],
+        json!("one")
+    );
+    // ...and once it exits, the desk starts what is on record now.
+    assert_eq!(
+        exit_then_env(&agent, "MODE").await.unwrap()["value"],
+        json!("two")
+    );
+
+    // Removed: not started again.
+    let removal = server_command(&desk, &["remove", "envy"], "");
+    desk.wait_for_request().await;
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+    assert_eq!(finished(removal).await.0, 0);
+    let after = exit_then_env(&agent, "MODE").await;
+    assert!(
+        after.as_ref().is_err_and(|e| e.contains("no server named")),
+        "{after:?}"
+    );
+    let _ = agent.cancel().await;
+    desk.stop().await;
+}

@@ -2,9 +2,10 @@
 tests (tests/registry.rs), which check that a registered server receives the values the desk has
 on record for it (its secrets from the keychain) and nothing from the agent's side.
 
-It lists one tool, `env` (`readOnlyHint: true`, so Countersign forwards it at once): given
-`{"name": "VAR"}` it answers `{"name": "VAR", "value": <the value, or null when unset>}` as
-`structuredContent`, and the same object as the text of one content block. Standard library
+It lists two tools, both `readOnlyHint: true` (so Countersign forwards them at once): `env`,
+given `{"name": "VAR"}`, answers `{"name": "VAR", "value": <the value, or null when unset>}` as
+`structuredContent` and as the text of one content block; `exit` answers, then the process
+exits (so a test can see what the desk starts next). Standard library
 only; one JSON-RPC message per line; exits on end of input.
 """
 
@@ -25,6 +26,12 @@ TOOLS = [
             "properties": {"name": {"type": "string"}},
             "required": ["name"],
         },
+    },
+    {
+        "name": "exit",
+        "description": "Answers, then ends this server's process.",
+        "annotations": {"readOnlyHint": True},
+        "inputSchema": {"type": "object"},
     },
 ]
 
@@ -55,6 +62,8 @@ def answer(message):
             "structuredContent": result,
             "isError": False,
         }
+    elif method == "tools/call" and params.get("name") == "exit":
+        reply["result"] = {"content": [{"type": "text", "text": "exiting"}], "isError": False}
     elif method == "tools/call":
         reply["error"] = {"code": -32602, "message": f"no tool {params.get('name')!r}"}
     else:
@@ -74,6 +83,8 @@ def main():
         if reply is not None:
             sys.stdout.write(json.dumps(reply) + "\n")
             sys.stdout.flush()
+            if message.get("method") == "tools/call" and message["params"].get("name") == "exit":
+                sys.exit(0)
 
 
 if __name__ == "__main__":

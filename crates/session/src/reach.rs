@@ -179,8 +179,11 @@ pub fn lifecycle(agent_probes_modern: bool) -> ClientLifecycleMode {
 /// the tool as the new process lists it (a tool it no longer lists is refused, a changed one is
 /// planned under its new listing, so a different plan is refused `plan_changed`).
 pub struct Upstream {
-    reach: Reach,
-    headers: Headers,
+    /// What is started or connected, and the headers sent to a URL: what a start uses. A
+    /// registered server's are looked up again before each new start (see [`Self::registered`]).
+    target: std::sync::Mutex<(Reach, Headers)>,
+    /// The registered server this session reaches, by name, with the registry to ask.
+    registered: Option<(countersign_registry::Registry, String)>,
     lifecycle: ClientLifecycleMode,
     out: mpsc::Sender<Frame>,
     children: Children,
@@ -272,8 +275,8 @@ impl Upstream {
             .peer_info()
             .expect("an initialized upstream has peer info");
         Ok(Self {
-            reach,
-            headers,
+            target: std::sync::Mutex::new((reach, headers)),
+            registered: None,
             lifecycle,
             out,
             children,
@@ -286,6 +289,29 @@ impl Upstream {
             }),
             ended: CancellationToken::new(),
         })
+    }
+
+    /// Marks this upstream as the registered server `name`: a new start (after the process
+    /// exited) starts what the registry has on record for the name then, so a change the person
+    /// approved applies, and a server they removed is not started again.
+    pub fn registered(mut self, registry: countersign_registry::Registry, name: String) -> Self {
+        self.registered = Some((registry, name));
+        self
+    }
+
+    /// What a new start starts: for a registered server, looked up again.
+    fn target(&self) -> Result<(Reach, Headers), Unreached> {
+        if let Some((registry, name)) = &self.registered {
+            let (reach, headers, _) =
+                resolve(Reach::Server { name: name.clone() }, Some(registry))?;
+            let mut target = self.target.lock().unwrap_or_else(|p| p.into_inner());
+            *target = (reach, headers);
+        }
+        Ok(self
+            .target
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone())
     }
 
     /// What the session's two halves share.
@@ -317,11 +343,12 @@ impl Upstream {
             // Ended already, or ending: this collects it (and kills what it left behind).
             let _ = old.service.cancel().await;
         }
+        let (reach, headers) = self.target()?;
         let opened = tokio::select! {
             opened = open_within(
                 self.deadline,
-                &self.reach,
-                &self.headers,
+                &reach,
+                &headers,
                 &self.lifecycle,
                 &self.out,
                 &self.children,

@@ -458,6 +458,14 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
     // What to reach is checked before anything starts: a name the desk does not know, or a
     // malformed hello, is refused at once. A registered name becomes what the registry has on
     // record for it, with its secrets, and never what the gateway says.
+    let registered = match &reach {
+        countersign_wire::Reach::Server { name } => desk
+            .options
+            .registry
+            .clone()
+            .map(|registry| (registry, name.clone())),
+        _ => None,
+    };
     let (reach, headers, identity) = match reach::resolve(reach, desk.options.registry.as_ref()) {
         Ok(resolved) => resolved,
         Err(refusal) => {
@@ -532,6 +540,10 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
             desk.options.upstream_deadline,
         )
         .await;
+        let reached = match registered {
+            Some((registry, name)) => reached.map(|u| u.registered(registry, name)),
+            None => reached,
+        };
         let upstream = match reached {
             Ok(upstream) => std::sync::Arc::new(upstream),
             Err(refusal) => {
