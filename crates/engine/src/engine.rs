@@ -1032,11 +1032,11 @@ impl Engine {
 
     /// The upstream's tools for `tenant`: each one's class and whether it is withheld.
     ///
-    /// Each tool's definition is compared with the one pinned for the connection's server: a
-    /// tool seen for the first time is pinned as it is; one whose definition differs keeps being
-    /// listed, but its calls are refused `tool_changed` and the change is queued for the person
-    /// (once: the same definition proposed again re-attaches). A tool no longer listed just goes;
-    /// its pin stays.
+    /// Each tool's definition is compared with the one pinned for the connection's server: the
+    /// server's first listing is pinned as it is; a tool whose definition differs, or a tool new
+    /// to a server already pinned, keeps being listed, but its calls are refused `tool_changed`
+    /// and the change is queued for the person (once: the same definition proposed again
+    /// re-attaches). A tool no longer listed just goes; its pin stays.
     pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Answer {
         let policy = self.policy();
         let Some(server) = lock(&self.inner.state)
@@ -1076,12 +1076,12 @@ impl Engine {
             })
             .collect();
         let candidates: Vec<ToolPin> = listed.iter().map(|(_, pin)| pin.clone()).collect();
-        let pins = match lock(&self.inner.store).pin_first_seen(&candidates) {
-            Ok(pins) => pins,
+        let (pins, store_failed) = match lock(&self.inner.store).pin_first_seen(&candidates) {
+            Ok(pins) => (pins, false),
             Err(e) => {
                 // Deny by default: with no pin to compare with, no tool counts as unchanged.
                 tracing::error!(target: "desk", server = %server, error = %e, "could not read the pinned tool definitions: every tool is held back");
-                Vec::new()
+                (Vec::new(), true)
             }
         };
         let pinned: HashMap<&str, &ToolPin> = pins.iter().map(|p| (p.tool.as_str(), p)).collect();
@@ -1112,7 +1112,7 @@ impl Engine {
                 let pin = pinned.get(name.as_str());
                 let is_pinned = pin.is_some_and(|p| p.hash == candidate.hash);
                 if !is_pinned {
-                    tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool definition differs from its pin: calls held back until the person accepts it");
+                    tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool definition differs from its pin, or the tool is new to a server the desk knows: calls held back until the person accepts it");
                     held_back.push((pin.map(|p| p.definition.clone()), candidate.clone()));
                 }
                 conn.tools.insert(
@@ -1139,14 +1139,24 @@ impl Engine {
             }
         }
         for (before, pin) in held_back {
-            // With no pin at all (the store failed) there is nothing to accept against: the
-            // tool stays held back until the pins can be read.
-            let Some(before) = before else { continue };
+            // With the pins unreadable there is nothing to accept against: the tool stays held
+            // back until they can be read.
+            if store_failed {
+                continue;
+            }
+            // No pin: a tool new to a server the desk knows (a server's first listing pins all).
+            let summary = match &before {
+                Some(before) => change::tool_summary(&pin.tool, before, &pin.definition),
+                None => format!(
+                    "A new tool `{}`, not in the listing the desk pinned for this server",
+                    pin.tool
+                ),
+            };
             let change = Change {
                 kind: ChangeKind::Tool,
                 subject: format!("{server} :: {}", pin.tool),
-                summary: change::tool_summary(&pin.tool, &before, &pin.definition),
-                before: Some(before),
+                summary,
+                before,
                 after: Some(pin.definition.clone()),
                 origin: "the upstream's tool listing".to_owned(),
             };

@@ -91,9 +91,12 @@ fn read_pin(
 }
 
 impl Store {
-    /// The pin in force for each of `candidates` (same order), pinning those that have none yet
-    /// as given: first sight. An existing pin is never replaced here, so of two listings racing
-    /// to pin the same tool the first wins and the other is compared with it.
+    /// The pins in force for `candidates` (in their order), pinning those that have none yet as
+    /// given, at first sight of their server: a server that has pins already gets no new ones
+    /// here (a tool it adds later is a change the person accepts, pinned by [`Store::repin`]),
+    /// so the result may hold fewer pins than `candidates`. An existing pin is never replaced
+    /// here, so of two listings racing to pin the same tool the first wins and the other is
+    /// compared with it.
     pub fn pin_first_seen(&mut self, candidates: &[ToolPin]) -> Result<Vec<ToolPin>, StoreError> {
         let keys: Vec<(String, String)> = candidates
             .iter()
@@ -113,8 +116,24 @@ impl Store {
                 return Ok(found.into_iter().flatten().collect());
             }
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            // Whether each server was known before this listing: read once, before any insert.
+            let mut known = std::collections::HashMap::<&str, bool>::new();
+            for (server, _) in &keys {
+                if !known.contains_key(server.as_str()) {
+                    let seen: bool = tx
+                        .prepare_cached("SELECT EXISTS (SELECT 1 FROM tool_pin WHERE server = ?1)")?
+                        .query_row([server], |r| r.get(0))?;
+                    known.insert(server, seen);
+                }
+            }
             let mut pins = Vec::with_capacity(candidates.len());
             for ((candidate, (server, tool)), at) in candidates.iter().zip(&keys).zip(&times) {
+                if known[server.as_str()] {
+                    if let Some(pin) = read_pin(&tx, server, tool)? {
+                        pins.push(pin);
+                    }
+                    continue;
+                }
                 tx.prepare_cached(
                     "INSERT INTO tool_pin (server, tool, hash, definition, pinned_at_ms)
                      VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (server, tool) DO NOTHING",
@@ -191,11 +210,13 @@ mod tests {
             .pin_first_seen(&[pin("s", "a", 1, 10), pin("s", "b", 2, 10)])
             .unwrap();
         assert_eq!(first, vec![pin("s", "a", 1, 10), pin("s", "b", 2, 10)]);
-        // A changed definition does not replace the pin: the pin in force comes back.
+        // A changed definition does not replace the pin: the pin in force comes back. A tool new
+        // to a server the desk knows is not pinned on sight: the person accepts it first.
         let later = store
             .pin_first_seen(&[pin("s", "a", 9, 20), pin("s", "c", 3, 20)])
             .unwrap();
-        assert_eq!(later, vec![pin("s", "a", 1, 10), pin("s", "c", 3, 20)]);
+        assert_eq!(later, vec![pin("s", "a", 1, 10)]);
+        assert_eq!(store.tool_pin("s", "c").unwrap(), None);
         // Another server's tool of the same name is its own pin.
         let other = store.pin_first_seen(&[pin("t", "a", 5, 30)]).unwrap();
         assert_eq!(other, vec![pin("t", "a", 5, 30)]);
