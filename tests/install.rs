@@ -6,9 +6,10 @@
 //! tokens, and the process the agent starts does not hold them; uninstall restores the file byte
 //! for byte.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
+use countersign_tests::files::{assert_in_no_file, contains};
 use countersign_tests::window::{Desk, bin};
 use rmcp::model::*;
 use rmcp::transport::TokioChildProcess;
@@ -38,35 +39,6 @@ fn countersign(desk: &Desk, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            match entry.file_type() {
-                Ok(t) if t.is_dir() => stack.push(path),
-                Ok(t) if t.is_file() => files.push(path),
-                _ => {}
-            }
-        }
-    }
-    files
-}
-
-fn assert_in_no_file(dirs: &[&Path], secret: &str) {
-    for dir in dirs {
-        for file in files_under(dir) {
-            let bytes = std::fs::read(&file).unwrap_or_default();
-            assert!(
-                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
-                "{secret} is in {}",
-                file.display()
-            );
-        }
-    }
-}
-
 /// Starts a server the way the client would from its rewritten entry (`command` and `args`,
 /// and nothing of the old entry's environment), calls its `env` tool for `var`, and checks that
 /// the started process's environment does not hold `secret`. The value the upstream has.
@@ -94,9 +66,7 @@ async fn through_client_entry(
     .unwrap();
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     assert!(
-        !environ
-            .windows(secret.len())
-            .any(|w| w == secret.as_bytes()),
+        !contains(&environ, secret),
         "the agent-started gateway holds the secret in its environment"
     );
     let params = CallToolRequestParams::new("env")
@@ -139,13 +109,20 @@ async fn claude_desktop_install_moves_tokens_to_the_keychain_and_uninstall_resto
 
     let (code, out, err) = countersign(
         &desk,
-        &["install", "--client", "claude-desktop", "--config", &config_arg],
+        &[
+            "install",
+            "--client",
+            "claude-desktop",
+            "--config",
+            &config_arg,
+        ],
     );
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("notes") && out.contains("plain"), "{out}");
     assert!(!out.contains(token) && !err.contains(token));
 
-    let installed: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let installed: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
     assert_eq!(installed["globalShortcut"], json!("Ctrl+Space"));
     assert_eq!(installed["preferences"], json!({"theme": "dark"}));
     let servers = installed["mcpServers"].as_object().unwrap();
@@ -180,13 +157,25 @@ async fn claude_desktop_install_moves_tokens_to_the_keychain_and_uninstall_resto
     let before_again = std::fs::read(&config).unwrap();
     let (code, out, err) = countersign(
         &desk,
-        &["install", "--client", "claude-desktop", "--config", &config_arg],
+        &[
+            "install",
+            "--client",
+            "claude-desktop",
+            "--config",
+            &config_arg,
+        ],
     );
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(std::fs::read(&config).unwrap(), before_again);
     let (code, out, err) = countersign(
         &desk,
-        &["uninstall", "--client", "claude-desktop", "--config", &config_arg],
+        &[
+            "uninstall",
+            "--client",
+            "claude-desktop",
+            "--config",
+            &config_arg,
+        ],
     );
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(std::fs::read_to_string(&config).unwrap(), original);
@@ -218,8 +207,10 @@ model = "gpt-5-mini"
     );
     std::fs::write(&config, &original).unwrap();
     let config_arg = config.display().to_string();
-    let (code, out, err) =
-        countersign(&desk, &["install", "--client", "codex", "--config", &config_arg]);
+    let (code, out, err) = countersign(
+        &desk,
+        &["install", "--client", "codex", "--config", &config_arg],
+    );
     assert_eq!(code, 0, "{out}{err}");
     let installed = std::fs::read_to_string(&config).unwrap();
     for kept in [
@@ -247,8 +238,10 @@ model = "gpt-5-mini"
         through_client_entry(&desk, &command, &args, "NOTES_API_TOKEN", token).await,
         json!(token)
     );
-    let (code, out, err) =
-        countersign(&desk, &["uninstall", "--client", "codex", "--config", &config_arg]);
+    let (code, out, err) = countersign(
+        &desk,
+        &["uninstall", "--client", "codex", "--config", &config_arg],
+    );
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(std::fs::read_to_string(&config).unwrap(), original);
     desk.stop().await;

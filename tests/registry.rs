@@ -4,10 +4,11 @@
 //! or made to `servers.json` behind the desk's back, does nothing until the person clicks; the
 //! secret values reach the upstream and no file.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use countersign_tests::files::assert_in_no_file;
 use countersign_tests::window::{Desk, bin};
 use rmcp::model::*;
 use rmcp::service::RunningService;
@@ -80,34 +81,6 @@ async fn upstream_env(desk: &Desk, server: &str, var: &str) -> Value {
     let result = agent.peer().call_tool(params).await.unwrap();
     let _ = agent.cancel().await;
     result.structured_content.unwrap()["value"].clone()
-}
-
-/// Every file under `dir` (the desk's config, data, state and socket directory).
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            match entry.file_type() {
-                Ok(t) if t.is_dir() => stack.push(path),
-                Ok(t) if t.is_file() => files.push(path),
-                _ => {}
-            }
-        }
-    }
-    files
-}
-
-fn assert_in_no_file(dir: &Path, secret: &str) {
-    for file in files_under(dir) {
-        let bytes = std::fs::read(&file).unwrap_or_default();
-        assert!(
-            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
-            "{secret} is in {}",
-            file.display()
-        );
-    }
 }
 
 async fn listed(desk: &Desk) -> Value {
@@ -205,8 +178,8 @@ async fn a_change_from_the_command_line_does_nothing_until_the_person_clicks() {
     assert_eq!(upstream_env(&desk, "envy", "MODE").await, json!("two"));
 
     // The agent side never holds a value, and no file of the desk does either.
-    assert_in_no_file(desk.dir.path(), "tok-first-3f9a");
-    assert_in_no_file(desk.dir.path(), "tok-second-77c1");
+    assert_in_no_file(&[desk.dir.path()], "tok-first-3f9a");
+    assert_in_no_file(&[desk.dir.path()], "tok-second-77c1");
     desk.stop().await;
 }
 

@@ -37,6 +37,7 @@ use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 use countersign_core::token::{self, SigningKey};
 use countersign_secret::{HmacSecret, KeychainStore, SecretStore};
 use countersign_tests::desk_process;
+use countersign_tests::files::files_under;
 use countersign_tests::window::{Desk, OwnDisplay};
 use countersign_wire::{Frame, FrameError, Hello, PROTOCOL_VERSION, Reach, RefusedCode, Welcome};
 use rmcp::RoleClient;
@@ -311,25 +312,6 @@ impl Scan {
     fn read_in(&self, pass: &str, name: &str) -> bool {
         self.read.iter().any(|(p, n, _)| p == pass && n == name)
     }
-}
-
-/// Every entry under `dir` that is not a directory, sorted; symbolic links are not followed.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
-        if kind.is_dir() {
-            found.extend(files_under(&path));
-        } else {
-            found.push(path);
-        }
-    }
-    found
 }
 
 /// The child of `parent` whose command line names `arg` (the upstream the desk started, by its

@@ -14,11 +14,12 @@
 //! keeping its other keys, and leaves the token in no file; Restore brings the file back byte for
 //! byte.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use countersign_secret::{Items, KeychainItems};
+use countersign_tests::files;
 use countersign_tests::window::{Desk, bin};
 use fantoccini::Locator;
 use serde_json::{Value, json};
@@ -67,36 +68,13 @@ async fn listed(desk: &Desk) -> Value {
     serde_json::from_str(&out).unwrap()
 }
 
-/// Every file under `dir`.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            match entry.file_type() {
-                Ok(t) if t.is_dir() => stack.push(entry.path()),
-                Ok(t) if t.is_file() => files.push(entry.path()),
-                _ => {}
-            }
-        }
-    }
-    files
-}
-
+/// Fails when any file under `dir` holds `secret`; the scan must have read the registry's file.
 fn assert_in_no_file(dir: &Path, secret: &str) {
-    let files = files_under(dir);
+    let files = files::assert_in_no_file(&[dir], secret);
     assert!(
         files.iter().any(|f| f.ends_with("servers.json")),
         "the scan reads the registry's file: {files:?}"
     );
-    for file in files {
-        let bytes = std::fs::read(&file).unwrap_or_default();
-        assert!(
-            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
-            "the secret is in {}",
-            file.display()
-        );
-    }
 }
 
 /// Opens Settings → Servers.
@@ -438,16 +416,7 @@ async fn protect_in_settings_rewrites_a_claude_desktop_config_and_restore_brings
             .map(String::as_str),
         Some(token.as_str())
     );
-    for dir in [home.path(), desk.dir.path()] {
-        for file in files_under(dir) {
-            let bytes = std::fs::read(&file).unwrap_or_default();
-            assert!(
-                !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
-                "the token is in {}",
-                file.display()
-            );
-        }
-    }
+    files::assert_in_no_file(&[home.path(), desk.dir.path()], &token);
 
     desk.click(&format!("{row} .cl-restore")).await;
     desk.until("the restore's summary", |d| {

@@ -3,6 +3,7 @@
 import * as api from "./api.js";
 import * as clients from "./clients.js";
 import * as servers from "./servers.js";
+import { FLAG_LABELS, shownNode } from "./shown.js";
 
 const $ = (id) => document.getElementById(id);
 const LONG_TARGET = 160;
@@ -16,12 +17,6 @@ let timer = null;
 function text(id, value) {
   $(id).textContent = value;
 }
-
-const FLAG_LABELS = {
-  bidi: "contains direction-changing characters (shown escaped)",
-  invisible: "contains invisible characters (shown escaped)",
-  non_ascii: "contains non-ASCII characters that may look like others",
-};
 
 const SHORT_LABELS = { bidi: "direction-changing", invisible: "invisible", non_ascii: "non-ASCII" };
 
@@ -42,21 +37,6 @@ function flagChips(flags, long) {
 function shown(id, value, long = false) {
   text(id, value.text);
   $(id + "-flags").replaceChildren(...flagChips(value.flags, long));
-}
-
-/** A Shown as a table cell or list part: its text, and one small mark carrying its flags. */
-function shownNode(tag, value) {
-  const node = document.createElement(tag);
-  node.textContent = value ? value.text : "";
-  if (value && value.flags.length) {
-    const mark = document.createElement("span");
-    mark.className = "flag mark";
-    mark.dataset.flag = value.flags.join(" ");
-    mark.title = value.flags.map((f) => FLAG_LABELS[f] || f).join("; ");
-    mark.textContent = "⚠";
-    node.append(" ", mark);
-  }
-  return node;
 }
 
 /** The first `n` characters (code points, so an escape's surrogate pair is never split). */

@@ -9,6 +9,7 @@
 
 pub mod account;
 pub mod desk_process;
+pub mod files;
 pub mod keyring;
 pub mod measure;
 pub mod window;

@@ -37,6 +37,29 @@ pub fn is_deceptive(c: char) -> bool {
     )
 }
 
+/// A word as a POSIX shell needs it written: as it is when it is plain (ASCII letters, digits and
+/// `-_./:=@%+,`), else in single quotes. A command line built of these reads like the one a person
+/// would type, and arguments with spaces stay apart.
+pub fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// `argv` as a command line of [`shell_word`]s.
+pub fn command_line(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| shell_word(a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A string as shown: JSON-quoted and escaped, with deceptive characters as `\u{...}`. Injective:
 /// a literal backslash is itself escaped, so no two strings show alike.
 pub fn quoted(s: &str) -> String {

@@ -2,6 +2,7 @@
 //! uses, in the shape each client reads (Claude Desktop, Claude Code and Cursor read
 //! `{"mcpServers": {...}}`; VS Code reads `{"servers": {...}}` with `"type": "stdio"`).
 
+use countersign_core::render::shell_word;
 use serde_json::{Value, json};
 
 /// The agents `countersign config` knows.
@@ -51,19 +52,6 @@ pub fn snippet(client: Client, countersign: &str, name: &str, command: &[String]
             json!({ "servers": { name: { "type": "stdio", "command": countersign, "args": args } } })
         }
         _ => json!({ "mcpServers": { name: { "command": countersign, "args": args } } }),
-    }
-}
-
-/// Quotes a word for a POSIX shell when it needs it.
-fn shell_word(word: &str) -> String {
-    if !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:@=+,%".contains(c))
-    {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 

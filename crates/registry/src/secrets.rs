@@ -29,19 +29,6 @@ pub(crate) fn scope_of(store_path: &std::path::Path) -> String {
     format!("desk-{hex}")
 }
 
-/// A word as a shell would need it written.
-fn quoted(arg: &str) -> String {
-    let plain = !arg.is_empty()
-        && arg
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
-    if plain {
-        arg.to_owned()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
-    }
-}
-
 /// What the person is told about each secret of a proposed spec: a new value, a changed one, or
 /// the one kept.
 pub(crate) fn notes(
@@ -72,11 +59,7 @@ pub(crate) fn describe(spec: &ServerSpec, notes: &BTreeMap<String, &'static str>
         Upstream::Stdio { command, cwd, .. } => {
             lines.push(format!(
                 "command: {}",
-                command
-                    .iter()
-                    .map(|a| quoted(a))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                countersign_core::render::command_line(command)
             ));
             if let Some(cwd) = cwd {
                 lines.push(format!("working directory: {cwd}"));

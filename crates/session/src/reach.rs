@@ -49,23 +49,9 @@ fn unreached(code: RefusedCode, message: impl Into<String>) -> Unreached {
     }
 }
 
-/// An argument as a shell would need it written: the identity of a command reads like the
-/// command line a person would type, and arguments with spaces stay distinguishable.
-fn quoted(arg: &str) -> String {
-    let plain = !arg.is_empty()
-        && arg
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
-    if plain {
-        arg.to_owned()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
-    }
-}
-
 /// The identity of an ad-hoc command: its command line.
 pub fn command_identity(argv: &[String]) -> String {
-    argv.iter().map(|a| quoted(a)).collect::<Vec<_>>().join(" ")
+    countersign_core::render::command_line(argv)
 }
 
 /// The desk's name for what `reach` names, or why it cannot be reached at all. Checked before the
