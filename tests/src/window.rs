@@ -126,15 +126,22 @@ impl Desk {
         self.browser.find(Locator::Css(css)).await.is_ok()
     }
 
-    /// An element's text.
+    /// An element's text. An element the window replaced between finding it and reading it
+    /// (a view re-rendered on an update) is found again.
     pub async fn text(&self, css: &str) -> String {
-        self.browser
-            .find(Locator::Css(css))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        for _ in 0..20 {
+            let element = self.browser.find(Locator::Css(css)).await.unwrap();
+            match element.text().await {
+                Ok(text) => return text,
+                Err(fantoccini::error::CmdError::Standard(e))
+                    if e.error == fantoccini::error::ErrorStatus::StaleElementReference =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("reading the text of {css}: {e}"),
+            }
+        }
+        panic!("{css} was replaced on every read");
     }
 
     /// Whether a request is shown.

@@ -24,8 +24,12 @@ pub struct Servers {
 impl Servers {
     /// Parses and checks the file's text: every name, command, URL, key and value.
     pub fn parse(text: &str) -> Result<Servers, String> {
+        // Strict first: a name or key given twice would otherwise be read as its last spelling,
+        // and a change could hide behind the first.
+        let value = countersign_core::canonical::parse_strict(text)
+            .map_err(|e| format!("{FILE_NAME} is not valid: {e}"))?;
         let servers: Servers =
-            serde_json::from_str(text).map_err(|e| format!("{FILE_NAME} is not valid: {e}"))?;
+            serde_json::from_value(value).map_err(|e| format!("{FILE_NAME} is not valid: {e}"))?;
         for (name, spec) in &servers.servers {
             check_name(name).map_err(|e| format!("{FILE_NAME}: {e}"))?;
             spec.check()
@@ -62,5 +66,9 @@ mod tests {
         assert!(Servers::parse(r#"{"servers": {"a": {"command": []}}}"#).is_err());
         assert!(Servers::parse(r#"{"servers": {}, "extra": 1}"#).is_err());
         assert_eq!(Servers::parse("{}").unwrap(), Servers::default());
+        assert!(
+            Servers::parse(r#"{"servers": {"a": {"command": ["x"]}, "a": {"command": ["y"]}}}"#)
+                .is_err()
+        );
     }
 }

@@ -46,6 +46,14 @@ pub const POLICY: Guarded = Guarded {
     check: |text| Policy::from_toml(text).map(drop),
 };
 
+/// Whether `text` is shown to a person whole in a change (the window cuts what is longer): what
+/// is applied must be what they could read.
+pub(crate) fn showable(text: &str) -> bool {
+    text.chars()
+        .nth(countersign_engine::MAX_CHANGE_TEXT_CHARS)
+        .is_none()
+}
+
 /// The most bytes read of a guarded file (more is an edit that is refused as invalid).
 const MAX_FILE_BYTES: u64 = 1024 * 1024;
 
@@ -53,7 +61,20 @@ const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// that fails its check.
 pub(crate) fn read_file(path: &Path) -> std::io::Result<Option<String>> {
     use std::io::Read;
-    let file = match std::fs::File::open(path) {
+    // Only a regular file is read, and never through a link or a FIFO (which would block the
+    // check, and everything waiting on it): anything else reads as a text that fails its check,
+    // and the desk puts its own file back.
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => return Ok(Some("(not a regular file; not read)".to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -78,12 +99,16 @@ pub(crate) fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // A name nobody could have prepared, created new: a link planted at a predictable name
+    // would otherwise have this write through it.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let temp = dir.join(format!(".{name}.{}.{nanos:09}.tmp", std::process::id()));
     let result = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&temp)?;
         file.set_permissions(std::fs::Permissions::from_mode(0o600))?;

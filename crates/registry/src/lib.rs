@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use countersign_core::policy::Policy;
-use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine};
+use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine, MAX_CHANGE_TEXT_CHARS};
 use countersign_secret::Items;
 use countersign_store::{Store, StoreOptions};
 use countersign_wire::{
@@ -103,6 +103,10 @@ struct Inner {
     /// Held while the accepted record and its file are read or written together: a check of the
     /// file never sees the record updated and the file not yet.
     files: Mutex<()>,
+    /// Held from the check of what a change applies onto (the name still free, the state the
+    /// person saw) through its write: two changes never interleave, so none lands on a state it
+    /// was not checked against. Taken before `files`, never while waiting for a person.
+    changing: Mutex<()>,
     /// Edits of guarded files being shown to the person, by file name: the text proposed.
     proposed: Mutex<BTreeMap<&'static str, String>>,
 }
@@ -152,6 +156,7 @@ impl Registry {
                 items,
                 engine,
                 files: Mutex::new(()),
+                changing: Mutex::new(()),
                 proposed: Mutex::new(BTreeMap::new()),
             }),
         };
@@ -333,45 +338,21 @@ impl Registry {
         {
             return refused(RegistryCode::NoKeychain, e);
         }
-        let mut servers = self.servers();
-        let Some(current) = servers.remove(&name) else {
-            // New names apply without a click, so they are what a flood would be made of.
-            if servers.len() >= MAX_SERVERS {
-                return refused(
-                    RegistryCode::BadRequest,
-                    format!(
-                        "{MAX_SERVERS} servers are registered already, the most the desk keeps:                          remove ones no longer used first"
-                    ),
-                );
+        let current = {
+            let _changing = lock(&self.inner.changing);
+            let mut servers = self.servers();
+            match servers.remove(&name) {
+                Some(current) => current,
+                None => return self.add_new(&name, &spec, &secrets, servers.len(), origin),
             }
-            return match self.apply_put(&name, None, &spec, &secrets) {
-                Ok(()) => {
-                    let note = format!(
-                        "registered by {origin}; took effect at once (a new name reaches no \
-                         existing secret)"
-                    );
-                    self.inner
-                        .engine
-                        .record_change(ChangeKind::Server, &name, Some(note));
-                    RegistryAnswer::Done {
-                        message: format!(
-                            "registered the server {name}: `countersign mcp --server {name}` \
-                             reaches it"
-                        ),
-                    }
-                }
-                Err(answer) => answer,
-            };
         };
         let stored = match self.stored_secrets(&name, &current.upstream) {
             Ok(stored) => stored,
             Err(e) => return refused(RegistryCode::NoKeychain, e),
         };
-        let same_secrets = current.upstream.secret_keys() == spec.upstream.secret_keys()
-            && secrets.iter().all(|(k, v)| {
-                stored.get(k).and_then(Option::as_deref).map(String::as_str) == Some(v.expose())
-            });
-        if current == spec && same_secrets {
+        // Only a spec without secrets can be "the same" at once: answering so for given secret
+        // values would tell whoever asks whether they guessed the stored ones.
+        if current == spec && secrets.is_empty() {
             return RegistryAnswer::Done {
                 message: format!(
                     "the server {name} is registered as given already: nothing changed"
@@ -398,6 +379,7 @@ impl Registry {
         match self.inner.engine.propose(change).await {
             ChangeDecision::Approved => {
                 // Applied only onto what the person saw as "before".
+                let _changing = lock(&self.inner.changing);
                 let now = self.servers().remove(&name);
                 let now_stored = self.stored_secrets(&name, &current.upstream).ok();
                 if now.as_ref() != Some(&current) || now_stored.as_ref() != Some(&stored) {
@@ -416,6 +398,42 @@ impl Registry {
                 }
             }
             decision => denied(&name, decision),
+        }
+    }
+
+    /// Registers a name that is not registered (the caller holds `changing` and has checked):
+    /// at once, and recorded.
+    fn add_new(
+        &self,
+        name: &str,
+        spec: &ServerSpec,
+        secrets: &BTreeMap<String, SecretText>,
+        registered: usize,
+        origin: &str,
+    ) -> RegistryAnswer {
+        // New names apply without a click, so they are what a flood would be made of.
+        if registered >= MAX_SERVERS {
+            return refused(
+                RegistryCode::BadRequest,
+                format!(
+                    "{MAX_SERVERS} servers are registered already, the most the desk keeps: \
+                     remove ones no longer used first"
+                ),
+            );
+        }
+        if let Err(answer) = self.apply_put(name, None, spec, secrets) {
+            return answer;
+        }
+        let note = format!(
+            "registered by {origin}; took effect at once (a new name reaches no existing secret)"
+        );
+        self.inner
+            .engine
+            .record_change(ChangeKind::Server, name, Some(note));
+        RegistryAnswer::Done {
+            message: format!(
+                "registered the server {name}: `countersign mcp --server {name}` reaches it"
+            ),
         }
     }
 
@@ -447,6 +465,7 @@ impl Registry {
         });
         match self.inner.engine.propose(change).await {
             ChangeDecision::Approved => {
+                let _changing = lock(&self.inner.changing);
                 if self.servers().get(&name) != Some(&current) {
                     return RegistryAnswer::Denied {
                         message: format!(
@@ -477,6 +496,7 @@ impl Registry {
             .and_then(|()| spec.check())
             .and_then(|()| spec.check_secrets(secrets))
             .map_err(|e| EditError::new(RegistryCode::BadRequest, e.0))?;
+        let _changing = lock(&self.inner.changing);
         let current = self.servers().remove(name);
         self.apply_put(name, current.as_ref(), spec, secrets)
             .map_err(EditError::from_answer)?;
@@ -543,6 +563,7 @@ impl Registry {
 
     /// The person's own removal in the settings view.
     pub fn remove_directly(&self, name: &str) -> Result<(), EditError> {
+        let _changing = lock(&self.inner.changing);
         let current = self.servers().remove(name).ok_or_else(|| {
             EditError::new(
                 RegistryCode::NoSuchServer,
@@ -583,7 +604,18 @@ impl Registry {
         }
         let mut servers = self.servers();
         servers.insert(name.to_owned(), spec.clone());
-        self.write(SERVERS, &Servers { servers }.text())
+        let servers = Servers { servers };
+        if !guard::showable(&servers.text()) || !guard::showable(&secrets::describe_all(&servers)) {
+            return Err(refused(
+                RegistryCode::BadRequest,
+                format!(
+                    "with this server the registry would be larger than the desk shows a person \
+                     whole ({MAX_CHANGE_TEXT_CHARS} characters): make it smaller, or remove \
+                     servers no longer used"
+                ),
+            ));
+        }
+        self.write(SERVERS, &servers.text())
             .map_err(|e| refused(RegistryCode::Failed, e))?;
         if let Some(old) = old {
             self.forget_secrets(name, old, Some(spec));
@@ -715,6 +747,7 @@ impl Registry {
             }
             proposed.insert(guarded.name, found.clone());
         }
+        // Whether what the person would approve is shown whole is decided on what is shown.
         let why_not = (guarded.check)(&found).err();
         let registry = self.clone();
         tokio::spawn(async move {
@@ -731,6 +764,20 @@ impl Registry {
         found: String,
         why_not: Option<String>,
     ) {
+        // The registry is shown server by server, one fact a line, as a change from the command
+        // line is: the file's layout (padding, order, a key given twice) cannot hide a change.
+        let shown = |text: &str| match (guarded.kind, Servers::parse(text)) {
+            (ChangeKind::Server, Ok(servers)) => secrets::describe_all(&servers),
+            _ => text.to_owned(),
+        };
+        let (before, after) = (shown(&accepted), shown(&found));
+        // What the person approves must be what they can see whole; otherwise Approve only puts
+        // back what applies.
+        let why_not = why_not.or_else(|| {
+            (!guard::showable(&before) || !guard::showable(&after)).then(|| {
+                format!("it is larger than the desk shows a person whole ({MAX_CHANGE_TEXT_CHARS} characters)")
+            })
+        });
         let summary = match &why_not {
             None => format!("apply {} as edited outside the desk", guarded.name),
             Some(e) => format!(
@@ -743,8 +790,8 @@ impl Registry {
             kind: guarded.kind,
             subject: guarded.name.to_owned(),
             summary,
-            before: Some(accepted.clone()),
-            after: Some(found.clone()),
+            before: Some(before),
+            after: Some(after),
             origin: format!("{} edited outside the desk", guarded.name),
         };
         let decision = self.inner.engine.propose(change).await;
@@ -755,12 +802,28 @@ impl Registry {
             }
         }
         match decision {
-            ChangeDecision::Approved
-                if why_not.is_none() && self.accepted_text(guarded) == accepted =>
-            {
+            ChangeDecision::Approved if why_not.is_none() => {
+                let _changing = lock(&self.inner.changing);
+                if self.accepted_text(guarded) != accepted {
+                    tracing::warn!(target: "registry", file = guarded.name, "an approved edit was overtaken by another change: not applied");
+                    return;
+                }
                 if let Err(e) = self.write(guarded, &found) {
                     tracing::error!(target: "registry", file = guarded.name, "cannot accept it: {e}");
                     return;
+                }
+                if guarded.kind == ChangeKind::Server {
+                    // Secrets of servers the edit removed, or whose keys it changed, go: a later
+                    // edit naming them again must not reach the old values.
+                    let old = Servers::parse(&accepted)
+                        .map(|s| s.servers)
+                        .unwrap_or_default();
+                    let new = Servers::parse(&found)
+                        .map(|s| s.servers)
+                        .unwrap_or_default();
+                    for (name, spec) in &old {
+                        self.forget_secrets(name, spec, new.get(name));
+                    }
                 }
                 if guarded.kind == ChangeKind::Policy {
                     self.inner.engine.set_policy(self.policy());

@@ -73,7 +73,8 @@ pub(crate) fn describe(spec: &ServerSpec, notes: &BTreeMap<String, &'static str>
     };
     for (key, value) in spec.upstream.settings() {
         lines.push(match value {
-            Setting::Plain(v) => format!("{word} {key} = {v}"),
+            // Quoted and escaped: a value with a line break cannot forge a line of its own.
+            Setting::Plain(v) => format!("{word} {key} = {}", countersign_core::render::quoted(v)),
             Setting::Secret => format!(
                 "{word} {key} = ({})",
                 notes.get(key).copied().unwrap_or("secret, in the keychain")
@@ -81,4 +82,16 @@ pub(crate) fn describe(spec: &ServerSpec, notes: &BTreeMap<String, &'static str>
         });
     }
     lines.join("\n") + "\n"
+}
+
+/// Every server of `servers`, as [`describe`] puts each, under its name: how a change to the
+/// whole registry (an edit of its file) is shown.
+pub(crate) fn describe_all(servers: &crate::Servers) -> String {
+    let mut text = String::new();
+    for (name, spec) in &servers.servers {
+        text.push_str(&format!("[{name}]\n"));
+        text.push_str(&describe(spec, &BTreeMap::new()));
+        text.push('\n');
+    }
+    text
 }

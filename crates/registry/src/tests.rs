@@ -226,15 +226,41 @@ async fn an_approved_removal_forgets_the_secret() {
 }
 
 #[tokio::test]
-async fn the_same_spec_and_secrets_again_is_no_change() {
+async fn the_same_spec_again_is_no_change_but_secret_values_never_answer_whether_they_match() {
     let f = fixture();
-    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
-    let (answer, waited) = ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let plain = spec(json!({"command": ["x"], "env": {"LOG": "info"}}));
+    ask(&f, put("plain", plain.clone(), secrets(&[]))).await;
+    let (answer, waited) = ask(&f, put("plain", plain, secrets(&[]))).await;
     assert!(
         matches!(answer, RegistryAnswer::Done { .. }) && !waited,
         "{answer:?}"
     );
     assert!(f.engine.pending().is_empty());
+    // With a secret value, right or wrong, the answer is the same: the person decides. An
+    // instant "nothing changed" for the right one would be an oracle for guessing it.
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    for guess in ["t", "wrong"] {
+        let registry = f.registry.clone();
+        let guess = guess.to_owned();
+        let proposal = tokio::spawn(async move {
+            let mut waited = false;
+            let answer = registry
+                .handle(
+                    put("gh", gh(), secrets(&[("GITHUB_TOKEN", &guess)])),
+                    "a test",
+                    |_| waited = true,
+                )
+                .await;
+            (answer, waited)
+        });
+        let id = pending_id(&f.engine).await;
+        f.engine.deny(id, None).unwrap();
+        let (answer, waited) = proposal.await.unwrap();
+        assert!(
+            waited && matches!(answer, RegistryAnswer::Denied { .. }),
+            "{answer:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -539,4 +565,140 @@ async fn new_names_stop_at_the_most_the_registry_keeps() {
     );
     // A registered name can still be changed (it asks the person).
     assert!(f.registry.servers().len() == MAX_SERVERS);
+}
+
+#[tokio::test]
+async fn a_file_edit_is_shown_server_by_server_so_padding_cannot_hide_it() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let path = f.dir.path().join("config/servers.json");
+    // The changed command pushed far past what a window shows, behind spaces.
+    let padding = " ".repeat(countersign_engine::MAX_CHANGE_TEXT_CHARS + 10);
+    let edited = std::fs::read_to_string(&path).unwrap().replace(
+        "\"gh-server\",",
+        &format!("\"gh-server\",{padding}\"--evil\","),
+    );
+    std::fs::write(&path, &edited).unwrap();
+    f.registry.check_files();
+    pending_id(&f.engine).await;
+    let request = &f.engine.pending()[0];
+    let change = request.change.as_ref().unwrap();
+    let after = change.after.as_deref().unwrap();
+    assert!(after.contains("command: gh-server --evil stdio"), "{after}");
+    assert!(after.len() < 1000, "the padding is not shown");
+    assert!(!change.summary.contains("not valid"), "{}", change.summary);
+}
+
+#[tokio::test]
+async fn a_file_edit_too_large_to_show_whole_can_only_be_put_back() {
+    let f = fixture();
+    let path = f.dir.path().join("config/servers.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut servers = Servers::default();
+    let big = "x".repeat(countersign_engine::MAX_CHANGE_TEXT_CHARS);
+    servers.servers.insert(
+        "big".into(),
+        spec(json!({"command": ["x"], "env": {"PAD": big}})),
+    );
+    std::fs::write(&path, servers.text()).unwrap();
+    f.registry.check_files();
+    let id = pending_id(&f.engine).await;
+    let summary = f.engine.pending()[0]
+        .change
+        .as_ref()
+        .unwrap()
+        .summary
+        .clone();
+    assert!(summary.contains("larger than the desk shows"), "{summary}");
+    f.engine.approve(id, None).unwrap();
+    for _ in 0..100 {
+        if std::fs::read_to_string(&path).unwrap() == Servers::default().text() {
+            assert!(f.registry.servers().is_empty());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the file was not put back");
+}
+
+#[tokio::test]
+async fn a_registry_too_large_to_show_whole_is_refused() {
+    let f = fixture();
+    let big = "x".repeat(countersign_engine::MAX_CHANGE_TEXT_CHARS);
+    let (answer, _) = ask(
+        &f,
+        put(
+            "big",
+            spec(json!({"command": ["x"], "env": {"PAD": big}})),
+            secrets(&[]),
+        ),
+    )
+    .await;
+    assert!(
+        matches!(answer, RegistryAnswer::Refused { .. }),
+        "{answer:?}"
+    );
+    assert!(f.registry.servers().is_empty());
+}
+
+#[tokio::test]
+async fn a_fifo_in_place_of_the_file_never_blocks_the_desk_and_is_replaced() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let path = f.dir.path().join("config/servers.json");
+    let accepted = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let registry = f.registry.clone();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::task::spawn_blocking(move || registry.check_files()),
+    )
+    .await
+    .expect("the check does not block on a FIFO")
+    .unwrap();
+    let id = pending_id(&f.engine).await;
+    f.engine.deny(id, None).unwrap();
+    for _ in 0..100 {
+        // Read only once it is a file again: reading the FIFO would block the test.
+        let is_file = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        if is_file && std::fs::read_to_string(&path).unwrap() == accepted {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the file was not put back");
+}
+
+#[tokio::test]
+async fn a_server_removed_by_an_approved_file_edit_takes_its_secrets_along() {
+    let f = fixture();
+    ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
+    let path = f.dir.path().join("config/servers.json");
+    std::fs::write(&path, Servers::default().text()).unwrap();
+    f.registry.check_files();
+    let id = pending_id(&f.engine).await;
+    f.engine.approve(id, None).unwrap();
+    let account = format!(
+        "{}/server/gh/env/GITHUB_TOKEN",
+        secrets::scope_of(&f.dir.path().join("data/desk.sqlite"))
+    );
+    for _ in 0..100 {
+        if f.items.get(&account).unwrap().is_none() {
+            // Named again by a later edit, it reaches no old value.
+            assert!(f.registry.servers().is_empty());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the secret of the removed server stayed in the keychain");
+}
+
+#[test]
+fn a_value_with_a_line_break_cannot_forge_a_line_of_the_description() {
+    let spec = spec(json!({"command": ["x"], "env": {"A": "1\nenv TOKEN = (secret, kept)"}}));
+    let text = secrets::describe(&spec, &BTreeMap::new());
+    assert_eq!(text.lines().count(), 2, "{text}");
 }
