@@ -38,7 +38,7 @@ pub use approval::Approval;
 pub use connection::StoreOptions;
 pub use error::StoreError;
 pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
-pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, ToolPin};
+pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.
@@ -127,9 +127,14 @@ impl Store {
                      (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET ?1)",
                 [MAX_HISTORY_ROWS],
             )?;
+            // Pins of registered servers (`server:NAME`) are never pruned: a pruned server's next
+            // listing would be pinned as it is, unasked, and an agent can list tools under
+            // identities of its own choosing to push them out. An identity an agent chose it can
+            // make fresh anyway, so losing its pins gives nothing away.
             let pins = tx.execute(
                 "DELETE FROM tool_pin WHERE rowid IN
-                     (SELECT rowid FROM tool_pin ORDER BY pinned_at_ms DESC, rowid DESC
+                     (SELECT rowid FROM tool_pin WHERE server NOT LIKE 'server:%'
+                      ORDER BY pinned_at_ms DESC, rowid DESC
                       LIMIT -1 OFFSET ?1)",
                 [MAX_PINS],
             )?;

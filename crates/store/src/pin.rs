@@ -26,8 +26,13 @@ const TABLE: &str = "tool_pin";
 /// shown as "before"; the hash is what is compared).
 pub const MAX_DEFINITION_CHARS: usize = 64 * 1024;
 
-/// How many pins [`Store::prune`] keeps: the most recently pinned.
+/// How many pins [`Store::prune`] keeps: the most recently pinned (and every pin of a
+/// registered server).
 pub const MAX_PINS: i64 = 100_000;
+
+/// The most tools of one server pinned at first sight; a listing with more has the rest held
+/// back as new tools (a server with that many is a flood, not a toolbox).
+pub const MAX_PINS_PER_SERVER: usize = 1024;
 
 /// One tool's definition as the desk pinned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,8 +132,10 @@ impl Store {
                 }
             }
             let mut pins = Vec::with_capacity(candidates.len());
+            let mut pinned_now = std::collections::HashMap::<&str, usize>::new();
             for ((candidate, (server, tool)), at) in candidates.iter().zip(&keys).zip(&times) {
-                if known[server.as_str()] {
+                let count = pinned_now.entry(server.as_str()).or_default();
+                if known[server.as_str()] || *count >= MAX_PINS_PER_SERVER {
                     if let Some(pin) = read_pin(&tx, server, tool)? {
                         pins.push(pin);
                     }
@@ -150,6 +157,7 @@ impl Store {
                     reason: "a pin just written is not there".into(),
                 })?;
                 pins.push(pin);
+                *count += 1;
             }
             tx.commit()?;
             Ok(pins)
@@ -253,5 +261,61 @@ mod tests {
         store.pin_first_seen(&[pin("s", "a", 1, 10)]).unwrap();
         assert_eq!(store.prune(u64::MAX).unwrap().pins, 0);
         assert!(store.tool_pin("s", "a").unwrap().is_some());
+    }
+}
+
+#[cfg(test)]
+mod limits {
+    use super::*;
+    use crate::test_support::temp_store;
+
+    fn pin(server: &str, tool: String) -> ToolPin {
+        ToolPin {
+            server: server.into(),
+            tool,
+            hash: PlanHash::from_bytes([1; 32]),
+            definition: "{}".into(),
+            pinned_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn a_first_listing_pins_at_most_its_share_and_the_rest_waits_as_new() {
+        let (_dir, mut store) = temp_store();
+        let listing: Vec<ToolPin> = (0..MAX_PINS_PER_SERVER + 5)
+            .map(|i| pin("flood", format!("t{i}")))
+            .collect();
+        let pins = store.pin_first_seen(&listing).unwrap();
+        assert_eq!(pins.len(), MAX_PINS_PER_SERVER);
+        let last = format!("t{}", MAX_PINS_PER_SERVER + 4);
+        assert_eq!(store.tool_pin("flood", &last).unwrap(), None);
+    }
+
+    #[test]
+    fn pruning_never_drops_a_registered_servers_pins() {
+        let (_dir, mut store) = temp_store();
+        store
+            .pin_first_seen(&[pin("server:github", "create_issue".into())])
+            .unwrap();
+        // Newer pins of identities an agent chose, past what pruning keeps.
+        let many: Vec<ToolPin> = (0..MAX_PINS as usize / MAX_PINS_PER_SERVER + 1)
+            .flat_map(|s| {
+                (0..MAX_PINS_PER_SERVER).map(move |t| ToolPin {
+                    pinned_at_ms: 2,
+                    ..pin(&format!("https://e.example/{s}"), format!("t{t}"))
+                })
+            })
+            .collect();
+        for chunk in many.chunks(MAX_PINS_PER_SERVER) {
+            store.pin_first_seen(chunk).unwrap();
+        }
+        let pruned = store.prune(0).unwrap();
+        assert!(pruned.pins > 0);
+        assert!(
+            store
+                .tool_pin("server:github", "create_issue")
+                .unwrap()
+                .is_some()
+        );
     }
 }
