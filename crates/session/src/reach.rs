@@ -49,9 +49,18 @@ fn unreached(code: RefusedCode, message: impl Into<String>) -> Unreached {
     }
 }
 
-/// The identity of an ad-hoc command: its command line.
+/// The identity of an ad-hoc command: its command line. A first word holding `:` is always
+/// quoted, so that no command line reads as an identity of another kind (`server:NAME`,
+/// `builtin:PATH`, a URL) and takes over its policy and pinned tools.
 pub fn command_identity(argv: &[String]) -> String {
-    countersign_core::render::command_line(argv)
+    let line = countersign_core::render::command_line(argv);
+    match argv.first() {
+        Some(first) if first.contains(':') && !line.starts_with('\'') => {
+            let rest = &line[countersign_core::render::shell_word(first).len()..];
+            format!("'{}'{rest}", first.replace('\'', r"'\''"))
+        }
+        _ => line,
+    }
 }
 
 /// The desk's name for what `reach` names, or why it cannot be reached at all. Checked before the
@@ -83,16 +92,51 @@ pub fn identity(reach: &Reach) -> Result<String, Unreached> {
     }
 }
 
-/// Headers sent with every request to an upstream reached by URL (a registered server's, whose
-/// values may be secret: never printed).
+/// A registered server's credentials as a start of its upstream uses them: the headers sent
+/// with every request to a URL, and every secret value (environment or header), which is
+/// replaced in what the upstream writes to its stderr before that reaches the gateway: a
+/// server that prints its token must not hand it to the agent. Never printed.
 #[derive(Clone, Default)]
-pub struct Headers(Vec<(String, zeroize::Zeroizing<String>)>);
+pub struct Headers {
+    headers: Vec<(String, zeroize::Zeroizing<String>)>,
+    secrets: Arc<Vec<zeroize::Zeroizing<String>>>,
+}
 
 impl std::fmt::Debug for Headers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.0.iter().map(|(k, _)| k))
+            .entries(self.headers.iter().map(|(k, _)| k))
             .finish()
+    }
+}
+
+/// What replaces a secret value in an upstream's stderr.
+const REDACTED: &[u8] = b"[secret withheld by Countersign]";
+
+impl Headers {
+    /// `chunk` with every secret value replaced. A value split across two chunks is not caught
+    /// (the two halves go out): stderr is read in large chunks, so that is rare.
+    fn redact(&self, chunk: Vec<u8>) -> Vec<u8> {
+        let mut chunk = chunk;
+        for secret in self.secrets.iter().filter(|s| !s.is_empty()) {
+            let needle = secret.as_bytes();
+            if !chunk.windows(needle.len()).any(|w| w == needle) {
+                continue;
+            }
+            let mut out = Vec::with_capacity(chunk.len());
+            let mut i = 0;
+            while i < chunk.len() {
+                if chunk[i..].starts_with(needle) {
+                    out.extend_from_slice(REDACTED);
+                    i += needle.len();
+                } else {
+                    out.push(chunk[i]);
+                    i += 1;
+                }
+            }
+            chunk = out;
+        }
+        chunk
     }
 }
 
@@ -120,6 +164,15 @@ pub fn resolve(
         other => unreached(RefusedCode::UpstreamFailed, other.to_string()),
     })?;
     let identity = format!("server:{name}");
+    let secret_keys = resolved.spec.upstream.secret_keys();
+    let secrets: Arc<Vec<_>> = Arc::new(
+        resolved
+            .values
+            .iter()
+            .filter(|(k, _)| secret_keys.contains(k.as_str()))
+            .map(|(_, v)| v.clone())
+            .collect(),
+    );
     let values = resolved.values;
     Ok(match resolved.spec.upstream {
         countersign_wire::Upstream::Stdio { command, cwd, .. } => (
@@ -131,12 +184,20 @@ pub fn resolve(
                     .map(|(k, v)| (k, v.as_str().to_owned()))
                     .collect(),
             },
-            Headers::default(),
+            Headers {
+                headers: Vec::new(),
+                secrets,
+            },
             identity,
         ),
-        countersign_wire::Upstream::Http { url, .. } => {
-            (Reach::Url { url }, Headers(values), identity)
-        }
+        countersign_wire::Upstream::Http { url, .. } => (
+            Reach::Url { url },
+            Headers {
+                headers: values,
+                secrets,
+            },
+            identity,
+        ),
     })
 }
 
@@ -475,7 +536,7 @@ async fn open(
         }
         Reach::Url { url } => {
             let mut custom = std::collections::HashMap::new();
-            for (name, value) in &headers.0 {
+            for (name, value) in &headers.headers {
                 let bad = |what: &str| {
                     unreached(
                         RefusedCode::UpstreamFailed,
@@ -506,8 +567,9 @@ async fn open(
                 cmd.current_dir(cwd);
             }
             let sink = out.clone();
+            let credentials = headers.clone();
             let stderr = move |chunk: Vec<u8>| {
-                let _ = sink.try_send(Frame::Stderr(chunk));
+                let _ = sink.try_send(Frame::Stderr(credentials.redact(chunk)));
             };
             let (transport, stderr_done) =
                 RawPassthroughTransport::spawn(cmd, stderr, children.clone()).map_err(|e| {
@@ -557,5 +619,33 @@ mod tests {
             command_identity(&argv),
             r"npx -y @scope/server '/home/a b' 'it'\''s'"
         );
+    }
+
+    #[test]
+    fn secret_values_in_an_upstreams_stderr_are_withheld() {
+        let credentials = Headers {
+            headers: Vec::new(),
+            secrets: Arc::new(vec![zeroize::Zeroizing::new("tok-123".to_owned())]),
+        };
+        let out = credentials.redact(b"auth with tok-123 failed; tok-123!".to_vec());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "auth with [secret withheld by Countersign] failed; [secret withheld by Countersign]!"
+        );
+        assert_eq!(credentials.redact(b"nothing".to_vec()), b"nothing");
+    }
+
+    #[test]
+    fn no_command_line_reads_as_a_registered_server_a_builtin_or_a_url() {
+        for first in [
+            "server:github",
+            "builtin:/tmp/a.db",
+            "https://example.com/mcp",
+        ] {
+            let argv = [first.to_owned(), "x:y".to_owned()];
+            let identity = command_identity(&argv);
+            assert_eq!(identity, format!("'{first}' x:y"));
+            assert!(!identity.starts_with(first));
+        }
     }
 }
