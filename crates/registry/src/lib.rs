@@ -285,8 +285,17 @@ impl Registry {
             &str,
         ) -> Result<Option<SecretText>, countersign_secret::SecretError>,
     ) -> RegistryAnswer {
-        if key.is_empty() || key.len() > 4096 || key.contains('\0') {
-            return refused(RegistryCode::BadRequest, "a backup key is 1 to 4096 bytes");
+        // Names like `install/<client>/<hex>`: short and plain, so backups stay few and findable.
+        let plain = !key.is_empty()
+            && key.len() <= 128
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b));
+        if !plain {
+            return refused(
+                RegistryCode::BadRequest,
+                "a backup key is 1 to 128 ASCII letters, digits, '/', '-', '_' or '.'",
+            );
         }
         let items = match self.keychain() {
             Ok(items) => items,

@@ -377,7 +377,7 @@ async fn the_first_start_adopts_the_files_as_found() {
 #[tokio::test]
 async fn backups_live_in_the_keychain() {
     let f = fixture();
-    let key = "claude-desktop:/home/alice/config.json".to_string();
+    let key = "install/claude-desktop/0123abcd".to_string();
     let (answer, _) = ask(
         &f,
         RegistryRequest::KeepBackup {
@@ -701,4 +701,30 @@ fn a_value_with_a_line_break_cannot_forge_a_line_of_the_description() {
     let spec = spec(json!({"command": ["x"], "env": {"A": "1\nenv TOKEN = (secret, kept)"}}));
     let text = secrets::describe(&spec, &BTreeMap::new());
     assert_eq!(text.lines().count(), 2, "{text}");
+}
+
+#[tokio::test]
+async fn a_backup_key_that_is_not_plain_is_refused() {
+    let f = fixture();
+    for key in ["", "a b", "../x", &"k".repeat(129)] {
+        let (answer, _) = ask(
+            &f,
+            RegistryRequest::TakeBackup {
+                key: key.to_owned(),
+            },
+        )
+        .await;
+        if key == "../x" {
+            // Dots and slashes are plain; the key names a keychain item, never a path.
+            assert!(
+                matches!(answer, RegistryAnswer::Backup { .. }),
+                "{answer:?}"
+            );
+        } else {
+            assert!(
+                matches!(answer, RegistryAnswer::Refused { .. }),
+                "{key:?}: {answer:?}"
+            );
+        }
+    }
 }
