@@ -753,13 +753,11 @@ async fn a_changed_tool_is_refused_until_the_person_accepts_the_difference_in_th
     assert_ne!(shifted.is_error, Some(true), "{shifted:?}");
     let relisted = agent.list_all_tools().await.unwrap();
     let lookup = relisted.iter().find(|t| t.name == "lookup").unwrap();
-    assert!(
-        lookup
-            .description
-            .as_deref()
-            .unwrap_or("")
-            .contains("id_ed25519"),
-        "the changed tool is still listed, as the upstream lists it: {lookup:?}"
+    // Still listed, but as the person accepted it: the injected text waits in the desk.
+    assert_eq!(
+        lookup.description.as_deref(),
+        Some("Looks up a word in the glossary."),
+        "the agent was shown a definition the person has not accepted: {lookup:?}"
     );
     let held = call(&agent, "lookup", word.clone()).await.unwrap();
     assert_eq!(refusal(&held).as_deref(), Some("tool_changed"), "{held:?}");
@@ -810,6 +808,17 @@ async fn a_changed_tool_is_refused_until_the_person_accepts_the_difference_in_th
     let passed = call(&agent, "lookup", word.clone()).await.unwrap();
     assert_ne!(passed.is_error, Some(true), "{passed:?}");
     assert_eq!(passed.structured_content, Some(word));
+    // Accepted: now the agent is shown the new definition.
+    let relisted = agent.list_all_tools().await.unwrap();
+    let lookup = relisted.iter().find(|t| t.name == "lookup").unwrap();
+    assert!(
+        lookup
+            .description
+            .as_deref()
+            .unwrap_or("")
+            .contains("id_ed25519"),
+        "{lookup:?}"
+    );
 
     desk.click("#tab-history").await;
     desk.until("the change and the refusals in history", |d| {

@@ -514,15 +514,15 @@ async fn a_tool_relisted_as_reusable_after_the_click_still_runs_once() {
     // The upstream re-lists `write` as idempotent; the desk learns it on the next call.
     let r = call(&agent, "read", json!({"path": "relist"})).await;
     assert_ne!(r.is_error, Some(true), "{r:?}");
+    // A changed definition is held back until the person accepts it: the agent is shown the
+    // pinned one meanwhile, and calls are refused.
     let relisted = agent.list_all_tools().await.unwrap();
     let write = relisted.iter().find(|t| t.name == "write").unwrap();
     assert_eq!(
         write.annotations.as_ref().unwrap().idempotent_hint,
-        Some(true),
-        "the upstream did not re-list: {write:?}"
+        Some(false),
+        "the agent was shown a definition the person has not accepted: {write:?}"
     );
-    // A changed definition is held back until the person accepts it, then the approval made
-    // before still counts under the stricter class.
     let held = call(&agent, "write", confirm.clone()).await;
     assert_eq!(refusal(&held).as_deref(), Some("tool_changed"), "{held:?}");
     let change = desk
@@ -531,6 +531,14 @@ async fn a_tool_relisted_as_reusable_after_the_click_still_runs_once() {
         .into_iter()
         .find(|r| r.change.is_some());
     desk.engine.approve(change.unwrap().id, None).unwrap();
+    let relisted = agent.list_all_tools().await.unwrap();
+    let write = relisted.iter().find(|t| t.name == "write").unwrap();
+    assert_eq!(
+        write.annotations.as_ref().unwrap().idempotent_hint,
+        Some(true),
+        "the upstream did not re-list: {write:?}"
+    );
+    // The approval made before the change still counts under the stricter class.
 
     let first = call(&agent, "write", confirm.clone()).await;
     assert_ne!(first.is_error, Some(true), "{first:?}");

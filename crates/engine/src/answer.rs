@@ -20,6 +20,11 @@ pub struct ToolDecision {
     /// Why it is not offered to the agent, if it is not (e.g. it already has an argument named
     /// `confirmToken`).
     pub withheld: Option<String>,
+    /// What the agent is shown in place of the upstream's listing of it while its definition
+    /// waits for the person (changed or new, see [`crate::Engine::register_tools`]): the pinned
+    /// definition, or for a new tool its name and a sentence saying it is held back. What the
+    /// person has not accepted never reaches the agent: a description can carry an injection.
+    pub listed_as: Option<Value>,
 }
 
 /// The engine's answer to one request of a session.

@@ -166,6 +166,40 @@ pub(crate) fn definition_text(definition: &Value) -> String {
     serde_json::to_string_pretty(&sorted(definition)).unwrap_or_default()
 }
 
+/// What the agent is shown of a tool held back (see `ToolDecision::listed_as`): the listing
+/// with every pinned field as the pin has it (a field the pin lacks is left out), or, with no
+/// pin to show (a new tool, or a pin cut too short to read back), the name with a description
+/// saying it waits for the person and an input schema that says nothing.
+pub(crate) fn held_listing(tool: &Value, pinned: Option<&str>) -> Value {
+    let mut listing = tool.as_object().cloned().unwrap_or_default();
+    for field in PINNED_FIELDS {
+        listing.remove(field);
+    }
+    let name = tool.get("name").cloned().unwrap_or(Value::Null);
+    listing.insert("name".into(), name);
+    match pinned.and_then(|p| serde_json::from_str::<Map<String, Value>>(p).ok()) {
+        Some(pin) => {
+            for field in PINNED_FIELDS.into_iter().filter(|f| *f != "name") {
+                if let Some(value) = pin.get(field) {
+                    listing.insert(field.into(), value.clone());
+                }
+            }
+        }
+        None => {
+            listing.insert(
+                "description".into(),
+                Value::String(
+                    "Held back by Countersign: the person has not yet accepted this tool's \
+                     definition in the Countersign desk. Calls are refused until they do."
+                        .into(),
+                ),
+            );
+            listing.insert("inputSchema".into(), serde_json::json!({"type": "object"}));
+        }
+    }
+    Value::Object(listing)
+}
+
 /// One line saying which fields of a tool's definition differ between `before` and `after`
 /// (both JSON texts as [`definition_text`] writes them).
 pub(crate) fn tool_summary(tool: &str, before: &str, after: &str) -> String {

@@ -1105,6 +1105,7 @@ impl Engine {
             } else {
                 None
             };
+            let mut listed_as = None;
             if let Some(reason) = &withheld {
                 tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool withheld: {reason}");
             } else if let Some((_, candidate)) = listed.iter().find(|(t, _)| std::ptr::eq(*t, tool))
@@ -1112,6 +1113,10 @@ impl Engine {
                 let pin = pinned.get(name.as_str());
                 let is_pinned = pin.is_some_and(|p| p.hash == candidate.hash);
                 if !is_pinned {
+                    listed_as = Some(change::held_listing(
+                        tool,
+                        pin.map(|p| p.definition.as_str()),
+                    ));
                     tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool definition differs from its pin, or the tool is new to a server the desk knows: calls held back until the person accepts it");
                     held_back.push((pin.map(|p| p.definition.clone()), candidate.clone()));
                 }
@@ -1128,6 +1133,7 @@ impl Engine {
                 name,
                 class: rule.class,
                 withheld,
+                listed_as,
             });
         }
         let stale = Self::stale_tool_changes(&state, &server);

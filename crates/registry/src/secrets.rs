@@ -73,8 +73,12 @@ pub(crate) fn describe(spec: &ServerSpec, notes: &BTreeMap<String, &'static str>
     };
     for (key, value) in spec.upstream.settings() {
         lines.push(match value {
-            // Quoted and escaped: a value with a line break cannot forge a line of its own.
-            Setting::Plain(v) => format!("{word} {key} = {}", countersign_core::render::quoted(v)),
+            // A value with a control character (a line break could forge a line of its own) is
+            // shown quoted and escaped; any other as it is (the window escapes what it shows).
+            Setting::Plain(v) if v.chars().any(char::is_control) => {
+                format!("{word} {key} = {}", countersign_core::render::quoted(v))
+            }
+            Setting::Plain(v) => format!("{word} {key} = {v}"),
             Setting::Secret => format!(
                 "{word} {key} = ({})",
                 notes.get(key).copied().unwrap_or("secret, in the keychain")

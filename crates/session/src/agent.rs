@@ -196,11 +196,15 @@ impl Session {
     ) -> Result<Vec<Value>, ErrorData> {
         self.shared.tools_stale.store(false, Ordering::Release);
         let tools = self.upstream_tools(context).await?;
+        let mut held = HashMap::<String, Value>::new();
         let decided: HashMap<String, Gate> =
             match self.engine.register_tools(&self.tenant, tools.clone()) {
                 Answer::Classes { tools: decisions } => decisions
                     .into_iter()
                     .map(|d| {
+                        if let Some(shown) = d.listed_as {
+                            held.insert(d.name.clone(), shown);
+                        }
                         (
                             d.name,
                             d.withheld.map_or(Gate::Class(d.class), Gate::Withheld),
@@ -216,9 +220,12 @@ impl Session {
             };
         let mut listed = Vec::with_capacity(tools.len());
         for tool in tools {
-            let Some(name) = tool.get("name").and_then(Value::as_str) else {
+            let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
                 continue;
             };
+            let name = name.as_str();
+            // Held back: the agent sees what the person accepted, never the new text.
+            let tool = held.remove(name).unwrap_or(tool);
             // Decided by the engine for every named tool; a name it did not decide is not offered.
             match decided.get(name) {
                 Some(Gate::Class(GateClass::Open)) => listed.push(tool),
