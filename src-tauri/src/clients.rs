@@ -294,24 +294,10 @@ pub async fn restore_client(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
-
-    fn keys(v: &Value) -> Vec<String> {
-        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
-        k.sort();
-        k
-    }
+    use crate::view::contract::{expected, keys};
 
     #[test]
     fn the_window_receives_exactly_the_fields_of_its_contract() {
-        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
-            .expect("contract.json parses");
-        let expected = |name: &str| -> Vec<String> {
-            let mut k: Vec<String> = serde_json::from_value(contract[name].clone())
-                .unwrap_or_else(|_| panic!("{name} is in contract.json"));
-            k.sort();
-            k
-        };
         let view = ClientView {
             id: "claude-desktop",
             title: "Claude Desktop",

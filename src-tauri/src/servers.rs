@@ -312,6 +312,7 @@ pub async fn remove_server(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::view::contract::{expected, keys};
     use serde_json::{Value, json};
 
     fn spec(v: Value) -> ServerSpec {
@@ -330,22 +331,8 @@ mod tests {
         }))
     }
 
-    fn keys(v: &Value) -> Vec<String> {
-        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
-        k.sort();
-        k
-    }
-
     #[test]
     fn the_window_receives_exactly_the_fields_of_its_contract() {
-        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
-            .expect("contract.json parses");
-        let expected = |name: &str| -> Vec<String> {
-            let mut k: Vec<String> = serde_json::from_value(contract[name].clone())
-                .unwrap_or_else(|_| panic!("{name} is in contract.json"));
-            k.sort();
-            k
-        };
         let view = serde_json::to_value(ServerView::new("gh", &gh())).unwrap();
         assert_eq!(keys(&view), expected("ServerView"));
         assert_eq!(keys(&view["name_shown"]), expected("Shown"));

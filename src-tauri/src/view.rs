@@ -374,6 +374,30 @@ impl From<countersign_engine::ApproveError> for UiError {
     }
 }
 
+/// What the window's contract (`ui/contract.json`) says each view carries, for the tests that
+/// check the views against it.
+#[cfg(test)]
+pub(crate) mod contract {
+    use serde_json::Value;
+
+    /// The keys of the object `v`, sorted.
+    pub(crate) fn keys(v: &Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    /// The fields the contract lists under `name`, sorted.
+    pub(crate) fn expected(name: &str) -> Vec<String> {
+        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
+            .expect("contract.json parses");
+        let mut k: Vec<String> = serde_json::from_value(contract[name].clone())
+            .unwrap_or_else(|_| panic!("{name} is in contract.json"));
+        k.sort();
+        k
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,36 +460,27 @@ mod tests {
         }
     }
 
-    fn sorted_keys(v: &Value) -> Vec<String> {
-        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
-        k.sort();
-        k
-    }
-
     #[test]
     fn the_window_receives_exactly_the_fields_of_its_contract() {
         let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
             .expect("contract.json parses");
-        let expected = |name: &str| -> Vec<String> {
-            let mut k: Vec<String> = contract[name]
-                .as_array()
-                .unwrap_or_else(|| panic!("{name} is in contract.json"))
-                .iter()
-                .map(|v| v.as_str().unwrap().to_owned())
-                .collect();
-            k.sort();
-            k
-        };
         let view = serde_json::to_value(RequestView::from(&request(
             plan("x", json!({"a": 1})),
             json!({"name": "agent"}),
             "s",
         )))
         .unwrap();
-        assert_eq!(sorted_keys(&view), expected("RequestView"));
+        assert_eq!(
+            super::contract::keys(&view),
+            super::contract::expected("RequestView")
+        );
         for field in contract["RequestView.Shown"].as_array().unwrap() {
             let field = field.as_str().unwrap();
-            assert_eq!(sorted_keys(&view[field]), expected("Shown"), "{field}");
+            assert_eq!(
+                super::contract::keys(&view[field]),
+                super::contract::expected("Shown"),
+                "{field}"
+            );
         }
         assert_eq!(view["change"], Value::Null, "a tool call is no change");
         let change = serde_json::to_value(RequestView::from(&change_request(
@@ -473,15 +488,28 @@ mod tests {
             Some("a\nc\nd"),
         )))
         .unwrap();
-        assert_eq!(sorted_keys(&change), expected("RequestView"));
+        assert_eq!(
+            super::contract::keys(&change),
+            super::contract::expected("RequestView")
+        );
         let change = &change["change"];
-        assert_eq!(sorted_keys(change), expected("ChangeView"));
+        assert_eq!(
+            super::contract::keys(change),
+            super::contract::expected("ChangeView")
+        );
         for field in contract["ChangeView.Shown"].as_array().unwrap() {
             let field = field.as_str().unwrap();
-            assert_eq!(sorted_keys(&change[field]), expected("Shown"), "{field}");
+            assert_eq!(
+                super::contract::keys(&change[field]),
+                super::contract::expected("Shown"),
+                "{field}"
+            );
         }
         for row in change["rows"].as_array().unwrap() {
-            assert_eq!(sorted_keys(row), expected("DiffRow"));
+            assert_eq!(
+                super::contract::keys(row),
+                super::contract::expected("DiffRow")
+            );
         }
         assert_eq!(
             serde_json::to_value([
@@ -496,8 +524,8 @@ mod tests {
         let flags = serde_json::to_value([Flag::Bidi, Flag::Invisible, Flag::NonAscii]).unwrap();
         assert_eq!(flags, contract["Flag"]);
         assert_eq!(
-            sorted_keys(&serde_json::to_value(UiError::new("io", "m")).unwrap()),
-            expected("UiError")
+            super::contract::keys(&serde_json::to_value(UiError::new("io", "m")).unwrap()),
+            super::contract::expected("UiError")
         );
         let event = ConfirmEvent {
             at_ms: 1,
@@ -512,10 +540,17 @@ mod tests {
             note: Some("n".into()),
         };
         let row = serde_json::to_value(HistoryRow::new(&event, Some("s"))).unwrap();
-        assert_eq!(sorted_keys(&row), expected("HistoryRow"));
+        assert_eq!(
+            super::contract::keys(&row),
+            super::contract::expected("HistoryRow")
+        );
         for field in contract["HistoryRow.Shown"].as_array().unwrap() {
             let field = field.as_str().unwrap();
-            assert_eq!(sorted_keys(&row[field]), expected("Shown"), "{field}");
+            assert_eq!(
+                super::contract::keys(&row[field]),
+                super::contract::expected("Shown"),
+                "{field}"
+            );
         }
     }
 

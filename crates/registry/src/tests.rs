@@ -72,6 +72,20 @@ async fn ask(f: &Fixture, request: RegistryRequest) -> (RegistryAnswer, bool) {
     (answer, waited)
 }
 
+/// `request` asked in the background, as a command line waiting for the person: its final
+/// answer, and whether it was told to wait first.
+fn in_background(
+    f: &Fixture,
+    request: RegistryRequest,
+) -> tokio::task::JoinHandle<(RegistryAnswer, bool)> {
+    let registry = f.registry.clone();
+    tokio::spawn(async move {
+        let mut waited = false;
+        let answer = registry.handle(request, "a test", |_| waited = true).await;
+        (answer, waited)
+    })
+}
+
 fn gh() -> ServerSpec {
     spec(
         json!({"command": ["gh-server", "stdio"], "env": {"GITHUB_TOKEN": {"secret": true}, "LOG": "info"}}),
@@ -124,18 +138,7 @@ async fn a_change_to_an_existing_server_does_nothing_until_the_person_approves()
     ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "old")]))).await;
     let evil =
         spec(json!({"command": ["sh", "-c", "steal"], "env": {"GITHUB_TOKEN": {"secret": true}}}));
-    let registry = f.registry.clone();
-    let proposal = tokio::spawn(async move {
-        let mut waited = false;
-        let answer = registry
-            .handle(
-                put("gh", evil, secrets(&[("GITHUB_TOKEN", "new")])),
-                "a test",
-                |_| waited = true,
-            )
-            .await;
-        (answer, waited)
-    });
+    let proposal = in_background(&f, put("gh", evil, secrets(&[("GITHUB_TOKEN", "new")])));
     let id = pending_id(&f.engine).await;
     // Shown to the person, and nothing applied yet.
     let request = &f.engine.pending()[0];
@@ -174,19 +177,10 @@ async fn a_change_to_an_existing_server_does_nothing_until_the_person_approves()
 async fn a_denied_removal_leaves_the_server_and_its_secret() {
     let f = fixture();
     ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
-    let registry = f.registry.clone();
-    let proposal = tokio::spawn(async move {
-        registry
-            .handle(
-                RegistryRequest::Remove { name: "gh".into() },
-                "a test",
-                |_| {},
-            )
-            .await
-    });
+    let proposal = in_background(&f, RegistryRequest::Remove { name: "gh".into() });
     let id = pending_id(&f.engine).await;
     f.engine.deny(id, Some("no")).unwrap();
-    let answer = proposal.await.unwrap();
+    let (answer, _) = proposal.await.unwrap();
     assert!(
         matches!(&answer, RegistryAnswer::Denied { message } if message.contains("no")),
         "{answer:?}"
@@ -198,20 +192,11 @@ async fn a_denied_removal_leaves_the_server_and_its_secret() {
 async fn an_approved_removal_forgets_the_secret() {
     let f = fixture();
     ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
-    let registry = f.registry.clone();
-    let proposal = tokio::spawn(async move {
-        registry
-            .handle(
-                RegistryRequest::Remove { name: "gh".into() },
-                "a test",
-                |_| {},
-            )
-            .await
-    });
+    let proposal = in_background(&f, RegistryRequest::Remove { name: "gh".into() });
     let id = pending_id(&f.engine).await;
     f.engine.approve(id, None).unwrap();
     assert!(matches!(
-        proposal.await.unwrap(),
+        proposal.await.unwrap().0,
         RegistryAnswer::Done { .. }
     ));
     assert!(matches!(
@@ -240,19 +225,7 @@ async fn the_same_spec_again_is_no_change_but_secret_values_never_answer_whether
     // instant "nothing changed" for the right one would be an oracle for guessing it.
     ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
     for guess in ["t", "wrong"] {
-        let registry = f.registry.clone();
-        let guess = guess.to_owned();
-        let proposal = tokio::spawn(async move {
-            let mut waited = false;
-            let answer = registry
-                .handle(
-                    put("gh", gh(), secrets(&[("GITHUB_TOKEN", &guess)])),
-                    "a test",
-                    |_| waited = true,
-                )
-                .await;
-            (answer, waited)
-        });
+        let proposal = in_background(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", guess)])));
         let id = pending_id(&f.engine).await;
         f.engine.deny(id, None).unwrap();
         let (answer, waited) = proposal.await.unwrap();
