@@ -21,6 +21,11 @@ use serde_json::{Map, Value};
 /// pending requests, and are capped on their own.
 pub const MAX_PENDING_CHANGES: usize = 64;
 
+/// The most of those that may be tool changes: an upstream decides what it lists, so its
+/// listings alone must not fill the queue and turn away the person's own changes to servers
+/// and policy, which always have the rest.
+pub const MAX_PENDING_TOOL_CHANGES: usize = 48;
+
 /// The most characters of a change's old or new text kept (and shown); the rest is cut with a
 /// marker saying how much.
 pub const MAX_CHANGE_TEXT_CHARS: usize = 64 * 1024;

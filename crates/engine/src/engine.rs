@@ -843,11 +843,24 @@ impl Engine {
         if let Some(entry) = same {
             return Ok((entry.decision.subscribe(), None));
         }
-        let waiting = state
+        let (waiting, tools) = state
             .requests
             .values()
-            .filter(|e| e.is_waiting() && e.is_change())
-            .count();
+            .filter(|e| e.is_waiting())
+            .filter_map(|e| e.view.change.as_ref())
+            .fold((0, 0), |(all, tools), c| {
+                (all + 1, tools + usize::from(c.kind == ChangeKind::Tool))
+            });
+        if change.kind == ChangeKind::Tool && tools >= change::MAX_PENDING_TOOL_CHANGES {
+            tracing::warn!(target: "desk", subject = %change.subject, "tool change not queued: {tools} tool changes already wait");
+            return Err(ChangeDecision::Denied {
+                note: Some(format!(
+                    "{tools} tool changes already wait for the person at the Countersign desk, \
+                     the most it queues (the rest is kept for changes to servers and policy). \
+                     The tool stays held back; it is proposed again at its next listing."
+                )),
+            });
+        }
         if waiting >= MAX_PENDING_CHANGES {
             tracing::warn!(target: "desk", kind = change.kind.code(), subject = %change.subject, "change not queued: {waiting} changes already wait");
             return Err(ChangeDecision::Denied {

@@ -18,7 +18,7 @@ mod engine;
 pub use answer::{Answer, ErrorCode, ToolDecision};
 pub use change::{
     Change, ChangeDecision, ChangeKind, MAX_CHANGE_LABEL_CHARS, MAX_CHANGE_TEXT_CHARS,
-    MAX_PENDING_CHANGES, PINNED_FIELDS,
+    MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, PINNED_FIELDS,
 };
 pub use engine::{
     ApproveError, DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig,
