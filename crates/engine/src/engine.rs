@@ -1163,6 +1163,17 @@ impl Engine {
             if store_failed {
                 continue;
             }
+            // A definition the window would cut cannot be accepted: the person would approve
+            // text they never saw (an injection past the cut). It stays held back.
+            if pin
+                .definition
+                .chars()
+                .nth(change::MAX_CHANGE_TEXT_CHARS)
+                .is_some()
+            {
+                tracing::warn!(target: "desk", server = %server, tool = %pin.tool, "tool definition too large to show whole: held back, and not offered for acceptance");
+                continue;
+            }
             // No pin: a tool new to a server the desk knows (a server's first listing pins all).
             let summary = match &before {
                 Some(before) => change::tool_summary(&pin.tool, before, &pin.definition),

@@ -7,7 +7,10 @@
 //! `serverUrl`, Gemini `httpUrl` (and `url` is SSE there); Zed's entries may be
 //! `{"command": {"path", "args", "env"}}` (its older shape) or come from an extension, with no
 //! command at all. An entry keeps every key that is about how the client uses a server
-//! (`disabled`, `autoApprove`, `timeout`, `trust`, ...) and loses those about how to reach it.
+//! (`disabled`, `timeout`, `trust`, and the client's own prompt settings such as Cline's list of
+//! tools it runs without asking its user) and loses those about how to reach it. Those client
+//! settings decide only whether the client asks its own user; Countersign never reads them, and
+//! a gated tool still needs the click in the desk whatever the client's config says.
 
 use jsonc_parser::ParseOptions;
 use jsonc_parser::cst::{CstInputValue, CstObject, CstObjectProp, CstRootNode};
