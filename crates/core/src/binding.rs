@@ -64,6 +64,25 @@ pub fn approval_mac_matches(key: &SigningKey, bound: &Bound<'_>, mac: &[u8]) -> 
     mac_of(key, bound).is_ok_and(|m| m.verify_slice(mac).is_ok())
 }
 
+/// What the grant MAC's derived key is for: unrelated to the approval key.
+const GRANT_LABEL: &[u8] = b"countersign grant binding v1";
+
+/// The MAC of a grant (a person's widening of one approval, kept in the desk's file): `scope` is
+/// the grant's every deciding field in one unambiguous text the engine builds. A row added or
+/// edited behind the desk's back does not carry it, and is never honoured.
+pub fn grant_mac(key: &SigningKey, scope: &str) -> [u8; 32] {
+    let mut mac = key.derived(GRANT_LABEL);
+    mac.update(scope.as_bytes());
+    mac.finalize().into_bytes().into()
+}
+
+/// Whether `mac` is the grant MAC of `scope` under `key`, compared in constant time.
+pub fn grant_mac_matches(key: &SigningKey, scope: &str, mac: &[u8]) -> bool {
+    let mut expected = key.derived(GRANT_LABEL);
+    expected.update(scope.as_bytes());
+    expected.verify_slice(mac).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +90,16 @@ mod tests {
 
     fn key(byte: u8) -> SigningKey {
         SigningKey::new(&[byte; 32]).unwrap()
+    }
+
+    #[test]
+    fn a_grant_mac_differs_from_the_approval_mac_and_from_another_scope() {
+        let k = key(1);
+        let mac = grant_mac(&k, "call\nsrv\n");
+        assert!(grant_mac_matches(&k, "call\nsrv\n", &mac));
+        assert!(!grant_mac_matches(&k, "call\nsrv2\n", &mac));
+        assert!(!grant_mac_matches(&key(2), "call\nsrv\n", &mac));
+        assert!(!grant_mac_matches(&k, "call\nsrv\n", &mac[..31]));
     }
 
     #[test]

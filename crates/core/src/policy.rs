@@ -82,6 +82,10 @@ pub struct ToolPolicy {
     pub summary: Option<String>,
     /// Whether approving needs the target typed.
     pub type_target: Option<bool>,
+    /// Whether a person may widen an approval of this tool into a grant (later matching calls
+    /// approved without a click) although the tool is destructive or asks for its target typed.
+    /// Unset: grants only for tools that are neither.
+    pub grants: Option<bool>,
 }
 
 /// What policy decided for one tool.
@@ -101,6 +105,10 @@ pub struct ToolRule {
     /// Only these can be the default target; a tool that declares none is its own target.
     #[serde(default)]
     pub declared: Vec<String>,
+    /// Whether policy lets a person widen an approval of this tool into a grant even though it
+    /// is destructive or asks for its target typed (`grants = true`).
+    #[serde(default)]
+    pub grants: bool,
 }
 
 impl Policy {
@@ -137,6 +145,10 @@ impl Policy {
             target: pick(|p| p.target.as_ref()),
             summary: pick(|p| p.summary.as_ref()).unwrap_or_else(|| DEFAULT_SUMMARY.to_owned()),
             declared: declared_arguments(tool),
+            grants: own
+                .and_then(|p| p.grants)
+                .or_else(|| all.and_then(|p| p.grants))
+                .unwrap_or(false),
         }
     }
 }
@@ -484,6 +496,24 @@ mod tests {
         );
         assert!(!rule.destructive && !rule.type_target);
         assert_eq!(rule.class, GateClass::Token);
+    }
+
+    #[test]
+    fn grants_are_off_unless_the_policy_allows_them_per_tool_or_server() {
+        let destructive =
+            json!({"name": "delete_backup", "annotations": {"destructiveHint": true}});
+        assert!(!Policy::default().rule("db", &destructive).grants);
+        let policy = Policy::from_toml(
+            "[servers.db.tools.delete_backup]\ngrants = true\n[servers.fs.all]\ngrants = true\n[servers.fs.tools.move_file]\ngrants = false",
+        )
+        .unwrap();
+        assert!(policy.rule("db", &destructive).grants);
+        // Another server's tool of the same name is not covered.
+        assert!(!policy.rule("other", &destructive).grants);
+        assert!(policy.rule("fs", &json!({"name": "write_file"})).grants);
+        // A tool's own rule wins over the server's.
+        assert!(!policy.rule("fs", &json!({"name": "move_file"})).grants);
+        assert!(Policy::from_toml("[servers.db.tools.x]\ngrants = \"yes\"").is_err());
     }
 
     #[test]
