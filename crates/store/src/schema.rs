@@ -113,6 +113,38 @@ const STEPS: &[Step] = &[
         ) STRICT;
     ",
     },
+    Step {
+        purpose: "grants: a person's widening of one approval to later matching calls",
+        sql: "
+        -- A call grant covers the same server, tool and plan hash; a prefix grant the tool on
+        -- targets under a prefix, for one connection (tenant). Each row carries the engine's MAC
+        -- over what decides what it covers; ended_at_ms and ended say when and why it stopped
+        -- before its expiry (revoked, disconnected, restarted).
+        CREATE TABLE approval_grant (
+            id             INTEGER PRIMARY KEY,
+            kind           TEXT    NOT NULL CHECK (kind IN ('call', 'prefix')),
+            server         TEXT    NOT NULL,
+            tool           TEXT    NOT NULL,
+            tenant         TEXT,
+            plan           TEXT    CHECK (plan IS NULL OR length(plan) = 64),
+            prefix         TEXT,
+            target         TEXT    NOT NULL,
+            summary        TEXT    NOT NULL,
+            class          TEXT    NOT NULL CHECK (class IN ('token', 'once')),
+            definition     TEXT    NOT NULL CHECK (length(definition) = 64),
+            request        INTEGER NOT NULL,
+            granted_at_ms  INTEGER NOT NULL,
+            expires_at_ms  INTEGER NOT NULL,
+            uses           INTEGER NOT NULL DEFAULT 0,
+            ended_at_ms    INTEGER,
+            ended          TEXT    CHECK (ended IN ('revoked', 'disconnected', 'restarted')),
+            mac            BLOB    NOT NULL CHECK (length(mac) = 32),
+            CHECK ((kind = 'call' AND plan IS NOT NULL)
+                OR (kind = 'prefix' AND tenant IS NOT NULL AND prefix IS NOT NULL))
+        ) STRICT;
+        CREATE INDEX approval_grant_live ON approval_grant (expires_at_ms) WHERE ended_at_ms IS NULL;
+    ",
+    },
 ];
 
 /// The schema version this build writes and understands.
@@ -197,7 +229,7 @@ mod tests {
         let conn = raw(&store);
         assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
         assert_eq!(application_id(&conn).unwrap(), APPLICATION_ID);
-        for table in ["spent_nonce", "approval", "history", "tool_pin"] {
+        for table in ["spent_nonce", "approval", "history", "tool_pin", "approval_grant"] {
             let n: i64 = conn
                 .query_row(
                     "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1",
