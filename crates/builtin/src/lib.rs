@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 mod read_only;
+pub mod rehearse;
 
 use std::path::{Path, PathBuf};
 
