@@ -17,6 +17,7 @@ pub mod gate;
 pub mod ledger;
 pub mod plan;
 pub mod policy;
+pub mod preview;
 pub mod refusal;
 pub mod render;
 pub mod telemetry;

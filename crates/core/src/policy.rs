@@ -56,6 +56,98 @@ pub struct Policy {
     /// Rules per server name (`--name`, else the upstream's `serverInfo.name`).
     #[serde(default)]
     pub servers: BTreeMap<String, ServerPolicy>,
+    /// Recipes for previewing calls (`[[preview]]`), tried before the built-in ones
+    /// ([`default_recipes`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preview: Vec<PreviewRecipe>,
+}
+
+/// What a preview recipe does with a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreviewKind {
+    /// The call writes `content` to `path`: the file is read through `read`, and the window
+    /// shows it beside the new content.
+    Write,
+    /// The call moves `source` to `destination`: `read` is asked about the destination, and the
+    /// window shows both and whether the destination exists.
+    Move,
+    /// The call creates the directory `path`: `read` is asked about it, and the window shows
+    /// whether it exists.
+    CreateDir,
+    /// server-filesystem's `edit_file`: the upstream's own dry run (`dryRun: true`) of the same
+    /// edits, re-serialized by the desk. Only the built-in recipe has it: a policy cannot make the
+    /// desk call a tool that is not read-only.
+    #[serde(skip_deserializing)]
+    Edit,
+}
+
+/// A recipe for previewing one tool's calls: which read-only tool of the same upstream to ask,
+/// and which of the call's arguments mean what. The read tool must be listed by that upstream
+/// with `readOnlyHint: true`, or the preview is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewRecipe {
+    /// The server it applies to; every server when unset.
+    pub server: Option<String>,
+    /// The tool whose calls it previews.
+    pub tool: String,
+    /// What the call does.
+    pub kind: PreviewKind,
+    /// The read-only tool asked (called with `{"path": ...}`); unused for [`PreviewKind::Edit`].
+    #[serde(default)]
+    pub read: Option<String>,
+    /// The argument naming the file or directory.
+    #[serde(default = "default_path")]
+    pub path: String,
+    /// The argument holding the new content.
+    #[serde(default = "default_content")]
+    pub content: String,
+    /// The argument naming what moves.
+    #[serde(default = "default_source")]
+    pub source: String,
+    /// The argument naming where it moves.
+    #[serde(default = "default_destination")]
+    pub destination: String,
+}
+
+fn default_path() -> String {
+    "path".to_owned()
+}
+fn default_content() -> String {
+    "content".to_owned()
+}
+fn default_source() -> String {
+    "source".to_owned()
+}
+fn default_destination() -> String {
+    "destination".to_owned()
+}
+
+/// The built-in recipes: server-filesystem's `write_file`, `edit_file`, `move_file` and
+/// `create_directory` (on any server listing them with its read-only `read_text_file` and
+/// `get_file_info`).
+pub fn default_recipes() -> Vec<PreviewRecipe> {
+    let recipe = |tool: &str, kind, read: Option<&str>| PreviewRecipe {
+        server: None,
+        tool: tool.to_owned(),
+        kind,
+        read: read.map(str::to_owned),
+        path: default_path(),
+        content: default_content(),
+        source: default_source(),
+        destination: default_destination(),
+    };
+    vec![
+        recipe("write_file", PreviewKind::Write, Some("read_text_file")),
+        recipe("edit_file", PreviewKind::Edit, None),
+        recipe("move_file", PreviewKind::Move, Some("get_file_info")),
+        recipe(
+            "create_directory",
+            PreviewKind::CreateDir,
+            Some("get_file_info"),
+        ),
+    ]
 }
 
 /// Rules for one server.
@@ -105,6 +197,10 @@ pub struct ToolRule {
     /// Only these can be the default target; a tool that declares none is its own target.
     #[serde(default)]
     pub declared: Vec<String>,
+    /// Why the tool has its class, for the person: the policy line that set it, or the
+    /// annotations (or their absence) it follows from.
+    #[serde(default)]
+    pub why: String,
     /// Whether policy lets a person widen an approval of this tool into a grant even though it
     /// is destructive or asks for its target typed (`grants = true`).
     #[serde(default)]
@@ -128,11 +224,32 @@ impl Policy {
             own.and_then(f).or_else(|| all.and_then(f)).cloned()
         };
         let destructive = gate::is_destructive(annotations);
+        let (class, why) = match (own.and_then(|p| p.class), all.and_then(|p| p.class)) {
+            (Some(class), _) => (
+                class,
+                format!(
+                    "policy: [servers.{}.tools.{}] class = \"{}\"",
+                    toml_key(server),
+                    toml_key(name),
+                    class.code()
+                ),
+            ),
+            (None, Some(class)) => (
+                class,
+                format!(
+                    "policy: [servers.{}.all] class = \"{}\"",
+                    toml_key(server),
+                    class.code()
+                ),
+            ),
+            (None, None) => (
+                GateClass::from_annotations(annotations),
+                annotation_reason(annotations),
+            ),
+        };
         ToolRule {
-            class: own
-                .and_then(|p| p.class)
-                .or_else(|| all.and_then(|p| p.class))
-                .unwrap_or_else(|| GateClass::from_annotations(annotations)),
+            class,
+            why,
             destructive,
             type_target: own
                 .and_then(|p| p.type_target)
@@ -151,6 +268,68 @@ impl Policy {
                 .unwrap_or(false),
         }
     }
+}
+
+impl Policy {
+    /// The recipe that previews calls of `tool` on `server`: the policy's own first, then the
+    /// built-in ones.
+    pub fn recipe(&self, server: &str, tool: &str) -> Option<PreviewRecipe> {
+        self.preview
+            .iter()
+            .cloned()
+            .chain(default_recipes())
+            .find(|r| r.tool == tool && r.server.as_deref().is_none_or(|s| s == server))
+    }
+}
+
+/// A key as the policy file writes it: bare when it can be, quoted otherwise.
+fn toml_key(key: &str) -> String {
+    if !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        key.to_owned()
+    } else {
+        serde_json::to_string(key).unwrap_or_default()
+    }
+}
+
+/// Why annotations (or none) give a tool its class, in the words of MCP's hints.
+pub fn annotation_reason(annotations: Option<&Value>) -> String {
+    let hint = |name: &str| {
+        annotations
+            .and_then(|a| a.get(name))
+            .and_then(Value::as_bool)
+    };
+    let (read_only, destructive, idempotent) = (
+        hint("readOnlyHint"),
+        hint("destructiveHint"),
+        hint("idempotentHint"),
+    );
+    if read_only == Some(true) {
+        return "annotation readOnlyHint: true".to_owned();
+    }
+    if read_only.is_none() && destructive.is_none() && idempotent.is_none() {
+        return "no annotations: MCP's defaults assume a tool may be destructive and is not \
+                idempotent"
+            .to_owned();
+    }
+    let given: Vec<String> = [
+        ("readOnlyHint", read_only),
+        ("destructiveHint", destructive),
+        ("idempotentHint", idempotent),
+    ]
+    .iter()
+    .filter_map(|(name, value)| value.map(|v| format!("{name}: {v}")))
+    .collect();
+    let mut why = format!("annotations {}", given.join(", "));
+    if destructive.is_none() {
+        why.push_str(" (destructiveHint unset: MCP's default is true)");
+    } else if destructive == Some(false) && idempotent.is_none() {
+        why.push_str(" (idempotentHint unset: MCP's default is false)");
+    }
+    why
 }
 
 /// The argument names `tool` (a raw MCP tool definition) declares: the keys of
@@ -546,6 +725,77 @@ mod tests {
         assert_eq!(
             policy.rule("other", &json!({"name": "create_issue"})).class,
             GateClass::Once
+        );
+    }
+
+    #[test]
+    fn each_rule_says_why_it_has_its_class() {
+        let rule = Policy::default().rule("fs", &tool(json!({"destructiveHint": true})));
+        assert_eq!(rule.why, "annotations destructiveHint: true");
+        let rule = Policy::default().rule("fs", &json!({"name": "x"}));
+        assert!(
+            rule.why.starts_with("no annotations: MCP's defaults"),
+            "{}",
+            rule.why
+        );
+        let rule = Policy::default().rule("fs", &tool(json!({"readOnlyHint": false})));
+        assert_eq!(
+            rule.why,
+            "annotations readOnlyHint: false (destructiveHint unset: MCP's default is true)"
+        );
+        let rule = Policy::default().rule(
+            "fs",
+            &tool(json!({"destructiveHint": false, "idempotentHint": true})),
+        );
+        assert_eq!(
+            rule.why,
+            "annotations destructiveHint: false, idempotentHint: true"
+        );
+        let policy = Policy::from_toml(
+            "[servers.\"server:my fs\".tools.write_file]\nclass = \"token\"\n[servers.db.all]\nclass = \"once\"",
+        )
+        .unwrap();
+        assert_eq!(
+            policy.rule("server:my fs", &tool(json!({}))).why,
+            "policy: [servers.\"server:my fs\".tools.write_file] class = \"token\""
+        );
+        assert_eq!(
+            policy.rule("db", &tool(json!({"readOnlyHint": true}))).why,
+            "policy: [servers.db.all] class = \"once\""
+        );
+    }
+
+    #[test]
+    fn preview_recipes_come_from_the_policy_first_then_the_built_in_ones() {
+        let policy = Policy::from_toml(
+            r#"
+            [[preview]]
+            server = "notes"
+            tool = "save_note"
+            kind = "write"
+            read = "read_note"
+            path = "file"
+            content = "text"
+            "#,
+        )
+        .unwrap();
+        let r = policy.recipe("notes", "save_note").unwrap();
+        assert_eq!(
+            (r.kind, r.read.as_deref()),
+            (PreviewKind::Write, Some("read_note"))
+        );
+        assert_eq!((r.path.as_str(), r.content.as_str()), ("file", "text"));
+        assert_eq!(policy.recipe("other", "save_note"), None);
+        let r = policy.recipe("anything", "write_file").unwrap();
+        assert_eq!(r.read.as_deref(), Some("read_text_file"));
+        assert_eq!(
+            policy.recipe("s", "edit_file").unwrap().kind,
+            PreviewKind::Edit
+        );
+        // A policy cannot ask for the dry-run kind (it calls a tool that is not read-only).
+        assert!(Policy::from_toml("[[preview]]\ntool = \"t\"\nkind = \"edit\"").is_err());
+        assert!(
+            Policy::from_toml("[[preview]]\ntool = \"t\"\nkind = \"write\"\nwhat = 1").is_err()
         );
     }
 
