@@ -20,6 +20,7 @@ pub mod policy;
 pub mod preview;
 pub mod refusal;
 pub mod render;
+pub mod request_state;
 pub mod telemetry;
 pub mod token;
 pub mod verify;

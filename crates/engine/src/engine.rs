@@ -30,6 +30,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
 
+#[path = "grant.rs"]
+pub(crate) mod grant;
+
 /// Why a desk without a window refuses every preflight, and what to do about it.
 pub const HEADLESS: &str = "Refused: the Countersign desk is running without a window (no \
 display), so nobody can approve this call. Nothing was executed. Next: open the Countersign desk \
@@ -276,6 +279,8 @@ struct State {
     /// Accepted calls whose outcome is still to come, by tenant and nonce (a reusable token's
     /// nonce may be accepted more than once): each acceptance records one outcome.
     awaiting_outcome: HashMap<(String, Nonce), u32>,
+    /// Whether the session grants an earlier run of the desk left in the file were ended.
+    session_grants_ended: bool,
 }
 
 /// What settings may change while the engine runs.
@@ -615,58 +620,24 @@ impl Engine {
                 entry.approving = false;
             }
         };
-        let claims = Claims {
-            tool: view.plan.tool.clone(),
-            target: view.plan.target.clone(),
-            plan: view.plan_hash,
-            tenant: view.tenant.clone(),
-            iat: now,
-            exp: now.saturating_add(self.token_ttl_ms()),
-            nonce: Nonce::from_bytes(rand::random()),
-        };
-        let arguments = Value::Object(arguments);
-        let approval = Approval {
-            nonce: claims.nonce,
-            tool: claims.tool.clone(),
-            target: claims.target.clone(),
-            tenant: claims.tenant.clone(),
-            plan: claims.plan,
-            mac: None,
+        let minted = self.mint(
+            &key,
+            &mut lock(&self.inner.store),
+            &view.tenant,
+            &view.plan,
+            view.plan_hash,
+            view.class,
             arguments,
-            class: view.class,
-            issued_at_ms: claims.iat,
-            expires_at_ms: claims.exp,
-        };
-        let mac = binding::approval_mac(&key, &bound_of(&approval));
-        let approval = match mac {
-            Ok(mac) => Approval {
-                mac: Some(mac),
-                ..approval
-            },
+            now,
+        );
+        let (answer, claims) = match minted {
+            Ok(minted) => minted,
             Err(e) => {
                 release(self);
-                return Err(ApproveError::Store(format!(
-                    "the arguments have no canonical form: {e}"
-                )));
+                return Err(e);
             }
         };
-        // The approved arguments are durable before the token exists: a token whose arguments
-        // were lost could never execute what the person read.
-        if let Err(e) = lock(&self.inner.store).put_approval(&approval) {
-            release(self);
-            return Err(ApproveError::Store(e.to_string()));
-        }
-        let token = token::mint(&key, &claims);
-        // The lifetime shown is the token's own, not the setting read again.
-        let ttl_ms = claims.exp - claims.iat;
-        let text = render::preflight(&view.plan, &token, ttl_ms, view.class);
-        let decision = Decision::Approved(Answer::Approved {
-            text,
-            token: token.expose().to_owned(),
-            target: claims.target.clone(),
-            expires_at_ms: claims.exp,
-            class: view.class,
-        });
+        let decision = Decision::Approved(answer);
         {
             let state = lock(&self.inner.state);
             // Withdrawn or disconnected while the approval was written: its token reaches no one,
@@ -691,6 +662,70 @@ impl Engine {
             reason: Removal::Approved,
         });
         Ok(())
+    }
+
+    /// Mints a token for `plan` of `tenant` under `class`, after storing the approved
+    /// `arguments` (bound by their MAC) in `store`: the answer the waiting preflight gets, and
+    /// what the token claims. Only a click reaches this: [`Engine::approve`], or a grant a click
+    /// made (see the grant module).
+    #[allow(clippy::too_many_arguments)]
+    fn mint(
+        &self,
+        key: &SigningKey,
+        store: &mut Store,
+        tenant: &str,
+        plan: &Plan,
+        hash: PlanHash,
+        class: GateClass,
+        arguments: Map<String, Value>,
+        now: u64,
+    ) -> Result<(Answer, Claims), ApproveError> {
+        let claims = Claims {
+            tool: plan.tool.clone(),
+            target: plan.target.clone(),
+            plan: hash,
+            tenant: tenant.to_owned(),
+            iat: now,
+            exp: now.saturating_add(self.token_ttl_ms()),
+            nonce: Nonce::from_bytes(rand::random()),
+        };
+        let arguments = Value::Object(arguments);
+        let approval = Approval {
+            nonce: claims.nonce,
+            tool: claims.tool.clone(),
+            target: claims.target.clone(),
+            tenant: claims.tenant.clone(),
+            plan: claims.plan,
+            mac: None,
+            arguments,
+            class,
+            issued_at_ms: claims.iat,
+            expires_at_ms: claims.exp,
+        };
+        let mac = binding::approval_mac(key, &bound_of(&approval)).map_err(|e| {
+            ApproveError::Store(format!("the arguments have no canonical form: {e}"))
+        })?;
+        let approval = Approval {
+            mac: Some(mac),
+            ..approval
+        };
+        // The approved arguments are durable before the token exists: a token whose arguments
+        // were lost could never execute what the person read.
+        store
+            .put_approval(&approval)
+            .map_err(|e| ApproveError::Store(e.to_string()))?;
+        let token = token::mint(key, &claims);
+        // The lifetime shown is the token's own, not the setting read again.
+        let ttl_ms = claims.exp - claims.iat;
+        let text = render::preflight(plan, &token, ttl_ms, class);
+        let answer = Answer::Approved {
+            text,
+            token: token.expose().to_owned(),
+            target: claims.target.clone(),
+            expires_at_ms: claims.exp,
+            class,
+        };
+        Ok((answer, claims))
     }
 
     /// A person denied request `id`, with an optional note for the agent.
@@ -1008,8 +1043,9 @@ impl Engine {
         }
     }
 
-    /// A gateway went away: its pending requests leave the queue.
+    /// A gateway went away: its pending requests leave the queue, and its session grants end.
     pub fn disconnect(&self, tenant: &str) {
+        self.end_session_grants(tenant);
         let mut state = lock(&self.inner.state);
         if state.connections.remove(tenant).is_some() {
             state.gone.push_back(tenant.to_owned());
@@ -1382,6 +1418,10 @@ impl Engine {
                 message: HEADLESS.to_owned(),
             };
         }
+        // A live grant a person's click made covers it: approved at once, a token of its own.
+        if let Some(answer) = self.granted(tenant, &plan, hash, &args) {
+            return answer;
+        }
         let now = now_ms();
         let ttl = self.token_ttl_ms();
         let (id, mut decision) = {
@@ -1488,6 +1528,56 @@ impl Engine {
             });
         }
         Answer::Done
+    }
+
+    /// For the 2026-07-28 flow: the plan hash of this call of `tenant`'s, and the id of its
+    /// request in the queue (waiting, or decided and not yet collected), if one is there. `None`
+    /// when the call cannot be planned (the preflight says why).
+    pub fn queued(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Option<(PlanHash, Option<u64>)> {
+        let Call { hash, .. } = self.plan_call(tenant, tool, arguments).ok()?;
+        let state = lock(&self.inner.state);
+        let id = state
+            .requests
+            .iter()
+            .find(|(_, e)| {
+                !e.is_change()
+                    && e.view.tenant == tenant
+                    && e.view.plan.tool == tool
+                    && e.view.plan_hash == hash
+            })
+            .map(|(id, _)| *id);
+        Some((hash, id))
+    }
+
+    /// Seals a 2026-07-28 `requestState` under a key derived from the signing secret for that
+    /// purpose alone; `Err` says why there is no secret.
+    pub fn seal_request_state(
+        &self,
+        claims: &countersign_core::request_state::StateClaims,
+    ) -> Result<String, String> {
+        let key = self.key()?;
+        Ok(countersign_core::request_state::seal(&key, claims))
+    }
+
+    /// Opens a `requestState` the agent sent back: sealed by this desk's current key as it is,
+    /// and not expired. The outer `Err` says why there is no secret.
+    pub fn open_request_state(
+        &self,
+        text: &str,
+    ) -> Result<
+        Result<
+            countersign_core::request_state::StateClaims,
+            countersign_core::request_state::StateError,
+        >,
+        String,
+    > {
+        let key = self.key()?;
+        Ok(countersign_core::request_state::open(&key, text, now_ms()))
     }
 
     /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand

@@ -25,6 +25,9 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, Service};
 use serde_json::{Value, json};
 
 use crate::reach::{Live, Unreached, Upstream};
+
+#[path = "rounds.rs"]
+mod rounds;
 use crate::upstream::{ForwardError, Shared, send};
 
 /// How one tool is treated, as last decided.
@@ -47,6 +50,8 @@ pub struct Session {
     gates: Arc<Mutex<HashMap<String, Gate>>>,
     /// The agent's clientInfo as last shown to the person.
     client_info: Arc<Mutex<Option<Value>>>,
+    /// The `requestState`s of the 2026-07-28 flow used up on this connection.
+    spent: Arc<rounds::Spent>,
 }
 
 impl Session {
@@ -75,6 +80,7 @@ impl Session {
             wait,
             gates: Arc::default(),
             client_info: Arc::default(),
+            spent: Arc::default(),
         }
     }
 
@@ -298,7 +304,7 @@ impl Session {
 
     async fn gated(
         &self,
-        mut request: CallToolRequestParams,
+        request: CallToolRequestParams,
         class: GateClass,
         live: &Live,
         context: &RequestContext<RoleServer>,
@@ -309,45 +315,76 @@ impl Session {
             let answer = self.engine.confirm(&self.tenant, &tool, &arguments);
             return match answer {
                 Answer::Accepted { arguments, nonce } => {
-                    // What runs is what the person approved, as the desk kept it. It goes to the
-                    // start the tool was gated against, or nowhere: never to a new process whose
-                    // tools the engine has not seen.
-                    request.arguments = arguments.as_object().cloned();
-                    let result = self.forward_call(live, request, context).await;
-                    let (ok, note) = match &result {
-                        Ok(r) => (r.is_error != Some(true), None),
-                        Err(ForwardError::Answer(e)) => (false, Some(e.message.to_string())),
-                        Err(ForwardError::NotSent) => (false, Some(NOT_SENT_NOTE.to_owned())),
-                        Err(ForwardError::Lost) => (false, Some(LOST_NOTE.to_owned())),
-                    };
-                    let _ = self.engine.outcome(&self.tenant, &nonce, ok, note);
-                    match result {
-                        Ok(r) => Ok(r),
-                        Err(ForwardError::Answer(e)) => Err(e),
-                        Err(ForwardError::NotSent) => {
-                            self.upstream.discard(live).await;
-                            Ok(call_not_sent(&tool, Some(class)))
-                        }
-                        Err(ForwardError::Lost) => Ok(call_lost(&tool, Some(class))),
-                    }
+                    self.run_accepted(request, arguments, &nonce, class, live, context)
+                        .await
                 }
                 answer => Ok(from_desk(answer)),
             };
         }
-        let preflight = self
-            .engine
-            .preflight(&self.tenant, &tool, &arguments, self.wait);
+        let answer = self
+            .preflight(&tool, &arguments, self.wait, context)
+            .await?;
+        Ok(from_desk(answer))
+    }
+
+    /// Runs a call the engine accepted, with the `arguments` the person approved, and tells the
+    /// engine its outcome.
+    async fn run_accepted(
+        &self,
+        mut request: CallToolRequestParams,
+        arguments: Value,
+        nonce: &str,
+        class: GateClass,
+        live: &Live,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let tool = request.name.to_string();
+        // What runs is what the person approved, as the desk kept it. It goes to the start the
+        // tool was gated against, or nowhere: never to a new process whose tools the engine has
+        // not seen. The agent's round-trip fields are the desk's own business, never sent on.
+        request.arguments = arguments.as_object().cloned();
+        request.request_state = None;
+        request.input_responses = None;
+        let result = self.forward_call(live, request, context).await;
+        let (ok, note) = match &result {
+            Ok(r) => (r.is_error != Some(true), None),
+            Err(ForwardError::Answer(e)) => (false, Some(e.message.to_string())),
+            Err(ForwardError::NotSent) => (false, Some(NOT_SENT_NOTE.to_owned())),
+            Err(ForwardError::Lost) => (false, Some(LOST_NOTE.to_owned())),
+        };
+        let _ = self.engine.outcome(&self.tenant, nonce, ok, note);
+        match result {
+            Ok(r) => Ok(r),
+            Err(ForwardError::Answer(e)) => Err(e),
+            Err(ForwardError::NotSent) => {
+                self.upstream.discard(live).await;
+                Ok(call_not_sent(&tool, Some(class)))
+            }
+            Err(ForwardError::Lost) => Ok(call_lost(&tool, Some(class))),
+        }
+    }
+
+    /// A preflight of this call, waiting up to `wait` for the person's decision, with progress to
+    /// the agent every few seconds. An agent that cancels withdraws the request.
+    async fn preflight(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        wait: Duration,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Answer, ErrorData> {
+        let preflight = self.engine.preflight(&self.tenant, tool, arguments, wait);
         tokio::pin!(preflight);
         let progress = context.meta.get_progress_token();
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         tick.tick().await;
         let mut step = 0u32;
-        let answer = loop {
+        loop {
             tokio::select! {
-                answer = &mut preflight => break answer,
+                answer = &mut preflight => return Ok(answer),
                 _ = context.ct.cancelled() => {
                     // The agent gave up: take the request off the person's queue.
-                    let _ = self.engine.withdraw(&self.tenant, &tool, &arguments);
+                    let _ = self.engine.withdraw(&self.tenant, tool, arguments);
                     return Err(ErrorData::internal_error("request cancelled", None));
                 }
                 _ = tick.tick() => {
@@ -359,8 +396,7 @@ impl Session {
                     }
                 }
             }
-        };
-        Ok(from_desk(answer))
+        }
     }
 }
 
@@ -475,6 +511,12 @@ impl ServerHandler for Session {
                         unlisted(&request.name)
                     }
                     Some(Gate::Class(class)) => {
+                        // The 2026-07-28 flow, where the agent negotiated it or sent its state.
+                        if let Some(response) =
+                            self.rounds(&request, class, &live, &context).await?
+                        {
+                            return Ok(response);
+                        }
                         self.gated(request.clone(), class, &live, &context).await?
                     }
                     Some(Gate::Withheld(reason)) => {

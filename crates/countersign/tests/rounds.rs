@@ -1,0 +1,394 @@
+//! The MCP 2026-07-28 flow end to end below the window: an rmcp client that negotiated 2026-07-28
+//! and handles URL elicitations calls a gated built-in tool through the real `countersign mcp`; the
+//! desk answers `input_required` (an elicitation naming the request, a sealed `requestState`), the
+//! person's click is `Engine::approve` called here, and the client's retry with the state gets the
+//! tool's real result. Then every way around the click the state could offer: forged, altered,
+//! oversized, replayed, another connection's, another tool's or arguments', sealed before the
+//! secret was rotated, sent by an older client, sent beside confirm fields. Each is refused, and
+//! nothing runs.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use common::*;
+use countersign_core::token::SigningKey;
+use countersign_engine::{PendingRequest, Removal};
+use rmcp::model::*;
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{Peer, RoleClient};
+use serde_json::{Value, json};
+
+type Modern = RunningService<RoleClient, ClientConfig>;
+
+/// A client that speaks 2026-07-28 (discover, no handshake) and declares URL elicitation, on the
+/// built-in tools of `desk`.
+async fn modern(desk: &Desk, name: &str) -> Modern {
+    let db = desk.dir.path().join("app.sqlite");
+    let cmd = gateway_command(&desk.socket, &["--db", db.to_str().unwrap(), "--wait", "2"]);
+    let capabilities: ClientCapabilities =
+        serde_json::from_value(json!({"elicitation": {"url": {}, "form": {}}})).unwrap();
+    let client = ClientConfig::new(capabilities, Implementation::new(name.to_owned(), "1.0"));
+    let lifecycle = ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    client
+        .serve_with_lifecycle(TokioChildProcess::new(cmd).unwrap(), lifecycle)
+        .await
+        .unwrap()
+}
+
+fn params(tool: &str, args: &Value) -> CallToolRequestParams {
+    CallToolRequestParams::new(tool.to_owned()).with_arguments(obj(args.clone()))
+}
+
+/// One round, as the client sends it: `state` echoed, `answer` the elicitation's action.
+async fn round(
+    agent: &Peer<RoleClient>,
+    tool: &str,
+    args: &Value,
+    state: Option<&str>,
+    answer: Option<&str>,
+) -> CallToolResponse {
+    let mut p = params(tool, args);
+    p.request_state = state.map(str::to_owned);
+    if let Some(action) = answer {
+        let responses: BTreeMap<String, Value> =
+            BTreeMap::from([("countersign_desk".to_owned(), json!({"action": action}))]);
+        p.input_responses = Some(responses);
+    }
+    agent.call_tool_once(p).await.unwrap()
+}
+
+fn input_required(r: CallToolResponse) -> InputRequiredResult {
+    match r {
+        CallToolResponse::InputRequired(ir) => ir,
+        other => panic!("expected input_required, got {other:?}"),
+    }
+}
+
+fn complete(r: CallToolResponse) -> CallToolResult {
+    match r {
+        CallToolResponse::Complete(r) => r,
+        other => panic!("expected a complete result, got {other:?}"),
+    }
+}
+
+/// The first round of `tool(args)`: the request it queued and the desk's answer.
+async fn first_round(
+    desk: &Desk,
+    agent: &Peer<RoleClient>,
+    tool: &str,
+    args: &Value,
+) -> (PendingRequest, InputRequiredResult) {
+    let mut changes = desk.engine.subscribe();
+    let answer = input_required(round(agent, tool, args, None, None).await);
+    let request = next_request(&mut changes).await;
+    (request, answer)
+}
+
+fn state_of(ir: &InputRequiredResult) -> String {
+    ir.request_state.clone().expect("a requestState")
+}
+
+async fn tables(agent: &Peer<RoleClient>) -> Value {
+    call(agent, "list_tables", json!({}))
+        .await
+        .structured_content
+        .unwrap()["rows"]
+        .clone()
+}
+
+fn create(name: &str) -> Value {
+    json!({"sql": format!("CREATE TABLE {name} (id INTEGER PRIMARY KEY)")})
+}
+
+/// Approves `request` as the click does.
+fn click(desk: &Desk, request: &PendingRequest) {
+    let typed = request.type_target.then(|| request.plan.target.clone());
+    desk.engine.approve(request.id, typed.as_deref()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_retries_with_the_state_after_the_click_and_gets_the_real_result_once() {
+    let desk = desk().await;
+    let agent = modern(&desk, "modern-agent").await;
+    let args = create("mrtr");
+    let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
+    assert_eq!(request.plan.tool, "execute");
+    assert_eq!(request.client_info["name"], json!("modern-agent"));
+
+    // The elicitation names the request in the desk; no token anywhere.
+    let shown = serde_json::to_value(&ir).unwrap();
+    assert_eq!(shown["resultType"], json!("input_required"));
+    let ask = &shown["inputRequests"]["countersign_desk"];
+    assert_eq!(ask["method"], json!("elicitation/create"), "{shown}");
+    assert_eq!(ask["params"]["mode"], json!("url"));
+    assert_eq!(
+        ask["params"]["url"],
+        json!(format!("countersign://request/{}", request.id))
+    );
+    assert!(
+        ask["params"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Countersign desk")
+    );
+    let state = state_of(&ir);
+    assert!(state.starts_with("csr1."), "{state}");
+    assert!(
+        !shown.to_string().contains("cs1."),
+        "a token reached the agent: {shown}"
+    );
+
+    // Retrying before the click: still waiting, a fresh state (state only), nothing ran.
+    let waiting =
+        input_required(round(agent.peer(), "execute", &args, Some(&state), Some("accept")).await);
+    assert!(waiting.input_requests.is_none());
+    let state2 = state_of(&waiting);
+    assert_ne!(state2, state);
+    assert_eq!(tables(agent.peer()).await, json!([]));
+
+    click(&desk, &request);
+    let done = complete(round(agent.peer(), "execute", &args, Some(&state2), None).await);
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    let seen = serde_json::to_value(&done).unwrap().to_string();
+    assert!(!seen.contains("cs1."), "a token reached the agent: {seen}");
+    assert_eq!(tables(agent.peer()).await, json!([{"name": "mrtr"}]));
+
+    // Each state works once; the last one's call is done.
+    for used in [&state, &state2] {
+        let again = complete(round(agent.peer(), "execute", &args, Some(used), None).await);
+        assert_eq!(
+            refusal(&again).as_deref(),
+            Some("already_used"),
+            "{again:?}"
+        );
+    }
+    let history = desk
+        .engine
+        .history(&countersign_store::HistoryFilter::default())
+        .unwrap();
+    let kinds: Vec<String> = history
+        .iter()
+        .filter(|e| e.tool == "execute")
+        .map(|e| serde_json::to_value(e.kind).unwrap().to_string())
+        .collect();
+    let joined = kinds.join(" ");
+    for kind in ["issued", "accepted", "executed"] {
+        assert!(joined.contains(kind), "no {kind} event in {kinds:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_reaches_the_retry_with_the_persons_note_and_nothing_runs() {
+    let desk = desk().await;
+    let agent = modern(&desk, "modern-agent").await;
+    let args = create("denied");
+    let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
+    desk.engine
+        .deny(request.id, Some("not on a Friday"))
+        .unwrap();
+    let r = complete(
+        round(
+            agent.peer(),
+            "execute",
+            &args,
+            Some(&state_of(&ir)),
+            Some("accept"),
+        )
+        .await,
+    );
+    assert_eq!(refusal(&r).as_deref(), Some("denied"));
+    assert!(text(&r).contains("not on a Friday"), "{r:?}");
+    assert_eq!(tables(agent.peer()).await, json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declined_elicitation_withdraws_the_request() {
+    let desk = desk().await;
+    let agent = modern(&desk, "modern-agent").await;
+    let args = create("declined");
+    let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
+    let mut changes = desk.engine.subscribe();
+    let r = complete(
+        round(
+            agent.peer(),
+            "execute",
+            &args,
+            Some(&state_of(&ir)),
+            Some("decline"),
+        )
+        .await,
+    );
+    assert_eq!(
+        r.structured_content.as_ref().unwrap()["error"],
+        json!("withdrawn")
+    );
+    assert_eq!(
+        next_removal(&mut changes).await,
+        (request.id, Removal::Withdrawn)
+    );
+    assert!(desk.engine.pending().is_empty());
+    assert_eq!(
+        desk.engine.approve(request.id, Some(&request.plan.target)),
+        Err(countersign_engine::ApproveError::NotPending)
+    );
+}
+
+/// Every hostile state on one connection, the request approved: each is refused, and the table
+/// is still missing afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_altered_oversized_misplaced_and_mixed_states_are_refused_and_nothing_runs() {
+    let desk = desk().await;
+    let agent = modern(&desk, "modern-agent").await;
+    let args = create("target");
+    let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
+    let state = state_of(&ir);
+    click(&desk, &request);
+
+    let (_, payload, tag) = {
+        let mut parts = state.split('.');
+        (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        )
+    };
+    let mut claims: Value =
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+    claims["round"] = json!(1000);
+    let altered = format!(
+        "csr1.{}.{tag}",
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap())
+    );
+    let mut confirm_too = args.clone();
+    confirm_too["confirm"] = json!(true);
+    confirm_too["confirmToken"] = json!("cs1.a.b");
+    confirm_too["confirmTarget"] = json!("target");
+
+    let cases: Vec<(&str, Value, String, &str)> = vec![
+        ("garbage", args.clone(), "not a state".into(), "bad_token"),
+        ("empty", args.clone(), String::new(), "bad_token"),
+        (
+            "oversized",
+            args.clone(),
+            format!("{state}{}", "A".repeat(5000)),
+            "bad_token",
+        ),
+        ("altered", args.clone(), altered, "bad_token"),
+        (
+            "another tool",
+            json!({"name": "x"}),
+            state.clone(),
+            "wrong_tool",
+        ),
+        (
+            "other arguments",
+            create("other"),
+            state.clone(),
+            "plan_changed",
+        ),
+        (
+            "beside confirm fields",
+            confirm_too,
+            state.clone(),
+            "bad_token",
+        ),
+    ];
+    for (what, call_args, sent, code) in cases {
+        let tool = if what == "another tool" {
+            "create_backup"
+        } else {
+            "execute"
+        };
+        let r = complete(round(agent.peer(), tool, &call_args, Some(&sent), Some("accept")).await);
+        assert_eq!(refusal(&r).as_deref(), Some(code), "{what}: {r:?}");
+        assert_eq!(r.is_error, Some(true), "{what}");
+        assert_eq!(
+            tables(agent.peer()).await,
+            json!([]),
+            "{what} ran something"
+        );
+    }
+    // The genuine state still works once, after all that.
+    let done = complete(round(agent.peer(), "execute", &args, Some(&state), None).await);
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    assert_eq!(tables(agent.peer()).await, json!([{"name": "target"}]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_from_another_connection_is_refused_wrong_tenant() {
+    let desk = desk().await;
+    let first = modern(&desk, "first").await;
+    let second = modern(&desk, "second").await;
+    let args = create("theirs");
+    let (request, ir) = first_round(&desk, first.peer(), "execute", &args).await;
+    click(&desk, &request);
+    // The second agent lists its tools, so that its connection knows execute.
+    let _ = second.peer().list_all_tools().await.unwrap();
+    let r = complete(
+        round(
+            second.peer(),
+            "execute",
+            &args,
+            Some(&state_of(&ir)),
+            Some("accept"),
+        )
+        .await,
+    );
+    assert_eq!(refusal(&r).as_deref(), Some("wrong_tenant"), "{r:?}");
+    assert_eq!(tables(second.peer()).await, json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_sealed_before_the_secret_was_rotated_is_refused() {
+    let desk = desk().await;
+    let agent = modern(&desk, "modern-agent").await;
+    let args = create("rotated");
+    let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
+    click(&desk, &request);
+    desk.engine.set_key(Ok(SigningKey::new(&[7; 32]).unwrap()));
+    let r = complete(
+        round(
+            agent.peer(),
+            "execute",
+            &args,
+            Some(&state_of(&ir)),
+            Some("accept"),
+        )
+        .await,
+    );
+    assert_eq!(refusal(&r).as_deref(), Some("bad_token"), "{r:?}");
+    assert_eq!(tables(agent.peer()).await, json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_client_gets_the_text_flow_and_its_request_state_is_refused() {
+    let desk = desk().await;
+    let modern_agent = modern(&desk, "modern-agent").await;
+    let args = create("legacy");
+    let (request, ir) = first_round(&desk, modern_agent.peer(), "execute", &args).await;
+    click(&desk, &request);
+
+    // A client on the initialize handshake (2025-11-25): the preflight's text flow.
+    let old = agent(&desk).await;
+    let other = create("other");
+    let click_it = click_approve(&desk.engine);
+    let preflight = call(old.peer(), "execute", other.clone()).await;
+    click_it.await.unwrap();
+    assert!(
+        preflight.structured_content.as_ref().unwrap()["confirmToken"].is_string(),
+        "{preflight:?}"
+    );
+    // Its requestState (another connection's, from a newer client) is refused for its revision.
+    let mut p = params("execute", &args);
+    p.request_state = Some(state_of(&ir));
+    let r = old.peer().call_tool(p).await.unwrap();
+    assert_eq!(refusal(&r).as_deref(), Some("bad_token"), "{r:?}");
+    assert!(text(&r).contains("older revision"), "{r:?}");
+    assert_eq!(tables(old.peer()).await, json!([]));
+}

@@ -1,0 +1,360 @@
+//! The MCP 2026-07-28 flow for gated calls: the client's own retry confirms, so the model never
+//! carries a token.
+//!
+//! Where the agent negotiated 2026-07-28 and said it handles URL-mode elicitation, a gated call
+//! without confirm fields is queued in the desk as any preflight is (same queue, window, delay and
+//! click) and answered at once with `resultType: input_required`: an elicitation in URL mode that
+//! says the request waits in the Countersign desk and names it (`countersign://request/<id>`:
+//! opening it approves nothing), and a `requestState` the engine seals (see
+//! `countersign_core::request_state`) binding this connection, the tool, the plan hash, the
+//! request's id and an expiry. The client retries the same call with that state (and the
+//! elicitation's answer). The retry is checked here (the state is the desk's own, for this
+//! connection, tool and plan, for the request still queued, and used once), then waits for the
+//! person like a preflight; an approval is taken straight into the engine's confirm (the verify
+//! chain, the ledger spend, the approved arguments, history) and the tool's real result is the
+//! answer. Still waiting: `input_required` again with a fresh state (a bounded number of times,
+//! then `pending`); denied: the refusal with the person's note; declined or cancelled at the
+//! client: the request is withdrawn.
+//!
+//! Every other agent keeps the preflight/confirm text flow; a `requestState` from an agent on an
+//! older revision, or beside confirm fields, is refused and nothing runs.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use countersign_core::Nonce;
+use countersign_core::PlanHash;
+use countersign_core::policy::CONFIRM_ARGUMENTS;
+use countersign_core::request_state::{StateClaims, StateError};
+
+use super::*;
+
+/// The key of the desk's one elicitation in `inputRequests`.
+pub(super) const ASK: &str = "countersign_desk";
+
+/// How many times one call is answered `input_required` before it is answered `pending` (the
+/// request stays queued: calling again re-attaches to it).
+pub(super) const MAX_ROUNDS: u32 = 8;
+
+/// The most unexpired spent states one connection keeps; past it, states are refused as used
+/// (failing closed) until the oldest expire.
+const MAX_SPENT: usize = 4096;
+
+/// The `requestState`s used up on one connection, until they expire. A state is bound to its
+/// connection, so a connection's own list is every list that could hold it.
+#[derive(Default)]
+pub(super) struct Spent(Mutex<HashMap<Nonce, u64>>);
+
+impl Spent {
+    /// Whether `nonce` was used.
+    fn used(&self, nonce: &Nonce) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(nonce)
+    }
+
+    /// Marks `nonce` used: `false` when it was already (or when the list is full of unexpired
+    /// states, so that nothing is forgotten early).
+    fn spend(&self, nonce: Nonce, exp: u64, now: u64) -> bool {
+        let mut spent = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if spent.contains_key(&nonce) {
+            return false;
+        }
+        if spent.len() >= MAX_SPENT {
+            spent.retain(|_, until| *until > now);
+            if spent.len() >= MAX_SPENT {
+                return false;
+            }
+        }
+        spent.insert(nonce, exp);
+        true
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Whether the agent speaks 2026-07-28 on this request and said it handles URL elicitations.
+fn offers_url_elicitation(context: &RequestContext<RoleServer>) -> bool {
+    is_modern(context)
+        && context
+            .client_capabilities()
+            .and_then(|c| c.elicitation)
+            .is_some_and(|e| e.url.is_some())
+}
+
+/// A refusal of a `requestState`: the code of the chain's refusal it amounts to, and a sentence
+/// that says what to do.
+fn state_refused(code: Refusal, why: &str) -> CallToolResponse {
+    let message = format!("Refused: {why} Nothing was executed.");
+    complete(refusal(code, &message))
+}
+
+fn complete(mut result: CallToolResult) -> CallToolResponse {
+    result.result_type.get_or_insert(ResultType::COMPLETE);
+    CallToolResponse::Complete(result)
+}
+
+/// The elicitation that points the person to the request in the desk.
+fn desk_elicitation(tool: &str, id: u64) -> Option<InputRequest> {
+    let message = format!(
+        "Countersign: the call of `{tool}` waits for a person's decision in the Countersign desk \
+         (request {id}). Read it there, then Approve or Deny it in the desk's window. Nothing runs \
+         until someone clicks Approve there; answering this prompt approves nothing."
+    );
+    serde_json::from_value(json!({
+        "method": "elicitation/create",
+        "params": {"mode": "url", "message": message, "url": format!("countersign://request/{id}")},
+    }))
+    .ok()
+}
+
+impl Session {
+    /// The 2026-07-28 flow for a call of the gated `request`, or `None` when the call belongs to
+    /// the preflight/confirm text flow.
+    pub(super) async fn rounds(
+        &self,
+        request: &CallToolRequestParams,
+        class: GateClass,
+        live: &Live,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Option<CallToolResponse>, ErrorData> {
+        let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
+        let confirming = CONFIRM_ARGUMENTS
+            .iter()
+            .any(|field| arguments.get(*field).is_some());
+        let Some(state) = &request.request_state else {
+            if confirming || !offers_url_elicitation(context) {
+                return Ok(None);
+            }
+            let answer = self
+                .preflight(&request.name, &arguments, Duration::ZERO, context)
+                .await?;
+            return self
+                .after_wait(answer, request, &arguments, class, 1, live, context)
+                .await
+                .map(Some);
+        };
+        if !is_modern(context) {
+            return Ok(Some(state_refused(
+                Refusal::BadToken,
+                "requestState belongs to MCP 2026-07-28, and this session negotiated an older \
+                 revision. Next: call the tool without confirm for a preflight, and confirm with \
+                 the token it returns once a person approved.",
+            )));
+        }
+        if confirming {
+            return Ok(Some(state_refused(
+                Refusal::BadToken,
+                "a call carries either a requestState or confirm fields, never both. Next: retry \
+                 with the requestState alone, exactly as it was given.",
+            )));
+        }
+        Ok(Some(
+            self.retry(state, request, &arguments, class, live, context)
+                .await?,
+        ))
+    }
+
+    /// The client's retry with `state`.
+    async fn retry(
+        &self,
+        state: &str,
+        request: &CallToolRequestParams,
+        arguments: &Value,
+        class: GateClass,
+        live: &Live,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tool = request.name.as_ref();
+        let again =
+            "Next: call the tool again without requestState; the desk asks the person anew.";
+        let claims = match self.engine.open_request_state(state) {
+            Err(why) => {
+                let answer = Answer::Error {
+                    code: ErrorCode::NoSecret,
+                    message: why,
+                };
+                return Ok(complete(from_desk(answer)));
+            }
+            Ok(Err(StateError::Expired)) => {
+                return Ok(state_refused(
+                    Refusal::Expired,
+                    &format!("the requestState has expired. {again}"),
+                ));
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(target: "session", tool = %tool, "refused a requestState: {e}");
+                return Ok(state_refused(
+                    Refusal::BadToken,
+                    &format!(
+                        "the requestState is not one this Countersign desk sealed ({e}). Do not \
+                         retry with it. {again}"
+                    ),
+                ));
+            }
+            Ok(Ok(claims)) => claims,
+        };
+        if claims.tenant != self.tenant {
+            return Ok(state_refused(
+                Refusal::WrongTenant,
+                &format!("this requestState was given to another agent session. {again}"),
+            ));
+        }
+        if claims.tool != tool {
+            return Ok(state_refused(
+                Refusal::WrongTool,
+                &format!(
+                    "this requestState continues a call of another tool, not `{tool}`. {again}"
+                ),
+            ));
+        }
+        let replayed = "this requestState was used before: each works once, and the retry it \
+                        answered got a new one or the call's result. Next: retry with the newest \
+                        requestState, or call the tool again without one.";
+        if self.spent.used(&claims.nonce) {
+            return Ok(state_refused(Refusal::AlreadyUsed, replayed));
+        }
+        let Some((plan, queued)) = self.engine.queued(&self.tenant, tool, arguments) else {
+            // The call cannot be planned now: the preflight says why (and queues nothing).
+            let answer = self
+                .preflight(tool, arguments, Duration::ZERO, context)
+                .await?;
+            return Ok(complete(from_desk(answer)));
+        };
+        if plan != claims.plan {
+            return Ok(state_refused(
+                Refusal::PlanChanged,
+                "the arguments differ from those of the request this requestState continues, \
+                 which is what the person reads. Next: retry with the arguments unchanged, or \
+                 call the tool again without requestState to ask for the new ones.",
+            ));
+        }
+        if queued != Some(claims.request) {
+            return Ok(state_refused(
+                Refusal::Expired,
+                &format!(
+                    "the request this requestState continues is no longer in the Countersign \
+                     desk (withdrawn, decided and collected, or expired). {again}"
+                ),
+            ));
+        }
+        if !self.spent.spend(claims.nonce, claims.exp, now_ms()) {
+            return Ok(state_refused(Refusal::AlreadyUsed, replayed));
+        }
+        let declined = request
+            .input_responses
+            .as_ref()
+            .and_then(|r| r.get(ASK))
+            .and_then(|r| r.get("action"))
+            .and_then(Value::as_str)
+            .is_some_and(|action| action == "decline" || action == "cancel");
+        if declined {
+            let _ = self.engine.withdraw(&self.tenant, tool, arguments);
+            let message = format!(
+                "Withdrawn: the prompt to open the Countersign desk was declined, so the call of \
+                 `{tool}` left the person's queue. Nothing was executed. Next: call the tool \
+                 again if it must run."
+            );
+            let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
+            r.structured_content = Some(json!({ "error": "withdrawn", "message": message }));
+            return Ok(complete(r));
+        }
+        let answer = self.preflight(tool, arguments, self.wait, context).await?;
+        self.after_wait(
+            answer,
+            request,
+            arguments,
+            class,
+            claims.round.saturating_add(1),
+            live,
+            context,
+        )
+        .await
+    }
+
+    /// What the agent gets once the desk answered a preflight in this flow: the tool's result
+    /// when the person approved (the approval taken straight into the confirm), `input_required`
+    /// with a fresh state (`round` of [`MAX_ROUNDS`]) while the request waits, or the refusal.
+    #[allow(clippy::too_many_arguments)]
+    async fn after_wait(
+        &self,
+        answer: Answer,
+        request: &CallToolRequestParams,
+        arguments: &Value,
+        class: GateClass,
+        round: u32,
+        live: &Live,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tool = request.name.as_ref();
+        match answer {
+            Answer::Approved { token, target, .. } => {
+                // The token goes from the engine to the engine: the agent never sees it.
+                let mut confirm = arguments.clone();
+                confirm["confirm"] = json!(true);
+                confirm["confirmTarget"] = json!(target);
+                confirm["confirmToken"] = json!(token);
+                match self.engine.confirm(&self.tenant, tool, &confirm) {
+                    Answer::Accepted { arguments, nonce } => {
+                        let result = self
+                            .run_accepted(request.clone(), arguments, &nonce, class, live, context)
+                            .await?;
+                        Ok(complete(result))
+                    }
+                    answer => Ok(complete(from_desk(answer))),
+                }
+            }
+            Answer::Refused {
+                refusal: Refusal::Pending,
+                ..
+            } if round <= MAX_ROUNDS => match self.engine.queued(&self.tenant, tool, arguments) {
+                Some((plan, Some(id))) => self.input_required(tool, plan, id, round),
+                _ => Ok(complete(from_desk(answer))),
+            },
+            answer => Ok(complete(from_desk(answer))),
+        }
+    }
+
+    /// `input_required` for request `id`: the elicitation on the first round, and a new state.
+    fn input_required(
+        &self,
+        tool: &str,
+        plan: PlanHash,
+        id: u64,
+        round: u32,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let claims = StateClaims {
+            tenant: self.tenant.clone(),
+            tool: tool.to_owned(),
+            plan,
+            request: id,
+            exp: now_ms().saturating_add(self.engine.token_ttl_ms()),
+            nonce: Nonce::from_bytes(rand::random()),
+            round,
+        };
+        let state = match self.engine.seal_request_state(&claims) {
+            Ok(state) => state,
+            Err(why) => {
+                let answer = Answer::Error {
+                    code: ErrorCode::NoSecret,
+                    message: why,
+                };
+                return Ok(complete(from_desk(answer)));
+            }
+        };
+        let asks = (round == 1)
+            .then(|| desk_elicitation(tool, id))
+            .flatten()
+            .map(|ask| InputRequests::from([(ASK.to_owned(), ask)]));
+        Ok(CallToolResponse::InputRequired(InputRequiredResult::new(
+            asks,
+            Some(state),
+        )))
+    }
+}
