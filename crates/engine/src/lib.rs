@@ -20,6 +20,10 @@ pub use change::{
     Change, ChangeDecision, ChangeKind, MAX_CHANGE_LABEL_CHARS, MAX_CHANGE_TEXT_CHARS,
     MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, PINNED_FIELDS,
 };
+pub use engine::grant::{
+    GrantError, GrantOffer, MAX_GRANT_MINUTES, MAX_LIVE_GRANTS, MIN_PREFIX_SEGMENTS, PathError,
+    Widening,
+};
 pub use engine::{
     ApproveError, DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig,
     EngineError, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, PendingRequest, QueueChange,
