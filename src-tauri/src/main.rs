@@ -509,7 +509,7 @@ fn run(
                             newest = Some(request);
                         }
                         QueueChange::Focus => batch.focus = true,
-                        QueueChange::Removed { .. } => {}
+                        QueueChange::Removed { .. } | QueueChange::Updated { .. } => {}
                     };
                     match changes.recv().await {
                         Ok(change) => absorb(change, &mut batch),

@@ -14,6 +14,11 @@
 //! (`countersign_core::diff`), each line escaped and flagged by [`shown`] like every other string,
 //! so the window lays out rows and never compares or interprets text.
 
+#[path = "preview_view.rs"]
+mod preview_view;
+
+pub use preview_view::PreviewView;
+
 use countersign_core::diff::{self, RowKind};
 use countersign_core::render;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
@@ -151,6 +156,11 @@ pub struct RequestView {
     pub plan_hash: String,
     /// For a request to change the desk itself rather than run a tool: what changes.
     pub change: Option<ChangeView>,
+    /// Why the tool is gated: its annotations, or the policy line that set its class.
+    pub why: Shown,
+    /// What the call would do, when the desk could look ("unavailable" with a code when it
+    /// tried and could not); never part of what is approved.
+    pub preview: Option<PreviewView>,
 }
 
 /// A change to the desk, as the approval view shows it.
@@ -241,6 +251,8 @@ impl From<&PendingRequest> for RequestView {
             details: shown_details(&r.plan.details),
             plan_hash: r.plan_hash.to_hex(),
             change: r.change.as_ref().map(ChangeView::from),
+            why: shown(&r.why),
+            preview: r.preview.as_ref().map(PreviewView::from),
         }
     }
 }
@@ -418,6 +430,8 @@ mod tests {
             token_ttl_ms: 600_000,
             arrived_at_ms: 0,
             change: None,
+            why: "annotations destructiveHint: true".into(),
+            preview: None,
         }
     }
 

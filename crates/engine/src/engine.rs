@@ -32,6 +32,8 @@ use tokio::sync::{broadcast, watch};
 
 #[path = "grant.rs"]
 pub(crate) mod grant;
+#[path = "preview.rs"]
+pub(crate) mod preview;
 
 /// Why a desk without a window refuses every preflight, and what to do about it.
 pub const HEADLESS: &str = "Refused: the Countersign desk is running without a window (no \
@@ -173,6 +175,11 @@ pub struct PendingRequest {
     /// For a request to change the desk itself (not a tool call): the change. Its `plan` then
     /// only names it (tool `change:<kind>`, target its subject); nothing is minted for it.
     pub change: Option<Change>,
+    /// Why the tool has its class: the policy line that set it, or its annotations.
+    pub why: String,
+    /// What the call would do, as the desk found it while the request waits: shown, never
+    /// hashed, minted or executed ([`Engine::attach_preview`]).
+    pub preview: Option<countersign_core::preview::Preview>,
 }
 
 /// Why a request left the queue.
@@ -200,6 +207,11 @@ pub enum QueueChange {
     },
     /// Someone asked for the window (a second start of the desk).
     Focus,
+    /// What a waiting request shows changed (a preview arrived): the approve delay starts again.
+    Updated {
+        /// It, as it is now.
+        request: Box<PendingRequest>,
+    },
     /// A request left the queue.
     Removed {
         /// Its id.
@@ -279,6 +291,9 @@ struct State {
     /// Accepted calls whose outcome is still to come, by tenant and nonce (a reusable token's
     /// nonce may be accepted more than once): each acceptance records one outcome.
     awaiting_outcome: HashMap<(String, Nonce), u32>,
+    /// When a preview last changed what a waiting request shows, by id: its approve delay runs
+    /// from then.
+    rearmed: HashMap<u64, u64>,
     /// Whether the session grants an earlier run of the desk left in the file were ended.
     session_grants_ended: bool,
 }
@@ -599,6 +614,7 @@ impl Engine {
         // below must not hold up the queue, the window or any other connection.
         let (view, arguments) = {
             let mut state = lock(&self.inner.state);
+            let rearmed_at_ms = state.rearmed.get(&id).copied().unwrap_or(0);
             let entry = state
                 .requests
                 .get_mut(&id)
@@ -608,7 +624,7 @@ impl Engine {
             if view.type_target && typed_target != Some(view.plan.target.as_str()) {
                 return Err(ApproveError::TargetNotTyped);
             }
-            let wait_ms = self.approve_wait_ms(view.arrived_at_ms, now);
+            let wait_ms = self.approve_wait_ms(view.arrived_at_ms.max(rearmed_at_ms), now);
             if wait_ms > 0 {
                 return Err(ApproveError::TooSoon { wait_ms });
             }
@@ -937,6 +953,8 @@ impl Engine {
             token_ttl_ms: 0,
             arrived_at_ms: now_ms(),
             change: Some(change),
+            why: String::new(),
+            preview: None,
         };
         let (sender, receiver) = watch::channel(None);
         state.requests.insert(
@@ -1334,6 +1352,7 @@ impl Engine {
         let bad = |e: &dyn std::fmt::Display| error(ErrorCode::BadArguments, e.to_string());
         let (args, fields) = policy::split_confirm(arguments).map_err(|e| bad(&e))?;
         let plan = policy::plan(&rule, tool, &args).map_err(|e| bad(&e))?;
+        let plan = preview::described(&server, tool, &rule, &args, plan);
         let hash = plan.hash().map_err(|e| bad(&e))?;
         Ok(Call {
             rule,
@@ -1455,6 +1474,8 @@ impl Engine {
                         token_ttl_ms: ttl,
                         arrived_at_ms: now,
                         change: None,
+                        why: rule.why.clone(),
+                        preview: None,
                     };
                     let (sender, receiver) = watch::channel(None);
                     state.requests.insert(

@@ -373,6 +373,7 @@ impl Session {
         wait: Duration,
         context: &RequestContext<RoleServer>,
     ) -> Result<Answer, ErrorData> {
+        crate::preview::start(&self.engine, &self.tenant, &self.upstream, tool, arguments);
         let preflight = self.engine.preflight(&self.tenant, tool, arguments, wait);
         tokio::pin!(preflight);
         let progress = context.meta.get_progress_token();

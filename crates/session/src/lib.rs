@@ -12,6 +12,7 @@
 mod agent;
 mod children;
 mod peer;
+mod preview;
 mod raw;
 pub mod reach;
 mod registry;

@@ -1,0 +1,192 @@
+//! Previews on waiting requests and the built-in `execute` named by the tables it writes, driven
+//! as a session and the window would drive the engine.
+
+use std::time::Duration;
+
+use countersign_core::preview::{self, Preview, Unavailable};
+use countersign_core::token::SigningKey;
+use countersign_engine::{Answer, ApproveError, Engine, EngineConfig, QueueChange};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn engine(dir: &tempfile::TempDir, delay_ms: u64) -> Engine {
+    let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
+    config.approve_delay_ms = delay_ms;
+    Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap()
+}
+
+fn files(engine: &Engine, server: &str) -> String {
+    let tenant = engine.connect(server.into());
+    engine.register_tools(
+        &tenant,
+        vec![json!({"name": "write_file", "annotations": {"destructiveHint": true},
+            "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}})],
+    );
+    tenant
+}
+
+/// A preflight left waiting in the background, and the request it queued.
+async fn queued(
+    engine: &Engine,
+    tenant: &str,
+    tool: &str,
+    args: Value,
+) -> (
+    tokio::task::JoinHandle<Answer>,
+    countersign_engine::PendingRequest,
+) {
+    let mut changes = engine.subscribe();
+    let (e, t, tool, a) = (engine.clone(), tenant.to_owned(), tool.to_owned(), args);
+    let waiting = tokio::spawn(async move { e.preflight(&t, &tool, &a, WAIT).await });
+    loop {
+        if let Ok(QueueChange::Added { request }) = changes.recv().await {
+            return (waiting, *request);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_preview_is_shown_with_its_request_and_never_changes_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir, 0);
+    let tenant = files(&engine, "fs");
+    let args = json!({"path": "/a.txt", "content": "new\n"});
+    let (waiting, request) = queued(&engine, &tenant, "write_file", args.clone()).await;
+    assert_eq!(request.preview, None);
+    assert_eq!(request.why, "annotations destructiveHint: true");
+    let mut changes = engine.subscribe();
+    let shown = preview::file("/a.txt", Some("old\n"), None, "new\n");
+    assert_eq!(
+        engine.call_hash(&tenant, "write_file", &args),
+        Some(request.plan_hash)
+    );
+    assert!(engine.awaits_preview(&tenant, "write_file", request.plan_hash));
+    assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, shown.clone()));
+    let Ok(QueueChange::Updated { request: updated }) = changes.recv().await else {
+        panic!("the window is told")
+    };
+    assert_eq!(updated.preview.as_ref(), Some(&shown));
+    assert_eq!(
+        updated.plan_hash, request.plan_hash,
+        "the plan is untouched"
+    );
+    assert_eq!(updated.text, request.text);
+    assert!(!engine.awaits_preview(&tenant, "write_file", request.plan_hash));
+    // The same preview again changes nothing and tells nobody.
+    assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, shown));
+    assert!(changes.try_recv().is_err());
+    engine.approve(request.id, Some("/a.txt")).unwrap();
+    assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
+}
+
+#[tokio::test]
+async fn a_preview_lands_only_on_the_request_of_its_own_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir, 0);
+    let mine = files(&engine, "fs");
+    let other = files(&engine, "fs");
+    let args = json!({"path": "/a.txt", "content": "x"});
+    let (_waiting, request) = queued(&engine, &mine, "write_file", args.clone()).await;
+    let p = Preview::unavailable(Unavailable::ReadFailed, "x");
+    assert!(!engine.attach_preview(&other, "write_file", request.plan_hash, p.clone()));
+    let elsewhere = engine
+        .call_hash(
+            &mine,
+            "write_file",
+            &json!({"path": "/b.txt", "content": "x"}),
+        )
+        .unwrap();
+    assert!(!engine.attach_preview(&mine, "write_file", elsewhere, p));
+    assert_eq!(engine.pending()[0].preview, None);
+}
+
+#[tokio::test]
+async fn a_preview_that_changes_what_is_shown_re_arms_the_approve_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir, 600);
+    let tenant = files(&engine, "fs");
+    let args = json!({"path": "/a.txt", "content": "x"});
+    let (waiting, request) = queued(&engine, &tenant, "write_file", args).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let p = Preview::unavailable(Unavailable::TimeLimit, "slow");
+    assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, p));
+    assert!(matches!(
+        engine.approve(request.id, Some("/a.txt")),
+        Err(ApproveError::TooSoon { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    engine.approve(request.id, Some("/a.txt")).unwrap();
+    assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
+}
+
+fn builtin(engine: &Engine, db: &std::path::Path) -> String {
+    let tenant = engine.connect(format!("builtin:{}", db.display()));
+    engine.register_tools(&tenant, countersign_builtin::definitions());
+    tenant
+}
+
+#[tokio::test]
+async fn execute_is_typed_by_the_tables_it_writes_and_its_summary_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users (name) VALUES ('a'), ('b');")
+        .unwrap();
+    let engine = engine(&dir, 0);
+    let tenant = builtin(&engine, &db);
+    let args = json!({"sql": "DELETE FROM users WHERE id = 2"});
+    let (waiting, request) = queued(&engine, &tenant, "execute", args.clone()).await;
+    assert_eq!(request.plan.target, "users");
+    assert_eq!(request.plan.summary, "DELETE from users");
+    assert!(request.type_target);
+    assert_eq!(
+        engine.approve(request.id, Some("execute")),
+        Err(ApproveError::TargetNotTyped),
+        "the tool's name is no longer the target"
+    );
+    engine.approve(request.id, Some("users")).unwrap();
+    let Answer::Approved { token, target, .. } = waiting.await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(target, "users");
+    let mut confirm = args.clone();
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = json!("users");
+    confirm["confirmToken"] = json!(token);
+    assert!(matches!(
+        engine.confirm(&tenant, "execute", &confirm),
+        Answer::Accepted { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_trigger_added_after_the_click_changes_the_plan_and_the_confirm_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.sqlite");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY); CREATE TABLE audit (x);")
+        .unwrap();
+    let engine = engine(&dir, 0);
+    let tenant = builtin(&engine, &db);
+    let args = json!({"sql": "DELETE FROM users"});
+    let (waiting, request) = queued(&engine, &tenant, "execute", args.clone()).await;
+    engine.approve(request.id, Some("users")).unwrap();
+    let Answer::Approved { token, .. } = waiting.await.unwrap() else {
+        panic!()
+    };
+    conn.execute_batch(
+        "CREATE TRIGGER t AFTER DELETE ON users BEGIN INSERT INTO audit VALUES (1); END;",
+    )
+    .unwrap();
+    let mut confirm = args;
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = json!("users");
+    confirm["confirmToken"] = json!(token);
+    let answer = engine.confirm(&tenant, "execute", &confirm);
+    assert!(
+        matches!(answer, Answer::Refused { .. }),
+        "what it writes changed since the click: {answer:?}"
+    );
+}

@@ -1,0 +1,380 @@
+//! Previews of a gated call, made by the desk while the person decides.
+//!
+//! When a preflight queues a call the desk knows how to look at, it looks, in a task of its own,
+//! and attaches what it saw to the waiting request ([`Engine::attach_preview_to_call`]): display
+//! only, never part of the plan, the token or what runs.
+//!
+//! - The built-in `execute`: its SQL rehearsed in a transaction that is rolled back, on the desk's
+//!   own connection to the file (`countersign_builtin::rehearse`): rows per table.
+//! - A file write, move or new directory (server-filesystem's tools, or a policy's recipe): the
+//!   same upstream's read tool asked about the path, and the file shown beside its new content.
+//!   The read tool is called only when the upstream lists it, once, with `readOnlyHint: true`:
+//!   a recipe cannot make the desk call a tool that may change something without a click.
+//! - server-filesystem's `edit_file`: the upstream's own dry run, a call the desk builds itself
+//!   (`path`, `edits` as `oldText`/`newText` strings, `dryRun: true`, nothing else of the agent's),
+//!   and only when the upstream says it is server-filesystem and declares `dryRun`.
+//!
+//! Every preview is bounded in time ([`TIME_LIMIT`]) and size; one that cannot be made is
+//! attached as unavailable with a code, never dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_builtin::rehearse::{self, Mode, Stopped};
+use countersign_core::policy::{PreviewKind, PreviewRecipe};
+use countersign_core::preview::{self, Preview, TableRows, Unavailable};
+use countersign_engine::Engine;
+use rmcp::RoleClient;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::Peer;
+use serde_json::{Map, Value, json};
+
+use crate::reach::Upstream;
+
+/// How long the desk waits for a preview before showing it as unavailable.
+pub const TIME_LIMIT: Duration = Duration::from_secs(3);
+
+/// The name server-filesystem gives itself: its `edit_file` has a documented `dryRun`.
+const FILESYSTEM_SERVER: &str = "secure-filesystem-server";
+
+/// How long to look for the request the preview belongs to (queued by the preflight that
+/// started the preview, which may not have run yet).
+const FIND_REQUEST_FOR: Duration = Duration::from_secs(1);
+
+/// Starts the preview of a gated call of `tool` with `arguments`, if the desk knows one.
+pub(crate) fn start(
+    engine: &Engine,
+    tenant: &str,
+    upstream: &Arc<Upstream>,
+    tool: &str,
+    arguments: &Value,
+) {
+    let Some(server) = engine.server_of(tenant) else {
+        return;
+    };
+    let Some(args) = arguments.as_object() else {
+        return;
+    };
+    let job: Job = if let Some(db) = countersign_engine::builtin_db(&server) {
+        if tool != "execute" {
+            return;
+        }
+        let Some(Value::String(sql)) = args.get("sql") else {
+            return;
+        };
+        Job::Sql {
+            db: db.to_owned(),
+            sql: sql.clone(),
+        }
+    } else {
+        match engine.policy().recipe(&server, tool) {
+            Some(recipe) => Job::Upstream {
+                recipe,
+                upstream: upstream.clone(),
+                args: args.clone(),
+            },
+            None => return,
+        }
+    };
+    let (engine, tenant, tool, arguments) = (
+        engine.clone(),
+        tenant.to_owned(),
+        tool.to_owned(),
+        arguments.clone(),
+    );
+    tokio::spawn(async move {
+        // Only for a request that waits without one: not for a call refused or approved at once,
+        // nor again for the same request when the agent calls again while it waits.
+        let Some(hash) = engine.call_hash(&tenant, &tool, &arguments) else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + FIND_REQUEST_FOR;
+        while !engine.awaits_preview(&tenant, &tool, hash) {
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let preview = match tokio::time::timeout(TIME_LIMIT, job.run()).await {
+            Ok(preview) => preview,
+            Err(_) => Preview::unavailable(
+                Unavailable::TimeLimit,
+                format!("no preview within {} s", TIME_LIMIT.as_secs()),
+            ),
+        };
+        engine.attach_preview(&tenant, &tool, hash, preview);
+    });
+}
+
+enum Job {
+    Sql {
+        db: std::path::PathBuf,
+        sql: String,
+    },
+    Upstream {
+        recipe: PreviewRecipe,
+        upstream: Arc<Upstream>,
+        args: Map<String, Value>,
+    },
+}
+
+impl Job {
+    async fn run(self) -> Preview {
+        match self {
+            Job::Sql { db, sql } => {
+                let rehearsed = tokio::task::spawn_blocking(move || {
+                    rehearse::rehearse(&db, &sql, Mode::Preview)
+                })
+                .await;
+                match rehearsed {
+                    Ok(described) => rows(described),
+                    Err(e) => Preview::unavailable(Unavailable::Failed, e.to_string()),
+                }
+            }
+            Job::Upstream {
+                recipe,
+                upstream,
+                args,
+            } => {
+                let live = match upstream.live().await {
+                    Ok(live) => live,
+                    Err(_) => {
+                        return Preview::unavailable(
+                            Unavailable::UpstreamUnreachable,
+                            "the upstream is not running",
+                        );
+                    }
+                };
+                let is_filesystem = upstream
+                    .info()
+                    .server_info
+                    .as_ref()
+                    .is_some_and(|i| i.name == FILESYSTEM_SERVER);
+                from_upstream(&live.peer, &recipe, &args, is_filesystem).await
+            }
+        }
+    }
+}
+
+/// The preview of a rehearsal.
+fn rows(described: rehearse::Described) -> Preview {
+    match (described.rows, described.stopped) {
+        (Some(tables), None) => Preview::Rows {
+            tables: tables
+                .into_iter()
+                .map(|t| TableRows {
+                    table: t.table,
+                    before: t.before,
+                    after: t.after,
+                    gained: t.gained,
+                    lost: t.lost,
+                    changed: t.changed,
+                    counted_only: t.counted_only,
+                })
+                .collect(),
+        },
+        (_, stopped) => {
+            let stopped = stopped.unwrap_or(Stopped::Failed("no rows were counted".to_owned()));
+            let reason = match stopped {
+                Stopped::TimeLimit => Unavailable::TimeLimit,
+                Stopped::Busy => Unavailable::DatabaseBusy,
+                Stopped::NotRehearsable(_) => Unavailable::NotRehearsable,
+                Stopped::Failed(_) => Unavailable::StatementFailed,
+                Stopped::TooMany => Unavailable::TooLarge,
+                Stopped::NoDatabase(_) => Unavailable::Failed,
+            };
+            Preview::unavailable(reason, stopped.detail())
+        }
+    }
+}
+
+fn text_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, Preview> {
+    args.get(name).and_then(Value::as_str).ok_or_else(|| {
+        Preview::unavailable(
+            Unavailable::BadArguments,
+            format!("`{name}` is not a string"),
+        )
+    })
+}
+
+/// Whether the upstream lists `tool` exactly once, with `readOnlyHint: true`.
+async fn read_only(peer: &Peer<RoleClient>, tool: &str) -> Result<(), Preview> {
+    let tools = peer
+        .list_all_tools()
+        .await
+        .map_err(|e| Preview::unavailable(Unavailable::UpstreamUnreachable, e.to_string()))?;
+    let mut listed = tools.iter().filter(|t| t.name == tool);
+    match (listed.next(), listed.next()) {
+        (Some(t), None) if t.annotations.as_ref().and_then(|a| a.read_only_hint) == Some(true) => {
+            Ok(())
+        }
+        _ => Err(Preview::unavailable(
+            Unavailable::ReadToolNotReadOnly,
+            format!("the upstream does not list `{tool}` once with readOnlyHint: true"),
+        )),
+    }
+}
+
+/// A tool's text result, or what it said instead (an error result's text).
+fn text_of(result: &CallToolResult) -> (bool, String) {
+    let mut text = String::new();
+    for block in &result.content {
+        if let Some(t) = block.as_text() {
+            if text.len() > preview::MAX_FILE_BYTES {
+                break;
+            }
+            text.push_str(&t.text);
+        }
+    }
+    (result.is_error != Some(true), text)
+}
+
+async fn call(
+    peer: &Peer<RoleClient>,
+    tool: &str,
+    arguments: Value,
+) -> Result<(bool, String), Preview> {
+    let params = CallToolRequestParams::new(tool.to_owned())
+        .with_arguments(arguments.as_object().cloned().unwrap_or_default());
+    let result = peer
+        .call_tool(params)
+        .await
+        .map_err(|e| Preview::unavailable(Unavailable::ReadFailed, e.to_string()))?;
+    Ok(text_of(&result))
+}
+
+async fn from_upstream(
+    peer: &Peer<RoleClient>,
+    recipe: &PreviewRecipe,
+    args: &Map<String, Value>,
+    is_filesystem: bool,
+) -> Preview {
+    match look(peer, recipe, args, is_filesystem).await {
+        Ok(preview) | Err(preview) => preview,
+    }
+}
+
+async fn look(
+    peer: &Peer<RoleClient>,
+    recipe: &PreviewRecipe,
+    args: &Map<String, Value>,
+    is_filesystem: bool,
+) -> Result<Preview, Preview> {
+    if recipe.kind == PreviewKind::Edit {
+        return dry_run(peer, args, is_filesystem).await;
+    }
+    let Some(read) = recipe.read.as_deref() else {
+        return Err(Preview::unavailable(
+            Unavailable::Failed,
+            "the recipe names no read tool",
+        ));
+    };
+    read_only(peer, read).await?;
+    match recipe.kind {
+        PreviewKind::Write => {
+            let path = text_arg(args, &recipe.path)?;
+            let content = text_arg(args, &recipe.content)?;
+            if content.len() > preview::MAX_FILE_BYTES {
+                return Err(Preview::unavailable(
+                    Unavailable::TooLarge,
+                    "the new content is too large to compare",
+                ));
+            }
+            let (ok, text) = call(peer, read, json!({ "path": path })).await?;
+            if text.len() > preview::MAX_FILE_BYTES {
+                return Err(Preview::unavailable(
+                    Unavailable::TooLarge,
+                    "the file is too large to compare",
+                ));
+            }
+            Ok(if ok {
+                preview::file(path, Some(&text), None, content)
+            } else {
+                preview::file(path, None, Some(&text), content)
+            })
+        }
+        PreviewKind::Move => {
+            let source = text_arg(args, &recipe.source)?;
+            let destination = text_arg(args, &recipe.destination)?;
+            let (exists, _) = call(peer, read, json!({ "path": destination })).await?;
+            Ok(Preview::Move {
+                source: source.to_owned(),
+                destination: destination.to_owned(),
+                destination_exists: exists,
+            })
+        }
+        PreviewKind::CreateDir => {
+            let path = text_arg(args, &recipe.path)?;
+            let (exists, _) = call(peer, read, json!({ "path": path })).await?;
+            Ok(Preview::Directory {
+                path: path.to_owned(),
+                exists,
+            })
+        }
+        PreviewKind::Edit => unreachable!("handled above"),
+    }
+}
+
+/// server-filesystem's own dry run of an `edit_file` call, rebuilt by the desk.
+async fn dry_run(
+    peer: &Peer<RoleClient>,
+    args: &Map<String, Value>,
+    is_filesystem: bool,
+) -> Result<Preview, Preview> {
+    let declares_dry_run = peer
+        .list_all_tools()
+        .await
+        .map_err(|e| Preview::unavailable(Unavailable::UpstreamUnreachable, e.to_string()))?
+        .iter()
+        .filter(|t| t.name == "edit_file")
+        .map(|t| {
+            t.input_schema
+                .get("properties")
+                .and_then(|p| p.get("dryRun"))
+                .is_some()
+        })
+        .collect::<Vec<_>>()
+        == [true];
+    if !is_filesystem || !declares_dry_run {
+        return Err(Preview::unavailable(
+            Unavailable::ReadToolNotReadOnly,
+            "only server-filesystem's edit_file has a dry run the desk trusts",
+        ));
+    }
+    let path = text_arg(args, "path")?;
+    let bad = || {
+        Preview::unavailable(
+            Unavailable::BadArguments,
+            "`edits` is not a list of oldText/newText strings",
+        )
+    };
+    let edits = args
+        .get("edits")
+        .and_then(Value::as_array)
+        .ok_or_else(bad)?;
+    if edits.len() > 256 {
+        return Err(bad());
+    }
+    let mut rebuilt = Vec::with_capacity(edits.len());
+    for edit in edits {
+        let old = edit
+            .get("oldText")
+            .and_then(Value::as_str)
+            .ok_or_else(bad)?;
+        let new = edit
+            .get("newText")
+            .and_then(Value::as_str)
+            .ok_or_else(bad)?;
+        rebuilt.push(json!({ "oldText": old, "newText": new }));
+    }
+    let (ok, text) = call(
+        peer,
+        "edit_file",
+        json!({ "path": path, "edits": rebuilt, "dryRun": true }),
+    )
+    .await?;
+    if !ok {
+        return Err(Preview::unavailable(Unavailable::ReadFailed, text));
+    }
+    Ok(preview::dry_run(path, &text))
+}
