@@ -27,10 +27,23 @@ type Modern = RunningService<RoleClient, ClientConfig>;
 /// A client that speaks 2026-07-28 (discover, no handshake) and declares URL elicitation, on the
 /// built-in tools of `desk`.
 async fn modern(desk: &Desk, name: &str) -> Modern {
+    modern_with(
+        desk,
+        name,
+        json!({"elicitation": {"url": {}, "form": {}}}),
+        "2",
+    )
+    .await
+}
+
+/// A 2026-07-28 client declaring `capabilities`, whose gateway waits `wait` seconds.
+async fn modern_with(desk: &Desk, name: &str, capabilities: Value, wait: &str) -> Modern {
     let db = desk.dir.path().join("app.sqlite");
-    let cmd = gateway_command(&desk.socket, &["--db", db.to_str().unwrap(), "--wait", "2"]);
-    let capabilities: ClientCapabilities =
-        serde_json::from_value(json!({"elicitation": {"url": {}, "form": {}}})).unwrap();
+    let cmd = gateway_command(
+        &desk.socket,
+        &["--db", db.to_str().unwrap(), "--wait", wait],
+    );
+    let capabilities: ClientCapabilities = serde_json::from_value(capabilities).unwrap();
     let client = ClientConfig::new(capabilities, Implementation::new(name.to_owned(), "1.0"));
     let lifecycle = ClientLifecycleMode::Discover {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
@@ -391,4 +404,70 @@ async fn an_older_client_gets_the_text_flow_and_its_request_state_is_refused() {
     assert_eq!(refusal(&r).as_deref(), Some("bad_token"), "{r:?}");
     assert!(text(&r).contains("older revision"), "{r:?}");
     assert_eq!(tables(old.peer()).await, json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_without_url_elicitation_keeps_the_text_flow() {
+    let desk = desk().await;
+    let agent = modern_with(
+        &desk,
+        "form-only",
+        json!({"elicitation": {"form": {}}}),
+        "10",
+    )
+    .await;
+    let args = create("text_flow");
+    let click_it = click_approve(&desk.engine);
+    let preflight = complete(round(agent.peer(), "execute", &args, None, None).await);
+    click_it.await.unwrap();
+    let done = call(agent.peer(), "execute", confirm_args(&args, &preflight)).await;
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    assert_eq!(tables(agent.peer()).await, json!([{"name": "text_flow"}]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecided_request_is_answered_input_required_a_bounded_number_of_times_then_pending() {
+    let desk = desk().await;
+    let agent = modern_with(&desk, "impatient", json!({"elicitation": {"url": {}}}), "0").await;
+    let args = create("undecided");
+    let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
+    let mut state = state_of(&ir);
+    let mut rounds = 1;
+    let last = loop {
+        match round(agent.peer(), "execute", &args, Some(&state), None).await {
+            CallToolResponse::InputRequired(ir) => {
+                assert!(ir.input_requests.is_none(), "the elicitation is asked once");
+                state = state_of(&ir);
+                rounds += 1;
+                assert!(rounds <= 8, "more than 8 rounds");
+            }
+            other => break complete(other),
+        }
+    };
+    assert_eq!(rounds, 8);
+    assert_eq!(refusal(&last).as_deref(), Some("pending"), "{last:?}");
+    // The request still waits for the person; a new call re-attaches to it.
+    assert_eq!(desk.engine.pending()[0].id, request.id);
+    let (again, _) = queued_by_first_round(agent.peer(), "execute", &args).await;
+    assert_eq!(again, request.id);
+    assert_eq!(tables(agent.peer()).await, json!([]));
+}
+
+/// A first round for a call whose request is already queued: its id, from the elicitation's URL.
+async fn queued_by_first_round(
+    agent: &Peer<RoleClient>,
+    tool: &str,
+    args: &Value,
+) -> (u64, InputRequiredResult) {
+    let ir = input_required(round(agent, tool, args, None, None).await);
+    let shown = serde_json::to_value(&ir).unwrap();
+    let url = shown["inputRequests"]["countersign_desk"]["params"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let id = url
+        .trim_start_matches("countersign://request/")
+        .parse()
+        .unwrap();
+    (id, ir)
 }

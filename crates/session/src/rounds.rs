@@ -41,8 +41,9 @@ pub(super) const MAX_ROUNDS: u32 = 8;
 /// (failing closed) until the oldest expire.
 const MAX_SPENT: usize = 4096;
 
-/// The `requestState`s used up on one connection, until they expire. A state is bound to its
-/// connection, so a connection's own list is every list that could hold it.
+/// The `requestState`s used up on one connection, until they expire (a state forgotten after its
+/// expiry no longer opens anyway). A state is bound to its connection, so a connection's own list
+/// is every list that could hold it.
 #[derive(Default)]
 pub(super) struct Spent(Mutex<HashMap<Nonce, u64>>);
 
@@ -356,5 +357,32 @@ impl Session {
             asks,
             Some(state),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spent_state_is_refused_again_and_a_full_list_fails_closed() {
+        let spent = Spent::default();
+        let nonce = |i: u64| {
+            let mut bytes = [0u8; 16];
+            bytes[..8].copy_from_slice(&i.to_be_bytes());
+            Nonce::from_bytes(bytes)
+        };
+        assert!(spent.spend(nonce(0), 100, 0));
+        assert!(spent.used(&nonce(0)));
+        assert!(!spent.spend(nonce(0), 100, 0));
+        for i in 1..MAX_SPENT as u64 {
+            assert!(spent.spend(nonce(i), 100, 0));
+        }
+        // Full of unexpired states: nothing is forgotten early, so a new one is refused.
+        assert!(!spent.spend(nonce(u64::MAX), 100, 50));
+        assert!(spent.used(&nonce(1)));
+        // Once they expire, room is made.
+        assert!(spent.spend(nonce(u64::MAX), 200, 100));
+        assert!(!spent.used(&nonce(1)));
     }
 }
