@@ -57,3 +57,17 @@ export const protectClient = (id) => tauri.core.invoke("protect_client", { id })
 
 /** Restore client `id`'s file as it was before Protect (`force`: even when edited since). */
 export const restoreClient = (id, force) => tauri.core.invoke("restore_client", { id, force: !!force });
+
+/** OfferView or null: what may be offered beside Approve for request `id` (grants). */
+export const grantOffer = (id) => tauri.core.invoke("grant_offer", { id });
+
+/** Approve request `id` and make a grant; `widening`: { kind: "call", minutes } or
+ *  { kind: "prefix", prefix, minutes }. Answers the grant's number. */
+export const approveWidening = (id, typedTarget, widening) =>
+  tauri.core.invoke("approve_widening", { id, typedTarget: typedTarget ?? null, widening });
+
+/** GrantRow[]: the live grants, oldest first. */
+export const grants = () => tauri.core.invoke("grants");
+
+/** Revoke grant `id`; answers the GrantRow[] left. */
+export const revokeGrant = (id) => tauri.core.invoke("revoke_grant", { id });

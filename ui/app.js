@@ -2,6 +2,7 @@
 // Shown: { text, flags }) and is put on screen with textContent, never as HTML.
 import * as api from "./api.js";
 import * as clients from "./clients.js";
+import * as grants from "./grants.js";
 import * as servers from "./servers.js";
 import { FLAG_LABELS, shownNode } from "./shown.js";
 
@@ -66,6 +67,7 @@ function refreshApprove() {
   $("approve").disabled = !ready || !typedOk() || !selected;
   text("wait", ready ? (typedOk() ? "" : "Type the target to enable Approve.") : `Approve in ${Math.ceil(left / 1000)} s`);
   if (ready) clearInterval(timer);
+  grants.refresh();
 }
 
 function renderQueue() {
@@ -109,6 +111,7 @@ function renderDetail(changed) {
   if (!selected) {
     $("typed-target").value = "";
     $("deny-note").value = "";
+    grants.select(null);
     return;
   }
   const r = selected;
@@ -123,6 +126,7 @@ function renderDetail(changed) {
     $("typed-target").value = "";
     $("deny-note").value = "";
     text("error", "");
+    grants.select(r);
     holdApprove();
   } else {
     refreshApprove();
@@ -222,6 +226,7 @@ function onQueue(list) {
   renderQueue();
   renderDetail(changed);
   if (!$("view-history").hidden) loadHistory();
+  if (!$("view-grants").hidden) grants.loadGrants();
 }
 
 async function loadHistory() {
@@ -262,11 +267,12 @@ async function saveSettings() {
 }
 
 function tab(name) {
-  for (const t of ["queue", "history", "settings"]) {
+  for (const t of ["queue", "history", "grants", "settings"]) {
     $("view-" + t).hidden = t !== name;
     $("tab-" + t).classList.toggle("active", t === name);
   }
   if (name === "history") loadHistory();
+  if (name === "grants") grants.loadGrants();
   if (name === "settings") loadSettings();
   if (name === "queue") holdApprove();
 }
@@ -291,7 +297,7 @@ async function start() {
   const activates = (e) => e.key === "Enter" || e.key === " " || e.key === "Spacebar" || e.code === "Space";
   for (const type of ["keydown", "keypress", "keyup"]) {
     document.addEventListener(type, (e) => {
-      const onApproveButton = e.target === $("approve") && activates(e);
+      const onApproveButton = (e.target === $("approve") || e.target === $("approve-widen")) && activates(e);
       const enterInField = e.key === "Enter" && e.target.tagName === "INPUT";
       if (onApproveButton || enterInField) {
         e.preventDefault();
@@ -303,6 +309,14 @@ async function start() {
   document.addEventListener("visibilitychange", () => { if (!document.hidden) holdApprove(); });
   $("tab-queue").addEventListener("click", () => tab("queue"));
   $("tab-history").addEventListener("click", () => tab("history"));
+  $("tab-grants").addEventListener("click", () => tab("grants"));
+  grants.start({
+    selected: () => selected,
+    typed: () => (selected && selected.type_target ? $("typed-target").value : null),
+    canApprove: () => !!selected && !selected.change && Date.now() >= enabledAt && typedOk(),
+    onTooSoon: (ms) => holdApprove(ms),
+    showError,
+  });
   $("tab-settings").addEventListener("click", () => tab("settings"));
   for (const id of ["f-server", "f-tool", "f-kind"]) $(id).addEventListener("input", loadHistory);
   $("s-save").addEventListener("click", saveSettings);

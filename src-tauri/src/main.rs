@@ -17,6 +17,7 @@
 
 mod clients;
 mod commands;
+mod grants;
 mod harden;
 mod log_file;
 mod pace;
@@ -453,6 +454,10 @@ fn run(
             commands::save_settings,
             commands::rotate_secret,
             commands::status,
+            grants::grant_offer,
+            grants::approve_widening,
+            grants::grants,
+            grants::revoke_grant,
             servers::servers,
             servers::save_server,
             servers::remove_server,

@@ -1,0 +1,214 @@
+//! Grants in the window: what may be offered beside Approve for a request, Approve with a
+//! widening, the list of live grants, and Revoke.
+//!
+//! `approve_widening` approves (it passes through `Engine::approve`'s checks) and is reachable,
+//! like `approve`, only from the approval window (`capabilities/approval.json`). Every string a
+//! grant holds came from an agent or an upstream (server, tool, target, prefix, summary) and
+//! reaches the screen through [`shown`]. Errors cross as [`UiError`] codes.
+
+use countersign_engine::{GrantError, GrantOffer, Widening};
+use countersign_store::{Grant, GrantKind};
+use serde::Serialize;
+use tauri::State;
+
+use crate::Desk;
+use crate::commands::off_the_ui;
+use crate::view::{Shown, UiError, shown};
+
+impl From<GrantError> for UiError {
+    fn from(e: GrantError) -> Self {
+        match e {
+            GrantError::Approve(e) => e.into(),
+            e => UiError::new(e.code(), e.to_string()),
+        }
+    }
+}
+
+/// What the window may offer beside Approve for one request.
+#[derive(Debug, Clone, Serialize)]
+pub struct OfferView {
+    /// Whether "this same call for N minutes" may be chosen.
+    pub call: bool,
+    /// Why not (a code), when it may not.
+    pub call_code: Option<&'static str>,
+    /// Why not, for the person.
+    pub call_why: Option<String>,
+    /// Whether "this tool on targets under a prefix, for this agent's session" may be chosen.
+    pub prefix: bool,
+    /// Why not (a code).
+    pub prefix_code: Option<&'static str>,
+    /// Why not, for the person.
+    pub prefix_why: Option<String>,
+    /// The prefix proposed (the target's parent directory) to fill the field with: it holds no
+    /// control, invisible or direction-changing character (such a path is never a prefix).
+    pub default_prefix: Option<String>,
+    /// The same, as shown (flagged when it holds non-ASCII characters).
+    pub default_prefix_shown: Option<Shown>,
+    /// The longest grant, in minutes.
+    pub max_minutes: u64,
+}
+
+impl From<GrantOffer> for OfferView {
+    fn from(o: GrantOffer) -> Self {
+        OfferView {
+            call: o.call,
+            call_code: o.call_code,
+            call_why: o.call_why,
+            prefix: o.prefix,
+            prefix_code: o.prefix_code,
+            prefix_why: o.prefix_why,
+            default_prefix_shown: o.default_prefix.as_deref().map(shown),
+            default_prefix: o.default_prefix,
+            max_minutes: o.max_minutes,
+        }
+    }
+}
+
+/// A live grant, as the Grants view lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GrantRow {
+    /// Its number.
+    pub id: u64,
+    /// `call` (this same call) or `prefix` (targets under a prefix, for one connection).
+    pub kind: &'static str,
+    /// The server.
+    pub server: Shown,
+    /// The tool.
+    pub tool: Shown,
+    /// For a prefix grant, the prefix; for a call grant, the call's target.
+    pub scope: Shown,
+    /// The summary of the call whose click made it.
+    pub summary: Shown,
+    /// For a call grant, the plan hash it covers.
+    pub plan_hash: Option<String>,
+    /// Whether the tokens it mints work once.
+    pub works_once: bool,
+    /// When it was made, ms since the epoch.
+    pub granted_at_ms: u64,
+    /// When it stops, ms since the epoch.
+    pub expires_at_ms: u64,
+    /// How many calls it approved.
+    pub uses: u64,
+}
+
+impl From<&Grant> for GrantRow {
+    fn from(g: &Grant) -> Self {
+        GrantRow {
+            id: g.id,
+            kind: g.kind.code(),
+            server: shown(&g.server),
+            tool: shown(&g.tool),
+            scope: shown(match g.kind {
+                GrantKind::Prefix => g.prefix.as_deref().unwrap_or_default(),
+                GrantKind::Call => &g.target,
+            }),
+            summary: shown(&g.summary),
+            plan_hash: g.plan.map(|p| p.to_hex()),
+            works_once: g.class.is_single_use(),
+            granted_at_ms: g.granted_at_ms,
+            expires_at_ms: g.expires_at_ms,
+            uses: g.uses,
+        }
+    }
+}
+
+/// What may be offered beside Approve for request `id` (`None`: it no longer waits).
+#[tauri::command]
+pub async fn grant_offer(desk: State<'_, Desk>, id: u64) -> Result<Option<OfferView>, UiError> {
+    let engine = desk.engine.clone();
+    off_the_ui(move || Ok(engine.grant_offer(id).map(OfferView::from))).await
+}
+
+/// A person clicked Approve with a widening chosen (after the delay, with the target typed where
+/// policy asks): the request is approved and the grant made; answers its number.
+#[tauri::command]
+pub async fn approve_widening(
+    app: tauri::AppHandle,
+    desk: State<'_, Desk>,
+    id: u64,
+    typed_target: Option<String>,
+    widening: Widening,
+) -> Result<u64, UiError> {
+    // Mint only while the keychain answers, as `approve` does.
+    if let Some(why) = crate::check_keychain(&app).await {
+        return Err(UiError::new(
+            "no_secret",
+            format!("Nothing can be approved: {why}."),
+        ));
+    }
+    let engine = desk.engine.clone();
+    off_the_ui(move || Ok(engine.approve_widening(id, typed_target.as_deref(), &widening)?)).await
+}
+
+/// The live grants, oldest first.
+#[tauri::command]
+pub async fn grants(desk: State<'_, Desk>) -> Result<Vec<GrantRow>, UiError> {
+    let engine = desk.engine.clone();
+    off_the_ui(move || {
+        let grants = engine
+            .grants()
+            .map_err(|e| UiError::new("store_failed", e))?;
+        Ok(grants.iter().map(GrantRow::from).collect())
+    })
+    .await
+}
+
+/// A person clicked Revoke on grant `id`; answers the live grants left.
+#[tauri::command]
+pub async fn revoke_grant(desk: State<'_, Desk>, id: u64) -> Result<Vec<GrantRow>, UiError> {
+    let engine = desk.engine.clone();
+    off_the_ui(move || {
+        engine.revoke_grant(id)?;
+        let grants = engine
+            .grants()
+            .map_err(|e| UiError::new("store_failed", e))?;
+        Ok(grants.iter().map(GrantRow::from).collect())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::contract;
+    use countersign_core::{GateClass, PlanHash};
+
+    #[test]
+    fn the_grant_views_carry_exactly_the_fields_of_the_contract() {
+        let grant = Grant {
+            id: 3,
+            kind: GrantKind::Prefix,
+            server: "fs".into(),
+            tool: "write_file".into(),
+            tenant: Some("conn-1".into()),
+            plan: None,
+            prefix: Some("/home/\u{430}".into()),
+            target: "/home/\u{430}/x".into(),
+            summary: "write_file on /home/a/x".into(),
+            class: GateClass::Token,
+            definition: PlanHash::from_bytes([1; 32]),
+            request: 1,
+            granted_at_ms: 1,
+            expires_at_ms: 2,
+            uses: 0,
+            ended: None,
+            mac: [0; 32],
+        };
+        let row = serde_json::to_value(GrantRow::from(&grant)).unwrap();
+        assert_eq!(contract::keys(&row), contract::expected("GrantRow"));
+        // The look-alike prefix is flagged.
+        assert_eq!(row["scope"]["flags"], serde_json::json!(["non_ascii"]));
+        let offer = GrantOffer {
+            call: true,
+            call_code: None,
+            call_why: None,
+            prefix: false,
+            prefix_code: Some("bad_target"),
+            prefix_why: Some("…".into()),
+            default_prefix: None,
+            max_minutes: 480,
+        };
+        let offer = serde_json::to_value(OfferView::from(offer)).unwrap();
+        assert_eq!(contract::keys(&offer), contract::expected("OfferView"));
+    }
+}

@@ -1,0 +1,233 @@
+//! Grants through the real window: a real MCP client starts the real `countersign mcp` against
+//! the built-in tools, the desk runs under Xvfb with the real keychain, and the test clicks
+//! "Approve and grant", the Grants view's Revoke and Approve through WebDriver.
+
+use std::time::Duration;
+
+use countersign_tests::window::Desk;
+use rmcp::RoleClient;
+use rmcp::model::*;
+use rmcp::service::RunningService;
+use serde_json::{Map, Value, json};
+
+type Call = tokio::task::JoinHandle<CallToolResult>;
+
+fn call(agent: &RunningService<RoleClient, ClientConfig>, tool: &str, arguments: Value) -> Call {
+    let peer = agent.peer().clone();
+    let arguments: Map<String, Value> = arguments.as_object().unwrap().clone();
+    let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+    tokio::spawn(async move { peer.call_tool(params).await.unwrap() })
+}
+
+fn approved(r: &CallToolResult) -> bool {
+    r.structured_content
+        .as_ref()
+        .is_some_and(|s| s["confirmToken"].is_string())
+}
+
+fn confirm_of(preflight: &CallToolResult, mut arguments: Value) -> Value {
+    let s = preflight.structured_content.as_ref().unwrap();
+    arguments["confirm"] = json!(true);
+    arguments["confirmTarget"] = s["confirmTarget"].clone();
+    arguments["confirmToken"] = s["confirmToken"].clone();
+    arguments
+}
+
+async fn enabled(desk: &Desk, id: &str) -> bool {
+    let disabled: Value = desk
+        .browser
+        .execute(
+            "return document.getElementById(arguments[0]).disabled",
+            vec![json!(id)],
+        )
+        .await
+        .unwrap();
+    disabled == json!(false)
+}
+
+async fn hidden(desk: &Desk, id: &str) -> bool {
+    let hidden: Value = desk
+        .browser
+        .execute(
+            "const el = document.getElementById(arguments[0]); return !el || el.hidden",
+            vec![json!(id)],
+        )
+        .await
+        .unwrap();
+    hidden == json!(true)
+}
+
+/// Whether `call` is still waiting after `ms`.
+async fn still_waiting(call: &mut Call, ms: u64) -> bool {
+    tokio::time::timeout(Duration::from_millis(ms), call)
+        .await
+        .is_err()
+}
+
+/// The person picks "this same call" beside Approve, waits out the delay and clicks "Approve
+/// and grant".
+async fn approve_and_grant_this_call(desk: &Desk) {
+    desk.until("grants to be offered", |d| {
+        Box::pin(async move { !hidden(d, "widen").await })
+    })
+    .await;
+    desk.until("the call grant to be offered", |d| {
+        Box::pin(async move {
+            let disabled: Value = d
+                .browser
+                .execute(
+                    "return document.querySelector('#widen-kind option[value=call]').disabled",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            disabled == json!(false)
+        })
+    })
+    .await;
+    desk.click("#widen-kind option[value=call]").await;
+    desk.until("Approve and grant to be enabled", |d| {
+        Box::pin(enabled(d, "approve-widen"))
+    })
+    .await;
+    desk.screenshot("approval-grant.png").await;
+    desk.click("#approve-widen").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_approves_the_second_identical_call_without_a_click() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("claude-code").await;
+    let backup = json!({"name": "nightly"});
+    let first = call(&agent, "create_backup", backup.clone());
+    desk.wait_for_request().await;
+    approve_and_grant_this_call(&desk).await;
+    let first = first.await.unwrap();
+    assert!(approved(&first), "{first:?}");
+    desk.until("the queue to empty", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+    // The same call again: approved without anything shown or clicked.
+    let second = tokio::time::timeout(
+        Duration::from_secs(10),
+        call(&agent, "create_backup", backup.clone()),
+    )
+    .await
+    .expect("the granted call was approved at once")
+    .unwrap();
+    assert!(approved(&second), "{second:?}");
+    assert!(!desk.visible_request().await, "no request was shown");
+    let tokens =
+        [&first, &second].map(|r| r.structured_content.as_ref().unwrap()["confirmToken"].clone());
+    assert_ne!(tokens[0], tokens[1], "each call has a token of its own");
+    let done = call(&agent, "create_backup", confirm_of(&second, backup))
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    // The Grants view lists it, with one use; history names the grant.
+    desk.click("#tab-grants").await;
+    desk.until("the grant listed", |d| {
+        Box::pin(async move { d.count("#grants tr[data-grant]").await == 1 })
+    })
+    .await;
+    let row = desk.text("#grants tr[data-grant]").await;
+    assert!(
+        row.contains("create_backup") && row.contains("nightly"),
+        "{row}"
+    );
+    desk.screenshot("grants.png").await;
+    desk.click("#tab-history").await;
+    desk.until("history naming the grant", |d| {
+        Box::pin(async move {
+            d.text("#history")
+                .await
+                .contains("by grant #1, granted at ")
+        })
+    })
+    .await;
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_grant_makes_the_next_call_wait_for_a_click() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("cursor").await;
+    let backup = json!({"name": "hourly"});
+    let first = call(&agent, "create_backup", backup.clone());
+    desk.wait_for_request().await;
+    approve_and_grant_this_call(&desk).await;
+    assert!(approved(&first.await.unwrap()));
+    desk.click("#tab-grants").await;
+    desk.until("the grant listed", |d| {
+        Box::pin(async move { d.count("#grants tr[data-grant]").await == 1 })
+    })
+    .await;
+    desk.click("#grants tr[data-grant] button.revoke").await;
+    desk.until("the grant gone from the list", |d| {
+        Box::pin(async move { d.count("#grants tr[data-grant]").await == 0 })
+    })
+    .await;
+    desk.click("#tab-queue").await;
+    let mut next = call(&agent, "create_backup", backup);
+    desk.wait_for_request().await;
+    assert!(
+        still_waiting(&mut next, 1500).await,
+        "a revoked grant approved a call"
+    );
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+    assert!(approved(&next.await.unwrap()));
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_on_a_destructive_tool_is_refused() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("vscode").await;
+    let mut pending = call(&agent, "delete_backup", json!({"name": "nightly"}));
+    desk.wait_for_request().await;
+    desk.until("the reason no grant is offered", |d| {
+        Box::pin(async move { d.text("#widen-why").await.contains("destructive") })
+    })
+    .await;
+    let offered: Value = desk
+        .browser
+        .execute(
+            "return [...document.querySelectorAll('#widen-kind option')].filter(o => o.value && !o.disabled).length",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(offered, json!(0), "no kind of grant is offered");
+    assert!(!enabled(&desk, "approve-widen").await);
+    // A script in the page asking anyway, after the delay and with the target typed: the engine
+    // refuses, and approves nothing.
+    desk.until("Approve's delay to pass", |d| {
+        Box::pin(async move {
+            d.set_value("#typed-target", "nightly").await;
+            d.approve_enabled().await
+        })
+    })
+    .await;
+    let id = desk.invoke("pending", json!({})).await.unwrap()[0]["id"].clone();
+    let refused = desk
+        .invoke(
+            "approve_widening",
+            json!({"id": id, "typedTarget": "nightly", "widening": {"kind": "call", "minutes": 5}}),
+        )
+        .await
+        .expect_err("a grant on a destructive tool");
+    assert_eq!(refused["code"], "destructive", "{refused}");
+    assert!(
+        still_waiting(&mut pending, 1000).await,
+        "nothing was approved"
+    );
+    let grants = desk.invoke("grants", json!({})).await.unwrap();
+    assert_eq!(grants, json!([]));
+    desk.click("#deny").await;
+    let denied = pending.await.unwrap();
+    assert!(!approved(&denied));
+    desk.stop().await;
+}
