@@ -835,3 +835,54 @@ async fn a_changed_tool_is_refused_until_the_person_accepts_the_difference_in_th
     .await;
     desk.stop().await;
 }
+
+/// Issue 11, a light idle desk: closed with nothing pending, the window is released after the
+/// release delay (a debug-only knob shortens it here) and the desk's WebKit web process exits;
+/// the desk goes on serving, and the next preflight from a real MCP client brings the window
+/// back showing the request, with Approve held for the delay in the new page and in the engine,
+/// until the real click approves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_closed_window_is_released_and_the_next_request_brings_it_back() {
+    let desk = Desk::start_configured(
+        &[("COUNTERSIGN_DEBUG_RELEASE_AFTER_MS", "1000")],
+        Some(json!({"token_minutes": 10, "approve_delay_ms": 4000})),
+    )
+    .await;
+    let pid = desk.pid().await;
+    assert!(
+        !Desk::web_processes(pid).is_empty(),
+        "a live window has a web process"
+    );
+    desk.close_window().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !Desk::web_processes(pid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the web process did not exit after the window was closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Released, still serving: a real client's preflight reaches the queue and the window.
+    let agent = desk.agent("after-release").await;
+    let create = json!({"name": "after-release"});
+    let pending = call(&agent, "create_backup", create.clone());
+    desk.follow_window().await;
+    desk.wait_for_request().await;
+    assert_eq!(desk.text("#d-target").await, "after-release");
+    assert_eq!(desk.pid().await, pid, "the same desk, not a new one");
+    assert!(
+        !Desk::web_processes(pid).is_empty(),
+        "the window's web process is back"
+    );
+    // The new page holds Approve, and the engine refuses an approve sooner than the delay.
+    let held = approve_by_script(&desk).await;
+    assert_eq!(held["code"], "too_soon", "{held}");
+    read_then_approve(&desk).await;
+    let preflight = pending.await.unwrap();
+    assert_ne!(preflight.is_error, Some(true), "{preflight:?}");
+    let done = call(&agent, "create_backup", confirm_of(&preflight, create))
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    desk.stop().await;
+}

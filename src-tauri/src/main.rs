@@ -19,6 +19,7 @@ mod clients;
 mod commands;
 mod grants;
 mod harden;
+mod idle;
 mod log_file;
 mod pace;
 mod servers;
@@ -211,14 +212,11 @@ fn hold_approvals(app: &AppHandle) {
     let _ = app.emit("approvals://held", ());
 }
 
-/// Brings the window forward; the engine holds approvals for the delay first.
+/// Brings the window forward (creating it again when it was released, `idle`); the engine holds
+/// approvals for the delay first.
 fn show(app: &AppHandle) {
     hold_approvals(app);
-    if let Some(window) = app.get_webview_window("main") {
-        let _ = window.show();
-        let _ = window.unminimize();
-        let _ = window.set_focus();
-    }
+    idle::want(app, true);
 }
 
 /// A desktop notification for new requests (the newest, and how many more came with it), when
@@ -429,6 +427,7 @@ fn run(
         headless(served, agents);
         return;
     }
+    let release_after = idle::release_after(settings.release_after_s);
     let kill_upstreams = served.children().clone();
     let kill_agents_upstreams = agents.as_ref().map(|a| a.children().clone());
     let desk = Desk {
@@ -445,6 +444,7 @@ fn run(
     tauri::Builder::default()
         .plugin(tauri_plugin_notification::init())
         .manage(desk)
+        .manage(idle::Lifecycle::new(release_after))
         .invoke_handler(tauri::generate_handler![
             commands::pending,
             commands::approve,
@@ -466,8 +466,21 @@ fn run(
             clients::restore_client,
         ])
         .on_window_event(|window, event| {
-            if let tauri::WindowEvent::Focused(true) = event {
-                hold_approvals(window.app_handle());
+            match event {
+                tauri::WindowEvent::Focused(true) => hold_approvals(window.app_handle()),
+                // Closing hides: the desk goes on serving, and releases the webview when idle.
+                tauri::WindowEvent::CloseRequested { api, .. } if window.label() == idle::LABEL => {
+                    api.prevent_close();
+                    let _ = window.hide();
+                }
+                _ => {}
+            }
+        })
+        // A page that has loaded (the window created again after a release, too) holds
+        // approvals: the delay runs from when the request can be on screen.
+        .on_page_load(|webview, payload| {
+            if payload.event() == tauri::webview::PageLoadEvent::Finished {
+                hold_approvals(webview.app_handle());
             }
         })
         .setup(move |app| {
@@ -489,6 +502,7 @@ fn run(
             if let Err(e) = tray.build(app) {
                 tracing::warn!(target: "desk", "no tray icon: {e}");
             }
+            idle::watch(&handle);
             // Whether the keychain still answers, now and then: the banner follows it.
             let asking = handle.clone();
             tauri::async_runtime::spawn(async move {
@@ -547,6 +561,9 @@ fn run(
                     }
                     if actions.raise {
                         show(&handle);
+                    } else if batch.added > 0 {
+                        // Released while idle: the window comes back, loaded, for the tray.
+                        idle::want(&handle, false);
                     }
                 }
             });
@@ -554,7 +571,8 @@ fn run(
         })
         .build(tauri::generate_context!())
         .expect("the desk's window")
-        .run(move |_, event| {
+        .run(move |app, event| {
+            idle::on_run_event(app, &event);
             // Tauri exits the process without dropping what it manages: end the upstreams now.
             if let tauri::RunEvent::Exit = event {
                 kill_upstreams.kill_all();

@@ -31,6 +31,11 @@ pub struct Settings {
     /// then keeps the list already saved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_accounts: Option<Vec<String>>,
+    /// How long the window stays closed with nothing pending before the desk releases its
+    /// webview, in seconds (`idle`; 10 s to 24 h; `None`: 60 s). Read at start; the settings view
+    /// does not edit it, and saving from the view keeps the value already saved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_after_s: Option<u64>,
 }
 
 impl Default for Settings {
@@ -39,6 +44,7 @@ impl Default for Settings {
             token_minutes: 10,
             approve_delay_ms: MIN_APPROVE_DELAY_MS,
             agent_accounts: None,
+            release_after_s: None,
         }
     }
 }
@@ -48,6 +54,12 @@ impl Settings {
     pub fn sanitized(mut self) -> Self {
         self.approve_delay_ms = self.approve_delay_ms.clamp(MIN_APPROVE_DELAY_MS, 60_000);
         self.token_minutes = self.token_minutes.clamp(1, 24 * 60);
+        self.release_after_s = self.release_after_s.map(|s| {
+            s.clamp(
+                crate::idle::MIN_RELEASE_AFTER_S,
+                crate::idle::MAX_RELEASE_AFTER_S,
+            )
+        });
         self
     }
 }
@@ -106,8 +118,10 @@ impl Dirs {
     pub fn save_settings(&self, settings: &Settings) -> std::io::Result<()> {
         private_dir(&self.config)?;
         let mut settings = settings.clone();
-        if settings.agent_accounts.is_none() {
-            settings.agent_accounts = self.load_settings().agent_accounts;
+        if settings.agent_accounts.is_none() || settings.release_after_s.is_none() {
+            let saved = self.load_settings();
+            settings.agent_accounts = settings.agent_accounts.or(saved.agent_accounts);
+            settings.release_after_s = settings.release_after_s.or(saved.release_after_s);
         }
         std::fs::write(
             self.settings_file(),
@@ -174,6 +188,37 @@ mod tests {
         }
         .sanitized();
         assert_eq!(s.approve_delay_ms, 3000);
+    }
+
+    #[test]
+    fn the_release_delay_is_bounded_and_kept_when_the_view_saves() {
+        let bounded = |s| {
+            Settings {
+                release_after_s: Some(s),
+                ..Settings::default()
+            }
+            .sanitized()
+            .release_after_s
+        };
+        assert_eq!(bounded(0), Some(crate::idle::MIN_RELEASE_AFTER_S));
+        assert_eq!(bounded(u64::MAX), Some(crate::idle::MAX_RELEASE_AFTER_S));
+        assert_eq!(bounded(120), Some(120));
+        let dir = std::env::temp_dir().join(format!("cs-release-{}", std::process::id()));
+        let dirs = Dirs {
+            data: dir.clone(),
+            config: dir.clone(),
+            state: dir.clone(),
+        };
+        dirs.save_settings(&Settings {
+            release_after_s: Some(300),
+            ..Settings::default()
+        })
+        .unwrap();
+        let from_view: Settings =
+            serde_json::from_str(r#"{"token_minutes": 5, "approve_delay_ms": 2000}"#).unwrap();
+        dirs.save_settings(&from_view).unwrap();
+        assert_eq!(dirs.load_settings().release_after_s, Some(300));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -1,86 +1,233 @@
-//! Figures for the desk, printed, not asserted (the machines are shared and noisy): how long a
-//! preflight takes to appear in the window (from the agent's call to the request in the page,
-//! p50 and p95 over 30 requests; goal p95 ≤ 250 ms), and the desk's idle memory summed over its
-//! processes (PSS of the desk and its web processes; goal ≤ 120 MB). Needs a display and the
-//! keychain: `make bench` runs it under Xvfb in a throwaway D-Bus session. Latency is measured on
-//! the debug desk (a release desk refuses WebDriver); memory on both, the release desk started
-//! directly when `.ci/release` has built it.
+//! Figures for the desk, printed, not asserted (the machines are shared and noisy).
+//!
+//! - Preflight → visible, warm (the window open): from the agent's call to the request in the
+//!   page, over 30 requests, p50 and p95 (goal p95 ≤ 100 ms). Two readings: the page's own clock
+//!   when a MutationObserver saw the request's target in the detail view of a visible page (the
+//!   page and this process read the same wall clock), and, as an upper bound, when WebDriver's
+//!   polling saw it (one round trip more).
+//! - Preflight → visible from released (`src-tauri/src/idle.rs`): the window closed and released
+//!   (its web process gone), then a request, over 20 requests, p50 and p95 (goal p95 ≤ 500 ms).
+//!   There is no page to watch before the desk creates it: as soon as WebDriver finds the new
+//!   window, a watcher in it takes the page's clock when the request shows (or, when it already
+//!   shows, the watcher's arrival, an upper bound counted as late); WebDriver's polling is printed
+//!   beside it as an upper bound. Between two of these the bench waits out the desk's least gap
+//!   between two raises (10 s), as a release never comes sooner than that after a raise.
+//! - Idle memory, PSS summed over the desk and every process under it (from
+//!   `/proc/PID/smaps_rollup`): warm, and after the release (goal ≤ 60 MB). On the debug desk
+//!   (release delay shortened to 1 s by a debug-only knob) and, when `.ci/release` has built it,
+//!   on the release desk started directly (release delay 10 s from its settings, the window
+//!   closed through the X server as a window manager's close button does).
+//!
+//! Needs a display and the keychain: `make bench` runs it under Xvfb in a throwaway D-Bus
+//! session. Latency is measured on the debug desk (a release desk refuses WebDriver).
 
 use std::os::unix::process::CommandExt;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use countersign_tests::measure::{desk_processes, pss_kb};
+use countersign_tests::measure::{descendants, pss_anon_kb, pss_kb};
 use countersign_tests::window::Desk;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
-/// Prints each process's PSS and returns the sum, in MB.
-fn print_memory(group: u32) -> f64 {
+/// The desk's least gap between two raises of its window for new requests (`pace::RAISE_GAP`).
+const RAISE_GAP: Duration = Duration::from_millis(10_500);
+
+/// Prints the PSS of `pid` and each of its descendants and returns the sum, in MB.
+fn print_tree_memory(pid: u32) -> f64 {
     let mut total = 0;
-    for (pid, name) in desk_processes(group) {
+    for pid in std::iter::once(pid).chain(descendants(pid)) {
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let kb = pss_kb(pid).unwrap_or(0);
         total += kb;
         println!(
-            "  {name:<22} pid {pid:<7} PSS {:>8.1} MB",
-            kb as f64 / 1024.0
+            "  {:<22} pid {pid:<7} PSS {:>8.1} MB (of it anonymous {:>6.1} MB)",
+            name.trim(),
+            kb as f64 / 1024.0,
+            pss_anon_kb(pid).unwrap_or(0) as f64 / 1024.0
         );
     }
     total as f64 / 1024.0
 }
 
+fn wall_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1e3
+}
+
+/// p50 and p95 of `samples`, in ms.
+fn percentiles(samples: &mut [f64]) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.95))
+}
+
+/// Whether the page shows request `name` in its detail view, and is visible.
+const SHOWN: &str = "const d = document.getElementById('detail'); \
+    return document.visibilityState === 'visible' && !d.hidden \
+      && document.getElementById('d-target').textContent === arguments[0]";
+
+/// Waits (up to 30 s) until the page shows request `name`.
+async fn poll_shown(desk: &Desk, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = desk.browser.execute(SHOWN, vec![json!(name)]).await;
+        if shown.is_ok_and(|v| v == json!(true)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "request {name} never appeared");
+    }
+}
+
+/// Starts a `create_backup` preflight named `name`; it ends when the person decides.
+fn preflight(
+    agent: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>,
+    name: &str,
+) -> tokio::task::JoinHandle<()> {
+    let peer = agent.peer().clone();
+    let args = json!({ "name": name }).as_object().cloned().unwrap();
+    tokio::spawn(async move {
+        let _ = peer
+            .call_tool(CallToolRequestParams::new("create_backup").with_arguments(args))
+            .await;
+    })
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let desk = Desk::start().await;
+    let desk = Desk::start_with(&[("COUNTERSIGN_DEBUG_RELEASE_AFTER_MS", "1000")]).await;
+    let pid = desk.pid().await;
     let agent = desk.agent("bench-agent").await;
-    let mut samples = Vec::new();
-    for i in 0..30 {
-        let peer = agent.peer().clone();
-        let args = json!({"name": format!("bench-{i}")})
-            .as_object()
-            .cloned()
-            .unwrap();
-        let started = Instant::now();
-        let call = tokio::spawn(async move {
-            peer.call_tool(CallToolRequestParams::new("create_backup").with_arguments(args))
-                .await
-        });
-        loop {
-            let shown: Value = desk
-                .browser
-                .execute("const d = document.getElementById('detail'); return !d.hidden && document.getElementById('d-target').textContent", vec![])
-                .await
-                .unwrap();
-            if shown.as_str() == Some(&format!("bench-{i}")) {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the request never appeared"
-            );
-        }
-        samples.push(started.elapsed());
-        desk.click("#deny").await;
-        let _ = call.await;
-    }
-    samples.sort();
-    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     println!("desk bench");
+    let (mut seen, mut polled) = (Vec::new(), Vec::new());
+    for i in 0..30 {
+        let name = format!("bench-{i}");
+        // Watches for the request from inside the page: the page's clock when it appeared.
+        desk.browser
+            .execute(
+                &format!(
+                    "window.__shownAt = null; const name = arguments[0]; \
+                     const check = () => {{ if (window.__shownAt === null && \
+                       (() => {{ {SHOWN} }})()) {{ window.__shownAt = Date.now(); }} }}; \
+                     new MutationObserver(check).observe(document.body, \
+                       {{ subtree: true, childList: true, characterData: true, attributes: true }});"
+                ),
+                vec![json!(name)],
+            )
+            .await
+            .unwrap();
+        let started_wall = wall_ms();
+        let started = Instant::now();
+        let call = preflight(&agent, &name);
+        poll_shown(&desk, &name).await;
+        polled.push(started.elapsed().as_secs_f64() * 1e3);
+        let at: Value = desk
+            .browser
+            .execute("return window.__shownAt", vec![])
+            .await
+            .unwrap();
+        seen.push(at.as_f64().expect("the observer saw the request") - started_wall);
+        desk.click("#deny").await;
+        call.await.unwrap();
+    }
+    let (p50, p95) = percentiles(&mut seen);
     println!(
-        "preflight call → request visible in the window: p50 {:.1} ms, p95 {:.1} ms (n = {}; goal p95 ≤ 250 ms; includes one WebDriver round trip of polling)",
-        at(0.5).as_secs_f64() * 1e3,
-        at(0.95).as_secs_f64() * 1e3,
+        "preflight call → request visible, warm, by the page's clock: p50 {p50:.1} ms, p95 {p95:.1} ms (n = {}; goal p95 ≤ 100 ms)",
+        seen.len()
+    );
+    let (p50, p95) = percentiles(&mut polled);
+    println!(
+        "preflight call → request visible, warm, by WebDriver polling: p50 {p50:.1} ms, p95 {p95:.1} ms (n = {}; one round trip more)",
+        polled.len()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    println!("debug desk warm, window open, idle (PSS over the desk and its descendants):");
+    let warm = print_tree_memory(pid);
+    println!("  total {warm:.1} MB");
+
+    // Released: the window closed, its web process gone.
+    close_and_wait_for_release(&desk, pid).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    println!("debug desk after release (PSS over the desk and its descendants):");
+    let released = print_tree_memory(pid);
+    println!("  total {released:.1} MB");
+    let (mut samples, mut polled, mut late) = (Vec::new(), Vec::new(), 0);
+    let mut last_raise = Instant::now();
+    for i in 0..20 {
+        if i > 0 {
+            close_and_wait_for_release(&desk, pid).await;
+        }
+        tokio::time::sleep(RAISE_GAP.saturating_sub(last_raise.elapsed())).await;
+        let name = format!("released-{i}");
+        let started_wall = wall_ms();
+        let started = Instant::now();
+        last_raise = started;
+        let call = preflight(&agent, &name);
+        desk.follow_window().await;
+        // From inside the new page: when it shows the request (its clock), or, when it already
+        // did before this watcher arrived, the moment the watcher saw it (counted as late).
+        let seen: Value = desk
+            .browser
+            .execute_async(
+                &format!(
+                    "const name = arguments[0]; const done = arguments[1]; \
+                     const shown = () => {{ {SHOWN} }}; \
+                     if (shown()) {{ done({{ at: Date.now(), late: true }}); }} else {{ \
+                       const check = () => {{ if (shown()) {{ obs.disconnect(); \
+                         done({{ at: Date.now(), late: false }}); }} }}; \
+                       const obs = new MutationObserver(check); \
+                       obs.observe(document.body, {{ subtree: true, childList: true, \
+                         characterData: true, attributes: true }}); \
+                       document.addEventListener('visibilitychange', check); }}"
+                ),
+                vec![json!(name)],
+            )
+            .await
+            .unwrap();
+        late += usize::from(seen["late"] == json!(true));
+        samples.push(seen["at"].as_f64().unwrap() - started_wall);
+        poll_shown(&desk, &name).await;
+        polled.push(started.elapsed().as_secs_f64() * 1e3);
+        desk.click("#deny").await;
+        call.await.unwrap();
+    }
+    let (p50, p95) = percentiles(&mut samples);
+    println!(
+        "preflight call → request visible, from released (the window created again), by the new page's clock: p50 {p50:.1} ms, p95 {p95:.1} ms (n = {}, {late} of them already shown when the watcher arrived; goal p95 ≤ 500 ms)",
         samples.len()
     );
+    let (p50, p95) = percentiles(&mut polled);
+    println!(
+        "preflight call → request visible, from released, by WebDriver polling (finding the new window, then the request): p50 {p50:.1} ms, p95 {p95:.1} ms (n = {})",
+        polled.len()
+    );
+    println!(
+        "debug desk idle memory: warm {warm:.1} MB, after release {released:.1} MB (goal ≤ 60 MB PSS after release)"
+    );
     drop(agent);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let group = desk.process_group().expect("the driver's process group");
-    let total = print_memory(group);
-    println!("debug desk idle memory (PSS over its processes): {total:.1} MB");
     desk.stop().await;
     release_memory().await;
 }
 
-/// The release desk, started directly (no WebDriver) in its own directories, after 5 s idle.
+/// Closes the window and waits (up to 30 s) until the desk has released it (its web process
+/// gone).
+async fn close_and_wait_for_release(desk: &Desk, pid: u32) {
+    desk.close_window().await;
+    wait_for_release(pid, Duration::from_secs(30)).await;
+}
+
+async fn wait_for_release(pid: u32, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !Desk::web_processes(pid).is_empty() {
+        assert!(Instant::now() < deadline, "the window was never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The release desk, started directly (no WebDriver) in its own directories: after 5 s idle with
+/// its window open, then closed and released (release delay 10 s, its settings' least).
 async fn release_memory() {
     let desk = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../target/release/countersign-desk");
@@ -92,6 +239,12 @@ async fn release_memory() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/settings.json"),
+        r#"{"token_minutes": 10, "approve_delay_ms": 1000, "release_after_s": 10}"#,
+    )
+    .unwrap();
     let mut child = std::process::Command::new(&desk)
         .env("COUNTERSIGN_DESK_DIR", dir.path())
         .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
@@ -101,8 +254,32 @@ async fn release_memory() {
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let total = print_memory(child.id());
-    println!("release desk idle memory (PSS over its processes): {total:.1} MB (goal ≤ 120 MB)");
+    println!("release desk warm, window open, idle:");
+    let warm = print_tree_memory(child.id());
+    println!("  total {warm:.1} MB");
+    let display = std::env::var("DISPLAY").expect("DISPLAY");
+    let asked = countersign_tests::xwindow::close_by_title(&display, "Countersign");
+    let released = if asked == 1 {
+        wait_for_release(child.id(), Duration::from_secs(60)).await;
+        if countersign_tests::desk_process::gone(child.id() as i32) {
+            println!(
+                "release desk after release: not measured (it exited when its window closed: \
+                 built before the idle release? run .ci/release)"
+            );
+            let _ = child.wait();
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        println!("release desk after release:");
+        let released = print_tree_memory(child.id());
+        println!("  total {released:.1} MB");
+        format!("{released:.1} MB")
+    } else {
+        format!("not measured ({asked} windows to close)")
+    };
+    println!(
+        "release desk idle memory (PSS over the desk and its descendants): warm {warm:.1} MB (goal ≤ 120 MB), after release {released} (goal ≤ 60 MB)"
+    );
     // SAFETY: ends only the group this function started.
     unsafe {
         libc::killpg(child.id() as i32, libc::SIGKILL);

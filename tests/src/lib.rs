@@ -13,6 +13,7 @@ pub mod files;
 pub mod keyring;
 pub mod measure;
 pub mod window;
+pub mod xwindow;
 
 use std::io::{BufRead, BufReader, Read, pipe};
 use std::process::{ChildStdout, Command, ExitStatus, Stdio};

@@ -82,7 +82,8 @@ impl Desk {
         Desk::start_configured(&[], Some(settings)).await
     }
 
-    async fn start_configured(env: &[(&str, &str)], settings: Option<Value>) -> Desk {
+    /// Starts a desk with extra environment and, when given, a settings file holding `settings`.
+    pub async fn start_configured(env: &[(&str, &str)], settings: Option<Value>) -> Desk {
         Desk::launch(tempfile::tempdir().unwrap(), env, settings, Stdio::null()).await
     }
 
@@ -374,6 +375,61 @@ impl Desk {
     /// The process group of the driver, the desk and its web processes.
     pub fn process_group(&self) -> Option<u32> {
         self.driver.id()
+    }
+}
+
+impl Desk {
+    /// The X display the desk's window is on.
+    pub fn display_name(&self) -> String {
+        match &self.display {
+            Some(own) => own.name.clone(),
+            None => std::env::var("DISPLAY").expect("DISPLAY"),
+        }
+    }
+
+    /// Closes the window as a person does with the window manager's close button
+    /// (`WM_DELETE_WINDOW`); the desk hides it and goes on serving.
+    pub async fn close_window(&self) {
+        let asked = crate::xwindow::close_by_title(&self.display_name(), "Countersign");
+        assert_eq!(asked, 1, "one window of the desk's on screen to close");
+    }
+
+    /// The desk's pid (the process answering on its socket).
+    pub async fn pid(&self) -> u32 {
+        crate::desk_process::pid_at(&self.socket()).await as u32
+    }
+
+    /// The desk's web processes now (WebKit's web processes among its descendants).
+    pub fn web_processes(desk_pid: u32) -> Vec<u32> {
+        crate::measure::descendants(desk_pid)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim().starts_with("WebKitWebProces"))
+            })
+            .collect()
+    }
+
+    /// After the desk created its window again (it released the old one while idle), points the
+    /// WebDriver session at the new one and waits (up to 30 s) until its page has loaded.
+    pub async fn follow_window(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(handles) = self.browser.windows().await {
+                for handle in handles {
+                    if self.browser.switch_to_window(handle).await.is_ok()
+                        && (self.exists("#empty").await || self.exists("#detail").await)
+                    {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no window of the desk's to drive"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
