@@ -24,6 +24,10 @@ function renderOffer() {
   }
   if (kind.value && !allowed[kind.value]) kind.value = "";
   $("widen").hidden = !offer;
+  // Nothing to choose: only the reason is shown.
+  const any = allowed.call || allowed.prefix;
+  kind.hidden = !any;
+  document.querySelector('label[for="widen-kind"]').hidden = !any;
   const why = [];
   if (offer && !offer.call && offer.call_why) why.push("No grant for this request: " + offer.call_why + ".");
   else if (offer && !offer.prefix && offer.prefix_why) why.push("No prefix grant: " + offer.prefix_why + ".");
