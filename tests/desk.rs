@@ -886,3 +886,162 @@ async fn an_idle_closed_window_is_released_and_the_next_request_brings_it_back()
     assert_ne!(done.is_error, Some(true), "{done:?}");
     desk.stop().await;
 }
+
+/// Issue 11, previews: the desk reads the file through the same server-filesystem's read-only
+/// `read_text_file` while the request waits, and the window shows the file as it is beside what
+/// `write_file` would make of it, with why the tool is gated; nothing is written until the confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_file_request_shows_the_old_and_new_lines_of_the_file() {
+    let desk = Desk::start().await;
+    let files = desk.dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let files = files.canonicalize().unwrap();
+    let notes = files.join("notes.txt");
+    std::fs::write(&notes, "alpha\nbeta\ngamma\n").unwrap();
+    let server = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/peers/node_modules/.bin/mcp-server-filesystem"
+    );
+    let stderr = std::fs::File::create(desk.dir.path().join("gateway.stderr")).unwrap();
+    let agent = desk
+        .agent_command(
+            "claude-code",
+            &[server, files.to_str().unwrap()],
+            &[],
+            desk.dir.path(),
+            stderr,
+        )
+        .await;
+    let write = json!({"path": notes.to_str().unwrap(), "content": "alpha\nBETA\ngamma\n"});
+    let pending = call(&agent, "write_file", write.clone());
+    desk.wait_for_request().await;
+    desk.until("the file's preview", |d| {
+        Box::pin(async move { d.exists("#d-preview table.preview-diff").await })
+    })
+    .await;
+    assert_eq!(desk.count("#d-preview tr.row-changed").await, 1);
+    assert_eq!(
+        desk.text("#d-preview tr.row-changed td.before").await,
+        "beta"
+    );
+    assert_eq!(
+        desk.text("#d-preview tr.row-changed td.after").await,
+        "BETA"
+    );
+    assert_eq!(desk.count("#d-preview tr.row-same").await, 2);
+    assert!(
+        desk.text("#d-why").await.contains("destructiveHint: true"),
+        "{}",
+        desk.text("#d-why").await
+    );
+    desk.screenshot("preview-write-file.png").await;
+    assert_eq!(
+        std::fs::read_to_string(&notes).unwrap(),
+        "alpha\nbeta\ngamma\n"
+    );
+    let target = desk.text("#d-target").await;
+    desk.set_value("#typed-target", &target).await;
+    read_then_approve(&desk).await;
+    let preflight = pending.await.unwrap();
+    assert_ne!(preflight.is_error, Some(true), "{preflight:?}");
+    assert_eq!(
+        std::fs::read_to_string(&notes).unwrap(),
+        "alpha\nbeta\ngamma\n",
+        "nothing written before the confirm"
+    );
+    let done = call(&agent, "write_file", confirm_of(&preflight, write))
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    assert_eq!(
+        std::fs::read_to_string(&notes).unwrap(),
+        "alpha\nBETA\ngamma\n"
+    );
+    desk.stop().await;
+}
+
+fn users(db: &std::path::Path) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM users", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// Issue 11, the built-in `execute`: the person types the table the statement writes (not the
+/// tool's name), and reads the rows it would remove, counted in a transaction the desk rolled
+/// back; the table is unchanged through the click and changes only with the confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execute_request_shows_the_rows_it_would_remove_and_changes_nothing_until_the_confirm() {
+    let desk = Desk::start().await;
+    let db = desk.dir.path().join("app.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT);
+             INSERT INTO users (name) VALUES ('ada'), ('bob'), ('cy');",
+        )
+        .unwrap();
+    let agent = desk.agent("claude-code").await;
+    let delete = json!({"sql": "DELETE FROM users WHERE id = 2"});
+    let pending = call(&agent, "execute", delete.clone());
+    desk.wait_for_request().await;
+    assert_eq!(desk.text("#d-target").await, "users");
+    assert_eq!(desk.text("#d-summary").await, "DELETE from users");
+    desk.until("the rows' preview", |d| {
+        Box::pin(async move { d.exists("#d-preview table.preview-rows").await })
+    })
+    .await;
+    let mut cells = Vec::new();
+    for n in 1..=6 {
+        let css = format!("#d-preview tr[data-table='users'] td:nth-child({n})");
+        cells.push(desk.text(&css).await);
+    }
+    // users: 3 rows now, 2 after, none gained, 1 lost, none changed.
+    assert_eq!(cells, ["users", "3", "2", "0", "1", "0"]);
+    desk.screenshot("preview-execute.png").await;
+    assert_eq!(users(&db), 3, "the preview kept nothing");
+    // The tool's name is no longer what is typed.
+    desk.set_value("#typed-target", "execute").await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(
+        !desk.approve_enabled().await,
+        "the tool's name enabled Approve"
+    );
+    desk.set_value("#typed-target", "users").await;
+    read_then_approve(&desk).await;
+    let preflight = pending.await.unwrap();
+    assert_ne!(preflight.is_error, Some(true), "{preflight:?}");
+    assert_eq!(
+        preflight.structured_content.as_ref().unwrap()["confirmTarget"],
+        "users"
+    );
+    assert_eq!(users(&db), 3, "unchanged until the confirm");
+    let done = call(&agent, "execute", confirm_of(&preflight, delete))
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    assert_eq!(users(&db), 2);
+    desk.stop().await;
+}
+
+/// Issue 11: a preview the desk cannot make says so in the window, with its code; it never
+/// disappears. A statement a rolled-back rehearsal cannot undo is named by what it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_that_cannot_be_made_says_so_in_the_window() {
+    let desk = Desk::start().await;
+    let agent = desk.agent("claude-code").await;
+    let pending = call(&agent, "execute", json!({"sql": "PRAGMA user_version = 5"}));
+    desk.wait_for_request().await;
+    assert_eq!(desk.text("#d-target").await, "PRAGMA user_version");
+    desk.until("the preview's failure", |d| {
+        Box::pin(async move { d.exists("#d-preview .preview-unavailable").await })
+    })
+    .await;
+    assert_eq!(
+        desk.text("#d-preview .preview-unavailable").await,
+        "Preview unavailable: not_rehearsable"
+    );
+    desk.click("#deny").await;
+    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    desk.stop().await;
+}

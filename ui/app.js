@@ -5,6 +5,7 @@ import * as clients from "./clients.js";
 import * as grants from "./grants.js";
 import * as servers from "./servers.js";
 import { FLAG_LABELS, shownNode } from "./shown.js";
+import { previewNodes } from "./preview.js";
 
 const $ = (id) => document.getElementById(id);
 const LONG_TARGET = 160;
@@ -187,6 +188,8 @@ function renderCall(r) {
   shown("d-summary", r.summary);
   const minutes = Math.round(r.token_ttl_ms / 60000);
   text("d-use", (r.works_once ? "Works once" : "Works until it expires") + ` · the token would expire ${minutes} minute${minutes === 1 ? "" : "s"} after approval`);
+  shown("d-why", r.why);
+  $("d-preview").replaceChildren(...previewNodes(r.preview));
   shown("d-details", r.details);
   text("d-hash", r.plan_hash);
 }
