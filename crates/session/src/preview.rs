@@ -23,7 +23,7 @@ use std::time::Duration;
 use countersign_builtin::rehearse::{self, Mode, Stopped};
 use countersign_core::policy::{PreviewKind, PreviewRecipe};
 use countersign_core::preview::{self, Preview, TableRows, Unavailable};
-use countersign_engine::Engine;
+use countersign_engine::{Answer, Engine};
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::Peer;
@@ -72,6 +72,8 @@ pub(crate) fn start(
                 recipe,
                 upstream: upstream.clone(),
                 args: args.clone(),
+                engine: engine.clone(),
+                tenant: tenant.to_owned(),
             },
             None => return,
         }
@@ -115,6 +117,8 @@ enum Job {
         recipe: PreviewRecipe,
         upstream: Arc<Upstream>,
         args: Map<String, Value>,
+        engine: Engine,
+        tenant: String,
     },
 }
 
@@ -135,6 +139,8 @@ impl Job {
                 recipe,
                 upstream,
                 args,
+                engine,
+                tenant,
             } => {
                 let live = match upstream.live().await {
                     Ok(live) => live,
@@ -150,7 +156,10 @@ impl Job {
                     .server_info
                     .as_ref()
                     .is_some_and(|i| i.name == FILESYSTEM_SERVER);
-                from_upstream(&live.peer, &recipe, &args, is_filesystem).await
+                // A tool whose definition waits for the person is called by nobody, the desk
+                // included.
+                let pinned = |tool: &str| matches!(engine.open_call(&tenant, tool), Answer::Done);
+                from_upstream(&live.peer, &recipe, &args, is_filesystem, &pinned).await
             }
         }
     }
@@ -197,8 +206,19 @@ fn text_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, Pre
     })
 }
 
-/// Whether the upstream lists `tool` exactly once, with `readOnlyHint: true`.
-async fn read_only(peer: &Peer<RoleClient>, tool: &str) -> Result<(), Preview> {
+/// Whether the upstream lists `tool` exactly once, with `readOnlyHint: true`, and its definition
+/// is the one pinned.
+async fn read_only(
+    peer: &Peer<RoleClient>,
+    tool: &str,
+    pinned: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<(), Preview> {
+    if !pinned(tool) {
+        return Err(Preview::unavailable(
+            Unavailable::ReadToolNotReadOnly,
+            format!("`{tool}` is not a pinned tool of this upstream"),
+        ));
+    }
     let tools = peer
         .list_all_tools()
         .await
@@ -248,8 +268,9 @@ async fn from_upstream(
     recipe: &PreviewRecipe,
     args: &Map<String, Value>,
     is_filesystem: bool,
+    pinned: &(dyn Fn(&str) -> bool + Sync),
 ) -> Preview {
-    match look(peer, recipe, args, is_filesystem).await {
+    match look(peer, recipe, args, is_filesystem, pinned).await {
         Ok(preview) | Err(preview) => preview,
     }
 }
@@ -259,8 +280,15 @@ async fn look(
     recipe: &PreviewRecipe,
     args: &Map<String, Value>,
     is_filesystem: bool,
+    pinned: &(dyn Fn(&str) -> bool + Sync),
 ) -> Result<Preview, Preview> {
     if recipe.kind == PreviewKind::Edit {
+        if !pinned("edit_file") {
+            return Err(Preview::unavailable(
+                Unavailable::ReadToolNotReadOnly,
+                "`edit_file` is not a pinned tool of this upstream",
+            ));
+        }
         return dry_run(peer, args, is_filesystem).await;
     }
     let Some(read) = recipe.read.as_deref() else {
@@ -269,7 +297,7 @@ async fn look(
             "the recipe names no read tool",
         ));
     };
-    read_only(peer, read).await?;
+    read_only(peer, read, pinned).await?;
     match recipe.kind {
         PreviewKind::Write => {
             let path = text_arg(args, &recipe.path)?;
@@ -377,4 +405,164 @@ async fn dry_run(
         return Err(Preview::unavailable(Unavailable::ReadFailed, text));
     }
     Ok(preview::dry_run(path, &text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::ServiceExt;
+
+    /// The built-in tools as an upstream on an in-process pipe (list_tables is read-only,
+    /// execute is not), and a client peer on it.
+    async fn upstream(dir: &tempfile::TempDir) -> rmcp::service::RunningService<RoleClient, ()> {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(theirs);
+        tokio::spawn(countersign_builtin::serve(
+            dir.path().join("db.sqlite"),
+            read,
+            write,
+        ));
+        let (read, write) = tokio::io::split(ours);
+        ().serve((read, write)).await.unwrap()
+    }
+
+    fn recipe(kind: PreviewKind, read: &str) -> PreviewRecipe {
+        PreviewRecipe {
+            server: None,
+            tool: "save".into(),
+            kind,
+            read: Some(read.into()),
+            path: "p".into(),
+            content: "c".into(),
+            source: "p".into(),
+            destination: "c".into(),
+        }
+    }
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    fn reason(p: &Preview) -> Option<Unavailable> {
+        match p {
+            Preview::Unavailable { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_recipe_cannot_make_the_desk_call_a_tool_that_may_change_something() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream(&dir).await;
+        let call = args(json!({"p": "CREATE TABLE pwned (x)", "c": "x"}));
+        for kind in [
+            PreviewKind::Write,
+            PreviewKind::Move,
+            PreviewKind::CreateDir,
+        ] {
+            let p =
+                from_upstream(up.peer(), &recipe(kind, "execute"), &call, false, &|_| true).await;
+            assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly), "{p:?}");
+        }
+        // A tool the upstream does not list at all.
+        let p = from_upstream(
+            up.peer(),
+            &recipe(PreviewKind::Write, "nope"),
+            &call,
+            false,
+            &|_| true,
+        )
+        .await;
+        assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly));
+        let conn = rusqlite::Connection::open(dir.path().join("db.sqlite")).unwrap();
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(tables, 0, "nothing ran");
+    }
+
+    #[tokio::test]
+    async fn a_read_tool_whose_definition_waits_for_the_person_is_not_called() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream(&dir).await;
+        let call = args(json!({"p": "/x", "c": "a\n"}));
+        let p = from_upstream(
+            up.peer(),
+            &recipe(PreviewKind::Write, "list_tables"),
+            &call,
+            false,
+            &|_| false,
+        )
+        .await;
+        assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly));
+    }
+
+    #[tokio::test]
+    async fn a_write_is_previewed_through_a_read_only_tool_of_the_same_upstream() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream(&dir).await;
+        let call = args(json!({"p": "/x", "c": "a\n"}));
+        let p = from_upstream(
+            up.peer(),
+            &recipe(PreviewKind::Write, "list_tables"),
+            &call,
+            false,
+            &|_| true,
+        )
+        .await;
+        let Preview::File {
+            path,
+            existed,
+            rows,
+            ..
+        } = p
+        else {
+            panic!("{p:?}")
+        };
+        assert_eq!(path, "/x");
+        assert!(existed);
+        assert!(rows.iter().any(|r| r.after.as_deref() == Some("a")));
+        // Arguments of the wrong type are said to be so.
+        let bad = args(json!({"p": 5, "c": "a"}));
+        let p = from_upstream(
+            up.peer(),
+            &recipe(PreviewKind::Write, "list_tables"),
+            &bad,
+            false,
+            &|_| true,
+        )
+        .await;
+        assert_eq!(reason(&p), Some(Unavailable::BadArguments));
+    }
+
+    #[tokio::test]
+    async fn only_server_filesystem_gets_its_edit_dry_run_called() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream(&dir).await;
+        let edit = PreviewRecipe {
+            kind: PreviewKind::Edit,
+            read: None,
+            ..recipe(PreviewKind::Edit, "x")
+        };
+        let call = args(json!({"path": "/a", "edits": [{"oldText": "a", "newText": "b"}]}));
+        let p = from_upstream(up.peer(), &edit, &call, false, &|_| true).await;
+        assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly));
+        // Claiming to be server-filesystem is not enough: its edit_file must declare dryRun.
+        let p = from_upstream(up.peer(), &edit, &call, true, &|_| true).await;
+        assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly));
+    }
+
+    #[test]
+    fn a_rehearsal_that_stopped_is_shown_as_unavailable_with_its_code() {
+        let d = rehearse::Described {
+            stopped: Some(Stopped::NotRehearsable("ATTACH".into())),
+            ..Default::default()
+        };
+        assert_eq!(reason(&rows(d)), Some(Unavailable::NotRehearsable));
+        let d = rehearse::Described {
+            stopped: Some(Stopped::TimeLimit),
+            ..Default::default()
+        };
+        assert_eq!(reason(&rows(d)), Some(Unavailable::TimeLimit));
+    }
 }
