@@ -471,3 +471,42 @@ async fn queued_by_first_round(
         .unwrap();
     (id, ir)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spent_states_are_kept_per_connection_and_a_full_list_refuses_rather_than_forgets() {
+    use countersign_core::Nonce;
+    use countersign_engine::MAX_SPENT_STATES;
+    let desk = desk().await;
+    let engine = &desk.engine;
+    let nonce = |i: u64| {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&i.to_be_bytes());
+        Nonce::from_bytes(bytes)
+    };
+    let later = u64::MAX;
+    let [a, b, c] = ["a", "b", "c"].map(|server| engine.connect(server.to_owned()));
+    let (a, b, c) = (a.as_str(), b.as_str(), c.as_str());
+    assert!(!engine.spend_request_state("conn-gone", nonce(0), later));
+    assert!(engine.spend_request_state(a, nonce(0), later));
+    assert!(engine.request_state_used(a, &nonce(0)));
+    assert!(!engine.request_state_used(b, &nonce(0)));
+    assert!(!engine.spend_request_state(a, nonce(0), later));
+    for i in 1..MAX_SPENT_STATES as u64 {
+        assert!(engine.spend_request_state(a, nonce(i), later));
+    }
+    // Full of unexpired states: a new one is refused, none is forgotten.
+    assert!(!engine.spend_request_state(a, nonce(u64::MAX), later));
+    assert!(engine.request_state_used(a, &nonce(1)));
+    // Another connection is not held up by it.
+    assert!(engine.spend_request_state(b, nonce(u64::MAX), later));
+    // Expired ones make room (a forgotten state no longer opens anyway).
+    for i in 0..MAX_SPENT_STATES as u64 {
+        assert!(engine.spend_request_state(c, nonce(i), 1));
+    }
+    assert!(engine.spend_request_state(c, nonce(u64::MAX), later));
+    assert!(!engine.request_state_used(c, &nonce(1)));
+    // A connection's list goes with it, and it uses up nothing after.
+    engine.disconnect(a);
+    assert!(!engine.request_state_used(a, &nonce(1)));
+    assert!(!engine.spend_request_state(a, nonce(7), later));
+}

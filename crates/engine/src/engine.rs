@@ -54,6 +54,10 @@ pub const MAX_PENDING_PER_CONNECTION: usize = 16;
 /// The most requests waiting for a person at once, from every connection together.
 pub const MAX_PENDING: usize = 128;
 
+/// The most used-up `requestState`s of the 2026-07-28 flow one connection keeps until they
+/// expire; past it, its states are refused as used (failing closed) until the oldest expire.
+pub const MAX_SPENT_STATES: usize = 4096;
+
 /// How many disconnected connections' server names are kept for history to show.
 const MAX_GONE_SERVERS: usize = 4096;
 
@@ -291,6 +295,9 @@ struct State {
     /// Accepted calls whose outcome is still to come, by tenant and nonce (a reusable token's
     /// nonce may be accepted more than once): each acceptance records one outcome.
     awaiting_outcome: HashMap<(String, Nonce), u32>,
+    /// The `requestState`s of the 2026-07-28 flow used up, by connection, with their expiry (a
+    /// state forgotten after its expiry no longer opens anyway).
+    spent_states: HashMap<String, HashMap<Nonce, u64>>,
     /// When a preview last changed what a waiting request shows, by id: its approve delay runs
     /// from then.
     rearmed: HashMap<u64, u64>,
@@ -1074,6 +1081,7 @@ impl Engine {
             }
         }
         state.awaiting_outcome.retain(|(t, _), _| t != tenant);
+        state.spent_states.remove(tenant);
         let gone: Vec<u64> = state
             .requests
             .iter()
@@ -1599,6 +1607,37 @@ impl Engine {
     > {
         let key = self.key()?;
         Ok(countersign_core::request_state::open(&key, text, now_ms()))
+    }
+
+    /// Whether `tenant` used up the `requestState` whose nonce is `nonce`.
+    pub fn request_state_used(&self, tenant: &str, nonce: &Nonce) -> bool {
+        lock(&self.inner.state)
+            .spent_states
+            .get(tenant)
+            .is_some_and(|spent| spent.contains_key(nonce))
+    }
+
+    /// Uses up `tenant`'s `requestState` (its nonce, until its expiry `exp`): `false` when it was
+    /// used before, when [`MAX_SPENT_STATES`] unexpired ones are kept already (nothing is
+    /// forgotten early), or when the connection is gone.
+    pub fn spend_request_state(&self, tenant: &str, nonce: Nonce, exp: u64) -> bool {
+        let now = now_ms();
+        let mut state = lock(&self.inner.state);
+        if !state.connections.contains_key(tenant) {
+            return false;
+        }
+        let spent = state.spent_states.entry(tenant.to_owned()).or_default();
+        if spent.contains_key(&nonce) {
+            return false;
+        }
+        if spent.len() >= MAX_SPENT_STATES {
+            spent.retain(|_, until| *until > now);
+            if spent.len() >= MAX_SPENT_STATES {
+                return false;
+            }
+        }
+        spent.insert(nonce, exp);
+        true
     }
 
     /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand

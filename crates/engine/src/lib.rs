@@ -27,6 +27,6 @@ pub use engine::grant::{
 pub use engine::preview::builtin_db;
 pub use engine::{
     ApproveError, DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig,
-    EngineError, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, PendingRequest, QueueChange,
-    Removal,
+    EngineError, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, MAX_SPENT_STATES,
+    PendingRequest, QueueChange, Removal,
 };

@@ -50,8 +50,6 @@ pub struct Session {
     gates: Arc<Mutex<HashMap<String, Gate>>>,
     /// The agent's clientInfo as last shown to the person.
     client_info: Arc<Mutex<Option<Value>>>,
-    /// The `requestState`s of the 2026-07-28 flow used up on this connection.
-    spent: Arc<rounds::Spent>,
 }
 
 impl Session {
@@ -80,7 +78,6 @@ impl Session {
             wait,
             gates: Arc::default(),
             client_info: Arc::default(),
-            spent: Arc::default(),
         }
     }
 

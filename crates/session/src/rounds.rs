@@ -19,8 +19,6 @@
 //! Every other agent keeps the preflight/confirm text flow; a `requestState` from an agent on an
 //! older revision, or beside confirm fields, is refused and nothing runs.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use countersign_core::Nonce;
@@ -36,43 +34,6 @@ pub(super) const ASK: &str = "countersign_desk";
 /// How many times one call is answered `input_required` before it is answered `pending` (the
 /// request stays queued: calling again re-attaches to it).
 pub(super) const MAX_ROUNDS: u32 = 8;
-
-/// The most unexpired spent states one connection keeps; past it, states are refused as used
-/// (failing closed) until the oldest expire.
-const MAX_SPENT: usize = 4096;
-
-/// The `requestState`s used up on one connection, until they expire (a state forgotten after its
-/// expiry no longer opens anyway). A state is bound to its connection, so a connection's own list
-/// is every list that could hold it.
-#[derive(Default)]
-pub(super) struct Spent(Mutex<HashMap<Nonce, u64>>);
-
-impl Spent {
-    /// Whether `nonce` was used.
-    fn used(&self, nonce: &Nonce) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(nonce)
-    }
-
-    /// Marks `nonce` used: `false` when it was already (or when the list is full of unexpired
-    /// states, so that nothing is forgotten early).
-    fn spend(&self, nonce: Nonce, exp: u64, now: u64) -> bool {
-        let mut spent = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if spent.contains_key(&nonce) {
-            return false;
-        }
-        if spent.len() >= MAX_SPENT {
-            spent.retain(|_, until| *until > now);
-            if spent.len() >= MAX_SPENT {
-                return false;
-            }
-        }
-        spent.insert(nonce, exp);
-        true
-    }
-}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -218,7 +179,7 @@ impl Session {
         let replayed = "this requestState was used before: each works once, and the retry it \
                         answered got a new one or the call's result. Next: retry with the newest \
                         requestState, or call the tool again without one.";
-        if self.spent.used(&claims.nonce) {
+        if self.engine.request_state_used(&self.tenant, &claims.nonce) {
             return Ok(state_refused(Refusal::AlreadyUsed, replayed));
         }
         let Some((plan, queued)) = self.engine.queued(&self.tenant, tool, arguments) else {
@@ -245,7 +206,10 @@ impl Session {
                 ),
             ));
         }
-        if !self.spent.spend(claims.nonce, claims.exp, now_ms()) {
+        if !self
+            .engine
+            .spend_request_state(&self.tenant, claims.nonce, claims.exp)
+        {
             return Ok(state_refused(Refusal::AlreadyUsed, replayed));
         }
         let declined = request
@@ -357,32 +321,5 @@ impl Session {
             asks,
             Some(state),
         )))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_spent_state_is_refused_again_and_a_full_list_fails_closed() {
-        let spent = Spent::default();
-        let nonce = |i: u64| {
-            let mut bytes = [0u8; 16];
-            bytes[..8].copy_from_slice(&i.to_be_bytes());
-            Nonce::from_bytes(bytes)
-        };
-        assert!(spent.spend(nonce(0), 100, 0));
-        assert!(spent.used(&nonce(0)));
-        assert!(!spent.spend(nonce(0), 100, 0));
-        for i in 1..MAX_SPENT as u64 {
-            assert!(spent.spend(nonce(i), 100, 0));
-        }
-        // Full of unexpired states: nothing is forgotten early, so a new one is refused.
-        assert!(!spent.spend(nonce(u64::MAX), 100, 50));
-        assert!(spent.used(&nonce(1)));
-        // Once they expire, room is made.
-        assert!(spent.spend(nonce(u64::MAX), 200, 100));
-        assert!(!spent.used(&nonce(1)));
     }
 }
