@@ -231,3 +231,127 @@ async fn a_grant_on_a_destructive_tool_is_refused() {
     assert!(!approved(&denied));
     desk.stop().await;
 }
+
+/// A real MCP client reaching the real server-filesystem serving `root`, through the desk.
+async fn filesystem_agent(
+    desk: &Desk,
+    name: &str,
+    root: &str,
+) -> RunningService<RoleClient, ClientConfig> {
+    let server = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/peers/node_modules/.bin/mcp-server-filesystem"
+    );
+    let stderr = std::fs::File::create(desk.dir.path().join(format!("{name}.stderr"))).unwrap();
+    desk.agent_command(name, &[server, root], &[], desk.dir.path(), stderr)
+        .await
+}
+
+/// A prefix grant on the real server-filesystem's `create_directory` (not destructive, so a
+/// grant may be offered): the prefix proposed is the target's parent directory; a directory under
+/// it on the same connection is approved without a click, while a sibling sharing the prefix's
+/// text, a `..` path, and the same call from another agent's connection each wait for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_grant_covers_this_sessions_targets_under_it_and_nothing_beside_it() {
+    let desk = Desk::start().await;
+    let files = desk.dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let files = files.canonicalize().unwrap();
+    let root = files.to_str().unwrap().to_owned();
+    let agent = filesystem_agent(&desk, "claude-code", &root).await;
+    let mkdir = |path: String| json!({"path": path});
+    let first = call(&agent, "create_directory", mkdir(format!("{root}/a")));
+    desk.wait_for_request().await;
+    desk.until("the prefix grant to be offered", |d| {
+        Box::pin(async move {
+            let disabled: Value = d
+                .browser
+                .execute(
+                    "return document.querySelector('#widen-kind option[value=prefix]').disabled",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            disabled == json!(false)
+        })
+    })
+    .await;
+    desk.click("#widen-kind option[value=prefix]").await;
+    // The parent directory is proposed (the request may be updated meanwhile, by its preview:
+    // the choice stays).
+    desk.until("the parent directory proposed", |d| {
+        let root = root.clone();
+        Box::pin(async move {
+            let proposed: Value = d
+                .browser
+                .execute(
+                    "return [document.getElementById('widen-kind').value, \
+                     document.getElementById('widen-prefix').value]",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            proposed == json!(["prefix", root])
+        })
+    })
+    .await;
+    desk.until("Approve and grant to be enabled", |d| {
+        Box::pin(enabled(d, "approve-widen"))
+    })
+    .await;
+    desk.click("#approve-widen").await;
+    let first = first.await.unwrap();
+    assert!(approved(&first), "{first:?}");
+    let made = call(
+        &agent,
+        "create_directory",
+        confirm_of(&first, mkdir(format!("{root}/a"))),
+    )
+    .await
+    .unwrap();
+    assert_ne!(made.is_error, Some(true), "{made:?}");
+    desk.until("the queue to empty", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+
+    // Under the prefix, on this connection: approved at once, and it runs.
+    let deeper = mkdir(format!("{root}/b/c"));
+    let second = tokio::time::timeout(
+        Duration::from_secs(10),
+        call(&agent, "create_directory", deeper.clone()),
+    )
+    .await
+    .expect("a target under the prefix was approved at once")
+    .unwrap();
+    assert!(approved(&second), "{second:?}");
+    let made = call(&agent, "create_directory", confirm_of(&second, deeper))
+        .await
+        .unwrap();
+    assert_ne!(made.is_error, Some(true), "{made:?}");
+    assert!(files.join("b/c").is_dir());
+
+    // Beside it, through it, and from another connection: each waits for a click.
+    let other = filesystem_agent(&desk, "cursor", &root).await;
+    for (who, path) in [
+        (&agent, format!("{root}-other")),
+        (&agent, format!("{root}/../escape")),
+        (&other, format!("{root}/d")),
+    ] {
+        let mut waiting = call(who, "create_directory", mkdir(path.clone()));
+        desk.wait_for_request().await;
+        assert!(
+            still_waiting(&mut waiting, 1000).await,
+            "{path} rode on the grant"
+        );
+        desk.click("#deny").await;
+        let denied = waiting.await.unwrap();
+        assert!(!approved(&denied), "{path}: {denied:?}");
+        desk.until("the queue to empty", |d| {
+            Box::pin(async move { !d.visible_request().await })
+        })
+        .await;
+    }
+    assert!(!files.join("d").exists());
+    desk.stop().await;
+}

@@ -15,8 +15,9 @@ function text(id, value) {
   $(id).textContent = value;
 }
 
-/** The kinds the current offer allows, as the select shows them. */
-function renderOffer() {
+/** The kinds the current offer allows, as the select shows them. `keep`: the same request
+ *  shown again (updated): the person's choice and prefix stay where still allowed. */
+function renderOffer(keep = false) {
   const kind = $("widen-kind");
   const allowed = { call: !!(offer && offer.call), prefix: !!(offer && offer.prefix) };
   for (const option of kind.options) {
@@ -32,7 +33,9 @@ function renderOffer() {
   if (offer && !offer.call && offer.call_why) why.push("No grant for this request: " + offer.call_why + ".");
   else if (offer && !offer.prefix && offer.prefix_why) why.push("No prefix grant: " + offer.prefix_why + ".");
   text("widen-why", why.join(" "));
-  $("widen-prefix").value = offer && offer.default_prefix ? offer.default_prefix : "";
+  if (!keep || !$("widen-prefix").value) {
+    $("widen-prefix").value = offer && offer.default_prefix ? offer.default_prefix : "";
+  }
   $("widen-prefix-shown").replaceChildren(
     ...(offer && offer.default_prefix_shown && offer.default_prefix_shown.flags.length
       ? [shownNode("span", offer.default_prefix_shown)]
@@ -57,16 +60,19 @@ export function refresh() {
 
 /** A request was selected (or the selection changed): ask the desk what it may offer. */
 export async function select(request) {
-  offer = null;
-  offerFor = request ? request.id : null;
-  $("widen-kind").value = "";
-  renderOffer();
+  const keep = !!request && offerFor === request.id;
+  if (!keep) {
+    offer = null;
+    offerFor = request ? request.id : null;
+    $("widen-kind").value = "";
+    renderOffer();
+  }
   if (!request || request.change) return;
   try {
     const got = await api.grantOffer(request.id);
     if (offerFor === request.id) {
       offer = got;
-      renderOffer();
+      renderOffer(keep);
     }
   } catch (e) {
     if (offerFor === request.id) text("widen-why", e && e.message ? e.message : String(e));
