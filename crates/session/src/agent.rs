@@ -6,9 +6,10 @@
 //! sentence, no `outputSchema`) and withheld tools left out. Every `tools/call` is decided here:
 //! an open tool's call goes on once the engine agrees (its definition is the pinned one), a gated
 //! one goes to the engine (a preflight waits for a person, with progress to the agent; a confirm
-//! is verified, and what the person approved is what gets sent), and a tool missing from the
-//! listing is refused. The other allowed requests are sent on typed, re-serialized by the desk;
-//! anything else is an error, never "forward".
+//! is verified, and what the person approved is what gets sent; an agent on 2026-07-28 that
+//! handles URL elicitations confirms by its own retry instead, see [`rounds`]), and a tool
+//! missing from the listing is refused. The other allowed requests are sent on typed,
+//! re-serialized by the desk; anything else is an error, never "forward".
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
 use std::borrow::Cow;

@@ -29,11 +29,11 @@ use countersign_core::request_state::{StateClaims, StateError};
 use super::*;
 
 /// The key of the desk's one elicitation in `inputRequests`.
-pub(super) const ASK: &str = "countersign_desk";
+const ASK: &str = "countersign_desk";
 
 /// How many times one call is answered `input_required` before it is answered `pending` (the
 /// request stays queued: calling again re-attaches to it).
-pub(super) const MAX_ROUNDS: u32 = 8;
+const MAX_ROUNDS: u32 = 8;
 
 fn now_ms() -> u64 {
     SystemTime::now()
