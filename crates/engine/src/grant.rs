@@ -20,7 +20,8 @@
 //! is the one pinned when it was made and its class is no stricter than then. Matching is exact:
 //! prefixes compare whole path segments of text, so `/home/a` never covers `/home/ab`, and a
 //! target (or prefix) with `.` or `..` segments, repeated or trailing separators, backslashes,
-//! `%`, control, invisible or direction-changing characters is never covered. Nothing is
+//! `%`, control, invisible or direction-changing characters is never covered, nor a call with
+//! another argument named like a path (a move's destination) outside the prefix. Nothing is
 //! normalised: a look-alike or another case is another path.
 //!
 //! A call a grant approves is answered at once with a token minted for it alone (a `once` tool's
@@ -210,6 +211,62 @@ pub fn is_under(target: &str, prefix: &str) -> bool {
     }
 }
 
+/// Whether an argument's name says it holds a path (or paths): `path`, `paths`, `new_path`,
+/// `oldPath`, `dir`, `directory`, `source`, `destination`, `file`, `from`, `to`, `uri`, `url`...
+fn names_a_path(name: &str) -> bool {
+    let plain: String = name
+        .chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .collect::<String>()
+        .to_lowercase();
+    [
+        "path",
+        "paths",
+        "dir",
+        "dirs",
+        "directory",
+        "directories",
+        "file",
+        "files",
+    ]
+    .iter()
+    .any(|end| plain.ends_with(end))
+        || [
+            "source",
+            "sources",
+            "destination",
+            "dest",
+            "from",
+            "to",
+            "src",
+            "dst",
+            "target",
+            "uri",
+            "url",
+            "root",
+            "cwd",
+            "location",
+        ]
+        .contains(&plain.as_str())
+}
+
+/// Whether every argument of a call that names a path is under `prefix` (a string under it, or
+/// an array of strings each under it): a prefix grant must not let a second path argument (a
+/// move's destination, a copy's source) go anywhere. An argument named like a path holding
+/// anything else is not covered.
+pub fn paths_under(arguments: &Map<String, Value>, prefix: &str) -> bool {
+    arguments
+        .iter()
+        .filter(|(name, _)| names_a_path(name))
+        .all(|(_, value)| match value {
+            Value::String(s) => is_under(s, prefix),
+            Value::Array(items) => items
+                .iter()
+                .all(|v| v.as_str().is_some_and(|s| is_under(s, prefix))),
+            _ => false,
+        })
+}
+
 /// The parent directory of `target`, if it is a valid prefix.
 pub fn default_prefix(target: &str) -> Option<String> {
     segments(target).ok()?;
@@ -283,6 +340,7 @@ struct Covered<'a> {
     tenant: &'a str,
     tool: &'a str,
     target: &'a str,
+    arguments: &'a Map<String, Value>,
     plan: PlanHash,
     class: GateClass,
     definition: PlanHash,
@@ -304,7 +362,7 @@ fn covers(grant: &Grant, call: &Covered<'_>) -> bool {
                 && grant
                     .prefix
                     .as_deref()
-                    .is_some_and(|p| is_under(call.target, p))
+                    .is_some_and(|p| is_under(call.target, p) && paths_under(call.arguments, p))
         }
     };
     fresh
@@ -411,7 +469,12 @@ impl Engine {
             Widening::Prefix { prefix, minutes } => {
                 check_prefix(prefix).map_err(GrantError::Prefix)?;
                 segments(&view.plan.target).map_err(GrantError::Target)?;
-                if !is_under(&view.plan.target, prefix) {
+                let arguments = lock(&self.inner.state)
+                    .requests
+                    .get(&id)
+                    .map(|e| e.arguments.clone())
+                    .unwrap_or_default();
+                if !is_under(&view.plan.target, prefix) || !paths_under(&arguments, prefix) {
                     return Err(GrantError::NotUnder);
                 }
                 (GrantKind::Prefix, *minutes, Some(prefix.clone()))
@@ -555,6 +618,7 @@ impl Engine {
             tenant,
             tool: &plan.tool,
             target: &plan.target,
+            arguments,
             plan: hash,
             class: rule.class,
             definition,
@@ -685,6 +749,27 @@ mod tests {
     }
 
     #[test]
+    fn every_argument_naming_a_path_must_be_under_the_prefix_too() {
+        let args = |v: Value| v.as_object().unwrap().clone();
+        let ok = args(serde_json::json!({
+            "source": "/home/a/x", "destination": "/home/a/y", "content": "/etc/passwd",
+            "paths": ["/home/a/1", "/home/a/2"], "count": 3
+        }));
+        assert!(paths_under(&ok, "/home/a"));
+        for bad in [
+            serde_json::json!({"source": "/home/a/x", "destination": "/etc/cron.d/x"}),
+            serde_json::json!({"new_path": "/home/a/../../etc"}),
+            serde_json::json!({"newPath": "/elsewhere/x"}),
+            serde_json::json!({"paths": ["/home/a/1", "/etc/2"]}),
+            serde_json::json!({"paths": ["/home/a/1", 2]}),
+            serde_json::json!({"to": {"path": "/home/a/x"}}),
+            serde_json::json!({"Dest-Dir": "relative/x"}),
+        ] {
+            assert!(!paths_under(&args(bad.clone()), "/home/a"), "{bad}");
+        }
+    }
+
+    #[test]
     fn the_default_prefix_is_the_parent_directory_when_that_is_a_valid_prefix() {
         assert_eq!(
             default_prefix("/home/a/docs/x.txt").as_deref(),
@@ -746,11 +831,13 @@ mod tests {
     }
 
     fn call<'a>(target: &'a str, class: GateClass, now: u64) -> Covered<'a> {
+        static NONE: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
         Covered {
             server: "fs",
             tenant: "conn-1",
             tool: "write_file",
             target,
+            arguments: NONE.get_or_init(Map::new),
             plan: PlanHash::from_bytes([2; 32]),
             class,
             definition: PlanHash::from_bytes([1; 32]),

@@ -55,6 +55,10 @@ fn tools() -> Vec<Value> {
         json!({"name": "delete", "annotations": {"destructiveHint": true}, "inputSchema": path}),
         // No annotations: destructive as MCP reads it.
         json!({"name": "plain", "inputSchema": path}),
+        // Two paths; the target is the source.
+        json!({"name": "copy", "annotations": {"destructiveHint": false},
+               "inputSchema": {"type": "object", "properties": {
+                   "source": {"type": "string"}, "destination": {"type": "string"}}}}),
     ]
 }
 
@@ -626,4 +630,48 @@ async fn a_change_to_the_desk_is_never_widened() {
         d.engine.pending().iter().any(|r| r.id == change.id),
         "still waiting"
     );
+}
+
+#[tokio::test]
+async fn a_prefix_grant_covers_no_call_with_another_path_argument_outside_the_prefix() {
+    let d = desk();
+    let tenant = connect(&d.engine, "srv");
+    let copy = |from: &str, to: &str| json!({"source": from, "destination": to});
+    // The click's own call must be under the prefix in every path it names.
+    let (_, refused) = clicked(
+        &d.engine,
+        &tenant,
+        "copy",
+        &copy("/home/a/docs/x", "/tmp/out"),
+        |e, id| {
+            let r = e.approve_widening(id, None, &widen_prefix("/home/a/docs"));
+            e.deny(id, None).unwrap();
+            r
+        },
+    )
+    .await;
+    assert_eq!(refused, Err(GrantError::NotUnder));
+    granted(
+        &d,
+        &tenant,
+        "copy",
+        &copy("/home/a/docs/x", "/home/a/docs/y"),
+        widen_prefix("/home/a/docs"),
+    )
+    .await;
+    let inside = at_once(
+        &d.engine,
+        &tenant,
+        "copy",
+        &copy("/home/a/docs/1", "/home/a/docs/2"),
+    )
+    .await;
+    assert!(is_approved(&inside), "{inside:?}");
+    for (from, to) in [
+        ("/home/a/docs/1", "/etc/cron.d/evil"),
+        ("/home/a/docs/1", "/home/a/docs/../../../etc/x"),
+    ] {
+        let r = at_once(&d.engine, &tenant, "copy", &copy(from, to)).await;
+        assert!(is_pending(&r), "{to}: {r:?}");
+    }
 }
