@@ -673,12 +673,17 @@ fn run(
                 // Refused while preparing (a PRAGMA setting a value is refused before SQLite
                 // acts on it): still named by what it asked for.
                 let (statement, refused) = take(true, chunk);
+                described.statements.push(statement);
                 if let Some(what) = refused {
-                    described.statements.push(statement);
                     described.complete = last;
                     return Err(Stopped::NotRehearsable(what));
                 }
-                return Err(stopped_by(&e, deadline));
+                // SQLite refuses it now (a table that exists or is missing): it would fail the same
+                // way when run, so when nothing follows it, what it asked for before failing names
+                // it (over, never under, what it writes), and the batch is described to its end.
+                let stopped = stopped_by(&e, deadline);
+                described.complete = last && matches!(stopped, Stopped::Failed(_));
+                return Err(stopped);
             }
         };
         let (statement, refused) = take(stmt.readonly(), chunk);
@@ -936,8 +941,21 @@ mod tests {
         assert_eq!(d.target(), "nothing");
         assert_eq!(d.summary(), "SELECT (writes no table)");
         let d = rehearse(&path, "DELETE FROM missing", Mode::Describe);
-        assert_eq!(d.target(), "unknown");
+        assert_eq!(d.target(), "nothing");
+        // The failure is the preview's to show: the plan names the statement only.
+        assert_eq!(d.summary(), "DELETE (writes no table)");
         assert!(matches!(d.stopped, Some(Stopped::Failed(_))));
+        // A table that exists already: named by what it asked for before failing, so a replay of
+        // an executed CREATE TABLE still plans as it did.
+        let d = rehearse(&path, "CREATE TABLE users (x)", Mode::Describe);
+        assert_eq!(d.target(), "users");
+        // A failure before later statements leaves them unknown.
+        let d = rehearse(
+            &path,
+            "DELETE FROM missing; DELETE FROM users",
+            Mode::Describe,
+        );
+        assert_eq!(d.target(), "unknown");
     }
 
     #[test]

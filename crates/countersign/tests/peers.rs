@@ -239,9 +239,10 @@ async fn python_agent_flow(mode: &str) -> PythonRun {
     let token = preflight["structuredContent"]["confirmToken"]
         .as_str()
         .unwrap();
+    // execute's target is the table its SQL writes, as SQLite's authorizer reports it.
     assert_eq!(
         preflight["structuredContent"]["confirmTarget"],
-        json!("execute")
+        json!("from_python")
     );
     let body = result_text(preflight);
     assert!(
