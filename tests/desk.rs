@@ -1045,3 +1045,108 @@ async fn a_preview_that_cannot_be_made_says_so_in_the_window() {
     assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
     desk.stop().await;
 }
+
+/// Waits (up to 30 s) until the desk `pid` has no web process: its window was released.
+async fn until_released(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !Desk::web_processes(pid).is_empty() {
+        assert!(Instant::now() < deadline, "the window was not released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Denies the request shown through the page's IPC (Deny has no delay, and a hidden window's
+/// button cannot be clicked).
+async fn deny_by_script(desk: &Desk) {
+    let pending = desk.invoke("pending", json!({})).await.unwrap();
+    let id = pending[0]["id"].clone();
+    desk.invoke("deny", json!({"id": id, "note": null}))
+        .await
+        .unwrap();
+}
+
+/// Issue 11: a second start of the desk (`countersign desk`) brings a released window back, shown,
+/// and the desk that answers is still the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_start_brings_a_released_window_back() {
+    let desk = Desk::start_with(&[("COUNTERSIGN_DEBUG_RELEASE_AFTER_MS", "1000")]).await;
+    let pid = desk.pid().await;
+    desk.close_window().await;
+    until_released(pid).await;
+    let second = tokio::process::Command::new(bin("countersign-desk"))
+        .env("COUNTERSIGN_DESK_DIR", desk.dir.path())
+        .env("COUNTERSIGN_SOCKET", desk.socket())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the second desk exits")
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    desk.follow_window().await;
+    desk.until("the window to be on screen", |d| {
+        Box::pin(async move {
+            d.browser
+                .execute("return document.visibilityState", vec![])
+                .await
+                .is_ok_and(|v| v == json!("visible"))
+        })
+    })
+    .await;
+    assert_eq!(desk.pid().await, pid);
+    let agent = desk.agent("after-second-start").await;
+    let pending = call(&agent, "create_backup", json!({"name": "back-again"}));
+    desk.wait_for_request().await;
+    desk.click("#deny").await;
+    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    desk.stop().await;
+}
+
+/// Issue 11: a closed window with a request waiting is never released; and requests sent around
+/// the moment of release (before it, while the window is destroyed, after it) each find a window
+/// showing them, with never more than one web process and the same desk throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_around_the_release_always_find_a_window_and_a_waiting_one_keeps_it() {
+    let desk = Desk::start_with(&[("COUNTERSIGN_DEBUG_RELEASE_AFTER_MS", "1000")]).await;
+    let pid = desk.pid().await;
+    let agent = desk.agent("around-the-release").await;
+    // Waiting: closed for three release delays, the window and its web process stay.
+    let waiting = call(&agent, "create_backup", json!({"name": "waiting"}));
+    desk.wait_for_request().await;
+    let before = Desk::web_processes(pid);
+    desk.close_window().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        Desk::web_processes(pid),
+        before,
+        "released with a request waiting"
+    );
+    assert!(desk.visible_request().await);
+    deny_by_script(&desk).await;
+    assert_eq!(refusal(&waiting.await.unwrap()).as_deref(), Some("denied"));
+    // Around the release: the window hidden (or released) for 0.6 s to 1.5 s, then a request.
+    for k in 0..10u64 {
+        countersign_tests::xwindow::close_by_title(&desk.display_name(), "Countersign");
+        tokio::time::sleep(Duration::from_millis(600 + 100 * k)).await;
+        let name = format!("around-{k}");
+        let pending = call(&agent, "create_backup", json!({ "name": name }));
+        desk.follow_window().await;
+        desk.wait_for_request().await;
+        assert_eq!(desk.text("#d-target").await, name);
+        assert!(
+            Desk::web_processes(pid).len() <= 1,
+            "one web process at most"
+        );
+        deny_by_script(&desk).await;
+        assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+        // Until the window has taken the denied request off, the next wait would see it.
+        desk.until("the denied request to leave the window", |d| {
+            Box::pin(async move { !d.visible_request().await })
+        })
+        .await;
+    }
+    assert_eq!(desk.pid().await, pid, "the same desk throughout");
+    desk.stop().await;
+}
