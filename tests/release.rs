@@ -1,8 +1,9 @@
 //! The release artifacts, as a user installs them: the .deb carries the desk, `countersign`, the
 //! icon and a desktop entry; a release desk refuses a WebDriver session even when the automation
 //! variable is set, cannot be read by other processes of its account (not dumpable), and opens
-//! no inspector port whatever its environment says. They need `.ci/release` to have run (the test
-//! command runs it).
+//! no inspector port whatever its environment says, has no knob to shorten its idle release, and
+//! with its window closed keeps serving and releases its webview after its settings' delay. They
+//! need `.ci/release` to have run (the test command runs it).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -353,4 +354,87 @@ fn webkit_children(pid: u32) -> Vec<(u32, String)> {
         }
     }
     found
+}
+
+/// The debug desk's knob that shortens the idle release (for its tests and bench) is compiled
+/// out of a release desk: its name is nowhere in the binary.
+#[test]
+#[ignore = "needs the release build from .ci/release (run by the test command)"]
+fn a_release_desk_has_no_knob_to_shorten_the_idle_release() {
+    let desk = target().join("release/countersign-desk");
+    let bytes = std::fs::read(&desk)
+        .unwrap_or_else(|_| panic!("{} is missing: run .ci/release", desk.display()));
+    let knob = b"COUNTERSIGN_DEBUG_RELEASE_AFTER_MS";
+    assert!(!bytes.windows(knob.len()).any(|w| w == knob));
+}
+
+/// A release desk whose window is closed goes on serving and, after the release delay its
+/// settings give (10 s, the least), lets its web process go.
+#[test]
+#[ignore = "needs the release build from .ci/release and a display (run by the test command)"]
+fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settings_delay() {
+    let display = std::env::var("DISPLAY").expect("needs a display (run under Xvfb)");
+    let desk = target().join("release/countersign-desk");
+    assert!(
+        desk.exists(),
+        "{} is missing: run .ci/release",
+        desk.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/settings.json"),
+        r#"{"token_minutes": 10, "approve_delay_ms": 1000, "release_after_s": 10}"#,
+    )
+    .unwrap();
+    let socket = dir.path().join("desk.sock");
+    let mut child = Command::new(&desk)
+        .arg("--in-memory-secret")
+        .env("COUNTERSIGN_DESK_DIR", dir.path())
+        .env("COUNTERSIGN_SOCKET", &socket)
+        .env("DISPLAY", &display)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_for_socket(&socket);
+    let web = |pid| {
+        webkit_children(pid)
+            .into_iter()
+            .filter(|(_, name)| name.starts_with("WebKitWebProces"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut asked = 0;
+    while asked == 0 || web(pid) == 0 {
+        assert!(Instant::now() < deadline, "no window with a web process");
+        std::thread::sleep(Duration::from_millis(100));
+        if web(pid) > 0 && asked == 0 {
+            asked = countersign_tests::xwindow::close_by_title(&display, "Countersign");
+        }
+    }
+    let closed = Instant::now();
+    while web(pid) > 0 {
+        assert!(
+            closed.elapsed() < Duration::from_secs(60),
+            "the web process outlived the release delay"
+        );
+        assert!(
+            std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+            "the desk stopped serving when its window closed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        closed.elapsed() >= Duration::from_secs(9),
+        "released before its delay"
+    );
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+    // SAFETY: ends only the group this test started.
+    unsafe {
+        libc::killpg(pid as i32, libc::SIGKILL);
+    }
+    let _ = child.wait();
 }
