@@ -353,5 +353,16 @@ async fn a_prefix_grant_covers_this_sessions_targets_under_it_and_nothing_beside
         .await;
     }
     assert!(!files.join("d").exists());
+    // The Grants view says whose session the grant lives with, and its prefix.
+    desk.click("#tab-grants").await;
+    desk.until("the session grant listed", |d| {
+        Box::pin(async move { d.count("#grants tr[data-grant]").await == 1 })
+    })
+    .await;
+    let row = desk.text("#grants tr[data-grant]").await;
+    assert!(
+        row.contains("for the session of claude-code 1.0") && row.contains(&root),
+        "{row}"
+    );
     desk.stop().await;
 }

@@ -99,6 +99,14 @@ function when(ms) {
   return d.toDateString() === new Date().toDateString() ? d.toLocaleTimeString() : d.toLocaleString();
 }
 
+/** The Covers cell: what the grant covers, and for a session grant, whose session. */
+function covers(what, g) {
+  const cell = plainNode("td", what);
+  if (g.agent) cell.append(shownNode("span", g.agent));
+  if (g.works_once) cell.append(" (each token works once)");
+  return cell;
+}
+
 /** The Grants view: every live grant, with Revoke. */
 export async function loadGrants(rows) {
   text("gr-error", "");
@@ -117,7 +125,7 @@ export async function loadGrants(rows) {
   for (const g of list) {
     const tr = document.createElement("tr");
     tr.dataset.grant = String(g.id);
-    const what = g.kind === "prefix" ? "targets under a prefix, this session" : "this same call";
+    const what = g.kind === "prefix" ? "targets under a prefix, for the session of " : "this same call";
     const revoke = document.createElement("button");
     revoke.type = "button";
     revoke.className = "revoke";
@@ -133,7 +141,7 @@ export async function loadGrants(rows) {
     cell.append(revoke);
     tr.append(
       cell,
-      plainNode("td", what + (g.works_once ? " (each token works once)" : "")),
+      covers(what, g),
       shownNode("td", g.tool),
       shownNode("td", g.server),
       shownNode("td", g.scope),

@@ -13,7 +13,7 @@ use tauri::State;
 
 use crate::Desk;
 use crate::commands::off_the_ui;
-use crate::view::{Shown, UiError, shown};
+use crate::view::{Shown, UiError, agent_name, shown};
 
 impl From<GrantError> for UiError {
     fn from(e: GrantError) -> Self {
@@ -89,10 +89,13 @@ pub struct GrantRow {
     pub expires_at_ms: u64,
     /// How many calls it approved.
     pub uses: u64,
+    /// For a session grant: the agent of its connection, as it names itself.
+    pub agent: Option<Shown>,
 }
 
-impl From<&Grant> for GrantRow {
-    fn from(g: &Grant) -> Self {
+impl GrantRow {
+    /// The row for `g`; `client_info`: its connection's agent, for a session grant.
+    fn new(g: &Grant, client_info: Option<&serde_json::Value>) -> Self {
         GrantRow {
             id: g.id,
             kind: g.kind.code(),
@@ -108,8 +111,23 @@ impl From<&Grant> for GrantRow {
             granted_at_ms: g.granted_at_ms,
             expires_at_ms: g.expires_at_ms,
             uses: g.uses,
+            agent: client_info.map(|c| shown(&agent_name(c))),
         }
     }
+}
+
+/// The live grants as rows.
+fn rows(engine: &countersign_engine::Engine) -> Result<Vec<GrantRow>, UiError> {
+    let grants = engine
+        .grants()
+        .map_err(|e| UiError::new("store_failed", e))?;
+    Ok(grants
+        .iter()
+        .map(|g| {
+            let agent = g.tenant.as_deref().and_then(|t| engine.client_info_of(t));
+            GrantRow::new(g, agent.as_ref())
+        })
+        .collect())
 }
 
 /// What may be offered beside Approve for request `id` (`None`: it no longer waits).
@@ -144,13 +162,7 @@ pub async fn approve_widening(
 #[tauri::command]
 pub async fn grants(desk: State<'_, Desk>) -> Result<Vec<GrantRow>, UiError> {
     let engine = desk.engine.clone();
-    off_the_ui(move || {
-        let grants = engine
-            .grants()
-            .map_err(|e| UiError::new("store_failed", e))?;
-        Ok(grants.iter().map(GrantRow::from).collect())
-    })
-    .await
+    off_the_ui(move || rows(&engine)).await
 }
 
 /// A person clicked Revoke on grant `id`; answers the live grants left.
@@ -159,10 +171,7 @@ pub async fn revoke_grant(desk: State<'_, Desk>, id: u64) -> Result<Vec<GrantRow
     let engine = desk.engine.clone();
     off_the_ui(move || {
         engine.revoke_grant(id)?;
-        let grants = engine
-            .grants()
-            .map_err(|e| UiError::new("store_failed", e))?;
-        Ok(grants.iter().map(GrantRow::from).collect())
+        rows(&engine)
     })
     .await
 }
@@ -194,7 +203,9 @@ mod tests {
             ended: None,
             mac: [0; 32],
         };
-        let row = serde_json::to_value(GrantRow::from(&grant)).unwrap();
+        let agent = serde_json::json!({"name": "claude-code", "version": "1.0"});
+        let row = serde_json::to_value(GrantRow::new(&grant, Some(&agent))).unwrap();
+        assert_eq!(row["agent"]["text"], "claude-code 1.0");
         assert_eq!(contract::keys(&row), contract::expected("GrantRow"));
         // The look-alike prefix is flagged.
         assert_eq!(row["scope"]["flags"], serde_json::json!(["non_ascii"]));

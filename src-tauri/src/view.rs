@@ -221,7 +221,7 @@ impl From<&Change> for ChangeView {
     }
 }
 
-fn agent_name(client_info: &Value) -> String {
+pub(crate) fn agent_name(client_info: &Value) -> String {
     let name = client_info
         .get("name")
         .and_then(Value::as_str)

@@ -588,6 +588,15 @@ impl Engine {
         Ok(())
     }
 
+    /// The agent's own `clientInfo` on connection `tenant` while it is connected: shown beside a
+    /// session grant, never used to decide anything.
+    pub fn client_info_of(&self, tenant: &str) -> Option<Value> {
+        lock(&self.inner.state)
+            .connections
+            .get(tenant)
+            .map(|c| c.client_info.clone())
+    }
+
     /// Connection `tenant` went away: its session grants end with it.
     pub(super) fn end_session_grants(&self, tenant: &str) {
         let ended =
