@@ -1046,6 +1046,69 @@ async fn a_preview_that_cannot_be_made_says_so_in_the_window() {
     desk.stop().await;
 }
 
+/// Issue 11: server-filesystem's `edit_file` is previewed by its own dry run (a call the desk
+/// builds, `dryRun: true`), and `move_file` shows both paths and whether the destination exists;
+/// neither changes a file before its confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edit_and_move_requests_show_the_dry_run_and_the_destination() {
+    let desk = Desk::start().await;
+    let files = desk.dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let files = files.canonicalize().unwrap();
+    let notes = files.join("notes.txt");
+    let taken = files.join("taken.txt");
+    std::fs::write(&notes, "alpha\nbeta\n").unwrap();
+    std::fs::write(&taken, "keep me\n").unwrap();
+    let server = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/peers/node_modules/.bin/mcp-server-filesystem"
+    );
+    let stderr = std::fs::File::create(desk.dir.path().join("gateway.stderr")).unwrap();
+    let agent = desk
+        .agent_command(
+            "claude-code",
+            &[server, files.to_str().unwrap()],
+            &[],
+            desk.dir.path(),
+            stderr,
+        )
+        .await;
+    // The agent asks for the real edit (dryRun false): the desk's own preview call is a dry run.
+    let edit = json!({"path": notes.to_str().unwrap(), "dryRun": false,
+        "edits": [{"oldText": "beta", "newText": "BETA"}]});
+    let pending = call(&agent, "edit_file", edit);
+    desk.wait_for_request().await;
+    desk.until("the dry run", |d| {
+        Box::pin(async move { d.exists("#d-preview pre.preview-dry-run").await })
+    })
+    .await;
+    let dry = desk.text("#d-preview pre.preview-dry-run").await;
+    assert!(dry.contains("-beta") && dry.contains("+BETA"), "{dry}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "alpha\nbeta\n");
+    desk.click("#deny").await;
+    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    desk.until("the denied request to leave", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+
+    let moving = json!({"source": notes.to_str().unwrap(), "destination": taken.to_str().unwrap()});
+    let pending = call(&agent, "move_file", moving);
+    desk.wait_for_request().await;
+    desk.until("the move's preview", |d| {
+        Box::pin(async move {
+            d.page_text()
+                .await
+                .contains("Something exists at the destination now.")
+        })
+    })
+    .await;
+    desk.click("#deny").await;
+    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    assert_eq!(std::fs::read_to_string(&taken).unwrap(), "keep me\n");
+    desk.stop().await;
+}
+
 /// Waits (up to 30 s) until the desk `pid` has no web process: its window was released.
 async fn until_released(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);

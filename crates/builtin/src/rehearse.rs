@@ -361,9 +361,17 @@ fn record(seen: &mut Seen, context: &AuthContext<'_>) -> bool {
         if kind.starts_with("CREATE") || kind.starts_with("DROP") || kind.starts_with("ALTER") {
             seen.ddl = true;
         }
-        // A statement's own write names it over the SELECT that an INSERT ... SELECT starts with.
+        // A statement's own write names it over the SELECT that an INSERT ... SELECT starts with,
+        // and a schema change over the write to sqlite_schema that a CREATE first asks for.
         let is_write = write.is_some() || effect.is_some();
-        if seen.kind.is_none() || (is_write && seen.kind.as_deref() == Some("SELECT")) {
+        let is_ddl =
+            |k: &str| k.starts_with("CREATE") || k.starts_with("DROP") || k.starts_with("ALTER");
+        let stronger = match seen.kind.as_deref() {
+            None => true,
+            Some("SELECT") => is_write,
+            Some(current) => is_ddl(kind) && !is_ddl(current),
+        };
+        if stronger {
             seen.kind = Some(kind.to_owned());
         }
     }
@@ -678,11 +686,13 @@ fn run(
                     described.complete = last;
                     return Err(Stopped::NotRehearsable(what));
                 }
-                // SQLite refuses it now (a table that exists or is missing): it would fail the same
-                // way when run, so when nothing follows it, what it asked for before failing names
-                // it (over, never under, what it writes), and the batch is described to its end.
+                // SQLite refuses it now (a table that exists or is missing): run now, it fails the
+                // same way, and `execute` stops at a batch's first failure, so nothing after it
+                // runs. What it asked for before failing names it (over, never under, what it
+                // writes), and the batch is described to its end. The plan is described again at
+                // the confirm, so SQL whose state changed since the click is refused then.
                 let stopped = stopped_by(&e, deadline);
-                described.complete = last && matches!(stopped, Stopped::Failed(_));
+                described.complete = matches!(stopped, Stopped::Failed(_));
                 return Err(stopped);
             }
         };
@@ -725,7 +735,12 @@ fn run(
             match rows.next() {
                 Ok(Some(_)) => {}
                 Ok(None) => break,
-                Err(e) => return Err(stopped_by(&e, deadline)),
+                Err(e) => {
+                    // As above: a statement SQLite refuses ends the batch when it runs too.
+                    let stopped = stopped_by(&e, deadline);
+                    described.complete = matches!(stopped, Stopped::Failed(_));
+                    return Err(stopped);
+                }
             }
         }
         drop(rows);
@@ -921,7 +936,8 @@ mod tests {
             "INSERT OR ROLLBACK INTO uniq VALUES (1); DELETE FROM users",
             Mode::Describe,
         );
-        assert!(d.target().contains("unknown"), "{}", d.target());
+        // It fails here and would fail when run, which ends the batch: the DELETE never runs.
+        assert_eq!(d.target(), "uniq");
         assert_eq!(contents(&path), before);
     }
 
@@ -949,13 +965,36 @@ mod tests {
         // an executed CREATE TABLE still plans as it did.
         let d = rehearse(&path, "CREATE TABLE users (x)", Mode::Describe);
         assert_eq!(d.target(), "users");
-        // A failure before later statements leaves them unknown.
+        // A batch stops at its first failure: what follows never runs.
         let d = rehearse(
             &path,
-            "DELETE FROM missing; DELETE FROM users",
+            "CREATE TABLE users (x); DELETE FROM users",
             Mode::Describe,
         );
-        assert_eq!(d.target(), "unknown");
+        assert_eq!(d.target(), "users");
+        assert_eq!(d.summary(), "CREATE TABLE users");
+        let d = rehearse(
+            &path,
+            "CREATE TABLE fresh (id INTEGER PRIMARY KEY); INSERT INTO fresh VALUES (1)",
+            Mode::Describe,
+        );
+        assert_eq!(d.summary(), "CREATE TABLE fresh; INSERT into fresh");
+        // A CREATE TABLE ... AS SELECT plans the same before it ran and after (its replay).
+        let ctas = "CREATE TABLE people AS SELECT 1 AS id, 'Ada' AS name";
+        let before = rehearse(&path, ctas, Mode::Describe);
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(ctas)
+            .unwrap();
+        let after = rehearse(&path, ctas, Mode::Describe);
+        assert_eq!(
+            (before.target(), before.summary()),
+            ("people".to_owned(), "CREATE TABLE people".to_owned())
+        );
+        assert_eq!(
+            (after.target(), after.summary()),
+            (before.target(), before.summary())
+        );
     }
 
     #[test]
