@@ -97,15 +97,21 @@ pub(crate) fn start(
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let preview = match tokio::time::timeout(TIME_LIMIT, job.run()).await {
-            Ok(preview) => preview,
-            Err(_) => Preview::unavailable(
-                Unavailable::TimeLimit,
-                format!("no preview within {} s", TIME_LIMIT.as_secs()),
-            ),
-        };
+        let preview = bounded(TIME_LIMIT, job.run()).await;
         engine.attach_preview(&tenant, &tool, hash, preview);
     });
+}
+
+/// `preview`, or "unavailable: time_limit" when it takes longer than `limit` (an upstream that
+/// never answers).
+async fn bounded(limit: Duration, preview: impl Future<Output = Preview>) -> Preview {
+    match tokio::time::timeout(limit, preview).await {
+        Ok(preview) => preview,
+        Err(_) => Preview::unavailable(
+            Unavailable::TimeLimit,
+            format!("no preview within {} ms", limit.as_millis()),
+        ),
+    }
 }
 
 enum Job {
@@ -550,6 +556,64 @@ mod tests {
         // Claiming to be server-filesystem is not enough: its edit_file must declare dryRun.
         let p = from_upstream(up.peer(), &edit, &call, true, &|_| true).await;
         assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly));
+    }
+
+    /// An upstream whose read-only `read_text_file` answers with more text than a preview compares.
+    #[derive(Clone)]
+    struct Huge;
+
+    impl rmcp::ServerHandler for Huge {
+        fn get_info(&self) -> rmcp::model::ServerConfig {
+            rmcp::model::ServerConfig::new(
+                rmcp::model::ServerCapabilities::builder()
+                    .enable_tools()
+                    .build(),
+            )
+        }
+
+        async fn list_tools(
+            &self,
+            _request: Option<rmcp::model::PaginatedRequestParams>,
+            _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+        ) -> Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
+            let tool = serde_json::from_value(json!({"name": "read_text_file",
+                "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}}))
+            .unwrap();
+            Ok(rmcp::model::ListToolsResult::with_all_items(vec![tool]))
+        }
+
+        async fn call_tool(
+            &self,
+            _request: CallToolRequestParams,
+            _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+        ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+            let block = rmcp::model::ContentBlock::text("x".repeat(64 * 1024));
+            Ok(CallToolResult::success(vec![block; 8]).into())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_larger_than_a_preview_compares_is_said_to_be_too_large() {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let running = Huge.serve(theirs).await.unwrap();
+            let _ = running.waiting().await;
+        });
+        let up = ().serve(ours).await.unwrap();
+        let write = PreviewRecipe {
+            path: "path".into(),
+            content: "content".into(),
+            ..recipe(PreviewKind::Write, "read_text_file")
+        };
+        let call = args(json!({"path": "/big", "content": "small"}));
+        let p = from_upstream(up.peer(), &write, &call, false, &|_| true).await;
+        assert_eq!(reason(&p), Some(Unavailable::TooLarge), "{p:?}");
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_never_answers_is_shown_as_out_of_time() {
+        let p = bounded(Duration::from_millis(50), std::future::pending()).await;
+        assert_eq!(reason(&p), Some(Unavailable::TimeLimit));
     }
 
     #[test]
