@@ -7,7 +7,9 @@
 //! a read-only connection whose authorizer allows only reads, so annotation and behaviour agree:
 //! see [`read_only`]); `execute` changes data (`once`);
 //! `create_backup` is idempotent and non-destructive (`token`); `restore_backup` and
-//! `delete_backup` are destructive (`once`).
+//! `delete_backup` are destructive (`once`). What an `execute` would write is found out without
+//! writing it ([`rehearse`]): the desk names its plan by the tables SQLite reports, and previews
+//! it in a transaction that is rolled back.
 #![deny(missing_docs)]
 
 mod read_only;
