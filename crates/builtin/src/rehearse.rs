@@ -273,10 +273,14 @@ fn record(seen: &mut Seen, context: &AuthContext<'_>) -> bool {
             kind = Some("CREATE INDEX");
             write = Some(qualified(db, table_name));
         }
-        AuthAction::CreateTrigger { table_name, .. }
-        | AuthAction::CreateTempTrigger { table_name, .. } => {
+        AuthAction::CreateTrigger { table_name, .. } => {
             kind = Some("CREATE TRIGGER");
             write = Some(qualified(db, table_name));
+        }
+        // A temporary trigger lives in `temp` but may watch a table of `main`: named bare.
+        AuthAction::CreateTempTrigger { table_name, .. } => {
+            kind = Some("CREATE TRIGGER");
+            write = Some(qualified(None, table_name));
         }
         AuthAction::CreateView { view_name } | AuthAction::CreateTempView { view_name } => {
             kind = Some("CREATE VIEW");
@@ -290,10 +294,13 @@ fn record(seen: &mut Seen, context: &AuthContext<'_>) -> bool {
             kind = Some("DROP INDEX");
             write = Some(qualified(db, table_name));
         }
-        AuthAction::DropTrigger { table_name, .. }
-        | AuthAction::DropTempTrigger { table_name, .. } => {
+        AuthAction::DropTrigger { table_name, .. } => {
             kind = Some("DROP TRIGGER");
             write = Some(qualified(db, table_name));
+        }
+        AuthAction::DropTempTrigger { table_name, .. } => {
+            kind = Some("DROP TRIGGER");
+            write = Some(qualified(None, table_name));
         }
         AuthAction::DropView { view_name } | AuthAction::DropTempView { view_name } => {
             kind = Some("DROP VIEW");
@@ -366,10 +373,13 @@ fn record(seen: &mut Seen, context: &AuthContext<'_>) -> bool {
         let is_write = write.is_some() || effect.is_some();
         let is_ddl =
             |k: &str| k.starts_with("CREATE") || k.starts_with("DROP") || k.starts_with("ALTER");
+        // ANALYZE first creates sqlite_stat1 when it is missing: it is still an ANALYZE.
         let stronger = match seen.kind.as_deref() {
+            _ if kind == "ANALYZE" => true,
+            Some("ANALYZE") => false,
             None => true,
             Some("SELECT") => is_write,
-            Some(current) => is_ddl(kind) && !is_ddl(current),
+            Some(current) => is_ddl(kind) && matches!(current, "INSERT" | "UPDATE" | "DELETE"),
         };
         if stronger {
             seen.kind = Some(kind.to_owned());
@@ -394,6 +404,10 @@ fn record(seen: &mut Seen, context: &AuthContext<'_>) -> bool {
 impl Seen {
     fn statement(&mut self, readonly: bool, sql: &str) -> Statement {
         let mut seen = std::mem::take(self);
+        // Building a new index is how SQLite reports CREATE INDEX's own work, not a REINDEX.
+        if seen.kind.as_deref() == Some("CREATE INDEX") {
+            seen.effects.remove("REINDEX");
+        }
         if seen.ddl {
             for t in SCHEMA_TABLES {
                 seen.writes.remove(*t);
@@ -1010,6 +1024,44 @@ mod tests {
         assert_eq!(d.stopped, Some(Stopped::TimeLimit));
         assert!(started.elapsed() < TIME_LIMIT * 3);
         assert_eq!(contents(&path), before);
+    }
+
+    #[test]
+    fn every_way_of_writing_a_table_names_it() {
+        let (_d, path) = db(&format!(
+            "{USERS} CREATE VIEW names AS SELECT name FROM users;
+             CREATE TABLE t (id INTEGER PRIMARY KEY, v);"
+        ));
+        for (sql, target) in [
+            ("REPLACE INTO users (id, name) VALUES (1, 'z')", "users"),
+            (
+                "INSERT INTO users (id, name) VALUES (1, 'z') ON CONFLICT(id) DO UPDATE SET name = 'y'",
+                "users",
+            ),
+            ("DELETE FROM users WHERE id = 1 RETURNING name", "users"),
+            (
+                "UPDATE users SET name = a.what FROM audit AS a WHERE users.id = 1",
+                "users",
+            ),
+            ("DROP VIEW names", "names"),
+            ("ALTER TABLE t ADD COLUMN w", "t"),
+            ("CREATE INDEX t_v ON t(v)", "t"),
+            (
+                "CREATE TRIGGER t_del AFTER DELETE ON t BEGIN DELETE FROM users; END",
+                "t",
+            ),
+            (
+                "CREATE TEMP TRIGGER gone AFTER DELETE ON t BEGIN DELETE FROM users; END; DELETE FROM t",
+                "t, users",
+            ),
+            ("INSERT INTO t (v) SELECT name FROM users", "t"),
+            ("ANALYZE", "ANALYZE, sqlite_stat1, sqlite_stat4"),
+        ] {
+            let d = rehearse(&path, sql, Mode::Describe);
+            assert_eq!(d.target(), target, "{sql}: {d:?}");
+        }
+        let d = rehearse(&path, "ANALYZE", Mode::Describe);
+        assert_eq!(d.statements[0].kind, "ANALYZE");
     }
 
     #[test]
