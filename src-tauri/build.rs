@@ -22,6 +22,7 @@ fn main() {
             "clients",
             "protect_client",
             "restore_client",
+            "take_focus",
         ]),
     ))
     .expect("tauri build script");

@@ -66,6 +66,29 @@ fn the_deb_installs_the_desk_countersign_the_icon_and_a_desktop_entry() {
             .any(|l| l.contains("hicolor") && l.trim_end().ends_with(".png")),
         "{listing}"
     );
+    // The desktop entry takes countersign:// URLs (a request the 2026-07-28 flow names) and
+    // passes the URL to the desk.
+    let unpacked = tempfile::tempdir().unwrap();
+    let status = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(deb())
+        .arg(unpacked.path())
+        .status()
+        .expect("dpkg-deb");
+    assert!(status.success());
+    let entry = std::fs::read_dir(unpacked.path().join("usr/share/applications"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "desktop"))
+        .expect("a desktop entry");
+    let entry = std::fs::read_to_string(entry).unwrap();
+    let lines: Vec<&str> = entry.lines().map(str::trim).collect();
+    assert!(
+        lines.contains(&"MimeType=x-scheme-handler/countersign;"),
+        "{entry}"
+    );
+    assert!(lines.contains(&"Exec=countersign-desk %u"), "{entry}");
     let fields = Command::new("dpkg-deb")
         .arg("-f")
         .arg(deb())

@@ -202,3 +202,185 @@ async fn a_2026_07_28_client_confirms_by_its_own_retry_after_the_click_and_an_ol
     .await;
     desk.stop().await;
 }
+
+/// Runs `countersign open URL` against this desk's socket: its exit code and stderr.
+async fn open_in_the_desk(desk: &Desk, url: &str) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(countersign_tests::window::bin("countersign"))
+        .arg("open")
+        .arg(url)
+        .env("COUNTERSIGN_SOCKET", desk.socket())
+        .stdin(Stdio::null())
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("countersign open exits")
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The target of the request the window shows, and how many requests it lists as selected.
+async fn shown_target(desk: &Desk) -> (String, usize) {
+    let selected: Value = desk
+        .browser
+        .execute(
+            "return document.querySelectorAll('#queue li.selected').length",
+            vec![],
+        )
+        .await
+        .unwrap();
+    (
+        desk.text("#d-target").await,
+        selected.as_u64().unwrap() as usize,
+    )
+}
+
+/// The URL a 2026-07-28 client is sent opens that request in the desk: `countersign open
+/// countersign://request/<id>` selects it in the running window (another request was shown), the
+/// engine's approve delay starts again (an approve through the page's IPC right then is refused
+/// too_soon, and the button is disabled), and nothing is approved or run. A URL with anything
+/// more (`?approve=1`, `/approve`) is refused and changes nothing; a request no longer waiting
+/// is said to be so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_request_url_shows_that_request_and_approves_nothing() {
+    let desk =
+        Desk::start_with_settings(json!({"token_minutes": 10, "approve_delay_ms": 4000})).await;
+    let db = desk.dir.path().join("app.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE first (v TEXT); CREATE TABLE second (v TEXT)")
+        .unwrap();
+    let count = |table: &str| -> i64 {
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap()
+    };
+
+    let log = desk.dir.path().join("agent-in-first.jsonl");
+    let sql = "INSERT INTO first (v) VALUES ('one')";
+    let mut first = PythonAgent::start(&desk, "auto", &db, sql, &log);
+    first.step("connected").await;
+    let first_url = first.step("elicited").await["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    desk.wait_for_request().await;
+    let log = desk.dir.path().join("agent-in-second.jsonl");
+    let sql = "INSERT INTO second (v) VALUES ('two')";
+    let mut second = PythonAgent::start(&desk, "auto", &db, sql, &log);
+    second.step("connected").await;
+    let url = second.step("elicited").await["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let id: u64 = countersign_wire::parse_request_url(&url).unwrap();
+    desk.until("both requests listed", |d| {
+        Box::pin(async move {
+            d.browser
+                .execute(
+                    "return document.querySelectorAll('#queue li').length",
+                    vec![],
+                )
+                .await
+                .is_ok_and(|n| n == json!(2))
+        })
+    })
+    .await;
+    // The first is shown; once the delay has passed since the second arrived, either could be
+    // approved.
+    assert_eq!(shown_target(&desk).await, ("first".to_owned(), 1));
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert!(!desk.text("#wait").await.starts_with("Approve in"));
+
+    // Hostile variants of the URL: refused, nothing sent, the window unchanged.
+    for bad in [
+        format!("{url}?approve=1"),
+        format!("{url}/approve"),
+        url.to_uppercase(),
+        format!(" {url}"),
+        "countersign://request/99999999999999999999999".to_owned(),
+    ] {
+        let (code, stderr) = open_in_the_desk(&desk, &bad).await;
+        assert_eq!(code, Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("not a request URL"), "{stderr}");
+    }
+    assert_eq!(shown_target(&desk).await, ("first".to_owned(), 1));
+    assert!(!desk.text("#wait").await.starts_with("Approve in"));
+
+    // The URL itself: the second request is shown and Approve waits again.
+    let (code, stderr) = open_in_the_desk(&desk, &url).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    desk.until("the second request shown", |d| {
+        Box::pin(async move { shown_target(d).await == ("second".to_owned(), 1) })
+    })
+    .await;
+    assert!(!desk.approve_enabled().await, "Approve enabled at once");
+    assert!(desk.text("#wait").await.starts_with("Approve in"));
+    let early = desk
+        .invoke("approve", json!({"id": id, "typedTarget": "second"}))
+        .await;
+    assert_eq!(early.unwrap_err()["code"], json!("too_soon"));
+    let pending = desk.invoke("pending", json!({})).await.unwrap();
+    assert_eq!(pending.as_array().unwrap().len(), 2, "{pending}");
+    assert_eq!((count("first"), count("second")), (0, 0));
+
+    // The desktop entry's way: the desk binary with the URL asks the running desk, and exits.
+    // With anything but a request URL it refuses and does nothing.
+    let desk_with = |url: String| {
+        let run = tokio::process::Command::new(countersign_tests::window::bin("countersign-desk"))
+            .arg(url)
+            .env("COUNTERSIGN_DESK_DIR", desk.dir.path())
+            .env("COUNTERSIGN_SOCKET", desk.socket())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .output();
+        async move {
+            let out = tokio::time::timeout(Duration::from_secs(20), run)
+                .await
+                .expect("the second desk exits")
+                .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let (code, stderr) = desk_with(format!("{first_url}#approve")).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("not a request URL"), "{stderr}");
+    assert_eq!(shown_target(&desk).await, ("second".to_owned(), 1));
+    let (code, stderr) = desk_with(first_url.clone()).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    desk.until("the first request shown again", |d| {
+        Box::pin(async move { shown_target(d).await == ("first".to_owned(), 1) })
+    })
+    .await;
+    assert!(desk.text("#wait").await.starts_with("Approve in"));
+
+    // A request that no longer waits: the window says so.
+    let (code, _) = open_in_the_desk(&desk, "countersign://request/18446744073709551615").await;
+    assert_eq!(code, Some(0));
+    desk.until("the window to say it no longer waits", |d| {
+        Box::pin(async move {
+            d.text("#focus-note").await == "Request 18446744073709551615 is no longer waiting."
+        })
+    })
+    .await;
+    assert_eq!(
+        desk.invoke("pending", json!({}))
+            .await
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!((count("first"), count("second")), (0, 0));
+    drop((first, second));
+    desk.stop().await;
+}

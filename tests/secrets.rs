@@ -364,9 +364,7 @@ fn debug_prints(
     add("Frame::Hello", &Frame::Hello(hello.clone()));
     add(
         "Frame::Hello(Focus)",
-        &Frame::Hello(Hello::Focus {
-            version: PROTOCOL_VERSION,
-        }),
+        &Frame::Hello(Hello::focus(Some(7))),
     );
     let accepted = Welcome::Accepted {
         version: PROTOCOL_VERSION,

@@ -32,6 +32,13 @@ export const status = () => tauri.core.invoke("status");
 export const onHeld = (handler) => tauri.event.listen("approvals://held", () => handler());
 
 /** Calls `handler(RequestView[])` whenever the queue changes. */
+/** The request a countersign://request/<id> URL asked the window to show, once, as its decimal
+ *  id in a string (null: none). */
+export const takeFocus = () => tauri.core.invoke("take_focus");
+
+/** A request URL was opened: take it with takeFocus. */
+export const onFocus = (handler) => tauri.event.listen("queue://focus", () => handler());
+
 export const onQueue = (handler) => tauri.event.listen("queue://changed", (event) => handler(event.payload));
 
 /** Calls `handler(problem)` whenever the keychain stops or starts answering: `problem` is why

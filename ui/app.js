@@ -232,6 +232,21 @@ function onQueue(list) {
   if (!$("view-grants").hidden) grants.loadGrants();
 }
 
+/** A countersign://request/<id> URL was opened: show that request if it still waits, else say
+ *  it does not. Selecting it holds Approve for the delay, as any newly shown request does. */
+async function onFocusWanted() {
+  const id = await api.takeFocus();
+  if (typeof id !== "string") return;
+  tab("queue");
+  const wanted = requests.find((r) => String(r.id) === id);
+  $("focus-note").hidden = !!wanted;
+  text("focus-note", wanted ? "" : `Request ${id} is no longer waiting.`);
+  if (!wanted) return;
+  select(wanted.id);
+  const shown = $("queue").querySelector("li.selected");
+  if (shown) shown.scrollIntoView({ block: "nearest" });
+}
+
 async function loadHistory() {
   const rows = await api.history({ server: $("f-server").value, tool: $("f-tool").value, kind: $("f-kind").value });
   const body = $("history");
@@ -341,6 +356,8 @@ async function start() {
   await api.onHeld(() => holdApprove());
   await api.onQueue(onQueue);
   onQueue(await api.pending());
+  await api.onFocus(onFocusWanted);
+  await onFocusWanted();
 }
 
 start();

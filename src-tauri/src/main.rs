@@ -17,6 +17,7 @@
 
 mod clients;
 mod commands;
+mod focus;
 mod grants;
 mod harden;
 mod idle;
@@ -35,7 +36,7 @@ use countersign_secret::{
     Items, KeychainItems, KeychainStore, MemoryItems, MemoryStore, SecretStore,
 };
 use countersign_session as socket;
-use countersign_wire::{Frame, Hello, PROTOCOL_VERSION};
+use countersign_wire::{Frame, Hello};
 use tauri::menu::{Menu, MenuItem};
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, Emitter, Manager};
@@ -131,13 +132,11 @@ fn load_key(store: &dyn SecretStore) -> Result<SigningKey, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Tells the desk already running to bring its window forward.
-fn focus_running_desk(path: &std::path::Path) {
+/// Tells the desk already running to bring its window forward, showing `request` if given.
+fn focus_running_desk(path: &std::path::Path, request: Option<u64>) {
     let _ = tauri::async_runtime::block_on(async {
         let mut stream = tokio::net::UnixStream::connect(path).await?;
-        let hello = Frame::Hello(Hello::Focus {
-            version: PROTOCOL_VERSION,
-        });
+        let hello = Frame::Hello(Hello::focus(request));
         countersign_wire::write_frame(&mut stream, &hello)
             .await
             .map_err(std::io::Error::other)?;
@@ -284,6 +283,15 @@ fn main() {
             std::env::set_var("WEBKIT_DISABLE_COMPOSITING_MODE", "1");
         }
     }
+    // A request URL to open (`countersign://request/<id>`, from the desktop entry or `countersign
+    // open`): read strictly before anything starts; anything else does nothing.
+    let open = match focus::from_args(std::env::args().skip(1)) {
+        Ok(open) => open,
+        Err(e) => {
+            eprintln!("countersign-desk: {e}");
+            std::process::exit(2);
+        }
+    };
     let dirs = match Dirs::new() {
         Ok(dirs) => dirs,
         Err(e) => {
@@ -325,6 +333,7 @@ fn main() {
                     std::sync::Arc::new(Unavailable(e.to_string())),
                     key,
                     Err(e.to_string()),
+                    open,
                 );
             }
         }
@@ -341,7 +350,7 @@ fn main() {
             .map(|items| std::sync::Arc::new(items) as std::sync::Arc<dyn Items>)
             .map_err(|e| e.to_string())
     };
-    run(dirs, settings, secret, key, items)
+    run(dirs, settings, secret, key, items, open)
 }
 
 /// A secret store that is not there: every operation says why.
@@ -376,6 +385,7 @@ fn run(
     secret: std::sync::Arc<dyn SecretStore>,
     key: Result<SigningKey, String>,
     items: Result<std::sync::Arc<dyn Items>, String>,
+    open: Option<u64>,
 ) {
     let window = has_display();
     let mut config = EngineConfig::new(dirs.store());
@@ -412,7 +422,7 @@ fn run(
         Ok(served) => served,
         Err(socket::SocketError::AlreadyRunning(_)) => {
             eprintln!("countersign-desk: already running; bringing its window forward");
-            focus_running_desk(&socket_path);
+            focus_running_desk(&socket_path, open);
             std::process::exit(0);
         }
         Err(e) => {
@@ -445,6 +455,7 @@ fn run(
         .plugin(tauri_plugin_notification::init())
         .manage(desk)
         .manage(idle::Lifecycle::new(release_after))
+        .manage(focus::Wanted::new(open))
         .invoke_handler(tauri::generate_handler![
             commands::pending,
             commands::approve,
@@ -464,6 +475,7 @@ fn run(
             clients::clients,
             clients::protect_client,
             clients::restore_client,
+            focus::take_focus,
         ])
         .on_window_event(|window, event| {
             match event {
@@ -527,7 +539,12 @@ fn run(
                             batch.added += 1;
                             newest = Some(request);
                         }
-                        QueueChange::Focus => batch.focus = true,
+                        QueueChange::Focus { request } => {
+                            batch.focus = true;
+                            if let Some(id) = request {
+                                focus::asked(&handle, id);
+                            }
+                        }
                         QueueChange::Removed { .. } | QueueChange::Updated { .. } => {}
                     };
                     match changes.recv().await {

@@ -64,9 +64,79 @@ pub fn start_desk(args: &[String]) -> std::io::Result<u32> {
     Ok(child.id())
 }
 
+/// How `countersign open` reached the desk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// The running desk was asked to show the request.
+    Running,
+    /// No desk answered: one was started with the URL (its pid).
+    Started(u32),
+}
+
+/// `countersign open URL`: the running desk at `socket` comes forward showing the request the
+/// URL names (a focus hello, nothing else: no message approves or denies), or, when none answers
+/// there, a desk is started with the URL. The URL is read strictly first; anything else is an
+/// error and nothing is sent or started.
+pub fn open_request(url: &str, socket: &std::path::Path) -> Result<Opened, String> {
+    let id = countersign_wire::parse_request_url(url).map_err(|e| {
+        format!("not a request URL ({e}); a request URL is exactly countersign://request/<id>")
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let asked = runtime.block_on(async {
+        let answer = std::time::Duration::from_secs(5);
+        let mut stream =
+            tokio::time::timeout(answer, tokio::net::UnixStream::connect(socket)).await??;
+        let hello = countersign_wire::Frame::Hello(countersign_wire::Hello::focus(Some(id)));
+        countersign_wire::write_frame(&mut stream, &hello)
+            .await
+            .map_err(std::io::Error::other)?;
+        // The desk closes the connection once it has asked its window forward.
+        let _ = tokio::time::timeout(answer, countersign_wire::read_frame(&mut stream)).await;
+        Ok::<_, std::io::Error>(())
+    });
+    match asked {
+        Ok(()) => Ok(Opened::Running),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            start_desk(&[countersign_wire::request_url(id)])
+                .map(Opened::Started)
+                .map_err(|e| format!("no desk answers and none could be started: {e}"))
+        }
+        Err(e) => Err(format!(
+            "the desk at {} did not answer: {e}",
+            socket.display()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_refuses_what_is_not_a_request_url_and_sends_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("desk.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        for url in [
+            "countersign://request/1?approve=1",
+            "countersign://request/1/approve",
+            "COUNTERSIGN://request/1",
+            "https://example.com/",
+        ] {
+            let refused = open_request(url, &socket).unwrap_err();
+            assert!(refused.contains("countersign://request/<id>"), "{refused}");
+        }
+        assert!(listener.accept().is_err(), "nothing connected");
+    }
 
     #[test]
     fn desk_environment_is_allow_listed() {

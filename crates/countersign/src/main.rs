@@ -83,6 +83,16 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Open a request in the desk: `countersign open countersign://request/<id>` brings the
+    /// desk's window forward showing that request (starting the desk when none runs). It approves
+    /// nothing. Anything but exactly such a URL is refused and nothing happens.
+    ///
+    /// Exit codes: 0 asked; 1 the desk could not be reached or started; 2 not a request URL.
+    #[command(verbatim_doc_comment)]
+    Open {
+        /// countersign://request/<id>
+        url: String,
+    },
     /// Walk through the whole flow with a scripted sample agent: you approve in the desk's window.
     Demo,
     /// Print the configuration that puts Countersign in front of a server your agent uses.
@@ -239,6 +249,27 @@ fn main() {
                 1
             }
         },
+        Command::Open { url } => {
+            if let Err(e) = countersign_wire::parse_request_url(&url) {
+                eprintln!(
+                    "countersign: not a request URL ({e}); a request URL is exactly \
+                     countersign://request/<id>. Nothing was opened"
+                );
+                2
+            } else {
+                match launch::open_request(&url, &countersign_wire::socket_path()) {
+                    Ok(launch::Opened::Running) => 0,
+                    Ok(launch::Opened::Started(pid)) => {
+                        eprintln!("countersign: desk started (pid {pid}) to show the request");
+                        0
+                    }
+                    Err(e) => {
+                        eprintln!("countersign: {e}");
+                        1
+                    }
+                }
+            }
+        }
         Command::Demo => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -209,8 +209,13 @@ pub enum QueueChange {
         /// It.
         request: Box<PendingRequest>,
     },
-    /// Someone asked for the window (a second start of the desk).
-    Focus,
+    /// Someone asked for the window (a second start of the desk, or a
+    /// `countersign://request/<id>` URL opened: then `request` is that id, which the window
+    /// selects if it still waits). It never approves or denies.
+    Focus {
+        /// The request to show, if one was named.
+        request: Option<u64>,
+    },
     /// What a waiting request shows changed (a preview arrived): the approve delay starts again.
     Updated {
         /// It, as it is now.
@@ -601,7 +606,14 @@ impl Engine {
 
     /// Asks the window to come forward.
     pub fn request_focus(&self) {
-        self.publish(QueueChange::Focus);
+        self.publish(QueueChange::Focus { request: None });
+    }
+
+    /// Asks the window to come forward showing request `id` (a `countersign://request/<id>`
+    /// URL). Only what is shown changes: whoever shows it holds approvals first, as for any
+    /// focus, and nothing is approved or denied.
+    pub fn request_focus_on(&self, id: u64) {
+        self.publish(QueueChange::Focus { request: Some(id) });
     }
 
     /// A person approved request `id`: mint its token, keep the approved arguments with the

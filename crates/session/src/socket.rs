@@ -370,6 +370,11 @@ async fn introduce(desk: Desk, mut stream: UnixStream) {
         }
     };
     match hello {
+        // Only the desk's own account may choose which request the window shows; another
+        // account's hello (an agent under its own account) brings the window forward at most.
+        Hello::Focus {
+            request: Some(id), ..
+        } if peer == peer::Peer::Own => desk.engine.request_focus_on(id),
         Hello::Focus { .. } => desk.engine.request_focus(),
         Hello::Registry { version, request } => {
             let origin = match stream.peer_cred().ok().and_then(|c| c.pid()) {

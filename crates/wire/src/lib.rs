@@ -25,7 +25,8 @@
 //! with a [`RefusedCode`] and a sentence for a person. After an acceptance both sides send `M`
 //! frames until one closes: the agent's messages one way, the desk's answers, notifications and
 //! requests (roots, sampling, elicitation) the other. A second start of the desk opens with
-//! [`Hello::Focus`] instead, which asks the running desk to bring its window forward. The
+//! [`Hello::Focus`] instead, which asks the running desk to bring its window forward (showing the
+//! request a `countersign://request/<id>` URL names, when it carries one: see [`parse_request_url`]). The
 //! command line's registry requests open with [`Hello::Registry`] (see [`RegistryRequest`]): a
 //! proposal, which for anything but a new server waits for the person's click in the window.
 //!
@@ -38,6 +39,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+mod open;
 #[cfg(unix)]
 mod place;
 mod registry;
@@ -47,6 +49,9 @@ pub use place::{
     agents_socket_path_of, default_socket_path, prepare_socket_dir, socket_override, socket_path,
 };
 
+pub use open::{
+    BadRequestUrl, MAX_REQUEST_URL, REQUEST_URL_PREFIX, parse_request_url, request_url,
+};
 pub use registry::{
     Invalid, MAX_NAME, RegistryAnswer, RegistryCode, RegistryRequest, SecretText, ServerSpec,
     Setting, Upstream, check_name,
@@ -126,10 +131,17 @@ pub enum Hello {
         /// The gateway's process id, for the person's information.
         pid: u32,
     },
-    /// A second start of the desk: bring the running desk's window forward.
+    /// A second start of the desk, or `countersign open`: bring the running desk's window
+    /// forward, showing `request` when one is named. Build it with [`Hello::focus`].
     Focus {
         /// [`PROTOCOL_VERSION`] of the second desk.
         version: u32,
+        /// The request to show, from a `countersign://request/<id>` URL ([`parse_request_url`]).
+        /// It only selects what the window shows; it never approves or denies. Absent on the wire
+        /// when `None`, and a desk that predates it ignores it (a plain focus), so both sides of
+        /// a mixed pair still understand each other.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<u64>,
     },
     /// `countersign server ...` or `countersign install`: a request to the registry of servers
     /// (see [`RegistryRequest`]), answered with `R` frames.
@@ -139,6 +151,16 @@ pub enum Hello {
         /// What it asks.
         request: RegistryRequest,
     },
+}
+
+impl Hello {
+    /// A [`Hello::Focus`] of this build, showing `request` when given.
+    pub fn focus(request: Option<u64>) -> Hello {
+        Hello::Focus {
+            version: PROTOCOL_VERSION,
+            request,
+        }
+    }
 }
 
 /// The desk's answer to a [`Hello`].
@@ -449,6 +471,38 @@ mod tests {
             serde_json::to_value(Reach::Server { name: "gh".into() }).unwrap(),
             json!({"kind": "server", "name": "gh"})
         );
+    }
+
+    #[test]
+    fn a_focus_hello_names_a_request_only_when_it_has_one_and_older_forms_still_read() {
+        // Without a request, the hello is byte for byte what desks before the field sent.
+        assert_eq!(
+            serde_json::to_value(Hello::focus(None)).unwrap(),
+            json!({"type": "focus", "version": PROTOCOL_VERSION})
+        );
+        assert_eq!(
+            serde_json::to_value(Hello::focus(Some(7))).unwrap(),
+            json!({"type": "focus", "version": PROTOCOL_VERSION, "request": 7})
+        );
+        // An older second desk's hello still reads, as a plain focus.
+        let old: Hello = serde_json::from_value(json!({"type": "focus", "version": 2})).unwrap();
+        assert_eq!(old, Hello::focus(None));
+        // What an older desk reads from a newer hello: unknown fields are ignored.
+        #[derive(Deserialize, PartialEq, Debug)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        enum OldHello {
+            Focus { version: u32 },
+        }
+        let bytes = serde_json::to_vec(&Hello::focus(Some(7))).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<OldHello>(&bytes).unwrap(),
+            OldHello::Focus { version: 2 }
+        );
+        // A request that is not a u64 is a malformed hello, not a focus on something else.
+        for bad in ["-1", "\"7\"", "1.5", "18446744073709551616", "[7]"] {
+            let hello = format!(r#"{{"type": "focus", "version": 2, "request": {bad}}}"#);
+            assert!(serde_json::from_str::<Hello>(&hello).is_err(), "{hello}");
+        }
     }
 
     #[test]
