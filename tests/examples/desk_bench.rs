@@ -13,10 +13,12 @@
 //!   beside it as an upper bound. Between two of these the bench waits out the desk's least gap
 //!   between two raises (10 s), as a release never comes sooner than that after a raise.
 //! - Idle memory, PSS summed over the desk and every process under it (from
-//!   `/proc/PID/smaps_rollup`): warm, and after the release (goal ≤ 60 MB). On the debug desk
-//!   (release delay shortened to 1 s by a debug-only knob) and, when `.ci/release` has built it,
-//!   on the release desk started directly (release delay 10 s from its settings, the window
-//!   closed through the X server as a window manager's close button does).
+//!   `/proc/PID/smaps_rollup`; the USS beside it): warm, and after the release (goal ≤ 60 MB).
+//!   The PSS of shared libraries' pages is shared with every other process on the machine that
+//!   maps them (other WebKit programs, other desks), so it reads lower while they run. On the
+//!   debug desk (release delay shortened to 1 s by a debug-only knob) and, when `.ci/release` has
+//!   built it, on the release desk started directly (release delay 10 s from its settings, the
+//!   window closed through the X server as a window manager's close button does).
 //!
 //! Needs a display and the keychain: `make bench` runs it under Xvfb in a throwaway D-Bus
 //! session. Latency is measured on the debug desk (a release desk refuses WebDriver).
@@ -24,7 +26,7 @@
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use countersign_tests::measure::{descendants, pss_anon_kb, pss_kb};
+use countersign_tests::measure::{descendants, pss_anon_kb, pss_kb, uss_kb};
 use countersign_tests::window::Desk;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
@@ -32,20 +34,27 @@ use serde_json::{Value, json};
 /// The desk's least gap between two raises of its window for new requests (`pace::RAISE_GAP`).
 const RAISE_GAP: Duration = Duration::from_millis(10_500);
 
-/// Prints the PSS of `pid` and each of its descendants and returns the sum, in MB.
+/// Prints the PSS of `pid` and each of its descendants (with the anonymous part, and the USS:
+/// pages no other process maps) and returns the PSS summed, in MB. The PSS of shared libraries'
+/// pages is divided among every process on the machine that maps them, so it is lower while
+/// other WebKit programs run; the USS does not depend on them.
 fn print_tree_memory(pid: u32) -> f64 {
-    let mut total = 0;
+    let (mut total, mut unique) = (0, 0);
     for pid in std::iter::once(pid).chain(descendants(pid)) {
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let kb = pss_kb(pid).unwrap_or(0);
+        let uss = uss_kb(pid).unwrap_or(0);
         total += kb;
+        unique += uss;
         println!(
-            "  {:<22} pid {pid:<7} PSS {:>8.1} MB (of it anonymous {:>6.1} MB)",
+            "  {:<22} pid {pid:<7} PSS {:>8.1} MB (anonymous {:>6.1} MB), USS {:>8.1} MB",
             name.trim(),
             kb as f64 / 1024.0,
-            pss_anon_kb(pid).unwrap_or(0) as f64 / 1024.0
+            pss_anon_kb(pid).unwrap_or(0) as f64 / 1024.0,
+            uss as f64 / 1024.0
         );
     }
+    println!("  USS summed {:.1} MB", unique as f64 / 1024.0);
     total as f64 / 1024.0
 }
 
@@ -253,6 +262,11 @@ async fn release_memory() {
         .process_group(0)
         .spawn()
         .unwrap();
+    // Its window up (a web process under it), then 5 s idle.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Desk::web_processes(child.id()).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     tokio::time::sleep(Duration::from_secs(5)).await;
     println!("release desk warm, window open, idle:");
     let warm = print_tree_memory(child.id());

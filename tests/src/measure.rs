@@ -34,6 +34,13 @@ pub fn pss_anon_kb(pid: u32) -> Option<u64> {
     rollup_kb(pid, "Pss_Anon:")
 }
 
+/// A process's unique set size: the pages only it maps (`Private_Clean` plus `Private_Dirty` of
+/// `/proc/PID/smaps_rollup`), in kB. Unlike [`pss_kb`], it does not depend on what else on the
+/// machine maps the same libraries.
+pub fn uss_kb(pid: u32) -> Option<u64> {
+    Some(rollup_kb(pid, "Private_Clean:")? + rollup_kb(pid, "Private_Dirty:")?)
+}
+
 /// A field of `/proc/PID/status` given in kB or as a count (`VmRSS:`, `Threads:`).
 fn status_field(pid: u32, name: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
