@@ -510,3 +510,101 @@ async fn spent_states_are_kept_per_connection_and_a_full_list_refuses_rather_tha
     assert!(!engine.request_state_used(a, &nonce(1)));
     assert!(!engine.spend_request_state(a, nonce(7), later));
 }
+
+/// The next focus the engine publishes within `within`, skipping other changes.
+async fn next_focus(
+    changes: &mut tokio::sync::broadcast::Receiver<countersign_engine::QueueChange>,
+    within: std::time::Duration,
+) -> Option<Option<u64>> {
+    tokio::time::timeout(within, async {
+        loop {
+            match changes.recv().await {
+                Ok(countersign_engine::QueueChange::Focus { request }) => return request,
+                Ok(_) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// `countersign open URL` on the desk's socket: exit code and stderr.
+async fn open(desk: &Desk, url: &str) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_countersign"))
+        .arg("open")
+        .arg(url)
+        .env("COUNTERSIGN_SOCKET", &desk.socket)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The URL an elicitation names reaches the desk as a focus on that request and nothing else: the
+/// request still waits, nothing is approved. Hostile forms of it exit 2 and send nothing, and a
+/// focus hello whose request is not a number is malformed, not a focus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_the_elicited_url_focuses_its_request_and_decides_nothing() {
+    let desk = desk().await;
+    let agent = modern(&desk, "opener").await;
+    let (request, ir) = first_round(&desk, agent.peer(), "execute", &create("opened")).await;
+    let shown = serde_json::to_value(&ir).unwrap();
+    let url = shown["inputRequests"]["countersign_desk"]["params"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(countersign_wire::parse_request_url(&url), Ok(request.id));
+    let mut changes = desk.engine.subscribe();
+
+    for bad in [
+        format!("{url}?approve=1"),
+        format!("{url}/approve"),
+        format!("{url}#approve"),
+        url.to_uppercase(),
+        format!("{url} "),
+        url.replace("request", "approve"),
+        url.replace("countersign://", "countersign://user@"),
+        url.replace(
+            &request.id.to_string(),
+            &format!("%{:02X}", b'0' + (request.id % 10) as u8),
+        ),
+        "countersign://request/99999999999999999999999".to_owned(),
+        format!("countersign://request/{}", "\u{0661}"),
+    ] {
+        let (code, stderr) = open(&desk, &bad).await;
+        assert_eq!(code, Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains("not a request URL"), "{stderr}");
+    }
+    assert_eq!(
+        next_focus(&mut changes, std::time::Duration::from_millis(300)).await,
+        None,
+        "a refused URL reached the desk"
+    );
+
+    // A hello whose request is not a u64: malformed, dropped.
+    let mut stream = tokio::net::UnixStream::connect(&desk.socket).await.unwrap();
+    use tokio::io::AsyncWriteExt;
+    let body = br#"H{"type":"focus","version":2,"request":"1"}"#;
+    stream
+        .write_all(&(body.len() as u32).to_be_bytes())
+        .await
+        .unwrap();
+    stream.write_all(body).await.unwrap();
+    assert_eq!(
+        next_focus(&mut changes, std::time::Duration::from_millis(300)).await,
+        None
+    );
+
+    let (code, stderr) = open(&desk, &url).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        next_focus(&mut changes, std::time::Duration::from_secs(5)).await,
+        Some(Some(request.id))
+    );
+    assert!(desk.engine.pending().iter().any(|r| r.id == request.id));
+    assert_eq!(tables(agent.peer()).await, json!([]));
+}
