@@ -384,3 +384,29 @@ async fn opening_a_request_url_shows_that_request_and_approves_nothing() {
     drop((first, second));
     desk.stop().await;
 }
+
+/// A request URL opened while the desk's window is released (closed and idle) creates the window
+/// again, and the page it loads takes the URL's request: one no longer waiting is said to be so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_url_brings_a_released_window_back_saying_what_no_longer_waits() {
+    let desk = Desk::start_with(&[("COUNTERSIGN_DEBUG_RELEASE_AFTER_MS", "1000")]).await;
+    let pid = desk.pid().await;
+    desk.close_window().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !Desk::web_processes(pid).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the window was not released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (code, stderr) = open_in_the_desk(&desk, "countersign://request/41").await;
+    assert_eq!(code, Some(0), "{stderr}");
+    desk.follow_window().await;
+    desk.until("the window to say request 41 no longer waits", |d| {
+        Box::pin(async move { d.text("#focus-note").await == "Request 41 is no longer waiting." })
+    })
+    .await;
+    assert_eq!(desk.pid().await, pid, "the same desk answers");
+    desk.stop().await;
+}
