@@ -370,12 +370,10 @@ async fn introduce(desk: Desk, mut stream: UnixStream) {
         }
     };
     match hello {
-        // Only the desk's own account may choose which request the window shows; another
-        // account's hello (an agent under its own account) brings the window forward at most.
-        Hello::Focus {
-            request: Some(id), ..
-        } if peer == peer::Peer::Own => desk.engine.request_focus_on(id),
-        Hello::Focus { .. } => desk.engine.request_focus(),
+        Hello::Focus { request, .. } => match focus_request(peer, request) {
+            Some(id) => desk.engine.request_focus_on(id),
+            None => desk.engine.request_focus(),
+        },
         Hello::Registry { version, request } => {
             let origin = match stream.peer_cred().ok().and_then(|c| c.pid()) {
                 Some(pid) => format!("the command line (`countersign`, pid {pid})"),
@@ -586,4 +584,23 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
     // The writer ends once the session and the upstream's stderr have let go of it.
     let _ = tokio::time::timeout(Duration::from_secs(5), writing).await;
     tracing::info!(target: "desk", %tenant, "gateway disconnected");
+}
+
+/// The request a focus hello from `peer` may have the window show: only the desk's own account
+/// chooses one; another account's hello (an agent under an account of its own, on the agents'
+/// socket) brings the window forward at most, so it cannot steer what the person looks at.
+fn focus_request(peer: peer::Peer, request: Option<u64>) -> Option<u64> {
+    request.filter(|_| peer == peer::Peer::Own)
+}
+
+#[cfg(test)]
+mod focus_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_desks_own_account_chooses_the_request_a_focus_shows() {
+        assert_eq!(focus_request(peer::Peer::Own, Some(7)), Some(7));
+        assert_eq!(focus_request(peer::Peer::Own, None), None);
+        assert_eq!(focus_request(peer::Peer::Listed(1001), Some(7)), None);
+    }
 }
