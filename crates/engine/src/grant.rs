@@ -212,7 +212,8 @@ pub fn is_under(target: &str, prefix: &str) -> bool {
 }
 
 /// Whether an argument's name says it holds a path (or paths): `path`, `paths`, `new_path`,
-/// `oldPath`, `dir`, `directory`, `source`, `destination`, `file`, `from`, `to`, `uri`, `url`...
+/// `oldPath`, `dir`, `directory`, `source`, `destination`, `file`, `from`, `to`, `uri`, `url`...,
+/// and any name with a word among them (`file_name`, `fileName`, `outputFolder`, `src_dir`).
 fn names_a_path(name: &str) -> bool {
     let plain: String = name
         .chars()
@@ -248,23 +249,101 @@ fn names_a_path(name: &str) -> bool {
             "location",
         ]
         .contains(&plain.as_str())
+        || words(name).iter().any(|word| {
+            [
+                "path",
+                "paths",
+                "filepath",
+                "filepaths",
+                "file",
+                "files",
+                "filename",
+                "filenames",
+                "dir",
+                "dirs",
+                "dirname",
+                "directory",
+                "directories",
+                "folder",
+                "folders",
+                "source",
+                "sources",
+                "destination",
+                "dest",
+                "src",
+                "dst",
+            ]
+            .contains(&word.as_str())
+        })
 }
+
+/// The words of an argument's name, lower case: split at `_`, `-`, `.`, spaces and where a
+/// capital follows a small letter or digit (`outputFolder` is `output`, `folder`).
+fn words(name: &str) -> Vec<String> {
+    let mut words = vec![String::new()];
+    let mut previous_small = false;
+    for c in name.chars() {
+        if c == '_' || c == '-' || c == '.' || c.is_whitespace() {
+            words.push(String::new());
+            previous_small = false;
+            continue;
+        }
+        if c.is_uppercase() && previous_small {
+            words.push(String::new());
+        }
+        previous_small = c.is_lowercase() || c.is_ascii_digit();
+        if let Some(word) = words.last_mut() {
+            word.extend(c.to_lowercase());
+        }
+    }
+    words.retain(|w| !w.is_empty());
+    words
+}
+
+/// How deep in the arguments a prefix grant looks for paths; anything deeper is not covered.
+const MAX_PATH_DEPTH: usize = 16;
 
 /// Whether every argument of a call that names a path is under `prefix` (a string under it, or
 /// an array of strings each under it): a prefix grant must not let a second path argument (a
-/// move's destination, a copy's source) go anywhere. An argument named like a path holding
-/// anything else is not covered.
+/// move's destination, a copy's source) go anywhere. Nested objects are read the same way at
+/// every depth (`items[].path`, `options.backup.dest`): the upstream receives them as they are.
+/// An argument named like a path holding anything else is not covered, nor arguments nested
+/// deeper than [`MAX_PATH_DEPTH`].
 pub fn paths_under(arguments: &Map<String, Value>, prefix: &str) -> bool {
-    arguments
-        .iter()
-        .filter(|(name, _)| names_a_path(name))
-        .all(|(_, value)| match value {
-            Value::String(s) => is_under(s, prefix),
-            Value::Array(items) => items
-                .iter()
-                .all(|v| v.as_str().is_some_and(|s| is_under(s, prefix))),
-            _ => false,
-        })
+    object_paths_under(arguments, prefix, 0)
+}
+
+fn object_paths_under(object: &Map<String, Value>, prefix: &str, depth: usize) -> bool {
+    object.iter().all(|(name, value)| {
+        if names_a_path(name) {
+            match value {
+                Value::String(s) => is_under(s, prefix),
+                Value::Array(items) => items
+                    .iter()
+                    .all(|v| v.as_str().is_some_and(|s| is_under(s, prefix))),
+                _ => false,
+            }
+        } else {
+            nested_paths_under(value, prefix, depth + 1)
+        }
+    })
+}
+
+/// Whether the paths named inside `value` (an argument not itself named like a path) are under
+/// `prefix`.
+fn nested_paths_under(value: &Value, prefix: &str, depth: usize) -> bool {
+    match value {
+        Value::Object(object) => {
+            depth <= MAX_PATH_DEPTH && object_paths_under(object, prefix, depth)
+        }
+        Value::Array(items) => {
+            depth <= MAX_PATH_DEPTH
+                && items
+                    .iter()
+                    .all(|item| nested_paths_under(item, prefix, depth + 1))
+        }
+        _ => true,
+    }
 }
 
 /// The parent directory of `target`, if it is a valid prefix.
@@ -765,6 +844,16 @@ mod tests {
             "paths": ["/home/a/1", "/home/a/2"], "count": 3
         }));
         assert!(paths_under(&ok, "/home/a"));
+        // Words that only contain a path word's letters are not paths.
+        let plain = args(serde_json::json!({"direction": "up", "filter": "*.md",
+            "items": [{"content": "/etc/passwd", "path": "/home/a/n"}]}));
+        assert!(paths_under(&plain, "/home/a"));
+        // Too deep to read is not covered.
+        let mut deep = serde_json::json!({"path": "/home/a/x"});
+        for _ in 0..=MAX_PATH_DEPTH {
+            deep = serde_json::json!({ "nested": deep });
+        }
+        assert!(!paths_under(&args(deep), "/home/a"));
         for bad in [
             serde_json::json!({"source": "/home/a/x", "destination": "/etc/cron.d/x"}),
             serde_json::json!({"new_path": "/home/a/../../etc"}),
@@ -773,6 +862,12 @@ mod tests {
             serde_json::json!({"paths": ["/home/a/1", 2]}),
             serde_json::json!({"to": {"path": "/home/a/x"}}),
             serde_json::json!({"Dest-Dir": "relative/x"}),
+            serde_json::json!({"items": [{"path": "/etc/x"}]}),
+            serde_json::json!({"options": {"backup": {"dest": "/etc/x"}}}),
+            serde_json::json!({"file_name": "../../etc/passwd"}),
+            serde_json::json!({"fileName": "/etc/passwd"}),
+            serde_json::json!({"outputFolder": "/etc"}),
+            serde_json::json!({"list": [[{"src_dir": "/etc"}]]}),
         ] {
             assert!(!paths_under(&args(bad.clone()), "/home/a"), "{bad}");
         }

@@ -675,3 +675,46 @@ async fn a_prefix_grant_covers_no_call_with_another_path_argument_outside_the_pr
         assert!(is_pending(&r), "{to}: {r:?}");
     }
 }
+
+/// A tool whose paths are not all top-level arguments named `path`: a file name beside its
+/// directory, and a list of items each with its own path.
+fn batch_tools() -> Vec<Value> {
+    vec![
+        json!({"name": "batch", "annotations": {"destructiveHint": false},
+        "inputSchema": {"type": "object", "properties": {
+            "path": {"type": "string"}, "file_name": {"type": "string"},
+            "outputFolder": {"type": "string"}, "items": {"type": "array"},
+            "options": {"type": "object"}}}}),
+    ]
+}
+
+#[tokio::test]
+async fn a_prefix_grant_covers_no_call_with_a_nested_or_file_named_path_outside_the_prefix() {
+    let d = desk();
+    let tenant = d.engine.connect("srv".into());
+    d.engine.register_tools(&tenant, batch_tools());
+    let clicked_call = json!({"path": "/home/a/docs/x", "items": [{"path": "/home/a/docs/y"}]});
+    granted(
+        &d,
+        &tenant,
+        "batch",
+        &clicked_call,
+        widen_prefix("/home/a/docs"),
+    )
+    .await;
+    let inside = json!({"path": "/home/a/docs/z", "items": [{"path": "/home/a/docs/w"}]});
+    let r = at_once(&d.engine, &tenant, "batch", &inside).await;
+    assert!(is_approved(&r), "{r:?}");
+    for attack in [
+        json!({"path": "/home/a/docs/z", "items": [{"path": "/etc/cron.d/evil"}]}),
+        json!({"path": "/home/a/docs/z", "options": {"path": "/etc/cron.d/evil"}}),
+        json!({"path": "/home/a/docs/z", "options": {"backup": {"dest": "/etc/x"}}}),
+        json!({"path": "/home/a/docs", "file_name": "../../../etc/passwd"}),
+        json!({"path": "/home/a/docs", "outputFolder": "/etc"}),
+        json!({"path": "/home/a/docs/z", "items": [[{"file": "/etc/x"}]]}),
+    ] {
+        let r = at_once(&d.engine, &tenant, "batch", &attack).await;
+        assert!(is_pending(&r), "{attack} rode on the grant: {r:?}");
+        d.engine.withdraw(&tenant, "batch", &attack);
+    }
+}
