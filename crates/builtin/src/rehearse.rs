@@ -21,6 +21,21 @@
 //!   `INSERT OR ROLLBACK` or a trigger's `RAISE(ROLLBACK)` ends it, and what follows would run on
 //!   its own and commit): otherwise the rehearsal stops there;
 //! - a progress handler interrupts it at its deadline, and the file lock is waited for briefly.
+//!
+//! What a plan may bind, and what it may not. A plan binds what the operation will do, so only
+//! facts of the SQL and of the database's contents and schema go into [`Described::target`]: the
+//! tables a statement writes, a statement SQLite refuses (no such table, a syntax error, a
+//! constraint the rows break: `execute` stops there too, so what follows is not run and not
+//! named), an effect nothing can be attributed to (`unattributed`), a statement a rehearsal must
+//! not run and the `unknown` statements after it, more than [`MAX_STATEMENTS`] statements. The
+//! same SQL on the same file describes the same way every time (a file whose rows or schema
+//! change plans differently, which is what the confirm's second description is for). What
+//! depends on the moment is not a fact: [`Stopped::TimeLimit`], [`Stopped::Busy`] (another
+//! connection held the lock past the brief wait) and [`Stopped::NoDatabase`] (the file could not
+//! be opened, read or written: an I/O error, a full disk, memory) say "I could not find out", and
+//! [`Stopped::is_transient`] tells them apart. Whoever plans must answer those as an error of the
+//! call (retry shortly), never hash a placeholder for them: the same call would plan differently
+//! from one moment to the next, or a person would approve `unknown`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -82,7 +97,8 @@ pub enum Stopped {
     Failed(String),
     /// More statements than [`MAX_STATEMENTS`].
     TooMany,
-    /// The database could not be opened.
+    /// The database could not be opened, read or written just now (an I/O error, a full disk,
+    /// memory, a file that is not a database).
     NoDatabase(String),
 }
 
@@ -97,6 +113,15 @@ impl Stopped {
             Stopped::TooMany => "too_many_statements",
             Stopped::NoDatabase(_) => "no_database",
         }
+    }
+
+    /// Whether the stop says something about the moment (a time limit, a lock, an I/O error)
+    /// rather than about the SQL and the database: such a stop is never part of a plan.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Stopped::TimeLimit | Stopped::Busy | Stopped::NoDatabase(_)
+        )
     }
 
     /// What to tell the person besides the code.
@@ -148,6 +173,13 @@ pub struct Described {
 }
 
 impl Described {
+    /// Why the description stopped, when that says something about the moment and not about the
+    /// SQL (see [`Stopped::is_transient`]): the batch could not be described now, so there is no
+    /// plan to name; ask again.
+    pub fn transient(&self) -> Option<&Stopped> {
+        self.stopped.as_ref().filter(|s| s.is_transient())
+    }
+
     /// What the person types and reads as the target: every table written (by a statement or
     /// its triggers) and every other effect, sorted; `unknown` when the batch could not be
     /// described to its end; `nothing` only when it was and writes nothing.
@@ -575,6 +607,20 @@ fn stopped_by(error: &rusqlite::Error, deadline: Instant) -> Stopped {
             Stopped::Busy
         }
         Some(rusqlite::ErrorCode::OperationInterrupted) => Stopped::TimeLimit,
+        // The file, the disk or memory, not the SQL: what the same SQL does is still unknown.
+        Some(
+            rusqlite::ErrorCode::SystemIoFailure
+            | rusqlite::ErrorCode::DiskFull
+            | rusqlite::ErrorCode::OutOfMemory
+            | rusqlite::ErrorCode::CannotOpen
+            | rusqlite::ErrorCode::FileLockingProtocolFailed
+            | rusqlite::ErrorCode::DatabaseCorrupt
+            | rusqlite::ErrorCode::NotADatabase
+            | rusqlite::ErrorCode::PermissionDenied
+            | rusqlite::ErrorCode::ReadOnly
+            | rusqlite::ErrorCode::NoLargeFileSupport
+            | rusqlite::ErrorCode::SchemaChanged,
+        ) => Stopped::NoDatabase(error.to_string()),
         _ => Stopped::Failed(error.to_string()),
     }
 }
@@ -1024,6 +1070,72 @@ mod tests {
         assert_eq!(d.stopped, Some(Stopped::TimeLimit));
         assert!(started.elapsed() < TIME_LIMIT * 3);
         assert_eq!(contents(&path), before);
+    }
+
+    #[test]
+    fn a_lock_held_by_another_connection_is_transient_never_a_fact() {
+        let (_d, path) = db(USERS);
+        let other = Connection::open(&path).unwrap();
+        // Another writer holds the write lock: a batch's first statement cannot run.
+        other
+            .execute_batch("BEGIN IMMEDIATE; INSERT INTO audit VALUES ('held')")
+            .unwrap();
+        let batch = "DELETE FROM users WHERE id = 1; DELETE FROM audit";
+        let d = rehearse(&path, batch, Mode::Describe);
+        assert_eq!(d.stopped, Some(Stopped::Busy), "{d:?}");
+        assert_eq!(d.transient(), Some(&Stopped::Busy));
+        // Nobody may read the schema under an exclusive lock: even one statement is unknown now.
+        other.execute_batch("COMMIT; BEGIN EXCLUSIVE").unwrap();
+        let d = rehearse(&path, "DELETE FROM users", Mode::Describe);
+        assert_eq!(d.transient(), Some(&Stopped::Busy), "{d:?}");
+        // Once the lock is gone, the same SQL describes as a fact, the same every time.
+        other.execute_batch("ROLLBACK").unwrap();
+        let d = rehearse(&path, batch, Mode::Describe);
+        assert_eq!((d.transient(), d.target()), (None, "audit, users".into()));
+    }
+
+    #[test]
+    fn the_time_limit_and_a_missing_file_are_transient() {
+        let (dir, path) = db(USERS);
+        let endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) \
+                       INSERT INTO audit SELECT i FROM n; DELETE FROM users";
+        let d = rehearse(&path, endless, Mode::Describe);
+        assert_eq!(d.transient(), Some(&Stopped::TimeLimit), "{d:?}");
+        let d = rehearse(
+            &dir.path().join("gone.sqlite"),
+            "DELETE FROM users",
+            Mode::Describe,
+        );
+        assert!(
+            matches!(d.transient(), Some(Stopped::NoDatabase(_))),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn what_the_sql_and_the_schema_say_is_a_fact_not_transient() {
+        let (_d, path) = db(&format!(
+            "{USERS} CREATE TABLE uniq (k INTEGER PRIMARY KEY); INSERT INTO uniq VALUES (1);"
+        ));
+        let many = "DELETE FROM audit;".repeat(MAX_STATEMENTS + 1);
+        for (sql, target) in [
+            ("DELETE FROM missing; DELETE FROM users", "nothing"),
+            ("DELETE FROM users WHERE; DELETE FROM audit", "nothing"),
+            ("INSERT INTO uniq VALUES (1); DELETE FROM users", "uniq"),
+            ("VACUUM", "unattributed"),
+            ("COMMIT; DELETE FROM users", "transaction control, unknown"),
+            (many.as_str(), "unknown"),
+        ] {
+            let first = rehearse(&path, sql, Mode::Describe);
+            assert!(first.stopped.is_some(), "{sql}");
+            assert_eq!(first.transient(), None, "{sql}: {first:?}");
+            assert_eq!(first.target(), target, "{sql}");
+            let again = rehearse(&path, sql, Mode::Describe);
+            assert_eq!(
+                (again.target(), again.summary()),
+                (first.target(), first.summary())
+            );
+        }
     }
 
     #[test]

@@ -123,8 +123,9 @@ pub enum ErrorCode {
     BadArguments,
     /// The desk cannot mint: no secret (keychain missing or locked).
     NoSecret,
-    /// Too many requests already wait for a person, from this connection or from all: the
-    /// message says which and what to do.
+    /// Too many requests already wait for a person, from this connection or from all, or the
+    /// call's SQL could not be described just now (a lock, the time limit, every turn to
+    /// describe taken): nothing ran, and the message says which and what to do.
     Busy,
     /// Anything else on the desk's side.
     Internal,

@@ -326,6 +326,8 @@ struct Inner {
     store: Mutex<Store>,
     state: Mutex<State>,
     changes: broadcast::Sender<QueueChange>,
+    /// Turns to describe a call's SQL, across the desk ([`preview::MAX_DESCRIBING`]).
+    describing: Arc<tokio::sync::Semaphore>,
 }
 
 /// The desk's engine. Cheap to clone: every clone is the same engine.
@@ -417,6 +419,7 @@ impl Engine {
                     ..State::default()
                 }),
                 changes,
+                describing: Arc::new(tokio::sync::Semaphore::new(preview::MAX_DESCRIBING)),
             }),
         })
     }
@@ -1347,6 +1350,18 @@ impl Engine {
     /// A gated call of a registered tool of `tenant`, planned under its rule: the one place that
     /// turns a tool name and raw arguments into the plan a person approves (or an error reply).
     fn plan_call(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<Call, Answer> {
+        self.plan_held(tenant, tool, arguments, None)
+    }
+
+    /// [`Self::plan_call`], by a caller that may hold a turn to describe SQL (`turn`); without
+    /// one, a call that needs describing takes a free turn or is answered busy.
+    fn plan_held(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+        turn: Option<&tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<Call, Answer> {
         let (rule, client_info, server) = {
             let state = lock(&self.inner.state);
             let conn = state
@@ -1372,7 +1387,7 @@ impl Engine {
         let bad = |e: &dyn std::fmt::Display| error(ErrorCode::BadArguments, e.to_string());
         let (args, fields) = policy::split_confirm(arguments).map_err(|e| bad(&e))?;
         let plan = policy::plan(&rule, tool, &args).map_err(|e| bad(&e))?;
-        let plan = preview::described(&server, tool, &rule, &args, plan);
+        let plan = self.described(&server, tool, &rule, &args, plan, turn)?;
         let hash = plan.hash().map_err(|e| bad(&e))?;
         Ok(Call {
             rule,
@@ -1443,7 +1458,7 @@ impl Engine {
             fields,
             plan,
             hash,
-        } = match self.plan_call(tenant, tool, arguments) {
+        } = match self.plan_aside(tenant, tool, arguments).await {
             Ok(call) => call,
             Err(response) => return self.rejected(tenant, tool, response),
         };
@@ -1544,9 +1559,22 @@ impl Engine {
 
     /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
     pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
-        // Nothing to withdraw from a call that could not have been queued.
-        let Ok(Call { hash, .. }) = self.plan_call(tenant, tool, arguments) else {
-            return Answer::Done;
+        self.withdraw_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+    }
+
+    /// [`Self::withdraw`] of a call planned already. A call that cannot be described just now
+    /// (its SQL met a lock or a time limit) withdraws nothing and says so: its request may wait.
+    fn withdraw_planned(&self, tenant: &str, tool: &str, planned: Result<Call, Answer>) -> Answer {
+        let hash = match planned {
+            Ok(Call { hash, .. }) => hash,
+            Err(
+                answer @ Answer::Error {
+                    code: ErrorCode::Busy,
+                    ..
+                },
+            ) => return answer,
+            // Nothing to withdraw from a call that could not have been queued.
+            Err(_) => return Answer::Done,
         };
         let mut state = lock(&self.inner.state);
         let found = state
@@ -1580,7 +1608,17 @@ impl Engine {
         tool: &str,
         arguments: &Value,
     ) -> Option<(PlanHash, Option<u64>)> {
-        let Call { hash, .. } = self.plan_call(tenant, tool, arguments).ok()?;
+        self.queued_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+    }
+
+    /// [`Self::queued`] of a call planned already.
+    fn queued_planned(
+        &self,
+        tenant: &str,
+        tool: &str,
+        planned: Result<Call, Answer>,
+    ) -> Option<(PlanHash, Option<u64>)> {
+        let Call { hash, .. } = planned.ok()?;
         let state = lock(&self.inner.state);
         let id = state
             .requests
@@ -1655,13 +1693,19 @@ impl Engine {
     /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand
     /// back the arguments the person approved.
     pub fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+        self.confirm_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+    }
+
+    /// [`Self::confirm`] of a call planned already (its description comes first, before any
+    /// verification: a confirm that cannot be described now is refused and spends nothing).
+    fn confirm_planned(&self, tenant: &str, tool: &str, planned: Result<Call, Answer>) -> Answer {
         let Call {
             rule,
             fields,
             plan,
             hash,
             ..
-        } = match self.plan_call(tenant, tool, arguments) {
+        } = match planned {
             Ok(call) => call,
             Err(response) => return self.rejected(tenant, tool, response),
         };

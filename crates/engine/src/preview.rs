@@ -11,17 +11,36 @@
 //! The built-in `execute` names its plan by SQLite's word (see `countersign_builtin::rehearse`):
 //! its target is every table the SQL writes (and every other effect), its summary the statements'
 //! kinds and tables, so a person approving `DELETE FROM users WHERE id = 7` types `users`. A
-//! policy that sets a target or a summary for it keeps the person's own choice.
+//! policy that sets a target or a summary for it keeps the person's own choice (one that sets
+//! both has nothing described).
+//!
+//! Describing is not free: a batch is run and rolled back (up to the rehearsal's time limit and
+//! its wait for a lock), so it never runs on the desk's async workers, where a few hostile calls
+//! would stall every other agent and the window. The async paths ([`Engine::preflight`] and the
+//! `*_aside` calls the sessions use) describe on the blocking pool, and at most
+//! [`MAX_DESCRIBING`] descriptions run at once across the desk: a call waits for its turn
+//! asynchronously up to [`TURN_WAIT`], then is answered busy. A description that stops for a
+//! reason of the moment (the time limit, a lock, an I/O error) is an error answer of the call,
+//! never part of a plan: see `countersign_builtin::rehearse` for what counts as a fact.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
-use countersign_builtin::rehearse::{self, Mode};
+use countersign_builtin::rehearse::{self, Mode, Stopped};
 use countersign_core::policy::{DEFAULT_SUMMARY, ToolRule};
 use countersign_core::preview::Preview;
 use countersign_core::{Plan, PlanHash};
 use serde_json::{Map, Value};
+use tokio::sync::OwnedSemaphorePermit;
 
-use super::{Engine, QueueChange, lock, now_ms};
+use super::{Answer, Call, Engine, ErrorCode, QueueChange, error, lock, now_ms};
+
+/// The most descriptions of SQL that run at once across the desk.
+pub const MAX_DESCRIBING: usize = 2;
+
+/// How long a call waits for a turn to be described before it is answered busy.
+pub const TURN_WAIT: Duration = Duration::from_secs(10);
 
 /// The identity prefix the desk gives its built-in tools (`builtin:<db path>`).
 const BUILTIN: &str = "builtin:";
@@ -34,21 +53,177 @@ pub fn builtin_db(server: &str) -> Option<&Path> {
         .filter(|p| p.is_absolute())
 }
 
-/// `plan` for a call of `tool` on `server`, with the built-in `execute` named by what its SQL
-/// writes (as SQLite reports it while preparing it, now): other calls are returned as they are.
-pub(super) fn described(
-    server: &str,
+/// The SQL of a call that is planned by describing it: the built-in `execute`'s, unless the
+/// policy names both its target and its summary.
+fn to_describe<'a>(
+    server: &'a str,
     tool: &str,
     rule: &ToolRule,
-    args: &Map<String, Value>,
-    plan: Plan,
-) -> Plan {
-    let (Some(db), "execute", Some(Value::String(sql))) =
-        (builtin_db(server), tool, args.get("sql"))
-    else {
-        return plan;
+    sql: Option<&'a Value>,
+) -> Option<(&'a Path, &'a str)> {
+    if rule.target.is_some() && rule.summary != DEFAULT_SUMMARY {
+        return None;
+    }
+    match (builtin_db(server), tool, sql) {
+        (Some(db), "execute", Some(Value::String(sql))) => Some((db, sql)),
+        _ => None,
+    }
+}
+
+/// The answer to a call whose SQL could not be described just now: nothing ran, call again.
+fn not_described(stopped: &Stopped) -> Answer {
+    let why = match stopped {
+        Stopped::TimeLimit => format!(
+            "describing it ran past {} s",
+            rehearse::TIME_LIMIT.as_secs()
+        ),
+        Stopped::Busy => "the database was busy: another connection held its lock".to_owned(),
+        _ => "the database could not be opened, read or written".to_owned(),
     };
-    let described = rehearse::rehearse(db, sql, Mode::Describe);
+    error(
+        ErrorCode::Busy,
+        format!(
+            "Nothing was executed. The Countersign desk could not describe this SQL just now \
+             ({why}), so there is no plan for a person to approve. Next: call again shortly with \
+             the same arguments, or split the batch into smaller calls."
+        ),
+    )
+}
+
+/// The answer to a call that found every turn to describe SQL taken for [`TURN_WAIT`].
+fn no_turn() -> Answer {
+    error(
+        ErrorCode::Busy,
+        format!(
+            "Nothing was executed. The Countersign desk is describing other SQL (at most \
+             {MAX_DESCRIBING} at once) and this call waited {} s for its turn. Next: call again \
+             shortly with the same arguments.",
+            TURN_WAIT.as_secs()
+        ),
+    )
+}
+
+impl Engine {
+    /// `plan` for a call of `tool` on `server`, with the built-in `execute` named by what its SQL
+    /// writes (as SQLite reports it while preparing it, now): other calls are returned as they
+    /// are. `turn` is the caller's turn to describe; without one, a free turn is taken or the
+    /// call is answered busy. A description that stops for a reason of the moment is an error.
+    pub(super) fn described(
+        &self,
+        server: &str,
+        tool: &str,
+        rule: &ToolRule,
+        args: &Map<String, Value>,
+        plan: Plan,
+        turn: Option<&OwnedSemaphorePermit>,
+    ) -> Result<Plan, Answer> {
+        let Some((db, sql)) = to_describe(server, tool, rule, args.get("sql")) else {
+            return Ok(plan);
+        };
+        let _taken = match turn {
+            Some(_) => None,
+            None => Some(
+                Arc::clone(&self.inner.describing)
+                    .try_acquire_owned()
+                    .map_err(|_| no_turn())?,
+            ),
+        };
+        let described = rehearse::rehearse(db, sql, Mode::Describe);
+        if let Some(stopped) = described.transient() {
+            return Err(not_described(stopped));
+        }
+        Ok(described_plan(rule, plan, &described))
+    }
+
+    /// Whether planning this call of `tenant`'s describes SQL.
+    fn describes(&self, tenant: &str, tool: &str, arguments: &Value) -> bool {
+        let state = lock(&self.inner.state);
+        state
+            .connections
+            .get(tenant)
+            .and_then(|c| {
+                let listed = c.tools.get(tool)?;
+                to_describe(&c.server, tool, &listed.rule, arguments.get("sql"))?;
+                Some(())
+            })
+            .is_some()
+    }
+
+    /// Plans a call from async code: a call that describes SQL waits for a turn (asynchronously,
+    /// up to [`TURN_WAIT`]) and is described on the blocking pool, never on an async worker.
+    pub(super) async fn plan_aside(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<Call, Answer> {
+        if !self.describes(tenant, tool, arguments) {
+            return self.plan_call(tenant, tool, arguments);
+        }
+        let waited = tokio::time::timeout(
+            TURN_WAIT,
+            Arc::clone(&self.inner.describing).acquire_owned(),
+        )
+        .await;
+        let Ok(Ok(turn)) = waited else {
+            return Err(no_turn());
+        };
+        let (engine, tenant, tool, arguments) = (
+            self.clone(),
+            tenant.to_owned(),
+            tool.to_owned(),
+            arguments.clone(),
+        );
+        // The turn is held until the description ends, even when the caller stops waiting.
+        tokio::task::spawn_blocking(move || {
+            engine.plan_held(&tenant, &tool, &arguments, Some(&turn))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(error(
+                ErrorCode::Internal,
+                "describing the call stopped unexpectedly",
+            ))
+        })
+    }
+
+    /// [`Engine::confirm`] from async code: described off the async workers (see [`Self::plan_aside`]).
+    pub async fn confirm_aside(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+        let planned = self.plan_aside(tenant, tool, arguments).await;
+        self.confirm_planned(tenant, tool, planned)
+    }
+
+    /// [`Engine::withdraw`] from async code: described off the async workers.
+    pub async fn withdraw_aside(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+        let planned = self.plan_aside(tenant, tool, arguments).await;
+        self.withdraw_planned(tenant, tool, planned)
+    }
+
+    /// [`Engine::queued`] from async code: described off the async workers.
+    pub async fn queued_aside(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Option<(PlanHash, Option<u64>)> {
+        let planned = self.plan_aside(tenant, tool, arguments).await;
+        self.queued_planned(tenant, tool, planned)
+    }
+
+    /// [`Engine::call_hash`] from async code: described off the async workers.
+    pub async fn call_hash_aside(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Option<PlanHash> {
+        let planned = self.plan_aside(tenant, tool, arguments).await;
+        planned.ok().map(|call| call.hash)
+    }
+}
+
+/// `plan` with the target and summary `described` gives, where the policy left them unset.
+fn described_plan(rule: &ToolRule, plan: Plan, described: &rehearse::Described) -> Plan {
     let target = match &rule.target {
         Some(_) => plan.target,
         None => described.target(),

@@ -310,7 +310,10 @@ impl Session {
         let tool = request.name.to_string();
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
         if arguments.get("confirm") == Some(&Value::Bool(true)) {
-            let answer = self.engine.confirm(&self.tenant, &tool, &arguments);
+            let answer = self
+                .engine
+                .confirm_aside(&self.tenant, &tool, &arguments)
+                .await;
             return match answer {
                 Answer::Accepted { arguments, nonce } => {
                     self.run_accepted(request, arguments, &nonce, class, live, context)
@@ -383,7 +386,7 @@ impl Session {
                 answer = &mut preflight => return Ok(answer),
                 _ = context.ct.cancelled() => {
                     // The agent gave up: take the request off the person's queue.
-                    let _ = self.engine.withdraw(&self.tenant, tool, arguments);
+                    let _ = self.engine.withdraw_aside(&self.tenant, tool, arguments).await;
                     return Err(ErrorData::internal_error("request cancelled", None));
                 }
                 _ = tick.tick() => {

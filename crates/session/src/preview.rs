@@ -87,7 +87,7 @@ pub(crate) fn start(
     tokio::spawn(async move {
         // Only for a request that waits without one: not for a call refused or approved at once,
         // nor again for the same request when the agent calls again while it waits.
-        let Some(hash) = engine.call_hash(&tenant, &tool, &arguments) else {
+        let Some(hash) = engine.call_hash_aside(&tenant, &tool, &arguments).await else {
             return;
         };
         let deadline = tokio::time::Instant::now() + FIND_REQUEST_FOR;

@@ -182,7 +182,11 @@ impl Session {
         if self.engine.request_state_used(&self.tenant, &claims.nonce) {
             return Ok(state_refused(Refusal::AlreadyUsed, replayed));
         }
-        let Some((plan, queued)) = self.engine.queued(&self.tenant, tool, arguments) else {
+        let Some((plan, queued)) = self
+            .engine
+            .queued_aside(&self.tenant, tool, arguments)
+            .await
+        else {
             // The call cannot be planned now: the preflight says why (and queues nothing).
             let answer = self
                 .preflight(tool, arguments, Duration::ZERO, context)
@@ -220,7 +224,10 @@ impl Session {
             .and_then(Value::as_str)
             .is_some_and(|action| action == "decline" || action == "cancel");
         if declined {
-            let _ = self.engine.withdraw(&self.tenant, tool, arguments);
+            let _ = self
+                .engine
+                .withdraw_aside(&self.tenant, tool, arguments)
+                .await;
             let message = format!(
                 "Withdrawn: the prompt to open the Countersign desk was declined, so the call of \
                  `{tool}` left the person's queue. Nothing was executed. Next: call the tool \
@@ -265,7 +272,11 @@ impl Session {
                 confirm["confirm"] = json!(true);
                 confirm["confirmTarget"] = json!(target);
                 confirm["confirmToken"] = json!(token);
-                match self.engine.confirm(&self.tenant, tool, &confirm) {
+                match self
+                    .engine
+                    .confirm_aside(&self.tenant, tool, &confirm)
+                    .await
+                {
                     Answer::Accepted { arguments, nonce } => {
                         let result = self
                             .run_accepted(request.clone(), arguments, &nonce, class, live, context)
@@ -278,7 +289,11 @@ impl Session {
             Answer::Refused {
                 refusal: Refusal::Pending,
                 ..
-            } if round <= MAX_ROUNDS => match self.engine.queued(&self.tenant, tool, arguments) {
+            } if round <= MAX_ROUNDS => match self
+                .engine
+                .queued_aside(&self.tenant, tool, arguments)
+                .await
+            {
                 Some((plan, Some(id))) => self.input_required(tool, plan, id, round),
                 _ => Ok(complete(from_desk(answer))),
             },

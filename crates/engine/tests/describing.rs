@@ -1,0 +1,207 @@
+//! The built-in `execute` planned by describing its SQL: a description that stops for a reason of
+//! the moment (a lock another connection holds, the time limit) is an error answer of the call,
+//! the same for a preflight, a confirm and a withdraw, and never a plan naming `unknown`.
+
+use std::time::Duration;
+
+use countersign_core::Refusal;
+use countersign_core::token::SigningKey;
+use countersign_engine::{Answer, Engine, EngineConfig, ErrorCode, QueueChange};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A batch whose first statement must take the write lock, so another writer's lock stops it.
+const BATCH: &str = "DELETE FROM users WHERE id = 1; DELETE FROM audit";
+
+struct Setup {
+    engine: Engine,
+    tenant: String,
+    db: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("app.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT);
+             INSERT INTO users (name) VALUES ('a'), ('b');
+             CREATE TABLE audit (what TEXT);",
+        )
+        .unwrap();
+    let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
+    config.approve_delay_ms = 0;
+    let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
+    let tenant = engine.connect(format!("builtin:{}", db.display()));
+    engine.register_tools(&tenant, countersign_builtin::definitions());
+    Setup {
+        engine,
+        tenant,
+        db,
+        _dir: dir,
+    }
+}
+
+/// Another connection holding the database's write lock until it is dropped.
+fn writer_lock(db: &std::path::Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO audit VALUES ('held')")
+        .unwrap();
+    conn
+}
+
+fn is_busy(answer: &Answer, why: &str) -> bool {
+    matches!(answer, Answer::Error { code: ErrorCode::Busy, message }
+        if message.starts_with("Nothing was executed.") && message.contains(why)
+            && message.contains("call again"))
+}
+
+/// A preflight of `args` approved with `target` typed, and the confirm's arguments.
+async fn approved(s: &Setup, args: &Value, target: &str) -> Value {
+    let mut changes = s.engine.subscribe();
+    let (e, t, a) = (s.engine.clone(), s.tenant.clone(), args.clone());
+    let waiting = tokio::spawn(async move { e.preflight(&t, "execute", &a, WAIT).await });
+    let request = loop {
+        if let Ok(QueueChange::Added { request }) = changes.recv().await {
+            break request;
+        }
+    };
+    assert_eq!(request.plan.target, target);
+    s.engine.approve(request.id, Some(target)).unwrap();
+    let Answer::Approved { token, .. } = waiting.await.unwrap() else {
+        panic!("not approved")
+    };
+    let mut confirm = args.clone();
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = json!(target);
+    confirm["confirmToken"] = json!(token);
+    confirm
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preflight_during_a_lock_is_busy_and_queues_nothing_and_after_it_plans_the_facts() {
+    let s = setup();
+    let args = json!({ "sql": BATCH });
+    let lock = writer_lock(&s.db);
+    let answer = s
+        .engine
+        .preflight(&s.tenant, "execute", &args, Duration::ZERO)
+        .await;
+    assert!(is_busy(&answer, "database was busy"), "{answer:?}");
+    assert!(
+        s.engine.pending().is_empty(),
+        "no plan naming unknown waits"
+    );
+    assert_eq!(s.engine.call_hash(&s.tenant, "execute", &args), None);
+    drop(lock);
+    let answer = s
+        .engine
+        .preflight(&s.tenant, "execute", &args, Duration::ZERO)
+        .await;
+    assert!(matches!(
+        answer,
+        Answer::Refused {
+            refusal: Refusal::Pending,
+            ..
+        }
+    ));
+    let pending = s.engine.pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].plan.target, "audit, users");
+    assert_eq!(
+        s.engine.call_hash(&s.tenant, "execute", &args),
+        Some(pending[0].plan_hash)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_that_cannot_be_described_now_is_refused_spends_nothing_and_works_after() {
+    let s = setup();
+    let args = json!({ "sql": BATCH });
+    let confirm = approved(&s, &args, "audit, users").await;
+    let lock = writer_lock(&s.db);
+    // Refused before verification: the once tool's nonce is not spent, from sync or async code.
+    let answer = s.engine.confirm(&s.tenant, "execute", &confirm);
+    assert!(is_busy(&answer, "database was busy"), "{answer:?}");
+    let answer = s.engine.confirm_aside(&s.tenant, "execute", &confirm).await;
+    assert!(is_busy(&answer, "database was busy"), "{answer:?}");
+    drop(lock);
+    let answer = s.engine.confirm_aside(&s.tenant, "execute", &confirm).await;
+    assert!(matches!(answer, Answer::Accepted { .. }), "{answer:?}");
+    // Spent once, by the confirm that was accepted: a replay is refused as usual.
+    let again = s.engine.confirm(&s.tenant, "execute", &confirm);
+    assert!(
+        matches!(
+            again,
+            Answer::Refused {
+                refusal: Refusal::AlreadyUsed,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdraw_that_cannot_be_described_now_says_so_and_the_request_keeps_waiting() {
+    let s = setup();
+    let args = json!({ "sql": BATCH });
+    s.engine
+        .preflight(&s.tenant, "execute", &args, Duration::ZERO)
+        .await;
+    assert_eq!(s.engine.pending().len(), 1);
+    let lock = writer_lock(&s.db);
+    let answer = s.engine.withdraw(&s.tenant, "execute", &args);
+    assert!(is_busy(&answer, "database was busy"), "{answer:?}");
+    let answer = s.engine.withdraw_aside(&s.tenant, "execute", &args).await;
+    assert!(is_busy(&answer, "database was busy"), "{answer:?}");
+    assert_eq!(s.engine.pending().len(), 1, "nothing was withdrawn");
+    assert_eq!(
+        s.engine
+            .queued_aside(&s.tenant, "execute", &args)
+            .await
+            .map(|(_, id)| id.is_some()),
+        None,
+        "not planned while it cannot be described"
+    );
+    drop(lock);
+    let answer = s.engine.withdraw_aside(&s.tenant, "execute", &args).await;
+    assert_eq!(answer, Answer::Done);
+    assert!(s.engine.pending().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_past_the_time_limit_is_busy_every_time_never_a_plan() {
+    let s = setup();
+    let args = json!({ "sql": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) \
+                               SELECT count(*) FROM n; DELETE FROM users" });
+    let answer = s
+        .engine
+        .preflight(&s.tenant, "execute", &args, Duration::ZERO)
+        .await;
+    assert!(is_busy(&answer, "ran past 2 s"), "{answer:?}");
+    assert!(s.engine.pending().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_sqlite_refuses_is_still_a_plan_the_same_each_time() {
+    let s = setup();
+    for (sql, target) in [
+        ("DELETE FROM missing; DELETE FROM users", "nothing"),
+        ("COMMIT; DELETE FROM users", "transaction control, unknown"),
+    ] {
+        let args = json!({ "sql": sql });
+        let first = s.engine.call_hash(&s.tenant, "execute", &args);
+        assert!(first.is_some(), "{sql}");
+        assert_eq!(s.engine.call_hash(&s.tenant, "execute", &args), first);
+        s.engine
+            .preflight(&s.tenant, "execute", &args, Duration::ZERO)
+            .await;
+        let pending = s.engine.pending();
+        let request = pending.iter().find(|r| Some(r.plan_hash) == first).unwrap();
+        assert_eq!(request.plan.target, target, "{sql}");
+    }
+}
