@@ -357,6 +357,8 @@ async function start() {
   await api.onQueue(onQueue);
   onQueue(await api.pending());
   await api.onFocus(onFocusWanted);
+  // The note about a request no longer waiting goes once the person picks one from the queue.
+  $("queue").addEventListener("click", () => { $("focus-note").hidden = true; });
   await onFocusWanted();
 }
 
