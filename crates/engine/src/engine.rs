@@ -308,6 +308,9 @@ struct State {
     rearmed: HashMap<u64, u64>,
     /// Whether the session grants an earlier run of the desk left in the file were ended.
     session_grants_ended: bool,
+    /// The tokens each grant minted, by grant number, with their expiry: a revoke takes back
+    /// those not yet expired (see the grant module).
+    grant_tokens: HashMap<u64, Vec<(Nonce, u64)>>,
 }
 
 /// What settings may change while the engine runs.

@@ -26,7 +26,9 @@
 //!
 //! A call a grant approves is answered at once with a token minted for it alone (a `once` tool's
 //! token still works once), and history notes the grant, when it was made and that a click made
-//! it.
+//! it. A revoke takes back every approval the grant made whose token has not expired (kept in
+//! memory, at most [`MAX_GRANT_TOKENS`] unexpired per grant), so tokens collected while it lived
+//! run nothing after it; those minted before a desk restart are not known to the next run.
 
 use serde::Serialize;
 
@@ -42,6 +44,10 @@ pub const MAX_LIVE_GRANTS: usize = 64;
 /// The fewest path segments a prefix has (`/home/a` has two): a prefix of `/` or one directory
 /// covers too much to be one person's considered choice.
 pub const MIN_PREFIX_SEGMENTS: usize = 2;
+
+/// The most unexpired tokens one grant keeps minted: past it, a call it covers waits for a click
+/// (each is remembered so that a revoke can take it back).
+pub const MAX_GRANT_TOKENS: usize = 4096;
 
 /// The longest prefix or target a prefix grant considers, in characters.
 pub const MAX_PATH_CHARS: usize = 1024;
@@ -654,6 +660,21 @@ impl Engine {
         if !ended {
             return Err(GrantError::NoSuchGrant);
         }
+        // What it approved without a click and has not run yet is taken back: a token collected
+        // while it lived executes nothing after the revoke (the click's own approval stays).
+        let minted = lock(&self.inner.state)
+            .grant_tokens
+            .remove(&number)
+            .unwrap_or_default();
+        let mut store = lock(&self.inner.store);
+        for (nonce, exp) in minted {
+            if exp > now
+                && let Err(e) = store.withdraw_approval(&nonce)
+            {
+                tracing::error!(target: "desk", grant = number, error = %e, "could not take back an approval of a revoked grant");
+            }
+        }
+        drop(store);
         self.record(ConfirmEvent {
             at_ms: now,
             kind: EventKind::Changed,
@@ -725,9 +746,25 @@ impl Engine {
         let grant = live.into_iter().find(|g| {
             covers(g, &call) && binding::grant_mac_matches(&key, &scope_text(g), &g.mac)
         })?;
-        // Its connection must still be here (a session grant outliving it covers nothing).
-        if grant.tenant.is_some() && !lock(&self.inner.state).connections.contains_key(tenant) {
-            return None;
+        // Its connection must still be here (a session grant outliving it covers nothing), and
+        // the tokens it keeps minted are bounded.
+        {
+            let mut state = lock(&self.inner.state);
+            if grant.tenant.is_some() && !state.connections.contains_key(tenant) {
+                return None;
+            }
+            if state.grant_tokens.len() > MAX_LIVE_GRANTS {
+                state.grant_tokens.retain(|_, minted| {
+                    minted.retain(|(_, exp)| *exp > now);
+                    !minted.is_empty()
+                });
+            }
+            let minted = state.grant_tokens.entry(grant.id).or_default();
+            minted.retain(|(_, exp)| *exp > now);
+            if minted.len() >= MAX_GRANT_TOKENS {
+                tracing::warn!(target: "desk", grant = grant.id, "a grant has {MAX_GRANT_TOKENS} unexpired tokens: the call waits for a click");
+                return None;
+            }
         }
         let minted = self.mint(
             &key,
@@ -749,6 +786,12 @@ impl Engine {
         if let Err(e) = store.grant_used(grant.id) {
             tracing::warn!(target: "desk", error = %e, "could not count a grant's use");
         }
+        // Remembered before the store is let go: a revoke waiting for it sees this token too.
+        lock(&self.inner.state)
+            .grant_tokens
+            .entry(grant.id)
+            .or_default()
+            .push((claims.nonce, claims.exp));
         drop(store);
         self.record(ConfirmEvent {
             at_ms: now,

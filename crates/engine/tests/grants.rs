@@ -718,3 +718,71 @@ async fn a_prefix_grant_covers_no_call_with_a_nested_or_file_named_path_outside_
         d.engine.withdraw(&tenant, "batch", &attack);
     }
 }
+
+fn is_accepted(answer: &Answer) -> bool {
+    matches!(answer, Answer::Accepted { .. })
+}
+
+#[tokio::test]
+async fn tokens_a_grant_minted_execute_nothing_once_it_is_revoked() {
+    let d = desk();
+    let tenant = connect(&d.engine, "srv");
+    // A reusable (token-class) call grant, and a works-once prefix grant.
+    let backup = json!({"name": "nightly"});
+    let call = granted(&d, &tenant, "backup", &backup, widen_call(15)).await;
+    let write = |p: &str| json!({"path": p, "content": "x"});
+    let prefix = granted(
+        &d,
+        &tenant,
+        "write",
+        &write("/home/a/docs/0"),
+        widen_prefix("/home/a/docs"),
+    )
+    .await;
+    // While they live, the agent collects tokens it does not use yet.
+    let collected_backup = at_once(&d.engine, &tenant, "backup", &backup).await;
+    assert!(is_approved(&collected_backup));
+    // One used now: a token-class token may be used again until it expires.
+    assert!(is_accepted(&confirm(
+        &d.engine,
+        &tenant,
+        "backup",
+        &backup,
+        &collected_backup
+    )));
+    let mut collected_writes = Vec::new();
+    for n in 1..=3 {
+        let args = write(&format!("/home/a/docs/{n}"));
+        let answer = at_once(&d.engine, &tenant, "write", &args).await;
+        assert!(is_approved(&answer), "{answer:?}");
+        collected_writes.push((args, answer));
+    }
+    // The person revokes both: nothing they approved without a click runs after that.
+    d.engine.revoke_grant(call).unwrap();
+    d.engine.revoke_grant(prefix).unwrap();
+    let again = confirm(&d.engine, &tenant, "backup", &backup, &collected_backup);
+    assert!(
+        !is_accepted(&again),
+        "a revoked grant's token ran: {again:?}"
+    );
+    for (args, answer) in &collected_writes {
+        let r = confirm(&d.engine, &tenant, "write", args, answer);
+        assert!(!is_accepted(&r), "a revoked grant's token ran: {r:?}");
+    }
+}
+
+#[tokio::test]
+async fn revoking_a_grant_leaves_the_clicks_own_approval_alone() {
+    let d = desk();
+    let tenant = connect(&d.engine, "srv");
+    let backup = json!({"name": "nightly"});
+    let (answer, number) = clicked(&d.engine, &tenant, "backup", &backup, |e, id| {
+        e.approve_widening(id, None, &widen_call(15)).unwrap()
+    })
+    .await;
+    d.engine.revoke_grant(number).unwrap();
+    // The person clicked Approve on this one: revoking the widening does not take it back.
+    assert!(is_accepted(&confirm(
+        &d.engine, &tenant, "backup", &backup, &answer
+    )));
+}

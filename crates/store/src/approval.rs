@@ -89,6 +89,18 @@ impl Store {
         })
     }
 
+    /// Takes back the approval stored under `nonce` before its token expires (the grant that
+    /// approved it without a click was revoked): a confirm of that token then finds nothing to
+    /// execute. Answers whether one was there. Nothing else ever removes an approval early.
+    pub fn withdraw_approval(&mut self, nonce: &Nonce) -> Result<bool, StoreError> {
+        self.with_connection(|conn| {
+            Ok(conn.execute(
+                "DELETE FROM approval WHERE nonce = ?1",
+                [&nonce.as_bytes()[..]],
+            )? == 1)
+        })
+    }
+
     /// The approval stored under `nonce`, or `None` if there is none (never stored, or pruned
     /// after it expired).
     pub fn approval(&mut self, nonce: &Nonce) -> Result<Option<Approval>, StoreError> {
@@ -159,6 +171,17 @@ mod tests {
         let mut store =
             Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
         assert_eq!(store.approval(&nonce(1)).unwrap(), Some(approved));
+    }
+
+    #[test]
+    fn a_withdrawn_approval_is_gone_and_only_that_one() {
+        let (_dir, mut store) = temp_store();
+        store.put_approval(&approval(1, 700_000)).unwrap();
+        store.put_approval(&approval(2, 700_000)).unwrap();
+        assert!(store.withdraw_approval(&nonce(1)).unwrap());
+        assert!(!store.withdraw_approval(&nonce(1)).unwrap());
+        assert_eq!(store.approval(&nonce(1)).unwrap(), None);
+        assert!(store.approval(&nonce(2)).unwrap().is_some());
     }
 
     #[test]
