@@ -68,6 +68,12 @@ impl IdleClock {
         (self.after / 5).clamp(Duration::from_millis(50), Duration::from_secs(1))
     }
 
+    /// The queue changed (a request came or went): the wait starts over, even when no look saw
+    /// the request (one decided, or gone, between two looks).
+    pub fn touch(&mut self) {
+        self.since = None;
+    }
+
     /// Whether to release now, given what was seen at `now` and how many requests wait. Anything
     /// but a hidden window with an empty queue starts the wait over.
     pub fn should_release(&mut self, now: Instant, seen: Seen, pending: usize) -> bool {
@@ -190,6 +196,13 @@ pub fn watch(app: &AppHandle) {
             let _ = app.run_on_main_thread(move || look(&main));
         }
     });
+}
+
+/// The queue changed: the idle wait starts over (see [`IdleClock::touch`]).
+pub fn touch(app: &AppHandle) {
+    if let Some(lifecycle) = app.try_state::<Lifecycle>() {
+        lifecycle.clock.lock().unwrap().touch();
+    }
 }
 
 /// The window is wanted (a request came, the tray's Show, a second start): shown, or only there.
@@ -373,6 +386,19 @@ mod tests {
         assert!(!clock.should_release(t + s(101), Seen::Hidden, 0));
         assert!(!clock.should_release(t + s(160), Seen::Hidden, 0));
         assert!(clock.should_release(t + s(161), Seen::Hidden, 0));
+    }
+
+    #[test]
+    fn a_request_that_came_and_went_between_two_looks_starts_the_wait_over() {
+        let mut clock = IdleClock::new(AFTER);
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        assert!(!clock.should_release(t, Seen::Hidden, 0));
+        // At 59 s a request comes and is decided before the next look sees it.
+        clock.touch();
+        assert!(!clock.should_release(t + s(60), Seen::Hidden, 0));
+        assert!(!clock.should_release(t + s(119), Seen::Hidden, 0));
+        assert!(clock.should_release(t + s(120), Seen::Hidden, 0));
     }
 
     #[test]

@@ -556,6 +556,12 @@ fn run(
                     // The first change goes out at once (a person deciding one request sees the
                     // next without delay); whatever follows within `GATHER` goes out together.
                     publish_queue(&handle, &engine);
+                    idle::touch(&handle);
+                    if batch.added > 0 {
+                        // A released window starts coming back at once, hidden until the raise
+                        // below shows it (when the pace allows one).
+                        idle::want(&handle, false);
+                    }
                     let until = tokio::time::Instant::now() + pace::GATHER;
                     let mut more = false;
                     loop {
