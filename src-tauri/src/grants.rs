@@ -24,42 +24,23 @@ impl From<GrantError> for UiError {
     }
 }
 
-/// What the window may offer beside Approve for one request.
+/// What the window may offer beside Approve for one request: the engine's [`GrantOffer`] (its
+/// fields inline), with the proposed prefix as shown.
 #[derive(Debug, Clone, Serialize)]
 pub struct OfferView {
-    /// Whether "this same call for N minutes" may be chosen.
-    pub call: bool,
-    /// Why not (a code), when it may not.
-    pub call_code: Option<&'static str>,
-    /// Why not, for the person.
-    pub call_why: Option<String>,
-    /// Whether "this tool on targets under a prefix, for this agent's session" may be chosen.
-    pub prefix: bool,
-    /// Why not (a code).
-    pub prefix_code: Option<&'static str>,
-    /// Why not, for the person.
-    pub prefix_why: Option<String>,
-    /// The prefix proposed (the target's parent directory) to fill the field with: it holds no
-    /// control, invisible or direction-changing character (such a path is never a prefix).
-    pub default_prefix: Option<String>,
-    /// The same, as shown (flagged when it holds non-ASCII characters).
+    /// The offer. Its `default_prefix`, to fill the field with, holds no control, invisible or
+    /// direction-changing character (such a path is never a prefix).
+    #[serde(flatten)]
+    pub offer: GrantOffer,
+    /// The proposed prefix as shown (flagged when it holds non-ASCII characters).
     pub default_prefix_shown: Option<Shown>,
-    /// The longest grant, in minutes.
-    pub max_minutes: u64,
 }
 
 impl From<GrantOffer> for OfferView {
-    fn from(o: GrantOffer) -> Self {
+    fn from(offer: GrantOffer) -> Self {
         OfferView {
-            call: o.call,
-            call_code: o.call_code,
-            call_why: o.call_why,
-            prefix: o.prefix,
-            prefix_code: o.prefix_code,
-            prefix_why: o.prefix_why,
-            default_prefix_shown: o.default_prefix.as_deref().map(shown),
-            default_prefix: o.default_prefix,
-            max_minutes: o.max_minutes,
+            default_prefix_shown: offer.default_prefix.as_deref().map(shown),
+            offer,
         }
     }
 }
