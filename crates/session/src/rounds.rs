@@ -25,6 +25,7 @@ use countersign_core::Nonce;
 use countersign_core::PlanHash;
 use countersign_core::policy::CONFIRM_ARGUMENTS;
 use countersign_core::request_state::{StateClaims, StateError};
+use countersign_wire::request_url;
 
 use super::*;
 
@@ -71,7 +72,7 @@ fn desk_elicitation(tool: &str, id: u64) -> Option<InputRequest> {
     );
     serde_json::from_value(json!({
         "method": "elicitation/create",
-        "params": {"mode": "url", "message": message, "url": format!("countersign://request/{id}")},
+        "params": {"mode": "url", "message": message, "url": request_url(id)},
     }))
     .ok()
 }
