@@ -456,6 +456,21 @@ mod tests {
         }
     }
 
+    /// The preview of a write whose recipe reads through `read`, from an upstream that does not
+    /// say it is server-filesystem; `callable` is whether tools' definitions let the desk call
+    /// them.
+    async fn preview_write(
+        up: &Peer<RoleClient>,
+        read: &str,
+        call: &Map<String, Value>,
+        callable: bool,
+    ) -> Preview {
+        from_upstream(up, &recipe(PreviewKind::Write, read), call, false, &|_| {
+            callable
+        })
+        .await
+    }
+
     #[tokio::test]
     async fn a_recipe_cannot_make_the_desk_call_a_tool_that_may_change_something() {
         let dir = tempfile::tempdir().unwrap();
@@ -471,14 +486,7 @@ mod tests {
             assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly), "{p:?}");
         }
         // A tool the upstream does not list at all.
-        let p = from_upstream(
-            up.peer(),
-            &recipe(PreviewKind::Write, "nope"),
-            &call,
-            false,
-            &|_| true,
-        )
-        .await;
+        let p = preview_write(up.peer(), "nope", &call, true).await;
         assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly));
         let conn = rusqlite::Connection::open(dir.path().join("db.sqlite")).unwrap();
         let tables: i64 = conn
@@ -492,14 +500,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let up = upstream(&dir).await;
         let call = args(json!({"p": "/x", "c": "a\n"}));
-        let p = from_upstream(
-            up.peer(),
-            &recipe(PreviewKind::Write, "list_tables"),
-            &call,
-            false,
-            &|_| false,
-        )
-        .await;
+        let p = preview_write(up.peer(), "list_tables", &call, false).await;
         assert_eq!(reason(&p), Some(Unavailable::ReadToolNotReadOnly));
     }
 
@@ -508,14 +509,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let up = upstream(&dir).await;
         let call = args(json!({"p": "/x", "c": "a\n"}));
-        let p = from_upstream(
-            up.peer(),
-            &recipe(PreviewKind::Write, "list_tables"),
-            &call,
-            false,
-            &|_| true,
-        )
-        .await;
+        let p = preview_write(up.peer(), "list_tables", &call, true).await;
         let Preview::File {
             path,
             existed,
@@ -530,14 +524,7 @@ mod tests {
         assert!(rows.iter().any(|r| r.after.as_deref() == Some("a")));
         // Arguments of the wrong type are said to be so.
         let bad = args(json!({"p": 5, "c": "a"}));
-        let p = from_upstream(
-            up.peer(),
-            &recipe(PreviewKind::Write, "list_tables"),
-            &bad,
-            false,
-            &|_| true,
-        )
-        .await;
+        let p = preview_write(up.peer(), "list_tables", &bad, true).await;
         assert_eq!(reason(&p), Some(Unavailable::BadArguments));
     }
 
