@@ -107,6 +107,26 @@ fn state_of(ir: &InputRequiredResult) -> String {
     ir.request_state.clone().expect("a requestState")
 }
 
+/// The retry of `execute(args)` with the state `ir` sealed and the elicitation answered
+/// `action`: its complete result.
+async fn retry(
+    agent: &Peer<RoleClient>,
+    args: &Value,
+    ir: &InputRequiredResult,
+    action: &str,
+) -> CallToolResult {
+    complete(round(agent, "execute", args, Some(&state_of(ir)), Some(action)).await)
+}
+
+/// The URL the desk's elicitation in `ir` names.
+fn elicited_url(ir: &InputRequiredResult) -> String {
+    let shown = serde_json::to_value(ir).unwrap();
+    shown["inputRequests"]["countersign_desk"]["params"]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 async fn tables(agent: &Peer<RoleClient>) -> Value {
     call(agent, "list_tables", json!({}))
         .await
@@ -205,16 +225,7 @@ async fn a_denial_reaches_the_retry_with_the_persons_note_and_nothing_runs() {
     desk.engine
         .deny(request.id, Some("not on a Friday"))
         .unwrap();
-    let r = complete(
-        round(
-            agent.peer(),
-            "execute",
-            &args,
-            Some(&state_of(&ir)),
-            Some("accept"),
-        )
-        .await,
-    );
+    let r = retry(agent.peer(), &args, &ir, "accept").await;
     assert_eq!(refusal(&r).as_deref(), Some("denied"));
     assert!(text(&r).contains("not on a Friday"), "{r:?}");
     assert_eq!(tables(agent.peer()).await, json!([]));
@@ -227,16 +238,7 @@ async fn a_declined_elicitation_withdraws_the_request() {
     let args = create("declined");
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
     let mut changes = desk.engine.subscribe();
-    let r = complete(
-        round(
-            agent.peer(),
-            "execute",
-            &args,
-            Some(&state_of(&ir)),
-            Some("decline"),
-        )
-        .await,
-    );
+    let r = retry(agent.peer(), &args, &ir, "decline").await;
     assert_eq!(
         r.structured_content.as_ref().unwrap()["error"],
         json!("withdrawn")
@@ -343,16 +345,7 @@ async fn a_state_from_another_connection_is_refused_wrong_tenant() {
     click(&desk, &request);
     // The second agent lists its tools, so that its connection knows execute.
     let _ = second.peer().list_all_tools().await.unwrap();
-    let r = complete(
-        round(
-            second.peer(),
-            "execute",
-            &args,
-            Some(&state_of(&ir)),
-            Some("accept"),
-        )
-        .await,
-    );
+    let r = retry(second.peer(), &args, &ir, "accept").await;
     assert_eq!(refusal(&r).as_deref(), Some("wrong_tenant"), "{r:?}");
     assert_eq!(tables(second.peer()).await, json!([]));
 }
@@ -365,16 +358,7 @@ async fn a_state_sealed_before_the_secret_was_rotated_is_refused() {
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
     click(&desk, &request);
     desk.engine.set_key(Ok(SigningKey::new(&[7; 32]).unwrap()));
-    let r = complete(
-        round(
-            agent.peer(),
-            "execute",
-            &args,
-            Some(&state_of(&ir)),
-            Some("accept"),
-        )
-        .await,
-    );
+    let r = retry(agent.peer(), &args, &ir, "accept").await;
     assert_eq!(refusal(&r).as_deref(), Some("bad_token"), "{r:?}");
     assert_eq!(tables(agent.peer()).await, json!([]));
 }
@@ -460,15 +444,7 @@ async fn queued_by_first_round(
     args: &Value,
 ) -> (u64, InputRequiredResult) {
     let ir = input_required(round(agent, tool, args, None, None).await);
-    let shown = serde_json::to_value(&ir).unwrap();
-    let url = shown["inputRequests"]["countersign_desk"]["params"]["url"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let id = url
-        .trim_start_matches("countersign://request/")
-        .parse()
-        .unwrap();
+    let id = countersign_wire::parse_request_url(&elicited_url(&ir)).unwrap();
     (id, ir)
 }
 
@@ -552,11 +528,7 @@ async fn opening_the_elicited_url_focuses_its_request_and_decides_nothing() {
     let desk = desk().await;
     let agent = modern(&desk, "opener").await;
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &create("opened")).await;
-    let shown = serde_json::to_value(&ir).unwrap();
-    let url = shown["inputRequests"]["countersign_desk"]["params"]["url"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let url = elicited_url(&ir);
     assert_eq!(countersign_wire::parse_request_url(&url), Ok(request.id));
     let mut changes = desk.engine.subscribe();
 
