@@ -4,33 +4,17 @@
 
 use std::time::Duration;
 
+use countersign_tests::calls::{Call, call, confirm_of};
 use countersign_tests::window::Desk;
 use rmcp::RoleClient;
 use rmcp::model::*;
 use rmcp::service::RunningService;
-use serde_json::{Map, Value, json};
-
-type Call = tokio::task::JoinHandle<CallToolResult>;
-
-fn call(agent: &RunningService<RoleClient, ClientConfig>, tool: &str, arguments: Value) -> Call {
-    let peer = agent.peer().clone();
-    let arguments: Map<String, Value> = arguments.as_object().unwrap().clone();
-    let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-    tokio::spawn(async move { peer.call_tool(params).await.unwrap() })
-}
+use serde_json::{Value, json};
 
 fn approved(r: &CallToolResult) -> bool {
     r.structured_content
         .as_ref()
         .is_some_and(|s| s["confirmToken"].is_string())
-}
-
-fn confirm_of(preflight: &CallToolResult, mut arguments: Value) -> Value {
-    let s = preflight.structured_content.as_ref().unwrap();
-    arguments["confirm"] = json!(true);
-    arguments["confirmTarget"] = s["confirmTarget"].clone();
-    arguments["confirmToken"] = s["confirmToken"].clone();
-    arguments
 }
 
 async fn enabled(desk: &Desk, id: &str) -> bool {

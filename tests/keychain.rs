@@ -5,21 +5,10 @@
 
 use std::time::Duration;
 
+use countersign_tests::calls::{call, confirm_of};
 use countersign_tests::keyring::PrivateKeyring;
 use countersign_tests::window::Desk;
-use rmcp::RoleClient;
-use rmcp::model::*;
-use rmcp::service::RunningService;
-use serde_json::{Value, json};
-
-type Call = tokio::task::JoinHandle<CallToolResult>;
-
-fn call(agent: &RunningService<RoleClient, ClientConfig>, tool: &str, arguments: Value) -> Call {
-    let peer = agent.peer().clone();
-    let params = CallToolRequestParams::new(tool.to_owned())
-        .with_arguments(arguments.as_object().cloned().unwrap());
-    tokio::spawn(async move { peer.call_tool(params).await.unwrap() })
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keychain_gone_stops_approving_with_a_banner_and_tokens_already_minted_still_confirm() {
@@ -35,11 +24,7 @@ async fn a_keychain_gone_stops_approving_with_a_banner_and_tokens_already_minted
         .await;
     desk.click("#approve").await;
     let preflight = preflight.await.unwrap();
-    let s = preflight.structured_content.clone().expect("approved");
-    let mut confirm = before;
-    confirm["confirm"] = json!(true);
-    confirm["confirmTarget"] = s["confirmTarget"].clone();
-    confirm["confirmToken"] = s["confirmToken"].clone();
+    let confirm = confirm_of(&preflight, before);
     assert!(
         !desk
             .text("#banner")

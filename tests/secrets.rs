@@ -36,6 +36,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 use countersign_core::token::{self, SigningKey};
 use countersign_secret::{HmacSecret, KeychainStore, SecretStore};
+use countersign_tests::calls::confirm_of;
 use countersign_tests::desk_process;
 use countersign_tests::files::files_under;
 use countersign_tests::window::{Desk, OwnDisplay};
@@ -89,14 +90,6 @@ fn token_of(preflight: &CallToolResult) -> String {
             )
         })
         .to_owned()
-}
-
-fn confirm_of(preflight: &CallToolResult, mut arguments: Value) -> Value {
-    let s = preflight.structured_content.as_ref().unwrap();
-    arguments["confirm"] = json!(true);
-    arguments["confirmTarget"] = s["confirmTarget"].clone();
-    arguments["confirmToken"] = s["confirmToken"].clone();
-    arguments
 }
 
 /// Waits out the approve delay, as a person reading the request would, and clicks Approve.
@@ -362,10 +355,7 @@ fn debug_prints(
     add("Reach::Command", reach);
     add("Hello::Gateway", &hello);
     add("Frame::Hello", &Frame::Hello(hello.clone()));
-    add(
-        "Frame::Hello(Focus)",
-        &Frame::Hello(Hello::focus(Some(7))),
-    );
+    add("Frame::Hello(Focus)", &Frame::Hello(Hello::focus(Some(7))));
     let accepted = Welcome::Accepted {
         version: PROTOCOL_VERSION,
         tenant: "t-1".into(),
