@@ -61,6 +61,20 @@ impl PythonAgent {
         }
     }
 
+    /// Starts it in `auto` mode (2026-07-28) running `sql`, what the gateway sends it copied to
+    /// `agent-in-<name>.jsonl` in the desk's directory, until its call is elicited: the agent and
+    /// the URL the elicitation names.
+    async fn elicited(desk: &Desk, db: &Path, name: &str, sql: &str) -> (PythonAgent, String) {
+        let log = desk.dir.path().join(format!("agent-in-{name}.jsonl"));
+        let mut agent = PythonAgent::start(desk, "auto", db, sql, &log);
+        agent.step("connected").await;
+        let url = agent.step("elicited").await["url"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (agent, url)
+    }
+
     /// The next step it printed, which must be `name`.
     async fn step(&mut self, name: &str) -> Value {
         let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
@@ -259,23 +273,16 @@ async fn opening_a_request_url_shows_that_request_and_approves_nothing() {
             .unwrap()
     };
 
-    let log = desk.dir.path().join("agent-in-first.jsonl");
-    let sql = "INSERT INTO first (v) VALUES ('one')";
-    let mut first = PythonAgent::start(&desk, "auto", &db, sql, &log);
-    first.step("connected").await;
-    let first_url = first.step("elicited").await["url"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (first, first_url) =
+        PythonAgent::elicited(&desk, &db, "first", "INSERT INTO first (v) VALUES ('one')").await;
     desk.wait_for_request().await;
-    let log = desk.dir.path().join("agent-in-second.jsonl");
-    let sql = "INSERT INTO second (v) VALUES ('two')";
-    let mut second = PythonAgent::start(&desk, "auto", &db, sql, &log);
-    second.step("connected").await;
-    let url = second.step("elicited").await["url"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (second, url) = PythonAgent::elicited(
+        &desk,
+        &db,
+        "second",
+        "INSERT INTO second (v) VALUES ('two')",
+    )
+    .await;
     let id: u64 = countersign_wire::parse_request_url(&url).unwrap();
     desk.until("both requests listed", |d| {
         Box::pin(async move {
