@@ -98,16 +98,7 @@ impl From<&Preview> for PreviewView {
                 path: shown(path),
                 existed: *existed,
                 note: note.as_deref().map(shown),
-                rows: rows
-                    .iter()
-                    .map(|row| DiffRow {
-                        kind: row.kind,
-                        before: row.before.as_deref().map(shown),
-                        after: row.after.as_deref().map(shown),
-                        before_line: row.before_line,
-                        after_line: row.after_line,
-                    })
-                    .collect(),
+                rows: rows.iter().map(DiffRow::from).collect(),
                 more: *more,
                 unchanged: *unchanged,
             },

@@ -197,17 +197,23 @@ pub struct DiffRow {
     pub after_line: Option<usize>,
 }
 
+impl From<&diff::Row> for DiffRow {
+    fn from(row: &diff::Row) -> Self {
+        DiffRow {
+            kind: row.kind,
+            before: row.before.as_deref().map(shown),
+            after: row.after.as_deref().map(shown),
+            before_line: row.before_line,
+            after_line: row.after_line,
+        }
+    }
+}
+
 impl From<&Change> for ChangeView {
     fn from(c: &Change) -> Self {
         let rows = diff::lines(c.before.as_deref(), c.after.as_deref())
-            .into_iter()
-            .map(|row| DiffRow {
-                kind: row.kind,
-                before: row.before.as_deref().map(shown),
-                after: row.after.as_deref().map(shown),
-                before_line: row.before_line,
-                after_line: row.after_line,
-            })
+            .iter()
+            .map(DiffRow::from)
             .collect();
         ChangeView {
             kind: c.kind.code(),
