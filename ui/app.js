@@ -5,7 +5,7 @@ import * as clients from "./clients.js";
 import * as grants from "./grants.js";
 import * as servers from "./servers.js";
 import { FLAG_LABELS, shownNode } from "./shown.js";
-import { previewNodes } from "./preview.js";
+import { diffRowNode, previewNodes } from "./preview.js";
 
 const $ = (id) => document.getElementById(id);
 const LONG_TARGET = 160;
@@ -135,7 +135,6 @@ function renderDetail(changed) {
 }
 
 const CHANGE_KINDS = { server: "A registered server", policy: "The policy", tool: "A tool's definition" };
-const SIGNS = { same: ["", ""], changed: ["−", "+"], removed: ["−", ""], added: ["", "+"] };
 
 /** A change to the desk: what, who proposed it, and old beside new with the differing lines
  *  marked (the rows come from the desk, each line already escaped and flagged). */
@@ -147,27 +146,7 @@ function renderChange(c) {
   shown("c-origin", c.origin);
   text("c-before-head", c.added ? "Now: nothing (new)" : "Now");
   text("c-after-head", c.removed ? "After approval: removed" : "After approval");
-  const rows = c.rows.map((row) => {
-    const tr = document.createElement("tr");
-    tr.className = "row-" + row.kind;
-    tr.dataset.kind = row.kind;
-    const [minus, plus] = SIGNS[row.kind] || ["", ""];
-    const cell = (className, content) => {
-      const td = document.createElement("td");
-      td.className = className;
-      td.textContent = content;
-      return td;
-    };
-    const before = shownNode("td", row.before);
-    before.className = "before";
-    const after = shownNode("td", row.after);
-    after.className = "after";
-    tr.append(
-      cell("no", row.before_line ?? ""), cell("sign before-sign", minus), before,
-      cell("no", row.after_line ?? ""), cell("sign after-sign", plus), after,
-    );
-    return tr;
-  });
+  const rows = c.rows.map((row) => diffRowNode(row, ["sign before-sign", "sign after-sign"]));
   $("c-rows").replaceChildren(...rows);
 }
 

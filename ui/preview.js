@@ -14,6 +14,24 @@ function cell(className, content) {
   return td;
 }
 
+/** One row of a side-by-side line diff (a DiffRow from the desk): the line numbers, the signs
+ *  (in cells of the classes `signClasses`) and the two lines, each already escaped and flagged. */
+export function diffRowNode(row, signClasses = ["sign", "sign"]) {
+  const tr = document.createElement("tr");
+  tr.className = "row-" + row.kind;
+  tr.dataset.kind = row.kind;
+  const [minus, plus] = SIGNS[row.kind] || ["", ""];
+  const before = shownNode("td", row.before);
+  before.className = "before";
+  const after = shownNode("td", row.after);
+  after.className = "after";
+  tr.append(
+    cell("no", row.before_line ?? ""), cell(signClasses[0], minus), before,
+    cell("no", row.after_line ?? ""), cell(signClasses[1], plus), after,
+  );
+  return tr;
+}
+
 function sentence(...parts) {
   const p = document.createElement("p");
   p.className = "preview-line";
@@ -42,21 +60,7 @@ function fileRows(rows) {
     th.textContent = label;
     head.append(th);
   }
-  const body = rows.map((row) => {
-    const tr = document.createElement("tr");
-    tr.className = "row-" + row.kind;
-    tr.dataset.kind = row.kind;
-    const [minus, plus] = SIGNS[row.kind] || ["", ""];
-    const before = shownNode("td", row.before);
-    before.className = "before";
-    const after = shownNode("td", row.after);
-    after.className = "after";
-    tr.append(
-      cell("no", row.before_line ?? ""), cell("sign", minus), before,
-      cell("no", row.after_line ?? ""), cell("sign", plus), after,
-    );
-    return tr;
-  });
+  const body = rows.map((row) => diffRowNode(row));
   table.append(head, ...body);
   return table;
 }
