@@ -16,6 +16,17 @@ fn target() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target")
 }
 
+/// The release desk `.ci/release` builds.
+fn release_desk() -> PathBuf {
+    let desk = target().join("release/countersign-desk");
+    assert!(
+        desk.exists(),
+        "{} is missing: run .ci/release",
+        desk.display()
+    );
+    desk
+}
+
 fn deb() -> PathBuf {
     let dir = target().join("release/bundle/deb");
     let found = std::fs::read_dir(&dir)
@@ -107,12 +118,7 @@ fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_
         std::env::var_os("DISPLAY").is_some(),
         "needs a display (run under Xvfb)"
     );
-    let desk = target().join("release/countersign-desk");
-    assert!(
-        desk.exists(),
-        "{} is missing: run .ci/release",
-        desk.display()
-    );
+    let desk = release_desk();
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -209,12 +215,7 @@ fn readable_by(account: Option<&Account>, path: &str) -> bool {
 #[test]
 #[ignore = "needs the release build from .ci/release (run by the test command)"]
 fn a_release_desk_is_not_dumpable_so_its_own_account_cannot_read_it() {
-    let release = target().join("release/countersign-desk");
-    assert!(
-        release.exists(),
-        "{} is missing: run .ci/release",
-        release.display()
-    );
+    let release = release_desk();
     let debug = target().join("debug/countersign-desk");
     let account = if account::is_root() {
         Some(Account::create("desks under an account that is not root").expect("useradd"))
@@ -322,12 +323,7 @@ fn a_release_desk_opens_no_inspector_port_whatever_its_environment_says() {
         std::env::var_os("DISPLAY").is_some(),
         "needs a display (run under Xvfb)"
     );
-    let desk = target().join("release/countersign-desk");
-    assert!(
-        desk.exists(),
-        "{} is missing: run .ci/release",
-        desk.display()
-    );
+    let desk = release_desk();
     let mini = Path::new("/usr/lib/x86_64-linux-gnu/webkit2gtk-4.1/MiniBrowser");
     for var in ["WEBKIT_INSPECTOR_SERVER", "WEBKIT_INSPECTOR_HTTP_SERVER"] {
         if mini.exists() {
@@ -384,9 +380,7 @@ fn webkit_children(pid: u32) -> Vec<(u32, String)> {
 #[test]
 #[ignore = "needs the release build from .ci/release (run by the test command)"]
 fn a_release_desk_has_no_knob_to_shorten_the_idle_release() {
-    let desk = target().join("release/countersign-desk");
-    let bytes = std::fs::read(&desk)
-        .unwrap_or_else(|_| panic!("{} is missing: run .ci/release", desk.display()));
+    let bytes = std::fs::read(release_desk()).unwrap();
     let knob = b"COUNTERSIGN_DEBUG_RELEASE_AFTER_MS";
     assert!(!bytes.windows(knob.len()).any(|w| w == knob));
 }
@@ -397,12 +391,7 @@ fn a_release_desk_has_no_knob_to_shorten_the_idle_release() {
 #[ignore = "needs the release build from .ci/release and a display (run by the test command)"]
 fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settings_delay() {
     let display = std::env::var("DISPLAY").expect("needs a display (run under Xvfb)");
-    let desk = target().join("release/countersign-desk");
-    assert!(
-        desk.exists(),
-        "{} is missing: run .ci/release",
-        desk.display()
-    );
+    let desk = release_desk();
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
     std::fs::write(
