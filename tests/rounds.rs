@@ -219,15 +219,20 @@ async fn a_2026_07_28_client_confirms_by_its_own_retry_after_the_click_and_an_ol
 
 /// Runs `countersign open URL` against this desk's socket: its exit code and stderr.
 async fn open_in_the_desk(desk: &Desk, url: &str) -> (Option<i32>, String) {
-    let out = tokio::process::Command::new(countersign_tests::window::bin("countersign"))
-        .arg("open")
+    let mut open = tokio::process::Command::new(countersign_tests::window::bin("countersign"));
+    open.arg("open")
         .arg(url)
         .env("COUNTERSIGN_SOCKET", desk.socket())
-        .stdin(Stdio::null())
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(20), out)
+        .stdin(Stdio::null());
+    code_and_stderr(open, "countersign open exits").await
+}
+
+/// Runs `cmd` to its end, failing with `exits` if it has not within 20 s: its exit code and
+/// stderr.
+async fn code_and_stderr(mut cmd: tokio::process::Command, exits: &str) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
         .await
-        .expect("countersign open exits")
+        .expect(exits)
         .unwrap();
     (
         out.status.code(),
@@ -337,25 +342,16 @@ async fn opening_a_request_url_shows_that_request_and_approves_nothing() {
     // The desktop entry's way: the desk binary with the URL asks the running desk, and exits.
     // With anything but a request URL it refuses and does nothing.
     let desk_with = |url: String| {
-        let run = tokio::process::Command::new(countersign_tests::window::bin("countersign-desk"))
-            .arg(url)
+        let mut run =
+            tokio::process::Command::new(countersign_tests::window::bin("countersign-desk"));
+        run.arg(url)
             .env("COUNTERSIGN_DESK_DIR", desk.dir.path())
             .env("COUNTERSIGN_SOCKET", desk.socket())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .output();
-        async move {
-            let out = tokio::time::timeout(Duration::from_secs(20), run)
-                .await
-                .expect("the second desk exits")
-                .unwrap();
-            (
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
-        }
+            .kill_on_drop(true);
+        code_and_stderr(run, "the second desk exits")
     };
     let (code, stderr) = desk_with(format!("{first_url}#approve")).await;
     assert_eq!(code, Some(2), "{stderr}");
