@@ -17,19 +17,6 @@ fn approved(r: &CallToolResult) -> bool {
         .is_some_and(|s| s["confirmToken"].is_string())
 }
 
-/// Whether the element `css` selects (a button, an option) is enabled.
-async fn enabled(desk: &Desk, css: &str) -> bool {
-    let disabled: Value = desk
-        .browser
-        .execute(
-            "return document.querySelector(arguments[0]).disabled",
-            vec![json!(css)],
-        )
-        .await
-        .unwrap();
-    disabled == json!(false)
-}
-
 async fn hidden(desk: &Desk, id: &str) -> bool {
     let hidden: Value = desk
         .browser
@@ -57,12 +44,12 @@ async fn approve_and_grant_this_call(desk: &Desk) {
     })
     .await;
     desk.until("the call grant to be offered", |d| {
-        Box::pin(enabled(d, "#widen-kind option[value=call]"))
+        Box::pin(d.enabled("#widen-kind option[value=call]"))
     })
     .await;
     desk.click("#widen-kind option[value=call]").await;
     desk.until("Approve and grant to be enabled", |d| {
-        Box::pin(enabled(d, "#approve-widen"))
+        Box::pin(d.enabled("#approve-widen"))
     })
     .await;
     desk.screenshot("approval-grant.png").await;
@@ -176,7 +163,7 @@ async fn a_grant_on_a_destructive_tool_is_refused() {
         .await
         .unwrap();
     assert_eq!(offered, json!(0), "no kind of grant is offered");
-    assert!(!enabled(&desk, "#approve-widen").await);
+    assert!(!desk.enabled("#approve-widen").await);
     // A script in the page asking anyway, after the delay and with the target typed: the engine
     // refuses, and approves nothing.
     desk.until("Approve's delay to pass", |d| {
@@ -238,7 +225,7 @@ async fn a_prefix_grant_covers_this_sessions_targets_under_it_and_nothing_beside
     let first = call(&agent, "create_directory", mkdir(format!("{root}/a")));
     desk.wait_for_request().await;
     desk.until("the prefix grant to be offered", |d| {
-        Box::pin(enabled(d, "#widen-kind option[value=prefix]"))
+        Box::pin(d.enabled("#widen-kind option[value=prefix]"))
     })
     .await;
     desk.click("#widen-kind option[value=prefix]").await;
@@ -261,7 +248,7 @@ async fn a_prefix_grant_covers_this_sessions_targets_under_it_and_nothing_beside
     })
     .await;
     desk.until("Approve and grant to be enabled", |d| {
-        Box::pin(enabled(d, "#approve-widen"))
+        Box::pin(d.enabled("#approve-widen"))
     })
     .await;
     desk.click("#approve-widen").await;

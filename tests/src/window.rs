@@ -175,9 +175,17 @@ impl Desk {
 
     /// Whether Approve is enabled.
     pub async fn approve_enabled(&self) -> bool {
+        self.enabled("#approve").await
+    }
+
+    /// Whether the element `css` selects (a button, an option) is enabled.
+    pub async fn enabled(&self, css: &str) -> bool {
         let disabled: Value = self
             .browser
-            .execute("return document.getElementById('approve').disabled", vec![])
+            .execute(
+                "return document.querySelector(arguments[0]).disabled",
+                vec![json!(css)],
+            )
             .await
             .unwrap();
         disabled == json!(false)
