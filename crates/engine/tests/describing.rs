@@ -205,3 +205,70 @@ async fn sql_sqlite_refuses_is_still_a_plan_the_same_each_time() {
         assert_eq!(request.plan.target, target, "{sql}");
     }
 }
+
+/// Whether some connection reads `db` right now (a description holds its shared lock).
+fn being_read(db: &std::path::Path) -> bool {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.busy_timeout(Duration::ZERO).unwrap();
+    match conn.execute_batch("BEGIN EXCLUSIVE") {
+        Ok(()) => {
+            conn.execute_batch("ROLLBACK").unwrap();
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_turn_to_describe_taken_a_sync_call_is_busy_and_an_async_one_waits_its_turn() {
+    let endless = json!({ "sql": "WITH RECURSIVE n(i) AS (SELECT count(*) FROM audit UNION ALL \
+                                  SELECT i + 1 FROM n) SELECT count(*) FROM n; DELETE FROM users" });
+    // Two databases on one engine, each described by a call that never ends on its own.
+    let (s, b) = (setup(), setup());
+    let other_db = b.db.clone();
+    let other_tenant = s.engine.connect(format!("builtin:{}", other_db.display()));
+    s.engine
+        .register_tools(&other_tenant, countersign_builtin::definitions());
+    let mut slow = Vec::new();
+    for (t, db) in [
+        (s.tenant.clone(), s.db.clone()),
+        (other_tenant.clone(), other_db),
+    ] {
+        let (e, args) = (s.engine.clone(), endless.clone());
+        slow.push(tokio::spawn(async move {
+            e.preflight(&t, "execute", &args, Duration::ZERO).await
+        }));
+        let mut tries = 0;
+        while !being_read(&db) {
+            tries += 1;
+            assert!(tries < 2_000, "never described");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // Both turns are taken: a sync call describes nothing and says so; nothing is planned.
+    let args = json!({ "sql": BATCH });
+    let answer = s.engine.withdraw(&s.tenant, "execute", &args);
+    assert!(is_busy(&answer, "describing other SQL"), "{answer:?}");
+    assert_eq!(s.engine.call_hash(&s.tenant, "execute", &args), None);
+    // An async one waits for a turn, and is described once one is free.
+    let answer = s
+        .engine
+        .preflight(&s.tenant, "execute", &args, Duration::ZERO)
+        .await;
+    assert!(
+        matches!(
+            answer,
+            Answer::Refused {
+                refusal: Refusal::Pending,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    for slow in slow {
+        let answer = slow.await.unwrap();
+        assert!(is_busy(&answer, "ran past 2 s"), "{answer:?}");
+    }
+    assert_eq!(s.engine.pending().len(), 1);
+    assert_eq!(s.engine.pending()[0].plan.target, "audit, users");
+}
