@@ -229,7 +229,13 @@ mod tests {
         let conn = raw(&store);
         assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
         assert_eq!(application_id(&conn).unwrap(), APPLICATION_ID);
-        for table in ["spent_nonce", "approval", "history", "tool_pin", "approval_grant"] {
+        for table in [
+            "spent_nonce",
+            "approval",
+            "history",
+            "tool_pin",
+            "approval_grant",
+        ] {
             let n: i64 = conn
                 .query_row(
                     "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1",
