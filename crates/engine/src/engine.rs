@@ -285,6 +285,9 @@ struct Connection {
     client_info: Value,
     server: String,
     tools: HashMap<String, Listed>,
+    /// This connection's one turn to describe SQL, taken before one of the desk's: one agent
+    /// holds at most one of [`preview::MAX_DESCRIBING`], and leaves the others to the rest.
+    own_turn: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Default)]
@@ -1073,6 +1076,7 @@ impl Engine {
                 client_info: Value::Null,
                 server,
                 tools: HashMap::new(),
+                own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
             },
         );
         tenant
@@ -1357,15 +1361,16 @@ impl Engine {
     }
 
     /// [`Self::plan_call`], by a caller that may hold a turn to describe SQL (`turn`); without
-    /// one, a call that needs describing takes a free turn or is answered busy.
+    /// one, a call that needs describing takes a free turn (its connection's and the desk's) or
+    /// is answered busy.
     fn plan_held(
         &self,
         tenant: &str,
         tool: &str,
         arguments: &Value,
-        turn: Option<&tokio::sync::OwnedSemaphorePermit>,
+        turn: Option<&preview::Turn>,
     ) -> Result<Call, Answer> {
-        let (rule, client_info, server) = {
+        let (rule, client_info, server, own_turn) = {
             let state = lock(&self.inner.state);
             let conn = state
                 .connections
@@ -1374,9 +1379,12 @@ impl Engine {
             match conn.tools.get(tool) {
                 // Recorded by the caller that refuses the call (a withdraw refuses nothing).
                 Some(listed) if !listed.pinned => return Err(refused(Refusal::ToolChanged)),
-                Some(Listed { rule, .. }) if rule.class.is_gated() => {
-                    (rule.clone(), conn.client_info.clone(), conn.server.clone())
-                }
+                Some(Listed { rule, .. }) if rule.class.is_gated() => (
+                    rule.clone(),
+                    conn.client_info.clone(),
+                    conn.server.clone(),
+                    Arc::clone(&conn.own_turn),
+                ),
                 Some(_) => {
                     let message = format!("`{tool}` is open: it needs no approval");
                     return Err(error(ErrorCode::UnknownTool, message));
@@ -1390,6 +1398,7 @@ impl Engine {
         let bad = |e: &dyn std::fmt::Display| error(ErrorCode::BadArguments, e.to_string());
         let (args, fields) = policy::split_confirm(arguments).map_err(|e| bad(&e))?;
         let plan = policy::plan(&rule, tool, &args).map_err(|e| bad(&e))?;
+        let turn = turn.ok_or(&own_turn);
         let plan = self.described(&server, tool, &rule, &args, plan, turn)?;
         let hash = plan.hash().map_err(|e| bad(&e))?;
         Ok(Call {

@@ -18,8 +18,10 @@
 //! its wait for a lock), so it never runs on the desk's async workers, where a few hostile calls
 //! would stall every other agent and the window. The async paths ([`Engine::preflight`] and the
 //! `*_aside` calls the sessions use) describe on the blocking pool, and at most
-//! [`MAX_DESCRIBING`] descriptions run at once across the desk: a call waits for its turn
-//! asynchronously up to [`TURN_WAIT`], then is answered busy. A description that stops for a
+//! [`MAX_DESCRIBING`] descriptions run at once across the desk, one per connection: a call waits
+//! for its connection's turn, then for one of the desk's, asynchronously and up to [`TURN_WAIT`]
+//! in all, then is answered busy. So an agent sending endless batches holds one of the desk's
+//! turns at most, and leaves the other to the rest. A description that stops for a
 //! reason of the moment (the time limit, a lock, an I/O error) is an error answer of the call,
 //! never part of a plan: see `countersign_builtin::rehearse` for what counts as a fact.
 
@@ -32,12 +34,18 @@ use countersign_core::policy::{DEFAULT_SUMMARY, ToolRule};
 use countersign_core::preview::Preview;
 use countersign_core::{Plan, PlanHash};
 use serde_json::{Map, Value};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{Answer, Call, Engine, ErrorCode, QueueChange, error, lock, now_ms};
 
-/// The most descriptions of SQL that run at once across the desk.
+/// The most descriptions of SQL that run at once across the desk (at most one per connection).
 pub const MAX_DESCRIBING: usize = 2;
+
+/// A turn to describe SQL: its connection's one and one of the desk's, held until dropped.
+pub(super) struct Turn {
+    _own: OwnedSemaphorePermit,
+    _desk: OwnedSemaphorePermit,
+}
 
 /// How long a call waits for a turn to be described before it is answered busy.
 pub const TURN_WAIT: Duration = Duration::from_secs(10);
@@ -106,8 +114,9 @@ fn no_turn() -> Answer {
 impl Engine {
     /// `plan` for a call of `tool` on `server`, with the built-in `execute` named by what its SQL
     /// writes (as SQLite reports it while preparing it, now): other calls are returned as they
-    /// are. `turn` is the caller's turn to describe; without one, a free turn is taken or the
-    /// call is answered busy. A description that stops for a reason of the moment is an error.
+    /// are. `turn` is the caller's turn to describe, or its connection's turns: a free one of
+    /// those and of the desk's is then taken, or the call is answered busy. A description that
+    /// stops for a reason of the moment is an error.
     pub(super) fn described(
         &self,
         server: &str,
@@ -115,18 +124,23 @@ impl Engine {
         rule: &ToolRule,
         args: &Map<String, Value>,
         plan: Plan,
-        turn: Option<&OwnedSemaphorePermit>,
+        turn: Result<&Turn, &Arc<Semaphore>>,
     ) -> Result<Plan, Answer> {
         let Some((db, sql)) = to_describe(server, tool, rule, args.get("sql")) else {
             return Ok(plan);
         };
         let _taken = match turn {
-            Some(_) => None,
-            None => Some(
-                Arc::clone(&self.inner.describing)
+            Ok(_) => None,
+            Err(own) => {
+                let own = Arc::clone(own).try_acquire_owned().map_err(|_| no_turn())?;
+                let desk = Arc::clone(&self.inner.describing)
                     .try_acquire_owned()
-                    .map_err(|_| no_turn())?,
-            ),
+                    .map_err(|_| no_turn())?;
+                Some(Turn {
+                    _own: own,
+                    _desk: desk,
+                })
+            }
         };
         let described = rehearse::rehearse(db, sql, Mode::Describe);
         if let Some(stopped) = described.transient() {
@@ -135,35 +149,37 @@ impl Engine {
         Ok(described_plan(rule, plan, &described))
     }
 
-    /// Whether planning this call of `tenant`'s describes SQL.
-    fn describes(&self, tenant: &str, tool: &str, arguments: &Value) -> bool {
+    /// The turns of `tenant`'s connection, if planning this call of its describes SQL.
+    fn describes(&self, tenant: &str, tool: &str, arguments: &Value) -> Option<Arc<Semaphore>> {
         let state = lock(&self.inner.state);
-        state
-            .connections
-            .get(tenant)
-            .and_then(|c| {
-                let listed = c.tools.get(tool)?;
-                to_describe(&c.server, tool, &listed.rule, arguments.get("sql"))?;
-                Some(())
-            })
-            .is_some()
+        state.connections.get(tenant).and_then(|c| {
+            let listed = c.tools.get(tool)?;
+            to_describe(&c.server, tool, &listed.rule, arguments.get("sql"))?;
+            Some(Arc::clone(&c.own_turn))
+        })
     }
 
-    /// Plans a call from async code: a call that describes SQL waits for a turn (asynchronously,
-    /// up to [`TURN_WAIT`]) and is described on the blocking pool, never on an async worker.
+    /// Plans a call from async code: a call that describes SQL waits for its connection's turn,
+    /// then for one of the desk's (asynchronously, up to [`TURN_WAIT`] in all), and is described
+    /// on the blocking pool, never on an async worker.
     pub(super) async fn plan_aside(
         &self,
         tenant: &str,
         tool: &str,
         arguments: &Value,
     ) -> Result<Call, Answer> {
-        if !self.describes(tenant, tool, arguments) {
+        let Some(own) = self.describes(tenant, tool, arguments) else {
             return self.plan_call(tenant, tool, arguments);
-        }
-        let waited = tokio::time::timeout(
-            TURN_WAIT,
-            Arc::clone(&self.inner.describing).acquire_owned(),
-        )
+        };
+        let desk = Arc::clone(&self.inner.describing);
+        let waited = tokio::time::timeout(TURN_WAIT, async move {
+            let own = own.acquire_owned().await?;
+            let desk = desk.acquire_owned().await?;
+            Ok::<_, tokio::sync::AcquireError>(Turn {
+                _own: own,
+                _desk: desk,
+            })
+        })
         .await;
         let Ok(Ok(turn)) = waited else {
             return Err(no_turn());

@@ -272,3 +272,73 @@ async fn with_every_turn_to_describe_taken_a_sync_call_is_busy_and_an_async_one_
     assert_eq!(s.engine.pending().len(), 1);
     assert_eq!(s.engine.pending()[0].plan.target, "audit, users");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_sending_endless_batches_holds_one_turn_so_another_is_described_at_once() {
+    // A batch that never ends on its own: describing it runs into the time limit.
+    let endless = json!({ "sql": "WITH RECURSIVE n(i) AS (SELECT count(*) FROM audit UNION ALL \
+                                  SELECT i + 1 FROM n) SELECT count(*) FROM n; DELETE FROM users" });
+    // Connection A on one database, connection B on another, one engine.
+    let (a, b) = (setup(), setup());
+    let b_tenant = a.engine.connect(format!("builtin:{}", b.db.display()));
+    a.engine
+        .register_tools(&b_tenant, countersign_builtin::definitions());
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    // A sends more endless batches at once than the desk describes at once (within the time a
+    // call waits for its turn, so each of them is described in the end).
+    for _ in 0..3 {
+        let (e, t, args, answers) = (
+            a.engine.clone(),
+            a.tenant.clone(),
+            endless.clone(),
+            answers.clone(),
+        );
+        tokio::spawn(async move {
+            let answer = e.preflight(&t, "execute", &args, Duration::ZERO).await;
+            answers.send(("A", answer)).unwrap();
+        });
+    }
+    let mut tries = 0;
+    while !being_read(&a.db) {
+        tries += 1;
+        assert!(tries < 2_000, "never described");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A's own sync call finds A's turn taken, and describes nothing.
+    let batch = json!({ "sql": BATCH });
+    let answer = a.engine.withdraw(&a.tenant, "execute", &batch);
+    assert!(is_busy(&answer, "describing other SQL"), "{answer:?}");
+    // B's batch (two statements: it is described, so it needs a turn) is planned and queued
+    // while A's are still being described: B's answer comes first, and is not busy.
+    let (e, t, answers_b) = (a.engine.clone(), b_tenant.clone(), answers.clone());
+    tokio::spawn(async move {
+        let answer = e.preflight(&t, "execute", &batch, Duration::ZERO).await;
+        answers_b.send(("B", answer)).unwrap();
+    });
+    drop(answers);
+    let (first, answer) = answered.recv().await.unwrap();
+    assert_eq!(first, "B", "{answer:?}");
+    assert!(
+        matches!(
+            answer,
+            Answer::Refused {
+                refusal: Refusal::Pending,
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
+    let pending = a.engine.pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].tenant, b_tenant);
+    assert_eq!(pending[0].plan.target, "audit, users");
+    // A's batches are each answered busy in the end, none of them a plan.
+    let mut from_a = 0;
+    while let Some((who, answer)) = answered.recv().await {
+        assert_eq!(who, "A");
+        assert!(is_busy(&answer, "ran past 2 s"), "{answer:?}");
+        from_a += 1;
+    }
+    assert_eq!(from_a, 3);
+    assert_eq!(a.engine.pending().len(), 1);
+}
