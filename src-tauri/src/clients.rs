@@ -29,7 +29,8 @@ use crate::commands::off_the_ui;
 use crate::view::{Shown, UiError, shown};
 
 /// In debug builds only: the home directory the desk looks for clients' configurations under,
-/// instead of the account's own (tests point it at a fake home).
+/// instead of the account's own (tests point it at a fake home). Absent from release builds.
+#[cfg(debug_assertions)]
 pub const CLIENTS_HOME_ENV: &str = "COUNTERSIGN_CLIENTS_HOME";
 
 /// The directories clients keep their configuration in, for this account.
