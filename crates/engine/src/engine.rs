@@ -270,6 +270,15 @@ impl Entry {
     fn is_waiting(&self) -> bool {
         self.decision.borrow().is_none()
     }
+
+    /// Whether this is the request of `tenant`'s call of `tool` planned to `hash`: the one key
+    /// by which a call re-attaches to, withdraws, finds or previews its request.
+    fn is_call(&self, tenant: &str, tool: &str, hash: PlanHash) -> bool {
+        !self.is_change()
+            && self.view.tenant == tenant
+            && self.view.plan.tool == tool
+            && self.view.plan_hash == hash
+    }
 }
 
 /// One tool as a connection's upstream listed it.
@@ -1493,12 +1502,10 @@ impl Engine {
         let (id, mut decision) = {
             let mut state = lock(&self.inner.state);
             Self::sweep(&mut state, now, ttl);
-            let existing = state.requests.iter().find(|(_, e)| {
-                !e.is_change()
-                    && e.view.tenant == tenant
-                    && e.view.plan.tool == tool
-                    && e.view.plan_hash == hash
-            });
+            let existing = state
+                .requests
+                .iter()
+                .find(|(_, e)| e.is_call(tenant, tool, hash));
             match existing {
                 Some((id, entry)) => (*id, entry.decision.subscribe()),
                 None => {
@@ -1592,13 +1599,7 @@ impl Engine {
         let found = state
             .requests
             .iter()
-            .find(|(_, e)| {
-                !e.is_change()
-                    && e.view.tenant == tenant
-                    && e.view.plan.tool == tool
-                    && e.view.plan_hash == hash
-                    && e.decision.borrow().is_none()
-            })
+            .find(|(_, e)| e.is_call(tenant, tool, hash) && e.decision.borrow().is_none())
             .map(|(id, _)| *id);
         if let Some(id) = found {
             state.requests.remove(&id);
@@ -1635,12 +1636,7 @@ impl Engine {
         let id = state
             .requests
             .iter()
-            .find(|(_, e)| {
-                !e.is_change()
-                    && e.view.tenant == tenant
-                    && e.view.plan.tool == tool
-                    && e.view.plan_hash == hash
-            })
+            .find(|(_, e)| e.is_call(tenant, tool, hash))
             .map(|(id, _)| *id);
         Some((hash, id))
     }

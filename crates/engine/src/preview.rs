@@ -274,13 +274,7 @@ impl Engine {
             let found = state
                 .requests
                 .iter_mut()
-                .find(|(_, e)| {
-                    !e.is_change()
-                        && e.is_waiting()
-                        && e.view.tenant == tenant
-                        && e.view.plan.tool == tool
-                        && e.view.plan_hash == plan_hash
-                })
+                .find(|(_, e)| e.is_call(tenant, tool, plan_hash) && e.is_waiting())
                 .map(|(id, e)| (*id, e));
             let Some((id, entry)) = found else {
                 return false;
@@ -318,13 +312,10 @@ impl Engine {
     /// the one time a preview of it is worth making.
     pub fn awaits_preview(&self, tenant: &str, tool: &str, plan_hash: PlanHash) -> bool {
         lock(&self.inner.state).requests.values().any(|e| {
-            !e.is_change()
+            e.is_call(tenant, tool, plan_hash)
                 && e.is_waiting()
                 && !e.approving
                 && e.view.preview.is_none()
-                && e.view.tenant == tenant
-                && e.view.plan.tool == tool
-                && e.view.plan_hash == plan_hash
         })
     }
 }
