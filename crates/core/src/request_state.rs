@@ -8,9 +8,15 @@
 //! `csr1.<payload>`, under a key derived from the signing secret for this one purpose (never the
 //! token key itself). Like tokens, it is signed, not encrypted (nothing in it is secret), and it
 //! has one spelling: exact base64url, an exact tag length checked in constant time before the
-//! claims are parsed, claims of exact types with no unknown or duplicate fields. Expiry is checked
-//! here with time passed in; binding (tenant, tool, plan, request) and single use are the
-//! caller's, which knows the call the state comes back with.
+//! claims are parsed, claims of exact types with no unknown or duplicate fields.
+//!
+//! The chain a retry goes through lives here too, beside the token's ([`crate::verify`]), in the
+//! same spirit: cheapest and most definite first, time passed in. [`check`] opens the state
+//! (signature, expiry) and checks who sends it back (tenant, tool) and that it was not used
+//! before; only then may the caller spend the work of planning the call, and
+//! [`Opened::continues`] checks the plan and the queued request. Nothing else hands out a
+//! [`Continued`], which is what using the state up takes: a caller that forgets a binding has
+//! nothing to spend.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -18,6 +24,7 @@ use hmac::Mac;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::PlanHash;
+use crate::refusal::Refusal;
 use crate::token::{Nonce, SigningKey};
 
 /// The version prefix of every state this module seals.
@@ -123,6 +130,153 @@ pub fn open(key: &SigningKey, text: &str, now_ms: u64) -> Result<StateClaims, St
     Ok(claims)
 }
 
+/// Why a retry's `requestState` was refused: each maps to a refusal code of the chain and says
+/// the next move. Nothing of a refused state is trusted and nothing runs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateRefusal {
+    /// Its lifetime is over (`expired`).
+    #[error("the requestState has expired")]
+    Expired,
+    /// Not sealed by this desk's current key as it is (`bad_token`).
+    #[error("the requestState is not one this desk sealed: {0}")]
+    NotOurs(StateError),
+    /// Given to another connection (`wrong_tenant`).
+    #[error("the requestState was given to another agent session")]
+    WrongTenant,
+    /// It continues a call of another tool (`wrong_tool`).
+    #[error("the requestState continues a call of another tool")]
+    WrongTool,
+    /// Used before: each state works once (`already_used`).
+    #[error("the requestState was used before")]
+    Used,
+    /// The arguments differ from those of the request it continues (`plan_changed`).
+    #[error("the arguments differ from those of the request the requestState continues")]
+    PlanChanged,
+    /// The request it continues no longer waits (`expired`).
+    #[error("the request the requestState continues is no longer queued")]
+    RequestGone,
+}
+
+const AGAIN: &str =
+    "Next: call the tool again without requestState; the desk asks the person anew.";
+
+impl StateRefusal {
+    /// The refusal code of the chain this amounts to.
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            StateRefusal::Expired | StateRefusal::RequestGone => Refusal::Expired,
+            StateRefusal::NotOurs(_) => Refusal::BadToken,
+            StateRefusal::WrongTenant => Refusal::WrongTenant,
+            StateRefusal::WrongTool => Refusal::WrongTool,
+            StateRefusal::Used => Refusal::AlreadyUsed,
+            StateRefusal::PlanChanged => Refusal::PlanChanged,
+        }
+    }
+
+    /// What the agent is told: why, and the next move.
+    pub fn message(&self) -> String {
+        let why = match self {
+            StateRefusal::Expired => format!("the requestState has expired. {AGAIN}"),
+            StateRefusal::NotOurs(e) => format!(
+                "the requestState is not one this Countersign desk sealed ({e}). Do not retry \
+                 with it. {AGAIN}"
+            ),
+            StateRefusal::WrongTenant => {
+                format!("this requestState was given to another agent session. {AGAIN}")
+            }
+            StateRefusal::WrongTool => {
+                format!("this requestState continues a call of another tool. {AGAIN}")
+            }
+            StateRefusal::Used => "this requestState was used before: each works once, and the \
+                retry it answered got a new one or the call's result. Next: retry with the \
+                newest requestState, or call the tool again without one."
+                .to_owned(),
+            StateRefusal::PlanChanged => "the arguments differ from those of the request this \
+                requestState continues, which is what the person reads. Next: retry with the \
+                arguments unchanged, or call the tool again without requestState to ask for the \
+                new ones."
+                .to_owned(),
+            StateRefusal::RequestGone => format!(
+                "the request this requestState continues is no longer in the Countersign desk \
+                 (withdrawn, decided and collected, or expired). {AGAIN}"
+            ),
+        };
+        format!("Refused: {why} Nothing was executed.")
+    }
+}
+
+/// Who sends a state back: the connection the desk assigned and the tool called. Every field is
+/// required.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry<'a> {
+    /// The connection the retry arrived on.
+    pub tenant: &'a str,
+    /// The tool it calls.
+    pub tool: &'a str,
+}
+
+/// A state that opened and belongs to its retry; the plan and request are still to be checked.
+#[derive(Debug)]
+#[must_use = "a state is usable only once `continues` checked the plan and the request"]
+pub struct Opened(StateClaims);
+
+/// A state checked against every binding: the only thing a state is used up with.
+#[derive(Debug)]
+pub struct Continued(StateClaims);
+
+impl Continued {
+    /// Its claims.
+    pub fn claims(&self) -> &StateClaims {
+        &self.0
+    }
+}
+
+/// The first half of the chain, before the call is planned: signature and expiry at `now_ms`,
+/// tenant, tool, and whether the state was `used` before.
+pub fn check(
+    key: &SigningKey,
+    text: &str,
+    retry: &Retry<'_>,
+    now_ms: u64,
+    used: impl FnOnce(&Nonce) -> bool,
+) -> Result<Opened, StateRefusal> {
+    let claims = match open(key, text, now_ms) {
+        Ok(claims) => claims,
+        Err(StateError::Expired) => return Err(StateRefusal::Expired),
+        Err(e) => return Err(StateRefusal::NotOurs(e)),
+    };
+    if claims.tenant != retry.tenant {
+        return Err(StateRefusal::WrongTenant);
+    }
+    if claims.tool != retry.tool {
+        return Err(StateRefusal::WrongTool);
+    }
+    if used(&claims.nonce) {
+        return Err(StateRefusal::Used);
+    }
+    Ok(Opened(claims))
+}
+
+impl Opened {
+    /// Its claims (the round it is on, for the answer).
+    pub fn claims(&self) -> &StateClaims {
+        &self.0
+    }
+
+    /// The second half: the retry's arguments plan to `plan`, and the call's request in the queue
+    /// now is `queued` (`None`: none waits).
+    pub fn continues(self, plan: PlanHash, queued: Option<u64>) -> Result<Continued, StateRefusal> {
+        if plan != self.0.plan {
+            return Err(StateRefusal::PlanChanged);
+        }
+        if queued != Some(self.0.request) {
+            return Err(StateRefusal::RequestGone);
+        }
+        Ok(Continued(self.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +378,91 @@ mod tests {
         ] {
             let state = sign_raw(&key(), &payload);
             assert_eq!(open(&key(), &state, 0), Err(StateError::BadClaims));
+        }
+    }
+
+    fn retry() -> Retry<'static> {
+        Retry {
+            tenant: "conn-1",
+            tool: "execute",
+        }
+    }
+
+    #[test]
+    fn the_chain_refuses_another_tenant_another_tool_and_a_used_state_before_any_planning() {
+        let state = seal(&key(), &claims());
+        let other_tenant = Retry {
+            tenant: "conn-2",
+            ..retry()
+        };
+        let other_tool = Retry {
+            tool: "delete_backup",
+            ..retry()
+        };
+        let refused = |r: Result<Opened, StateRefusal>| r.map(|_| ()).unwrap_err();
+        assert_eq!(
+            refused(check(&key(), &state, &other_tenant, 0, |_| false)),
+            StateRefusal::WrongTenant
+        );
+        assert_eq!(
+            refused(check(&key(), &state, &other_tool, 0, |_| false)),
+            StateRefusal::WrongTool
+        );
+        assert_eq!(
+            refused(check(&key(), &state, &retry(), 0, |_| true)),
+            StateRefusal::Used
+        );
+        assert_eq!(
+            refused(check(&key(), &state, &retry(), 10_000, |_| false)),
+            StateRefusal::Expired
+        );
+        assert_eq!(
+            refused(check(&key(), "csr1.x.y", &retry(), 0, |_| false)),
+            StateRefusal::NotOurs(StateError::Malformed)
+        );
+    }
+
+    #[test]
+    fn a_state_continues_only_its_own_plan_and_queued_request() {
+        let state = seal(&key(), &claims());
+        let opened = || check(&key(), &state, &retry(), 0, |_| false).unwrap();
+        assert_eq!(
+            opened()
+                .continues(PlanHash::from_bytes([1; 32]), Some(7))
+                .unwrap_err(),
+            StateRefusal::PlanChanged
+        );
+        assert_eq!(
+            opened()
+                .continues(PlanHash::from_bytes([9; 32]), Some(8))
+                .unwrap_err(),
+            StateRefusal::RequestGone
+        );
+        assert_eq!(
+            opened()
+                .continues(PlanHash::from_bytes([9; 32]), None)
+                .unwrap_err(),
+            StateRefusal::RequestGone
+        );
+        let continued = opened()
+            .continues(PlanHash::from_bytes([9; 32]), Some(7))
+            .unwrap();
+        assert_eq!(continued.claims(), &claims());
+    }
+
+    #[test]
+    fn every_state_refusal_says_nothing_ran_and_maps_to_a_chain_code() {
+        for r in [
+            StateRefusal::Expired,
+            StateRefusal::NotOurs(StateError::BadSignature),
+            StateRefusal::WrongTenant,
+            StateRefusal::WrongTool,
+            StateRefusal::Used,
+            StateRefusal::PlanChanged,
+            StateRefusal::RequestGone,
+        ] {
+            assert!(r.message().contains("Nothing was executed."), "{r:?}");
+            assert_ne!(r.refusal(), Refusal::Pending);
         }
     }
 }

@@ -16,6 +16,16 @@ use countersign_core::PlanHash;
 use countersign_core::canonical;
 use serde::Serialize;
 use serde_json::{Map, Value};
+use tokio::sync::watch;
+
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::{GateClass, Plan, render};
+use countersign_store::ToolPin;
+
+use crate::approve::ApproveError;
+use crate::authority::{Engine, lock};
+use crate::queue::{PendingRequest, QueueChange, Removal};
+use crate::state::{Decision, Entry, State};
 
 /// The most changes waiting for a person at once. Changes do not count against an agent's
 /// pending requests, and are capped on their own.
@@ -221,6 +231,263 @@ pub(crate) fn tool_summary(tool: &str, before: &str, after: &str) -> String {
             "The tool `{tool}` changed its {} since the desk pinned it",
             differing.join(", ")
         )
+    }
+}
+
+/// Why a desk without a window denies every proposed change.
+const NO_WINDOW_FOR_CHANGES: &str = "the Countersign desk is running without a window (no \
+display), so nobody can review this change. Nothing was changed. Open the desk in a desktop \
+session (`countersign desk`) and propose it again.";
+
+impl Engine {
+    /// Queues `change` for the person and waits for their decision. The same change (kind,
+    /// subject and new text) proposed again while one waits re-attaches to it, so both callers
+    /// get the one decision. Approving it mints nothing: it needs no signing key and no typed
+    /// target, only the approve delay. The caller applies an approved change itself.
+    ///
+    /// Denied at once, with a note saying why, when the desk has no window (nobody could decide
+    /// it) or [`MAX_PENDING_CHANGES`] changes already wait. A change whose caller stops waiting
+    /// stays queued until it is decided or [withdrawn](Self::withdraw_change).
+    pub async fn propose(&self, change: Change) -> ChangeDecision {
+        let queued = {
+            let mut state = lock(&self.inner.state);
+            self.queue_change(&mut state, change, None)
+        };
+        let mut decision = match queued {
+            Ok((decision, added)) => {
+                if let Some(view) = added {
+                    self.publish(QueueChange::Added {
+                        request: Box::new(view),
+                    });
+                }
+                decision
+            }
+            Err(refused) => return refused,
+        };
+        let decided = decision
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|d| d.clone());
+        match decided {
+            Some(Decision::Changed) => ChangeDecision::Approved,
+            Some(Decision::Denied { note }) => ChangeDecision::Denied { note },
+            // The entry left the queue undecided.
+            _ => ChangeDecision::Withdrawn,
+        }
+    }
+
+    /// Records a change to the desk that took effect without a click, because none was needed:
+    /// a new server name (it reaches no existing secret), or the person's own edit in the
+    /// settings view. History shows it as `changed`, like an approved change, with `note` saying
+    /// why no click was asked. Never pass a secret.
+    pub fn record_change(&self, kind: ChangeKind, subject: &str, note: Option<String>) {
+        self.record(ConfirmEvent {
+            at_ms: self.now(),
+            kind: EventKind::Changed,
+            tool: format!("change:{}", kind.code()),
+            target: Some(subject.to_owned()),
+            tenant: String::new(),
+            nonce: None,
+            plan: None,
+            note,
+        });
+    }
+
+    /// Withdraws the waiting changes of `kind` to `subject` (e.g. the registry file changed
+    /// again, so what was proposed is no longer what would apply): whoever waits on one gets
+    /// [`ChangeDecision::Withdrawn`].
+    pub fn withdraw_change(&self, kind: ChangeKind, subject: &str) {
+        let subject = cut(subject.to_owned(), MAX_CHANGE_LABEL_CHARS);
+        let mut state = lock(&self.inner.state);
+        let ids: Vec<u64> = state
+            .requests
+            .iter()
+            .filter(|(_, e)| e.is_waiting() && !e.approving)
+            .filter(|(_, e)| {
+                e.view
+                    .change
+                    .as_ref()
+                    .is_some_and(|c| c.kind == kind && c.subject == subject)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            state.requests.remove(id);
+        }
+        drop(state);
+        for id in ids {
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Withdrawn,
+            });
+        }
+    }
+
+    /// Queues `change` (or finds the same one waiting). `repin`: for a tool, the pin approving
+    /// it puts in force. The receiver sees the decision; the view is `Some` when the change is
+    /// new, for the caller to publish once the lock is released.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn queue_change(
+        &self,
+        state: &mut State,
+        change: Change,
+        repin: Option<ToolPin>,
+    ) -> Result<(watch::Receiver<Option<Decision>>, Option<PendingRequest>), ChangeDecision> {
+        let change = change.bounded();
+        if !self.inner.config.window {
+            return Err(ChangeDecision::Denied {
+                note: Some(NO_WINDOW_FOR_CHANGES.to_owned()),
+            });
+        }
+        let same = state.requests.values().find(|e| {
+            e.is_waiting()
+                && e.view.change.as_ref().is_some_and(|c| {
+                    c.kind == change.kind && c.subject == change.subject && c.after == change.after
+                })
+        });
+        if let Some(entry) = same {
+            return Ok((entry.decision.subscribe(), None));
+        }
+        let (waiting, tools) = state
+            .requests
+            .values()
+            .filter(|e| e.is_waiting())
+            .filter_map(|e| e.view.change.as_ref())
+            .fold((0, 0), |(all, tools), c| {
+                (all + 1, tools + usize::from(c.kind == ChangeKind::Tool))
+            });
+        if change.kind == ChangeKind::Tool && tools >= MAX_PENDING_TOOL_CHANGES {
+            tracing::warn!(target: "desk", subject = %change.subject, "tool change not queued: {tools} tool changes already wait");
+            return Err(ChangeDecision::Denied {
+                note: Some(format!(
+                    "{tools} tool changes already wait for the person at the Countersign desk, \
+                     the most it queues (the rest is kept for changes to servers and policy). \
+                     The tool stays held back; it is proposed again at its next listing."
+                )),
+            });
+        }
+        if waiting >= MAX_PENDING_CHANGES {
+            tracing::warn!(target: "desk", kind = change.kind.code(), subject = %change.subject, "change not queued: {waiting} changes already wait");
+            return Err(ChangeDecision::Denied {
+                note: Some(format!(
+                    "{waiting} changes already wait for the person at the Countersign desk, the \
+                     most it queues. Nothing was changed. Propose this again once they have \
+                     decided some."
+                )),
+            });
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let action = match (&change.before, &change.after) {
+            (None, _) => "add",
+            (_, None) => "remove",
+            _ => "change",
+        };
+        // What names the change where a plan is expected (history, notifications): nothing is
+        // ever minted for it.
+        let plan = Plan {
+            tool: format!("change:{}", change.kind.code()),
+            target: change.subject.clone(),
+            action: action.to_owned(),
+            summary: change.summary.clone(),
+            details: serde_json::json!({ "origin": change.origin }),
+            reversible: true,
+        };
+        let plan_hash = plan.hash().unwrap_or(PlanHash::from_bytes([0; 32]));
+        let view = PendingRequest {
+            id,
+            tenant: String::new(),
+            client_info: Value::Null,
+            server: repin.as_ref().map(|p| p.server.clone()).unwrap_or_default(),
+            text: render::plan_text(&plan),
+            plan,
+            plan_hash,
+            class: GateClass::Once,
+            type_target: false,
+            token_ttl_ms: 0,
+            arrived_at_ms: self.now(),
+            change: Some(change),
+            why: String::new(),
+            preview: None,
+        };
+        let (sender, receiver) = watch::channel(None);
+        state.requests.insert(
+            id,
+            Entry {
+                view: view.clone(),
+                arguments: Map::new(),
+                decision: sender,
+                approving: false,
+                repin,
+            },
+        );
+        Ok((receiver, Some(view)))
+    }
+
+    /// A person approved change request `id`: for a tool, its new definition is pinned (and
+    /// calls of it pass from now on, on every connection that lists it); whoever proposed it is
+    /// told. Nothing is minted.
+    pub(crate) fn approve_change(&self, id: u64) -> Result<(), ApproveError> {
+        let now = self.now();
+        let (view, repin) = {
+            let mut state = lock(&self.inner.state);
+            let entry = state
+                .requests
+                .get_mut(&id)
+                .filter(|e| e.is_waiting() && !e.approving && e.is_change())
+                .ok_or(ApproveError::NotPending)?;
+            let wait_ms = self.approve_wait_ms(entry.view.arrived_at_ms, now);
+            if wait_ms > 0 {
+                return Err(ApproveError::TooSoon { wait_ms });
+            }
+            entry.approving = true;
+            (entry.view.clone(), entry.repin.clone())
+        };
+        if let Some(pin) = &repin {
+            let pin = ToolPin {
+                pinned_at_ms: now,
+                ..pin.clone()
+            };
+            if let Err(e) = lock(&self.inner.store).repin(&pin) {
+                if let Some(entry) = lock(&self.inner.state).requests.get_mut(&id) {
+                    entry.approving = false;
+                }
+                return Err(ApproveError::Store(e.to_string()));
+            }
+        }
+        {
+            let mut state = lock(&self.inner.state);
+            let entry = state.requests.remove(&id).ok_or(ApproveError::NotPending)?;
+            entry.decision.send_replace(Some(Decision::Changed));
+            if let Some(pin) = &repin {
+                // The pin changed for every connection of this server: what each lists is
+                // compared with the new one (a connection still listing the old definition is
+                // held back now).
+                for conn in state.connections.values_mut() {
+                    if conn.server == pin.server
+                        && let Some(listed) = conn.tools.get_mut(&pin.tool)
+                    {
+                        listed.pinned = listed.hash == pin.hash;
+                    }
+                }
+            }
+        }
+        self.record(ConfirmEvent {
+            at_ms: now,
+            kind: EventKind::Changed,
+            tool: view.plan.tool.clone(),
+            target: Some(view.plan.target.clone()),
+            tenant: String::new(),
+            nonce: None,
+            plan: None,
+            note: None,
+        });
+        self.publish(QueueChange::Removed {
+            id,
+            reason: Removal::Approved,
+        });
+        Ok(())
     }
 }
 

@@ -6,27 +6,60 @@
 //! the ledger spend and history. Two kinds of callers use it: the window ([`Engine::pending`],
 //! [`Engine::approve`], [`Engine::deny`], [`Engine::subscribe`]) and the desk's MCP sessions
 //! (crates/session: [`Engine::connect`], [`Engine::register_tools`], [`Engine::open_call`],
-//! [`Engine::preflight`], [`Engine::confirm`], [`Engine::outcome`]). Nothing here speaks MCP or touches a socket, and no
-//! session call approves or denies. Requests to change the desk itself (a server, the policy, a
-//! tool whose definition differs from its pin) wait in the same queue: [`Engine::propose`].
+//! [`Engine::preflight`], [`Engine::confirm`], [`Engine::outcome`]). Nothing here speaks MCP or
+//! touches a socket, and no session call approves or denies. Requests to change the desk itself
+//! (a server, the policy, a tool whose definition differs from its pin) wait in the same queue:
+//! [`Engine::propose`].
+//!
+//! One room per concern, each adding the methods of its concern to [`Engine`]:
+//!
+//! | room | what it decides |
+//! | --- | --- |
+//! | [`authority`] | the engine value, its clock, history writes, queue events |
+//! | `config`, [`clock`], `settings` | how it is set up; time; what may change while it runs |
+//! | `state` | what it keeps in memory (the queue's entries, connections) |
+//! | `listing` | connections, their tools' classes, pins against changed definitions |
+//! | `planning` | a gated call turned into the plan a person approves |
+//! | `describing` | the built-in `execute` named by what it writes; previews on waiting requests |
+//! | `queue` | preflights waiting for a person, re-attaching, withdrawing |
+//! | `approve` | approve (the only place a token is minted) and deny |
+//! | `confirm` | the verification chain, the ledger spend, outcomes |
+//! | `change` | requests to change the desk itself |
+//! | `rounds` | the 2026-07-28 flow's `requestState` |
+//! | `grants` | a person's approval widened to later matching calls |
 #![deny(missing_docs)]
 
 mod answer;
+mod approve;
+pub mod authority;
 mod change;
-mod engine;
+pub mod clock;
+mod config;
+mod confirm;
+mod describing;
+mod grants;
+mod listing;
+mod planning;
+mod queue;
+mod rounds;
+mod settings;
+mod state;
 
 pub use answer::{Answer, ErrorCode, ToolDecision};
+pub use approve::ApproveError;
+pub use authority::Engine;
 pub use change::{
     Change, ChangeDecision, ChangeKind, MAX_CHANGE_LABEL_CHARS, MAX_CHANGE_TEXT_CHARS,
     MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, PINNED_FIELDS,
 };
-pub use engine::grant::{
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, EngineConfig, EngineError};
+pub use describing::builtin_db;
+pub use grants::{
     GrantError, GrantOffer, MAX_GRANT_MINUTES, MAX_LIVE_GRANTS, MIN_PREFIX_SEGMENTS, PathError,
     Widening,
 };
-pub use engine::preview::builtin_db;
-pub use engine::{
-    ApproveError, DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, Engine, EngineConfig,
-    EngineError, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, MAX_SPENT_STATES,
-    PendingRequest, QueueChange, Removal,
+pub use queue::{
+    HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, PendingRequest, QueueChange, Removal,
 };
+pub use rounds::{MAX_SPENT_STATES, Resumed};

@@ -3,6 +3,8 @@
 //! same click (and delay), mints nothing; a tool whose definition differs from its pin is
 //! refused `tool_changed`, open or gated, until the person accepts the change.
 
+mod support;
+
 use std::time::Duration;
 
 use countersign_core::Refusal;
@@ -358,9 +360,7 @@ async fn the_same_change_proposed_again_reattaches_to_the_waiting_one() {
         let engine = d.engine.clone();
         async move { engine.propose(server_change("command = \"other\"")).await }
     });
-    while changes(&d.engine).len() < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until(&d.engine, || changes(&d.engine).len() >= 2).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let waiting = changes(&d.engine);
     assert_eq!(waiting.len(), 2, "{waiting:?}");
@@ -386,9 +386,7 @@ async fn a_change_needs_no_key_and_mints_nothing_but_waits_out_the_delay() {
         let engine = engine.clone();
         async move { engine.propose(server_change("command = \"new\"")).await }
     });
-    while changes(&engine).is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until(&engine, || !changes(&engine).is_empty()).await;
     let request = only_change(&engine);
     assert!(!request.type_target, "a change never needs a typed target");
     assert!(matches!(
@@ -414,9 +412,7 @@ async fn a_denied_change_tells_the_proposer_with_the_note() {
         let engine = d.engine.clone();
         async move { engine.propose(server_change("command = \"new\"")).await }
     });
-    while changes(&d.engine).is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until(&d.engine, || !changes(&d.engine).is_empty()).await;
     d.engine
         .deny(only_change(&d.engine).id, Some("not that binary"))
         .unwrap();
@@ -438,9 +434,10 @@ async fn changes_are_capped_on_their_own_and_never_count_against_an_agent() {
             engine.propose(server_change(&format!("n = {n}"))).await
         }));
     }
-    while changes(&d.engine).len() < MAX_PENDING_CHANGES {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until(&d.engine, || {
+        changes(&d.engine).len() >= MAX_PENDING_CHANGES
+    })
+    .await;
     match d.engine.propose(server_change("one too many")).await {
         ChangeDecision::Denied { note: Some(note) } => {
             assert!(note.contains("already wait"), "{note}")
@@ -572,9 +569,10 @@ async fn an_upstreams_tool_changes_never_crowd_out_the_persons_own_changes() {
     // A change to a server still queues.
     let engine = d.engine.clone();
     let proposal = tokio::spawn(async move { engine.propose(server_change("x")).await });
-    while changes(&d.engine).len() < MAX_PENDING_TOOL_CHANGES + 1 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until(&d.engine, || {
+        changes(&d.engine).len() > MAX_PENDING_TOOL_CHANGES
+    })
+    .await;
     d.engine.withdraw_change(ChangeKind::Server, "github");
     assert_eq!(proposal.await.unwrap(), ChangeDecision::Withdrawn);
 }

@@ -1,17 +1,22 @@
 //! The engine's queue and request handlers, driven as the window and a gateway would drive them,
 //! on a real SQLite file. Approval happens only through `Engine::approve`, as a click would.
 
+mod support;
+
 use std::time::Duration;
 
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
 use countersign_engine::{Answer, ErrorCode};
-use countersign_engine::{ApproveError, Engine, EngineConfig, QueueChange, Removal};
+use countersign_engine::{ApproveError, Engine, EngineConfig, ManualClock, QueueChange, Removal};
 use countersign_store::HistoryFilter;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 struct Desk {
     engine: Engine,
+    /// The engine's time: tests move it instead of sleeping.
+    clock: ManualClock,
     path: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -22,7 +27,10 @@ fn desk_with(ttl_ms: u64, key: Result<SigningKey, String>) -> Desk {
     config.token_ttl_ms = ttl_ms;
     // Approvals below the window, right after the preflight: no person's delay to wait out.
     config.approve_delay_ms = 0;
+    let clock = ManualClock::starting_now();
+    config.clock = Arc::new(clock.clone());
     Desk {
+        clock,
         path: config.store_path.clone(),
         engine: Engine::new(config, key).unwrap(),
         _dir: dir,
@@ -366,7 +374,7 @@ async fn expired_token_is_refused() {
     let tenant = connect(&d.engine);
     let args = json!({"sql": "x"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    d.clock.advance(200);
     assert_eq!(
         refusal(
             &d.engine
@@ -521,6 +529,8 @@ async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.approve_delay_ms = 400;
+    let clock = ManualClock::starting_now();
+    config.clock = Arc::new(clock.clone());
     let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
     let tenant = connect(&engine);
     let args = json!({"sql": "DELETE FROM t"});
@@ -528,14 +538,12 @@ async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
         let (engine, tenant, args) = (engine.clone(), tenant.clone(), args.clone());
         tokio::spawn(async move { engine.preflight(&tenant, "execute", &args, WAIT).await })
     };
-    while engine.pending().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until(&engine, || !engine.pending().is_empty()).await;
     let id = engine.pending()[0].id;
     assert!(
         matches!(engine.approve(id, None), Err(ApproveError::TooSoon { wait_ms }) if wait_ms > 0 && wait_ms <= 400)
     );
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    clock.advance(450);
     // The window came forward again: what is on screen may have changed under the pointer.
     engine.hold_approvals();
     assert!(matches!(
@@ -547,7 +555,12 @@ async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
         1,
         "a refused approve leaves it pending"
     );
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    clock.advance(399);
+    assert!(matches!(
+        engine.approve(id, None),
+        Err(ApproveError::TooSoon { wait_ms: 1 })
+    ));
+    clock.advance(1);
     assert_eq!(engine.approve(id, None), Ok(()));
     assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
 }

@@ -5,14 +5,20 @@ use std::time::Duration;
 
 use countersign_core::preview::{self, Preview, Unavailable};
 use countersign_core::token::SigningKey;
-use countersign_engine::{Answer, ApproveError, Engine, EngineConfig, QueueChange};
+use countersign_engine::{Answer, ApproveError, Engine, EngineConfig, ManualClock, QueueChange};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(5);
 
 fn engine(dir: &tempfile::TempDir, delay_ms: u64) -> Engine {
+    engine_at(dir, delay_ms, ManualClock::starting_now())
+}
+
+/// An engine whose time is `clock`'s: the test moves it instead of sleeping.
+fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engine {
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.approve_delay_ms = delay_ms;
+    config.clock = std::sync::Arc::new(clock);
     Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap()
 }
 
@@ -104,18 +110,24 @@ async fn a_preview_lands_only_on_the_request_of_its_own_call() {
 #[tokio::test]
 async fn a_preview_that_changes_what_is_shown_re_arms_the_approve_delay() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir, 600);
+    let clock = ManualClock::starting_now();
+    let engine = engine_at(&dir, 600, clock.clone());
     let tenant = files(&engine, "fs");
     let args = json!({"path": "/a.txt", "content": "x"});
     let (waiting, request) = queued(&engine, &tenant, "write_file", args).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    clock.advance(700);
     let p = Preview::unavailable(Unavailable::TimeLimit, "slow");
     assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, p));
     assert!(matches!(
         engine.approve(request.id, Some("/a.txt")),
         Err(ApproveError::TooSoon { .. })
     ));
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    clock.advance(599);
+    assert!(matches!(
+        engine.approve(request.id, Some("/a.txt")),
+        Err(ApproveError::TooSoon { wait_ms: 1 })
+    ));
+    clock.advance(1);
     engine.approve(request.id, Some("/a.txt")).unwrap();
     assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
 }

@@ -8,9 +8,9 @@
 //! opening it approves nothing), and a `requestState` the engine seals (see
 //! `countersign_core::request_state`) binding this connection, the tool, the plan hash, the
 //! request's id and an expiry. The client retries the same call with that state (and the
-//! elicitation's answer). The retry is checked here (the state is the desk's own, for this
-//! connection, tool and plan, for the request still queued, and used once), then waits for the
-//! person like a preflight; an approval is taken straight into the engine's confirm (the verify
+//! elicitation's answer). The engine checks the retry (the state is the desk's own, for this
+//! connection, tool and plan, for the request still queued, and used once: the chain lives in
+//! `countersign_core::request_state`), then it waits for the person like a preflight; an approval is taken straight into the engine's confirm (the verify
 //! chain, the ledger spend, the approved arguments, history) and the tool's real result is the
 //! answer. Still waiting: `input_required` again with a fresh state (a bounded number of times,
 //! then `pending`); denied: the refusal with the person's note; declined or cancelled at the
@@ -19,12 +19,10 @@
 //! Every other agent keeps the preflight/confirm text flow; a `requestState` from an agent on an
 //! older revision, or beside confirm fields, is refused and nothing runs.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use countersign_core::Nonce;
 use countersign_core::PlanHash;
 use countersign_core::policy::CONFIRM_ARGUMENTS;
-use countersign_core::request_state::{StateClaims, StateError};
+use countersign_core::request_state::StateRefusal;
+use countersign_engine::Resumed;
 use countersign_wire::request_url;
 
 use super::*;
@@ -35,12 +33,6 @@ const ASK: &str = "countersign_desk";
 /// How many times one call is answered `input_required` before it is answered `pending` (the
 /// request stays queued: calling again re-attaches to it).
 const MAX_ROUNDS: u32 = 8;
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// Whether the agent speaks 2026-07-28 on this request and said it handles URL elicitations.
 fn offers_url_elicitation(context: &RequestContext<RoleServer>) -> bool {
@@ -135,88 +127,36 @@ impl Session {
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let tool = request.name.as_ref();
-        let again =
-            "Next: call the tool again without requestState; the desk asks the person anew.";
-        let claims = match self.engine.open_request_state(state) {
-            Err(why) => {
+        let round = match self
+            .engine
+            .resume_round(&self.tenant, tool, arguments, state)
+            .await
+        {
+            Resumed::Continue { round } => round,
+            Resumed::Refused(refusal) => {
+                if let StateRefusal::NotOurs(e) = &refusal {
+                    tracing::warn!(target: "session", tool = %tool, "refused a requestState: {e}");
+                }
+                return Ok(complete(self::refusal(
+                    refusal.refusal(),
+                    &refusal.message(),
+                )));
+            }
+            Resumed::NoSecret(why) => {
                 let answer = Answer::Error {
                     code: ErrorCode::NoSecret,
                     message: why,
                 };
                 return Ok(complete(from_desk(answer)));
             }
-            Ok(Err(StateError::Expired)) => {
-                return Ok(state_refused(
-                    Refusal::Expired,
-                    &format!("the requestState has expired. {again}"),
-                ));
+            Resumed::Unplanned => {
+                // The call cannot be planned now: the preflight says why (and queues nothing).
+                let answer = self
+                    .preflight(tool, arguments, Duration::ZERO, context)
+                    .await?;
+                return Ok(complete(from_desk(answer)));
             }
-            Ok(Err(e)) => {
-                tracing::warn!(target: "session", tool = %tool, "refused a requestState: {e}");
-                return Ok(state_refused(
-                    Refusal::BadToken,
-                    &format!(
-                        "the requestState is not one this Countersign desk sealed ({e}). Do not \
-                         retry with it. {again}"
-                    ),
-                ));
-            }
-            Ok(Ok(claims)) => claims,
         };
-        if claims.tenant != self.tenant {
-            return Ok(state_refused(
-                Refusal::WrongTenant,
-                &format!("this requestState was given to another agent session. {again}"),
-            ));
-        }
-        if claims.tool != tool {
-            return Ok(state_refused(
-                Refusal::WrongTool,
-                &format!(
-                    "this requestState continues a call of another tool, not `{tool}`. {again}"
-                ),
-            ));
-        }
-        let replayed = "this requestState was used before: each works once, and the retry it \
-                        answered got a new one or the call's result. Next: retry with the newest \
-                        requestState, or call the tool again without one.";
-        if self.engine.request_state_used(&self.tenant, &claims.nonce) {
-            return Ok(state_refused(Refusal::AlreadyUsed, replayed));
-        }
-        let Some((plan, queued)) = self
-            .engine
-            .queued_aside(&self.tenant, tool, arguments)
-            .await
-        else {
-            // The call cannot be planned now: the preflight says why (and queues nothing).
-            let answer = self
-                .preflight(tool, arguments, Duration::ZERO, context)
-                .await?;
-            return Ok(complete(from_desk(answer)));
-        };
-        if plan != claims.plan {
-            return Ok(state_refused(
-                Refusal::PlanChanged,
-                "the arguments differ from those of the request this requestState continues, \
-                 which is what the person reads. Next: retry with the arguments unchanged, or \
-                 call the tool again without requestState to ask for the new ones.",
-            ));
-        }
-        if queued != Some(claims.request) {
-            return Ok(state_refused(
-                Refusal::Expired,
-                &format!(
-                    "the request this requestState continues is no longer in the Countersign \
-                     desk (withdrawn, decided and collected, or expired). {again}"
-                ),
-            ));
-        }
-        if !self
-            .engine
-            .spend_request_state(&self.tenant, claims.nonce, claims.exp)
-        {
-            return Ok(state_refused(Refusal::AlreadyUsed, replayed));
-        }
         let declined = request
             .input_responses
             .as_ref()
@@ -244,7 +184,7 @@ impl Session {
             request,
             arguments,
             class,
-            claims.round.saturating_add(1),
+            round.saturating_add(1),
             live,
             context,
         )
@@ -310,16 +250,7 @@ impl Session {
         id: u64,
         round: u32,
     ) -> Result<CallToolResponse, ErrorData> {
-        let claims = StateClaims {
-            tenant: self.tenant.clone(),
-            tool: tool.to_owned(),
-            plan,
-            request: id,
-            exp: now_ms().saturating_add(self.engine.token_ttl_ms()),
-            nonce: Nonce::from_bytes(rand::random()),
-            round,
-        };
-        let state = match self.engine.seal_request_state(&claims) {
+        let state = match self.engine.seal_round(&self.tenant, tool, plan, id, round) {
             Ok(state) => state,
             Err(why) => {
                 let answer = Answer::Error {

@@ -36,7 +36,10 @@ use countersign_core::{Plan, PlanHash};
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{Answer, Call, Engine, ErrorCode, QueueChange, error, lock, now_ms};
+use crate::answer::{Answer, ErrorCode};
+use crate::authority::{Engine, error, lock};
+use crate::planning::Call;
+use crate::queue::QueueChange;
 
 /// The most descriptions of SQL that run at once across the desk (at most one per connection).
 pub const MAX_DESCRIBING: usize = 2;
@@ -150,7 +153,12 @@ impl Engine {
     }
 
     /// The turns of `tenant`'s connection, if planning this call of its describes SQL.
-    fn describes(&self, tenant: &str, tool: &str, arguments: &Value) -> Option<Arc<Semaphore>> {
+    pub(crate) fn describes(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Option<Arc<Semaphore>> {
         let state = lock(&self.inner.state);
         state.connections.get(tenant).and_then(|c| {
             let listed = c.tools.get(tool)?;
@@ -268,7 +276,7 @@ impl Engine {
         plan_hash: PlanHash,
         preview: Preview,
     ) -> bool {
-        let now = now_ms();
+        let now = self.now();
         let view = {
             let mut state = lock(&self.inner.state);
             let found = state

@@ -32,8 +32,18 @@
 
 use serde::Serialize;
 
-use super::*;
-use countersign_store::{Grant, GrantEnd, GrantKind};
+use std::sync::MutexGuard;
+
+use countersign_core::policy::ToolRule;
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::{GateClass, Plan, PlanHash, binding, render};
+use countersign_store::{Grant, GrantEnd, GrantKind, Store};
+use serde_json::{Map, Value};
+
+use crate::answer::Answer;
+use crate::approve::ApproveError;
+use crate::authority::{Engine, lock};
+use crate::queue::PendingRequest;
 
 /// The longest a grant lives: eight hours.
 pub const MAX_GRANT_MINUTES: u64 = 8 * 60;
@@ -461,11 +471,11 @@ fn covers(grant: &Grant, call: &Covered<'_>) -> bool {
 impl Engine {
     /// The store, with the session grants of an earlier run of the desk ended first (once per
     /// engine): their connections are gone, whatever the file says.
-    fn grant_store(&self) -> MutexGuard<'_, Store> {
+    pub(crate) fn grant_store(&self) -> MutexGuard<'_, Store> {
         let mut store = lock(&self.inner.store);
         let mut state = lock(&self.inner.state);
         if !state.session_grants_ended {
-            match store.end_prefix_grants(None, now_ms(), GrantEnd::Restarted) {
+            match store.end_prefix_grants(None, self.now(), GrantEnd::Restarted) {
                 Ok(_) => state.session_grants_ended = true,
                 Err(e) => {
                     tracing::warn!(target: "desk", error = %e, "could not end the session grants of an earlier run (they cover nothing: their connections are gone)")
@@ -478,7 +488,11 @@ impl Engine {
 
     /// The rule, definition hash and server of `tool` as connection `tenant` lists it, if its
     /// definition is the pinned one.
-    fn listed_rule(&self, tenant: &str, tool: &str) -> Option<(ToolRule, PlanHash, String)> {
+    pub(crate) fn listed_rule(
+        &self,
+        tenant: &str,
+        tool: &str,
+    ) -> Option<(ToolRule, PlanHash, String)> {
         let state = lock(&self.inner.state);
         let conn = state.connections.get(tenant)?;
         let listed = conn.tools.get(tool).filter(|l| l.pinned)?;
@@ -515,7 +529,10 @@ impl Engine {
     }
 
     /// Whether the request `view` may be widened at all, under its tool's rule now.
-    fn widenable(&self, view: &PendingRequest) -> Result<(ToolRule, PlanHash), GrantError> {
+    pub(crate) fn widenable(
+        &self,
+        view: &PendingRequest,
+    ) -> Result<(ToolRule, PlanHash), GrantError> {
         if view.change.is_some() {
             return Err(GrantError::Change);
         }
@@ -569,7 +586,7 @@ impl Engine {
             return Err(GrantError::Duration);
         }
         let key = self.key().map_err(ApproveError::NoSecret)?;
-        let now = now_ms();
+        let now = self.now();
         let live = self
             .grant_store()
             .live_grants(now)
@@ -579,7 +596,7 @@ impl Engine {
         }
         // The click itself: every check of a plain approve, and the approval of this request.
         self.approve(id, typed_target)?;
-        let now = now_ms();
+        let now = self.now();
         let mut grant = Grant {
             id: 0,
             kind,
@@ -630,7 +647,7 @@ impl Engine {
     /// session grant, its connection still here.
     pub fn grants(&self) -> Result<Vec<Grant>, String> {
         let key = self.key().ok();
-        let now = now_ms();
+        let now = self.now();
         let live = self
             .grant_store()
             .live_grants(now)
@@ -652,7 +669,7 @@ impl Engine {
     /// A person clicked Revoke on grant `number`: the next call it would have covered waits for
     /// a click again.
     pub fn revoke_grant(&self, number: u64) -> Result<(), GrantError> {
-        let now = now_ms();
+        let now = self.now();
         let ended = self
             .grant_store()
             .end_grant(number, now, GrantEnd::Revoked)
@@ -701,7 +718,7 @@ impl Engine {
     pub(super) fn end_session_grants(&self, tenant: &str) {
         let ended =
             self.grant_store()
-                .end_prefix_grants(Some(tenant), now_ms(), GrantEnd::Disconnected);
+                .end_prefix_grants(Some(tenant), self.now(), GrantEnd::Disconnected);
         if let Err(e) = ended {
             // They cover nothing anyway: matching needs the tenant, which is never reused.
             tracing::warn!(target: "desk", error = %e, "could not record the end of a connection's grants");
@@ -721,7 +738,7 @@ impl Engine {
         let (rule, definition, server) = self.listed_rule(tenant, &plan.tool)?;
         grantable(&rule).ok()?;
         let key = self.key().ok()?;
-        let now = now_ms();
+        let now = self.now();
         let call = Covered {
             server: &server,
             tenant,
@@ -814,9 +831,10 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use countersign_core::policy::Policy;
 
     #[test]
-    fn a_prefix_covers_whole_segments_only() {
+    pub(crate) fn a_prefix_covers_whole_segments_only() {
         assert!(is_under("/home/a/docs/x.txt", "/home/a"));
         assert!(is_under("/home/a", "/home/a"));
         assert!(!is_under("/home/ab", "/home/a"));
@@ -829,7 +847,7 @@ mod tests {
     }
 
     #[test]
-    fn traversal_and_odd_segments_are_never_covered() {
+    pub(crate) fn traversal_and_odd_segments_are_never_covered() {
         for target in [
             "/home/a/../b",
             "/home/a/./x",
@@ -850,7 +868,7 @@ mod tests {
     }
 
     #[test]
-    fn look_alikes_and_other_cases_are_other_paths() {
+    pub(crate) fn look_alikes_and_other_cases_are_other_paths() {
         // Cyrillic а (U+0430) for Latin a.
         assert!(!is_under("/home/\u{430}/x", "/home/a"));
         assert!(!is_under("/HOME/a/x", "/home/a"));
@@ -859,7 +877,7 @@ mod tests {
     }
 
     #[test]
-    fn a_prefix_needs_two_segments_and_no_oddities() {
+    pub(crate) fn a_prefix_needs_two_segments_and_no_oddities() {
         for prefix in [
             "",
             "/",
@@ -880,7 +898,7 @@ mod tests {
     }
 
     #[test]
-    fn every_argument_naming_a_path_must_be_under_the_prefix_too() {
+    pub(crate) fn every_argument_naming_a_path_must_be_under_the_prefix_too() {
         let args = |v: Value| v.as_object().unwrap().clone();
         let ok = args(serde_json::json!({
             "source": "/home/a/x", "destination": "/home/a/y", "content": "/etc/passwd",
@@ -917,7 +935,7 @@ mod tests {
     }
 
     #[test]
-    fn the_default_prefix_is_the_parent_directory_when_that_is_a_valid_prefix() {
+    pub(crate) fn the_default_prefix_is_the_parent_directory_when_that_is_a_valid_prefix() {
         assert_eq!(
             default_prefix("/home/a/docs/x.txt").as_deref(),
             Some("/home/a/docs")
@@ -928,7 +946,7 @@ mod tests {
     }
 
     #[test]
-    fn destructive_or_typed_target_tools_are_grantable_only_by_policy() {
+    pub(crate) fn destructive_or_typed_target_tools_are_grantable_only_by_policy() {
         let rule = |destructive, type_target, grants| {
             let mut rule = Policy::default().rule("s", &serde_json::json!({"name": "t"}));
             rule.destructive = destructive;
@@ -949,13 +967,13 @@ mod tests {
     }
 
     #[test]
-    fn times_read_as_utc() {
+    pub(crate) fn times_read_as_utc() {
         assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc(1_796_126_462_000), "2026-12-01 12:01:02 UTC");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
     }
 
-    fn grant() -> Grant {
+    pub(crate) fn grant() -> Grant {
         Grant {
             id: 1,
             kind: GrantKind::Prefix,
@@ -977,7 +995,7 @@ mod tests {
         }
     }
 
-    fn call<'a>(target: &'a str, class: GateClass, now: u64) -> Covered<'a> {
+    pub(crate) fn call<'a>(target: &'a str, class: GateClass, now: u64) -> Covered<'a> {
         static NONE: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
         Covered {
             server: "fs",
@@ -993,7 +1011,8 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_covers_nothing_past_its_expiry_under_a_stricter_class_or_a_changed_definition() {
+    pub(crate) fn a_grant_covers_nothing_past_its_expiry_under_a_stricter_class_or_a_changed_definition()
+     {
         let g = grant();
         assert!(covers(&g, &call("/home/a/y", GateClass::Token, 2_000)));
         assert!(!covers(&g, &call("/home/a/y", GateClass::Token, 61_000)));
@@ -1019,7 +1038,7 @@ mod tests {
     }
 
     #[test]
-    fn the_mac_text_changes_with_every_deciding_field() {
+    pub(crate) fn the_mac_text_changes_with_every_deciding_field() {
         let base = scope_text(&grant());
         let edits: Vec<Grant> = vec![
             Grant {

@@ -1,0 +1,264 @@
+//! A person's decision: approve (the only place a token is minted) or deny.
+//!
+//! An approve passes the approve delay (counted from the request's arrival, its last preview, and
+//! the window's last show or focus) and, where policy asks, the typed target; then the approved
+//! arguments are stored, bound by their MAC, before the token exists. A deny carries the
+//! person's note to the agent.
+
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::token::{self, Claims, Nonce, SigningKey};
+use countersign_core::{GateClass, Plan, PlanHash, binding, render};
+use countersign_store::{Approval, Store};
+use serde_json::{Map, Value};
+
+use crate::answer::Answer;
+use crate::authority::{Engine, lock};
+use crate::confirm::bound_of;
+use crate::queue::{QueueChange, Removal};
+use crate::state::{Decision, Entry};
+
+/// Why an approval did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApproveError {
+    /// No pending request has this id (decided, withdrawn, or never existed).
+    #[error("no pending request with this id")]
+    NotPending,
+    /// Policy asks for the target to be typed, and what was typed differs.
+    #[error("the target must be typed exactly to approve this request")]
+    TargetNotTyped,
+    /// There is no secret (keychain missing or locked): nothing can be minted.
+    #[error("no secret: {0}")]
+    NoSecret(String),
+    /// The approved arguments could not be stored, so no token was minted.
+    #[error("the approval could not be stored: {0}")]
+    Store(String),
+    /// The approve came sooner than the approve delay after the request arrived or after the
+    /// window was last shown or focused: nothing was minted; approve again after `wait_ms`.
+    #[error("too soon: Approve works {wait_ms} ms from now")]
+    TooSoon {
+        /// How long until an approve of this request is accepted.
+        wait_ms: u64,
+    },
+}
+
+impl ApproveError {
+    /// A stable code for the UI.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApproveError::NotPending => "not_pending",
+            ApproveError::TargetNotTyped => "target_not_typed",
+            ApproveError::NoSecret(_) => "no_secret",
+            ApproveError::Store(_) => "store_failed",
+            ApproveError::TooSoon { .. } => "too_soon",
+        }
+    }
+}
+
+impl Engine {
+    /// The window was just shown or regained focus: no approve is accepted until the approve
+    /// delay has passed again, so a click aimed at whatever was on screen before lands on nothing.
+    pub fn hold_approvals(&self) {
+        self.inner
+            .live
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .held_at_ms = self.now();
+    }
+
+    /// How long until request `arrived_at_ms` may be approved (0: now).
+    pub(crate) fn approve_wait_ms(&self, arrived_at_ms: u64, now: u64) -> u64 {
+        let live = self.inner.live.read().unwrap_or_else(|p| p.into_inner());
+        let from = arrived_at_ms.max(live.held_at_ms);
+        from.saturating_add(live.approve_delay_ms)
+            .saturating_sub(now)
+    }
+
+    /// A person approved request `id`: mint its token, keep the approved arguments with the
+    /// nonce, and hand the preflight to whoever waits for it. `typed_target` is what the person
+    /// typed, where policy asks for it. This is the only place a token is minted.
+    pub fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
+        let is_change = lock(&self.inner.state)
+            .requests
+            .get(&id)
+            .is_some_and(Entry::is_change);
+        if is_change {
+            return self.approve_change(id);
+        }
+        let key = self.key().map_err(ApproveError::NoSecret)?;
+        let now = self.now();
+        // Under the lock only long enough to check the request and claim it: the durable write
+        // below must not hold up the queue, the window or any other connection.
+        let (view, arguments) = {
+            let mut state = lock(&self.inner.state);
+            let rearmed_at_ms = state.rearmed.get(&id).copied().unwrap_or(0);
+            let entry = state
+                .requests
+                .get_mut(&id)
+                .filter(|e| e.is_waiting() && !e.approving && !e.is_change())
+                .ok_or(ApproveError::NotPending)?;
+            let view = &entry.view;
+            if view.type_target && typed_target != Some(view.plan.target.as_str()) {
+                return Err(ApproveError::TargetNotTyped);
+            }
+            let wait_ms = self.approve_wait_ms(view.arrived_at_ms.max(rearmed_at_ms), now);
+            if wait_ms > 0 {
+                return Err(ApproveError::TooSoon { wait_ms });
+            }
+            entry.approving = true;
+            (entry.view.clone(), entry.arguments.clone())
+        };
+        let release = |engine: &Engine| {
+            if let Some(entry) = lock(&engine.inner.state).requests.get_mut(&id) {
+                entry.approving = false;
+            }
+        };
+        let minted = self.mint(
+            &key,
+            &mut lock(&self.inner.store),
+            &view.tenant,
+            &view.plan,
+            view.plan_hash,
+            view.class,
+            arguments,
+            now,
+        );
+        let (answer, claims) = match minted {
+            Ok(minted) => minted,
+            Err(e) => {
+                release(self);
+                return Err(e);
+            }
+        };
+        let decision = Decision::Approved(answer);
+        {
+            let state = lock(&self.inner.state);
+            // Withdrawn or disconnected while the approval was written: its token reaches no one,
+            // and the stored approval expires unused.
+            let Some(entry) = state.requests.get(&id) else {
+                return Err(ApproveError::NotPending);
+            };
+            entry.decision.send_replace(Some(decision));
+        }
+        self.record(ConfirmEvent {
+            at_ms: now,
+            kind: EventKind::Issued,
+            tool: claims.tool,
+            target: Some(claims.target),
+            tenant: claims.tenant,
+            nonce: Some(claims.nonce),
+            plan: Some(claims.plan),
+            note: None,
+        });
+        self.publish(QueueChange::Removed {
+            id,
+            reason: Removal::Approved,
+        });
+        Ok(())
+    }
+
+    /// Mints a token for `plan` of `tenant` under `class`, after storing the approved
+    /// `arguments` (bound by their MAC) in `store`: the answer the waiting preflight gets, and
+    /// what the token claims. Only a click reaches this: [`Engine::approve`], or a grant a click
+    /// made (see the grant module).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mint(
+        &self,
+        key: &SigningKey,
+        store: &mut Store,
+        tenant: &str,
+        plan: &Plan,
+        hash: PlanHash,
+        class: GateClass,
+        arguments: Map<String, Value>,
+        now: u64,
+    ) -> Result<(Answer, Claims), ApproveError> {
+        let claims = Claims {
+            tool: plan.tool.clone(),
+            target: plan.target.clone(),
+            plan: hash,
+            tenant: tenant.to_owned(),
+            iat: now,
+            exp: now.saturating_add(self.token_ttl_ms()),
+            nonce: Nonce::from_bytes(rand::random()),
+        };
+        let arguments = Value::Object(arguments);
+        let approval = Approval {
+            nonce: claims.nonce,
+            tool: claims.tool.clone(),
+            target: claims.target.clone(),
+            tenant: claims.tenant.clone(),
+            plan: claims.plan,
+            mac: None,
+            arguments,
+            class,
+            issued_at_ms: claims.iat,
+            expires_at_ms: claims.exp,
+        };
+        let mac = binding::approval_mac(key, &bound_of(&approval)).map_err(|e| {
+            ApproveError::Store(format!("the arguments have no canonical form: {e}"))
+        })?;
+        let approval = Approval {
+            mac: Some(mac),
+            ..approval
+        };
+        // The approved arguments are durable before the token exists: a token whose arguments
+        // were lost could never execute what the person read.
+        store
+            .put_approval(&approval)
+            .map_err(|e| ApproveError::Store(e.to_string()))?;
+        let token = token::mint(key, &claims);
+        // The lifetime shown is the token's own, not the setting read again.
+        let ttl_ms = claims.exp - claims.iat;
+        let text = render::preflight(plan, &token, ttl_ms, class);
+        let answer = Answer::Approved {
+            text,
+            token: token.expose().to_owned(),
+            target: claims.target.clone(),
+            expires_at_ms: claims.exp,
+            class,
+        };
+        Ok((answer, claims))
+    }
+
+    /// A person denied request `id`, with an optional note for the agent.
+    pub fn deny(&self, id: u64, note: Option<&str>) -> Result<(), ApproveError> {
+        let note = note
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned);
+        let mut state = lock(&self.inner.state);
+        let entry = state
+            .requests
+            .get(&id)
+            .filter(|e| e.is_waiting() && !e.approving)
+            .ok_or(ApproveError::NotPending)?;
+        entry
+            .decision
+            .send_replace(Some(Decision::Denied { note: note.clone() }));
+        let is_change = entry.is_change();
+        let event = ConfirmEvent {
+            at_ms: self.now(),
+            kind: EventKind::Denied,
+            tool: entry.view.plan.tool.clone(),
+            target: Some(entry.view.plan.target.clone()),
+            tenant: entry.view.tenant.clone(),
+            nonce: None,
+            // A change has no plan a token could bind.
+            plan: (!is_change).then_some(entry.view.plan_hash),
+            note,
+        };
+        if is_change {
+            // Nobody collects a change's denial from the queue: whoever waits on it already
+            // holds the decision.
+            state.requests.remove(&id);
+        }
+        drop(state);
+        self.record(event);
+        self.publish(QueueChange::Removed {
+            id,
+            reason: Removal::Denied,
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,67 @@
+//! How an engine is set up, and why it could not start.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use countersign_core::policy::Policy;
+use countersign_store::StoreOptions;
+
+use crate::clock::{Clock, SystemClock};
+
+/// Token lifetime unless configured otherwise: ten minutes.
+pub const DEFAULT_TOKEN_TTL_MS: u64 = 10 * 60 * 1000;
+
+/// The approve delay unless configured otherwise: one second.
+pub const DEFAULT_APPROVE_DELAY_MS: u64 = 1000;
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The SQLite file: ledger, approved arguments, history.
+    pub store_path: PathBuf,
+    /// Options for opening it.
+    pub store_options: StoreOptions,
+    /// The policy in force.
+    pub policy: Policy,
+    /// How long a minted token lives.
+    pub token_ttl_ms: u64,
+    /// Whether a window shows requests to a person. Without one (no display), gated calls are
+    /// refused `desk_unavailable` at once: nobody could approve them.
+    pub window: bool,
+    /// How long after a request arrives, or the window is shown or focused again
+    /// ([`crate::Engine::hold_approvals`]), an approve of it is refused: the window disables its button
+    /// for as long, and the engine enforces it too, so a script driving the page cannot click
+    /// sooner. The desk never sets less than a second; tests below the window may set 0.
+    pub approve_delay_ms: u64,
+    /// Where the engine reads the time: [`SystemClock`] unless a test passes a [`ManualClock`].
+    pub clock: Arc<dyn Clock>,
+}
+
+impl EngineConfig {
+    /// Defaults for a store at `store_path`.
+    pub fn new(store_path: impl Into<PathBuf>) -> Self {
+        Self {
+            store_path: store_path.into(),
+            store_options: StoreOptions::default(),
+            policy: Policy::default(),
+            token_ttl_ms: DEFAULT_TOKEN_TTL_MS,
+            window: true,
+            approve_delay_ms: DEFAULT_APPROVE_DELAY_MS,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// The engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The store's directory could not be created.
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}

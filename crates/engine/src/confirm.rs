@@ -1,0 +1,194 @@
+//! The confirm: the seed's verification chain, the ledger spend, and the outcome.
+//!
+//! A confirm is verified in the seed's order (token, signature, expiry, tenant, tool, target,
+//! plan hash), then for single-use tools the nonce is spent before anything runs; what runs is
+//! the arguments the person approved, read from the store and checked against their MAC. Each
+//! acceptance records exactly one outcome, from the connection it was accepted on.
+
+use countersign_core::Refusal;
+use countersign_core::binding;
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::token::{self, Claims, Nonce, SigningKey};
+use countersign_core::verify::{self, Confirm};
+use countersign_store::Approval;
+use serde_json::Value;
+
+use crate::answer::{Answer, ErrorCode};
+use crate::authority::{Engine, error, lock, refused};
+use crate::planning::Call;
+
+/// What an approval's MAC covers, as the row holds it.
+pub(crate) fn bound_of(approval: &Approval) -> binding::Bound<'_> {
+    binding::Bound {
+        nonce: &approval.nonce,
+        tenant: &approval.tenant,
+        plan: &approval.plan,
+        class: approval.class,
+        expires_at_ms: approval.expires_at_ms,
+        arguments: &approval.arguments,
+    }
+}
+
+impl Engine {
+    /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand
+    /// back the arguments the person approved.
+    pub fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+        self.confirm_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+    }
+
+    /// [`Self::confirm`] of a call planned already (its description comes first, before any
+    /// verification: a confirm that cannot be described now is refused and spends nothing).
+    pub(crate) fn confirm_planned(
+        &self,
+        tenant: &str,
+        tool: &str,
+        planned: Result<Call, Answer>,
+    ) -> Answer {
+        let Call {
+            rule,
+            fields,
+            plan,
+            hash,
+            ..
+        } = match planned {
+            Ok(call) => call,
+            Err(response) => return self.rejected(tenant, tool, response),
+        };
+        let key = match self.key() {
+            Ok(key) => key,
+            Err(why) => return self.rejected(tenant, tool, error(ErrorCode::NoSecret, why)),
+        };
+        let key = &key;
+        let now = self.now();
+        let confirm = Confirm {
+            token: fields.token.as_deref(),
+            confirm_target: fields.target.as_deref(),
+            tenant,
+            tool,
+            target: &plan.target,
+            plan: hash,
+        };
+        // What the token approved, read once, and only for a token whose signature holds (a
+        // forged token never reaches the database). The row is never rewritten, so reading it
+        // before the spend reads what the spend will cover.
+        let approved = fields
+            .token
+            .as_deref()
+            .and_then(|t| token::decode(key, t).ok())
+            .map(|claims| lock(&self.inner.store).approval(&claims.nonce));
+        // Whether the approval can run at all: read, bound by its MAC, for this plan. Anything
+        // else is known before the spend, so the nonce is not spent for it: a refusal that says
+        // "retry" must find the approval still usable.
+        let usable: Result<Approval, Refusal> = match approved {
+            // No token, or one that does not decode: the chain refuses it before any of this.
+            None => Err(Refusal::BadToken),
+            Some(Err(_)) => Err(Refusal::LedgerUnreachable),
+            // Genuine but gone (pruned, or a store that was replaced): nothing may run that the
+            // person did not read.
+            Some(Ok(None)) => Err(Refusal::PlanChanged),
+            Some(Ok(Some(approval))) if approval.plan != hash => Err(Refusal::PlanChanged),
+            Some(Ok(Some(approval))) if !Self::bound(key, &approval) => {
+                Err(Refusal::ApprovalAltered)
+            }
+            Some(Ok(Some(approval))) => Ok(approval),
+        };
+        // It counts under the stricter of the class it was made under and the tool's class now:
+        // an upstream that re-lists a tool as idempotent after the click must not turn a
+        // works-once approval into a reusable one. Nothing is spent for an approval that cannot
+        // run (the chain still checks everything else, in order).
+        let single_use = usable.is_ok()
+            && (rule.class.is_single_use()
+                || usable.as_ref().is_ok_and(|a| a.class.is_single_use()));
+        let verdict = {
+            let mut store = lock(&self.inner.store);
+            verify::verify(key, &confirm, single_use, now, &mut *store)
+        };
+        let event = |kind, claims: Option<&Claims>| ConfirmEvent {
+            at_ms: now,
+            kind,
+            tool: tool.to_owned(),
+            target: Some(plan.target.clone()),
+            tenant: tenant.to_owned(),
+            nonce: claims.map(|c| c.nonce),
+            plan: Some(hash),
+            note: None,
+        };
+        let claims = match verdict {
+            Err(rejected) => {
+                self.record(event(
+                    EventKind::for_refusal(rejected.refusal),
+                    rejected.claims.as_deref(),
+                ));
+                return refused(rejected.refusal);
+            }
+            Ok(claims) => claims,
+        };
+        match usable {
+            Ok(approval) => {
+                self.record(event(EventKind::Accepted, Some(&claims)));
+                *lock(&self.inner.state)
+                    .awaiting_outcome
+                    .entry((tenant.to_owned(), claims.nonce))
+                    .or_default() += 1;
+                Answer::Accepted {
+                    arguments: approval.arguments,
+                    nonce: claims.nonce.to_hex(),
+                }
+            }
+            Err(refusal) => {
+                if refusal == Refusal::ApprovalAltered {
+                    tracing::error!(target: "desk", nonce = %claims.nonce.to_hex(), "an approval in the store does not carry its MAC: refused");
+                }
+                self.record(event(EventKind::Refused { refusal }, Some(&claims)));
+                refused(refusal)
+            }
+        }
+    }
+
+    /// Whether `approval` carries the MAC the desk gave it when the person clicked.
+    pub(crate) fn bound(key: &SigningKey, approval: &Approval) -> bool {
+        approval
+            .mac
+            .is_some_and(|mac| binding::approval_mac_matches(key, &bound_of(approval), &mac))
+    }
+
+    /// What became of an accepted call: one outcome per acceptance, from the connection it was
+    /// accepted on.
+    pub fn outcome(&self, tenant: &str, nonce: &str, ok: bool, note: Option<String>) -> Answer {
+        let Some(nonce) = Nonce::from_hex(nonce) else {
+            return error(ErrorCode::BadArguments, "nonce: 32 lowercase hex digits");
+        };
+        {
+            let mut state = lock(&self.inner.state);
+            let key = (tenant.to_owned(), nonce);
+            match state.awaiting_outcome.get_mut(&key) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    state.awaiting_outcome.remove(&key);
+                }
+                None => {
+                    return error(
+                        ErrorCode::BadArguments,
+                        "no accepted call of this connection awaits an outcome under this nonce",
+                    );
+                }
+            }
+        }
+        let approval = lock(&self.inner.store).approval(&nonce).ok().flatten();
+        let (tool, target, plan) = match approval {
+            Some(a) => (a.tool, Some(a.target), Some(a.plan)),
+            None => (String::new(), None, None),
+        };
+        self.record(ConfirmEvent {
+            at_ms: self.now(),
+            kind: EventKind::Executed { ok },
+            tool,
+            target,
+            tenant: tenant.to_owned(),
+            nonce: Some(nonce),
+            plan,
+            note,
+        });
+        Answer::Done
+    }
+}

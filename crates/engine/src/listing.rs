@@ -1,0 +1,340 @@
+//! Connections and the tools their upstreams list: tenants, classes, pins.
+//!
+//! Each connection gets a random tenant of the desk's own. Its upstream's tool listing is classed
+//! under the policy, and each definition compared with the one pinned for the server identity:
+//! the first listing is pinned as it is; a tool whose definition differs, or one new to a server
+//! already pinned, keeps being listed but no call of it runs (open or gated) until the person
+//! accepts the change, which re-pins it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use countersign_core::Refusal;
+use countersign_core::policy;
+use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
+use countersign_store::ToolPin;
+use serde_json::Value;
+
+use crate::answer::{Answer, ErrorCode, ToolDecision};
+use crate::authority::{Engine, error, lock, refused};
+use crate::change::{self, Change, ChangeKind};
+use crate::queue::{QueueChange, Removal};
+use crate::state::{Connection, Listed, State};
+
+/// How many disconnected connections' server names are kept for history to show.
+pub(crate) const MAX_GONE_SERVERS: usize = 4096;
+
+impl Engine {
+    /// The server name of a connection, also after it disconnected (for history).
+    pub fn server_of(&self, tenant: &str) -> Option<String> {
+        lock(&self.inner.state).servers.get(tenant).cloned()
+    }
+
+    /// The session refused a call of `tool` before it reached the engine (the upstream does not
+    /// list it): on the record like every other refusal.
+    pub fn record_unlisted(&self, tenant: &str, tool: &str) {
+        self.record(ConfirmEvent {
+            at_ms: self.now(),
+            kind: EventKind::Rejected {
+                reason: Rejection::UnlistedTool,
+            },
+            tool: tool.to_owned(),
+            target: None,
+            tenant: tenant.to_owned(),
+            nonce: None,
+            plan: None,
+            note: None,
+        });
+    }
+
+    /// A connection was accepted: assign its tenant. `server` is the upstream's identity as the
+    /// desk established it (a registered name, `builtin:<path>`, a URL, or an ad-hoc command
+    /// line): policy is keyed by it and the person sees it. The tenant is the desk's own, random.
+    pub fn connect(&self, server: String) -> String {
+        let tenant = format!("conn-{:016x}", rand::random::<u64>());
+        let mut state = lock(&self.inner.state);
+        state.servers.insert(tenant.clone(), server.clone());
+        state.connections.insert(
+            tenant.clone(),
+            Connection {
+                client_info: Value::Null,
+                server,
+                tools: HashMap::new(),
+                own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
+            },
+        );
+        tenant
+    }
+
+    /// The agent of `tenant` said who it is (its MCP `clientInfo`): shown to the person as the
+    /// agent's own claim, never used to decide anything.
+    pub fn set_client_info(&self, tenant: &str, client_info: Value) {
+        if let Some(conn) = lock(&self.inner.state).connections.get_mut(tenant) {
+            conn.client_info = client_info;
+        }
+    }
+
+    /// A gateway went away: its pending requests leave the queue, and its session grants end.
+    pub fn disconnect(&self, tenant: &str) {
+        self.end_session_grants(tenant);
+        let mut state = lock(&self.inner.state);
+        if state.connections.remove(tenant).is_some() {
+            state.gone.push_back(tenant.to_owned());
+        }
+        while state.gone.len() > MAX_GONE_SERVERS {
+            if let Some(oldest) = state.gone.pop_front() {
+                state.servers.remove(&oldest);
+            }
+        }
+        state.awaiting_outcome.retain(|(t, _), _| t != tenant);
+        state.spent_states.remove(tenant);
+        let gone: Vec<u64> = state
+            .requests
+            .iter()
+            .filter(|(_, e)| e.view.tenant == tenant)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut withdrawn = Vec::new();
+        for id in gone {
+            if let Some(entry) = state.requests.remove(&id)
+                && entry.decision.borrow().is_none()
+            {
+                withdrawn.push(id);
+            }
+        }
+        drop(state);
+        for id in withdrawn {
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Disconnected,
+            });
+        }
+    }
+
+    /// The upstream's tools for `tenant`: each one's class and whether it is withheld.
+    ///
+    /// Each tool's definition is compared with the one pinned for the connection's server: the
+    /// server's first listing is pinned as it is; a tool whose definition differs, or a tool new
+    /// to a server already pinned, keeps being listed, but its calls are refused `tool_changed`
+    /// and the change is queued for the person (once: the same definition proposed again
+    /// re-attaches). A tool no longer listed just goes; its pin stays.
+    pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Answer {
+        let policy = self.policy();
+        let Some(server) = lock(&self.inner.state)
+            .connections
+            .get(tenant)
+            .map(|c| c.server.clone())
+        else {
+            return error(ErrorCode::NotIntroduced, "unknown connection");
+        };
+        // A name listed twice could be read one way and called the other: offer neither.
+        let mut seen = HashMap::<&str, usize>::new();
+        for tool in &tools {
+            if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                *seen.entry(name).or_default() += 1;
+            }
+        }
+        let now = self.now();
+        // The definitions as listed, and the pins in force for them, read (and taken at first
+        // sight) before the queue's lock: the file must not hold up the queue.
+        let listed: Vec<(&Value, ToolPin)> = tools
+            .iter()
+            .filter(|t| {
+                t.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| seen.get(n) == Some(&1))
+            })
+            .map(|tool| {
+                let definition = change::definition(tool);
+                let pin = ToolPin {
+                    server: server.clone(),
+                    tool: tool["name"].as_str().unwrap_or_default().to_owned(),
+                    hash: change::definition_hash(&definition),
+                    definition: change::definition_text(&definition),
+                    pinned_at_ms: now,
+                };
+                (tool, pin)
+            })
+            .collect();
+        let candidates: Vec<ToolPin> = listed.iter().map(|(_, pin)| pin.clone()).collect();
+        let (pins, store_failed) = match lock(&self.inner.store).pin_first_seen(&candidates) {
+            Ok(pins) => (pins, false),
+            Err(e) => {
+                // Deny by default: with no pin to compare with, no tool counts as unchanged.
+                tracing::error!(target: "desk", server = %server, error = %e, "could not read the pinned tool definitions: every tool is held back");
+                (Vec::new(), true)
+            }
+        };
+        let pinned: HashMap<&str, &ToolPin> = pins.iter().map(|p| (p.tool.as_str(), p)).collect();
+        let mut held_back = Vec::new();
+        let mut decisions = Vec::with_capacity(tools.len());
+        let mut state = lock(&self.inner.state);
+        let Some(conn) = state.connections.get_mut(tenant) else {
+            return error(ErrorCode::NotIntroduced, "unknown connection");
+        };
+        conn.tools.clear();
+        for tool in &tools {
+            // A tool without a string name cannot be called by name: it is not offered.
+            let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
+                continue;
+            };
+            let rule = policy.rule(&conn.server, tool);
+            let withheld = if seen.get(name.as_str()).copied().unwrap_or(0) > 1 {
+                Some("the upstream lists more than one tool under this name".to_owned())
+            } else if rule.class.is_gated() {
+                policy::withheld_reason(tool)
+            } else {
+                None
+            };
+            let mut listed_as = None;
+            if let Some(reason) = &withheld {
+                tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool withheld: {reason}");
+            } else if let Some((_, candidate)) = listed.iter().find(|(t, _)| std::ptr::eq(*t, tool))
+            {
+                let pin = pinned.get(name.as_str());
+                let is_pinned = pin.is_some_and(|p| p.hash == candidate.hash);
+                if !is_pinned {
+                    listed_as = Some(change::held_listing(
+                        tool,
+                        pin.map(|p| p.definition.as_str()),
+                    ));
+                    tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool definition differs from its pin, or the tool is new to a server the desk knows: calls held back until the person accepts it");
+                    held_back.push((pin.map(|p| p.definition.clone()), candidate.clone()));
+                }
+                conn.tools.insert(
+                    name.clone(),
+                    Listed {
+                        rule: rule.clone(),
+                        hash: candidate.hash,
+                        pinned: is_pinned,
+                    },
+                );
+            }
+            decisions.push(ToolDecision {
+                name,
+                class: rule.class,
+                withheld,
+                listed_as,
+            });
+        }
+        let stale = Self::stale_tool_changes(&state, &server);
+        let mut added = Vec::new();
+        let mut removed = Vec::new();
+        for id in stale {
+            if state.requests.remove(&id).is_some() {
+                removed.push(id);
+            }
+        }
+        for (before, pin) in held_back {
+            // With the pins unreadable there is nothing to accept against: the tool stays held
+            // back until they can be read.
+            if store_failed {
+                continue;
+            }
+            // A definition the window would cut cannot be accepted: the person would approve
+            // text they never saw (an injection past the cut). It stays held back.
+            if pin
+                .definition
+                .chars()
+                .nth(change::MAX_CHANGE_TEXT_CHARS)
+                .is_some()
+            {
+                tracing::warn!(target: "desk", server = %server, tool = %pin.tool, "tool definition too large to show whole: held back, and not offered for acceptance");
+                continue;
+            }
+            // No pin: a tool new to a server the desk knows (a server's first listing pins all).
+            let summary = match &before {
+                Some(before) => change::tool_summary(&pin.tool, before, &pin.definition),
+                None => format!(
+                    "A new tool `{}`, not in the listing the desk pinned for this server",
+                    pin.tool
+                ),
+            };
+            let change = Change {
+                kind: ChangeKind::Tool,
+                subject: format!("{server} :: {}", pin.tool),
+                summary,
+                before,
+                after: Some(pin.definition.clone()),
+                origin: "the upstream's tool listing".to_owned(),
+            };
+            if let Ok((_, Some(view))) = self.queue_change(&mut state, change, Some(pin)) {
+                added.push(view);
+            }
+        }
+        drop(state);
+        for id in removed {
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Withdrawn,
+            });
+        }
+        for view in added {
+            self.publish(QueueChange::Added {
+                request: Box::new(view),
+            });
+        }
+        Answer::Classes { tools: decisions }
+    }
+
+    /// Waiting tool changes of `server` that no connection of it lists any more (the tool went
+    /// back to its pinned definition, changed again, or went): accepting one would pin what no
+    /// upstream of it offers.
+    pub(crate) fn stale_tool_changes(state: &State, server: &str) -> Vec<u64> {
+        state
+            .requests
+            .iter()
+            .filter(|(_, e)| e.is_waiting() && !e.approving)
+            .filter_map(|(id, e)| {
+                let pin = e.repin.as_ref().filter(|p| p.server == server)?;
+                let offered = state.connections.values().any(|c| {
+                    c.server == server
+                        && c.tools
+                            .get(&pin.tool)
+                            .is_some_and(|l| !l.pinned && l.hash == pin.hash)
+                });
+                (!offered).then_some(*id)
+            })
+            .collect()
+    }
+
+    /// Whether an open tool's call may go to the upstream: the engine knows the connection, the
+    /// tool is listed, and its definition is the pinned one. [`Answer::Done`] when it may; a
+    /// refusal or an error (recorded in history) when it may not. The session asks before every
+    /// open call it forwards.
+    pub fn open_call(&self, tenant: &str, tool: &str) -> Answer {
+        let found = {
+            let state = lock(&self.inner.state);
+            state
+                .connections
+                .get(tenant)
+                .map(|c| c.tools.get(tool).map(|l| l.pinned))
+        };
+        match found {
+            None => error(ErrorCode::NotIntroduced, "unknown connection"),
+            Some(None) => {
+                let message = format!("`{tool}` is not a tool this connection offers");
+                self.rejected(tenant, tool, error(ErrorCode::UnknownTool, message))
+            }
+            Some(Some(false)) => self.tool_changed(tenant, tool),
+            Some(Some(true)) => Answer::Done,
+        }
+    }
+
+    /// A call of a tool whose definition differs from its pin: refused, and on the record.
+    pub(crate) fn tool_changed(&self, tenant: &str, tool: &str) -> Answer {
+        self.record(ConfirmEvent {
+            at_ms: self.now(),
+            kind: EventKind::Refused {
+                refusal: Refusal::ToolChanged,
+            },
+            tool: tool.to_owned(),
+            target: None,
+            tenant: tenant.to_owned(),
+            nonce: None,
+            plan: None,
+            note: None,
+        });
+        refused(Refusal::ToolChanged)
+    }
+}

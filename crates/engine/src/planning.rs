@@ -1,0 +1,92 @@
+//! A gated call turned into the plan a person approves: the one place that does it.
+//!
+//! The connection's listed rule decides whether the call is gated at all; the policy builds the
+//! plan from the arguments (never from text the agent wrote); the built-in `execute` is named by
+//! what its SQL writes (see the describing room); the plan's hash is what a token binds.
+
+use std::sync::Arc;
+
+use countersign_core::policy::{self, ToolRule};
+use countersign_core::{Plan, PlanHash, Refusal};
+use serde_json::{Map, Value};
+
+use crate::answer::{Answer, ErrorCode};
+use crate::authority::{Engine, error, lock, refused};
+use crate::describing;
+use crate::state::Listed;
+
+/// A gated call, planned: see [`Engine::plan_call`].
+pub(crate) struct Call {
+    pub(crate) rule: ToolRule,
+    pub(crate) client_info: Value,
+    pub(crate) server: String,
+    pub(crate) args: Map<String, Value>,
+    pub(crate) fields: policy::ConfirmFields,
+    pub(crate) plan: Plan,
+    pub(crate) hash: PlanHash,
+}
+
+impl Engine {
+    /// A gated call of a registered tool of `tenant`, planned under its rule: the one place that
+    /// turns a tool name and raw arguments into the plan a person approves (or an error reply).
+    pub(crate) fn plan_call(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<Call, Answer> {
+        self.plan_held(tenant, tool, arguments, None)
+    }
+
+    /// [`Self::plan_call`], by a caller that may hold a turn to describe SQL (`turn`); without
+    /// one, a call that needs describing takes a free turn (its connection's and the desk's) or
+    /// is answered busy.
+    pub(crate) fn plan_held(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+        turn: Option<&describing::Turn>,
+    ) -> Result<Call, Answer> {
+        let (rule, client_info, server, own_turn) = {
+            let state = lock(&self.inner.state);
+            let conn = state
+                .connections
+                .get(tenant)
+                .ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
+            match conn.tools.get(tool) {
+                // Recorded by the caller that refuses the call (a withdraw refuses nothing).
+                Some(listed) if !listed.pinned => return Err(refused(Refusal::ToolChanged)),
+                Some(Listed { rule, .. }) if rule.class.is_gated() => (
+                    rule.clone(),
+                    conn.client_info.clone(),
+                    conn.server.clone(),
+                    Arc::clone(&conn.own_turn),
+                ),
+                Some(_) => {
+                    let message = format!("`{tool}` is open: it needs no approval");
+                    return Err(error(ErrorCode::UnknownTool, message));
+                }
+                None => {
+                    let message = format!("`{tool}` is not a tool this connection offers");
+                    return Err(error(ErrorCode::UnknownTool, message));
+                }
+            }
+        };
+        let bad = |e: &dyn std::fmt::Display| error(ErrorCode::BadArguments, e.to_string());
+        let (args, fields) = policy::split_confirm(arguments).map_err(|e| bad(&e))?;
+        let plan = policy::plan(&rule, tool, &args).map_err(|e| bad(&e))?;
+        let turn = turn.ok_or(&own_turn);
+        let plan = self.described(&server, tool, &rule, &args, plan, turn)?;
+        let hash = plan.hash().map_err(|e| bad(&e))?;
+        Ok(Call {
+            rule,
+            client_info,
+            server,
+            args,
+            fields,
+            plan,
+            hash,
+        })
+    }
+}

@@ -1,0 +1,366 @@
+//! The approval queue: a preflight waits here for a person's decision.
+//!
+//! A preflight becomes a pending request keyed by (tenant, tool, plan hash): a second preflight
+//! of the same plan on the same connection re-attaches to it instead of queueing a duplicate. A
+//! decision is published through a `watch` channel to whoever waits; an approval whose caller
+//! already gave up waiting stays collectable until its token expires. Changes to the queue go out
+//! on a broadcast channel, so the window never polls. The queue is bounded per connection and in
+//! all: a flood is refused with a next move, never dropped silently.
+
+use std::time::Duration;
+
+use countersign_core::{GateClass, Plan, PlanHash, Refusal, render};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
+
+use crate::answer::{Answer, ErrorCode};
+use crate::authority::{Engine, error, lock, refused};
+use crate::change::Change;
+use crate::planning::Call;
+use crate::state::{Decision, Entry, State};
+
+/// Why a desk without a window refuses every preflight, and what to do about it.
+pub const HEADLESS: &str = "Refused: the Countersign desk is running without a window (no \
+display), so nobody can approve this call. Nothing was executed. Next: open the Countersign desk \
+in a desktop session (`countersign desk`), then call this tool again.";
+
+/// The most requests one connection may have waiting for a person: more is a flood, not work.
+pub const MAX_PENDING_PER_CONNECTION: usize = 16;
+
+/// The most requests waiting for a person at once, from every connection together.
+pub const MAX_PENDING: usize = 128;
+
+/// A request waiting for a person, as the window shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingRequest {
+    /// The queue's id for it.
+    pub id: u64,
+    /// The connection that asked.
+    pub tenant: String,
+    /// The agent's `clientInfo`, as it sent it.
+    pub client_info: Value,
+    /// The server (the gateway's `--name`, or the upstream's name).
+    pub server: String,
+    /// The plan a token would bind.
+    pub plan: Plan,
+    /// Its hash.
+    pub plan_hash: PlanHash,
+    /// `token` or `once`.
+    pub class: GateClass,
+    /// Whether approving needs the target typed.
+    pub type_target: bool,
+    /// How long a token minted now would live.
+    pub token_ttl_ms: u64,
+    /// When it arrived, ms since the epoch.
+    pub arrived_at_ms: u64,
+    /// The plan as plain text, exactly as hashed.
+    pub text: String,
+    /// For a request to change the desk itself (not a tool call): the change. Its `plan` then
+    /// only names it (tool `change:<kind>`, target its subject); nothing is minted for it.
+    pub change: Option<Change>,
+    /// Why the tool has its class: the policy line that set it, or its annotations.
+    pub why: String,
+    /// What the call would do, as the desk found it while the request waits: shown, never
+    /// hashed, minted or executed ([`Engine::attach_preview`]).
+    pub preview: Option<countersign_core::preview::Preview>,
+}
+
+/// Why a request left the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Removal {
+    /// A person approved it.
+    Approved,
+    /// A person denied it.
+    Denied,
+    /// The agent cancelled it.
+    Withdrawn,
+    /// Its gateway disconnected.
+    Disconnected,
+}
+
+/// A change to the queue, for the window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum QueueChange {
+    /// A new request is waiting.
+    Added {
+        /// It.
+        request: Box<PendingRequest>,
+    },
+    /// Someone asked for the window (a second start of the desk, or a
+    /// `countersign://request/<id>` URL opened: then `request` is that id, which the window
+    /// selects if it still waits). It never approves or denies.
+    Focus {
+        /// The request to show, if one was named.
+        request: Option<u64>,
+    },
+    /// What a waiting request shows changed (a preview arrived): the approve delay starts again.
+    Updated {
+        /// It, as it is now.
+        request: Box<PendingRequest>,
+    },
+    /// A request left the queue.
+    Removed {
+        /// Its id.
+        id: u64,
+        /// Why.
+        reason: Removal,
+    },
+}
+
+impl Engine {
+    /// Changes to the queue from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<QueueChange> {
+        self.inner.changes.subscribe()
+    }
+
+    /// Every request waiting for a person, oldest first.
+    pub fn pending(&self) -> Vec<PendingRequest> {
+        let state = lock(&self.inner.state);
+        state
+            .requests
+            .values()
+            .filter(|e| e.decision.borrow().is_none())
+            .map(|e| e.view.clone())
+            .collect()
+    }
+
+    /// Asks the window to come forward.
+    pub fn request_focus(&self) {
+        self.publish(QueueChange::Focus { request: None });
+    }
+
+    /// Asks the window to come forward showing request `id` (a `countersign://request/<id>`
+    /// URL). Only what is shown changes: whoever shows it holds approvals first, as for any
+    /// focus, and nothing is approved or denied.
+    pub fn request_focus_on(&self, id: u64) {
+        self.publish(QueueChange::Focus { request: Some(id) });
+    }
+
+    /// Why a new request of `tenant` cannot be queued, if it cannot: a refusal with a next move,
+    /// never a silent drop.
+    pub(crate) fn queue_full(state: &State, tenant: &str) -> Option<String> {
+        // Changes to the desk are capped on their own (MAX_PENDING_CHANGES).
+        let waiting = state
+            .requests
+            .values()
+            .filter(|e| e.is_waiting() && !e.is_change());
+        let (mine, all) = waiting.fold((0, 0), |(mine, all), e| {
+            (mine + usize::from(e.view.tenant == tenant), all + 1)
+        });
+        if mine >= MAX_PENDING_PER_CONNECTION {
+            Some(format!(
+                "Refused: {mine} requests of this agent already wait for the person at the \
+                 Countersign desk, the most it queues for one agent. Nothing was executed. Next: \
+                 wait for the person to decide those (calling one again with the same arguments \
+                 keeps waiting for it), or cancel the ones no longer needed, then call this again."
+            ))
+        } else if all >= MAX_PENDING {
+            Some(format!(
+                "Refused: {all} requests already wait for the person at the Countersign desk, the \
+                 most it queues. Nothing was executed. Next: wait for the person to work through \
+                 the queue, then call this again."
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Drops decided requests nobody collected whose token (or denial) has expired.
+    pub(crate) fn sweep(state: &mut State, now: u64, ttl: u64) {
+        state.requests.retain(|_, e| match &*e.decision.borrow() {
+            None => true,
+            Some(Decision::Approved(Answer::Approved { expires_at_ms, .. })) => {
+                *expires_at_ms > now
+            }
+            Some(Decision::Approved(_)) | Some(Decision::Changed) => false,
+            Some(Decision::Denied { .. }) => e.view.arrived_at_ms.saturating_add(ttl) > now,
+        });
+    }
+
+    /// A preflight: queue the plan (or re-attach to the same plan's request) and wait up to
+    /// `wait` for a person's decision.
+    pub async fn preflight(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+        wait: Duration,
+    ) -> Answer {
+        let Call {
+            rule,
+            client_info,
+            server,
+            args,
+            fields,
+            plan,
+            hash,
+        } = match self.plan_aside(tenant, tool, arguments).await {
+            Ok(call) => call,
+            Err(response) => return self.rejected(tenant, tool, response),
+        };
+        if fields.is_confirm() {
+            let answer = error(ErrorCode::BadArguments, "a confirm is not a preflight");
+            return self.rejected(tenant, tool, answer);
+        }
+        if !self.inner.config.window {
+            return Answer::Refused {
+                refusal: Refusal::DeskUnavailable,
+                message: HEADLESS.to_owned(),
+            };
+        }
+        // A live grant a person's click made covers it: approved at once, a token of its own.
+        if let Some(answer) = self.granted(tenant, &plan, hash, &args) {
+            return answer;
+        }
+        let now = self.now();
+        let ttl = self.token_ttl_ms();
+        let (id, mut decision) = {
+            let mut state = lock(&self.inner.state);
+            Self::sweep(&mut state, now, ttl);
+            let existing = state
+                .requests
+                .iter()
+                .find(|(_, e)| e.is_call(tenant, tool, hash));
+            match existing {
+                Some((id, entry)) => (*id, entry.decision.subscribe()),
+                None => {
+                    if let Some(full) = Self::queue_full(&state, tenant) {
+                        drop(state);
+                        return self.rejected(tenant, tool, error(ErrorCode::Busy, full));
+                    }
+                    let id = state.next_id;
+                    state.next_id += 1;
+                    let view = PendingRequest {
+                        id,
+                        tenant: tenant.to_owned(),
+                        client_info,
+                        server,
+                        text: render::plan_text(&plan),
+                        plan,
+                        plan_hash: hash,
+                        class: rule.class,
+                        type_target: rule.type_target,
+                        token_ttl_ms: ttl,
+                        arrived_at_ms: now,
+                        change: None,
+                        why: rule.why.clone(),
+                        preview: None,
+                    };
+                    let (sender, receiver) = watch::channel(None);
+                    state.requests.insert(
+                        id,
+                        Entry {
+                            view: view.clone(),
+                            arguments: args,
+                            decision: sender,
+                            approving: false,
+                            repin: None,
+                        },
+                    );
+                    drop(state);
+                    self.publish(QueueChange::Added {
+                        request: Box::new(view),
+                    });
+                    (id, receiver)
+                }
+            }
+        };
+        let decided = tokio::time::timeout(wait, decision.wait_for(Option::is_some)).await;
+        let decision = match decided {
+            Ok(Ok(d)) => d.clone(),
+            // Timed out: the request stays queued; calling again re-attaches to it.
+            Err(_) => return refused(Refusal::Pending),
+            // The request was withdrawn or its connection dropped while waiting.
+            Ok(Err(_)) => return refused(Refusal::Pending),
+        };
+        // Collected: the decision has reached its agent, so the entry is done.
+        lock(&self.inner.state).requests.remove(&id);
+        match decision {
+            Some(Decision::Approved(answer)) => answer,
+            Some(Decision::Denied { note }) => {
+                let message = match note {
+                    Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
+                    None => Refusal::Denied.next_move().to_owned(),
+                };
+                Answer::Refused {
+                    refusal: Refusal::Denied,
+                    message,
+                }
+            }
+            Some(Decision::Changed) | None => refused(Refusal::Pending),
+        }
+    }
+
+    /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
+    pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+        self.withdraw_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+    }
+
+    /// [`Self::withdraw`] of a call planned already. A call that cannot be described just now
+    /// (its SQL met a lock or a time limit) withdraws nothing and says so: its request may wait.
+    pub(crate) fn withdraw_planned(
+        &self,
+        tenant: &str,
+        tool: &str,
+        planned: Result<Call, Answer>,
+    ) -> Answer {
+        let hash = match planned {
+            Ok(Call { hash, .. }) => hash,
+            Err(
+                answer @ Answer::Error {
+                    code: ErrorCode::Busy,
+                    ..
+                },
+            ) => return answer,
+            // Nothing to withdraw from a call that could not have been queued.
+            Err(_) => return Answer::Done,
+        };
+        let mut state = lock(&self.inner.state);
+        let found = state
+            .requests
+            .iter()
+            .find(|(_, e)| e.is_call(tenant, tool, hash) && e.decision.borrow().is_none())
+            .map(|(id, _)| *id);
+        if let Some(id) = found {
+            state.requests.remove(&id);
+            drop(state);
+            self.publish(QueueChange::Removed {
+                id,
+                reason: Removal::Withdrawn,
+            });
+        }
+        Answer::Done
+    }
+
+    /// For the 2026-07-28 flow: the plan hash of this call of `tenant`'s, and the id of its
+    /// request in the queue (waiting, or decided and not yet collected), if one is there. `None`
+    /// when the call cannot be planned (the preflight says why).
+    pub fn queued(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Option<(PlanHash, Option<u64>)> {
+        self.queued_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+    }
+
+    /// [`Self::queued`] of a call planned already.
+    pub(crate) fn queued_planned(
+        &self,
+        tenant: &str,
+        tool: &str,
+        planned: Result<Call, Answer>,
+    ) -> Option<(PlanHash, Option<u64>)> {
+        let Call { hash, .. } = planned.ok()?;
+        let state = lock(&self.inner.state);
+        let id = state
+            .requests
+            .iter()
+            .find(|(_, e)| e.is_call(tenant, tool, hash))
+            .map(|(id, _)| *id);
+        Some((hash, id))
+    }
+}

@@ -1,0 +1,127 @@
+//! What the engine keeps in memory while it runs, shared by every room.
+//!
+//! The queue (each request waiting for a person, or decided and not yet collected), the
+//! connections with the tools their upstream listed, and the bookkeeping that must not outlive
+//! the desk: acceptances awaiting their outcome, used-up `requestState`s, grants' tokens. One
+//! mutex guards it all; every critical section leaves it consistent and none does I/O.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+
+use countersign_core::PlanHash;
+use countersign_core::policy::{Policy, ToolRule};
+use countersign_core::token::{Nonce, SigningKey};
+use countersign_store::{Store, ToolPin};
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, watch};
+
+use crate::answer::Answer;
+use crate::config::EngineConfig;
+use crate::queue::{PendingRequest, QueueChange};
+
+#[derive(Debug, Clone)]
+/// What a person decided of a request.
+pub(crate) enum Decision {
+    /// The answer the waiting preflight gets: always an [`Answer::Approved`].
+    Approved(Answer),
+    /// A change was approved (and, for a tool, re-pinned).
+    Changed,
+    /// Denied, with the person's note for the agent.
+    Denied {
+        /// The note, if any.
+        note: Option<String>,
+    },
+}
+
+pub(crate) struct Entry {
+    pub(crate) view: PendingRequest,
+    pub(crate) arguments: Map<String, Value>,
+    pub(crate) decision: watch::Sender<Option<Decision>>,
+    /// An approve of it is writing its approval: a second approve or a deny finds it taken.
+    pub(crate) approving: bool,
+    /// For a tool's changed definition: the pin that approving it puts in force.
+    pub(crate) repin: Option<ToolPin>,
+}
+
+impl Entry {
+    pub(crate) fn is_change(&self) -> bool {
+        self.view.change.is_some()
+    }
+
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.decision.borrow().is_none()
+    }
+
+    /// Whether this is the request of `tenant`'s call of `tool` planned to `hash`: the one key
+    /// by which a call re-attaches to, withdraws, finds or previews its request.
+    pub(crate) fn is_call(&self, tenant: &str, tool: &str, hash: PlanHash) -> bool {
+        !self.is_change()
+            && self.view.tenant == tenant
+            && self.view.plan.tool == tool
+            && self.view.plan_hash == hash
+    }
+}
+
+/// One tool as a connection's upstream listed it.
+pub(crate) struct Listed {
+    pub(crate) rule: ToolRule,
+    /// The hash of its definition as listed.
+    pub(crate) hash: PlanHash,
+    /// Whether that definition is the one pinned: calls of it run only while it is.
+    pub(crate) pinned: bool,
+}
+
+pub(crate) struct Connection {
+    pub(crate) client_info: Value,
+    pub(crate) server: String,
+    pub(crate) tools: HashMap<String, Listed>,
+    /// This connection's one turn to describe SQL, taken before one of the desk's: one agent
+    /// holds at most one of [`crate::describing::MAX_DESCRIBING`], and leaves the others to the rest.
+    pub(crate) own_turn: Arc<tokio::sync::Semaphore>,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub(crate) next_id: u64,
+    pub(crate) connections: HashMap<String, Connection>,
+    /// Every connection's server name, kept after it disconnects so history can show it (the
+    /// newest [`crate::listing::MAX_GONE_SERVERS`] of those gone).
+    pub(crate) servers: HashMap<String, String>,
+    /// Disconnected tenants in the order they went, for pruning `servers`.
+    pub(crate) gone: VecDeque<String>,
+    pub(crate) requests: BTreeMap<u64, Entry>,
+    /// Accepted calls whose outcome is still to come, by tenant and nonce (a reusable token's
+    /// nonce may be accepted more than once): each acceptance records one outcome.
+    pub(crate) awaiting_outcome: HashMap<(String, Nonce), u32>,
+    /// The `requestState`s of the 2026-07-28 flow used up, by connection, with their expiry (a
+    /// state forgotten after its expiry no longer opens anyway).
+    pub(crate) spent_states: HashMap<String, HashMap<Nonce, u64>>,
+    /// When a preview last changed what a waiting request shows, by id: its approve delay runs
+    /// from then.
+    pub(crate) rearmed: HashMap<u64, u64>,
+    /// Whether the session grants an earlier run of the desk left in the file were ended.
+    pub(crate) session_grants_ended: bool,
+    /// The tokens each grant minted, by grant number, with their expiry: a revoke takes back
+    /// those not yet expired (see the grant module).
+    pub(crate) grant_tokens: HashMap<u64, Vec<(Nonce, u64)>>,
+}
+
+/// What settings may change while the engine runs.
+pub(crate) struct Live {
+    pub(crate) policy: Policy,
+    pub(crate) token_ttl_ms: u64,
+    pub(crate) approve_delay_ms: u64,
+    /// When the window was last shown or focused (ms since the epoch).
+    pub(crate) held_at_ms: u64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: EngineConfig,
+    pub(crate) live: RwLock<Live>,
+    pub(crate) key: RwLock<Result<SigningKey, String>>,
+    pub(crate) store: Mutex<Store>,
+    pub(crate) state: Mutex<State>,
+    pub(crate) changes: broadcast::Sender<QueueChange>,
+    /// Turns to describe a call's SQL, across the desk ([`crate::describing::MAX_DESCRIBING`]).
+    pub(crate) describing: Arc<tokio::sync::Semaphore>,
+}
