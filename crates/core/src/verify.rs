@@ -59,40 +59,58 @@ pub fn verify(
     now_ms: u64,
     ledger: &mut dyn Ledger,
 ) -> Result<Claims, Rejected> {
+    let claims = check(key, confirm, now_ms)?;
+    if !single_use {
+        return Ok(claims);
+    }
+    let spent = ledger.spend(&claims.nonce, claims.exp);
+    spent_as(claims, spent)
+}
+
+/// The chain up to the ledger: everything decided locally, with no I/O. A caller whose ledger
+/// is asynchronous (a network database) runs this, spends the nonce of the claims it returns
+/// when the tool is single-use, and hands the spend's result to [`spent_as`]; the order is the
+/// seed's either way, and a bad token never reaches the ledger.
+pub fn check(key: &SigningKey, confirm: &Confirm<'_>, now_ms: u64) -> Result<Claims, Rejected> {
     let text = match confirm.token {
         Some(text) if !text.is_empty() => text,
         _ => return Err(Rejected::bare(Refusal::NoToken)),
     };
     let claims = token::decode(key, text).map_err(|_| Rejected::bare(Refusal::BadToken))?;
-    let refuse = |refusal| {
-        Err(Rejected {
-            refusal,
-            claims: Some(Box::new(claims.clone())),
-        })
+    let refusal = if now_ms >= claims.exp {
+        Refusal::Expired
+    } else if claims.tenant != confirm.tenant {
+        Refusal::WrongTenant
+    } else if claims.tool != confirm.tool {
+        Refusal::WrongTool
+    } else if claims.target != confirm.target
+        || confirm.confirm_target != Some(claims.target.as_str())
+    {
+        Refusal::WrongTarget
+    } else if claims.plan != confirm.plan {
+        Refusal::PlanChanged
+    } else {
+        return Ok(claims);
     };
-    if now_ms >= claims.exp {
-        return refuse(Refusal::Expired);
-    }
-    if claims.tenant != confirm.tenant {
-        return refuse(Refusal::WrongTenant);
-    }
-    if claims.tool != confirm.tool {
-        return refuse(Refusal::WrongTool);
-    }
-    if claims.target != confirm.target || confirm.confirm_target != Some(claims.target.as_str()) {
-        return refuse(Refusal::WrongTarget);
-    }
-    if claims.plan != confirm.plan {
-        return refuse(Refusal::PlanChanged);
-    }
-    if single_use {
-        match ledger.spend(&claims.nonce, claims.exp) {
-            Ok(()) => {}
-            Err(SpendError::AlreadySpent) => return refuse(Refusal::AlreadyUsed),
-            Err(_) => return refuse(Refusal::LedgerUnreachable),
-        }
-    }
-    Ok(claims)
+    Err(Rejected {
+        refusal,
+        claims: Some(Box::new(claims)),
+    })
+}
+
+/// The chain's last step: the ledger's answer to spending the nonce of `claims`, as the chain's
+/// verdict. A duplicate is `already_used`; any other failure is `ledger_unreachable` (fail
+/// closed: nothing runs).
+pub fn spent_as(claims: Claims, spent: Result<(), SpendError>) -> Result<Claims, Rejected> {
+    let refusal = match spent {
+        Ok(()) => return Ok(claims),
+        Err(SpendError::AlreadySpent) => Refusal::AlreadyUsed,
+        Err(_) => Refusal::LedgerUnreachable,
+    };
+    Err(Rejected {
+        refusal,
+        claims: Some(Box::new(claims)),
+    })
 }
 
 #[cfg(test)]
