@@ -122,14 +122,10 @@ impl Records for Postgres {
 
     async fn approval(&self, nonce: &Nonce) -> Result<Option<Approval>, StoreError> {
         let key = &nonce.as_bytes()[..];
-        let row =
-            on_connection!(self, |conn| {
-                conn.query_opt(
-            "SELECT tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms, class, mac
-             FROM approval WHERE nonce = $1",
-            &[&key],
-        )
-            })?;
+        const SQL: &str = "SELECT tool, target, tenant, plan, arguments, issued_at_ms,
+                                  expires_at_ms, class, mac
+                           FROM approval WHERE nonce = $1";
+        let row = on_connection!(self, |conn| conn.query_opt(SQL, &[&key]))?;
         let Some(row) = row else {
             return Ok(None);
         };
