@@ -61,8 +61,7 @@ async fn measure(records: Arc<dyn Records>, run: u64) -> Figures {
     for task in tasks {
         task.await.unwrap();
     }
-    let concurrent_per_s =
-        (CONCURRENT_TASKS * PER_TASK) as f64 / started.elapsed().as_secs_f64();
+    let concurrent_per_s = (CONCURRENT_TASKS * PER_TASK) as f64 / started.elapsed().as_secs_f64();
 
     let key = SigningKey::new(&[7u8; 32]).unwrap();
     let plan = PlanHash::of_bytes(b"DELETE FROM backups WHERE name = 'nightly'");
@@ -89,10 +88,7 @@ async fn measure(records: Arc<dyn Records>, run: u64) -> Figures {
         };
         // The chain without the ledger (not single-use here), then the spend.
         let verified = verify(&key, &confirm, false, 2_000, &mut MemoryLedger::new()).unwrap();
-        records
-            .spend(&verified.nonce, verified.exp)
-            .await
-            .unwrap();
+        records.spend(&verified.nonce, verified.exp).await.unwrap();
         samples.push(started.elapsed());
     }
     samples.sort();
