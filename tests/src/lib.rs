@@ -13,6 +13,7 @@ pub mod desk_process;
 pub mod files;
 pub mod keyring;
 pub mod measure;
+pub mod postgres;
 pub mod window;
 pub mod xwindow;
 

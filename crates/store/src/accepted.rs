@@ -12,7 +12,7 @@ use rusqlite::OptionalExtension;
 use crate::error::{ms_from_sql, ms_to_sql};
 use crate::{Store, StoreError};
 
-const TABLE: &str = "accepted_file";
+pub(crate) const TABLE: &str = "accepted_file";
 
 /// The most bytes of a file the desk accepts (registry and policy are small; a huge file is
 /// refused, not stored).
@@ -25,6 +25,18 @@ pub struct Accepted {
     pub text: String,
     /// When it was accepted, ms since the epoch.
     pub at_ms: u64,
+}
+
+/// Refuses a text larger than [`MAX_ACCEPTED_BYTES`] and a time out of range (both stores);
+/// answers the time as stored.
+pub(crate) fn checked(name: &str, text: &str, at_ms: u64) -> Result<i64, StoreError> {
+    if text.len() > MAX_ACCEPTED_BYTES {
+        return Err(StoreError::InvalidRow {
+            table: TABLE,
+            reason: format!("{name} is larger than {MAX_ACCEPTED_BYTES} bytes"),
+        });
+    }
+    ms_to_sql(at_ms)
 }
 
 impl Store {
@@ -49,13 +61,7 @@ impl Store {
 
     /// Records `text` as the accepted text of the file `name`.
     pub fn accept(&mut self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError> {
-        if text.len() > MAX_ACCEPTED_BYTES {
-            return Err(StoreError::InvalidRow {
-                table: TABLE,
-                reason: format!("{name} is larger than {MAX_ACCEPTED_BYTES} bytes"),
-            });
-        }
-        let at = ms_to_sql(at_ms)?;
+        let at = checked(name, text, at_ms)?;
         self.with_connection(|conn| {
             conn.prepare_cached(
                 "INSERT INTO accepted_file (name, text, accepted_at_ms) VALUES (?1, ?2, ?3)

@@ -43,18 +43,94 @@ pub struct Approval {
     pub mac: Option<[u8; 32]>,
 }
 
+/// An approval row as stored, before decoding (both stores read rows into this).
+pub(crate) struct Row {
+    pub(crate) tool: String,
+    pub(crate) target: String,
+    pub(crate) tenant: String,
+    pub(crate) plan: String,
+    pub(crate) arguments: String,
+    pub(crate) issued_at: i64,
+    pub(crate) expires_at: i64,
+    pub(crate) class: String,
+    pub(crate) mac: Option<Vec<u8>>,
+}
+
+/// The columns of `approval` as both stores write them, after refusing an approval of an open
+/// tool and times out of range.
+pub(crate) struct Columns {
+    pub(crate) class: &'static str,
+    pub(crate) issued_at: i64,
+    pub(crate) expires_at: i64,
+    pub(crate) arguments: String,
+}
+
+impl Columns {
+    pub(crate) fn of(approval: &Approval) -> Result<Self, StoreError> {
+        if !approval.class.is_gated() {
+            return Err(StoreError::UngatedApproval(approval.nonce));
+        }
+        Ok(Columns {
+            class: approval.class.code(),
+            issued_at: ms_to_sql(approval.issued_at_ms)?,
+            expires_at: ms_to_sql(approval.expires_at_ms)?,
+            arguments: approval.arguments.to_string(),
+        })
+    }
+}
+
+impl Row {
+    /// The approval this row under `nonce` holds; a row that does not decode is
+    /// [`StoreError::InvalidRow`].
+    pub(crate) fn decode(self, nonce: &Nonce) -> Result<Approval, StoreError> {
+        let Row {
+            tool,
+            target,
+            tenant,
+            plan,
+            arguments,
+            issued_at,
+            expires_at,
+            class,
+            mac,
+        } = self;
+        let invalid = |reason: String| StoreError::InvalidRow {
+            table: TABLE,
+            reason,
+        };
+        Ok(Approval {
+            nonce: *nonce,
+            tool,
+            target,
+            tenant,
+            plan: PlanHash::from_hex(&plan)
+                .ok_or_else(|| invalid(format!("plan hash {plan:?} is not 64 hex digits")))?,
+            arguments: serde_json::from_str(&arguments)
+                .map_err(|err| invalid(format!("arguments are not JSON: {err}")))?,
+            issued_at_ms: ms_from_sql(issued_at, TABLE)?,
+            expires_at_ms: ms_from_sql(expires_at, TABLE)?,
+            class: GateClass::from_code(&class)
+                .filter(|c| c.is_gated())
+                .ok_or_else(|| invalid(format!("gate class {class:?} is not token or once")))?,
+            mac: mac
+                .map(|m| <[u8; 32]>::try_from(m.as_slice()))
+                .transpose()
+                .map_err(|_| invalid("mac is not 32 bytes".to_owned()))?,
+        })
+    }
+}
+
 impl Store {
     /// Stores `approval` durably. A second approval under the same nonce is refused with
     /// [`StoreError::ApprovalExists`]: what a person approved is never replaced. An approval of
     /// class [`GateClass::Open`] is refused with [`StoreError::UngatedApproval`].
     pub fn put_approval(&mut self, approval: &Approval) -> Result<(), StoreError> {
-        if !approval.class.is_gated() {
-            return Err(StoreError::UngatedApproval(approval.nonce));
-        }
-        let class = approval.class.code();
-        let issued_at = ms_to_sql(approval.issued_at_ms)?;
-        let expires_at = ms_to_sql(approval.expires_at_ms)?;
-        let arguments = approval.arguments.to_string();
+        let Columns {
+            class,
+            issued_at,
+            expires_at,
+            arguments,
+        } = Columns::of(approval)?;
         self.with_connection(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let inserted = tx.execute(
@@ -112,47 +188,21 @@ impl Store {
                      FROM approval WHERE nonce = ?1",
                 )?
                 .query_row([&nonce.as_bytes()[..]], |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, String>(3)?,
-                        row.get::<_, String>(4)?,
-                        row.get::<_, i64>(5)?,
-                        row.get::<_, i64>(6)?,
-                        row.get::<_, String>(7)?,
-                        row.get::<_, Option<Vec<u8>>>(8)?,
-                    ))
+                    Ok(Row {
+                        tool: row.get(0)?,
+                        target: row.get(1)?,
+                        tenant: row.get(2)?,
+                        plan: row.get(3)?,
+                        arguments: row.get(4)?,
+                        issued_at: row.get(5)?,
+                        expires_at: row.get(6)?,
+                        class: row.get(7)?,
+                        mac: row.get(8)?,
+                    })
                 })
                 .optional()?)
         })?;
-        let Some((tool, target, tenant, plan, arguments, issued_at, expires_at, class, mac)) = row
-        else {
-            return Ok(None);
-        };
-        let invalid = |reason: String| StoreError::InvalidRow {
-            table: TABLE,
-            reason,
-        };
-        Ok(Some(Approval {
-            nonce: *nonce,
-            tool,
-            target,
-            tenant,
-            plan: PlanHash::from_hex(&plan)
-                .ok_or_else(|| invalid(format!("plan hash {plan:?} is not 64 hex digits")))?,
-            arguments: serde_json::from_str(&arguments)
-                .map_err(|err| invalid(format!("arguments are not JSON: {err}")))?,
-            issued_at_ms: ms_from_sql(issued_at, TABLE)?,
-            expires_at_ms: ms_from_sql(expires_at, TABLE)?,
-            class: GateClass::from_code(&class)
-                .filter(|c| c.is_gated())
-                .ok_or_else(|| invalid(format!("gate class {class:?} is not token or once")))?,
-            mac: mac
-                .map(|m| <[u8; 32]>::try_from(m.as_slice()))
-                .transpose()
-                .map_err(|_| invalid("mac is not 32 bytes".to_owned()))?,
-        }))
+        row.map(|row| row.decode(nonce)).transpose()
     }
 }
 

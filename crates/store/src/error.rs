@@ -100,6 +100,53 @@ pub enum StoreError {
     /// A time in milliseconds that does not fit SQLite's signed 64-bit integers.
     #[error("time {0} ms is out of the range the store can hold")]
     TimeOutOfRange(u64),
+    /// The PostgreSQL DSN or options are unusable (a DSN that does not parse, a bad certificate,
+    /// TLS that cannot be set up). Never carries the DSN's password.
+    #[cfg(feature = "postgres")]
+    #[error("cannot use the PostgreSQL settings: {reason}")]
+    PostgresConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// No connection to PostgreSQL could be had (server down, connection refused,
+    /// authentication failed, TLS refused, every pooled connection busy past the wait). Nothing
+    /// was sent: a spend refused this way spent nothing.
+    #[cfg(feature = "postgres")]
+    #[error("the records at {target} are unreachable: {reason}")]
+    PostgresUnavailable {
+        /// `user@host:port/dbname` (never the password).
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// A PostgreSQL statement failed: the server's error (its SQLSTATE and message), or the
+    /// connection failing under it.
+    #[cfg(feature = "postgres")]
+    #[error("records statement failed: {}", crate::postgres::describe(.0))]
+    Postgres(#[source] tokio_postgres::Error),
+    /// PostgreSQL did not answer a statement within the statement timeout. Whether it took
+    /// effect is unknown; its connection was closed.
+    #[cfg(feature = "postgres")]
+    #[error("the records did not answer within {after:?}; the outcome is unknown")]
+    PostgresTimeout {
+        /// The statement timeout.
+        after: std::time::Duration,
+    },
+    /// The database's schema was written by a newer Countersign than this build. Nothing was
+    /// changed in it.
+    #[cfg(feature = "postgres")]
+    #[error(
+        "the records at {target} have schema version {found}, newer than the {known} this build \
+         knows: upgrade Countersign"
+    )]
+    PostgresNewerSchema {
+        /// `user@host:port/dbname`.
+        target: String,
+        /// The newest version recorded in `countersign_schema`.
+        found: i64,
+        /// The newest version this build knows.
+        known: i64,
+    },
     /// An event kind this build of the store does not know how to record (the core gained a
     /// kind and the store was not taught it).
     #[error("the store does not know how to record event kind {0:?}")]
@@ -132,6 +179,13 @@ impl StoreError {
             | StoreError::NewerSchema { .. }
             | StoreError::NotAStore { .. }
             | StoreError::Moved { .. } => true,
+            // PostgreSQL's connections are pooled, not this store's.
+            #[cfg(feature = "postgres")]
+            StoreError::PostgresConfig { .. }
+            | StoreError::PostgresUnavailable { .. }
+            | StoreError::Postgres(_)
+            | StoreError::PostgresTimeout { .. }
+            | StoreError::PostgresNewerSchema { .. } => false,
         }
     }
 

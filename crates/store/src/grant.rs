@@ -15,11 +15,11 @@ use crate::error::{ms_from_sql, ms_to_sql};
 use crate::history::capped;
 use crate::{Store, StoreError};
 
-const TABLE: &str = "approval_grant";
+pub(crate) const TABLE: &str = "approval_grant";
 
 /// The most grant rows read at once: more than the engine ever lets live, so a file padded with
 /// rows cannot make a preflight read without end.
-const MAX_READ: i64 = 1024;
+pub(crate) const MAX_READ: i64 = 1024;
 
 /// What a grant covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,18 +109,19 @@ pub struct Grant {
     pub mac: [u8; 32],
 }
 
-fn invalid(reason: String) -> StoreError {
+pub(crate) fn invalid(reason: String) -> StoreError {
     StoreError::InvalidRow {
         table: TABLE,
         reason,
     }
 }
 
-const COLUMNS: &str = "id, kind, server, tool, tenant, plan, prefix, target, summary, class, \
+pub(crate) const COLUMNS: &str = "id, kind, server, tool, tenant, plan, prefix, target, summary, class, \
                        definition, request, granted_at_ms, expires_at_ms, uses, ended_at_ms, \
                        ended, mac";
 
-type Row = (
+/// A grant row as stored, in [`COLUMNS`] order, before decoding (both stores read into this).
+pub(crate) type Row = (
     i64,
     String,
     String,
@@ -164,7 +165,7 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
     ))
 }
 
-fn decode(row: Row) -> Result<Grant, StoreError> {
+pub(crate) fn decode(row: Row) -> Result<Grant, StoreError> {
     let (
         id,
         kind,

@@ -131,22 +131,65 @@ pub fn capped(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// One history row as stored, before decoding.
-struct Row {
-    at_ms: i64,
-    kind: String,
-    refusal: Option<String>,
-    ok: Option<bool>,
-    tool: String,
-    target: Option<String>,
-    tenant: String,
-    nonce: Option<String>,
-    plan: Option<String>,
-    note: Option<String>,
+/// One history row as stored, before decoding (both stores read rows into this).
+pub(crate) struct Row {
+    pub(crate) at_ms: i64,
+    pub(crate) kind: String,
+    pub(crate) refusal: Option<String>,
+    pub(crate) ok: Option<bool>,
+    pub(crate) tool: String,
+    pub(crate) target: Option<String>,
+    pub(crate) tenant: String,
+    pub(crate) nonce: Option<String>,
+    pub(crate) plan: Option<String>,
+    pub(crate) note: Option<String>,
+}
+
+/// An event as its columns are written (both stores write these): times in range, the agent's
+/// texts capped, the kind split into its code, refusal and outcome.
+pub(crate) struct Columns<'a> {
+    pub(crate) at_ms: i64,
+    pub(crate) kind: &'static str,
+    pub(crate) refusal: Option<&'static str>,
+    pub(crate) ok: Option<bool>,
+    pub(crate) tool: std::borrow::Cow<'a, str>,
+    pub(crate) target: Option<std::borrow::Cow<'a, str>>,
+    pub(crate) tenant: &'a str,
+    pub(crate) nonce: Option<String>,
+    pub(crate) plan: Option<String>,
+    pub(crate) note: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> Columns<'a> {
+    pub(crate) fn of(event: &'a ConfirmEvent) -> Result<Self, StoreError> {
+        let (kind, refusal, ok) = kind_columns(event.kind)?;
+        Ok(Columns {
+            at_ms: ms_to_sql(event.at_ms)?,
+            kind,
+            refusal,
+            ok,
+            tool: capped(&event.tool),
+            target: event.target.as_deref().map(capped),
+            tenant: &event.tenant,
+            nonce: event.nonce.map(|n| n.to_hex()),
+            plan: event.plan.map(|p| p.to_hex()),
+            note: event.note.as_deref().map(capped),
+        })
+    }
+}
+
+/// What every store's `record` does once its write has been tried: emits `event` to `tracing`
+/// (target `confirm`, once per record, whether or not `stored` succeeded) and answers `stored`.
+pub(crate) fn emitted(
+    event: &ConfirmEvent,
+    stored: Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    event.emit();
+    stored
 }
 
 impl Row {
-    fn into_event(self) -> Result<ConfirmEvent, StoreError> {
+    pub(crate) fn into_event(self) -> Result<ConfirmEvent, StoreError> {
         let invalid = |reason: String| StoreError::InvalidRow {
             table: TABLE,
             reason,
@@ -180,18 +223,11 @@ impl Store {
     /// the logs even when the file does not; the write's failure is returned.
     pub fn record(&mut self, event: &ConfirmEvent) -> Result<(), StoreError> {
         let stored = self.insert_event(event);
-        event.emit();
-        stored
+        emitted(event, stored)
     }
 
     fn insert_event(&mut self, event: &ConfirmEvent) -> Result<(), StoreError> {
-        let at_ms = ms_to_sql(event.at_ms)?;
-        let tool = capped(&event.tool);
-        let target = event.target.as_deref().map(capped);
-        let note = event.note.as_deref().map(capped);
-        let (kind, refusal, ok) = kind_columns(event.kind)?;
-        let nonce = event.nonce.map(|n| n.to_hex());
-        let plan = event.plan.map(|p| p.to_hex());
+        let c = Columns::of(event)?;
         self.with_connection(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.prepare_cached(
@@ -200,16 +236,8 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?
             .execute(rusqlite::params![
-                at_ms,
-                kind,
-                refusal,
-                ok,
-                tool,
-                target,
-                event.tenant,
-                nonce,
-                plan,
-                note,
+                c.at_ms, c.kind, c.refusal, c.ok, c.tool, c.target, c.tenant, c.nonce, c.plan,
+                c.note,
             ])?;
             tx.commit()?;
             Ok(())

@@ -14,6 +14,9 @@
 //! A [`Store`] that could not open its file, or whose connection broke, is not dead: it opens the
 //! file again on its next operation, so a ledger that comes back works again.
 //!
+//! The engine reaches these records through the [`Records`] trait: [`Sqlite`] (this file, for
+//! the desk) and, with the `postgres` feature, [`Postgres`] (for `countersign serve`).
+//!
 //! Time is always a parameter (milliseconds since the Unix epoch); nothing here reads the clock
 //! to decide anything.
 #![deny(missing_docs)]
@@ -26,6 +29,9 @@ mod grant;
 mod history;
 mod ledger;
 mod pin;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod records;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -41,6 +47,9 @@ pub use error::StoreError;
 pub use grant::{Grant, GrantEnd, GrantKind};
 pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
+#[cfg(feature = "postgres")]
+pub use postgres::{POSTGRES_SCHEMA_VERSION, Postgres, PostgresOptions, SERIALIZATION_RETRIES};
+pub use records::{Records, Sqlite};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.

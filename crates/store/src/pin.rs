@@ -20,7 +20,7 @@ use crate::error::{ms_from_sql, ms_to_sql};
 use crate::history::capped;
 use crate::{Store, StoreError};
 
-const TABLE: &str = "tool_pin";
+pub(crate) const TABLE: &str = "tool_pin";
 
 /// The most characters of a definition's text kept with its pin (the text is what the person is
 /// shown as "before"; the hash is what is compared).
@@ -52,7 +52,7 @@ pub struct ToolPin {
 }
 
 /// `text` cut to `max` characters, with a marker saying how much was cut.
-fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+pub(crate) fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     match text.char_indices().nth(max) {
         None => std::borrow::Cow::Borrowed(text),
         Some((end, _)) => {
@@ -79,20 +79,29 @@ fn read_pin(
             ))
         })
         .optional()?;
-    let Some((hash, definition, pinned_at)) = row else {
-        return Ok(None);
-    };
-    let hash = PlanHash::from_hex(&hash).ok_or_else(|| StoreError::InvalidRow {
+    row.map(|(hash, definition, pinned_at)| decode(server, tool, &hash, definition, pinned_at))
+        .transpose()
+}
+
+/// The pin of `server`'s `tool` from its stored columns (both stores read these).
+pub(crate) fn decode(
+    server: &str,
+    tool: &str,
+    hash: &str,
+    definition: String,
+    pinned_at: i64,
+) -> Result<ToolPin, StoreError> {
+    let hash = PlanHash::from_hex(hash).ok_or_else(|| StoreError::InvalidRow {
         table: TABLE,
         reason: format!("hash {hash:?}"),
     })?;
-    Ok(Some(ToolPin {
+    Ok(ToolPin {
         server: server.to_owned(),
         tool: tool.to_owned(),
         hash,
         definition,
         pinned_at_ms: ms_from_sql(pinned_at, TABLE)?,
-    }))
+    })
 }
 
 impl Store {

@@ -12,6 +12,8 @@
 //! * `spend-over-size-limit`: open the store, set `RLIMIT_FSIZE` to the current size of the WAL
 //!   (ignoring `SIGXFSZ`, so a write past it fails with `EFBIG`), spend, print the outcome.
 //! * `hold-write-lock`: `BEGIN IMMEDIATE` on the file, print `locked`, wait for EOF on stdin.
+//! * `postgres-spend`: DB is a PostgreSQL DSN: connect (one pooled connection), print `ready`,
+//!   wait for EOF on stdin, spend, print the outcome.
 //!
 //! An outcome line is `OUTCOME<TAB>MICROSECONDS<TAB>DETAIL` with OUTCOME one of `ok`,
 //! `already_spent`, `unreachable`, `open_error`.
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use countersign_core::{Ledger, Nonce, SpendError};
-use countersign_store::{Store, StoreOptions};
+use countersign_store::{Postgres, PostgresOptions, Records, Store, StoreOptions};
 
 /// Far enough in the future that no test prunes it.
 const EXPIRES_AT_MS: u64 = 4_000_000_000_000;
@@ -49,7 +51,11 @@ fn report(outcome: &str, started: Instant, detail: &str) {
 
 fn spend(store: &mut Store, nonce: &Nonce) {
     let started = Instant::now();
-    match store.spend(nonce, EXPIRES_AT_MS) {
+    report_spend(started, store.spend(nonce, EXPIRES_AT_MS));
+}
+
+fn report_spend(started: Instant, outcome: Result<(), SpendError>) {
+    match outcome {
         Ok(()) => report("ok", started, ""),
         Err(SpendError::AlreadySpent) => report("already_spent", started, ""),
         Err(SpendError::Unreachable(reason)) => report("unreachable", started, &reason),
@@ -150,6 +156,27 @@ fn main() {
             wait_for_release();
             conn.execute_batch("ROLLBACK")
                 .expect("release the write lock");
+        }
+        "postgres-spend" => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let dsn = args.get(1).expect("DSN");
+            let options = PostgresOptions::default().with_pool_size(1);
+            let started = Instant::now();
+            let records = match runtime.block_on(Postgres::connect(dsn, options)) {
+                Ok(records) => records,
+                Err(err) => return report("open_error", started, &err.to_string()),
+            };
+            say("ready");
+            wait_for_release();
+            let nonce = nonce.expect("NONCE_HEX");
+            let started = Instant::now();
+            report_spend(
+                started,
+                runtime.block_on(records.spend(&nonce, EXPIRES_AT_MS)),
+            );
         }
         other => panic!("unknown mode {other:?}"),
     }

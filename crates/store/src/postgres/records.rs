@@ -1,0 +1,537 @@
+//! [`Records`] in PostgreSQL: the same tables and semantics as the desk's SQLite file, with the
+//! same row decoding (shared with the SQLite code, so a damaged row is refused the same way).
+//!
+//! One-statement operations run on a pooled connection as they are (autocommit); operations that
+//! read before they write (the grant cap, first-seen pins) and the prune run in one
+//! `SERIALIZABLE` transaction each, retried on serialization failures, so that two replicas
+//! racing cannot both pass a check the other invalidates.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use countersign_core::telemetry::ConfirmEvent;
+use countersign_core::{Nonce, SpendError};
+use tokio_postgres::error::SqlState;
+
+use super::{Postgres, text};
+use crate::error::ms_to_sql;
+use crate::grant::{self, COLUMNS, MAX_READ};
+use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
+use crate::{
+    Accepted, Approval, Grant, GrantEnd, HistoryFilter, MAX_HISTORY_ROWS, MAX_PINS,
+    MAX_PINS_PER_SERVER, Pruned, Records, StoreError, ToolPin, accepted, approval, capped, history,
+};
+
+fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Error> {
+    Ok((
+        r.try_get(0)?,
+        r.try_get(1)?,
+        r.try_get(2)?,
+        r.try_get(3)?,
+        r.try_get(4)?,
+        r.try_get(5)?,
+        r.try_get(6)?,
+        r.try_get(7)?,
+        r.try_get(8)?,
+        r.try_get(9)?,
+        r.try_get(10)?,
+        r.try_get(11)?,
+        r.try_get(12)?,
+        r.try_get(13)?,
+        r.try_get(14)?,
+        r.try_get(15)?,
+        r.try_get(16)?,
+        r.try_get(17)?,
+    ))
+}
+
+/// The pin of `server`'s `tool` (both already as stored), read on `client`.
+async fn read_pin(
+    client: &impl tokio_postgres::GenericClient,
+    server: &str,
+    tool: &str,
+) -> Result<Option<ToolPin>, StoreError> {
+    let row = client
+        .query_opt(
+            "SELECT hash, definition, pinned_at_ms FROM tool_pin WHERE server = $1 AND tool = $2",
+            &[&server, &tool],
+        )
+        .await
+        .map_err(StoreError::Postgres)?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let (hash, definition, pinned_at): (String, String, i64) = (
+        row.try_get(0).map_err(StoreError::Postgres)?,
+        row.try_get(1).map_err(StoreError::Postgres)?,
+        row.try_get(2).map_err(StoreError::Postgres)?,
+    );
+    pin::decode(server, tool, &hash, definition, pinned_at).map(Some)
+}
+
+/// A server and tool name as pins key them (capped as history caps them, NUL-free).
+fn pin_key(server: &str, tool: &str) -> (String, String) {
+    (
+        text(&capped(server)).into_owned(),
+        text(&capped(tool)).into_owned(),
+    )
+}
+
+#[async_trait]
+impl Records for Postgres {
+    async fn spend(&self, nonce: &Nonce, expires_at_ms: u64) -> Result<(), SpendError> {
+        self.spend_nonce(nonce, expires_at_ms).await
+    }
+
+    async fn put_approval(&self, approval: &Approval) -> Result<(), StoreError> {
+        let c = approval::Columns::of(approval)?;
+        let nonce = &approval.nonce.as_bytes()[..];
+        let plan = approval.plan.to_hex();
+        let mac = approval.mac.as_ref().map(|m| &m[..]);
+        let (tool, target, tenant) = (
+            text(&approval.tool),
+            text(&approval.target),
+            text(&approval.tenant),
+        );
+        let inserted = on_connection!(self, |conn| conn.execute(
+            "INSERT INTO approval
+                 (nonce, tool, target, tenant, plan, arguments, issued_at_ms, expires_at_ms,
+                  class, mac)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &nonce,
+                &tool.as_ref(),
+                &target.as_ref(),
+                &tenant.as_ref(),
+                &plan,
+                &c.arguments,
+                &c.issued_at,
+                &c.expires_at,
+                &c.class,
+                &mac,
+            ],
+        ));
+        match inserted {
+            Ok(_) => Ok(()),
+            Err(err) if err.sqlstate() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                Err(StoreError::ApprovalExists(approval.nonce))
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn approval(&self, nonce: &Nonce) -> Result<Option<Approval>, StoreError> {
+        let key = &nonce.as_bytes()[..];
+        const SQL: &str = "SELECT tool, target, tenant, plan, arguments, issued_at_ms,
+                                  expires_at_ms, class, mac
+                           FROM approval WHERE nonce = $1";
+        let row = on_connection!(self, |conn| conn.query_opt(SQL, &[&key]))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let get = StoreError::Postgres;
+        approval::Row {
+            tool: row.try_get(0).map_err(get)?,
+            target: row.try_get(1).map_err(get)?,
+            tenant: row.try_get(2).map_err(get)?,
+            plan: row.try_get(3).map_err(get)?,
+            arguments: row.try_get(4).map_err(get)?,
+            issued_at: row.try_get(5).map_err(get)?,
+            expires_at: row.try_get(6).map_err(get)?,
+            class: row.try_get(7).map_err(get)?,
+            mac: row.try_get(8).map_err(get)?,
+        }
+        .decode(nonce)
+        .map(Some)
+    }
+
+    async fn withdraw_approval(&self, nonce: &Nonce) -> Result<bool, StoreError> {
+        let key = &nonce.as_bytes()[..];
+        let deleted = on_connection!(self, |conn| conn
+            .execute("DELETE FROM approval WHERE nonce = $1", &[&key]))?;
+        Ok(deleted == 1)
+    }
+
+    async fn record(&self, event: &ConfirmEvent) -> Result<(), StoreError> {
+        let stored = async {
+            let c = history::Columns::of(event)?;
+            let tool = text(&c.tool);
+            let target = c.target.as_deref().map(text);
+            let tenant = text(c.tenant);
+            let note = c.note.as_deref().map(text);
+            on_connection!(self, |conn| conn.execute(
+                "INSERT INTO history
+                     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                &[
+                    &c.at_ms,
+                    &c.kind,
+                    &c.refusal,
+                    &c.ok,
+                    &tool.as_ref(),
+                    &target.as_deref(),
+                    &tenant.as_ref(),
+                    &c.nonce,
+                    &c.plan,
+                    &note.as_deref(),
+                ],
+            ))
+            .map(|_| ())
+        }
+        .await;
+        history::emitted(event, stored)
+    }
+
+    async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
+        let nonce = filter.nonce.map(|n| n.to_hex());
+        let tool = filter.tool.as_deref().map(text);
+        let tenant = filter.tenant.as_deref().map(text);
+        let limit = filter.limit.map_or(i64::MAX, i64::from);
+        let rows = on_connection!(self, |conn| conn.query(
+            "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
+             FROM history
+             WHERE ($1::TEXT IS NULL OR tool = $1)
+               AND ($2::TEXT IS NULL OR tenant = $2)
+               AND ($3::TEXT IS NULL OR kind = $3)
+               AND ($4::TEXT IS NULL OR nonce = $4)
+             ORDER BY at_ms DESC, id DESC
+             LIMIT $5",
+            &[
+                &tool.as_deref(),
+                &tenant.as_deref(),
+                &filter.kind,
+                &nonce,
+                &limit
+            ],
+        ))?;
+        rows.iter()
+            .map(|r| {
+                let row = (|| {
+                    Ok::<_, tokio_postgres::Error>(history::Row {
+                        at_ms: r.try_get(0)?,
+                        kind: r.try_get(1)?,
+                        refusal: r.try_get(2)?,
+                        ok: r.try_get(3)?,
+                        tool: r.try_get(4)?,
+                        target: r.try_get(5)?,
+                        tenant: r.try_get(6)?,
+                        nonce: r.try_get(7)?,
+                        plan: r.try_get(8)?,
+                        note: r.try_get(9)?,
+                    })
+                })()
+                .map_err(StoreError::Postgres)?;
+                row.into_event()
+            })
+            .collect()
+    }
+
+    async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError> {
+        // A `now` beyond BIGINT is later than any stored expiry.
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        serializable!(self, |tx| async {
+            let pg = StoreError::Postgres;
+            let nonces = tx
+                .execute("DELETE FROM spent_nonce WHERE expires_at_ms < $1", &[&now])
+                .await
+                .map_err(pg)?;
+            let approvals = tx
+                .execute("DELETE FROM approval WHERE expires_at_ms < $1", &[&now])
+                .await
+                .map_err(pg)?;
+            let history = tx
+                .execute(
+                    "DELETE FROM history WHERE id <=
+                             (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET $1)",
+                    &[&MAX_HISTORY_ROWS],
+                )
+                .await
+                .map_err(pg)?;
+            // Never a registered server's pins (see `Store::prune`).
+            let pins = tx
+                .execute(
+                    "DELETE FROM tool_pin WHERE (server, tool) IN
+                             (SELECT server, tool FROM tool_pin WHERE server NOT LIKE 'server:%'
+                              ORDER BY pinned_at_ms DESC, server DESC, tool DESC OFFSET $1)",
+                    &[&MAX_PINS],
+                )
+                .await
+                .map_err(pg)?;
+            let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+            Ok::<_, StoreError>(Pruned {
+                nonces: count(nonces),
+                approvals: count(approvals),
+                history: count(history),
+                pins: count(pins),
+            })
+        })
+    }
+
+    async fn pin_first_seen(&self, candidates: &[ToolPin]) -> Result<Vec<ToolPin>, StoreError> {
+        let keys: Vec<(String, String)> = candidates
+            .iter()
+            .map(|c| pin_key(&c.server, &c.tool))
+            .collect();
+        let rows: Vec<(String, i64, String)> = candidates
+            .iter()
+            .map(|c| {
+                Ok((
+                    c.hash.to_hex(),
+                    ms_to_sql(c.pinned_at_ms)?,
+                    text(&cut(&c.definition, MAX_DEFINITION_CHARS)).into_owned(),
+                ))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        serializable!(self, |tx| async {
+            {
+                // Most listings find every tool pinned: no write at all then.
+                let mut found = Vec::with_capacity(keys.len());
+                for (server, tool) in &keys {
+                    found.push(read_pin(&*tx, server, tool).await?);
+                }
+                if found.iter().all(Option::is_some) {
+                    return Ok::<_, StoreError>(found.into_iter().flatten().collect());
+                }
+                // Whether each server was known before this listing: read once, before any
+                // insert.
+                let mut known = HashMap::<&str, bool>::new();
+                for (server, _) in &keys {
+                    if !known.contains_key(server.as_str()) {
+                        let seen: bool = tx
+                            .query_one(
+                                "SELECT EXISTS (SELECT 1 FROM tool_pin WHERE server = $1)",
+                                &[server],
+                            )
+                            .await
+                            .and_then(|r| r.try_get(0))
+                            .map_err(StoreError::Postgres)?;
+                        known.insert(server, seen);
+                    }
+                }
+                let mut pins = Vec::with_capacity(keys.len());
+                let mut pinned_now = HashMap::<&str, usize>::new();
+                for ((server, tool), (hash, at, definition)) in keys.iter().zip(&rows) {
+                    let count = pinned_now.entry(server.as_str()).or_default();
+                    if known[server.as_str()] || *count >= MAX_PINS_PER_SERVER {
+                        if let Some(pin) = read_pin(&*tx, server, tool).await? {
+                            pins.push(pin);
+                        }
+                        continue;
+                    }
+                    tx.execute(
+                        "INSERT INTO tool_pin (server, tool, hash, definition, pinned_at_ms)
+                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (server, tool) DO NOTHING",
+                        &[server, tool, hash, definition, at],
+                    )
+                    .await
+                    .map_err(StoreError::Postgres)?;
+                    let pin = read_pin(&*tx, server, tool).await?.ok_or_else(|| {
+                        StoreError::InvalidRow {
+                            table: pin::TABLE,
+                            reason: "a pin just written is not there".into(),
+                        }
+                    })?;
+                    pins.push(pin);
+                    *count += 1;
+                }
+                Ok(pins)
+            }
+        })
+    }
+
+    async fn repin(&self, pin: &ToolPin) -> Result<(), StoreError> {
+        let at = ms_to_sql(pin.pinned_at_ms)?;
+        let (server, tool) = pin_key(&pin.server, &pin.tool);
+        let hash = pin.hash.to_hex();
+        let definition = text(&cut(&pin.definition, MAX_DEFINITION_CHARS)).into_owned();
+        on_connection!(self, |conn| conn.execute(
+            "INSERT INTO tool_pin (server, tool, hash, definition, pinned_at_ms)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (server, tool) DO UPDATE
+                 SET hash = excluded.hash, definition = excluded.definition,
+                     pinned_at_ms = excluded.pinned_at_ms",
+            &[&server, &tool, &hash, &definition, &at],
+        ))
+        .map(|_| ())
+    }
+
+    async fn tool_pin(&self, server: &str, tool: &str) -> Result<Option<ToolPin>, StoreError> {
+        let (server, tool) = pin_key(server, tool);
+        let conn = self.connection().await?;
+        let result =
+            match tokio::time::timeout(self.statement_timeout, read_pin(&**conn, &server, &tool))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::PostgresTimeout {
+                    after: self.statement_timeout,
+                }),
+            };
+        self.release(conn, result.as_ref().err());
+        result
+    }
+
+    async fn put_grant(
+        &self,
+        grant: &Grant,
+        max_live: usize,
+        now: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let now = ms_to_sql(now)?;
+        let granted_at = ms_to_sql(grant.granted_at_ms)?;
+        let expires_at = ms_to_sql(grant.expires_at_ms)?;
+        let request =
+            i64::try_from(grant.request).map_err(|_| grant::invalid("request id".into()))?;
+        let (server, tool) = (text(&grant.server), text(&grant.tool));
+        let tenant = grant.tenant.as_deref().map(text);
+        let prefix = grant.prefix.as_deref().map(text);
+        let target = text(&capped(&grant.target)).into_owned();
+        let summary = text(&capped(&grant.summary)).into_owned();
+        let plan = grant.plan.map(|p| p.to_hex());
+        let definition = grant.definition.to_hex();
+        let mac = &grant.mac[..];
+        let id: Option<i64> = serializable!(self, |tx| async {
+            {
+                let pg = StoreError::Postgres;
+                let live: i64 = tx
+                    .query_one(
+                        "SELECT count(*) FROM approval_grant
+                             WHERE ended_at_ms IS NULL AND expires_at_ms > $1",
+                        &[&now],
+                    )
+                    .await
+                    .and_then(|r| r.try_get(0))
+                    .map_err(pg)?;
+                if usize::try_from(live).unwrap_or(usize::MAX) >= max_live {
+                    return Ok::<_, StoreError>(None);
+                }
+                let id: i64 = tx
+                    .query_one(
+                        "INSERT INTO approval_grant
+                                 (kind, server, tool, tenant, plan, prefix, target, summary,
+                                  class, definition, request, granted_at_ms, expires_at_ms,
+                                  uses, mac)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 0,
+                                     $14)
+                             RETURNING id",
+                        &[
+                            &grant.kind.code(),
+                            &server.as_ref(),
+                            &tool.as_ref(),
+                            &tenant.as_deref(),
+                            &plan,
+                            &prefix.as_deref(),
+                            &target,
+                            &summary,
+                            &grant.class.code(),
+                            &definition,
+                            &request,
+                            &granted_at,
+                            &expires_at,
+                            &mac,
+                        ],
+                    )
+                    .await
+                    .and_then(|r| r.try_get(0))
+                    .map_err(pg)?;
+                Ok(Some(id))
+            }
+        })?;
+        id.map(|id| u64::try_from(id).map_err(|_| grant::invalid(format!("id {id}"))))
+            .transpose()
+    }
+
+    async fn live_grants(&self, now: u64) -> Result<Vec<Grant>, StoreError> {
+        let now = ms_to_sql(now)?;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approval_grant
+             WHERE ended_at_ms IS NULL AND expires_at_ms > $1 ORDER BY id LIMIT $2"
+        );
+        let rows = on_connection!(self, |conn| conn.query(&sql, &[&now, &MAX_READ]))?;
+        rows.iter()
+            .map(|r| grant::decode(grant_row(r).map_err(StoreError::Postgres)?))
+            .collect()
+    }
+
+    async fn grant(&self, id: u64) -> Result<Option<Grant>, StoreError> {
+        let Ok(id) = i64::try_from(id) else {
+            return Ok(None);
+        };
+        let sql = format!("SELECT {COLUMNS} FROM approval_grant WHERE id = $1");
+        let row = on_connection!(self, |conn| conn.query_opt(&sql, &[&id]))?;
+        row.map(|r| grant::decode(grant_row(&r).map_err(StoreError::Postgres)?))
+            .transpose()
+    }
+
+    async fn end_grant(&self, id: u64, now: u64, why: GrantEnd) -> Result<bool, StoreError> {
+        let Ok(id) = i64::try_from(id) else {
+            return Ok(false);
+        };
+        let now = ms_to_sql(now)?;
+        let why = why.code();
+        let ended = on_connection!(self, |conn| conn.execute(
+            "UPDATE approval_grant SET ended_at_ms = $2, ended = $3
+             WHERE id = $1 AND ended_at_ms IS NULL AND expires_at_ms > $2",
+            &[&id, &now, &why],
+        ))?;
+        Ok(ended == 1)
+    }
+
+    async fn end_prefix_grants(
+        &self,
+        tenant: Option<&str>,
+        now: u64,
+        why: GrantEnd,
+    ) -> Result<usize, StoreError> {
+        let now = ms_to_sql(now)?;
+        let why = why.code();
+        let tenant = tenant.map(text);
+        let tenant = tenant.as_deref();
+        let ended = on_connection!(self, |conn| conn.execute(
+            "UPDATE approval_grant SET ended_at_ms = $1, ended = $2
+             WHERE kind = 'prefix' AND ended_at_ms IS NULL AND ($3::TEXT IS NULL OR tenant = $3)",
+            &[&now, &why, &tenant],
+        ))?;
+        Ok(usize::try_from(ended).unwrap_or(usize::MAX))
+    }
+
+    async fn grant_used(&self, id: u64) -> Result<(), StoreError> {
+        let Ok(id) = i64::try_from(id) else {
+            return Ok(());
+        };
+        on_connection!(self, |conn| conn.execute(
+            "UPDATE approval_grant SET uses = uses + 1 WHERE id = $1",
+            &[&id],
+        ))
+        .map(|_| ())
+    }
+
+    async fn accepted(&self, name: &str) -> Result<Option<Accepted>, StoreError> {
+        let name = text(name);
+        let row = on_connection!(self, |conn| conn.query_opt(
+            "SELECT text, accepted_at_ms FROM accepted_file WHERE name = $1",
+            &[&name.as_ref()],
+        ))?;
+        row.map(|r| {
+            let text: String = r.try_get(0).map_err(StoreError::Postgres)?;
+            let at: i64 = r.try_get(1).map_err(StoreError::Postgres)?;
+            Ok(Accepted {
+                text,
+                at_ms: crate::error::ms_from_sql(at, accepted::TABLE)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn accept(&self, name: &str, body: &str, at_ms: u64) -> Result<(), StoreError> {
+        let at = accepted::checked(name, body, at_ms)?;
+        let (name, body) = (text(name), text(body));
+        on_connection!(self, |conn| conn.execute(
+            "INSERT INTO accepted_file (name, text, accepted_at_ms) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE
+                 SET text = excluded.text, accepted_at_ms = excluded.accepted_at_ms",
+            &[&name.as_ref(), &body.as_ref(), &at],
+        ))
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,228 @@
+//! The records the engine keeps, behind one trait with two real implementations.
+//!
+//! The desk keeps its records in one SQLite file ([`Sqlite`], over [`Store`]); `countersign serve`
+//! runs the same engine on several machines at once, so its records must live in one database
+//! that every replica shares ([`Postgres`](crate::Postgres), behind the `postgres` feature). The
+//! engine holds an `Arc<dyn Records>` and does not know which: the promises it relies on (a nonce
+//! spends once however many replicas present it, an approval is never overwritten, history is
+//! newest first, a row expiring exactly at `now` survives a prune) are the trait's, and one test
+//! suite holds both implementations to them.
+//!
+//! The methods are async because a network database answers later; SQLite's answers are
+//! immediate, so [`Sqlite`] does its work inline under its lock (its waits are bounded by the
+//! store's busy timeout, as they are on the desk today).
+
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use countersign_core::telemetry::ConfirmEvent;
+use countersign_core::{Ledger, Nonce, SpendError};
+
+use crate::{
+    Accepted, Approval, Grant, GrantEnd, HistoryFilter, Pruned, Store, StoreError, ToolPin,
+};
+
+/// Everything the engine keeps durably: the single-use nonce ledger, the arguments people
+/// approved, the history of confirmation events, pinned tool definitions, grants, and the
+/// accepted text of the files a person may edit.
+///
+/// Times are parameters, in milliseconds since the Unix epoch; no implementation reads the clock.
+#[async_trait]
+pub trait Records: Send + Sync + std::fmt::Debug {
+    /// Records `nonce` as spent, durably, before the action it guards runs: ONE insert whose
+    /// duplicate is the replay ([`SpendError::AlreadySpent`]). Anything that keeps the store from
+    /// vouching for the spend is [`SpendError::Unreachable`], and the caller must refuse.
+    /// `expires_at_ms` is the token's expiry, after which [`Records::prune`] may forget the row.
+    async fn spend(&self, nonce: &Nonce, expires_at_ms: u64) -> Result<(), SpendError>;
+
+    /// Stores `approval` durably. A second approval under the same nonce is refused with
+    /// [`StoreError::ApprovalExists`] (what a person approved is never replaced), and one of
+    /// class `open` with [`StoreError::UngatedApproval`].
+    async fn put_approval(&self, approval: &Approval) -> Result<(), StoreError>;
+
+    /// The approval stored under `nonce`, or `None` (never stored, withdrawn, or pruned).
+    async fn approval(&self, nonce: &Nonce) -> Result<Option<Approval>, StoreError>;
+
+    /// Takes back the approval under `nonce` before its token expires; answers whether one was
+    /// there.
+    async fn withdraw_approval(&self, nonce: &Nonce) -> Result<bool, StoreError>;
+
+    /// Records `event` in history and emits it to `tracing` (target `confirm`) once, whether or
+    /// not the write succeeds; the write's failure is returned.
+    async fn record(&self, event: &ConfirmEvent) -> Result<(), StoreError>;
+
+    /// Recorded events that pass `filter`, newest first (by time, then by order of recording).
+    async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError>;
+
+    /// Deletes spent nonces and approvals that expired strictly before `now_ms` (one expiring
+    /// exactly at `now_ms` is kept), history beyond the newest
+    /// [`MAX_HISTORY_ROWS`](crate::MAX_HISTORY_ROWS) events and tool pins beyond the newest
+    /// [`MAX_PINS`](crate::MAX_PINS) (never a registered server's); says how many of each.
+    async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError>;
+
+    /// The pins in force for `candidates`, pinning as given those of servers never seen before
+    /// (at most [`MAX_PINS_PER_SERVER`](crate::MAX_PINS_PER_SERVER) per server); an existing pin
+    /// is never replaced here. See [`Store::pin_first_seen`].
+    async fn pin_first_seen(&self, candidates: &[ToolPin]) -> Result<Vec<ToolPin>, StoreError>;
+
+    /// Replaces the pin of `pin.server`'s `pin.tool` (the person accepted a changed definition).
+    async fn repin(&self, pin: &ToolPin) -> Result<(), StoreError>;
+
+    /// The pin of `server`'s `tool`, if there is one.
+    async fn tool_pin(&self, server: &str, tool: &str) -> Result<Option<ToolPin>, StoreError>;
+
+    /// Stores `grant` and answers its number, unless `max_live` grants already live at `now`:
+    /// then nothing is stored and the answer is `None`. The count and the insert are one
+    /// transaction, so two racing clicks cannot pass the cap together.
+    async fn put_grant(
+        &self,
+        grant: &Grant,
+        max_live: usize,
+        now: u64,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// The grants live at `now` (not ended, expiring after `now`), oldest first.
+    async fn live_grants(&self, now: u64) -> Result<Vec<Grant>, StoreError>;
+
+    /// Grant `id`, live or not.
+    async fn grant(&self, id: u64) -> Result<Option<Grant>, StoreError>;
+
+    /// Ends grant `id` at `now` for `why`; answers whether it was live until then.
+    async fn end_grant(&self, id: u64, now: u64, why: GrantEnd) -> Result<bool, StoreError>;
+
+    /// Ends the prefix grants of connection `tenant` (every connection's: `None`) still live at
+    /// `now`; answers how many.
+    async fn end_prefix_grants(
+        &self,
+        tenant: Option<&str>,
+        now: u64,
+        why: GrantEnd,
+    ) -> Result<usize, StoreError>;
+
+    /// Counts one call approved by grant `id`.
+    async fn grant_used(&self, id: u64) -> Result<(), StoreError>;
+
+    /// The text of the file `name` as last accepted, if it ever was.
+    async fn accepted(&self, name: &str) -> Result<Option<Accepted>, StoreError>;
+
+    /// Records `text` as the accepted text of the file `name` (refused past
+    /// [`MAX_ACCEPTED_BYTES`](crate::MAX_ACCEPTED_BYTES)).
+    async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError>;
+}
+
+/// The desk's SQLite [`Store`] as [`Records`]: one connection behind a mutex.
+#[derive(Debug)]
+pub struct Sqlite {
+    store: Mutex<Store>,
+}
+
+impl Sqlite {
+    /// `store` as records.
+    pub fn new(store: Store) -> Self {
+        Sqlite {
+            store: Mutex::new(store),
+        }
+    }
+
+    /// The store, for what only SQLite has (its path, whether it is connected).
+    ///
+    /// A panic while the lock was held leaves the store as SQLite left it (every write is one
+    /// transaction, rolled back unless committed), so a poisoned lock is taken over, not
+    /// propagated.
+    pub fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl From<Store> for Sqlite {
+    fn from(store: Store) -> Self {
+        Sqlite::new(store)
+    }
+}
+
+#[async_trait]
+impl Records for Sqlite {
+    async fn spend(&self, nonce: &Nonce, expires_at_ms: u64) -> Result<(), SpendError> {
+        self.lock().spend(nonce, expires_at_ms)
+    }
+
+    async fn put_approval(&self, approval: &Approval) -> Result<(), StoreError> {
+        self.lock().put_approval(approval)
+    }
+
+    async fn approval(&self, nonce: &Nonce) -> Result<Option<Approval>, StoreError> {
+        self.lock().approval(nonce)
+    }
+
+    async fn withdraw_approval(&self, nonce: &Nonce) -> Result<bool, StoreError> {
+        self.lock().withdraw_approval(nonce)
+    }
+
+    async fn record(&self, event: &ConfirmEvent) -> Result<(), StoreError> {
+        self.lock().record(event)
+    }
+
+    async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
+        self.lock().history(filter)
+    }
+
+    async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError> {
+        self.lock().prune(now_ms)
+    }
+
+    async fn pin_first_seen(&self, candidates: &[ToolPin]) -> Result<Vec<ToolPin>, StoreError> {
+        self.lock().pin_first_seen(candidates)
+    }
+
+    async fn repin(&self, pin: &ToolPin) -> Result<(), StoreError> {
+        self.lock().repin(pin)
+    }
+
+    async fn tool_pin(&self, server: &str, tool: &str) -> Result<Option<ToolPin>, StoreError> {
+        self.lock().tool_pin(server, tool)
+    }
+
+    async fn put_grant(
+        &self,
+        grant: &Grant,
+        max_live: usize,
+        now: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.lock().put_grant(grant, max_live, now)
+    }
+
+    async fn live_grants(&self, now: u64) -> Result<Vec<Grant>, StoreError> {
+        self.lock().live_grants(now)
+    }
+
+    async fn grant(&self, id: u64) -> Result<Option<Grant>, StoreError> {
+        self.lock().grant(id)
+    }
+
+    async fn end_grant(&self, id: u64, now: u64, why: GrantEnd) -> Result<bool, StoreError> {
+        self.lock().end_grant(id, now, why)
+    }
+
+    async fn end_prefix_grants(
+        &self,
+        tenant: Option<&str>,
+        now: u64,
+        why: GrantEnd,
+    ) -> Result<usize, StoreError> {
+        self.lock().end_prefix_grants(tenant, now, why)
+    }
+
+    async fn grant_used(&self, id: u64) -> Result<(), StoreError> {
+        self.lock().grant_used(id)
+    }
+
+    async fn accepted(&self, name: &str) -> Result<Option<Accepted>, StoreError> {
+        self.lock().accepted(name)
+    }
+
+    async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError> {
+        self.lock().accept(name, text, at_ms)
+    }
+}

@@ -1,0 +1,310 @@
+//! The PostgreSQL ledger under races and faults, with real processes and a real server.
+//!
+//! What `serve` promises: a nonce presented by many replicas at once spends once; a spend the
+//! ledger cannot vouch for is refused (`Unreachable`, nothing runs); a refusal whose outcome is
+//! unknown can only ever be followed by "already used", through this replica or any other; and a
+//! refusal where nothing was sent leaves the approval spendable once the server is back. Faults
+//! that stop, freeze or cut the server use a private server of the test's own (the shared one
+//! serves every other test running at the same moment). All need `.ci/with-postgres`.
+
+use std::time::{Duration, Instant};
+
+use countersign_core::{GateClass, Nonce, PlanHash, SpendError};
+use countersign_store::{
+    Approval, Postgres, PostgresOptions, Records, SERIALIZATION_RETRIES, StoreError,
+};
+use countersign_tests::postgres::{
+    FaultProxy, PrivateServer, admin, fresh_database, shared_database,
+};
+use countersign_tests::{Spend, spawn_group};
+
+const CHILD: &str = env!("CARGO_BIN_EXE_ledger_child");
+const PROCESSES: usize = 64;
+const EXPIRES_AT_MS: u64 = 4_000_000_000_000;
+
+fn nonce(n: u8) -> Nonce {
+    Nonce::from_bytes([n; 16])
+}
+
+fn unreachable(result: Result<(), SpendError>) -> String {
+    match result {
+        Err(SpendError::Unreachable(reason)) => reason,
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+}
+
+fn approval(n: u8) -> Approval {
+    Approval {
+        nonce: nonce(n),
+        tool: "delete_backup".into(),
+        target: format!("backup-{n}"),
+        tenant: "conn-1".into(),
+        plan: PlanHash::from_bytes([n; 32]),
+        arguments: serde_json::json!({ "name": format!("backup-{n}") }),
+        issued_at_ms: 1,
+        expires_at_ms: EXPIRES_AT_MS,
+        class: GateClass::Once,
+        mac: Some([n; 32]),
+    }
+}
+
+/// Options for fault tests: short timeouts, so a refusal comes quickly.
+fn short(application_name: &str) -> PostgresOptions {
+    PostgresOptions::default()
+        .with_statement_timeout(Duration::from_secs(1))
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_pool_size(1)
+        .with_application_name(application_name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn sixty_four_processes_spending_one_nonce_on_postgres_spend_it_once() {
+    let dsn = shared_database().await;
+    // The schema exists before the children start: the race is on the spend alone.
+    drop(
+        Postgres::connect(&dsn, PostgresOptions::default())
+            .await
+            .unwrap(),
+    );
+    for round in 0..3u8 {
+        let started = Instant::now();
+        let hex = nonce(round).to_hex();
+        let (mut release, children) =
+            spawn_group(CHILD, &["postgres-spend", &dsn, &hex], &[], PROCESSES);
+        for child in &children {
+            assert_eq!(
+                child.first_line(),
+                "ready",
+                "child {} was not ready",
+                child.id()
+            );
+        }
+        release.release();
+        let (mut ok, mut already_spent, mut slowest) = (0, 0, 0);
+        for child in children.into_iter().map(|c| c.finish()) {
+            assert!(child.status.success(), "a child failed: {child:?}");
+            let outcome = child.outcome().expect("an outcome");
+            match outcome.spend {
+                Spend::Ok => ok += 1,
+                Spend::AlreadySpent => already_spent += 1,
+                Spend::Unreachable | Spend::OpenError => {
+                    panic!(
+                        "round {round}: a child was refused: {outcome:?}\n{}",
+                        child.stderr
+                    )
+                }
+            }
+            slowest = slowest.max(outcome.micros);
+        }
+        eprintln!(
+            "round {round}: {ok} ok, {already_spent} already spent, slowest spend {:.1} ms, \
+             round {} ms",
+            slowest as f64 / 1000.0,
+            started.elapsed().as_millis()
+        );
+        assert_eq!(ok, 1, "round {round}: exactly one spend succeeds");
+        assert_eq!(
+            already_spent,
+            PROCESSES - 1,
+            "round {round}: the rest are replays"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_server_stopped_before_the_spend_is_unreachable_and_the_nonce_spends_once_it_is_back() {
+    let server = PrivateServer::start();
+    let dsn = fresh_database(&server.dsn()).await;
+    let records = Postgres::connect(&dsn, short("countersign-stopped"))
+        .await
+        .unwrap();
+    records.put_approval(&approval(1)).await.unwrap();
+
+    server.stop_immediately();
+    let reason = unreachable(records.spend(&nonce(1), EXPIRES_AT_MS).await);
+    eprintln!("server stopped: {reason}");
+    assert_eq!(records.doubtful_count(), 0, "nothing was sent: no doubt");
+    assert!(matches!(
+        records.approval(&nonce(1)).await,
+        Err(StoreError::PostgresUnavailable { .. })
+    ));
+
+    server.start_again();
+    // It never reached the database: the same approval spends, once.
+    assert_eq!(records.spend(&nonce(1), EXPIRES_AT_MS).await, Ok(()));
+    assert_eq!(
+        records.spend(&nonce(1), EXPIRES_AT_MS).await,
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(
+        records.approval(&nonce(1)).await.unwrap(),
+        Some(approval(1))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_connection_cut_after_the_insert_was_sent_is_unreachable_then_already_spent_everywhere() {
+    let server = PrivateServer::start();
+    let direct = fresh_database(&server.dsn()).await;
+    let proxy = FaultProxy::start(server.port(), b"spent_nonce").await;
+    let proxied = direct.replace(
+        &format!("port={}", server.port()),
+        &format!("port={}", proxy.port()),
+    );
+    let records = Postgres::connect(&proxied, short("countersign-cut"))
+        .await
+        .unwrap();
+
+    proxy.arm();
+    let reason = unreachable(records.spend(&nonce(1), EXPIRES_AT_MS).await);
+    eprintln!("connection cut: {reason}");
+    assert_eq!(proxy.cuts(), 1);
+    assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
+
+    // The proxy forwards again. Through the same value, the doubtful nonce is refused as used,
+    // and burned in the database on the way.
+    assert_eq!(
+        records.spend(&nonce(1), EXPIRES_AT_MS).await,
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(records.doubtful_count(), 0, "burned");
+    assert_eq!(records.spend(&nonce(2), EXPIRES_AT_MS).await, Ok(()));
+    // Through another replica (a fresh value, straight to the server): already used too.
+    let other = Postgres::connect(&direct, short("countersign-other"))
+        .await
+        .unwrap();
+    assert_eq!(
+        other.spend(&nonce(1), EXPIRES_AT_MS).await,
+        Err(SpendError::AlreadySpent)
+    );
+}
+
+/// A database whose `spent_nonce` inserts fail with a serialization failure the first
+/// `failures` times (a trigger of the test's own; the product's schema has no functions).
+async fn failing_the_first(failures: u32) -> (String, tokio_postgres::Client) {
+    let dsn = shared_database().await;
+    drop(
+        Postgres::connect(&dsn, PostgresOptions::default())
+            .await
+            .unwrap(),
+    );
+    let admin = admin(&dsn).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SEQUENCE injected_failures;
+             CREATE FUNCTION fail_first() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF nextval('injected_failures') <= {failures} THEN
+                     RAISE EXCEPTION 'injected serialization failure' USING ERRCODE = '40001';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_first BEFORE INSERT ON spent_nonce
+                 FOR EACH ROW EXECUTE FUNCTION fail_first();"
+        ))
+        .await
+        .unwrap();
+    (dsn, admin)
+}
+
+async fn rows_of(admin: &tokio_postgres::Client, n: u8) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM spent_nonce WHERE nonce = $1",
+            &[&&nonce(n).as_bytes()[..]],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn serialization_failures_up_to_the_retry_bound_are_retried_and_spend_once() {
+    let (dsn, admin) = failing_the_first(SERIALIZATION_RETRIES).await;
+    let records = Postgres::connect(&dsn, PostgresOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(records.spend(&nonce(1), EXPIRES_AT_MS).await, Ok(()));
+    assert_eq!(
+        records.spend(&nonce(1), EXPIRES_AT_MS).await,
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(rows_of(&admin, 1).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn serialization_failures_past_the_retry_bound_are_unreachable_and_spend_nothing() {
+    let (dsn, admin) = failing_the_first(SERIALIZATION_RETRIES + 1).await;
+    let records = Postgres::connect(&dsn, PostgresOptions::default())
+        .await
+        .unwrap();
+    let reason = unreachable(records.spend(&nonce(1), EXPIRES_AT_MS).await);
+    assert!(reason.contains("40001"), "{reason}");
+    assert_eq!(records.doubtful_count(), 0, "the server said no: no doubt");
+    assert_eq!(rows_of(&admin, 1).await, 0);
+    admin
+        .batch_execute("DROP TRIGGER fail_first ON spent_nonce")
+        .await
+        .unwrap();
+    assert_eq!(records.spend(&nonce(1), EXPIRES_AT_MS).await, Ok(()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_frozen_backend_times_out_as_unreachable_and_the_nonce_is_then_already_spent() {
+    let server = PrivateServer::start();
+    let dsn = fresh_database(&server.dsn()).await;
+    let timeout = Duration::from_secs(1);
+    let records = Postgres::connect(&dsn, short("countersign-frozen"))
+        .await
+        .unwrap();
+    // The pool's one connection is open; find its backend.
+    assert_eq!(records.approval(&nonce(1)).await.unwrap(), None);
+    let admin = admin(&server.dsn()).await;
+    let pids: Vec<i32> = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'countersign-frozen'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let backend = pids[0];
+
+    // SAFETY: signals to a PostgreSQL backend process of the test's own private server.
+    assert_eq!(unsafe { libc::kill(backend, libc::SIGSTOP) }, 0);
+    let started = Instant::now();
+    let result = records.spend(&nonce(1), EXPIRES_AT_MS).await;
+    let waited = started.elapsed();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(backend, libc::SIGCONT) }, 0);
+    let reason = unreachable(result);
+    eprintln!("frozen backend: refused after {waited:?}: {reason}");
+    assert!(waited >= timeout, "gave up after only {waited:?}");
+    assert!(
+        waited < timeout + Duration::from_millis(500),
+        "waited {waited:?} with a {timeout:?} statement timeout"
+    );
+    assert_eq!(records.doubtful_count(), 1);
+
+    assert_eq!(
+        records.spend(&nonce(1), EXPIRES_AT_MS).await,
+        Err(SpendError::AlreadySpent)
+    );
+    let other = Postgres::connect(&dsn, short("countersign-other"))
+        .await
+        .unwrap();
+    assert_eq!(
+        other.spend(&nonce(1), EXPIRES_AT_MS).await,
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(other.spend(&nonce(2), EXPIRES_AT_MS).await, Ok(()));
+}

@@ -1,0 +1,750 @@
+//! One suite, both stores: every behaviour the engine relies on from its records, run against
+//! the desk's SQLite file and against PostgreSQL, so the two implementations of `Records` cannot
+//! drift apart. Each behaviour is a generic function over `&dyn Records`; the `suite!` macro
+//! instantiates it once per store. The PostgreSQL half needs `.ci/with-postgres` (a fresh
+//! database per test) and fails, not passes, without it. What only one store has (SQLite's file
+//! format, PostgreSQL's concurrent migrations and newer-schema refusal) is tested after the
+//! suite.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
+use countersign_core::{GateClass, Nonce, PlanHash, Refusal, SpendError};
+use countersign_store::{
+    Accepted, Approval, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES,
+    MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Postgres, PostgresOptions, Pruned, Records, Sqlite,
+    Store, StoreError, StoreOptions, ToolPin,
+};
+use countersign_tests::postgres::shared_database;
+
+/// A store under test, with whatever must live as long as it.
+struct Fixture {
+    records: Arc<dyn Records>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn sqlite() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
+    Fixture {
+        records: Arc::new(Sqlite::new(store)),
+        _dir: Some(dir),
+    }
+}
+
+async fn postgres() -> Fixture {
+    let dsn = shared_database().await;
+    Fixture {
+        records: Arc::new(
+            Postgres::connect(&dsn, PostgresOptions::default())
+                .await
+                .unwrap(),
+        ),
+        _dir: None,
+    }
+}
+
+macro_rules! suite {
+    ($($behaviour:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let fixture = super::sqlite();
+                    super::$behaviour(fixture.records.clone()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+                async fn $behaviour() {
+                    let fixture = super::postgres().await;
+                    super::$behaviour(fixture.records.clone()).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    a_spent_nonce_is_already_spent_the_second_time,
+    tasks_racing_one_nonce_spend_it_once,
+    an_approval_reads_back_exactly_and_is_never_overwritten,
+    an_open_class_approval_is_refused,
+    a_withdrawn_approval_is_gone_and_only_that_one,
+    a_time_beyond_the_stores_range_is_refused,
+    history_round_trips_every_event_kind,
+    history_is_newest_first,
+    history_filters_by_tool_tenant_kind_nonce_and_limit,
+    record_emits_one_confirm_event_per_event,
+    prune_deletes_only_rows_expired_before_now,
+    prune_keeps_history_and_pins,
+    first_sight_pins_and_a_later_sight_finds_the_first_pin,
+    an_accepted_change_replaces_the_pin,
+    a_huge_definition_is_kept_cut_and_its_hash_whole,
+    a_first_listing_pins_at_most_its_share,
+    a_stored_grant_reads_back_with_its_number_and_counts_its_uses,
+    an_expired_or_ended_grant_is_not_live_and_ends_once,
+    session_grants_end_with_their_connection_or_all_at_a_restart,
+    no_grant_is_stored_past_the_cap_of_live_ones,
+    racing_grants_never_pass_the_cap_together,
+    a_file_is_unknown_until_accepted_then_its_latest_text_is_kept,
+    a_huge_accepted_file_is_refused_not_stored,
+);
+
+fn nonce(n: u8) -> Nonce {
+    Nonce::from_bytes([n; 16])
+}
+
+fn approval(n: u8, expires_at_ms: u64) -> Approval {
+    Approval {
+        nonce: nonce(n),
+        tool: "delete_backup".into(),
+        target: format!("backup-{n}"),
+        tenant: "conn-1".into(),
+        plan: PlanHash::from_bytes([n; 32]),
+        arguments: serde_json::json!({ "name": format!("backup-{n}") }),
+        issued_at_ms: expires_at_ms.saturating_sub(600_000),
+        expires_at_ms,
+        class: GateClass::Once,
+        mac: Some([n; 32]),
+    }
+}
+
+fn event(at_ms: u64, kind: EventKind) -> ConfirmEvent {
+    ConfirmEvent {
+        at_ms,
+        kind,
+        tool: "execute".into(),
+        target: Some("main.db".into()),
+        tenant: "conn-1".into(),
+        nonce: Some(nonce(7)),
+        plan: Some(PlanHash::from_bytes([8; 32])),
+        note: Some("a note".into()),
+    }
+}
+
+fn pin(server: &str, tool: &str, n: u8, at: u64) -> ToolPin {
+    ToolPin {
+        server: server.into(),
+        tool: tool.into(),
+        hash: PlanHash::from_bytes([n; 32]),
+        definition: format!("{{\"description\": \"version {n}\"}}"),
+        pinned_at_ms: at,
+    }
+}
+
+fn grant(kind: GrantKind, expires_at_ms: u64) -> Grant {
+    Grant {
+        id: 0,
+        kind,
+        server: "builtin:/tmp/app.sqlite".into(),
+        tool: "create_backup".into(),
+        tenant: (kind == GrantKind::Prefix).then(|| "conn-1".into()),
+        plan: (kind == GrantKind::Call).then(|| PlanHash::from_bytes([3; 32])),
+        prefix: (kind == GrantKind::Prefix).then(|| "/home/a/docs".into()),
+        target: "nightly".into(),
+        summary: "create_backup on nightly".into(),
+        class: GateClass::Token,
+        definition: PlanHash::from_bytes([4; 32]),
+        request: 7,
+        granted_at_ms: 1_000,
+        expires_at_ms,
+        uses: 0,
+        ended: None,
+        mac: [9; 32],
+    }
+}
+
+type R = Arc<dyn Records>;
+
+async fn a_spent_nonce_is_already_spent_the_second_time(r: R) {
+    assert_eq!(r.spend(&nonce(1), 10).await, Ok(()));
+    assert_eq!(r.spend(&nonce(1), 10).await, Err(SpendError::AlreadySpent));
+    assert_eq!(r.spend(&nonce(1), 99).await, Err(SpendError::AlreadySpent));
+    assert_eq!(r.spend(&nonce(2), 10).await, Ok(()));
+    // An expiry beyond the store's range is "never": the nonce is kept.
+    assert_eq!(r.spend(&nonce(3), u64::MAX).await, Ok(()));
+    assert_eq!(
+        r.spend(&nonce(3), u64::MAX).await,
+        Err(SpendError::AlreadySpent)
+    );
+}
+
+async fn tasks_racing_one_nonce_spend_it_once(r: R) {
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let r = r.clone();
+            tokio::spawn(async move { r.spend(&nonce(9), 10).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    assert_eq!(
+        outcomes.iter().filter(|o| o.is_ok()).count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .filter(|o| o.is_err())
+            .all(|o| *o == Err(SpendError::AlreadySpent)),
+        "{outcomes:?}"
+    );
+}
+
+async fn an_approval_reads_back_exactly_and_is_never_overwritten(r: R) {
+    assert_eq!(r.approval(&nonce(1)).await.unwrap(), None);
+    let mut first = approval(1, 700_000);
+    first.arguments = serde_json::json!({
+        "sql": "DELETE FROM t WHERE name = 'x' -- \u{202e}\u{0}",
+        "floats": [0.1, 1e-300, 5e-324, 1.7976931348623157e308, 123456789.12345679, -0.0, 2.5],
+        "ints": [u64::MAX, i64::MIN, 0, -1],
+        "types": ["2", 2, 2.0, true, null, {}, []],
+        "nested": { "b": { "z": 1, "a": [1, { "k": "v" }] }, "a": "é 漢字 🦀" },
+    });
+    r.put_approval(&first).await.unwrap();
+    let back = r.approval(&nonce(1)).await.unwrap().unwrap();
+    assert_eq!(back, first);
+    assert_eq!(back.arguments.to_string(), first.arguments.to_string());
+    let mut token = approval(2, 700_000);
+    (token.class, token.mac) = (GateClass::Token, None);
+    r.put_approval(&token).await.unwrap();
+    assert_eq!(r.approval(&nonce(2)).await.unwrap(), Some(token));
+
+    let mut second = approval(1, 10);
+    second.arguments = serde_json::json!({ "name": "something else" });
+    assert!(
+        matches!(r.put_approval(&second).await, Err(StoreError::ApprovalExists(n)) if n == nonce(1))
+    );
+    assert_eq!(r.approval(&nonce(1)).await.unwrap(), Some(first));
+    assert_eq!(r.approval(&nonce(3)).await.unwrap(), None);
+}
+
+async fn an_open_class_approval_is_refused(r: R) {
+    let mut open = approval(1, 10);
+    open.class = GateClass::Open;
+    let err = r.put_approval(&open).await.unwrap_err();
+    assert!(matches!(err, StoreError::UngatedApproval(n) if n == nonce(1)));
+    assert_eq!(r.approval(&nonce(1)).await.unwrap(), None);
+}
+
+async fn a_withdrawn_approval_is_gone_and_only_that_one(r: R) {
+    r.put_approval(&approval(1, 700_000)).await.unwrap();
+    r.put_approval(&approval(2, 700_000)).await.unwrap();
+    assert!(r.withdraw_approval(&nonce(1)).await.unwrap());
+    assert!(!r.withdraw_approval(&nonce(1)).await.unwrap());
+    assert_eq!(r.approval(&nonce(1)).await.unwrap(), None);
+    assert!(r.approval(&nonce(2)).await.unwrap().is_some());
+}
+
+async fn a_time_beyond_the_stores_range_is_refused(r: R) {
+    let mut approved = approval(1, 10);
+    approved.expires_at_ms = u64::MAX;
+    assert!(matches!(
+        r.put_approval(&approved).await,
+        Err(StoreError::TimeOutOfRange(u64::MAX))
+    ));
+    assert_eq!(r.approval(&nonce(1)).await.unwrap(), None);
+    assert!(matches!(
+        r.record(&event(u64::MAX, EventKind::Issued)).await,
+        Err(StoreError::TimeOutOfRange(u64::MAX))
+    ));
+}
+
+fn every_kind() -> Vec<EventKind> {
+    let mut kinds = vec![
+        EventKind::Issued,
+        EventKind::Accepted,
+        EventKind::Replay,
+        EventKind::Denied,
+        EventKind::Changed,
+        EventKind::Executed { ok: true },
+        EventKind::Executed { ok: false },
+    ];
+    kinds.extend(
+        Refusal::ALL
+            .into_iter()
+            .map(|refusal| EventKind::Refused { refusal }),
+    );
+    kinds.extend(
+        Rejection::ALL
+            .into_iter()
+            .map(|reason| EventKind::Rejected { reason }),
+    );
+    kinds
+}
+
+async fn history_round_trips_every_event_kind(r: R) {
+    let mut recorded = Vec::new();
+    for (i, kind) in every_kind().into_iter().enumerate() {
+        let mut e = event(i as u64, kind);
+        if i % 2 == 1 {
+            (e.target, e.nonce, e.plan, e.note) = (None, None, None, None);
+        }
+        r.record(&e).await.unwrap();
+        recorded.push(e);
+    }
+    recorded.reverse();
+    assert_eq!(r.history(&HistoryFilter::all()).await.unwrap(), recorded);
+}
+
+async fn history_is_newest_first(r: R) {
+    r.record(&event(20, EventKind::Issued)).await.unwrap();
+    r.record(&event(10, EventKind::Accepted)).await.unwrap();
+    r.record(&event(30, EventKind::Denied)).await.unwrap();
+    // Same time: the later recorded is newer.
+    r.record(&event(30, EventKind::Replay)).await.unwrap();
+    let kinds: Vec<_> = r
+        .history(&HistoryFilter::all())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.at_ms, e.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (30, EventKind::Replay),
+            (30, EventKind::Denied),
+            (20, EventKind::Issued),
+            (10, EventKind::Accepted)
+        ]
+    );
+}
+
+async fn history_filters_by_tool_tenant_kind_nonce_and_limit(r: R) {
+    let mut at = 0;
+    for tool in ["execute", "delete_backup"] {
+        for tenant in ["conn-1", "conn-2"] {
+            for kind in [
+                EventKind::Issued,
+                EventKind::Refused {
+                    refusal: Refusal::Expired,
+                },
+            ] {
+                at += 1;
+                let mut e = event(at, kind);
+                e.tool = tool.into();
+                e.tenant = tenant.into();
+                e.nonce = Some(nonce(at as u8));
+                r.record(&e).await.unwrap();
+            }
+        }
+    }
+    let count = |filter: HistoryFilter| {
+        let r = r.clone();
+        async move { r.history(&filter).await.unwrap().len() }
+    };
+    assert_eq!(count(HistoryFilter::all()).await, 8);
+    assert_eq!(count(HistoryFilter::all().tool("execute")).await, 4);
+    assert_eq!(count(HistoryFilter::all().tenant("conn-2")).await, 4);
+    assert_eq!(count(HistoryFilter::all().kind(EventKind::Issued)).await, 4);
+    let refused = HistoryFilter::all().kind(EventKind::Refused {
+        refusal: Refusal::BadToken,
+    });
+    assert_eq!(
+        count(refused).await,
+        4,
+        "the kind filter compares codes only"
+    );
+    let narrow = HistoryFilter::all()
+        .tool("execute")
+        .tenant("conn-1")
+        .kind(EventKind::Issued);
+    assert_eq!(count(narrow).await, 1);
+    assert_eq!(count(HistoryFilter::all().tool("nothing")).await, 0);
+    let by_nonce = r
+        .history(&HistoryFilter::all().nonce(nonce(3)))
+        .await
+        .unwrap();
+    assert_eq!(by_nonce.len(), 1);
+    assert_eq!(by_nonce[0].at_ms, 3);
+    let newest = r.history(&HistoryFilter::all().limit(3)).await.unwrap();
+    assert_eq!(
+        newest.iter().map(|e| e.at_ms).collect::<Vec<_>>(),
+        [8, 7, 6]
+    );
+    assert_eq!(count(HistoryFilter::all().limit(0)).await, 0);
+}
+
+/// Counts the `confirm` events emitted while it is the thread's default subscriber.
+struct ConfirmEvents(Arc<AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ConfirmEvents {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "confirm" {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn record_emits_one_confirm_event_per_event(r: R) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let count = Arc::new(AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry().with(ConfirmEvents(count.clone()));
+    // The test's own future runs on this thread, and so does the emitting.
+    let _default = tracing::subscriber::set_default(subscriber);
+    r.record(&event(1, EventKind::Issued)).await.unwrap();
+    r.record(&event(2, EventKind::Replay)).await.unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    // A write that fails is still emitted: a refusal reaches the logs even when not the store.
+    assert!(r.record(&event(u64::MAX, EventKind::Replay)).await.is_err());
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+}
+
+async fn prune_deletes_only_rows_expired_before_now(r: R) {
+    for (n, expires) in [(1, 10), (2, 20), (3, 30)] {
+        r.spend(&nonce(n), expires).await.unwrap();
+        r.put_approval(&approval(n, expires)).await.unwrap();
+    }
+    assert_eq!(
+        r.prune(20).await.unwrap(),
+        Pruned {
+            nonces: 1,
+            approvals: 1,
+            history: 0,
+            pins: 0
+        }
+    );
+    // Expiring exactly at `now` is not "before now": kept.
+    assert_eq!(r.spend(&nonce(2), 20).await, Err(SpendError::AlreadySpent));
+    assert_eq!(r.spend(&nonce(3), 30).await, Err(SpendError::AlreadySpent));
+    assert!(r.approval(&nonce(1)).await.unwrap().is_none());
+    assert!(r.approval(&nonce(2)).await.unwrap().is_some());
+    // The pruned nonce's row is gone (its token is refused as expired before the ledger).
+    assert_eq!(r.spend(&nonce(1), 10).await, Ok(()));
+    assert_eq!(
+        r.prune(u64::MAX).await.unwrap(),
+        Pruned {
+            nonces: 3,
+            approvals: 2,
+            history: 0,
+            pins: 0
+        }
+    );
+}
+
+async fn prune_keeps_history_and_pins(r: R) {
+    r.record(&event(1, EventKind::Issued)).await.unwrap();
+    r.pin_first_seen(&[pin("s", "a", 1, 10)]).await.unwrap();
+    assert_eq!(r.prune(u64::MAX).await.unwrap(), Pruned::default());
+    assert_eq!(r.history(&HistoryFilter::all()).await.unwrap().len(), 1);
+    assert!(r.tool_pin("s", "a").await.unwrap().is_some());
+}
+
+async fn first_sight_pins_and_a_later_sight_finds_the_first_pin(r: R) {
+    let first = r
+        .pin_first_seen(&[pin("s", "a", 1, 10), pin("s", "b", 2, 10)])
+        .await
+        .unwrap();
+    assert_eq!(first, vec![pin("s", "a", 1, 10), pin("s", "b", 2, 10)]);
+    // A changed definition does not replace the pin; a tool new to a known server is not pinned.
+    let later = r
+        .pin_first_seen(&[pin("s", "a", 9, 20), pin("s", "c", 3, 20)])
+        .await
+        .unwrap();
+    assert_eq!(later, vec![pin("s", "a", 1, 10)]);
+    assert_eq!(r.tool_pin("s", "c").await.unwrap(), None);
+    let other = r.pin_first_seen(&[pin("t", "a", 5, 30)]).await.unwrap();
+    assert_eq!(other, vec![pin("t", "a", 5, 30)]);
+}
+
+async fn an_accepted_change_replaces_the_pin(r: R) {
+    r.pin_first_seen(&[pin("s", "a", 1, 10)]).await.unwrap();
+    r.repin(&pin("s", "a", 2, 20)).await.unwrap();
+    assert_eq!(
+        r.tool_pin("s", "a").await.unwrap(),
+        Some(pin("s", "a", 2, 20))
+    );
+    assert_eq!(r.tool_pin("s", "b").await.unwrap(), None);
+}
+
+async fn a_huge_definition_is_kept_cut_and_its_hash_whole(r: R) {
+    let mut big = pin("s", "a", 1, 10);
+    big.definition = "x".repeat(MAX_DEFINITION_CHARS + 5);
+    let kept = r.pin_first_seen(&[big]).await.unwrap().remove(0);
+    assert!(kept.definition.ends_with("… [cut: 5 more characters]"));
+    assert_eq!(kept.hash, PlanHash::from_bytes([1; 32]));
+}
+
+async fn a_first_listing_pins_at_most_its_share(r: R) {
+    let listing: Vec<ToolPin> = (0..MAX_PINS_PER_SERVER + 5)
+        .map(|i| pin("flood", &format!("t{i}"), 1, 1))
+        .collect();
+    let pins = r.pin_first_seen(&listing).await.unwrap();
+    assert_eq!(pins.len(), MAX_PINS_PER_SERVER);
+    let last = format!("t{}", MAX_PINS_PER_SERVER + 4);
+    assert_eq!(r.tool_pin("flood", &last).await.unwrap(), None);
+}
+
+async fn a_stored_grant_reads_back_with_its_number_and_counts_its_uses(r: R) {
+    let id = r
+        .put_grant(&grant(GrantKind::Call, 10_000), 64, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    r.grant_used(id).await.unwrap();
+    r.grant_used(id).await.unwrap();
+    let live = r.live_grants(1_000).await.unwrap();
+    assert_eq!(
+        live,
+        vec![Grant {
+            id,
+            uses: 2,
+            ..grant(GrantKind::Call, 10_000)
+        }]
+    );
+    assert_eq!(r.grant(id).await.unwrap(), Some(live[0].clone()));
+    assert_eq!(r.grant(id + 1).await.unwrap(), None);
+    assert_eq!(r.grant(u64::MAX).await.unwrap(), None);
+}
+
+async fn an_expired_or_ended_grant_is_not_live_and_ends_once(r: R) {
+    let a = r
+        .put_grant(&grant(GrantKind::Call, 5_000), 64, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let b = r
+        .put_grant(&grant(GrantKind::Call, 9_000), 64, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    // Expiring exactly at `now` is no longer live.
+    assert_eq!(r.live_grants(5_000).await.unwrap().len(), 1);
+    assert!(r.end_grant(b, 6_000, GrantEnd::Revoked).await.unwrap());
+    assert!(!r.end_grant(b, 6_001, GrantEnd::Revoked).await.unwrap());
+    assert!(!r.end_grant(a, 6_000, GrantEnd::Revoked).await.unwrap());
+    let live: Vec<u64> = r
+        .live_grants(1_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|g| g.id)
+        .collect();
+    assert_eq!(live, vec![a]);
+    assert!(r.live_grants(5_000).await.unwrap().is_empty());
+    assert_eq!(
+        r.grant(b).await.unwrap().unwrap().ended,
+        Some((6_000, GrantEnd::Revoked))
+    );
+}
+
+async fn session_grants_end_with_their_connection_or_all_at_a_restart(r: R) {
+    let call = r
+        .put_grant(&grant(GrantKind::Call, 10_000), 64, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let mine = r
+        .put_grant(&grant(GrantKind::Prefix, 10_000), 64, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let other = Grant {
+        tenant: Some("conn-2".into()),
+        ..grant(GrantKind::Prefix, 10_000)
+    };
+    let other = r.put_grant(&other, 64, 1_000).await.unwrap().unwrap();
+    assert_eq!(
+        r.end_prefix_grants(Some("conn-1"), 2_000, GrantEnd::Disconnected)
+            .await
+            .unwrap(),
+        1
+    );
+    let live = |now| {
+        let r = r.clone();
+        async move {
+            r.live_grants(now)
+                .await
+                .unwrap()
+                .iter()
+                .map(|g| g.id)
+                .collect::<Vec<u64>>()
+        }
+    };
+    assert_eq!(live(2_000).await, vec![call, other]);
+    assert_eq!(
+        r.end_prefix_grants(None, 3_000, GrantEnd::Restarted)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(live(3_000).await, vec![call]);
+    assert_eq!(
+        r.grant(mine).await.unwrap().unwrap().ended,
+        Some((2_000, GrantEnd::Disconnected))
+    );
+}
+
+async fn no_grant_is_stored_past_the_cap_of_live_ones(r: R) {
+    for _ in 0..3 {
+        assert!(
+            r.put_grant(&grant(GrantKind::Call, 10_000), 3, 1_000)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+    assert_eq!(
+        r.put_grant(&grant(GrantKind::Call, 10_000), 3, 1_000)
+            .await
+            .unwrap(),
+        None
+    );
+    // Expired ones do not count.
+    assert!(
+        r.put_grant(&grant(GrantKind::Call, 20_000), 3, 10_000)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+async fn racing_grants_never_pass_the_cap_together(r: R) {
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let r = r.clone();
+            tokio::spawn(
+                async move { r.put_grant(&grant(GrantKind::Call, 10_000), 3, 1_000).await },
+            )
+        })
+        .collect();
+    let mut stored = 0;
+    for task in tasks {
+        if task.await.unwrap().unwrap().is_some() {
+            stored += 1;
+        }
+    }
+    assert_eq!(stored, 3);
+    assert_eq!(r.live_grants(1_000).await.unwrap().len(), 3);
+}
+
+async fn a_file_is_unknown_until_accepted_then_its_latest_text_is_kept(r: R) {
+    assert_eq!(r.accepted("servers.json").await.unwrap(), None);
+    r.accept("servers.json", "{}", 5).await.unwrap();
+    r.accept("servers.json", "{\"servers\": {}}", 7)
+        .await
+        .unwrap();
+    r.accept("policy.toml", "", 8).await.unwrap();
+    assert_eq!(
+        r.accepted("servers.json").await.unwrap(),
+        Some(Accepted {
+            text: "{\"servers\": {}}".into(),
+            at_ms: 7
+        })
+    );
+    assert_eq!(r.accepted("policy.toml").await.unwrap().unwrap().text, "");
+}
+
+async fn a_huge_accepted_file_is_refused_not_stored(r: R) {
+    let huge = "x".repeat(MAX_ACCEPTED_BYTES + 1);
+    assert!(r.accept("policy.toml", &huge, 1).await.is_err());
+    assert_eq!(r.accepted("policy.toml").await.unwrap(), None);
+}
+
+// PostgreSQL only: what replicas sharing one database need beyond the suite.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn replicas_starting_at_once_on_a_new_database_all_connect() {
+    for _round in 0..3 {
+        let dsn = shared_database().await;
+        let starts: Vec<_> = (0..12)
+            .map(|_| {
+                let dsn = dsn.clone();
+                tokio::spawn(
+                    async move { Postgres::connect(&dsn, PostgresOptions::default()).await },
+                )
+            })
+            .collect();
+        let mut replicas = Vec::new();
+        for start in starts {
+            replicas.push(start.await.unwrap().unwrap());
+        }
+        // One schema, shared: a nonce spent through one replica is spent for all.
+        assert_eq!(replicas[0].spend(&nonce(1), 10).await, Ok(()));
+        for replica in &replicas[1..] {
+            assert_eq!(
+                replica.spend(&nonce(1), 10).await,
+                Err(SpendError::AlreadySpent)
+            );
+        }
+        let admin = countersign_tests::postgres::admin(&dsn).await;
+        let versions = admin
+            .query("SELECT version FROM countersign_schema", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            versions.len() as i64,
+            countersign_store::POSTGRES_SCHEMA_VERSION
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_database_with_a_newer_schema_is_refused_unchanged() {
+    let dsn = shared_database().await;
+    drop(
+        Postgres::connect(&dsn, PostgresOptions::default())
+            .await
+            .unwrap(),
+    );
+    let admin = countersign_tests::postgres::admin(&dsn).await;
+    admin
+        .execute(
+            "INSERT INTO countersign_schema (version, purpose) VALUES (99, 'from the future')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let tables = "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'";
+    let before: i64 = admin.query_one(tables, &[]).await.unwrap().get(0);
+    match Postgres::connect(&dsn, PostgresOptions::default()).await {
+        Err(StoreError::PostgresNewerSchema {
+            found: 99, known, ..
+        }) => {
+            assert_eq!(known, countersign_store::POSTGRES_SCHEMA_VERSION)
+        }
+        other => panic!("expected PostgresNewerSchema, got {other:?}"),
+    }
+    let after: i64 = admin.query_one(tables, &[]).await.unwrap().get(0);
+    assert_eq!(before, after);
+    let newest: i64 = admin
+        .query_one("SELECT max(version) FROM countersign_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(newest, 99);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_unavailable_and_its_password_never_printed() {
+    // A port nobody listens on: the DSN's password must appear in neither the error's text nor
+    // its Debug.
+    let dsn = "host=127.0.0.1 port=1 user=serve password=hunter2-secret dbname=ledger";
+    let err = Postgres::connect(
+        dsn,
+        PostgresOptions::default().with_connect_timeout(std::time::Duration::from_secs(2)),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, StoreError::PostgresUnavailable { .. }),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    assert!(
+        err.to_string().contains("serve@127.0.0.1:1/ledger"),
+        "{err}"
+    );
+}

@@ -1,0 +1,329 @@
+//! PostgreSQL for the records tests: the shared throwaway server `.ci/with-postgres` starts, a
+//! fresh database per test on it, a private server for the tests that stop or freeze one, and a
+//! fault proxy that cuts a connection after a spend is sent.
+//!
+//! Tests that need PostgreSQL are `#[ignore]`d (CI runs them under `.ci/with-postgres`) and FAIL,
+//! never pass, when run without it: [`shared_dsn`] panics with what to do. Stopping or freezing
+//! the shared server would break every other test running at the same moment, so the fault tests
+//! start a private server of their own with the same recipe as the script.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The variable `.ci/with-postgres` sets to the shared server's DSN.
+pub const DSN_VARIABLE: &str = "COUNTERSIGN_TEST_POSTGRES";
+
+/// Why a PostgreSQL test is ignored unless asked for.
+pub const NEEDS_POSTGRES: &str = "needs PostgreSQL: run under .ci/with-postgres";
+
+/// The shared server's DSN (no database named), or a panic saying how to get one.
+pub fn shared_dsn() -> String {
+    std::env::var(DSN_VARIABLE).unwrap_or_else(|_| {
+        panic!(
+            "{DSN_VARIABLE} is not set: this test needs PostgreSQL. Run it under \
+             .ci/with-postgres, e.g. `.ci/with-postgres cargo nextest run -p countersign-tests \
+             --run-ignored all`"
+        )
+    })
+}
+
+/// A connection for the test's own statements (creating databases, triggers, finding
+/// backends), its connection driven on the current runtime.
+pub async fn admin(dsn: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|err| panic!("cannot connect to the test server ({dsn}): {err}"));
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// A new, empty database on the server of `server_dsn`; answers its DSN.
+pub async fn fresh_database(server_dsn: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let name = format!(
+        "cs_{}_{}_{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    admin(server_dsn)
+        .await
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap_or_else(|err| panic!("CREATE DATABASE {name}: {err}"));
+    format!("{server_dsn} dbname={name}")
+}
+
+/// A new database on the shared server.
+pub async fn shared_database() -> String {
+    fresh_database(&shared_dsn()).await
+}
+
+/// Waits until `ready` holds, checking every few milliseconds, or panics after `deadline` with
+/// `what`.
+pub fn wait_until(what: &str, deadline: Duration, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(
+            started.elapsed() < deadline,
+            "{what}: not within {deadline:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A PostgreSQL server of the test's own, on a free loopback port, stopped and removed on drop.
+#[derive(Debug)]
+pub struct PrivateServer {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    /// `runuser -u postgres --` when running as root (postgres refuses root).
+    as_postgres: bool,
+}
+
+impl PrivateServer {
+    /// Initialises and starts a server (as `.ci/with-postgres` does).
+    pub fn start() -> PrivateServer {
+        let bin = PathBuf::from(
+            std::env::var("COUNTERSIGN_TEST_POSTGRES_BIN")
+                .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()),
+        );
+        assert!(
+            bin.join("initdb").exists(),
+            "no initdb in {}: run under .ci/with-postgres, which installs PostgreSQL",
+            bin.display()
+        );
+        // SAFETY: geteuid has no preconditions.
+        let as_postgres = unsafe { libc::geteuid() } == 0;
+        let dir = tempfile::tempdir().unwrap();
+        if as_postgres {
+            run(Command::new("chown").arg("postgres:").arg(dir.path()));
+        }
+        let server = PrivateServer {
+            dir,
+            bin,
+            port: free_port(),
+            as_postgres,
+        };
+        let data = server.data();
+        run(server.command("initdb").arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]));
+        server.start_again();
+        server
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let program = self.bin.join(program);
+        if self.as_postgres {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(program);
+            command
+        } else {
+            Command::new(program)
+        }
+    }
+
+    /// Starts the (stopped) server, waiting until it accepts connections.
+    pub fn start_again(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=100",
+            self.port,
+            self.dir.path().display()
+        );
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.path().join("log"))
+            .args(["-w", "-t", "60", "-o", &options, "start"]));
+    }
+
+    /// Stops the server as a crash would (`pg_ctl stop -m immediate`), waiting until it is gone.
+    pub fn stop_immediately(&self) {
+        run(self.command("pg_ctl").arg("-D").arg(self.data()).args([
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ]));
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The DSN of the server's superuser (no database named).
+    pub fn dsn(&self) -> String {
+        format!("host=127.0.0.1 port={} user=postgres", self.port)
+    }
+
+    /// The server's log, for a failure message.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// Where the server's files are.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        if self.data().join("postmaster.pid").exists() {
+            let _ = self
+                .command("pg_ctl")
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", "immediate", "-w", "stop"])
+                .output();
+        }
+    }
+}
+
+fn run(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {command:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A TCP proxy on loopback in front of a server that forwards bytes both ways until it is armed;
+/// armed, the first chunk a client sends that contains `needle` is forwarded to the server, and
+/// then both sides are closed without relaying the server's answer: a connection lost after the
+/// statement was sent and before its outcome came back.
+#[derive(Debug)]
+pub struct FaultProxy {
+    port: u16,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<Mutex<usize>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `127.0.0.1:server_port`, disarmed, cutting on `needle` when armed.
+    pub async fn start(server_port: u16, needle: &'static [u8]) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(Mutex::new(0));
+        let (a, c) = (armed.clone(), cuts.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (armed, cuts) = (a.clone(), c.clone());
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)).await {
+                        session(client, server, needle, armed, cuts).await;
+                    }
+                });
+            }
+        });
+        FaultProxy {
+            port,
+            armed,
+            cuts,
+            task,
+        }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Cut the next connection that sends the needle.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Forward everything.
+    pub fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+
+    /// How many connections were cut.
+    pub fn cuts(&self) -> usize {
+        *self.cuts.lock().unwrap()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn session(
+    client: TcpStream,
+    server: TcpStream,
+    needle: &'static [u8],
+    armed: Arc<AtomicBool>,
+    cuts: Arc<Mutex<usize>>,
+) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let answers = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        let _ = client_write.shutdown().await;
+    });
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match client_read.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buffer[..n];
+        if armed.load(Ordering::SeqCst) && chunk.windows(needle.len()).any(|w| w == needle) {
+            // Nothing of the answer may reach the client: stop relaying first, then send.
+            answers.abort();
+            let _ = answers.await;
+            let _ = server_write.write_all(chunk).await;
+            let _ = server_write.flush().await;
+            armed.store(false, Ordering::SeqCst);
+            *cuts.lock().unwrap() += 1;
+            // Dropping both halves of both sockets closes both connections.
+            return;
+        }
+        if server_write.write_all(chunk).await.is_err() {
+            break;
+        }
+    }
+    answers.abort();
+}
