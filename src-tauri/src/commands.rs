@@ -54,15 +54,13 @@ pub async fn approve(
             ),
         ));
     }
-    let engine = desk.engine.clone();
-    off_the_ui(move || Ok(engine.approve(id, typed_target.as_deref())?)).await
+    Ok(desk.engine.approve(id, typed_target.as_deref()).await?)
 }
 
 /// A person clicked Deny, with an optional note for the agent.
 #[tauri::command]
 pub async fn deny(desk: State<'_, Desk>, id: u64, note: Option<String>) -> Result<(), UiError> {
-    let engine = desk.engine.clone();
-    off_the_ui(move || Ok(engine.deny(id, note.as_deref())?)).await
+    Ok(desk.engine.deny(id, note.as_deref()).await?)
 }
 
 /// History, newest first, filtered.
@@ -84,11 +82,10 @@ pub async fn history(
     desk: State<'_, Desk>,
     query: HistoryQuery,
 ) -> Result<Vec<HistoryRow>, UiError> {
-    let engine = desk.engine.clone();
-    off_the_ui(move || history_rows(&engine, query)).await
+    history_rows(&desk.engine, query).await
 }
 
-fn history_rows(
+async fn history_rows(
     engine: &countersign_engine::Engine,
     query: HistoryQuery,
 ) -> Result<Vec<HistoryRow>, UiError> {
@@ -97,7 +94,8 @@ fn history_rows(
     filter.kind = query.kind.filter(|k| !k.is_empty());
     let events = engine
         .history(&filter)
-        .map_err(|e| UiError::new("store_failed", e))?;
+        .await
+        .map_err(|e| UiError::new("store_failed", e.to_string()))?;
     let wanted = query.server.filter(|s| !s.is_empty());
     let rows = events
         .iter()
@@ -137,14 +135,18 @@ pub fn settings(desk: State<'_, Desk>) -> SettingsView {
     }
 }
 
-#[tauri::command(async)]
-pub fn save_settings(desk: State<'_, Desk>, view: SettingsView) -> Result<SettingsView, UiError> {
+#[tauri::command]
+pub async fn save_settings(
+    desk: State<'_, Desk>,
+    view: SettingsView,
+) -> Result<SettingsView, UiError> {
     let settings = view.settings.sanitized();
     // The person's own edit applies directly; an unchanged policy is not saved (nor recorded).
     if view.policy != desk.registry.accepted_text(countersign_registry::POLICY) {
         Policy::from_toml(&view.policy).map_err(|e| UiError::new("bad_policy", e))?;
         desk.registry
             .save_policy_directly(&view.policy)
+            .await
             .map_err(|e| UiError::new("io", e))?;
     }
     desk.dirs

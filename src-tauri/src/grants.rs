@@ -98,10 +98,11 @@ impl GrantRow {
 }
 
 /// The live grants as rows.
-fn rows(engine: &countersign_engine::Engine) -> Result<Vec<GrantRow>, UiError> {
+async fn rows(engine: &countersign_engine::Engine) -> Result<Vec<GrantRow>, UiError> {
     let grants = engine
         .grants()
-        .map_err(|e| UiError::new("store_failed", e))?;
+        .await
+        .map_err(|e| UiError::new("store_failed", e.to_string()))?;
     Ok(grants
         .iter()
         .map(|g| {
@@ -135,26 +136,23 @@ pub async fn approve_widening(
             format!("Nothing can be approved: {why}."),
         ));
     }
-    let engine = desk.engine.clone();
-    off_the_ui(move || Ok(engine.approve_widening(id, typed_target.as_deref(), &widening)?)).await
+    Ok(desk
+        .engine
+        .approve_widening(id, typed_target.as_deref(), &widening)
+        .await?)
 }
 
 /// The live grants, oldest first.
 #[tauri::command]
 pub async fn grants(desk: State<'_, Desk>) -> Result<Vec<GrantRow>, UiError> {
-    let engine = desk.engine.clone();
-    off_the_ui(move || rows(&engine)).await
+    rows(&desk.engine).await
 }
 
 /// A person clicked Revoke on grant `id`; answers the live grants left.
 #[tauri::command]
 pub async fn revoke_grant(desk: State<'_, Desk>, id: u64) -> Result<Vec<GrantRow>, UiError> {
-    let engine = desk.engine.clone();
-    off_the_ui(move || {
-        engine.revoke_grant(id)?;
-        rows(&engine)
-    })
-    .await
+    desk.engine.revoke_grant(id).await?;
+    rows(&desk.engine).await
 }
 
 #[cfg(test)]

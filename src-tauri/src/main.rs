@@ -609,24 +609,22 @@ fn run(
 /// How often expired nonces and approvals, and history beyond what the store keeps, are pruned.
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
-/// Prunes the store at start and then every [`PRUNE_EVERY`], on the blocking pool.
+/// Prunes the store at start and then every [`PRUNE_EVERY`].
 fn prune_on_a_schedule(engine: &Engine) {
     let engine = engine.clone();
     tauri::async_runtime::spawn(async move {
         let mut every = tokio::time::interval(PRUNE_EVERY);
         loop {
             every.tick().await;
-            let engine = engine.clone();
-            match tauri::async_runtime::spawn_blocking(move || engine.prune()).await {
-                Ok(Ok(pruned)) => tracing::info!(
+            match engine.prune().await {
+                Ok(pruned) => tracing::info!(
                     target: "desk",
                     nonces = pruned.nonces,
                     approvals = pruned.approvals,
                     history = pruned.history,
                     "pruned the store"
                 ),
-                Ok(Err(e)) => tracing::warn!(target: "desk", "could not prune the store: {e}"),
-                Err(e) => tracing::warn!(target: "desk", "pruning failed: {e}"),
+                Err(e) => tracing::warn!(target: "desk", "could not prune the store: {e}"),
             }
         }
     });

@@ -248,7 +248,7 @@ fn spec_of(
 }
 
 /// Adds or changes a server as the form says, at once.
-fn save(registry: &Registry, form: ServerForm) -> Result<(), UiError> {
+async fn save(registry: &Registry, form: ServerForm) -> Result<(), UiError> {
     let name = form.name.trim().to_owned();
     let current = registry.servers().remove(&name);
     match (&current, form.editing) {
@@ -267,7 +267,9 @@ fn save(registry: &Registry, form: ServerForm) -> Result<(), UiError> {
         _ => {}
     }
     let (spec, secrets) = spec_of(form, current.as_ref())?;
-    registry.put_directly_keeping(&name, &spec, &secrets)?;
+    registry
+        .put_directly_keeping(&name, &spec, &secrets)
+        .await?;
     tracing::info!(target: "desk", server = %name, "server saved in the settings view");
     Ok(())
 }
@@ -287,11 +289,8 @@ pub async fn save_server(
     form: ServerForm,
 ) -> Result<Vec<ServerView>, UiError> {
     let registry = desk.registry.clone();
-    off_the_ui(move || {
-        save(&registry, form)?;
-        Ok(list(&registry))
-    })
-    .await
+    save(&registry, form).await?;
+    off_the_ui(move || Ok(list(&registry))).await
 }
 
 /// Removes a server and its secrets (the person's own edit); answers with the servers left.
@@ -301,12 +300,9 @@ pub async fn remove_server(
     name: String,
 ) -> Result<Vec<ServerView>, UiError> {
     let registry = desk.registry.clone();
-    off_the_ui(move || {
-        registry.remove_directly(&name)?;
-        tracing::info!(target: "desk", server = %name, "server removed in the settings view");
-        Ok(list(&registry))
-    })
-    .await
+    registry.remove_directly(&name).await?;
+    tracing::info!(target: "desk", server = %name, "server removed in the settings view");
+    off_the_ui(move || Ok(list(&registry))).await
 }
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ async fn preflight_and_click(
                     request.id, request.plan.target
                 );
                 let typed = request.type_target.then_some(request.plan.target.as_str());
-                clicker.approve(request.id, typed).expect("approve");
+                clicker.approve(request.id, typed).await.expect("approve");
                 return;
             }
         }
@@ -127,8 +127,8 @@ async fn main() {
         json!({"name": "execute", "annotations": {"readOnlyHint": false, "destructiveHint": false}}),
         json!({"name": "delete_backup", "annotations": {"destructiveHint": true}}),
     ];
-    show(&engine.register_tools(&tenant, tools.clone()));
-    engine.register_tools(&other, tools);
+    show(&engine.register_tools(&tenant, tools.clone()).await);
+    engine.register_tools(&other, tools).await;
 
     step("An open call (query): forwarded by the gateway at once; the desk is not involved");
 
@@ -136,24 +136,34 @@ async fn main() {
     let backup = json!({"name": "nightly"});
     let (token, target) = preflight_and_click(&engine, &tenant, "create_backup", &backup).await;
     for _ in 0..2 {
-        show(&engine.confirm(
-            &tenant,
-            "create_backup",
-            &confirm_args(&backup, &target, &token),
-        ));
+        show(
+            &engine
+                .confirm(
+                    &tenant,
+                    "create_backup",
+                    &confirm_args(&backup, &target, &token),
+                )
+                .await,
+        );
     }
 
     step("A `once` call (execute): preflight, click, confirm");
     let sql = json!({"sql": "UPDATE accounts SET plan = 'pro' WHERE id = 7"});
     let (token, target) = preflight_and_click(&engine, &tenant, "execute", &sql).await;
-    let accepted = engine.confirm(&tenant, "execute", &confirm_args(&sql, &target, &token));
+    let accepted = engine
+        .confirm(&tenant, "execute", &confirm_args(&sql, &target, &token))
+        .await;
     show(&accepted);
     if let Answer::Accepted { nonce, .. } = &accepted {
-        engine.outcome(&tenant, nonce, true, None);
+        engine.outcome(&tenant, nonce, true, None).await;
     }
 
     step("A replay of the same `once` token");
-    show(&engine.confirm(&tenant, "execute", &confirm_args(&sql, &target, &token)));
+    show(
+        &engine
+            .confirm(&tenant, "execute", &confirm_args(&sql, &target, &token))
+            .await,
+    );
 
     step("A changed plan: approved one statement, confirming another");
     let (token, target) = preflight_and_click(
@@ -164,37 +174,57 @@ async fn main() {
     )
     .await;
     let changed = json!({"sql": "DELETE FROM logs"});
-    show(&engine.confirm(&tenant, "execute", &confirm_args(&changed, &target, &token)));
+    show(
+        &engine
+            .confirm(&tenant, "execute", &confirm_args(&changed, &target, &token))
+            .await,
+    );
 
     step("That token, presented by another agent connection");
-    show(&engine.confirm(
-        &other,
-        "execute",
-        &confirm_args(
-            &json!({"sql": "DELETE FROM logs WHERE day < 7"}),
-            &target,
-            &token,
-        ),
-    ));
+    show(
+        &engine
+            .confirm(
+                &other,
+                "execute",
+                &confirm_args(
+                    &json!({"sql": "DELETE FROM logs WHERE day < 7"}),
+                    &target,
+                    &token,
+                ),
+            )
+            .await,
+    );
 
     step("A confirm that skipped the preflight, and a forged token");
-    show(&engine.confirm(
-        &tenant,
-        "execute",
-        &json!({"sql": "DROP TABLE accounts", "confirm": true, "confirmTarget": "execute"}),
-    ));
-    show(&engine.confirm(
-        &tenant,
-        "execute",
-        &confirm_args(
-            &json!({"sql": "DROP TABLE accounts"}),
-            "execute",
-            "cs1.e30.AAAA",
-        ),
-    ));
+    show(
+        &engine
+            .confirm(
+                &tenant,
+                "execute",
+                &json!({"sql": "DROP TABLE accounts", "confirm": true, "confirmTarget": "execute"}),
+            )
+            .await,
+    );
+    show(
+        &engine
+            .confirm(
+                &tenant,
+                "execute",
+                &confirm_args(
+                    &json!({"sql": "DROP TABLE accounts"}),
+                    "execute",
+                    "cs1.e30.AAAA",
+                ),
+            )
+            .await,
+    );
 
     step("History (newest first; it never holds a token)");
-    for e in engine.history(&HistoryFilter::default()).expect("history") {
+    for e in engine
+        .history(&HistoryFilter::default())
+        .await
+        .expect("history")
+    {
         let refusal = match e.kind {
             countersign_core::telemetry::EventKind::Refused { refusal } => format!(" [{refusal}]"),
             _ => String::new(),

@@ -260,6 +260,7 @@ async fn a_confirm_whose_upstream_is_killed_mid_call_may_have_run_and_is_never_r
     let history = desk
         .engine
         .history(&countersign_store::HistoryFilter::default())
+        .await
         .unwrap();
     let executed: Vec<_> = history
         .iter()

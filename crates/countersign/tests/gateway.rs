@@ -166,6 +166,7 @@ async fn deny_with_a_note_reaches_the_agent() {
             if let QueueChange::Added { request } = change {
                 engine
                     .deny(request.id, Some("use the staging database"))
+                    .await
                     .unwrap();
                 return;
             }
@@ -194,7 +195,10 @@ async fn undecided_preflight_is_pending_and_calling_again_reattaches() {
     let pending = desk.engine.pending();
     assert_eq!(pending.len(), 1, "one request, not two");
     let target = pending[0].plan.target.clone();
-    desk.engine.approve(pending[0].id, Some(&target)).unwrap();
+    desk.engine
+        .approve(pending[0].id, Some(&target))
+        .await
+        .unwrap();
     let r = call(&agent, "execute", args).await;
     assert!(r.structured_content.unwrap()["confirmToken"].is_string());
 }

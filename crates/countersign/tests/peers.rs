@@ -974,12 +974,13 @@ async fn filesystem_write_needs_the_target_typed_then_runs_once() {
         "a destructive tool needs its target typed"
     );
     assert!(matches!(
-        desk.engine.approve(request.id, None),
+        desk.engine.approve(request.id, None).await,
         Err(countersign_engine::ApproveError::TargetNotTyped)
     ));
     assert!(!file.exists(), "nothing runs on a preflight");
     desk.engine
         .approve(request.id, Some(&request.plan.target))
+        .await
         .unwrap();
     let preflight = preflight.await.unwrap();
     assert_ne!(preflight.is_error, Some(true), "{preflight:?}");
@@ -1107,7 +1108,9 @@ async fn cancelled_preflight_is_withdrawn_from_the_desk() {
     assert_eq!((id, reason), (request.id, Removal::Withdrawn));
     assert!(desk.engine.pending().is_empty());
     assert!(matches!(
-        desk.engine.approve(request.id, Some(&request.plan.target)),
+        desk.engine
+            .approve(request.id, Some(&request.plan.target))
+            .await,
         Err(countersign_engine::ApproveError::NotPending)
     ));
 
@@ -1115,7 +1118,7 @@ async fn cancelled_preflight_is_withdrawn_from_the_desk() {
     let again = send_call(&agent, "write_file", args).await;
     let next = next_request(&mut changes).await;
     assert_ne!(next.id, request.id);
-    desk.engine.deny(next.id, None).unwrap();
+    desk.engine.deny(next.id, None).await.unwrap();
     let r = tool_result(again).await;
     assert_eq!(refusal(&r).as_deref(), Some("denied"), "{r:?}");
     assert!(!file.exists());

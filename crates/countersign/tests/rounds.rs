@@ -140,9 +140,12 @@ fn create(name: &str) -> Value {
 }
 
 /// Approves `request` as the click does.
-fn click(desk: &Desk, request: &PendingRequest) {
+async fn click(desk: &Desk, request: &PendingRequest) {
     let typed = request.type_target.then(|| request.plan.target.clone());
-    desk.engine.approve(request.id, typed.as_deref()).unwrap();
+    desk.engine
+        .approve(request.id, typed.as_deref())
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,7 +188,7 @@ async fn a_2026_client_retries_with_the_state_after_the_click_and_gets_the_real_
     assert_ne!(state2, state);
     assert_eq!(tables(agent.peer()).await, json!([]));
 
-    click(&desk, &request);
+    click(&desk, &request).await;
     let done = complete(round(agent.peer(), "execute", &args, Some(&state2), None).await);
     assert_ne!(done.is_error, Some(true), "{done:?}");
     let seen = serde_json::to_value(&done).unwrap().to_string();
@@ -204,6 +207,7 @@ async fn a_2026_client_retries_with_the_state_after_the_click_and_gets_the_real_
     let history = desk
         .engine
         .history(&countersign_store::HistoryFilter::default())
+        .await
         .unwrap();
     let kinds: Vec<String> = history
         .iter()
@@ -224,6 +228,7 @@ async fn a_denial_reaches_the_retry_with_the_persons_note_and_nothing_runs() {
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
     desk.engine
         .deny(request.id, Some("not on a Friday"))
+        .await
         .unwrap();
     let r = retry(agent.peer(), &args, &ir, "accept").await;
     assert_eq!(refusal(&r).as_deref(), Some("denied"));
@@ -249,7 +254,9 @@ async fn a_declined_elicitation_withdraws_the_request() {
     );
     assert!(desk.engine.pending().is_empty());
     assert_eq!(
-        desk.engine.approve(request.id, Some(&request.plan.target)),
+        desk.engine
+            .approve(request.id, Some(&request.plan.target))
+            .await,
         Err(countersign_engine::ApproveError::NotPending)
     );
 }
@@ -263,7 +270,7 @@ async fn forged_altered_oversized_misplaced_and_mixed_states_are_refused_and_not
     let args = create("target");
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
     let state = state_of(&ir);
-    click(&desk, &request);
+    click(&desk, &request).await;
 
     let (_, payload, tag) = {
         let mut parts = state.split('.');
@@ -342,7 +349,7 @@ async fn a_state_from_another_connection_is_refused_wrong_tenant() {
     let second = modern(&desk, "second").await;
     let args = create("theirs");
     let (request, ir) = first_round(&desk, first.peer(), "execute", &args).await;
-    click(&desk, &request);
+    click(&desk, &request).await;
     // The second agent lists its tools, so that its connection knows execute.
     let _ = second.peer().list_all_tools().await.unwrap();
     let r = retry(second.peer(), &args, &ir, "accept").await;
@@ -356,7 +363,7 @@ async fn a_state_sealed_before_the_secret_was_rotated_is_refused() {
     let agent = modern(&desk, "modern-agent").await;
     let args = create("rotated");
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
-    click(&desk, &request);
+    click(&desk, &request).await;
     desk.engine.set_key(Ok(SigningKey::new(&[7; 32]).unwrap()));
     let r = retry(agent.peer(), &args, &ir, "accept").await;
     assert_eq!(refusal(&r).as_deref(), Some("bad_token"), "{r:?}");
@@ -369,7 +376,7 @@ async fn an_older_client_gets_the_text_flow_and_its_request_state_is_refused() {
     let modern_agent = modern(&desk, "modern-agent").await;
     let args = create("legacy");
     let (request, ir) = first_round(&desk, modern_agent.peer(), "execute", &args).await;
-    click(&desk, &request);
+    click(&desk, &request).await;
 
     // A client on the initialize handshake (2025-11-25): the preflight's text flow.
     let old = agent(&desk).await;
@@ -482,7 +489,7 @@ async fn spent_states_are_kept_per_connection_and_a_full_list_refuses_rather_tha
     assert!(engine.spend_request_state(c, nonce(u64::MAX), later));
     assert!(!engine.request_state_used(c, &nonce(1)));
     // A connection's list goes with it, and it uses up nothing after.
-    engine.disconnect(a);
+    engine.disconnect(a).await;
     assert!(!engine.request_state_used(a, &nonce(1)));
     assert!(!engine.spend_request_state(a, nonce(7), later));
 }

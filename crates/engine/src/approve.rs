@@ -8,7 +8,7 @@
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
 use countersign_core::{GateClass, Plan, PlanHash, binding, render};
-use countersign_store::{Approval, Store};
+use countersign_store::Approval;
 use serde_json::{Map, Value};
 
 use crate::answer::Answer;
@@ -55,6 +55,21 @@ impl ApproveError {
     }
 }
 
+/// A request an approve has claimed (`approving`): let go on drop, unless forgotten once the
+/// decision is made.
+struct Claimed<'a> {
+    engine: &'a Engine,
+    id: u64,
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if let Some(entry) = lock(&self.engine.inner.state).requests.get_mut(&self.id) {
+            entry.approving = false;
+        }
+    }
+}
+
 impl Engine {
     /// The window was just shown or regained focus: no approve is accepted until the approve
     /// delay has passed again, so a click aimed at whatever was on screen before lands on nothing.
@@ -77,13 +92,13 @@ impl Engine {
     /// A person approved request `id`: mint its token, keep the approved arguments with the
     /// nonce, and hand the preflight to whoever waits for it. `typed_target` is what the person
     /// typed, where policy asks for it. This is the only place a token is minted.
-    pub fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
+    pub async fn approve(&self, id: u64, typed_target: Option<&str>) -> Result<(), ApproveError> {
         let is_change = lock(&self.inner.state)
             .requests
             .get(&id)
             .is_some_and(Entry::is_change);
         if is_change {
-            return self.approve_change(id);
+            return self.approve_change(id).await;
         }
         let key = self.key().map_err(ApproveError::NoSecret)?;
         let now = self.now();
@@ -108,28 +123,21 @@ impl Engine {
             entry.approving = true;
             (entry.view.clone(), entry.arguments.clone())
         };
-        let release = |engine: &Engine| {
-            if let Some(entry) = lock(&engine.inner.state).requests.get_mut(&id) {
-                entry.approving = false;
-            }
-        };
-        let minted = self.mint(
-            &key,
-            &mut lock(&self.inner.store),
-            &view.tenant,
-            &view.plan,
-            view.plan_hash,
-            view.class,
-            arguments,
-            now,
-        );
-        let (answer, claims) = match minted {
-            Ok(minted) => minted,
-            Err(e) => {
-                release(self);
-                return Err(e);
-            }
-        };
+        // Whatever ends this approve early (a failed write, or the caller dropping it while the
+        // write is under way), the request is free to be approved or denied again.
+        let claimed = Claimed { engine: self, id };
+        let (answer, claims) = self
+            .mint(
+                &key,
+                &view.tenant,
+                &view.plan,
+                view.plan_hash,
+                view.class,
+                arguments,
+                now,
+            )
+            .await?;
+        std::mem::forget(claimed);
         let decision = Decision::Approved(answer);
         {
             let state = lock(&self.inner.state);
@@ -149,7 +157,8 @@ impl Engine {
             nonce: Some(claims.nonce),
             plan: Some(claims.plan),
             note: None,
-        });
+        })
+        .await;
         self.publish(QueueChange::Removed {
             id,
             reason: Removal::Approved,
@@ -162,10 +171,9 @@ impl Engine {
     /// what the token claims. Only a click reaches this: [`Engine::approve`], or a grant a click
     /// made (see the grant module).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mint(
+    pub(crate) async fn mint(
         &self,
         key: &SigningKey,
-        store: &mut Store,
         tenant: &str,
         plan: &Plan,
         hash: PlanHash,
@@ -204,8 +212,9 @@ impl Engine {
         };
         // The approved arguments are durable before the token exists: a token whose arguments
         // were lost could never execute what the person read.
-        store
+        self.records()
             .put_approval(&approval)
+            .await
             .map_err(|e| ApproveError::Store(e.to_string()))?;
         let token = token::mint(key, &claims);
         // The lifetime shown is the token's own, not the setting read again.
@@ -222,39 +231,41 @@ impl Engine {
     }
 
     /// A person denied request `id`, with an optional note for the agent.
-    pub fn deny(&self, id: u64, note: Option<&str>) -> Result<(), ApproveError> {
+    pub async fn deny(&self, id: u64, note: Option<&str>) -> Result<(), ApproveError> {
         let note = note
             .map(str::trim)
             .filter(|n| !n.is_empty())
             .map(str::to_owned);
-        let mut state = lock(&self.inner.state);
-        let entry = state
-            .requests
-            .get(&id)
-            .filter(|e| e.is_waiting() && !e.approving)
-            .ok_or(ApproveError::NotPending)?;
-        entry
-            .decision
-            .send_replace(Some(Decision::Denied { note: note.clone() }));
-        let is_change = entry.is_change();
-        let event = ConfirmEvent {
-            at_ms: self.now(),
-            kind: EventKind::Denied,
-            tool: entry.view.plan.tool.clone(),
-            target: Some(entry.view.plan.target.clone()),
-            tenant: entry.view.tenant.clone(),
-            nonce: None,
-            // A change has no plan a token could bind.
-            plan: (!is_change).then_some(entry.view.plan_hash),
-            note,
+        let event = {
+            let mut state = lock(&self.inner.state);
+            let entry = state
+                .requests
+                .get(&id)
+                .filter(|e| e.is_waiting() && !e.approving)
+                .ok_or(ApproveError::NotPending)?;
+            entry
+                .decision
+                .send_replace(Some(Decision::Denied { note: note.clone() }));
+            let is_change = entry.is_change();
+            let event = ConfirmEvent {
+                at_ms: self.now(),
+                kind: EventKind::Denied,
+                tool: entry.view.plan.tool.clone(),
+                target: Some(entry.view.plan.target.clone()),
+                tenant: entry.view.tenant.clone(),
+                nonce: None,
+                // A change has no plan a token could bind.
+                plan: (!is_change).then_some(entry.view.plan_hash),
+                note,
+            };
+            if is_change {
+                // Nobody collects a change's denial from the queue: whoever waits on it already
+                // holds the decision.
+                state.requests.remove(&id);
+            }
+            event
         };
-        if is_change {
-            // Nobody collects a change's denial from the queue: whoever waits on it already
-            // holds the decision.
-            state.requests.remove(&id);
-        }
-        drop(state);
-        self.record(event);
+        self.record(event).await;
         self.publish(QueueChange::Removed {
             id,
             reason: Removal::Denied,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use countersign_core::Refusal;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::SigningKey;
-use countersign_store::{HistoryFilter, Store};
+use countersign_store::{HistoryFilter, Records, Sqlite, Store, StoreError};
 use tokio::sync::broadcast;
 
 use crate::answer::{Answer, ErrorCode};
@@ -27,7 +27,7 @@ pub struct Engine {
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("store", &self.inner.config.store_path)
+            .field("records", &self.inner.store)
             .finish_non_exhaustive()
     }
 }
@@ -77,8 +77,22 @@ impl Engine {
         // Deferred: a ledger that cannot open now is reported per operation (fail closed), and
         // retried, rather than keeping the desk from starting.
         let store = Store::open_deferred(&config.store_path, config.store_options.clone());
+        Ok(Engine::with_records(
+            config,
+            Arc::new(Sqlite::new(store)),
+            key,
+        ))
+    }
+
+    /// Starts an engine whose records live in `records` (PostgreSQL for a team's server, or any
+    /// other implementation of the trait) instead of the SQLite file at `config.store_path`.
+    pub fn with_records(
+        config: EngineConfig,
+        records: Arc<dyn Records>,
+        key: Result<SigningKey, String>,
+    ) -> Engine {
         let (changes, _) = broadcast::channel(256);
-        Ok(Engine {
+        Engine {
             inner: Arc::new(Inner {
                 live: std::sync::RwLock::new(Live {
                     policy: config.policy.clone(),
@@ -88,7 +102,8 @@ impl Engine {
                 }),
                 config,
                 key: std::sync::RwLock::new(key),
-                store: Mutex::new(store),
+                store: records,
+                grants_turn: tokio::sync::Mutex::new(false),
                 state: Mutex::new(State {
                     next_id: 1,
                     ..State::default()
@@ -96,33 +111,37 @@ impl Engine {
                 changes,
                 describing: Arc::new(tokio::sync::Semaphore::new(describing::MAX_DESCRIBING)),
             }),
-        })
+        }
     }
 
     /// History, newest first.
-    pub fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, String> {
-        lock(&self.inner.store)
-            .history(filter)
-            .map_err(|e| e.to_string())
+    pub async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
+        self.inner.store.history(filter).await
     }
 
-    pub(crate) fn record(&self, event: ConfirmEvent) {
+    /// The records: ledger, approvals, history, pins, grants.
+    pub(crate) fn records(&self) -> &dyn Records {
+        self.inner.store.as_ref()
+    }
+
+    /// Writes `event` to history (and to `tracing`, once, whatever becomes of the write).
+    pub(crate) async fn record(&self, event: ConfirmEvent) {
         // History is the audit trail, but failing to write it must not turn a refusal into an
         // acceptance or lose the telemetry: the store emits the event whether or not the write
         // succeeds (once), and the failure is logged here.
-        if let Err(err) = lock(&self.inner.store).record(&event) {
+        if let Err(err) = self.inner.store.record(&event).await {
             tracing::error!(target: "desk", error = %err, "could not write history");
         }
     }
 
     /// Records a gated call refused before verification, and passes its answer on.
-    pub(crate) fn rejected(&self, tenant: &str, tool: &str, answer: Answer) -> Answer {
+    pub(crate) async fn rejected(&self, tenant: &str, tool: &str, answer: Answer) -> Answer {
         if let Answer::Refused {
             refusal: Refusal::ToolChanged,
             ..
         } = answer
         {
-            return self.tool_changed(tenant, tool);
+            return self.tool_changed(tenant, tool).await;
         }
         if let Answer::Error { code, message } = &answer
             && let Some(reason) = code.rejection()
@@ -136,17 +155,16 @@ impl Engine {
                 nonce: None,
                 plan: None,
                 note: Some(message.clone()),
-            });
+            })
+            .await;
         }
         answer
     }
 
     /// Forgets what has expired (spent nonces, approvals) and the oldest history beyond what the
     /// store keeps. The desk calls this on a schedule.
-    pub fn prune(&self) -> Result<countersign_store::Pruned, String> {
-        lock(&self.inner.store)
-            .prune(self.now())
-            .map_err(|e| e.to_string())
+    pub async fn prune(&self) -> Result<countersign_store::Pruned, StoreError> {
+        self.inner.store.prune(self.now()).await
     }
 
     pub(crate) fn publish(&self, change: QueueChange) {

@@ -281,7 +281,7 @@ impl Engine {
     /// a new server name (it reaches no existing secret), or the person's own edit in the
     /// settings view. History shows it as `changed`, like an approved change, with `note` saying
     /// why no click was asked. Never pass a secret.
-    pub fn record_change(&self, kind: ChangeKind, subject: &str, note: Option<String>) {
+    pub async fn record_change(&self, kind: ChangeKind, subject: &str, note: Option<String>) {
         self.record(ConfirmEvent {
             at_ms: self.now(),
             kind: EventKind::Changed,
@@ -291,7 +291,8 @@ impl Engine {
             nonce: None,
             plan: None,
             note,
-        });
+        })
+        .await;
     }
 
     /// Withdraws the waiting changes of `kind` to `subject` (e.g. the registry file changed
@@ -428,7 +429,7 @@ impl Engine {
     /// A person approved change request `id`: for a tool, its new definition is pinned (and
     /// calls of it pass from now on, on every connection that lists it); whoever proposed it is
     /// told. Nothing is minted.
-    pub(crate) fn approve_change(&self, id: u64) -> Result<(), ApproveError> {
+    pub(crate) async fn approve_change(&self, id: u64) -> Result<(), ApproveError> {
         let now = self.now();
         let (view, repin) = {
             let mut state = lock(&self.inner.state);
@@ -449,7 +450,7 @@ impl Engine {
                 pinned_at_ms: now,
                 ..pin.clone()
             };
-            if let Err(e) = lock(&self.inner.store).repin(&pin) {
+            if let Err(e) = self.records().repin(&pin).await {
                 if let Some(entry) = lock(&self.inner.state).requests.get_mut(&id) {
                     entry.approving = false;
                 }
@@ -482,7 +483,8 @@ impl Engine {
             nonce: None,
             plan: None,
             note: None,
-        });
+        })
+        .await;
         self.publish(QueueChange::Removed {
             id,
             reason: Removal::Approved,

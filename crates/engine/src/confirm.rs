@@ -32,13 +32,14 @@ pub(crate) fn bound_of(approval: &Approval) -> binding::Bound<'_> {
 impl Engine {
     /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand
     /// back the arguments the person approved.
-    pub fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+    pub async fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
         self.confirm_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+            .await
     }
 
     /// [`Self::confirm`] of a call planned already (its description comes first, before any
     /// verification: a confirm that cannot be described now is refused and spends nothing).
-    pub(crate) fn confirm_planned(
+    pub(crate) async fn confirm_planned(
         &self,
         tenant: &str,
         tool: &str,
@@ -52,11 +53,15 @@ impl Engine {
             ..
         } = match planned {
             Ok(call) => call,
-            Err(response) => return self.rejected(tenant, tool, response),
+            Err(response) => return self.rejected(tenant, tool, response).await,
         };
         let key = match self.key() {
             Ok(key) => key,
-            Err(why) => return self.rejected(tenant, tool, error(ErrorCode::NoSecret, why)),
+            Err(why) => {
+                return self
+                    .rejected(tenant, tool, error(ErrorCode::NoSecret, why))
+                    .await;
+            }
         };
         let key = &key;
         let now = self.now();
@@ -71,11 +76,14 @@ impl Engine {
         // What the token approved, read once, and only for a token whose signature holds (a
         // forged token never reaches the database). The row is never rewritten, so reading it
         // before the spend reads what the spend will cover.
-        let approved = fields
+        let approved = match fields
             .token
             .as_deref()
             .and_then(|t| token::decode(key, t).ok())
-            .map(|claims| lock(&self.inner.store).approval(&claims.nonce));
+        {
+            Some(claims) => Some(self.records().approval(&claims.nonce).await),
+            None => None,
+        };
         // Whether the approval can run at all: read, bound by its MAC, for this plan. Anything
         // else is known before the spend, so the nonce is not spent for it: a refusal that says
         // "retry" must find the approval still usable.
@@ -99,9 +107,12 @@ impl Engine {
         let single_use = usable.is_ok()
             && (rule.class.is_single_use()
                 || usable.as_ref().is_ok_and(|a| a.class.is_single_use()));
-        let verdict = {
-            let mut store = lock(&self.inner.store);
-            verify::verify(key, &confirm, single_use, now, &mut *store)
+        let verdict = match verify::check(key, &confirm, now) {
+            Ok(claims) if single_use => {
+                let spent = self.records().spend(&claims.nonce, claims.exp).await;
+                verify::spent_as(claims, spent)
+            }
+            verdict => verdict,
         };
         let event = |kind, claims: Option<&Claims>| ConfirmEvent {
             at_ms: now,
@@ -118,14 +129,15 @@ impl Engine {
                 self.record(event(
                     EventKind::for_refusal(rejected.refusal),
                     rejected.claims.as_deref(),
-                ));
+                ))
+                .await;
                 return refused(rejected.refusal);
             }
             Ok(claims) => claims,
         };
         match usable {
             Ok(approval) => {
-                self.record(event(EventKind::Accepted, Some(&claims)));
+                self.record(event(EventKind::Accepted, Some(&claims))).await;
                 *lock(&self.inner.state)
                     .awaiting_outcome
                     .entry((tenant.to_owned(), claims.nonce))
@@ -139,7 +151,8 @@ impl Engine {
                 if refusal == Refusal::ApprovalAltered {
                     tracing::error!(target: "desk", nonce = %claims.nonce.to_hex(), "an approval in the store does not carry its MAC: refused");
                 }
-                self.record(event(EventKind::Refused { refusal }, Some(&claims)));
+                self.record(event(EventKind::Refused { refusal }, Some(&claims)))
+                    .await;
                 refused(refusal)
             }
         }
@@ -154,7 +167,13 @@ impl Engine {
 
     /// What became of an accepted call: one outcome per acceptance, from the connection it was
     /// accepted on.
-    pub fn outcome(&self, tenant: &str, nonce: &str, ok: bool, note: Option<String>) -> Answer {
+    pub async fn outcome(
+        &self,
+        tenant: &str,
+        nonce: &str,
+        ok: bool,
+        note: Option<String>,
+    ) -> Answer {
         let Some(nonce) = Nonce::from_hex(nonce) else {
             return error(ErrorCode::BadArguments, "nonce: 32 lowercase hex digits");
         };
@@ -174,7 +193,7 @@ impl Engine {
                 }
             }
         }
-        let approval = lock(&self.inner.store).approval(&nonce).ok().flatten();
+        let approval = self.records().approval(&nonce).await.ok().flatten();
         let (tool, target, plan) = match approval {
             Some(a) => (a.tool, Some(a.target), Some(a.plan)),
             None => (String::new(), None, None),
@@ -188,7 +207,8 @@ impl Engine {
             nonce: Some(nonce),
             plan,
             note,
-        });
+        })
+        .await;
         Answer::Done
     }
 }

@@ -214,7 +214,7 @@ impl Engine {
     /// [`Engine::confirm`] from async code: described off the async workers (see [`Self::plan_aside`]).
     pub async fn confirm_aside(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
         let planned = self.plan_aside(tenant, tool, arguments).await;
-        self.confirm_planned(tenant, tool, planned)
+        self.confirm_planned(tenant, tool, planned).await
     }
 
     /// [`Engine::withdraw`] from async code: described off the async workers.

@@ -32,12 +32,10 @@
 
 use serde::Serialize;
 
-use std::sync::MutexGuard;
-
 use countersign_core::policy::ToolRule;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::{GateClass, Plan, PlanHash, binding, render};
-use countersign_store::{Grant, GrantEnd, GrantKind, Store};
+use countersign_store::{Grant, GrantEnd, GrantKind, StoreError};
 use serde_json::{Map, Value};
 
 use crate::answer::Answer;
@@ -469,21 +467,24 @@ fn covers(grant: &Grant, call: &Covered<'_>) -> bool {
 }
 
 impl Engine {
-    /// The store, with the session grants of an earlier run of the desk ended first (once per
-    /// engine): their connections are gone, whatever the file says.
-    pub(crate) fn grant_store(&self) -> MutexGuard<'_, Store> {
-        let mut store = lock(&self.inner.store);
-        let mut state = lock(&self.inner.state);
-        if !state.session_grants_ended {
-            match store.end_prefix_grants(None, self.now(), GrantEnd::Restarted) {
-                Ok(_) => state.session_grants_ended = true,
+    /// The grants' turn (see `Inner::grants_turn`), with the session grants of an earlier run
+    /// of the desk ended first (once per engine): their connections are gone, whatever the
+    /// records say.
+    pub(crate) async fn grants_turn(&self) -> tokio::sync::MutexGuard<'_, bool> {
+        let mut ended = self.inner.grants_turn.lock().await;
+        if !*ended {
+            match self
+                .records()
+                .end_prefix_grants(None, self.now(), GrantEnd::Restarted)
+                .await
+            {
+                Ok(_) => *ended = true,
                 Err(e) => {
                     tracing::warn!(target: "desk", error = %e, "could not end the session grants of an earlier run (they cover nothing: their connections are gone)")
                 }
             }
         }
-        drop(state);
-        store
+        ended
     }
 
     /// The rule, definition hash and server of `tool` as connection `tenant` lists it, if its
@@ -550,7 +551,7 @@ impl Engine {
     /// [`Engine::approve`] approves it (same delay, same typed target), and then a grant is made
     /// for later calls it covers. Refused before anything is approved when the widening is not
     /// allowed. Answers the grant's number.
-    pub fn approve_widening(
+    pub async fn approve_widening(
         &self,
         id: u64,
         typed_target: Option<&str>,
@@ -587,15 +588,18 @@ impl Engine {
         }
         let key = self.key().map_err(ApproveError::NoSecret)?;
         let now = self.now();
-        let live = self
-            .grant_store()
-            .live_grants(now)
-            .map_err(|e| ApproveError::Store(e.to_string()))?;
+        let live = {
+            let _turn = self.grants_turn().await;
+            self.records()
+                .live_grants(now)
+                .await
+                .map_err(|e| ApproveError::Store(e.to_string()))?
+        };
         if live.len() >= MAX_LIVE_GRANTS {
             return Err(GrantError::TooMany);
         }
         // The click itself: every check of a plain approve, and the approval of this request.
-        self.approve(id, typed_target)?;
+        self.approve(id, typed_target).await?;
         let now = self.now();
         let mut grant = Grant {
             id: 0,
@@ -617,7 +621,10 @@ impl Engine {
             mac: [0; 32],
         };
         grant.mac = binding::grant_mac(&key, &scope_text(&grant));
-        let stored = self.grant_store().put_grant(&grant, MAX_LIVE_GRANTS, now);
+        let stored = {
+            let _turn = self.grants_turn().await;
+            self.records().put_grant(&grant, MAX_LIVE_GRANTS, now).await
+        };
         let number = match stored {
             Ok(Some(number)) => number,
             Ok(None) => return Err(GrantError::TooMany),
@@ -639,19 +646,20 @@ impl Engine {
                 "grant #{number}: {} {scope}, {minutes} minutes, by a click on request #{id}",
                 grant.tool
             )),
-        });
+        })
+        .await;
         Ok(number)
     }
 
     /// The grants live now, oldest first: not ended, not expired, carrying their MAC, and for a
     /// session grant, its connection still here.
-    pub fn grants(&self) -> Result<Vec<Grant>, String> {
+    pub async fn grants(&self) -> Result<Vec<Grant>, StoreError> {
         let key = self.key().ok();
         let now = self.now();
-        let live = self
-            .grant_store()
-            .live_grants(now)
-            .map_err(|e| e.to_string())?;
+        let live = {
+            let _turn = self.grants_turn().await;
+            self.records().live_grants(now).await?
+        };
         let state = lock(&self.inner.state);
         Ok(live
             .into_iter()
@@ -668,11 +676,13 @@ impl Engine {
 
     /// A person clicked Revoke on grant `number`: the next call it would have covered waits for
     /// a click again.
-    pub fn revoke_grant(&self, number: u64) -> Result<(), GrantError> {
+    pub async fn revoke_grant(&self, number: u64) -> Result<(), GrantError> {
         let now = self.now();
+        let turn = self.grants_turn().await;
         let ended = self
-            .grant_store()
+            .records()
             .end_grant(number, now, GrantEnd::Revoked)
+            .await
             .map_err(|e| GrantError::NotStored(e.to_string()))?;
         if !ended {
             return Err(GrantError::NoSuchGrant);
@@ -683,15 +693,14 @@ impl Engine {
             .grant_tokens
             .remove(&number)
             .unwrap_or_default();
-        let mut store = lock(&self.inner.store);
         for (nonce, exp) in minted {
             if exp > now
-                && let Err(e) = store.withdraw_approval(&nonce)
+                && let Err(e) = self.records().withdraw_approval(&nonce).await
             {
                 tracing::error!(target: "desk", grant = number, error = %e, "could not take back an approval of a revoked grant");
             }
         }
-        drop(store);
+        drop(turn);
         self.record(ConfirmEvent {
             at_ms: now,
             kind: EventKind::Changed,
@@ -701,7 +710,8 @@ impl Engine {
             nonce: None,
             plan: None,
             note: Some(format!("grant #{number} revoked by a click")),
-        });
+        })
+        .await;
         Ok(())
     }
 
@@ -715,10 +725,12 @@ impl Engine {
     }
 
     /// Connection `tenant` went away: its session grants end with it.
-    pub(super) fn end_session_grants(&self, tenant: &str) {
-        let ended =
-            self.grant_store()
-                .end_prefix_grants(Some(tenant), self.now(), GrantEnd::Disconnected);
+    pub(crate) async fn end_session_grants(&self, tenant: &str) {
+        let _turn = self.grants_turn().await;
+        let ended = self
+            .records()
+            .end_prefix_grants(Some(tenant), self.now(), GrantEnd::Disconnected)
+            .await;
         if let Err(e) = ended {
             // They cover nothing anyway: matching needs the tenant, which is never reused.
             tracing::warn!(target: "desk", error = %e, "could not record the end of a connection's grants");
@@ -728,7 +740,7 @@ impl Engine {
     /// The answer to a preflight a live grant covers (a token minted for this call alone), or
     /// `None`: it waits for a click as usual. Any doubt (the store unreadable, no secret, a MAC
     /// that does not match) is `None`.
-    pub(super) fn granted(
+    pub(crate) async fn granted(
         &self,
         tenant: &str,
         plan: &Plan,
@@ -750,10 +762,10 @@ impl Engine {
             definition,
             now,
         };
-        // The store stays locked from the read of the grant through the mint: a revoke waits for
-        // it, and a revoke that went first is seen.
-        let mut store = self.grant_store();
-        let live = match store.live_grants(now) {
+        // The grants' turn is held from the read of the grant through the mint: a revoke waits
+        // for it, and a revoke that went first is seen.
+        let turn = self.grants_turn().await;
+        let live = match self.records().live_grants(now).await {
             Ok(live) => live,
             Err(e) => {
                 tracing::warn!(target: "desk", error = %e, "grants unreadable: the call waits for a click");
@@ -783,16 +795,9 @@ impl Engine {
                 return None;
             }
         }
-        let minted = self.mint(
-            &key,
-            &mut store,
-            tenant,
-            plan,
-            hash,
-            rule.class,
-            arguments.clone(),
-            now,
-        );
+        let minted = self
+            .mint(&key, tenant, plan, hash, rule.class, arguments.clone(), now)
+            .await;
         let (answer, claims) = match minted {
             Ok(minted) => minted,
             Err(e) => {
@@ -800,16 +805,16 @@ impl Engine {
                 return None;
             }
         };
-        if let Err(e) = store.grant_used(grant.id) {
+        if let Err(e) = self.records().grant_used(grant.id).await {
             tracing::warn!(target: "desk", error = %e, "could not count a grant's use");
         }
-        // Remembered before the store is let go: a revoke waiting for it sees this token too.
+        // Remembered before the turn is let go: a revoke waiting for it sees this token too.
         lock(&self.inner.state)
             .grant_tokens
             .entry(grant.id)
             .or_default()
             .push((claims.nonce, claims.exp));
-        drop(store);
+        drop(turn);
         self.record(ConfirmEvent {
             at_ms: now,
             kind: EventKind::Issued,
@@ -823,7 +828,8 @@ impl Engine {
                 grant.id,
                 utc(grant.granted_at_ms)
             )),
-        });
+        })
+        .await;
         Some(answer)
     }
 }

@@ -32,7 +32,7 @@ impl Engine {
 
     /// The session refused a call of `tool` before it reached the engine (the upstream does not
     /// list it): on the record like every other refusal.
-    pub fn record_unlisted(&self, tenant: &str, tool: &str) {
+    pub async fn record_unlisted(&self, tenant: &str, tool: &str) {
         self.record(ConfirmEvent {
             at_ms: self.now(),
             kind: EventKind::Rejected {
@@ -44,7 +44,8 @@ impl Engine {
             nonce: None,
             plan: None,
             note: None,
-        });
+        })
+        .await;
     }
 
     /// A connection was accepted: assign its tenant. `server` is the upstream's identity as the
@@ -75,8 +76,8 @@ impl Engine {
     }
 
     /// A gateway went away: its pending requests leave the queue, and its session grants end.
-    pub fn disconnect(&self, tenant: &str) {
-        self.end_session_grants(tenant);
+    pub async fn disconnect(&self, tenant: &str) {
+        self.end_session_grants(tenant).await;
         let mut state = lock(&self.inner.state);
         if state.connections.remove(tenant).is_some() {
             state.gone.push_back(tenant.to_owned());
@@ -118,7 +119,7 @@ impl Engine {
     /// to a server already pinned, keeps being listed, but its calls are refused `tool_changed`
     /// and the change is queued for the person (once: the same definition proposed again
     /// re-attaches). A tool no longer listed just goes; its pin stays.
-    pub fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Answer {
+    pub async fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Answer {
         let policy = self.policy();
         let Some(server) = lock(&self.inner.state)
             .connections
@@ -157,7 +158,7 @@ impl Engine {
             })
             .collect();
         let candidates: Vec<ToolPin> = listed.iter().map(|(_, pin)| pin.clone()).collect();
-        let (pins, store_failed) = match lock(&self.inner.store).pin_first_seen(&candidates) {
+        let (pins, store_failed) = match self.records().pin_first_seen(&candidates).await {
             Ok(pins) => (pins, false),
             Err(e) => {
                 // Deny by default: with no pin to compare with, no tool counts as unchanged.
@@ -302,7 +303,7 @@ impl Engine {
     /// tool is listed, and its definition is the pinned one. [`Answer::Done`] when it may; a
     /// refusal or an error (recorded in history) when it may not. The session asks before every
     /// open call it forwards.
-    pub fn open_call(&self, tenant: &str, tool: &str) -> Answer {
+    pub async fn open_call(&self, tenant: &str, tool: &str) -> Answer {
         let found = {
             let state = lock(&self.inner.state);
             state
@@ -315,14 +316,26 @@ impl Engine {
             Some(None) => {
                 let message = format!("`{tool}` is not a tool this connection offers");
                 self.rejected(tenant, tool, error(ErrorCode::UnknownTool, message))
+                    .await
             }
-            Some(Some(false)) => self.tool_changed(tenant, tool),
+            Some(Some(false)) => self.tool_changed(tenant, tool).await,
             Some(Some(true)) => Answer::Done,
         }
     }
 
+    /// Whether a call of `tool` on connection `tenant` may run as listed now (the tool is listed
+    /// and its definition is the pinned one): [`Engine::open_call`] without recording a refusal,
+    /// for the desk's own calls (a preview reads through the upstream's tools).
+    pub fn runs(&self, tenant: &str, tool: &str) -> bool {
+        lock(&self.inner.state)
+            .connections
+            .get(tenant)
+            .and_then(|c| c.tools.get(tool))
+            .is_some_and(|l| l.pinned)
+    }
+
     /// A call of a tool whose definition differs from its pin: refused, and on the record.
-    pub(crate) fn tool_changed(&self, tenant: &str, tool: &str) -> Answer {
+    pub(crate) async fn tool_changed(&self, tenant: &str, tool: &str) -> Answer {
         self.record(ConfirmEvent {
             at_ms: self.now(),
             kind: EventKind::Refused {
@@ -334,7 +347,8 @@ impl Engine {
             nonce: None,
             plan: None,
             note: None,
-        });
+        })
+        .await;
         refused(Refusal::ToolChanged)
     }
 }

@@ -199,11 +199,11 @@ impl Engine {
             hash,
         } = match self.plan_aside(tenant, tool, arguments).await {
             Ok(call) => call,
-            Err(response) => return self.rejected(tenant, tool, response),
+            Err(response) => return self.rejected(tenant, tool, response).await,
         };
         if fields.is_confirm() {
             let answer = error(ErrorCode::BadArguments, "a confirm is not a preflight");
-            return self.rejected(tenant, tool, answer);
+            return self.rejected(tenant, tool, answer).await;
         }
         if !self.inner.config.window {
             return Answer::Refused {
@@ -212,12 +212,12 @@ impl Engine {
             };
         }
         // A live grant a person's click made covers it: approved at once, a token of its own.
-        if let Some(answer) = self.granted(tenant, &plan, hash, &args) {
+        if let Some(answer) = self.granted(tenant, &plan, hash, &args).await {
             return answer;
         }
         let now = self.now();
         let ttl = self.token_ttl_ms();
-        let (id, mut decision) = {
+        let queued = 'queued: {
             let mut state = lock(&self.inner.state);
             Self::sweep(&mut state, now, ttl);
             let existing = state
@@ -225,11 +225,10 @@ impl Engine {
                 .iter()
                 .find(|(_, e)| e.is_call(tenant, tool, hash));
             match existing {
-                Some((id, entry)) => (*id, entry.decision.subscribe()),
+                Some((id, entry)) => Ok((*id, entry.decision.subscribe())),
                 None => {
                     if let Some(full) = Self::queue_full(&state, tenant) {
-                        drop(state);
-                        return self.rejected(tenant, tool, error(ErrorCode::Busy, full));
+                        break 'queued Err(full);
                     }
                     let id = state.next_id;
                     state.next_id += 1;
@@ -264,8 +263,16 @@ impl Engine {
                     self.publish(QueueChange::Added {
                         request: Box::new(view),
                     });
-                    (id, receiver)
+                    Ok((id, receiver))
                 }
+            }
+        };
+        let (id, mut decision) = match queued {
+            Ok(queued) => queued,
+            Err(full) => {
+                return self
+                    .rejected(tenant, tool, error(ErrorCode::Busy, full))
+                    .await;
             }
         };
         let decided = tokio::time::timeout(wait, decision.wait_for(Option::is_some)).await;

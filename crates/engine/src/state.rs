@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use countersign_core::PlanHash;
 use countersign_core::policy::{Policy, ToolRule};
 use countersign_core::token::{Nonce, SigningKey};
-use countersign_store::{Store, ToolPin};
+use countersign_store::{Records, ToolPin};
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
 
@@ -99,8 +99,6 @@ pub(crate) struct State {
     /// When a preview last changed what a waiting request shows, by id: its approve delay runs
     /// from then.
     pub(crate) rearmed: HashMap<u64, u64>,
-    /// Whether the session grants an earlier run of the desk left in the file were ended.
-    pub(crate) session_grants_ended: bool,
     /// The tokens each grant minted, by grant number, with their expiry: a revoke takes back
     /// those not yet expired (see the grant module).
     pub(crate) grant_tokens: HashMap<u64, Vec<(Nonce, u64)>>,
@@ -119,7 +117,12 @@ pub(crate) struct Inner {
     pub(crate) config: EngineConfig,
     pub(crate) live: RwLock<Live>,
     pub(crate) key: RwLock<Result<SigningKey, String>>,
-    pub(crate) store: Mutex<Store>,
+    /// Where the records live.
+    pub(crate) store: Arc<dyn Records>,
+    /// Held from reading a grant through minting what it covers, and by a revoke: a revoke waits
+    /// for a grant's mint in flight and is seen by the next. It holds whether the session grants
+    /// an earlier run left in the records were ended.
+    pub(crate) grants_turn: tokio::sync::Mutex<bool>,
     pub(crate) state: Mutex<State>,
     pub(crate) changes: broadcast::Sender<QueueChange>,
     /// Turns to describe a call's SQL, across the desk ([`crate::describing::MAX_DESCRIBING`]).

@@ -21,7 +21,7 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
-fn setup() -> Setup {
+async fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("app.sqlite");
     rusqlite::Connection::open(&db)
@@ -36,7 +36,9 @@ fn setup() -> Setup {
     config.approve_delay_ms = 0;
     let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
     let tenant = engine.connect(format!("builtin:{}", db.display()));
-    engine.register_tools(&tenant, countersign_builtin::definitions());
+    engine
+        .register_tools(&tenant, countersign_builtin::definitions())
+        .await;
     Setup {
         engine,
         tenant,
@@ -70,7 +72,7 @@ async fn approved(s: &Setup, args: &Value, target: &str) -> Value {
         }
     };
     assert_eq!(request.plan.target, target);
-    s.engine.approve(request.id, Some(target)).unwrap();
+    s.engine.approve(request.id, Some(target)).await.unwrap();
     let Answer::Approved { token, .. } = waiting.await.unwrap() else {
         panic!("not approved")
     };
@@ -83,7 +85,7 @@ async fn approved(s: &Setup, args: &Value, target: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preflight_during_a_lock_is_busy_and_queues_nothing_and_after_it_plans_the_facts() {
-    let s = setup();
+    let s = setup().await;
     let args = json!({ "sql": BATCH });
     let lock = writer_lock(&s.db);
     let answer = s
@@ -119,12 +121,12 @@ async fn a_preflight_during_a_lock_is_busy_and_queues_nothing_and_after_it_plans
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirm_that_cannot_be_described_now_is_refused_spends_nothing_and_works_after() {
-    let s = setup();
+    let s = setup().await;
     let args = json!({ "sql": BATCH });
     let confirm = approved(&s, &args, "audit, users").await;
     let lock = writer_lock(&s.db);
     // Refused before verification: the once tool's nonce is not spent, from sync or async code.
-    let answer = s.engine.confirm(&s.tenant, "execute", &confirm);
+    let answer = s.engine.confirm(&s.tenant, "execute", &confirm).await;
     assert!(is_busy(&answer, "database was busy"), "{answer:?}");
     let answer = s.engine.confirm_aside(&s.tenant, "execute", &confirm).await;
     assert!(is_busy(&answer, "database was busy"), "{answer:?}");
@@ -132,7 +134,7 @@ async fn a_confirm_that_cannot_be_described_now_is_refused_spends_nothing_and_wo
     let answer = s.engine.confirm_aside(&s.tenant, "execute", &confirm).await;
     assert!(matches!(answer, Answer::Accepted { .. }), "{answer:?}");
     // Spent once, by the confirm that was accepted: a replay is refused as usual.
-    let again = s.engine.confirm(&s.tenant, "execute", &confirm);
+    let again = s.engine.confirm(&s.tenant, "execute", &confirm).await;
     assert!(
         matches!(
             again,
@@ -147,7 +149,7 @@ async fn a_confirm_that_cannot_be_described_now_is_refused_spends_nothing_and_wo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_withdraw_that_cannot_be_described_now_says_so_and_the_request_keeps_waiting() {
-    let s = setup();
+    let s = setup().await;
     let args = json!({ "sql": BATCH });
     s.engine
         .preflight(&s.tenant, "execute", &args, Duration::ZERO)
@@ -175,7 +177,7 @@ async fn a_withdraw_that_cannot_be_described_now_says_so_and_the_request_keeps_w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_past_the_time_limit_is_busy_every_time_never_a_plan() {
-    let s = setup();
+    let s = setup().await;
     let args = json!({ "sql": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) \
                                SELECT count(*) FROM n; DELETE FROM users" });
     let answer = s
@@ -188,7 +190,7 @@ async fn a_batch_past_the_time_limit_is_busy_every_time_never_a_plan() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_sqlite_refuses_is_still_a_plan_the_same_each_time() {
-    let s = setup();
+    let s = setup().await;
     for (sql, target) in [
         ("DELETE FROM missing; DELETE FROM users", "nothing"),
         ("COMMIT; DELETE FROM users", "transaction control, unknown"),
@@ -224,11 +226,12 @@ async fn with_every_turn_to_describe_taken_a_sync_call_is_busy_and_an_async_one_
     let endless = json!({ "sql": "WITH RECURSIVE n(i) AS (SELECT count(*) FROM audit UNION ALL \
                                   SELECT i + 1 FROM n) SELECT count(*) FROM n; DELETE FROM users" });
     // Two databases on one engine, each described by a call that never ends on its own.
-    let (s, b) = (setup(), setup());
+    let (s, b) = (setup().await, setup().await);
     let other_db = b.db.clone();
     let other_tenant = s.engine.connect(format!("builtin:{}", other_db.display()));
     s.engine
-        .register_tools(&other_tenant, countersign_builtin::definitions());
+        .register_tools(&other_tenant, countersign_builtin::definitions())
+        .await;
     let mut slow = Vec::new();
     for (t, db) in [
         (s.tenant.clone(), s.db.clone()),
@@ -279,10 +282,11 @@ async fn one_connection_sending_endless_batches_holds_one_turn_so_another_is_des
     let endless = json!({ "sql": "WITH RECURSIVE n(i) AS (SELECT count(*) FROM audit UNION ALL \
                                   SELECT i + 1 FROM n) SELECT count(*) FROM n; DELETE FROM users" });
     // Connection A on one database, connection B on another, one engine.
-    let (a, b) = (setup(), setup());
+    let (a, b) = (setup().await, setup().await);
     let b_tenant = a.engine.connect(format!("builtin:{}", b.db.display()));
     a.engine
-        .register_tools(&b_tenant, countersign_builtin::definitions());
+        .register_tools(&b_tenant, countersign_builtin::definitions())
+        .await;
     let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
     // A sends more endless batches at once than the desk describes at once (within the time a
     // call waits for its turn, so each of them is described in the end).

@@ -51,13 +51,13 @@ fn tools() -> Vec<Value> {
     ]
 }
 
-fn connect(engine: &Engine) -> String {
+async fn connect(engine: &Engine) -> String {
     let tenant = {
         let t = engine.connect("test-server".into());
         engine.set_client_info(&t, json!({"name": "test-agent", "version": "1"}));
         t
     };
-    engine.register_tools(&tenant, tools());
+    engine.register_tools(&tenant, tools()).await;
     tenant
 }
 
@@ -70,7 +70,7 @@ fn approve_next(engine: &Engine, typed: Option<&'static str>) -> tokio::task::Jo
     tokio::spawn(async move {
         loop {
             if let Ok(QueueChange::Added { request }) = changes.recv().await {
-                engine.approve(request.id, typed).unwrap();
+                engine.approve(request.id, typed).await.unwrap();
                 return request.id;
             }
         }
@@ -107,10 +107,10 @@ async fn approved(
 
 /// The person accepts every tool definition change waiting in the queue (a re-listing that
 /// changed annotations is held back until then).
-fn accept_tool_changes(engine: &Engine) {
+async fn accept_tool_changes(engine: &Engine) {
     for request in engine.pending() {
         if request.change.is_some() {
-            engine.approve(request.id, None).unwrap();
+            engine.approve(request.id, None).await.unwrap();
         }
     }
 }
@@ -130,7 +130,7 @@ async fn classes_follow_annotations_and_confirm_named_tools_are_withheld() {
         d.engine.set_client_info(&t, json!({}));
         t
     };
-    let Answer::Classes { tools } = d.engine.register_tools(&tenant, tools()) else {
+    let Answer::Classes { tools } = d.engine.register_tools(&tenant, tools()).await else {
         panic!()
     };
     let classes: Vec<_> = tools
@@ -152,27 +152,33 @@ async fn classes_follow_annotations_and_confirm_named_tools_are_withheld() {
 #[tokio::test]
 async fn approved_once_call_executes_the_approved_arguments_exactly_once() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"sql": "DELETE FROM t", "n": 2});
     let (text, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     assert!(text.contains("works once"));
     assert_eq!(target, "execute");
     let first = d
         .engine
-        .confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
+        .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+        .await;
     let Answer::Accepted { arguments, nonce } = first else {
         panic!("{first:?}")
     };
     assert_eq!(arguments, args);
-    assert_eq!(d.engine.outcome(&tenant, &nonce, true, None), Answer::Done);
+    assert_eq!(
+        d.engine.outcome(&tenant, &nonce, true, None).await,
+        Answer::Done
+    );
     let second = d
         .engine
-        .confirm(&tenant, "execute", &confirm_args(&args, &target, &token));
+        .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+        .await;
     assert_eq!(refusal(&second), Some(Refusal::AlreadyUsed));
     assert_eq!(d.engine.server_of(&tenant).as_deref(), Some("test-server"));
     let kinds: Vec<String> = d
         .engine
         .history(&HistoryFilter::default())
+        .await
         .unwrap()
         .iter()
         .map(|e| e.kind.code().to_owned())
@@ -183,14 +189,15 @@ async fn approved_once_call_executes_the_approved_arguments_exactly_once() {
 #[tokio::test]
 async fn reusable_token_works_again_within_its_life() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"name": "nightly"});
     let (text, token, target) = approved(&d.engine, &tenant, "backup", &args).await;
     assert!(text.contains("works until it expires"));
     for _ in 0..3 {
         let r = d
             .engine
-            .confirm(&tenant, "backup", &confirm_args(&args, &target, &token));
+            .confirm(&tenant, "backup", &confirm_args(&args, &target, &token))
+            .await;
         assert!(matches!(r, Answer::Accepted { .. }), "{r:?}");
     }
 }
@@ -198,7 +205,7 @@ async fn reusable_token_works_again_within_its_life() {
 #[tokio::test]
 async fn changed_arguments_are_plan_changed_and_another_connection_is_wrong_tenant() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"path": "/a", "content": "x"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     let changed = json!({"path": "/a", "content": "y"});
@@ -206,21 +213,24 @@ async fn changed_arguments_are_plan_changed_and_another_connection_is_wrong_tena
         refusal(
             &d.engine
                 .confirm(&tenant, "execute", &confirm_args(&changed, &target, &token))
+                .await
         ),
         Some(Refusal::PlanChanged)
     );
-    let other = connect(&d.engine);
+    let other = connect(&d.engine).await;
     assert_eq!(
         refusal(
             &d.engine
                 .confirm(&other, "execute", &confirm_args(&args, &target, &token))
+                .await
         ),
         Some(Refusal::WrongTenant)
     );
     // Neither refusal spent the nonce.
     assert!(matches!(
         d.engine
-            .confirm(&tenant, "execute", &confirm_args(&args, &target, &token)),
+            .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+            .await,
         Answer::Accepted { .. }
     ));
 }
@@ -228,12 +238,15 @@ async fn changed_arguments_are_plan_changed_and_another_connection_is_wrong_tena
 #[tokio::test]
 async fn deny_reaches_the_agent_with_the_note() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let engine = d.engine.clone();
     let mut changes = engine.subscribe();
     let deny = tokio::spawn(async move {
         if let Ok(QueueChange::Added { request }) = changes.recv().await {
-            engine.deny(request.id, Some("not on a Friday")).unwrap();
+            engine
+                .deny(request.id, Some("not on a Friday"))
+                .await
+                .unwrap();
         }
     });
     let r = d
@@ -251,7 +264,7 @@ async fn deny_reaches_the_agent_with_the_note() {
 #[tokio::test]
 async fn pending_preflight_reattaches_to_the_same_request() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"sql": "x"});
     let r = d
         .engine
@@ -270,7 +283,7 @@ async fn pending_preflight_reattaches_to_the_same_request() {
         "a second preflight of the same plan is not a second entry"
     );
     // Approved while nobody waits: the next call with the same arguments collects it.
-    d.engine.approve(pending[0].id, None).unwrap();
+    d.engine.approve(pending[0].id, None).await.unwrap();
     assert!(matches!(
         d.engine.preflight(&tenant, "execute", &args, WAIT).await,
         Answer::Approved { .. }
@@ -281,7 +294,7 @@ async fn pending_preflight_reattaches_to_the_same_request() {
 #[tokio::test]
 async fn withdraw_and_disconnect_remove_pending_requests() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let mut changes = d.engine.subscribe();
     let args = json!({"sql": "x"});
     d.engine
@@ -298,7 +311,7 @@ async fn withdraw_and_disconnect_remove_pending_requests() {
     assert_eq!(d.engine.pending().len(), 2);
     d.engine.withdraw(&tenant, "execute", &args);
     assert_eq!(d.engine.pending().len(), 1);
-    d.engine.disconnect(&tenant);
+    d.engine.disconnect(&tenant).await;
     assert!(d.engine.pending().is_empty());
     let mut removals = Vec::new();
     while let Ok(change) = changes.try_recv() {
@@ -312,7 +325,7 @@ async fn withdraw_and_disconnect_remove_pending_requests() {
 #[tokio::test]
 async fn destructive_requests_need_the_target_typed() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     d.engine
         .preflight(
             &tenant,
@@ -324,16 +337,16 @@ async fn destructive_requests_need_the_target_typed() {
     let id = d.engine.pending()[0].id;
     assert!(d.engine.pending()[0].type_target);
     assert_eq!(
-        d.engine.approve(id, None),
+        d.engine.approve(id, None).await,
         Err(ApproveError::TargetNotTyped)
     );
     assert_eq!(
-        d.engine.approve(id, Some("backup-")),
+        d.engine.approve(id, Some("backup-")).await,
         Err(ApproveError::TargetNotTyped)
     );
-    assert_eq!(d.engine.approve(id, Some("backup-7")), Ok(()));
+    assert_eq!(d.engine.approve(id, Some("backup-7")).await, Ok(()));
     assert_eq!(
-        d.engine.approve(id, Some("backup-7")),
+        d.engine.approve(id, Some("backup-7")).await,
         Err(ApproveError::NotPending)
     );
 }
@@ -345,20 +358,23 @@ async fn without_a_secret_nothing_is_minted() {
         d.engine.secret_problem().as_deref(),
         Some("the OS keychain is locked")
     );
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     d.engine
         .preflight(&tenant, "execute", &json!({}), Duration::from_millis(10))
         .await;
     let id = d.engine.pending()[0].id;
     assert!(matches!(
-        d.engine.approve(id, None),
+        d.engine.approve(id, None).await,
         Err(ApproveError::NoSecret(_))
     ));
-    let r = d.engine.confirm(
-        &tenant,
-        "execute",
-        &json!({"confirm": true, "confirmToken": "cs1.a.b"}),
-    );
+    let r = d
+        .engine
+        .confirm(
+            &tenant,
+            "execute",
+            &json!({"confirm": true, "confirmToken": "cs1.a.b"}),
+        )
+        .await;
     assert!(matches!(
         r,
         Answer::Error {
@@ -371,7 +387,7 @@ async fn without_a_secret_nothing_is_minted() {
 #[tokio::test]
 async fn expired_token_is_refused() {
     let d = desk_with(200, Ok(SigningKey::new(&[7; 32]).unwrap()));
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"sql": "x"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     d.clock.advance(200);
@@ -379,6 +395,7 @@ async fn expired_token_is_refused() {
         refusal(
             &d.engine
                 .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+                .await
         ),
         Some(Refusal::Expired)
     );
@@ -387,7 +404,7 @@ async fn expired_token_is_refused() {
 #[tokio::test]
 async fn open_and_unknown_tools_are_not_gated_here() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let r = d.engine.preflight(&tenant, "read", &json!({}), WAIT).await;
     assert!(matches!(
         r,
@@ -396,7 +413,7 @@ async fn open_and_unknown_tools_are_not_gated_here() {
             ..
         }
     ));
-    let r = d.engine.confirm(&tenant, "sneaky", &json!({}));
+    let r = d.engine.confirm(&tenant, "sneaky", &json!({})).await;
     assert!(matches!(
         r,
         Answer::Error {
@@ -416,10 +433,10 @@ async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one
         vec![json!({"name": "append", "annotations": {
             "readOnlyHint": false, "destructiveHint": false, "idempotentHint": idempotent}})]
     };
-    d.engine.register_tools(&tenant, append(false));
+    d.engine.register_tools(&tenant, append(false)).await;
     let args = json!({"line": "charge the card"});
     let (_, token, target) = approved(&d.engine, &tenant, "append", &args).await;
-    let Answer::Classes { tools } = d.engine.register_tools(&tenant, append(true)) else {
+    let Answer::Classes { tools } = d.engine.register_tools(&tenant, append(true)).await else {
         panic!("no classes");
     };
     assert_eq!(
@@ -427,11 +444,11 @@ async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one
         GateClass::Token,
         "the listing now says token"
     );
-    accept_tool_changes(&d.engine);
+    accept_tool_changes(&d.engine).await;
     let confirm = confirm_args(&args, &target, &token);
-    let first = d.engine.confirm(&tenant, "append", &confirm);
+    let first = d.engine.confirm(&tenant, "append", &confirm).await;
     assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");
-    let again = d.engine.confirm(&tenant, "append", &confirm);
+    let again = d.engine.confirm(&tenant, "append", &confirm).await;
     assert_eq!(refusal(&again), Some(Refusal::AlreadyUsed), "{again:?}");
 }
 
@@ -439,18 +456,18 @@ async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one
 #[tokio::test]
 async fn a_confirm_is_checked_under_the_stricter_of_recorded_and_current_class() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"name": "nightly"});
     let (_, token, target) = approved(&d.engine, &tenant, "backup", &args).await;
     // Still not destructive (the plan is the same), but no longer idempotent: works once now.
     let stricter = vec![json!({"name": "backup", "annotations": {
         "destructiveHint": false, "idempotentHint": false}})];
-    d.engine.register_tools(&tenant, stricter);
-    accept_tool_changes(&d.engine);
+    d.engine.register_tools(&tenant, stricter).await;
+    accept_tool_changes(&d.engine).await;
     let confirm = confirm_args(&args, &target, &token);
-    let first = d.engine.confirm(&tenant, "backup", &confirm);
+    let first = d.engine.confirm(&tenant, "backup", &confirm).await;
     assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");
-    let again = d.engine.confirm(&tenant, "backup", &confirm);
+    let again = d.engine.confirm(&tenant, "backup", &confirm).await;
     assert_eq!(refusal(&again), Some(Refusal::AlreadyUsed), "{again:?}");
 }
 
@@ -462,7 +479,7 @@ async fn a_name_listed_twice_is_withheld() {
         json!({"name": "write", "annotations": {"readOnlyHint": true}}),
         json!({"name": "write"}),
     ];
-    let Answer::Classes { tools } = d.engine.register_tools(&tenant, twice) else {
+    let Answer::Classes { tools } = d.engine.register_tools(&tenant, twice).await else {
         panic!("no classes");
     };
     assert!(tools.iter().all(|t| t.withheld.is_some()), "{tools:?}");
@@ -488,7 +505,7 @@ async fn without_a_window_preflights_are_desk_unavailable_and_nothing_is_queued(
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.window = false;
     let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
-    let tenant = connect(&engine);
+    let tenant = connect(&engine).await;
     let r = engine
         .preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT)
         .await;
@@ -507,9 +524,10 @@ fn behind_the_desks_back(d: &Desk, sql: &str) {
     conn.execute_batch(sql).unwrap();
 }
 
-fn kinds(engine: &Engine) -> Vec<String> {
+async fn kinds(engine: &Engine) -> Vec<String> {
     engine
         .history(&HistoryFilter::default())
+        .await
         .unwrap()
         .iter()
         .map(|e| match e.kind {
@@ -532,7 +550,7 @@ async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
     let clock = ManualClock::starting_now();
     config.clock = Arc::new(clock.clone());
     let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
-    let tenant = connect(&engine);
+    let tenant = connect(&engine).await;
     let args = json!({"sql": "DELETE FROM t"});
     let waiting = {
         let (engine, tenant, args) = (engine.clone(), tenant.clone(), args.clone());
@@ -541,13 +559,13 @@ async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
     support::until(&engine, || !engine.pending().is_empty()).await;
     let id = engine.pending()[0].id;
     assert!(
-        matches!(engine.approve(id, None), Err(ApproveError::TooSoon { wait_ms }) if wait_ms > 0 && wait_ms <= 400)
+        matches!(engine.approve(id, None).await, Err(ApproveError::TooSoon { wait_ms }) if wait_ms > 0 && wait_ms <= 400)
     );
     clock.advance(450);
     // The window came forward again: what is on screen may have changed under the pointer.
     engine.hold_approvals();
     assert!(matches!(
-        engine.approve(id, None),
+        engine.approve(id, None).await,
         Err(ApproveError::TooSoon { .. })
     ));
     assert_eq!(
@@ -557,18 +575,18 @@ async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
     );
     clock.advance(399);
     assert!(matches!(
-        engine.approve(id, None),
+        engine.approve(id, None).await,
         Err(ApproveError::TooSoon { wait_ms: 1 })
     ));
     clock.advance(1);
-    assert_eq!(engine.approve(id, None), Ok(()));
+    assert_eq!(engine.approve(id, None).await, Ok(()));
     assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
 }
 
 #[tokio::test]
 async fn an_approval_edited_in_the_file_is_refused_and_spends_nothing() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"sql": "DELETE FROM t WHERE id = 7"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     let confirm = confirm_args(&args, &target, &token);
@@ -577,34 +595,34 @@ async fn an_approval_edited_in_the_file_is_refused_and_spends_nothing() {
         &d,
         "UPDATE approval SET arguments = '{\"sql\":\"DELETE FROM t\"}';",
     );
-    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    let r = d.engine.confirm(&tenant, "execute", &confirm).await;
     assert_eq!(refusal(&r), Some(Refusal::ApprovalAltered), "{r:?}");
     // A row that lost its MAC (or one written before MACs) is refused the same way.
     behind_the_desks_back(
         &d,
         "UPDATE approval SET arguments = '{\"sql\":\"DELETE FROM t WHERE id = 7\"}', mac = NULL;",
     );
-    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    let r = d.engine.confirm(&tenant, "execute", &confirm).await;
     assert_eq!(refusal(&r), Some(Refusal::ApprovalAltered), "{r:?}");
     assert!(
-        kinds(&d.engine).starts_with(&[
+        kinds(&d.engine).await.starts_with(&[
             "refused:approval_altered".into(),
             "refused:approval_altered".into()
         ]),
         "{:?}",
-        kinds(&d.engine)
+        kinds(&d.engine).await
     );
 }
 
 #[tokio::test]
 async fn an_approval_that_cannot_be_read_spends_nothing_so_retrying_works() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     let args = json!({"sql": "DELETE FROM t WHERE id = 8"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     let confirm = confirm_args(&args, &target, &token);
     behind_the_desks_back(&d, "ALTER TABLE approval RENAME TO approval_away;");
-    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    let r = d.engine.confirm(&tenant, "execute", &confirm).await;
     assert_eq!(refusal(&r), Some(Refusal::LedgerUnreachable), "{r:?}");
     let Answer::Refused { message, .. } = &r else {
         unreachable!()
@@ -612,22 +630,23 @@ async fn an_approval_that_cannot_be_read_spends_nothing_so_retrying_works() {
     assert!(message.contains("Retry shortly"));
     behind_the_desks_back(&d, "ALTER TABLE approval_away RENAME TO approval;");
     // "Retry shortly" was the truth: the once-token still works, exactly once.
-    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    let r = d.engine.confirm(&tenant, "execute", &confirm).await;
     assert!(matches!(r, Answer::Accepted { .. }), "{r:?}");
-    let r = d.engine.confirm(&tenant, "execute", &confirm);
+    let r = d.engine.confirm(&tenant, "execute", &confirm).await;
     assert_eq!(refusal(&r), Some(Refusal::AlreadyUsed));
 }
 
 #[tokio::test]
 async fn one_outcome_is_accepted_per_accepted_call_and_only_from_its_connection() {
     let d = desk();
-    let tenant = connect(&d.engine);
-    let other = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
+    let other = connect(&d.engine).await;
     let args = json!({"sql": "DELETE FROM t WHERE id = 9"});
     let (_, token, target) = approved(&d.engine, &tenant, "execute", &args).await;
     let nonce = match d
         .engine
         .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+        .await
     {
         Answer::Accepted { nonce, .. } => nonce,
         other => panic!("{other:?}"),
@@ -641,43 +660,52 @@ async fn one_outcome_is_accepted_per_accepted_call_and_only_from_its_connection(
             }
         )
     };
-    assert!(not_accepted(d.engine.outcome(&other, &nonce, true, None)));
+    assert!(not_accepted(
+        d.engine.outcome(&other, &nonce, true, None).await
+    ));
     assert_eq!(
         d.engine
-            .outcome(&tenant, &nonce, false, Some("boom".into())),
+            .outcome(&tenant, &nonce, false, Some("boom".into()))
+            .await,
         Answer::Done
     );
     assert!(
-        not_accepted(d.engine.outcome(&tenant, &nonce, true, None)),
+        not_accepted(d.engine.outcome(&tenant, &nonce, true, None).await),
         "a second outcome"
     );
     // An approved nonce that was never confirmed has no outcome to give.
     let args = json!({"sql": "DELETE FROM t WHERE id = 10"});
     approved(&d.engine, &tenant, "execute", &args).await;
-    let issued = d.engine.history(&HistoryFilter::default()).unwrap()[0]
+    let issued = d.engine.history(&HistoryFilter::default()).await.unwrap()[0]
         .nonce
         .unwrap();
-    assert!(not_accepted(d.engine.outcome(
-        &tenant,
-        &issued.to_hex(),
-        true,
-        None
-    )));
-    let executed = kinds(&d.engine).iter().filter(|k| *k == "executed").count();
+    assert!(not_accepted(
+        d.engine
+            .outcome(&tenant, &issued.to_hex(), true, None)
+            .await
+    ));
+    let executed = kinds(&d.engine)
+        .await
+        .iter()
+        .filter(|k| *k == "executed")
+        .count();
     assert_eq!(executed, 1);
 }
 
 #[tokio::test]
 async fn calls_refused_before_verification_are_on_the_record() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     d.engine
-        .confirm(&tenant, "no_such_tool", &json!({"confirm": true}));
-    d.engine.confirm(
-        &tenant,
-        "delete",
-        &json!({"id": {"deep": 1}, "confirm": true, "confirmToken": 5}),
-    );
+        .confirm(&tenant, "no_such_tool", &json!({"confirm": true}))
+        .await;
+    d.engine
+        .confirm(
+            &tenant,
+            "delete",
+            &json!({"id": {"deep": 1}, "confirm": true, "confirmToken": 5}),
+        )
+        .await;
     d.engine
         .preflight(
             &tenant,
@@ -686,16 +714,19 @@ async fn calls_refused_before_verification_are_on_the_record() {
             Duration::ZERO,
         )
         .await;
-    d.engine.record_unlisted(&tenant, "hidden");
+    d.engine.record_unlisted(&tenant, "hidden").await;
     let no_secret = desk_with(600_000, Err("locked".into()));
-    let t2 = connect(&no_secret.engine);
-    no_secret.engine.confirm(
-        &t2,
-        "execute",
-        &json!({"confirm": true, "confirmToken": "cs1.a.b"}),
-    );
+    let t2 = connect(&no_secret.engine).await;
+    no_secret
+        .engine
+        .confirm(
+            &t2,
+            "execute",
+            &json!({"confirm": true, "confirmToken": "cs1.a.b"}),
+        )
+        .await;
     assert_eq!(
-        kinds(&d.engine),
+        kinds(&d.engine).await,
         [
             "rejected:unlisted_tool",
             "rejected:bad_arguments",
@@ -703,14 +734,14 @@ async fn calls_refused_before_verification_are_on_the_record() {
             "rejected:unknown_tool"
         ]
     );
-    assert_eq!(kinds(&no_secret.engine), ["rejected:no_secret"]);
+    assert_eq!(kinds(&no_secret.engine).await, ["rejected:no_secret"]);
 }
 
 #[tokio::test]
 async fn a_flood_of_preflights_is_refused_busy_with_a_next_move_and_others_still_queue() {
     let d = desk();
-    let flood = connect(&d.engine);
-    let calm = connect(&d.engine);
+    let flood = connect(&d.engine).await;
+    let calm = connect(&d.engine).await;
     let preflight = |tenant: &str, n: usize| {
         let engine = d.engine.clone();
         let tenant = tenant.to_owned();
@@ -766,9 +797,9 @@ impl std::io::Write for Captured {
 #[tokio::test]
 async fn an_event_history_cannot_keep_is_still_logged_once_and_the_failure_said() {
     let d = desk();
-    let tenant = connect(&d.engine);
+    let tenant = connect(&d.engine).await;
     // The desk opens its file on first use.
-    d.engine.history(&HistoryFilter::default()).unwrap();
+    d.engine.history(&HistoryFilter::default()).await.unwrap();
     behind_the_desks_back(&d, "ALTER TABLE history RENAME TO history_away;");
     let captured = Captured::default();
     let writer = captured.clone();
@@ -776,9 +807,10 @@ async fn an_event_history_cannot_keep_is_still_logged_once_and_the_failure_said(
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        d.engine.record_unlisted(&tenant, "hidden");
-    });
+    // This test runs on one thread: the subscriber set for it sees what the engine logs.
+    let logging = tracing::subscriber::set_default(subscriber);
+    d.engine.record_unlisted(&tenant, "hidden").await;
+    drop(logging);
     let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert_eq!(log.matches("confirm rejected").count(), 1, "{log}");
     assert!(log.contains("could not write history"), "{log}");

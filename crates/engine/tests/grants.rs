@@ -62,10 +62,10 @@ fn tools() -> Vec<Value> {
     ]
 }
 
-fn connect(engine: &Engine, server: &str) -> String {
+async fn connect(engine: &Engine, server: &str) -> String {
     let tenant = engine.connect(server.into());
     engine.set_client_info(&tenant, json!({"name": "agent"}));
-    engine.register_tools(&tenant, tools());
+    engine.register_tools(&tenant, tools()).await;
     tenant
 }
 
@@ -74,19 +74,19 @@ const SHORT: Duration = Duration::from_millis(200);
 
 /// Runs the preflight; the next request to arrive gets `click` (the window's Approve, widened or
 /// not). Answers the preflight's answer and the click's result.
-async fn clicked<T: Send + 'static>(
+async fn clicked<T: Send + 'static, F: std::future::Future<Output = T> + Send + 'static>(
     engine: &Engine,
     tenant: &str,
     tool: &str,
     args: &Value,
-    click: impl FnOnce(&Engine, u64) -> T + Send + 'static,
+    click: impl FnOnce(Engine, u64) -> F + Send + 'static,
 ) -> (Answer, T) {
     let mut changes = engine.subscribe();
     let e = engine.clone();
     let clicker = tokio::spawn(async move {
         loop {
             if let Ok(QueueChange::Added { request }) = changes.recv().await {
-                return click(&e, request.id);
+                return click(e, request.id).await;
             }
         }
     });
@@ -126,15 +126,25 @@ fn widen_prefix(prefix: &str) -> Widening {
 
 /// Grants `widening` on `tool(args)` by a click; answers the grant's number.
 async fn granted(d: &Desk, tenant: &str, tool: &str, args: &Value, widening: Widening) -> u64 {
-    let (answer, result) = clicked(&d.engine, tenant, tool, args, move |e, id| {
-        e.approve_widening(id, None, &widening)
-    })
+    let (answer, result) = clicked(
+        &d.engine,
+        tenant,
+        tool,
+        args,
+        move |e: Engine, id| async move { e.approve_widening(id, None, &widening).await },
+    )
     .await;
     assert!(is_approved(&answer), "{answer:?}");
     result.unwrap()
 }
 
-fn confirm(engine: &Engine, tenant: &str, tool: &str, args: &Value, answer: &Answer) -> Answer {
+async fn confirm(
+    engine: &Engine,
+    tenant: &str,
+    tool: &str,
+    args: &Value,
+    answer: &Answer,
+) -> Answer {
     let Answer::Approved { token, target, .. } = answer else {
         panic!("not approved: {answer:?}");
     };
@@ -142,12 +152,13 @@ fn confirm(engine: &Engine, tenant: &str, tool: &str, args: &Value, answer: &Ans
     args["confirm"] = json!(true);
     args["confirmTarget"] = json!(target);
     args["confirmToken"] = json!(token);
-    engine.confirm(tenant, tool, &args)
+    engine.confirm(tenant, tool, &args).await
 }
 
-fn notes(engine: &Engine) -> Vec<String> {
+async fn notes(engine: &Engine) -> Vec<String> {
     engine
         .history(&HistoryFilter::default())
+        .await
         .unwrap()
         .iter()
         .filter_map(|e| e.note.clone())
@@ -157,7 +168,7 @@ fn notes(engine: &Engine) -> Vec<String> {
 #[tokio::test]
 async fn a_call_grant_approves_the_same_call_again_without_a_click_with_a_token_of_its_own() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"name": "nightly"});
     let number = granted(&d, &tenant, "backup", &args, widen_call(15)).await;
     let first = at_once(&d.engine, &tenant, "backup", &args).await;
@@ -169,10 +180,10 @@ async fn a_call_grant_approves_the_same_call_again_without_a_click_with_a_token_
     };
     assert_ne!(a, b, "each call gets a token minted for it");
     assert!(d.engine.pending().is_empty(), "nothing waits for a click");
-    let ran = confirm(&d.engine, &tenant, "backup", &args, &first);
+    let ran = confirm(&d.engine, &tenant, "backup", &args, &first).await;
     assert!(matches!(ran, Answer::Accepted { .. }), "{ran:?}");
     // History says which grant, when and that a click made it.
-    let notes = notes(&d.engine);
+    let notes = notes(&d.engine).await;
     let by_grant: Vec<_> = notes
         .iter()
         .filter(|n| n.starts_with(&format!("by grant #{number}, granted at ")))
@@ -185,7 +196,7 @@ async fn a_call_grant_approves_the_same_call_again_without_a_click_with_a_token_
         ))),
         "{notes:?}"
     );
-    let grants = d.engine.grants().unwrap();
+    let grants = d.engine.grants().await.unwrap();
     assert_eq!(grants.len(), 1);
     assert_eq!(grants[0].uses, 2);
     assert_eq!(grants[0].kind, GrantKind::Call);
@@ -194,7 +205,7 @@ async fn a_call_grant_approves_the_same_call_again_without_a_click_with_a_token_
 #[tokio::test]
 async fn a_call_grant_covers_only_the_same_plan_on_the_same_server() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     granted(
         &d,
         &tenant,
@@ -208,7 +219,7 @@ async fn a_call_grant_covers_only_the_same_plan_on_the_same_server() {
     assert!(is_pending(&other), "{other:?}");
     // The same call on another connection to the same server is covered (the grant is for the
     // call on that server), on a connection to another server it is not.
-    let same_server = connect(&d.engine, "srv");
+    let same_server = connect(&d.engine, "srv").await;
     let covered = at_once(
         &d.engine,
         &same_server,
@@ -217,7 +228,7 @@ async fn a_call_grant_covers_only_the_same_plan_on_the_same_server() {
     )
     .await;
     assert!(is_approved(&covered), "{covered:?}");
-    let other_server = connect(&d.engine, "srv-2");
+    let other_server = connect(&d.engine, "srv-2").await;
     let not = at_once(
         &d.engine,
         &other_server,
@@ -231,37 +242,55 @@ async fn a_call_grant_covers_only_the_same_plan_on_the_same_server() {
 #[tokio::test]
 async fn a_revoked_grant_stops_the_next_call() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"name": "nightly"});
     let number = granted(&d, &tenant, "backup", &args, widen_call(15)).await;
     assert!(is_approved(
         &at_once(&d.engine, &tenant, "backup", &args).await
     ));
-    d.engine.revoke_grant(number).unwrap();
-    assert!(d.engine.grants().unwrap().is_empty());
+    d.engine.revoke_grant(number).await.unwrap();
+    assert!(d.engine.grants().await.unwrap().is_empty());
     let next = at_once(&d.engine, &tenant, "backup", &args).await;
     assert!(is_pending(&next), "{next:?}");
     assert_eq!(d.engine.pending().len(), 1, "it waits for a click");
     // Revoking again, or a number never given, says so.
-    assert_eq!(d.engine.revoke_grant(number), Err(GrantError::NoSuchGrant));
-    assert_eq!(d.engine.revoke_grant(999), Err(GrantError::NoSuchGrant));
-    assert!(notes(&d.engine).contains(&format!("grant #{number} revoked by a click")));
+    assert_eq!(
+        d.engine.revoke_grant(number).await,
+        Err(GrantError::NoSuchGrant)
+    );
+    assert_eq!(
+        d.engine.revoke_grant(999).await,
+        Err(GrantError::NoSuchGrant)
+    );
+    assert!(
+        notes(&d.engine)
+            .await
+            .contains(&format!("grant #{number} revoked by a click"))
+    );
 }
 
 #[tokio::test]
 async fn a_destructive_or_unannotated_tool_is_never_widened_and_nothing_is_approved() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     for tool in ["delete", "plain"] {
         let args = json!({"path": "/home/a/docs/x.txt"});
         let typed: &'static str = "/home/a/docs/x.txt";
-        let (answer, result) = clicked(&d.engine, &tenant, tool, &args, move |e, id| {
-            let offer = e.grant_offer(id).unwrap();
-            let refused = e.approve_widening(id, Some(typed), &Widening::Call { minutes: 5 });
-            // The plain Approve still works.
-            e.approve(id, Some(typed)).unwrap();
-            (offer, refused)
-        })
+        let (answer, result) = clicked(
+            &d.engine,
+            &tenant,
+            tool,
+            &args,
+            move |e: Engine, id| async move {
+                let offer = e.grant_offer(id).unwrap();
+                let refused = e
+                    .approve_widening(id, Some(typed), &Widening::Call { minutes: 5 })
+                    .await;
+                // The plain Approve still works.
+                e.approve(id, Some(typed)).await.unwrap();
+                (offer, refused)
+            },
+        )
         .await;
         let (offer, refused) = result;
         assert_eq!(refused, Err(GrantError::Destructive), "{tool}");
@@ -269,7 +298,7 @@ async fn a_destructive_or_unannotated_tool_is_never_widened_and_nothing_is_appro
         assert_eq!(offer.call_code, Some("destructive"));
         assert!(is_approved(&answer));
     }
-    assert!(d.engine.grants().unwrap().is_empty());
+    assert!(d.engine.grants().await.unwrap().is_empty());
     let again = at_once(
         &d.engine,
         &tenant,
@@ -284,18 +313,28 @@ async fn a_destructive_or_unannotated_tool_is_never_widened_and_nothing_is_appro
 async fn a_policy_may_allow_grants_for_a_destructive_tool_and_each_token_still_works_once() {
     let policy = Policy::from_toml("[servers.srv.tools.delete]\ngrants = true").unwrap();
     let d = desk_with(policy);
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"path": "/home/a/docs/x.txt"});
-    let (answer, result) = clicked(&d.engine, &tenant, "delete", &args, |e, id| {
-        // The typed target is still asked of the click that makes the grant.
-        let untyped = e.approve_widening(id, None, &Widening::Call { minutes: 5 });
-        let typed = e.approve_widening(
-            id,
-            Some("/home/a/docs/x.txt"),
-            &Widening::Call { minutes: 5 },
-        );
-        (untyped, typed)
-    })
+    let (answer, result) = clicked(
+        &d.engine,
+        &tenant,
+        "delete",
+        &args,
+        move |e: Engine, id| async move {
+            // The typed target is still asked of the click that makes the grant.
+            let untyped = e
+                .approve_widening(id, None, &Widening::Call { minutes: 5 })
+                .await;
+            let typed = e
+                .approve_widening(
+                    id,
+                    Some("/home/a/docs/x.txt"),
+                    &Widening::Call { minutes: 5 },
+                )
+                .await;
+            (untyped, typed)
+        },
+    )
     .await;
     assert_eq!(
         result.0,
@@ -314,9 +353,9 @@ async fn a_policy_may_allow_grants_for_a_destructive_tool_and_each_token_still_w
         ),
         "{next:?}"
     );
-    let ran = confirm(&d.engine, &tenant, "delete", &args, &next);
+    let ran = confirm(&d.engine, &tenant, "delete", &args, &next).await;
     assert!(matches!(ran, Answer::Accepted { .. }), "{ran:?}");
-    let replay = confirm(&d.engine, &tenant, "delete", &args, &next);
+    let replay = confirm(&d.engine, &tenant, "delete", &args, &next).await;
     assert!(
         matches!(
             replay,
@@ -335,11 +374,18 @@ async fn a_widening_waits_out_the_approve_delay_like_approve() {
     let mut config = config(&dir, Policy::default());
     config.approve_delay_ms = 60_000;
     let engine = Engine::new(config, Ok(key())).unwrap();
-    let tenant = connect(&engine, "srv");
+    let tenant = connect(&engine, "srv").await;
     let args = json!({"name": "nightly"});
-    let (answer, result) = clicked(&engine, &tenant, "backup", &args, |e, id| {
-        e.approve_widening(id, None, &Widening::Call { minutes: 5 })
-    })
+    let (answer, result) = clicked(
+        &engine,
+        &tenant,
+        "backup",
+        &args,
+        move |e: Engine, id| async move {
+            e.approve_widening(id, None, &Widening::Call { minutes: 5 })
+                .await
+        },
+    )
     .await;
     assert!(
         matches!(
@@ -349,28 +395,41 @@ async fn a_widening_waits_out_the_approve_delay_like_approve() {
         "{result:?}"
     );
     assert!(!is_approved(&answer));
-    assert!(engine.grants().unwrap().is_empty());
+    assert!(engine.grants().await.unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn durations_past_eight_hours_or_zero_are_refused_before_anything_is_approved() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"name": "nightly"});
-    let (answer, results) = clicked(&d.engine, &tenant, "backup", &args, |e, id| {
-        let results = [0, 481, u64::MAX]
-            .map(|minutes| e.approve_widening(id, None, &Widening::Call { minutes }));
-        let prefix = e.approve_widening(
-            id,
-            None,
-            &Widening::Prefix {
-                prefix: "/home/a".into(),
-                minutes: 481,
-            },
-        );
-        e.deny(id, None).unwrap();
-        (results, prefix)
-    })
+    let (answer, results) = clicked(
+        &d.engine,
+        &tenant,
+        "backup",
+        &args,
+        move |e: Engine, id| async move {
+            let mut results = Vec::new();
+            for minutes in [0, 481, u64::MAX] {
+                results.push(
+                    e.approve_widening(id, None, &Widening::Call { minutes })
+                        .await,
+                );
+            }
+            let prefix = e
+                .approve_widening(
+                    id,
+                    None,
+                    &Widening::Prefix {
+                        prefix: "/home/a".into(),
+                        minutes: 481,
+                    },
+                )
+                .await;
+            e.deny(id, None).await.unwrap();
+            (results, prefix)
+        },
+    )
     .await;
     for r in results.0 {
         assert_eq!(r, Err(GrantError::Duration));
@@ -388,20 +447,20 @@ async fn durations_past_eight_hours_or_zero_are_refused_before_anything_is_appro
             ..
         }
     ));
-    assert!(d.engine.grants().unwrap().is_empty());
+    assert!(d.engine.grants().await.unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn a_prefix_grant_covers_targets_under_it_on_this_connection_only() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = |path: &str| json!({"path": path, "content": "x"});
     let (answer, offer) = clicked(
         &d.engine,
         &tenant,
         "write",
         &args("/home/a/docs/x.txt"),
-        |e, id| {
+        move |e: Engine, id| async move {
             let offer = e.grant_offer(id).unwrap();
             e.approve_widening(
                 id,
@@ -411,6 +470,7 @@ async fn a_prefix_grant_covers_targets_under_it_on_this_connection_only() {
                     minutes: 30,
                 },
             )
+            .await
             .unwrap();
             offer
         },
@@ -449,7 +509,7 @@ async fn a_prefix_grant_covers_targets_under_it_on_this_connection_only() {
     // Another tool of the same connection, and the same tool on another connection, are not.
     let other_tool = at_once(&d.engine, &tenant, "backup", &json!({"name": "x"})).await;
     assert!(is_pending(&other_tool));
-    let other = connect(&d.engine, "srv");
+    let other = connect(&d.engine, "srv").await;
     let r = at_once(&d.engine, &other, "write", &args("/home/a/docs/y.txt")).await;
     assert!(is_pending(&r), "{r:?}");
 }
@@ -457,34 +517,34 @@ async fn a_prefix_grant_covers_targets_under_it_on_this_connection_only() {
 #[tokio::test]
 async fn a_prefix_must_cover_the_clicked_target_and_be_long_enough() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"path": "/home/a/docs/x.txt", "content": "x"});
-    let (_, results) = clicked(&d.engine, &tenant, "write", &args, |e, id| {
-        let try_prefix = |p: &str| {
-            e.approve_widening(
-                id,
-                None,
-                &Widening::Prefix {
+    let (_, results) = clicked(
+        &d.engine,
+        &tenant,
+        "write",
+        &args,
+        move |e: Engine, id| async move {
+            let mut results = Vec::new();
+            for p in [
+                "",
+                "/",
+                "/home",
+                "/home/b",
+                "/home/a/do",
+                "/home/a/../a",
+                "/home/a/",
+            ] {
+                let prefix = Widening::Prefix {
                     prefix: p.into(),
                     minutes: 5,
-                },
-            )
-        };
-        let results: Vec<_> = [
-            "",
-            "/",
-            "/home",
-            "/home/b",
-            "/home/a/do",
-            "/home/a/../a",
-            "/home/a/",
-        ]
-        .into_iter()
-        .map(|p| (p, try_prefix(p)))
-        .collect();
-        e.deny(id, None).unwrap();
-        results
-    })
+                };
+                results.push((p, e.approve_widening(id, None, &prefix).await));
+            }
+            e.deny(id, None).await.unwrap();
+            results
+        },
+    )
     .await;
     for (prefix, result) in results {
         assert!(
@@ -492,33 +552,46 @@ async fn a_prefix_must_cover_the_clicked_target_and_be_long_enough() {
             "{prefix:?}: {result:?}"
         );
     }
-    assert!(d.engine.grants().unwrap().is_empty());
+    assert!(d.engine.grants().await.unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn a_session_grant_ends_with_its_connection_and_with_a_restart() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"path": "/home/a/docs/x.txt", "content": "x"});
     granted(&d, &tenant, "write", &args, widen_prefix("/home/a/docs")).await;
     granted(&d, &tenant, "backup", &json!({"name": "n"}), widen_call(30)).await;
-    assert_eq!(d.engine.grants().unwrap().len(), 2);
-    d.engine.disconnect(&tenant);
-    let kinds: Vec<_> = d.engine.grants().unwrap().iter().map(|g| g.kind).collect();
+    assert_eq!(d.engine.grants().await.unwrap().len(), 2);
+    d.engine.disconnect(&tenant).await;
+    let kinds: Vec<_> = d
+        .engine
+        .grants()
+        .await
+        .unwrap()
+        .iter()
+        .map(|g| g.kind)
+        .collect();
     assert_eq!(kinds, vec![GrantKind::Call]);
 
     // A session grant whose desk stops without its connection ending is not resurrected.
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     granted(&d, &tenant, "write", &args, widen_prefix("/home/a/docs")).await;
-    assert_eq!(d.engine.grants().unwrap().len(), 2);
+    assert_eq!(d.engine.grants().await.unwrap().len(), 2);
     let restarted = Engine::new(config(&d._dir, Policy::default()), Ok(key())).unwrap();
-    let kinds: Vec<_> = restarted.grants().unwrap().iter().map(|g| g.kind).collect();
+    let kinds: Vec<_> = restarted
+        .grants()
+        .await
+        .unwrap()
+        .iter()
+        .map(|g| g.kind)
+        .collect();
     assert_eq!(
         kinds,
         vec![GrantKind::Call],
         "the call grant outlives a restart"
     );
-    let tenant = connect(&restarted, "srv");
+    let tenant = connect(&restarted, "srv").await;
     let r = at_once(
         &restarted,
         &tenant,
@@ -534,17 +607,17 @@ async fn a_session_grant_ends_with_its_connection_and_with_a_restart() {
 #[tokio::test]
 async fn a_changed_definition_or_a_stricter_class_is_not_covered() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"name": "nightly"});
     granted(&d, &tenant, "backup", &args, widen_call(30)).await;
     // The upstream re-lists `backup` as not idempotent (class once, stricter); the person accepts
     // the new definition. The grant was made for the old one under `token`.
     let mut relisted = tools();
     relisted[1]["annotations"]["idempotentHint"] = json!(false);
-    d.engine.register_tools(&tenant, relisted);
+    d.engine.register_tools(&tenant, relisted).await;
     for request in d.engine.pending() {
         if request.change.is_some() {
-            d.engine.approve(request.id, None).unwrap();
+            d.engine.approve(request.id, None).await.unwrap();
         }
     }
     let r = at_once(&d.engine, &tenant, "backup", &args).await;
@@ -554,7 +627,7 @@ async fn a_changed_definition_or_a_stricter_class_is_not_covered() {
 #[tokio::test]
 async fn a_grant_row_written_behind_the_desks_back_covers_nothing() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let args = json!({"name": "nightly"});
     granted(&d, &tenant, "backup", &args, widen_call(1)).await;
     let conn = rusqlite::Connection::open(&d.path).unwrap();
@@ -566,7 +639,7 @@ async fn a_grant_row_written_behind_the_desks_back_covers_nothing() {
     )
     .unwrap();
     assert!(
-        d.engine.grants().unwrap().is_empty(),
+        d.engine.grants().await.unwrap().is_empty(),
         "an edited grant is not listed"
     );
     let r = at_once(&d.engine, &tenant, "backup", &args).await;
@@ -576,7 +649,7 @@ async fn a_grant_row_written_behind_the_desks_back_covers_nothing() {
 #[tokio::test]
 async fn no_more_than_the_cap_of_grants_live() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     for n in 0..MAX_LIVE_GRANTS {
         granted(
             &d,
@@ -592,25 +665,27 @@ async fn no_more_than_the_cap_of_grants_live() {
         &tenant,
         "backup",
         &json!({"name": "one-more"}),
-        |e, id| {
-            let r = e.approve_widening(id, None, &Widening::Call { minutes: 5 });
-            e.deny(id, None).unwrap();
+        move |e: Engine, id| async move {
+            let r = e
+                .approve_widening(id, None, &Widening::Call { minutes: 5 })
+                .await;
+            e.deny(id, None).await.unwrap();
             r
         },
     )
     .await;
     assert_eq!(result, Err(GrantError::TooMany));
     assert!(!is_approved(&answer));
-    assert_eq!(d.engine.grants().unwrap().len(), MAX_LIVE_GRANTS);
+    assert_eq!(d.engine.grants().await.unwrap().len(), MAX_LIVE_GRANTS);
 }
 
 #[tokio::test]
 async fn a_change_to_the_desk_is_never_widened() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let mut relisted = tools();
     relisted[0]["description"] = json!("now with an injection");
-    d.engine.register_tools(&tenant, relisted);
+    d.engine.register_tools(&tenant, relisted).await;
     let change = d
         .engine
         .pending()
@@ -619,7 +694,8 @@ async fn a_change_to_the_desk_is_never_widened() {
         .unwrap();
     assert_eq!(
         d.engine
-            .approve_widening(change.id, None, &Widening::Call { minutes: 5 }),
+            .approve_widening(change.id, None, &Widening::Call { minutes: 5 })
+            .await,
         Err(GrantError::Change)
     );
     assert_eq!(
@@ -635,7 +711,7 @@ async fn a_change_to_the_desk_is_never_widened() {
 #[tokio::test]
 async fn a_prefix_grant_covers_no_call_with_another_path_argument_outside_the_prefix() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let copy = |from: &str, to: &str| json!({"source": from, "destination": to});
     // The click's own call must be under the prefix in every path it names.
     let (_, refused) = clicked(
@@ -643,9 +719,11 @@ async fn a_prefix_grant_covers_no_call_with_another_path_argument_outside_the_pr
         &tenant,
         "copy",
         &copy("/home/a/docs/x", "/tmp/out"),
-        |e, id| {
-            let r = e.approve_widening(id, None, &widen_prefix("/home/a/docs"));
-            e.deny(id, None).unwrap();
+        move |e: Engine, id| async move {
+            let r = e
+                .approve_widening(id, None, &widen_prefix("/home/a/docs"))
+                .await;
+            e.deny(id, None).await.unwrap();
             r
         },
     )
@@ -692,7 +770,7 @@ fn batch_tools() -> Vec<Value> {
 async fn a_prefix_grant_covers_no_call_with_a_nested_or_file_named_path_outside_the_prefix() {
     let d = desk();
     let tenant = d.engine.connect("srv".into());
-    d.engine.register_tools(&tenant, batch_tools());
+    d.engine.register_tools(&tenant, batch_tools()).await;
     let clicked_call = json!({"path": "/home/a/docs/x", "items": [{"path": "/home/a/docs/y"}]});
     granted(
         &d,
@@ -726,7 +804,7 @@ fn is_accepted(answer: &Answer) -> bool {
 #[tokio::test]
 async fn tokens_a_grant_minted_execute_nothing_once_it_is_revoked() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     // A reusable (token-class) call grant, and a works-once prefix grant.
     let backup = json!({"name": "nightly"});
     let call = granted(&d, &tenant, "backup", &backup, widen_call(15)).await;
@@ -743,13 +821,9 @@ async fn tokens_a_grant_minted_execute_nothing_once_it_is_revoked() {
     let collected_backup = at_once(&d.engine, &tenant, "backup", &backup).await;
     assert!(is_approved(&collected_backup));
     // One used now: a token-class token may be used again until it expires.
-    assert!(is_accepted(&confirm(
-        &d.engine,
-        &tenant,
-        "backup",
-        &backup,
-        &collected_backup
-    )));
+    assert!(is_accepted(
+        &confirm(&d.engine, &tenant, "backup", &backup, &collected_backup).await
+    ));
     let mut collected_writes = Vec::new();
     for n in 1..=3 {
         let args = write(&format!("/home/a/docs/{n}"));
@@ -758,15 +832,15 @@ async fn tokens_a_grant_minted_execute_nothing_once_it_is_revoked() {
         collected_writes.push((args, answer));
     }
     // The person revokes both: nothing they approved without a click runs after that.
-    d.engine.revoke_grant(call).unwrap();
-    d.engine.revoke_grant(prefix).unwrap();
-    let again = confirm(&d.engine, &tenant, "backup", &backup, &collected_backup);
+    d.engine.revoke_grant(call).await.unwrap();
+    d.engine.revoke_grant(prefix).await.unwrap();
+    let again = confirm(&d.engine, &tenant, "backup", &backup, &collected_backup).await;
     assert!(
         !is_accepted(&again),
         "a revoked grant's token ran: {again:?}"
     );
     for (args, answer) in &collected_writes {
-        let r = confirm(&d.engine, &tenant, "write", args, answer);
+        let r = confirm(&d.engine, &tenant, "write", args, answer).await;
         assert!(!is_accepted(&r), "a revoked grant's token ran: {r:?}");
     }
 }
@@ -774,15 +848,22 @@ async fn tokens_a_grant_minted_execute_nothing_once_it_is_revoked() {
 #[tokio::test]
 async fn revoking_a_grant_leaves_the_clicks_own_approval_alone() {
     let d = desk();
-    let tenant = connect(&d.engine, "srv");
+    let tenant = connect(&d.engine, "srv").await;
     let backup = json!({"name": "nightly"});
-    let (answer, number) = clicked(&d.engine, &tenant, "backup", &backup, |e, id| {
-        e.approve_widening(id, None, &widen_call(15)).unwrap()
-    })
-    .await;
-    d.engine.revoke_grant(number).unwrap();
+    let (answer, number) =
+        clicked(
+            &d.engine,
+            &tenant,
+            "backup",
+            &backup,
+            move |e: Engine, id| async move {
+                e.approve_widening(id, None, &widen_call(15)).await.unwrap()
+            },
+        )
+        .await;
+    d.engine.revoke_grant(number).await.unwrap();
     // The person clicked Approve on this one: revoking the widening does not take it back.
-    assert!(is_accepted(&confirm(
-        &d.engine, &tenant, "backup", &backup, &answer
-    )));
+    assert!(is_accepted(
+        &confirm(&d.engine, &tenant, "backup", &backup, &answer).await
+    ));
 }

@@ -22,13 +22,13 @@ fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engi
     Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap()
 }
 
-fn files(engine: &Engine, server: &str) -> String {
+async fn files(engine: &Engine, server: &str) -> String {
     let tenant = engine.connect(server.into());
     engine.register_tools(
         &tenant,
         vec![json!({"name": "write_file", "annotations": {"destructiveHint": true},
             "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}})],
-    );
+    ).await;
     tenant
 }
 
@@ -56,7 +56,7 @@ async fn queued(
 async fn a_preview_is_shown_with_its_request_and_never_changes_the_plan() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir, 0);
-    let tenant = files(&engine, "fs");
+    let tenant = files(&engine, "fs").await;
     let args = json!({"path": "/a.txt", "content": "new\n"});
     let (waiting, request) = queued(&engine, &tenant, "write_file", args.clone()).await;
     assert_eq!(request.preview, None);
@@ -82,7 +82,7 @@ async fn a_preview_is_shown_with_its_request_and_never_changes_the_plan() {
     // The same preview again changes nothing and tells nobody.
     assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, shown));
     assert!(changes.try_recv().is_err());
-    engine.approve(request.id, Some("/a.txt")).unwrap();
+    engine.approve(request.id, Some("/a.txt")).await.unwrap();
     assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
 }
 
@@ -90,8 +90,8 @@ async fn a_preview_is_shown_with_its_request_and_never_changes_the_plan() {
 async fn a_preview_lands_only_on_the_request_of_its_own_call() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir, 0);
-    let mine = files(&engine, "fs");
-    let other = files(&engine, "fs");
+    let mine = files(&engine, "fs").await;
+    let other = files(&engine, "fs").await;
     let args = json!({"path": "/a.txt", "content": "x"});
     let (_waiting, request) = queued(&engine, &mine, "write_file", args.clone()).await;
     let p = Preview::unavailable(Unavailable::ReadFailed, "x");
@@ -112,29 +112,31 @@ async fn a_preview_that_changes_what_is_shown_re_arms_the_approve_delay() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::starting_now();
     let engine = engine_at(&dir, 600, clock.clone());
-    let tenant = files(&engine, "fs");
+    let tenant = files(&engine, "fs").await;
     let args = json!({"path": "/a.txt", "content": "x"});
     let (waiting, request) = queued(&engine, &tenant, "write_file", args).await;
     clock.advance(700);
     let p = Preview::unavailable(Unavailable::TimeLimit, "slow");
     assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, p));
     assert!(matches!(
-        engine.approve(request.id, Some("/a.txt")),
+        engine.approve(request.id, Some("/a.txt")).await,
         Err(ApproveError::TooSoon { .. })
     ));
     clock.advance(599);
     assert!(matches!(
-        engine.approve(request.id, Some("/a.txt")),
+        engine.approve(request.id, Some("/a.txt")).await,
         Err(ApproveError::TooSoon { wait_ms: 1 })
     ));
     clock.advance(1);
-    engine.approve(request.id, Some("/a.txt")).unwrap();
+    engine.approve(request.id, Some("/a.txt")).await.unwrap();
     assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
 }
 
-fn builtin(engine: &Engine, db: &std::path::Path) -> String {
+async fn builtin(engine: &Engine, db: &std::path::Path) -> String {
     let tenant = engine.connect(format!("builtin:{}", db.display()));
-    engine.register_tools(&tenant, countersign_builtin::definitions());
+    engine
+        .register_tools(&tenant, countersign_builtin::definitions())
+        .await;
     tenant
 }
 
@@ -147,18 +149,18 @@ async fn execute_is_typed_by_the_tables_it_writes_and_its_summary_names_them() {
         .execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users (name) VALUES ('a'), ('b');")
         .unwrap();
     let engine = engine(&dir, 0);
-    let tenant = builtin(&engine, &db);
+    let tenant = builtin(&engine, &db).await;
     let args = json!({"sql": "DELETE FROM users WHERE id = 2"});
     let (waiting, request) = queued(&engine, &tenant, "execute", args.clone()).await;
     assert_eq!(request.plan.target, "users");
     assert_eq!(request.plan.summary, "DELETE from users");
     assert!(request.type_target);
     assert_eq!(
-        engine.approve(request.id, Some("execute")),
+        engine.approve(request.id, Some("execute")).await,
         Err(ApproveError::TargetNotTyped),
         "the tool's name is no longer the target"
     );
-    engine.approve(request.id, Some("users")).unwrap();
+    engine.approve(request.id, Some("users")).await.unwrap();
     let Answer::Approved { token, target, .. } = waiting.await.unwrap() else {
         panic!()
     };
@@ -168,7 +170,7 @@ async fn execute_is_typed_by_the_tables_it_writes_and_its_summary_names_them() {
     confirm["confirmTarget"] = json!("users");
     confirm["confirmToken"] = json!(token);
     assert!(matches!(
-        engine.confirm(&tenant, "execute", &confirm),
+        engine.confirm(&tenant, "execute", &confirm).await,
         Answer::Accepted { .. }
     ));
 }
@@ -181,10 +183,10 @@ async fn a_trigger_added_after_the_click_changes_the_plan_and_the_confirm_is_ref
     conn.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY); CREATE TABLE audit (x);")
         .unwrap();
     let engine = engine(&dir, 0);
-    let tenant = builtin(&engine, &db);
+    let tenant = builtin(&engine, &db).await;
     let args = json!({"sql": "DELETE FROM users"});
     let (waiting, request) = queued(&engine, &tenant, "execute", args.clone()).await;
-    engine.approve(request.id, Some("users")).unwrap();
+    engine.approve(request.id, Some("users")).await.unwrap();
     let Answer::Approved { token, .. } = waiting.await.unwrap() else {
         panic!()
     };
@@ -196,7 +198,7 @@ async fn a_trigger_added_after_the_click_changes_the_plan_and_the_confirm_is_ref
     confirm["confirm"] = json!(true);
     confirm["confirmTarget"] = json!("users");
     confirm["confirmToken"] = json!(token);
-    let answer = engine.confirm(&tenant, "execute", &confirm);
+    let answer = engine.confirm(&tenant, "execute", &confirm).await;
     assert!(
         matches!(answer, Answer::Refused { .. }),
         "what it writes changed since the click: {answer:?}"

@@ -106,7 +106,7 @@ struct Inner {
     /// Held from the check of what a change applies onto (the name still free, the state the
     /// person saw) through its write: two changes never interleave, so none lands on a state it
     /// was not checked against. Taken before `files`, never while waiting for a person.
-    changing: Mutex<()>,
+    changing: tokio::sync::Mutex<()>,
     /// Edits of guarded files being shown to the person, by file name: the text proposed.
     proposed: Mutex<BTreeMap<&'static str, String>>,
 }
@@ -156,7 +156,7 @@ impl Registry {
                 items,
                 engine,
                 files: Mutex::new(()),
-                changing: Mutex::new(()),
+                changing: tokio::sync::Mutex::new(()),
                 proposed: Mutex::new(BTreeMap::new()),
             }),
         };
@@ -348,11 +348,15 @@ impl Registry {
             return refused(RegistryCode::NoKeychain, e);
         }
         let current = {
-            let _changing = lock(&self.inner.changing);
+            let _changing = self.inner.changing.lock().await;
             let mut servers = self.servers();
             match servers.remove(&name) {
                 Some(current) => current,
-                None => return self.add_new(&name, &spec, &secrets, servers.len(), origin),
+                None => {
+                    return self
+                        .add_new(&name, &spec, &secrets, servers.len(), origin)
+                        .await;
+                }
             }
         };
         let stored = match self.stored_secrets(&name, &current.upstream) {
@@ -388,7 +392,7 @@ impl Registry {
         match self.inner.engine.propose(change).await {
             ChangeDecision::Approved => {
                 // Applied only onto what the person saw as "before".
-                let _changing = lock(&self.inner.changing);
+                let _changing = self.inner.changing.lock().await;
                 let now = self.servers().remove(&name);
                 let now_stored = self.stored_secrets(&name, &current.upstream).ok();
                 if now.as_ref() != Some(&current) || now_stored.as_ref() != Some(&stored) {
@@ -412,7 +416,7 @@ impl Registry {
 
     /// Registers a name that is not registered (the caller holds `changing` and has checked):
     /// at once, and recorded.
-    fn add_new(
+    async fn add_new(
         &self,
         name: &str,
         spec: &ServerSpec,
@@ -438,7 +442,8 @@ impl Registry {
         );
         self.inner
             .engine
-            .record_change(ChangeKind::Server, name, Some(note));
+            .record_change(ChangeKind::Server, name, Some(note))
+            .await;
         RegistryAnswer::Done {
             message: format!(
                 "registered the server {name}: `countersign mcp --server {name}` reaches it"
@@ -474,7 +479,7 @@ impl Registry {
         });
         match self.inner.engine.propose(change).await {
             ChangeDecision::Approved => {
-                let _changing = lock(&self.inner.changing);
+                let _changing = self.inner.changing.lock().await;
                 if self.servers().get(&name) != Some(&current) {
                     return RegistryAnswer::Denied {
                         message: format!(
@@ -495,7 +500,7 @@ impl Registry {
     }
 
     /// The person's own edit in the settings view: registers or changes `name` at once.
-    pub fn put_directly(
+    pub async fn put_directly(
         &self,
         name: &str,
         spec: &ServerSpec,
@@ -505,15 +510,18 @@ impl Registry {
             .and_then(|()| spec.check())
             .and_then(|()| spec.check_secrets(secrets))
             .map_err(|e| EditError::new(RegistryCode::BadRequest, e.0))?;
-        let _changing = lock(&self.inner.changing);
+        let _changing = self.inner.changing.lock().await;
         let current = self.servers().remove(name);
         self.apply_put(name, current.as_ref(), spec, secrets)
             .map_err(EditError::from_answer)?;
-        self.inner.engine.record_change(
-            ChangeKind::Server,
-            name,
-            Some("saved in the desk's settings view".into()),
-        );
+        self.inner
+            .engine
+            .record_change(
+                ChangeKind::Server,
+                name,
+                Some("saved in the desk's settings view".into()),
+            )
+            .await;
         Ok(())
     }
 
@@ -522,7 +530,7 @@ impl Registry {
     /// secret key of `spec` must be one `name` has on record as secret (of the same kind: an
     /// environment variable stays an environment variable). The settings view never reads a
     /// secret back, so this is how an edit of the command leaves the credentials alone.
-    pub fn put_directly_keeping(
+    pub async fn put_directly_keeping(
         &self,
         name: &str,
         spec: &ServerSpec,
@@ -535,7 +543,7 @@ impl Registry {
             .filter(|key| !given.contains_key(*key))
             .collect();
         if missing.is_empty() {
-            return self.put_directly(name, spec, given);
+            return self.put_directly(name, spec, given).await;
         }
         let bad = |code, message| Err(EditError::new(code, message));
         let current = self.servers().remove(name).filter(|current| {
@@ -567,12 +575,12 @@ impl Registry {
                 }
             }
         }
-        self.put_directly(name, spec, &secrets)
+        self.put_directly(name, spec, &secrets).await
     }
 
     /// The person's own removal in the settings view.
-    pub fn remove_directly(&self, name: &str) -> Result<(), EditError> {
-        let _changing = lock(&self.inner.changing);
+    pub async fn remove_directly(&self, name: &str) -> Result<(), EditError> {
+        let _changing = self.inner.changing.lock().await;
         let current = self.servers().remove(name).ok_or_else(|| {
             EditError::new(
                 RegistryCode::NoSuchServer,
@@ -581,11 +589,14 @@ impl Registry {
         })?;
         self.apply_remove(name, &current)
             .map_err(EditError::from_answer)?;
-        self.inner.engine.record_change(
-            ChangeKind::Server,
-            name,
-            Some("removed in the desk's settings view".into()),
-        );
+        self.inner
+            .engine
+            .record_change(
+                ChangeKind::Server,
+                name,
+                Some("removed in the desk's settings view".into()),
+            )
+            .await;
         Ok(())
     }
 
@@ -674,15 +685,18 @@ impl Registry {
     }
 
     /// The person saved the policy in the desk's settings view: checked, accepted and applied.
-    pub fn save_policy_directly(&self, text: &str) -> Result<Policy, String> {
+    pub async fn save_policy_directly(&self, text: &str) -> Result<Policy, String> {
         let policy = Policy::from_toml(text)?;
         self.write(POLICY, text)?;
         self.inner.engine.set_policy(policy.clone());
-        self.inner.engine.record_change(
-            ChangeKind::Policy,
-            POLICY.name,
-            Some("saved in the desk's settings view".into()),
-        );
+        self.inner
+            .engine
+            .record_change(
+                ChangeKind::Policy,
+                POLICY.name,
+                Some("saved in the desk's settings view".into()),
+            )
+            .await;
         Ok(policy)
     }
 
@@ -812,7 +826,7 @@ impl Registry {
         }
         match decision {
             ChangeDecision::Approved if why_not.is_none() => {
-                let _changing = lock(&self.inner.changing);
+                let _changing = self.inner.changing.lock().await;
                 if self.accepted_text(guarded) != accepted {
                     tracing::warn!(target: "registry", file = guarded.name, "an approved edit was overtaken by another change: not applied");
                     return;

@@ -127,7 +127,7 @@ async fn a_new_server_takes_effect_at_once_with_its_secret_only_in_the_keychain(
         "{file}"
     );
     assert!(!format!("{resolved:?}").contains("ghp_s3cret"));
-    let history = f.engine.history(&Default::default()).unwrap();
+    let history = f.engine.history(&Default::default()).await.unwrap();
     assert_eq!(history[0].kind.code(), "changed");
     assert_eq!(history[0].target.as_deref(), Some("gh"));
 }
@@ -164,7 +164,7 @@ async fn a_change_to_an_existing_server_does_nothing_until_the_person_approves()
             .as_str(),
         "old"
     );
-    f.engine.approve(id, None).unwrap();
+    f.engine.approve(id, None).await.unwrap();
     let (answer, waited) = proposal.await.unwrap();
     assert!(waited);
     assert!(matches!(answer, RegistryAnswer::Done { .. }), "{answer:?}");
@@ -179,7 +179,7 @@ async fn a_denied_removal_leaves_the_server_and_its_secret() {
     ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
     let proposal = in_background(&f, RegistryRequest::Remove { name: "gh".into() });
     let id = pending_id(&f.engine).await;
-    f.engine.deny(id, Some("no")).unwrap();
+    f.engine.deny(id, Some("no")).await.unwrap();
     let (answer, _) = proposal.await.unwrap();
     assert!(
         matches!(&answer, RegistryAnswer::Denied { message } if message.contains("no")),
@@ -194,7 +194,7 @@ async fn an_approved_removal_forgets_the_secret() {
     ask(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", "t")]))).await;
     let proposal = in_background(&f, RegistryRequest::Remove { name: "gh".into() });
     let id = pending_id(&f.engine).await;
-    f.engine.approve(id, None).unwrap();
+    f.engine.approve(id, None).await.unwrap();
     assert!(matches!(
         proposal.await.unwrap().0,
         RegistryAnswer::Done { .. }
@@ -227,7 +227,7 @@ async fn the_same_spec_again_is_no_change_but_secret_values_never_answer_whether
     for guess in ["t", "wrong"] {
         let proposal = in_background(&f, put("gh", gh(), secrets(&[("GITHUB_TOKEN", guess)])));
         let id = pending_id(&f.engine).await;
-        f.engine.deny(id, None).unwrap();
+        f.engine.deny(id, None).await.unwrap();
         let (answer, waited) = proposal.await.unwrap();
         assert!(
             waited && matches!(answer, RegistryAnswer::Denied { .. }),
@@ -273,7 +273,7 @@ async fn a_file_edited_behind_the_desks_back_applies_only_after_approval() {
     f.registry.check_files();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(f.engine.pending().len(), 1);
-    f.engine.approve(id, None).unwrap();
+    f.engine.approve(id, None).await.unwrap();
     for _ in 0..100 {
         if f.registry.accepted_text(SERVERS) == edited {
             break;
@@ -294,7 +294,7 @@ async fn a_denied_file_edit_is_written_back() {
     std::fs::write(&path, accepted.replace("gh-server", "/tmp/evil")).unwrap();
     f.registry.check_files();
     let id = pending_id(&f.engine).await;
-    f.engine.deny(id, None).unwrap();
+    f.engine.deny(id, None).await.unwrap();
     for _ in 0..100 {
         if std::fs::read_to_string(&path).unwrap() == accepted {
             return;
@@ -314,7 +314,7 @@ async fn a_policy_edited_behind_the_desks_back_applies_only_after_approval() {
     f.registry.check_files();
     let id = pending_id(&f.engine).await;
     assert_eq!(f.registry.accepted_text(POLICY), "");
-    f.engine.approve(id, None).unwrap();
+    f.engine.approve(id, None).await.unwrap();
     for _ in 0..100 {
         if f.registry.accepted_text(POLICY) == text {
             return;
@@ -377,10 +377,11 @@ async fn backups_live_in_the_keychain() {
 async fn a_broken_policy_from_the_settings_view_is_refused_and_the_accepted_one_kept() {
     let f = fixture();
     let good = "[servers.fs.tools.write_file]\nclass = \"token\"\n";
-    f.registry.save_policy_directly(good).unwrap();
+    f.registry.save_policy_directly(good).await.unwrap();
     assert!(
         f.registry
             .save_policy_directly("[servers.fs.tools.write_file]\nclass = \"maybe\"\n")
+            .await
             .is_err()
     );
     assert_eq!(f.registry.accepted_text(POLICY), good);
@@ -399,6 +400,7 @@ async fn an_edit_in_the_settings_view_that_leaves_a_secret_empty_keeps_the_store
     let f = fixture();
     f.registry
         .put_directly_keeping("gh", &gh(), &secrets(&[("GITHUB_TOKEN", "ghp_first")]))
+        .await
         .unwrap();
     // The command changes, the secret is not typed again: the keychain's value stays.
     let moved = spec(
@@ -406,17 +408,19 @@ async fn an_edit_in_the_settings_view_that_leaves_a_secret_empty_keeps_the_store
     );
     f.registry
         .put_directly_keeping("gh", &moved, &BTreeMap::new())
+        .await
         .unwrap();
     assert_eq!(f.registry.servers()["gh"], moved);
     assert_eq!(value_of(&f, "gh", "GITHUB_TOKEN"), "ghp_first");
     // Typed again, it is replaced.
     f.registry
         .put_directly_keeping("gh", &moved, &secrets(&[("GITHUB_TOKEN", "ghp_second")]))
+        .await
         .unwrap();
     assert_eq!(value_of(&f, "gh", "GITHUB_TOKEN"), "ghp_second");
     // The person's edits apply directly, and each is recorded.
     assert!(f.engine.pending().is_empty());
-    let history = f.engine.history(&Default::default()).unwrap();
+    let history = f.engine.history(&Default::default()).await.unwrap();
     assert_eq!(
         history
             .iter()
@@ -433,12 +437,14 @@ async fn a_secret_left_empty_with_nothing_stored_for_it_is_refused_and_changes_n
     let err = f
         .registry
         .put_directly_keeping("gh", &gh(), &BTreeMap::new())
+        .await
         .unwrap_err();
     assert_eq!(err.code, RegistryCode::BadRequest);
     assert!(err.message.contains("GITHUB_TOKEN"), "{err}");
     assert!(f.registry.servers().is_empty());
     f.registry
         .put_directly_keeping("gh", &gh(), &secrets(&[("GITHUB_TOKEN", "t")]))
+        .await
         .unwrap();
     // A key that was plain until now has no stored secret to keep.
     let log_secret = spec(
@@ -447,6 +453,7 @@ async fn a_secret_left_empty_with_nothing_stored_for_it_is_refused_and_changes_n
     let err = f
         .registry
         .put_directly_keeping("gh", &log_secret, &BTreeMap::new())
+        .await
         .unwrap_err();
     assert!(err.message.contains("LOG"), "{err}");
     // An environment variable's secret is not kept as a header's.
@@ -456,6 +463,7 @@ async fn a_secret_left_empty_with_nothing_stored_for_it_is_refused_and_changes_n
     assert!(
         f.registry
             .put_directly_keeping("gh", &as_url, &BTreeMap::new())
+            .await
             .is_err()
     );
     assert_eq!(f.registry.servers()["gh"], gh());
@@ -468,17 +476,18 @@ async fn a_removal_in_the_settings_view_forgets_the_secrets_and_says_when_there_
     let f = fixture();
     f.registry
         .put_directly("gh", &gh(), &secrets(&[("GITHUB_TOKEN", "t")]))
+        .await
         .unwrap();
     let account = &format!(
         "{}/server/gh/env/GITHUB_TOKEN",
         secrets::scope_of(&f.dir.path().join("data/desk.sqlite"))
     );
     assert!(f.items.get(account).unwrap().is_some());
-    f.registry.remove_directly("gh").unwrap();
+    f.registry.remove_directly("gh").await.unwrap();
     assert!(f.registry.servers().is_empty());
     assert_eq!(f.items.get(account).unwrap(), None);
     assert_eq!(
-        f.registry.remove_directly("gh").unwrap_err().code,
+        f.registry.remove_directly("gh").await.unwrap_err().code,
         RegistryCode::NoSuchServer
     );
 }
@@ -583,7 +592,7 @@ async fn a_file_edit_too_large_to_show_whole_can_only_be_put_back() {
         .summary
         .clone();
     assert!(summary.contains("larger than the desk shows"), "{summary}");
-    f.engine.approve(id, None).unwrap();
+    f.engine.approve(id, None).await.unwrap();
     for _ in 0..100 {
         if std::fs::read_to_string(&path).unwrap() == Servers::default().text() {
             assert!(f.registry.servers().is_empty());
@@ -633,7 +642,7 @@ async fn a_fifo_in_place_of_the_file_never_blocks_the_desk_and_is_replaced() {
     .expect("the check does not block on a FIFO")
     .unwrap();
     let id = pending_id(&f.engine).await;
-    f.engine.deny(id, None).unwrap();
+    f.engine.deny(id, None).await.unwrap();
     for _ in 0..100 {
         // Read only once it is a file again: reading the FIFO would block the test.
         let is_file = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
@@ -653,7 +662,7 @@ async fn a_server_removed_by_an_approved_file_edit_takes_its_secrets_along() {
     std::fs::write(&path, Servers::default().text()).unwrap();
     f.registry.check_files();
     let id = pending_id(&f.engine).await;
-    f.engine.approve(id, None).unwrap();
+    f.engine.approve(id, None).await.unwrap();
     let account = format!(
         "{}/server/gh/env/GITHUB_TOKEN",
         secrets::scope_of(&f.dir.path().join("data/desk.sqlite"))

@@ -201,27 +201,30 @@ impl Session {
         self.shared.tools_stale.store(false, Ordering::Release);
         let tools = self.upstream_tools(context).await?;
         let mut held = HashMap::<String, Value>::new();
-        let decided: HashMap<String, Gate> =
-            match self.engine.register_tools(&self.tenant, tools.clone()) {
-                Answer::Classes { tools: decisions } => decisions
-                    .into_iter()
-                    .map(|d| {
-                        if let Some(shown) = d.listed_as {
-                            held.insert(d.name.clone(), shown);
-                        }
-                        (
-                            d.name,
-                            d.withheld.map_or(Gate::Class(d.class), Gate::Withheld),
-                        )
-                    })
-                    .collect(),
-                other => {
-                    return Err(ErrorData::internal_error(
-                        format!("the desk could not class the tools: {other:?}"),
-                        None,
-                    ));
-                }
-            };
+        let decided: HashMap<String, Gate> = match self
+            .engine
+            .register_tools(&self.tenant, tools.clone())
+            .await
+        {
+            Answer::Classes { tools: decisions } => decisions
+                .into_iter()
+                .map(|d| {
+                    if let Some(shown) = d.listed_as {
+                        held.insert(d.name.clone(), shown);
+                    }
+                    (
+                        d.name,
+                        d.withheld.map_or(Gate::Class(d.class), Gate::Withheld),
+                    )
+                })
+                .collect(),
+            other => {
+                return Err(ErrorData::internal_error(
+                    format!("the desk could not class the tools: {other:?}"),
+                    None,
+                ));
+            }
+        };
         let mut listed = Vec::with_capacity(tools.len());
         for tool in tools {
             let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
@@ -293,8 +296,8 @@ impl Session {
     /// Why an open tool's call must not go on, if it must not: the engine has the last word on
     /// every call (a tool whose definition differs from its pin is refused `tool_changed`, open
     /// or not). Anything but a plain yes refuses.
-    fn open_refused(&self, tool: &str) -> Option<CallToolResult> {
-        match self.engine.open_call(&self.tenant, tool) {
+    async fn open_refused(&self, tool: &str) -> Option<CallToolResult> {
+        match self.engine.open_call(&self.tenant, tool).await {
             Answer::Done => None,
             answer => Some(from_desk(answer)),
         }
@@ -353,7 +356,7 @@ impl Session {
             Err(ForwardError::NotSent) => (false, Some(NOT_SENT_NOTE.to_owned())),
             Err(ForwardError::Lost) => (false, Some(LOST_NOTE.to_owned())),
         };
-        let _ = self.engine.outcome(&self.tenant, nonce, ok, note);
+        let _ = self.engine.outcome(&self.tenant, nonce, ok, note).await;
         match result {
             Ok(r) => Ok(r),
             Err(ForwardError::Answer(e)) => Err(e),
@@ -491,7 +494,7 @@ impl ServerHandler for Session {
                 };
                 break 'decided match gate {
                     Some(Gate::Class(GateClass::Open)) => {
-                        if let Some(refused) = self.open_refused(&request.name) {
+                        if let Some(refused) = self.open_refused(&request.name).await {
                             refused
                         } else {
                             match self.forward_call(&live, request.clone(), &context).await {
@@ -509,7 +512,9 @@ impl ServerHandler for Session {
                     // Not in the upstream's listing, even after listing again: no annotations, no
                     // schema, nothing a person could judge. Refused, never sent on ungated.
                     None => {
-                        self.engine.record_unlisted(&self.tenant, &request.name);
+                        self.engine
+                            .record_unlisted(&self.tenant, &request.name)
+                            .await;
                         unlisted(&request.name)
                     }
                     Some(Gate::Class(class)) => {
@@ -748,7 +753,7 @@ impl Service<RoleServer> for RawTools {
                         )
                         .await;
                     }
-                    if let Some(mut refused) = self.0.open_refused(&req.params.name) {
+                    if let Some(mut refused) = self.0.open_refused(&req.params.name).await {
                         refused.result_type.get_or_insert(ResultType::COMPLETE);
                         return Ok(ServerResult::CallToolResult(refused));
                     }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use countersign_builtin::rehearse::{self, Mode, Stopped};
 use countersign_core::policy::{PreviewKind, PreviewRecipe};
 use countersign_core::preview::{self, Preview, TableRows, Unavailable};
-use countersign_engine::{Answer, Engine};
+use countersign_engine::Engine;
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::Peer;
@@ -164,7 +164,7 @@ impl Job {
                     .is_some_and(|i| i.name == FILESYSTEM_SERVER);
                 // A tool whose definition waits for the person is called by nobody, the desk
                 // included.
-                let pinned = |tool: &str| matches!(engine.open_call(&tenant, tool), Answer::Done);
+                let pinned = |tool: &str| engine.runs(&tenant, tool);
                 from_upstream(&live.peer, &recipe, &args, is_filesystem, &pinned).await
             }
         }

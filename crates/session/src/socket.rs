@@ -496,7 +496,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         tenant: tenant.clone(),
     });
     if out.send(welcome).await.is_err() {
-        desk.engine.disconnect(&tenant);
+        desk.engine.disconnect(&tenant).await;
         return;
     }
 
@@ -574,7 +574,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
     };
     drop(out);
     // Gone: withdraw its pending requests.
-    desk.engine.disconnect(&tenant);
+    desk.engine.disconnect(&tenant).await;
     reading.abort();
     if stopped {
         writing.abort();

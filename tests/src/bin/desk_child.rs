@@ -56,19 +56,14 @@ fn main() {
                     match changes.recv().await {
                         Ok(QueueChange::Added { request }) => {
                             let typed = request.type_target.then(|| request.plan.target.clone());
-                            let clicker = clicker.clone();
-                            // The approval's durable write happens off the runtime's workers.
-                            let _ = tokio::task::spawn_blocking(move || {
-                                clicker.approve(request.id, typed.as_deref())
-                            })
-                            .await;
+                            let _ = clicker.approve(request.id, typed.as_deref()).await;
                         }
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                             for request in clicker.pending() {
                                 let typed =
                                     request.type_target.then(|| request.plan.target.clone());
-                                let _ = clicker.approve(request.id, typed.as_deref());
+                                let _ = clicker.approve(request.id, typed.as_deref()).await;
                             }
                         }
                         Err(_) => break,

@@ -170,7 +170,7 @@ pub fn click_approve(engine: &Engine) -> tokio::task::JoinHandle<PendingRequest>
     tokio::spawn(async move {
         let request = next_request(&mut changes).await;
         let typed = request.type_target.then(|| request.plan.target.clone());
-        engine.approve(request.id, typed.as_deref()).unwrap();
+        engine.approve(request.id, typed.as_deref()).await.unwrap();
         request
     })
 }
