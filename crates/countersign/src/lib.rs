@@ -3,9 +3,7 @@
 //! one gateway per MCP server, so it must start fast and idle light.
 #![deny(missing_docs)]
 
-pub mod clients;
 pub mod config;
-pub mod demo;
 pub mod launch;
 pub mod logging;
 pub mod paths;

@@ -26,6 +26,7 @@ mod grant;
 mod history;
 mod ledger;
 mod pin;
+mod read;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -41,6 +42,7 @@ pub use error::StoreError;
 pub use grant::{Grant, GrantEnd, GrantKind};
 pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
+pub use read::HistoryReader;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.
