@@ -1,9 +1,9 @@
-//! The release artifacts, as a user installs them: the .deb carries the desk, `countersign`, the
-//! icon and a desktop entry; a release desk refuses a WebDriver session even when the automation
-//! variable is set, cannot be read by other processes of its account (not dumpable), and opens
-//! no inspector port whatever its environment says, has no knob to shorten its idle release, and
-//! with its window closed keeps serving and releases its webview after its settings' delay. They
-//! need `.ci/release` to have run (the test command runs it).
+//! The release artifacts, as a user installs them: the .deb carries the desk, `countersign` and
+//! `countersign-demo`, the icon and a desktop entry; a release desk refuses a WebDriver session
+//! even when the automation variable is set, cannot be read by other processes of its account (not
+//! dumpable), and opens no inspector port whatever its environment says, has no knob to shorten
+//! its idle release, and with its window closed keeps serving and releases its webview after its
+//! settings' delay. They need `.ci/release` to have run (the test command runs it).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -53,7 +53,11 @@ fn the_deb_installs_the_desk_countersign_the_icon_and_a_desktop_entry() {
         .filter_map(|l| l.split_whitespace().last())
         .map(|p| p.trim_start_matches("./"))
         .collect();
-    for needed in ["usr/bin/countersign-desk", "usr/bin/countersign"] {
+    for needed in [
+        "usr/bin/countersign-desk",
+        "usr/bin/countersign",
+        "usr/bin/countersign-demo",
+    ] {
         assert!(
             paths.contains(&needed),
             "{needed} is not in the .deb:\n{listing}"

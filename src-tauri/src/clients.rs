@@ -1,7 +1,7 @@
 //! Settings → Clients: the MCP clients whose configuration the desk finds on this account, and
 //! Protect and Restore, which do in the desk what `countersign install --client X` and
 //! `countersign uninstall --client X` do from a terminal (the same library,
-//! `countersign::clients`), and show what they printed.
+//! `countersign_clients`), and show what they printed.
 //!
 //! The desk asks its own registry as the command line asks it over the socket ([`InDesk`]
 //! implements `Registrar` with `Registry::handle`): a new server name takes effect at once; one
@@ -16,11 +16,9 @@
 
 use std::path::PathBuf;
 
-use countersign::clients::{self, Client, InstallError, Options, Places};
-use countersign::pipe::PipeError;
-use countersign::registry::Registrar;
+use countersign_clients::{self as clients, Client, InstallError, Options, Places, Registrar};
 use countersign_registry::Registry;
-use countersign_wire::{RegistryAnswer, RegistryRequest};
+use countersign_wire::{DeskError, RegistryAnswer, RegistryRequest};
 use serde::Serialize;
 use tauri::State;
 
@@ -160,7 +158,7 @@ impl Registrar for InDesk {
         &mut self,
         request: RegistryRequest,
         waiting: &mut dyn FnMut(&str),
-    ) -> Result<RegistryAnswer, PipeError> {
+    ) -> Result<RegistryAnswer, DeskError> {
         // On the blocking pool (see `off_the_ui`): a change to a registered server waits here
         // for the person's click in the window.
         let answer =

@@ -36,7 +36,6 @@ use countersign_secret::{
     Items, KeychainItems, KeychainStore, MemoryItems, MemoryStore, SecretStore,
 };
 use countersign_session as socket;
-use countersign_wire::{Frame, Hello};
 use tauri::menu::{Menu, MenuItem};
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, Emitter, Manager};
@@ -134,16 +133,9 @@ fn load_key(store: &dyn SecretStore) -> Result<SigningKey, String> {
 
 /// Tells the desk already running to bring its window forward, showing `request` if given.
 fn focus_running_desk(path: &std::path::Path, request: Option<u64>) {
-    let _ = tauri::async_runtime::block_on(async {
-        let mut stream = tokio::net::UnixStream::connect(path).await?;
-        let hello = Frame::Hello(Hello::focus(request));
-        countersign_wire::write_frame(&mut stream, &hello)
-            .await
-            .map_err(std::io::Error::other)?;
-        // The running desk closes the connection once it has asked its window forward.
-        let _ = countersign_wire::read_frame(&mut stream).await;
-        Ok::<_, std::io::Error>(())
-    });
+    if let Err(e) = tauri::async_runtime::block_on(countersign_wire::focus_desk(path, request)) {
+        eprintln!("countersign-desk: the running desk did not answer: {e}");
+    }
 }
 
 /// Whether a window can be shown: a display server is named in the environment.

@@ -94,7 +94,7 @@ impl Dirs {
 
     /// The desk's SQLite file.
     pub fn store(&self) -> PathBuf {
-        self.data.join("desk.sqlite")
+        countersign_wire::DeskDirs::store_in(&self.data)
     }
 
     fn settings_file(&self) -> PathBuf {

@@ -48,6 +48,12 @@ pub fn desk_program() -> PathBuf {
     me.with_file_name("countersign-desk")
 }
 
+/// The demo program: `countersign-demo` next to this executable.
+pub fn demo_program() -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("countersign"));
+    me.with_file_name("countersign-demo")
+}
+
 /// Starts the desk detached with the allow-listed environment; returns its pid.
 pub fn start_desk(args: &[String]) -> std::io::Result<u32> {
     let mut cmd = Command::new(desk_program());
@@ -85,18 +91,7 @@ pub fn open_request(url: &str, socket: &std::path::Path) -> Result<Opened, Strin
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let asked = runtime.block_on(async {
-        let answer = std::time::Duration::from_secs(5);
-        let mut stream =
-            tokio::time::timeout(answer, tokio::net::UnixStream::connect(socket)).await??;
-        let hello = countersign_wire::Frame::Hello(countersign_wire::Hello::focus(Some(id)));
-        countersign_wire::write_frame(&mut stream, &hello)
-            .await
-            .map_err(std::io::Error::other)?;
-        // The desk closes the connection once it has asked its window forward.
-        let _ = tokio::time::timeout(answer, countersign_wire::read_frame(&mut stream)).await;
-        Ok::<_, std::io::Error>(())
-    });
+    let asked = runtime.block_on(countersign_wire::focus_desk(socket, Some(id)));
     match asked {
         Ok(()) => Ok(Opened::Running),
         Err(e)

@@ -1,11 +1,12 @@
 //! The `countersign` command's library half: what its subcommands share, kept out of `main.rs` so
-//! that tests can reach it. The binary stays small and never links the GUI toolkit: agents start
-//! one gateway per MCP server, so it must start fast and idle light.
+//! that tests can reach it. The binary stays small and never links the GUI toolkit, MCP code or the
+//! store's writer: agents start one gateway per MCP server, so it must start fast and idle light,
+//! and taking one over must gain nothing. The demo, an MCP client, is a program of its own
+//! (`countersign-demo`); the clients' files are read and rewritten by `countersign-clients`, which
+//! the desk uses too.
 #![deny(missing_docs)]
 
-pub mod clients;
 pub mod config;
-pub mod demo;
 pub mod launch;
 pub mod logging;
 pub mod paths;

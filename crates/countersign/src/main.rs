@@ -2,12 +2,13 @@
 //! or query the desk.
 
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use countersign::{launch, logging, paths, pipe};
-use countersign_store::{HistoryFilter, Store, StoreOptions};
+use countersign_store::{HistoryFilter, HistoryReader, StoreOptions};
 use countersign_wire::Reach;
 
 /// A human countersignature on every mutating action an AI agent takes through MCP.
@@ -119,7 +120,7 @@ enum Command {
     Install {
         /// Which client's configuration.
         #[arg(long, value_enum)]
-        client: countersign::clients::Client,
+        client: countersign_clients::Client,
         /// Say what would change, and change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -133,7 +134,7 @@ enum Command {
     Uninstall {
         /// Which client's configuration.
         #[arg(long, value_enum)]
-        client: countersign::clients::Client,
+        client: countersign_clients::Client,
         /// Restore it even if the file was edited since install wrote it (those edits are lost).
         #[arg(long)]
         force: bool,
@@ -271,11 +272,15 @@ fn main() {
             }
         }
         Command::Demo => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a Tokio runtime");
-            runtime.block_on(countersign::demo::run(countersign_wire::socket_path()))
+            // The demo is an MCP client, a program of its own beside this one, so that the pipe
+            // agents start links no MCP code. It takes this process's place, stdio and all.
+            let demo = launch::demo_program();
+            let err = std::process::Command::new(&demo).exec();
+            eprintln!(
+                "countersign: cannot run the demo ({}): {err}",
+                demo.display()
+            );
+            1
         }
         Command::Config {
             client,
@@ -302,12 +307,12 @@ fn main() {
             client,
             dry_run,
             file,
-        } => install_or_uninstall(client, file, dry_run, false, countersign::clients::install),
+        } => install_or_uninstall(client, file, dry_run, false, countersign_clients::install),
         Command::Uninstall {
             client,
             force,
             file,
-        } => install_or_uninstall(client, file, false, force, countersign::clients::uninstall),
+        } => install_or_uninstall(client, file, false, force, countersign_clients::uninstall),
         Command::Server(command) => countersign::server::run(
             command,
             &mut countersign::registry::DeskAt::default_desk(),
@@ -329,19 +334,19 @@ fn mcp(options: pipe::Options) -> i32 {
         Ok(()) => pipe::exit::OK,
         Err(err) => {
             eprintln!("countersign mcp: {err}");
-            err.exit_code()
+            pipe::exit_code(&err)
         }
     }
 }
 
 type InstallStep = fn(
-    &mut dyn countersign::registry::Registrar,
-    &countersign::clients::Options,
+    &mut dyn countersign_clients::Registrar,
+    &countersign_clients::Options,
     &mut dyn std::io::Write,
-) -> Result<(), countersign::clients::InstallError>;
+) -> Result<(), countersign_clients::InstallError>;
 
 fn install_or_uninstall(
-    client: countersign::clients::Client,
+    client: countersign_clients::Client,
     file: ConfigFile,
     dry_run: bool,
     force: bool,
@@ -362,7 +367,7 @@ fn install_or_uninstall(
             }
         }
     } else {
-        match countersign::clients::Places::here() {
+        match countersign_clients::Places::here() {
             Some(places) => client.user_config(&places),
             None => {
                 eprintln!("countersign: no home directory ($HOME); use --config PATH");
@@ -373,7 +378,7 @@ fn install_or_uninstall(
     let program = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "countersign".into());
-    let options = countersign::clients::Options {
+    let options = countersign_clients::Options {
         client,
         path,
         program,
@@ -388,7 +393,7 @@ fn install_or_uninstall(
             let _ = stdout.flush();
             eprintln!("countersign: {err}");
             match err {
-                countersign::clients::InstallError::Desk(e) => e.exit_code(),
+                countersign_clients::InstallError::Desk(e) => pipe::exit_code(&e),
                 _ => 1,
             }
         }
@@ -403,7 +408,8 @@ fn history(db: PathBuf, json: bool, tool: Option<String>, limit: u32) -> i32 {
         );
         return 0;
     }
-    let mut store = match Store::open(&db, StoreOptions::default()) {
+    // Read-only: the desk alone creates, converts and migrates its file.
+    let store = match HistoryReader::open(&db, &StoreOptions::default()) {
         Ok(store) => store,
         Err(err) => {
             eprintln!("countersign: cannot open {}: {err}", db.display());

@@ -22,5 +22,5 @@ pub fn desk_db() -> PathBuf {
 
 /// The built-in tools' default database.
 pub fn builtin_db() -> PathBuf {
-    dirs().data.join("builtin.sqlite")
+    dirs().builtin_db()
 }

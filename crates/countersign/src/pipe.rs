@@ -29,7 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use countersign_wire::{
-    Frame, FrameError, Hello, MAX_FRAME, PROTOCOL_VERSION, Reach, Welcome, decode, encode,
+    DeskError, Frame, FrameError, Hello, MAX_FRAME, PROTOCOL_VERSION, Reach, Welcome, decode,
+    encode,
 };
 
 /// Exit codes, for scripts and for the person reading a client's log.
@@ -68,41 +69,17 @@ pub struct Options {
     pub desk_uid: u32,
 }
 
-/// Why the pipe stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum PipeError {
-    /// No desk answers (and starting one did not help).
-    #[error("the Countersign desk is not running and could not be started ({0})")]
-    Unreachable(String),
-    /// No desk answers at a socket chosen by a flag or the environment, where no desk is started.
-    #[error("{0}")]
-    NoDeskAt(String),
-    /// The desk refused the hello.
-    #[error("the Countersign desk refused: {message} [{code}]")]
-    Refused {
-        /// The refusal's code.
-        code: &'static str,
-        /// Its sentence.
-        message: String,
-    },
-    /// The connection broke.
-    #[error("the connection to the Countersign desk was lost: {0}")]
-    Lost(String),
-}
-
-impl PipeError {
-    /// The process exit code for this failure.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            PipeError::Unreachable(_) | PipeError::NoDeskAt(_) => exit::DESK_UNREACHABLE,
-            PipeError::Refused { .. } => exit::REFUSED,
-            PipeError::Lost(_) => exit::LOST,
-        }
+/// The process exit code for a failure to talk to the desk.
+pub fn exit_code(err: &DeskError) -> i32 {
+    match err {
+        DeskError::Unreachable(_) | DeskError::NoDeskAt(_) => exit::DESK_UNREACHABLE,
+        DeskError::Refused { .. } => exit::REFUSED,
+        DeskError::Lost(_) => exit::LOST,
     }
 }
 
-pub(crate) fn lost(e: impl std::fmt::Display) -> PipeError {
-    PipeError::Lost(e.to_string())
+pub(crate) fn lost(e: impl std::fmt::Display) -> DeskError {
+    DeskError::Lost(e.to_string())
 }
 
 /// The hello's `Reach` for an ad-hoc command: with the working directory and environment this
@@ -152,10 +129,10 @@ fn dial(socket: &Path, desk_uid: u32) -> std::io::Result<UnixStream> {
 }
 
 /// What to tell the person when no desk answers at a socket the gateway does not start one for.
-fn no_desk_at(options: &Options, chosen_by: &str, e: &std::io::Error) -> PipeError {
+fn no_desk_at(options: &Options, chosen_by: &str, e: &std::io::Error) -> DeskError {
     let socket = options.socket.display();
     if options.desk_uid != my_uid() {
-        return PipeError::NoDeskAt(format!(
+        return DeskError::NoDeskAt(format!(
             "no desk of uid {} answers at {socket} ({e}). That desk listens there for agent \
              accounts while it runs and its settings list this account (uid {}); a gateway \
              never starts another account's desk",
@@ -163,7 +140,7 @@ fn no_desk_at(options: &Options, chosen_by: &str, e: &std::io::Error) -> PipeErr
             my_uid()
         ));
     }
-    PipeError::NoDeskAt(format!(
+    DeskError::NoDeskAt(format!(
         "the Countersign desk is not running at {socket}, the socket {chosen_by} names ({e}). A \
          gateway starts a desk only at the socket computed from the user id, because the desk it \
          starts does not take its socket from the agent's environment. Start a desk at this \
@@ -213,9 +190,9 @@ fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
 
 /// Connects, starting the desk once if none answers at the computed path and giving it a few
 /// seconds to bind.
-pub(crate) fn connect(options: &Options) -> Result<UnixStream, PipeError> {
+pub(crate) fn connect(options: &Options) -> Result<UnixStream, DeskError> {
     let unreachable =
-        |e: std::io::Error| PipeError::Unreachable(format!("{}: {e}", options.socket.display()));
+        |e: std::io::Error| DeskError::Unreachable(format!("{}: {e}", options.socket.display()));
     let first = match dial(&options.socket, options.desk_uid) {
         Ok(stream) => return Ok(stream),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(unreachable(e)),
@@ -229,7 +206,7 @@ pub(crate) fn connect(options: &Options) -> Result<UnixStream, PipeError> {
     }
     tracing::info!(target: "gateway", "no desk answers; starting one");
     if let Err(e) = crate::launch::start_desk(&[]) {
-        return Err(PipeError::Unreachable(format!(
+        return Err(DeskError::Unreachable(format!(
             "cannot start {}: {e}",
             crate::launch::desk_program().display()
         )));
@@ -289,7 +266,7 @@ struct Connection {
 }
 
 /// Says hello on `stream` and reads the desk's welcome (the upstream's stderr may come first).
-fn handshake(stream: UnixStream, options: &Options) -> Result<Connection, PipeError> {
+fn handshake(stream: UnixStream, options: &Options) -> Result<Connection, DeskError> {
     let mut to_desk = stream.try_clone().map_err(lost)?;
     let mut from_desk = BufReader::with_capacity(64 * 1024, stream);
     let hello = Frame::Hello(Hello::Gateway {
@@ -308,7 +285,7 @@ fn handshake(stream: UnixStream, options: &Options) -> Result<Connection, PipeEr
                 return Ok(Connection { to_desk, from_desk });
             }
             Some(Frame::Welcome(Welcome::Refused { code, message })) => {
-                return Err(PipeError::Refused {
+                return Err(DeskError::Refused {
                     code: code.code(),
                     message,
                 });
@@ -322,7 +299,7 @@ fn handshake(stream: UnixStream, options: &Options) -> Result<Connection, PipeEr
 /// Connects again after the connection was lost: a few tries with a growing pause (a desk that
 /// restarts takes a moment to bind), then, only where the gateway may start a desk, the start
 /// [`connect`] makes.
-fn reconnect(options: &Options) -> Result<Connection, PipeError> {
+fn reconnect(options: &Options) -> Result<Connection, DeskError> {
     let mut pause = RECONNECT_FIRST_PAUSE;
     let started = Instant::now();
     let mut last = None;
@@ -334,7 +311,7 @@ fn reconnect(options: &Options) -> Result<Connection, PipeError> {
         match dial(&options.socket, options.desk_uid) {
             Ok(stream) => return handshake(stream, options),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                return Err(PipeError::Unreachable(format!(
+                return Err(DeskError::Unreachable(format!(
                     "{}: {e}",
                     options.socket.display()
                 )));
@@ -350,12 +327,12 @@ fn reconnect(options: &Options) -> Result<Connection, PipeError> {
     match options.socket_chosen_by {
         // Where the gateway starts desks, it starts one now, as it would at its own start.
         None if options.launch_desk => handshake(connect(options)?, options),
-        None => Err(PipeError::Unreachable(format!(
+        None => Err(DeskError::Unreachable(format!(
             "no desk answers at {} ({last}; {tried})",
             options.socket.display()
         ))),
         Some(chosen_by) => Err(match no_desk_at(options, chosen_by, &last) {
-            PipeError::NoDeskAt(why) => PipeError::NoDeskAt(format!("{why} ({tried})")),
+            DeskError::NoDeskAt(why) => DeskError::NoDeskAt(format!("{why} ({tried})")),
             other => other,
         }),
     }
@@ -517,7 +494,7 @@ struct Link {
     /// The agent closed stdin.
     agent_done: bool,
     /// Why the pipe must stop, found by the stdin thread.
-    fatal: Option<PipeError>,
+    fatal: Option<DeskError>,
 }
 
 impl Link {
@@ -577,7 +554,7 @@ fn answer_error(id: &serde_json::Value, code: &str, message: &str) {
 }
 
 /// Runs the pipe until the agent closes stdin (or the desk refuses it).
-pub fn run(options: Options) -> Result<(), PipeError> {
+pub fn run(options: Options) -> Result<(), DeskError> {
     let Connection { to_desk, from_desk } = handshake(connect(&options)?, &options)?;
     let link: Shared = Arc::new(Mutex::new(Link {
         desk: Some(Arc::new(to_desk)),
@@ -615,7 +592,7 @@ pub fn run(options: Options) -> Result<(), PipeError> {
                 answer_lost(&link, generation, |_| message.clone());
                 return Err(e);
             }
-            Ended::Stdout(e) => return Err(PipeError::Lost(format!("stdout: {e}"))),
+            Ended::Stdout(e) => return Err(DeskError::Lost(format!("stdout: {e}"))),
             Ended::Lost(why) => {
                 tracing::debug!(target: "gateway", "the connection to the desk ended: {why}");
                 if answer_lost(&link, generation, Asked::lost) {
@@ -637,7 +614,7 @@ pub fn run(options: Options) -> Result<(), PipeError> {
 /// Why a connection's relay ended.
 enum Ended {
     /// The desk refused the session after its welcome (the upstream could not be started).
-    Refused(PipeError),
+    Refused(DeskError),
     /// stdout is closed: the agent is gone.
     Stdout(std::io::Error),
     /// The connection closed or broke (the desk stopped or restarted), or the agent is done.
@@ -685,7 +662,7 @@ fn relay(link: &Shared, from_desk: &mut BufReader<UnixStream>, generation: u64) 
             // The upstream is started once the agent's first message says which revision it
             // speaks; when it cannot be, the desk says so after the welcome.
             Ok(Some(Frame::Welcome(Welcome::Refused { code, message }))) => {
-                return Ended::Refused(PipeError::Refused {
+                return Ended::Refused(DeskError::Refused {
                     code: code.code(),
                     message,
                 });
@@ -729,7 +706,7 @@ fn copy_stdin(
     link: &Shared,
     options: &Options,
     readers: &std::sync::mpsc::Sender<(BufReader<UnixStream>, u64)>,
-) -> Result<(), PipeError> {
+) -> Result<(), DeskError> {
     let mut stdin = BufReader::with_capacity(64 * 1024, std::io::stdin().lock());
     let mut line = Vec::new();
     loop {
@@ -738,7 +715,7 @@ fn copy_stdin(
         let n = (&mut stdin)
             .take(MAX_FRAME as u64)
             .read_until(b'\n', &mut line)
-            .map_err(|e| PipeError::Lost(format!("stdin: {e}")))?;
+            .map_err(|e| DeskError::Lost(format!("stdin: {e}")))?;
         if n == 0 {
             return Ok(()); // stdin closed: the agent is done.
         }
@@ -766,7 +743,7 @@ fn forward(
     options: &Options,
     readers: &std::sync::mpsc::Sender<(BufReader<UnixStream>, u64)>,
     message: Vec<u8>,
-) -> Result<(), PipeError> {
+) -> Result<(), DeskError> {
     let kind = Kind::of(&message);
     let asked = match &kind {
         Kind::Request { method, .. } => Some(Asked::of(method, &message)),
@@ -851,13 +828,13 @@ fn connect_again(
     options: &Options,
     readers: &std::sync::mpsc::Sender<(BufReader<UnixStream>, u64)>,
     kind: &Kind,
-) -> Result<bool, PipeError> {
+) -> Result<bool, DeskError> {
     let Kind::Request { id, method } = kind else {
         return Ok(false);
     };
     let connection = match reconnect(options) {
         Ok(connection) => connection,
-        Err(e @ PipeError::Refused { .. }) => {
+        Err(e @ DeskError::Refused { .. }) => {
             answer_error(id, "desk_refused", &e.to_string());
             return Err(e);
         }
@@ -903,7 +880,7 @@ fn connect_again(
     );
     // The read half first: the loop that relays it answers what this connection carries.
     if readers.send((from_desk, generation)).is_err() {
-        return Err(PipeError::Lost("the relay stopped".into()));
+        return Err(DeskError::Lost("the relay stopped".into()));
     }
     for message in replay {
         // A failure shows on the next write, which connects again.

@@ -1,5 +1,6 @@
 //! The command line's side of the registry: one request to the desk over its socket, and the
-//! answers, for `countersign server ...` and `countersign install`.
+//! answers, for `countersign server ...` and `countersign install` (the [`Registrar`] that reaches
+//! the desk from outside it).
 //!
 //! The desk decides: a new server takes effect at once, a change or removal of an existing one
 //! is shown in its window and takes effect only after the person's click. So a request may be
@@ -8,9 +9,12 @@
 use std::io::BufReader;
 use std::path::PathBuf;
 
-use countersign_wire::{Frame, Hello, PROTOCOL_VERSION, RegistryAnswer, RegistryRequest};
+use countersign_clients::Registrar;
+use countersign_wire::{
+    DeskError, Frame, Hello, PROTOCOL_VERSION, RegistryAnswer, RegistryRequest,
+};
 
-use crate::pipe::{self, PipeError};
+use crate::pipe;
 
 /// Where the desk is, and whether to start it when none answers.
 #[derive(Debug, Clone)]
@@ -42,23 +46,12 @@ impl DeskAt {
     }
 }
 
-/// What asks the registry: the desk over its socket, or (in tests) a stand-in.
-pub trait Registrar {
-    /// Sends `request` and returns the final answer; `waiting` hears a
-    /// [`RegistryAnswer::Waiting`]'s message when the person must decide first.
-    fn ask(
-        &mut self,
-        request: RegistryRequest,
-        waiting: &mut dyn FnMut(&str),
-    ) -> Result<RegistryAnswer, PipeError>;
-}
-
 impl Registrar for DeskAt {
     fn ask(
         &mut self,
         request: RegistryRequest,
         waiting: &mut dyn FnMut(&str),
-    ) -> Result<RegistryAnswer, PipeError> {
+    ) -> Result<RegistryAnswer, DeskError> {
         let options = pipe::Options {
             reach: countersign_wire::Reach::Server {
                 name: String::new(),
@@ -85,7 +78,7 @@ impl Registrar for DeskAt {
                 Some(Frame::Registry(answer)) => return Ok(answer),
                 // A desk of another version refuses the hello with a welcome.
                 Some(Frame::Welcome(countersign_wire::Welcome::Refused { code, message })) => {
-                    return Err(PipeError::Refused {
+                    return Err(DeskError::Refused {
                         code: code.code(),
                         message,
                     });

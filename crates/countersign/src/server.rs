@@ -13,12 +13,10 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 
+use countersign_clients::Registrar;
 use countersign_wire::{
-    RegistryAnswer, RegistryRequest, SecretText, ServerSpec, Setting, Upstream,
+    DeskError, RegistryAnswer, RegistryRequest, SecretText, ServerSpec, Setting, Upstream,
 };
-
-use crate::pipe::PipeError;
-use crate::registry::Registrar;
 
 /// What `countersign server` can do.
 #[derive(Debug, clap::Subcommand)]
@@ -142,7 +140,7 @@ pub fn run(
     report(answer, out)
 }
 
-fn report(answer: Result<RegistryAnswer, PipeError>, out: &mut dyn Write) -> i32 {
+fn report(answer: Result<RegistryAnswer, DeskError>, out: &mut dyn Write) -> i32 {
     match answer {
         Ok(RegistryAnswer::Done { message }) => {
             let _ = writeln!(out, "{message}");
@@ -165,7 +163,7 @@ fn report(answer: Result<RegistryAnswer, PipeError>, out: &mut dyn Write) -> i32
         }
         Err(e) => {
             eprintln!("countersign server: {e}");
-            e.exit_code()
+            crate::pipe::exit_code(&e)
         }
     }
 }
@@ -286,7 +284,7 @@ mod tests {
             &mut self,
             request: RegistryRequest,
             _: &mut dyn FnMut(&str),
-        ) -> Result<RegistryAnswer, PipeError> {
+        ) -> Result<RegistryAnswer, DeskError> {
             self.0.push(request);
             Ok(RegistryAnswer::Done {
                 message: "ok".into(),

@@ -246,43 +246,49 @@ impl Store {
 
     /// Recorded events that pass `filter`, newest first (by time, then by order of recording).
     pub fn history(&mut self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
-        let nonce = filter.nonce.map(|n| n.to_hex());
-        // SQLite reads a negative LIMIT as "no limit".
-        let limit = filter.limit.map_or(-1, i64::from);
-        let rows = self.with_connection(|conn| {
-            let mut statement = conn.prepare_cached(
-                "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
-                 FROM history
-                 WHERE (?1 IS NULL OR tool = ?1)
-                   AND (?2 IS NULL OR tenant = ?2)
-                   AND (?3 IS NULL OR kind = ?3)
-                   AND (?4 IS NULL OR nonce = ?4)
-                 ORDER BY at_ms DESC, id DESC
-                 LIMIT ?5",
-            )?;
-            let rows = statement
-                .query_map(
-                    rusqlite::params![filter.tool, filter.tenant, filter.kind, nonce, limit],
-                    |row| {
-                        Ok(Row {
-                            at_ms: row.get(0)?,
-                            kind: row.get(1)?,
-                            refusal: row.get(2)?,
-                            ok: row.get(3)?,
-                            tool: row.get(4)?,
-                            target: row.get(5)?,
-                            tenant: row.get(6)?,
-                            nonce: row.get(7)?,
-                            plan: row.get(8)?,
-                            note: row.get(9)?,
-                        })
-                    },
-                )?
-                .collect::<Result<Vec<Row>, _>>()?;
-            Ok(rows)
-        })?;
-        rows.into_iter().map(Row::into_event).collect()
+        self.with_connection(|conn| select(conn, filter))
     }
+}
+
+/// The events on `conn` that pass `filter`, newest first: [`Store::history`], and the read-only
+/// [`HistoryReader`](crate::HistoryReader).
+pub(crate) fn select(
+    conn: &rusqlite::Connection,
+    filter: &HistoryFilter,
+) -> Result<Vec<ConfirmEvent>, StoreError> {
+    let nonce = filter.nonce.map(|n| n.to_hex());
+    // SQLite reads a negative LIMIT as "no limit".
+    let limit = filter.limit.map_or(-1, i64::from);
+    let mut statement = conn.prepare_cached(
+        "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
+         FROM history
+         WHERE (?1 IS NULL OR tool = ?1)
+           AND (?2 IS NULL OR tenant = ?2)
+           AND (?3 IS NULL OR kind = ?3)
+           AND (?4 IS NULL OR nonce = ?4)
+         ORDER BY at_ms DESC, id DESC
+         LIMIT ?5",
+    )?;
+    let rows = statement
+        .query_map(
+            rusqlite::params![filter.tool, filter.tenant, filter.kind, nonce, limit],
+            |row| {
+                Ok(Row {
+                    at_ms: row.get(0)?,
+                    kind: row.get(1)?,
+                    refusal: row.get(2)?,
+                    ok: row.get(3)?,
+                    tool: row.get(4)?,
+                    target: row.get(5)?,
+                    tenant: row.get(6)?,
+                    nonce: row.get(7)?,
+                    plan: row.get(8)?,
+                    note: row.get(9)?,
+                })
+            },
+        )?
+        .collect::<Result<Vec<Row>, _>>()?;
+    rows.into_iter().map(Row::into_event).collect()
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ mod ledger;
 mod pin;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod read;
 mod records;
 mod schema;
 
@@ -49,6 +50,7 @@ pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
 #[cfg(feature = "postgres")]
 pub use postgres::{POSTGRES_SCHEMA_VERSION, Postgres, PostgresOptions, SERIALIZATION_RETRIES};
+pub use read::HistoryReader;
 pub use records::{Records, Sqlite};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 

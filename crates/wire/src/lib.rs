@@ -25,10 +25,11 @@
 //! with a [`RefusedCode`] and a sentence for a person. After an acceptance both sides send `M`
 //! frames until one closes: the agent's messages one way, the desk's answers, notifications and
 //! requests (roots, sampling, elicitation) the other. A second start of the desk opens with
-//! [`Hello::Focus`] instead, which asks the running desk to bring its window forward (showing the
-//! request a `countersign://request/<id>` URL names, when it carries one: see [`parse_request_url`]). The
-//! command line's registry requests open with [`Hello::Registry`] (see [`RegistryRequest`]): a
-//! proposal, which for anything but a new server waits for the person's click in the window.
+//! [`Hello::Focus`] instead (see [`focus_desk`]), which asks the running desk to bring its window
+//! forward (showing the request a `countersign://request/<id>` URL names, when it carries one: see
+//! [`parse_request_url`]). The command line's registry requests open with [`Hello::Registry`] (see
+//! [`RegistryRequest`]): a proposal, which for anything but a new server waits for the person's
+//! click in the window.
 //!
 //! There is no message that approves or denies, and none that carries policy, a class or an
 //! identity: the desk decides those itself. A name in the hello is a display label only.
@@ -39,6 +40,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+mod desk_error;
+#[cfg(unix)]
+mod focus;
 mod open;
 #[cfg(unix)]
 mod place;
@@ -49,6 +53,9 @@ pub use place::{
     agents_socket_path_of, default_socket_path, prepare_socket_dir, socket_override, socket_path,
 };
 
+pub use desk_error::DeskError;
+#[cfg(unix)]
+pub use focus::{FOCUS_WAIT, focus_desk};
 pub use open::{
     BadRequestUrl, MAX_REQUEST_URL, REQUEST_URL_PREFIX, parse_request_url, request_url,
 };

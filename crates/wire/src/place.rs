@@ -29,6 +29,12 @@ pub const DESK_DIR_ENV: &str = "COUNTERSIGN_DESK_DIR";
 /// The socket file's name in its directory.
 const SOCKET_FILE: &str = "desk.sock";
 
+/// The desk's SQLite file's name in its data directory.
+const STORE_FILE: &str = "desk.sqlite";
+
+/// The built-in tools' default database's name in the desk's data directory.
+const BUILTIN_DB_FILE: &str = "builtin.sqlite";
+
 /// The name of the socket that accounts listed in the desk's settings connect to.
 const AGENTS_SOCKET_FILE: &str = "agents.sock";
 
@@ -232,7 +238,18 @@ impl DeskDirs {
 
     /// The desk's SQLite file.
     pub fn store(&self) -> PathBuf {
-        self.data.join("desk.sqlite")
+        DeskDirs::store_in(&self.data)
+    }
+
+    /// The desk's SQLite file in the data directory `data`: the one place its name is spelled,
+    /// for a host that keeps the directories in a type of its own.
+    pub fn store_in(data: &Path) -> PathBuf {
+        data.join(STORE_FILE)
+    }
+
+    /// The built-in tools' default database (`countersign mcp` with neither a server nor `--db`).
+    pub fn builtin_db(&self) -> PathBuf {
+        self.data.join(BUILTIN_DB_FILE)
     }
 }
 
@@ -346,6 +363,14 @@ mod tests {
         assert_eq!(
             DeskDirs::under(Path::new("/t")).store(),
             Path::new("/t/data/desk.sqlite")
+        );
+        assert_eq!(
+            DeskDirs::store_in(Path::new("/t/data")),
+            DeskDirs::under(Path::new("/t")).store()
+        );
+        assert_eq!(
+            DeskDirs::under(Path::new("/t")).builtin_db(),
+            Path::new("/t/data/builtin.sqlite")
         );
     }
 

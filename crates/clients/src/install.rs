@@ -16,13 +16,14 @@ use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use countersign_wire::{RegistryAnswer, RegistryRequest, SecretText, ServerSpec, Upstream};
+use countersign_wire::{
+    DeskError, RegistryAnswer, RegistryRequest, SecretText, ServerSpec, Upstream,
+};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{Client, EntryAt, Found, name_from_key, read_entries, rewrite};
-use crate::pipe::PipeError;
-use crate::registry::Registrar;
+use crate::Registrar;
 
 /// What to install into (or restore), and how.
 #[derive(Debug, Clone)]
@@ -77,7 +78,7 @@ pub enum InstallError {
     },
     /// The desk could not be reached, or the connection broke.
     #[error("{0}")]
-    Desk(#[from] PipeError),
+    Desk(#[from] DeskError),
     /// The desk refused a request.
     #[error("the desk refused {what}: {message} [{code}]; {consequence}")]
     Refused {
@@ -343,7 +344,7 @@ fn ask(
     registrar: &mut dyn Registrar,
     request: RegistryRequest,
     out: &mut dyn Write,
-) -> Result<RegistryAnswer, PipeError> {
+) -> Result<RegistryAnswer, DeskError> {
     registrar.ask(request, &mut |message| {
         let _ = writeln!(out, "  waiting: {message}");
     })
@@ -458,7 +459,7 @@ fn read_config(client: Client, path: &Path) -> Result<(String, u32), InstallErro
 /// the desk that `registrar` reaches, keeps the original in the keychain, and rewrites each
 /// entry to `countersign mcp --server NAME`; says what it did (or, with `dry_run`, would do) on
 /// `out`. This is what `countersign install` runs, and what an end-to-end test runs against a
-/// real desk with [`crate::registry::DeskAt`].
+/// real desk over its socket (the command line's `DeskAt`).
 pub fn install(
     registrar: &mut dyn Registrar,
     options: &Options,

@@ -1,8 +1,12 @@
-//! `countersign demo`: a scripted sample agent that walks a new user through the whole flow in a
-//! minute: the desk's window opens (started if needed), and the agent, connected through a real
-//! `countersign mcp` to the built-in tools on a fresh demo database, makes an open call, a
-//! `token` call, a `once` call, a replay and a changed plan, printing what it sends and what it
-//! receives. The person approves in the window: the demo never approves anything itself.
+//! `countersign-demo`, which `countersign demo` runs: a scripted sample agent that walks a new user
+//! through the whole flow in a minute: the desk's window opens (started if needed), and the agent,
+//! connected through a real `countersign mcp` to the built-in tools on a fresh demo database, makes
+//! an open call, a `token` call, a `once` call, a replay and a changed plan, printing what it sends
+//! and what it receives. The person approves in the window: the demo never approves anything
+//! itself.
+//!
+//! A program of its own because it is an MCP client (rmcp): the `countersign` binary that agents
+//! start is a pipe and links no MCP code, so it runs this one, installed beside it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -51,7 +55,7 @@ fn heard(r: &CallToolResult) {
 }
 
 /// Whether a desktop session is there to show the window in.
-pub fn has_display() -> bool {
+fn has_display() -> bool {
     std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty())
         || std::env::var_os("WAYLAND_DISPLAY").is_some_and(|d| !d.is_empty())
 }
@@ -98,7 +102,7 @@ async fn preflight(agent: &Agent, tool: &str, args: Value) -> Result<Value, Stri
 }
 
 /// Runs the demo; returns the process exit code.
-pub async fn run(socket: PathBuf) -> i32 {
+async fn run(socket: PathBuf) -> i32 {
     if !has_display() {
         eprintln!(
             "countersign demo: a desktop session is needed: the demo shows its requests in the Countersign \
@@ -128,7 +132,7 @@ pub async fn run(socket: PathBuf) -> i32 {
             return 1;
         }
         println!("Starting the desk…");
-        if let Err(e) = crate::launch::start_desk(&[]) {
+        if let Err(e) = countersign::launch::start_desk(&[]) {
             eprintln!("countersign demo: cannot start the desk: {e}");
             return 1;
         }
@@ -163,9 +167,24 @@ pub async fn run(socket: PathBuf) -> i32 {
     }
 }
 
+/// The `countersign` program beside this one: the gateway the sample agent starts.
+fn gateway_program() -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("countersign-demo"));
+    me.with_file_name("countersign")
+}
+
+fn main() {
+    countersign::logging::init();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let code = runtime.block_on(run(countersign_wire::socket_path()));
+    std::process::exit(code);
+}
+
 async fn script(socket: &Path, db: &Path) -> Result<(), String> {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = tokio::process::Command::new(me);
+    let mut cmd = tokio::process::Command::new(gateway_program());
     cmd.arg("mcp")
         .arg("--name")
         .arg("demo")

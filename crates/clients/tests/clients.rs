@@ -3,7 +3,7 @@
 //! file (`tests/clients/<client>/after.*`), and so are what the desk was asked to register
 //! (`registered.json`) and what the command printed (`report.txt`).
 //!
-//! `COUNTERSIGN_UPDATE_GOLDEN=1 cargo nextest run -p countersign --test clients` writes the
+//! `COUNTERSIGN_UPDATE_GOLDEN=1 cargo nextest run -p countersign-clients --test clients` writes the
 //! goldens anew; read every changed one before committing it.
 
 use std::collections::BTreeMap;
@@ -11,10 +11,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use countersign::clients::{self, Client, InstallError, Options};
-use countersign::pipe::PipeError;
-use countersign::registry::Registrar;
-use countersign_wire::{RegistryAnswer, RegistryCode, RegistryRequest, ServerSpec};
+use countersign_clients::{self as clients, Client, InstallError, Options, Registrar};
+use countersign_wire::{DeskError, RegistryAnswer, RegistryCode, RegistryRequest, ServerSpec};
 use serde_json::{Value, json};
 
 const PROGRAM: &str = "/usr/local/bin/countersign";
@@ -44,7 +42,7 @@ impl Registrar for FakeDesk {
         &mut self,
         request: RegistryRequest,
         _waiting: &mut dyn FnMut(&str),
-    ) -> Result<RegistryAnswer, PipeError> {
+    ) -> Result<RegistryAnswer, DeskError> {
         let done = || RegistryAnswer::Done {
             message: "done".into(),
         };

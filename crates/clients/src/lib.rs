@@ -1,6 +1,12 @@
-//! `countersign install --client NAME`: the MCP clients whose configuration Countersign can
-//! protect in one command, where each keeps that configuration, and what a server entry in it
-//! means.
+//! The MCP clients whose configuration Countersign can protect in one step, where each keeps that
+//! configuration, what a server entry in it means, and how it is rewritten and restored:
+//! `countersign install --client NAME` and `uninstall` on the command line, Protect and Restore in
+//! the desk's Settings → Clients.
+//!
+//! Why a crate of its own: both the command line and the desk rewrite these files, and neither
+//! should link the other. The `countersign` binary is what agents start, so it stays small; the
+//! desk is the authority, so it links nothing of the pipe. Each asks the desk's registry in its
+//! own way (over the socket, or in the desk's own process) through [`Registrar`].
 //!
 //! An agent's client config usually holds each server's command and its credentials, so the agent
 //! can reach the service around Countersign. Installing moves every server into the desk's
@@ -10,10 +16,12 @@
 //! on a lossless syntax tree (`jsonc-parser`'s CST, `toml_edit`), never by re-serializing.
 //!
 //! Goose and Continue keep YAML; no YAML editor for Rust keeps comments, so they are not here.
+#![deny(missing_docs)]
 
 mod codex;
 mod install;
 mod json;
+mod registrar;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,9 +32,11 @@ use countersign_wire::{SecretText, ServerSpec, Setting, Upstream};
 pub use install::{
     InstallError, Installation, Options, Registration, backup_key, install, plan, uninstall,
 };
+pub use registrar::Registrar;
 
 /// The clients `countersign install` knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Client {
     /// Claude Desktop: `claude_desktop_config.json`, `mcpServers`.
     ClaudeDesktop,
