@@ -233,17 +233,6 @@ impl Engine {
         let planned = self.plan_aside(tenant, tool, arguments).await;
         self.queued_planned(tenant, tool, planned)
     }
-
-    /// [`Engine::call_hash`] from async code: described off the async workers.
-    pub async fn call_hash_aside(
-        &self,
-        tenant: &str,
-        tool: &str,
-        arguments: &Value,
-    ) -> Option<PlanHash> {
-        let planned = self.plan_aside(tenant, tool, arguments).await;
-        planned.ok().map(|call| call.hash)
-    }
 }
 
 /// `plan` with the target and summary `described` gives, where the policy left them unset.

@@ -20,6 +20,42 @@ use crate::change::Change;
 use crate::planning::Call;
 use crate::state::{Decision, Entry, State};
 
+/// What [`Engine::queue_preflight`] did with a call.
+#[derive(Debug)]
+pub enum Queued {
+    /// The request waits for the person (new, or the same plan's request re-attached to).
+    Waiting(Ticket),
+    /// Answered at once: refused, or approved by a grant.
+    Answered(Answer),
+}
+
+/// A request in the queue, as the preflight that queued it (or re-attached to it) holds it.
+#[derive(Debug)]
+pub struct Ticket {
+    id: u64,
+    plan_hash: PlanHash,
+    new: bool,
+    decision: watch::Receiver<Option<Decision>>,
+}
+
+impl Ticket {
+    /// The request's id in the queue.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The plan hash the request binds: what a preview of it is attached under.
+    pub fn plan_hash(&self) -> PlanHash {
+        self.plan_hash
+    }
+
+    /// Whether this preflight queued the request (rather than re-attaching to one that already
+    /// waited): the one time a preview of it is worth making.
+    pub fn is_new(&self) -> bool {
+        self.new
+    }
+}
+
 /// Why a desk without a window refuses every preflight, and what to do about it.
 pub const HEADLESS: &str = "Refused: the Countersign desk is running without a window (no \
 display), so nobody can approve this call. Nothing was executed. Next: open the Countersign desk \
@@ -181,7 +217,7 @@ impl Engine {
     }
 
     /// A preflight: queue the plan (or re-attach to the same plan's request) and wait up to
-    /// `wait` for a person's decision.
+    /// `wait` for a person's decision: [`Engine::queue_preflight`], then [`Engine::decision`].
     pub async fn preflight(
         &self,
         tenant: &str,
@@ -189,6 +225,17 @@ impl Engine {
         arguments: &Value,
         wait: Duration,
     ) -> Answer {
+        match self.queue_preflight(tenant, tool, arguments).await {
+            Queued::Answered(answer) => answer,
+            Queued::Waiting(ticket) => self.decision(ticket, wait).await,
+        }
+    }
+
+    /// The first half of a preflight: the call planned once, checked, and queued for the person
+    /// (or re-attached to the same plan's request, or approved at once by a grant, or refused).
+    /// A [`Ticket`] names the request: what a preview attaches to, and what
+    /// [`Engine::decision`] waits on.
+    pub async fn queue_preflight(&self, tenant: &str, tool: &str, arguments: &Value) -> Queued {
         let Call {
             rule,
             client_info,
@@ -199,21 +246,21 @@ impl Engine {
             hash,
         } = match self.plan_aside(tenant, tool, arguments).await {
             Ok(call) => call,
-            Err(response) => return self.rejected(tenant, tool, response).await,
+            Err(response) => return Queued::Answered(self.rejected(tenant, tool, response).await),
         };
         if fields.is_confirm() {
             let answer = error(ErrorCode::BadArguments, "a confirm is not a preflight");
-            return self.rejected(tenant, tool, answer).await;
+            return Queued::Answered(self.rejected(tenant, tool, answer).await);
         }
         if !self.inner.config.window {
-            return Answer::Refused {
+            return Queued::Answered(Answer::Refused {
                 refusal: Refusal::DeskUnavailable,
                 message: HEADLESS.to_owned(),
-            };
+            });
         }
         // A live grant a person's click made covers it: approved at once, a token of its own.
         if let Some(answer) = self.granted(tenant, &plan, hash, &args).await {
-            return answer;
+            return Queued::Answered(answer);
         }
         let now = self.now();
         let ttl = self.token_ttl_ms();
@@ -225,7 +272,7 @@ impl Engine {
                 .iter()
                 .find(|(_, e)| e.is_call(tenant, tool, hash));
             match existing {
-                Some((id, entry)) => Ok((*id, entry.decision.subscribe())),
+                Some((id, entry)) => Ok((*id, entry.decision.subscribe(), false)),
                 None => {
                     if let Some(full) = Self::queue_full(&state, tenant) {
                         break 'queued Err(full);
@@ -263,18 +310,31 @@ impl Engine {
                     self.publish(QueueChange::Added {
                         request: Box::new(view),
                     });
-                    Ok((id, receiver))
+                    Ok((id, receiver, true))
                 }
             }
         };
-        let (id, mut decision) = match queued {
-            Ok(queued) => queued,
-            Err(full) => {
-                return self
-                    .rejected(tenant, tool, error(ErrorCode::Busy, full))
-                    .await;
-            }
-        };
+        match queued {
+            Ok((id, decision, new)) => Queued::Waiting(Ticket {
+                id,
+                plan_hash: hash,
+                new,
+                decision,
+            }),
+            Err(full) => Queued::Answered(
+                self.rejected(tenant, tool, error(ErrorCode::Busy, full))
+                    .await,
+            ),
+        }
+    }
+
+    /// The second half of a preflight: waits up to `wait` for the person's decision of the
+    /// request `ticket` names, and collects it. Undecided by then: `pending`, and the request
+    /// stays queued (calling again re-attaches to it).
+    pub async fn decision(&self, ticket: Ticket, wait: Duration) -> Answer {
+        let Ticket {
+            id, mut decision, ..
+        } = ticket;
         let decided = tokio::time::timeout(wait, decision.wait_for(Option::is_some)).await;
         let decision = match decided {
             Ok(Ok(d)) => d.clone(),

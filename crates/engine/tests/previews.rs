@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use countersign_core::preview::{self, Preview, Unavailable};
 use countersign_core::token::SigningKey;
-use countersign_engine::{Answer, ApproveError, Engine, EngineConfig, ManualClock, QueueChange};
+use countersign_engine::{
+    Answer, ApproveError, Engine, EngineConfig, ManualClock, QueueChange, Queued,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -84,6 +86,42 @@ async fn a_preview_is_shown_with_its_request_and_never_changes_the_plan() {
     assert!(changes.try_recv().is_err());
     engine.approve(request.id, Some("/a.txt")).await.unwrap();
     assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
+}
+
+#[tokio::test]
+async fn the_preflight_that_queues_a_request_holds_its_ticket_and_one_that_re_attaches_does_not_ask_for_a_preview()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir, 0);
+    let tenant = files(&engine, "fs").await;
+    let args = json!({"path": "/a.txt", "content": "x"});
+    let Queued::Waiting(first) = engine.queue_preflight(&tenant, "write_file", &args).await else {
+        panic!("queued")
+    };
+    let Queued::Waiting(again) = engine.queue_preflight(&tenant, "write_file", &args).await else {
+        panic!("re-attached")
+    };
+    assert!(first.is_new() && !again.is_new());
+    assert_eq!(
+        (again.id(), again.plan_hash()),
+        (first.id(), first.plan_hash())
+    );
+    assert_eq!(engine.pending().len(), 1, "one request, not two");
+    assert_eq!(engine.pending()[0].plan_hash, first.plan_hash());
+    // The ticket names the request a preview lands on, with no second planning of the call.
+    let shown = preview::file("/a.txt", None, None, "x");
+    assert!(engine.attach_preview(&tenant, "write_file", first.plan_hash(), shown.clone()));
+    assert_eq!(engine.pending()[0].preview, Some(shown));
+    engine.approve(first.id(), Some("/a.txt")).await.unwrap();
+    // Both preflights waiting on it get the one decision: the same token.
+    let (Answer::Approved { token: a, .. }, Answer::Approved { token: b, .. }) = (
+        engine.decision(again, WAIT).await,
+        engine.decision(first, WAIT).await,
+    ) else {
+        panic!("both approved")
+    };
+    assert_eq!(a, b);
+    assert!(engine.pending().is_empty());
 }
 
 #[tokio::test]

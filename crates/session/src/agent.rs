@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use countersign_core::{GateClass, Refusal, policy};
-use countersign_engine::{Answer, Engine, ErrorCode};
+use countersign_engine::{Answer, Engine, ErrorCode, Queued};
 use rmcp::model::*;
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, Service};
@@ -377,8 +377,27 @@ impl Session {
         wait: Duration,
         context: &RequestContext<RoleServer>,
     ) -> Result<Answer, ErrorData> {
-        crate::preview::start(&self.engine, &self.tenant, &self.upstream, tool, arguments);
-        let preflight = self.engine.preflight(&self.tenant, tool, arguments, wait);
+        let ticket = match self
+            .engine
+            .queue_preflight(&self.tenant, tool, arguments)
+            .await
+        {
+            Queued::Waiting(ticket) => ticket,
+            Queued::Answered(answer) => return Ok(answer),
+        };
+        // A request this preflight queued gets its preview, attached by the ticket's plan hash;
+        // one it re-attached to has had its own.
+        if ticket.is_new() {
+            crate::preview::start(
+                &self.engine,
+                &self.tenant,
+                &self.upstream,
+                tool,
+                arguments,
+                ticket.plan_hash(),
+            );
+        }
+        let preflight = self.engine.decision(ticket, wait);
         tokio::pin!(preflight);
         let progress = context.meta.get_progress_token();
         let mut tick = tokio::time::interval(Duration::from_secs(5));

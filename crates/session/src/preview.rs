@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_builtin::rehearse::{self, Mode, Stopped};
+use countersign_core::PlanHash;
 use countersign_core::policy::{PreviewKind, PreviewRecipe};
 use countersign_core::preview::{self, Preview, TableRows, Unavailable};
 use countersign_engine::Engine;
@@ -37,17 +38,16 @@ pub const TIME_LIMIT: Duration = Duration::from_secs(3);
 /// The name server-filesystem gives itself: its `edit_file` has a documented `dryRun`.
 const FILESYSTEM_SERVER: &str = "secure-filesystem-server";
 
-/// How long to look for the request the preview belongs to (queued by the preflight that
-/// started the preview, which may not have run yet).
-const FIND_REQUEST_FOR: Duration = Duration::from_secs(1);
-
-/// Starts the preview of a gated call of `tool` with `arguments`, if the desk knows one.
+/// Starts the preview of a gated call of `tool` with `arguments`, if the desk knows one: the
+/// preflight that queued its request (plan `plan_hash`) starts it, so nothing looks for the
+/// request or plans the call again.
 pub(crate) fn start(
     engine: &Engine,
     tenant: &str,
     upstream: &Arc<Upstream>,
     tool: &str,
     arguments: &Value,
+    plan_hash: PlanHash,
 ) {
     let Some(server) = engine.server_of(tenant) else {
         return;
@@ -78,27 +78,10 @@ pub(crate) fn start(
             None => return,
         }
     };
-    let (engine, tenant, tool, arguments) = (
-        engine.clone(),
-        tenant.to_owned(),
-        tool.to_owned(),
-        arguments.clone(),
-    );
+    let (engine, tenant, tool) = (engine.clone(), tenant.to_owned(), tool.to_owned());
     tokio::spawn(async move {
-        // Only for a request that waits without one: not for a call refused or approved at once,
-        // nor again for the same request when the agent calls again while it waits.
-        let Some(hash) = engine.call_hash_aside(&tenant, &tool, &arguments).await else {
-            return;
-        };
-        let deadline = tokio::time::Instant::now() + FIND_REQUEST_FOR;
-        while !engine.awaits_preview(&tenant, &tool, hash) {
-            if tokio::time::Instant::now() >= deadline {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         let preview = bounded(TIME_LIMIT, job.run()).await;
-        engine.attach_preview(&tenant, &tool, hash, preview);
+        engine.attach_preview(&tenant, &tool, plan_hash, preview);
     });
 }
 
