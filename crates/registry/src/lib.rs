@@ -23,7 +23,6 @@ mod secrets;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use countersign_core::policy::Policy;
 use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine, MAX_CHANGE_TEXT_CHARS};
@@ -109,12 +108,6 @@ struct Inner {
     changing: tokio::sync::Mutex<()>,
     /// Edits of guarded files being shown to the person, by file name: the text proposed.
     proposed: Mutex<BTreeMap<&'static str, String>>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -678,7 +671,7 @@ impl Registry {
     fn write(&self, guarded: Guarded, text: &str) -> Result<(), String> {
         let _files = lock(&self.inner.files);
         lock(&self.inner.store)
-            .accept(guarded.name, text, now_ms())
+            .accept(guarded.name, text, self.inner.engine.now_ms())
             .map_err(|e| format!("cannot record {}: {e}", guarded.name))?;
         guard::write_file(&self.path(guarded), text)
             .map_err(|e| format!("cannot write {}: {e}", self.path(guarded).display()))
@@ -721,7 +714,7 @@ impl Registry {
         };
         let _files = lock(&self.inner.files);
         lock(&self.inner.store)
-            .accept(guarded.name, &text, now_ms())
+            .accept(guarded.name, &text, self.inner.engine.now_ms())
             .map_err(|e| e.to_string())
     }
 
