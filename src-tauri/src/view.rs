@@ -240,24 +240,31 @@ pub(crate) fn agent_name(client_info: &Value) -> String {
 
 impl From<&PendingRequest> for RequestView {
     fn from(r: &PendingRequest) -> Self {
+        // A change has no agent, class, token or reason of a tool's: the window shows it as a
+        // request that works once, needs no typed target and names no agent.
+        let call = r.call();
+        let plan_hash = match call {
+            Some(call) => call.plan_hash.to_hex(),
+            None => r.plan.hash().map(|h| h.to_hex()).unwrap_or_default(),
+        };
         RequestView {
             id: r.id,
-            agent: shown(&agent_name(&r.client_info)),
-            server: shown(&r.server),
+            agent: shown(&agent_name(call.map_or(&Value::Null, |c| &c.client_info))),
+            server: shown(r.server().unwrap_or_default()),
             tool: shown(&r.plan.tool),
             target: r.plan.target.clone(),
             target_shown: shown(&r.plan.target),
             action: shown(&r.plan.action),
             summary: shown(&r.plan.summary),
             reversible: r.plan.reversible,
-            works_once: r.class.is_single_use(),
-            type_target: r.type_target,
-            token_ttl_ms: r.token_ttl_ms,
+            works_once: call.is_none_or(|c| c.class.is_single_use()),
+            type_target: r.type_target(),
+            token_ttl_ms: call.map_or(0, |c| c.token_ttl_ms),
             arrived_at_ms: r.arrived_at_ms,
             details: shown_details(&r.plan.details),
-            plan_hash: r.plan_hash.to_hex(),
-            change: r.change.as_ref().map(ChangeView::from),
-            why: shown(&r.why),
+            plan_hash,
+            change: r.change().map(ChangeView::from),
+            why: shown(call.map_or("", |c| c.why.as_str())),
             preview: r.preview.as_ref().map(PreviewView::from),
         }
     }
@@ -266,7 +273,7 @@ impl From<&PendingRequest> for RequestView {
 /// The body of the desktop notification for a new request. `markup`: whether the platform's
 /// notification server may read markup (freedesktop servers may; macOS and Windows show text).
 pub fn notification_body(r: &PendingRequest, markup: bool) -> String {
-    if let Some(change) = &r.change {
+    if let Some(change) = r.change() {
         let subject = shown(&change.subject);
         let warning = if subject.flags.is_empty() {
             ""
@@ -284,7 +291,9 @@ pub fn notification_body(r: &PendingRequest, markup: bool) -> String {
         );
     }
     let parts = [
-        shown(&agent_name(&r.client_info)),
+        shown(&agent_name(
+            r.call().map_or(&Value::Null, |c| &c.client_info),
+        )),
         shown(&r.plan.tool),
         shown(&r.plan.target),
     ];
@@ -420,23 +429,25 @@ pub(crate) mod contract {
 mod tests {
     use super::*;
     use countersign_core::{GateClass, Plan};
+    use countersign_engine::{Asks, CallRequest, ChangeRequest};
     use serde_json::json;
 
     fn request(plan: Plan, client_info: Value, server: &str) -> PendingRequest {
         PendingRequest {
             id: 1,
-            tenant: "c".into(),
-            client_info,
-            server: server.into(),
             text: render::plan_text(&plan),
-            plan_hash: plan.hash().unwrap(),
+            asks: Asks::Call(CallRequest {
+                tenant: "c".into(),
+                client_info,
+                server: server.into(),
+                plan_hash: plan.hash().unwrap(),
+                class: GateClass::Once,
+                type_target: false,
+                token_ttl_ms: 600_000,
+                why: "annotations destructiveHint: true".into(),
+            }),
             plan,
-            class: GateClass::Once,
-            type_target: false,
-            token_ttl_ms: 600_000,
             arrived_at_ms: 0,
-            change: None,
-            why: "annotations destructiveHint: true".into(),
             preview: None,
         }
     }
@@ -451,7 +462,10 @@ mod tests {
             origin: "the upstream's tool listing".into(),
         };
         PendingRequest {
-            change: Some(change),
+            asks: Asks::Change(ChangeRequest {
+                change,
+                server: Some("srv".into()),
+            }),
             ..request(plan("srv :: echo", json!({})), Value::Null, "srv")
         }
     }

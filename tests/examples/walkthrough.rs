@@ -63,7 +63,9 @@ async fn preflight_and_click(
                     "(the desk shows request #{} for {:?}; a person clicks Approve)",
                     request.id, request.plan.target
                 );
-                let typed = request.type_target.then_some(request.plan.target.as_str());
+                let typed = request
+                    .type_target()
+                    .then_some(request.plan.target.as_str());
                 clicker.approve(request.id, typed).await.expect("approve");
                 return;
             }

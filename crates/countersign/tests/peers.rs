@@ -206,7 +206,11 @@ async fn python_agent_flow(mode: &str) -> PythonRun {
     assert_eq!(connected["server"], json!("countersign-builtin"));
 
     // The desk knows which agent asks: the SDK's own clientInfo, in either protocol.
-    assert_eq!(request.client_info["name"], json!("mcp"), "{request:?}");
+    assert_eq!(
+        request.call().unwrap().client_info["name"],
+        json!("mcp"),
+        "{request:?}"
+    );
     assert_eq!(request.plan.tool, "execute");
 
     let tools = step(steps, "tools")["tools"].as_array().unwrap();
@@ -329,7 +333,10 @@ async fn python_pair(mode: &str) -> (Vec<(String, Value)>, String) {
     ];
     let (steps, request) = run_python_agent("python_pair.py", &args, click).await;
     assert_eq!(request.plan.tool, "note");
-    assert_eq!(request.class, countersign_core::GateClass::Once);
+    assert_eq!(
+        request.call().unwrap().class,
+        countersign_core::GateClass::Once
+    );
     // Whatever the revision, the flow holds: approved, run once, the replay refused.
     assert_eq!(
         step(&steps, "preflight")["approved"],
@@ -643,9 +650,12 @@ async fn everything_gated_tool_runs_after_approval_once() {
     let preflight = call(&agent, "toggle-subscriber-updates", json!({})).await;
     let request = click.await.unwrap();
     // The desk's name for the server is what it runs, never a name the server or gateway gives.
-    assert_eq!(request.server, s(&server));
+    assert_eq!(request.server(), Some(s(&server)));
     assert_eq!(request.plan.tool, "toggle-subscriber-updates");
-    assert_eq!(request.client_info["name"], json!("peer-agent"));
+    assert_eq!(
+        request.call().unwrap().client_info["name"],
+        json!("peer-agent")
+    );
     assert_ne!(preflight.is_error, Some(true), "{preflight:?}");
     assert!(
         text(&preflight).ends_with("(expires in 10 minutes, works once)"),
@@ -970,7 +980,7 @@ async fn filesystem_write_needs_the_target_typed_then_runs_once() {
     assert_eq!(request.plan.target, s(&file));
     assert!(!request.plan.reversible, "write_file is destructive");
     assert!(
-        request.type_target,
+        request.type_target(),
         "a destructive tool needs its target typed"
     );
     assert!(matches!(

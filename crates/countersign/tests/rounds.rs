@@ -141,7 +141,7 @@ fn create(name: &str) -> Value {
 
 /// Approves `request` as the click does.
 async fn click(desk: &Desk, request: &PendingRequest) {
-    let typed = request.type_target.then(|| request.plan.target.clone());
+    let typed = request.type_target().then(|| request.plan.target.clone());
     desk.engine
         .approve(request.id, typed.as_deref())
         .await
@@ -155,7 +155,10 @@ async fn a_2026_client_retries_with_the_state_after_the_click_and_gets_the_real_
     let args = create("mrtr");
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
     assert_eq!(request.plan.tool, "execute");
-    assert_eq!(request.client_info["name"], json!("modern-agent"));
+    assert_eq!(
+        request.call().unwrap().client_info["name"],
+        json!("modern-agent")
+    );
 
     // The elicitation names the request in the desk; no token anywhere.
     let shown = serde_json::to_value(&ir).unwrap();

@@ -529,7 +529,7 @@ async fn a_tool_relisted_as_reusable_after_the_click_still_runs_once() {
         .engine
         .pending()
         .into_iter()
-        .find(|r| r.change.is_some());
+        .find(|r| r.change().is_some());
     desk.engine.approve(change.unwrap().id, None).await.unwrap();
     let relisted = agent.list_all_tools().await.unwrap();
     let write = relisted.iter().find(|t| t.name == "write").unwrap();

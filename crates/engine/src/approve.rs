@@ -104,7 +104,7 @@ impl Engine {
         let now = self.now();
         // Under the lock only long enough to check the request and claim it: the durable write
         // below must not hold up the queue, the window or any other connection.
-        let (view, arguments) = {
+        let (view, call, arguments) = {
             let mut state = lock(&self.inner.state);
             let rearmed_at_ms = state.rearmed.get(&id).copied().unwrap_or(0);
             let entry = state
@@ -113,15 +113,19 @@ impl Engine {
                 .filter(|e| e.is_waiting() && !e.approving && !e.is_change())
                 .ok_or(ApproveError::NotPending)?;
             let view = &entry.view;
-            if view.type_target && typed_target != Some(view.plan.target.as_str()) {
+            let (Some(call), Some(arguments)) = (view.call(), entry.arguments()) else {
+                return Err(ApproveError::NotPending);
+            };
+            if call.type_target && typed_target != Some(view.plan.target.as_str()) {
                 return Err(ApproveError::TargetNotTyped);
             }
             let wait_ms = self.approve_wait_ms(view.arrived_at_ms.max(rearmed_at_ms), now);
             if wait_ms > 0 {
                 return Err(ApproveError::TooSoon { wait_ms });
             }
+            let taken = (view.clone(), call.clone(), arguments.clone());
             entry.approving = true;
-            (entry.view.clone(), entry.arguments.clone())
+            taken
         };
         // Whatever ends this approve early (a failed write, or the caller dropping it while the
         // write is under way), the request is free to be approved or denied again.
@@ -129,10 +133,10 @@ impl Engine {
         let (answer, claims) = self
             .mint(
                 &key,
-                &view.tenant,
+                &call.tenant,
                 &view.plan,
-                view.plan_hash,
-                view.class,
+                call.plan_hash,
+                call.class,
                 arguments,
                 now,
             )
@@ -252,10 +256,10 @@ impl Engine {
                 kind: EventKind::Denied,
                 tool: entry.view.plan.tool.clone(),
                 target: Some(entry.view.plan.target.clone()),
-                tenant: entry.view.tenant.clone(),
+                tenant: entry.tenant().unwrap_or_default().to_owned(),
                 nonce: None,
                 // A change has no plan a token could bind.
-                plan: (!is_change).then_some(entry.view.plan_hash),
+                plan: entry.view.call().map(|c| c.plan_hash),
                 note,
             };
             if is_change {

@@ -12,20 +12,17 @@
 //! so is how many may wait ([`MAX_PENDING_CHANGES`]): no proposer can grow the queue or the
 //! window's memory without bound.
 
-use countersign_core::PlanHash;
-use countersign_core::canonical;
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_core::{Plan, PlanHash, canonical, render};
+use countersign_store::ToolPin;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
-use countersign_core::telemetry::{ConfirmEvent, EventKind};
-use countersign_core::{GateClass, Plan, render};
-use countersign_store::ToolPin;
-
 use crate::approve::ApproveError;
 use crate::authority::{Engine, lock};
-use crate::queue::{PendingRequest, QueueChange, Removal};
-use crate::state::{Decision, Entry, State};
+use crate::queue::{Asks, ChangeRequest, PendingRequest, QueueChange, Removal};
+use crate::state::{Decision, Entry, Holds, State};
 
 /// The most changes waiting for a person at once. Changes do not count against an agent's
 /// pending requests, and are capped on their own.
@@ -307,8 +304,7 @@ impl Engine {
             .filter(|(_, e)| e.is_waiting() && !e.approving)
             .filter(|(_, e)| {
                 e.view
-                    .change
-                    .as_ref()
+                    .change()
                     .is_some_and(|c| c.kind == kind && c.subject == subject)
             })
             .map(|(id, _)| *id)
@@ -343,7 +339,7 @@ impl Engine {
         }
         let same = state.requests.values().find(|e| {
             e.is_waiting()
-                && e.view.change.as_ref().is_some_and(|c| {
+                && e.view.change().is_some_and(|c| {
                     c.kind == change.kind && c.subject == change.subject && c.after == change.after
                 })
         });
@@ -354,7 +350,7 @@ impl Engine {
             .requests
             .values()
             .filter(|e| e.is_waiting())
-            .filter_map(|e| e.view.change.as_ref())
+            .filter_map(|e| e.view.change())
             .fold((0, 0), |(all, tools), c| {
                 (all + 1, tools + usize::from(c.kind == ChangeKind::Tool))
             });
@@ -395,32 +391,25 @@ impl Engine {
             details: serde_json::json!({ "origin": change.origin }),
             reversible: true,
         };
-        let plan_hash = plan.hash().unwrap_or(PlanHash::from_bytes([0; 32]));
         let view = PendingRequest {
             id,
-            tenant: String::new(),
-            client_info: Value::Null,
-            server: repin.as_ref().map(|p| p.server.clone()).unwrap_or_default(),
             text: render::plan_text(&plan),
             plan,
-            plan_hash,
-            class: GateClass::Once,
-            type_target: false,
-            token_ttl_ms: 0,
             arrived_at_ms: self.now(),
-            change: Some(change),
-            why: String::new(),
             preview: None,
+            asks: Asks::Change(ChangeRequest {
+                change,
+                server: repin.as_ref().map(|p| p.server.clone()),
+            }),
         };
         let (sender, receiver) = watch::channel(None);
         state.requests.insert(
             id,
             Entry {
                 view: view.clone(),
-                arguments: Map::new(),
+                holds: Holds::Change { repin },
                 decision: sender,
                 approving: false,
-                repin,
             },
         );
         Ok((receiver, Some(view)))
@@ -443,7 +432,7 @@ impl Engine {
                 return Err(ApproveError::TooSoon { wait_ms });
             }
             entry.approving = true;
-            (entry.view.clone(), entry.repin.clone())
+            (entry.view.clone(), entry.repin().cloned())
         };
         if let Some(pin) = &repin {
             let pin = ToolPin {

@@ -41,7 +41,7 @@ use serde_json::{Map, Value};
 use crate::answer::Answer;
 use crate::approve::ApproveError;
 use crate::authority::{Engine, lock};
-use crate::queue::PendingRequest;
+use crate::queue::{CallRequest, PendingRequest};
 
 /// The longest a grant lives: eight hours.
 pub const MAX_GRANT_MINUTES: u64 = 8 * 60;
@@ -533,18 +533,16 @@ impl Engine {
     pub(crate) fn widenable(
         &self,
         view: &PendingRequest,
-    ) -> Result<(ToolRule, PlanHash), GrantError> {
-        if view.change.is_some() {
-            return Err(GrantError::Change);
-        }
+    ) -> Result<(ToolRule, PlanHash, CallRequest), GrantError> {
+        let call = view.call().ok_or(GrantError::Change)?;
         let (rule, definition, server) = self
-            .listed_rule(&view.tenant, &view.plan.tool)
+            .listed_rule(&call.tenant, &view.plan.tool)
             .ok_or(GrantError::ToolChanged)?;
-        if server != view.server || rule.class != view.class {
+        if server != call.server || rule.class != call.class {
             return Err(GrantError::ToolChanged);
         }
         grantable(&rule)?;
-        Ok((rule, definition))
+        Ok((rule, definition, call.clone()))
     }
 
     /// A person clicked Approve with a widening: request `id` is approved exactly as
@@ -566,7 +564,7 @@ impl Engine {
                 .ok_or(ApproveError::NotPending)?;
             entry.view.clone()
         };
-        let (_, definition) = self.widenable(&view)?;
+        let (_, definition, call) = self.widenable(&view)?;
         let (kind, minutes, prefix) = match widening {
             Widening::Call { minutes } => (GrantKind::Call, *minutes, None),
             Widening::Prefix { prefix, minutes } => {
@@ -575,7 +573,7 @@ impl Engine {
                 let arguments = lock(&self.inner.state)
                     .requests
                     .get(&id)
-                    .map(|e| e.arguments.clone())
+                    .and_then(|e| e.arguments().cloned())
                     .unwrap_or_default();
                 if !is_under(&view.plan.target, prefix) || !paths_under(&arguments, prefix) {
                     return Err(GrantError::NotUnder);
@@ -604,14 +602,14 @@ impl Engine {
         let mut grant = Grant {
             id: 0,
             kind,
-            server: view.server.clone(),
+            server: call.server.clone(),
             tool: view.plan.tool.clone(),
-            tenant: (kind == GrantKind::Prefix).then(|| view.tenant.clone()),
-            plan: (kind == GrantKind::Call).then_some(view.plan_hash),
+            tenant: (kind == GrantKind::Prefix).then(|| call.tenant.clone()),
+            plan: (kind == GrantKind::Call).then_some(call.plan_hash),
             prefix,
             target: view.plan.target.clone(),
             summary: view.plan.summary.clone(),
-            class: view.class,
+            class: call.class,
             definition,
             request: id,
             granted_at_ms: now,
@@ -639,9 +637,9 @@ impl Engine {
             kind: EventKind::Changed,
             tool: "change:grant".to_owned(),
             target: Some(grant.target.clone()),
-            tenant: view.tenant.clone(),
+            tenant: call.tenant.clone(),
             nonce: None,
-            plan: Some(view.plan_hash),
+            plan: Some(call.plan_hash),
             note: Some(format!(
                 "grant #{number}: {} {scope}, {minutes} minutes, by a click on request #{id}",
                 grant.tool

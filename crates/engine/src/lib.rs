@@ -60,7 +60,7 @@ pub use grants::{
     Widening,
 };
 pub use queue::{
-    HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION, PendingRequest, QueueChange, Queued,
-    Removal, Ticket,
+    Asks, CallRequest, ChangeRequest, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION,
+    PendingRequest, QueueChange, Queued, Removal, Ticket,
 };
 pub use rounds::{MAX_SPENT_STATES, Resumed};

@@ -92,7 +92,7 @@ impl Engine {
         let gone: Vec<u64> = state
             .requests
             .iter()
-            .filter(|(_, e)| e.view.tenant == tenant)
+            .filter(|(_, e)| e.tenant() == Some(tenant))
             .map(|(id, _)| *id)
             .collect();
         let mut withdrawn = Vec::new();
@@ -287,7 +287,7 @@ impl Engine {
             .iter()
             .filter(|(_, e)| e.is_waiting() && !e.approving)
             .filter_map(|(id, e)| {
-                let pin = e.repin.as_ref().filter(|p| p.server == server)?;
+                let pin = e.repin().filter(|p| p.server == server)?;
                 let offered = state.connections.values().any(|c| {
                     c.server == server
                         && c.tools

@@ -18,7 +18,7 @@ use crate::answer::{Answer, ErrorCode};
 use crate::authority::{Engine, error, lock, refused};
 use crate::change::Change;
 use crate::planning::Call;
-use crate::state::{Decision, Entry, State};
+use crate::state::{Decision, Entry, Holds, State};
 
 /// What [`Engine::queue_preflight`] did with a call.
 #[derive(Debug)]
@@ -67,20 +67,48 @@ pub const MAX_PENDING_PER_CONNECTION: usize = 16;
 /// The most requests waiting for a person at once, from every connection together.
 pub const MAX_PENDING: usize = 128;
 
-/// A request waiting for a person, as the window shows it.
+/// A request waiting for a person, as the window shows it: a tool call, or a change to the desk
+/// itself. What both have is here; what only one has is in [`Asks`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PendingRequest {
     /// The queue's id for it.
     pub id: u64,
+    /// For a call, the plan a token would bind. For a change, what names it where a plan is
+    /// expected (history, notifications): tool `change:<kind>`, target its subject; nothing is
+    /// ever minted for it.
+    pub plan: Plan,
+    /// When it arrived, ms since the epoch.
+    pub arrived_at_ms: u64,
+    /// The plan as plain text, exactly as hashed.
+    pub text: String,
+    /// What the call would do, as the desk found it while the request waits: shown, never
+    /// hashed, minted or executed ([`Engine::attach_preview`]). Always `None` for a change.
+    pub preview: Option<countersign_core::preview::Preview>,
+    /// A call, or a change.
+    pub asks: Asks,
+}
+
+/// What a waiting request asks for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Asks {
+    /// A gated tool call: approving it mints a token.
+    Call(CallRequest),
+    /// A change to the desk itself (a server, the policy, a tool's definition): approving it
+    /// mints nothing.
+    Change(ChangeRequest),
+}
+
+/// A gated tool call waiting for a person.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallRequest {
     /// The connection that asked.
     pub tenant: String,
     /// The agent's `clientInfo`, as it sent it.
     pub client_info: Value,
-    /// The server (the gateway's `--name`, or the upstream's name).
+    /// The server identity the desk gave the connection's upstream.
     pub server: String,
-    /// The plan a token would bind.
-    pub plan: Plan,
-    /// Its hash.
+    /// The hash of the plan.
     pub plan_hash: PlanHash,
     /// `token` or `once`.
     pub class: GateClass,
@@ -88,18 +116,48 @@ pub struct PendingRequest {
     pub type_target: bool,
     /// How long a token minted now would live.
     pub token_ttl_ms: u64,
-    /// When it arrived, ms since the epoch.
-    pub arrived_at_ms: u64,
-    /// The plan as plain text, exactly as hashed.
-    pub text: String,
-    /// For a request to change the desk itself (not a tool call): the change. Its `plan` then
-    /// only names it (tool `change:<kind>`, target its subject); nothing is minted for it.
-    pub change: Option<Change>,
     /// Why the tool has its class: the policy line that set it, or its annotations.
     pub why: String,
-    /// What the call would do, as the desk found it while the request waits: shown, never
-    /// hashed, minted or executed ([`Engine::attach_preview`]).
-    pub preview: Option<countersign_core::preview::Preview>,
+}
+
+/// A change to the desk waiting for a person.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChangeRequest {
+    /// The change: what it is, as it is and as it would be.
+    pub change: Change,
+    /// For a tool's changed definition, the server identity whose tool it is.
+    pub server: Option<String>,
+}
+
+impl PendingRequest {
+    /// The call, if it is one.
+    pub fn call(&self) -> Option<&CallRequest> {
+        match &self.asks {
+            Asks::Call(call) => Some(call),
+            Asks::Change(_) => None,
+        }
+    }
+
+    /// The change, if it is one.
+    pub fn change(&self) -> Option<&Change> {
+        match &self.asks {
+            Asks::Change(c) => Some(&c.change),
+            Asks::Call(_) => None,
+        }
+    }
+
+    /// The server it concerns: a call's, or a tool change's (`None` for other changes).
+    pub fn server(&self) -> Option<&str> {
+        match &self.asks {
+            Asks::Call(call) => Some(&call.server),
+            Asks::Change(c) => c.server.as_deref(),
+        }
+    }
+
+    /// Whether approving it needs the target typed (never for a change).
+    pub fn type_target(&self) -> bool {
+        self.call().is_some_and(|c| c.type_target)
+    }
 }
 
 /// Why a request left the queue.
@@ -184,7 +242,7 @@ impl Engine {
             .values()
             .filter(|e| e.is_waiting() && !e.is_change());
         let (mine, all) = waiting.fold((0, 0), |(mine, all), e| {
-            (mine + usize::from(e.view.tenant == tenant), all + 1)
+            (mine + usize::from(e.tenant() == Some(tenant)), all + 1)
         });
         if mine >= MAX_PENDING_PER_CONNECTION {
             Some(format!(
@@ -281,29 +339,29 @@ impl Engine {
                     state.next_id += 1;
                     let view = PendingRequest {
                         id,
-                        tenant: tenant.to_owned(),
-                        client_info,
-                        server,
                         text: render::plan_text(&plan),
                         plan,
-                        plan_hash: hash,
-                        class: rule.class,
-                        type_target: rule.type_target,
-                        token_ttl_ms: ttl,
                         arrived_at_ms: now,
-                        change: None,
-                        why: rule.why.clone(),
                         preview: None,
+                        asks: Asks::Call(CallRequest {
+                            tenant: tenant.to_owned(),
+                            client_info,
+                            server,
+                            plan_hash: hash,
+                            class: rule.class,
+                            type_target: rule.type_target,
+                            token_ttl_ms: ttl,
+                            why: rule.why.clone(),
+                        }),
                     };
                     let (sender, receiver) = watch::channel(None);
                     state.requests.insert(
                         id,
                         Entry {
                             view: view.clone(),
-                            arguments: args,
+                            holds: Holds::Call { arguments: args },
                             decision: sender,
                             approving: false,
-                            repin: None,
                         },
                     );
                     drop(state);

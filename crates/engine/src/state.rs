@@ -35,30 +35,63 @@ pub(crate) enum Decision {
 
 pub(crate) struct Entry {
     pub(crate) view: PendingRequest,
-    pub(crate) arguments: Map<String, Value>,
+    /// What deciding it needs beside what the window shows.
+    pub(crate) holds: Holds,
     pub(crate) decision: watch::Sender<Option<Decision>>,
     /// An approve of it is writing its approval: a second approve or a deny finds it taken.
     pub(crate) approving: bool,
-    /// For a tool's changed definition: the pin that approving it puts in force.
-    pub(crate) repin: Option<ToolPin>,
+}
+
+/// What a queue entry keeps beside its view, by kind: no kind carries the other's fields.
+pub(crate) enum Holds {
+    /// A call: the arguments an approval stores and a confirm executes.
+    Call {
+        /// The arguments, without the confirm fields.
+        arguments: Map<String, Value>,
+    },
+    /// A change: for a tool's changed definition, the pin approving it puts in force.
+    Change {
+        /// The pin, for a tool.
+        repin: Option<ToolPin>,
+    },
 }
 
 impl Entry {
     pub(crate) fn is_change(&self) -> bool {
-        self.view.change.is_some()
+        matches!(self.holds, Holds::Change { .. })
     }
 
     pub(crate) fn is_waiting(&self) -> bool {
         self.decision.borrow().is_none()
     }
 
+    /// The connection that asked, for a call.
+    pub(crate) fn tenant(&self) -> Option<&str> {
+        self.view.call().map(|c| c.tenant.as_str())
+    }
+
+    /// For a call, its arguments.
+    pub(crate) fn arguments(&self) -> Option<&Map<String, Value>> {
+        match &self.holds {
+            Holds::Call { arguments } => Some(arguments),
+            Holds::Change { .. } => None,
+        }
+    }
+
+    /// For a tool's changed definition, the pin approving it puts in force.
+    pub(crate) fn repin(&self) -> Option<&ToolPin> {
+        match &self.holds {
+            Holds::Change { repin } => repin.as_ref(),
+            Holds::Call { .. } => None,
+        }
+    }
+
     /// Whether this is the request of `tenant`'s call of `tool` planned to `hash`: the one key
     /// by which a call re-attaches to, withdraws, finds or previews its request.
     pub(crate) fn is_call(&self, tenant: &str, tool: &str, hash: PlanHash) -> bool {
-        !self.is_change()
-            && self.view.tenant == tenant
-            && self.view.plan.tool == tool
-            && self.view.plan_hash == hash
+        self.view.call().is_some_and(|c| {
+            c.tenant == tenant && c.plan_hash == hash && self.view.plan.tool == tool
+        })
     }
 }
 

@@ -73,7 +73,7 @@ fn changes(engine: &Engine) -> Vec<PendingRequest> {
     engine
         .pending()
         .into_iter()
-        .filter(|r| r.change.is_some())
+        .filter(|r| r.change().is_some())
         .collect()
 }
 
@@ -156,13 +156,13 @@ async fn a_changed_description_refuses_open_and_gated_calls_tool_changed() {
     );
     // The change is queued, with the old and new definitions as sorted, pretty JSON.
     let request = only_change(&d.engine);
-    let change = request.change.unwrap();
+    let change = request.change().unwrap();
     assert_eq!(change.kind, ChangeKind::Tool);
     assert_eq!(change.subject, "srv :: read");
     assert_eq!(change.origin, "the upstream's tool listing");
     assert!(change.summary.contains("description"), "{}", change.summary);
-    let before = change.before.unwrap();
-    let after = change.after.unwrap();
+    let before = change.before.clone().unwrap();
+    let after = change.after.clone().unwrap();
     assert!(
         before.contains("\"description\": \"Reads a file.\""),
         "{before}"
@@ -396,7 +396,7 @@ async fn the_same_change_proposed_again_reattaches_to_the_waiting_one() {
     assert_eq!(waiting.len(), 2, "{waiting:?}");
     let new = waiting
         .iter()
-        .find(|r| r.change.as_ref().unwrap().after.as_deref() == Some("command = \"new\""))
+        .find(|r| r.change().unwrap().after.as_deref() == Some("command = \"new\""))
         .unwrap();
     d.engine.approve(new.id, None).await.unwrap();
     assert_eq!(a.await.unwrap(), ChangeDecision::Approved);
@@ -418,7 +418,10 @@ async fn a_change_needs_no_key_and_mints_nothing_but_waits_out_the_delay() {
     });
     support::until(&engine, || !changes(&engine).is_empty()).await;
     let request = only_change(&engine);
-    assert!(!request.type_target, "a change never needs a typed target");
+    assert!(
+        !request.type_target(),
+        "a change never needs a typed target"
+    );
     assert!(matches!(
         engine.approve(request.id, None).await,
         Err(ApproveError::TooSoon { .. })
@@ -522,7 +525,7 @@ async fn a_tool_new_to_a_pinned_server_is_held_back_until_the_person_accepts_it(
     assert_eq!(refusal(&held), Some(Refusal::ToolChanged), "{held:?}");
     assert_eq!(d.engine.open_call(&tenant, "read").await, Answer::Done);
     let request = only_change(&d.engine);
-    let change = request.change.as_ref().unwrap();
+    let change = request.change().unwrap();
     assert_eq!(change.before, None);
     assert!(
         change.summary.contains("new tool `exfiltrate`"),

@@ -115,7 +115,7 @@ async fn a_preflight_during_a_lock_is_busy_and_queues_nothing_and_after_it_plans
     assert_eq!(pending[0].plan.target, "audit, users");
     assert_eq!(
         s.engine.call_hash(&s.tenant, "execute", &args),
-        Some(pending[0].plan_hash)
+        Some(pending[0].call().unwrap().plan_hash)
     );
 }
 
@@ -203,7 +203,10 @@ async fn sql_sqlite_refuses_is_still_a_plan_the_same_each_time() {
             .preflight(&s.tenant, "execute", &args, Duration::ZERO)
             .await;
         let pending = s.engine.pending();
-        let request = pending.iter().find(|r| Some(r.plan_hash) == first).unwrap();
+        let request = pending
+            .iter()
+            .find(|r| Some(r.call().unwrap().plan_hash) == first)
+            .unwrap();
         assert_eq!(request.plan.target, target, "{sql}");
     }
 }
@@ -334,7 +337,7 @@ async fn one_connection_sending_endless_batches_holds_one_turn_so_another_is_des
     );
     let pending = a.engine.pending();
     assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].tenant, b_tenant);
+    assert_eq!(pending[0].call().unwrap().tenant, b_tenant);
     assert_eq!(pending[0].plan.target, "audit, users");
     // A's batches are each answered busy in the end, none of them a plan.
     let mut from_a = 0;

@@ -109,7 +109,7 @@ async fn approved(
 /// changed annotations is held back until then).
 async fn accept_tool_changes(engine: &Engine) {
     for request in engine.pending() {
-        if request.change.is_some() {
+        if request.change().is_some() {
             engine.approve(request.id, None).await.unwrap();
         }
     }
@@ -335,7 +335,7 @@ async fn destructive_requests_need_the_target_typed() {
         )
         .await;
     let id = d.engine.pending()[0].id;
-    assert!(d.engine.pending()[0].type_target);
+    assert!(d.engine.pending()[0].type_target());
     assert_eq!(
         d.engine.approve(id, None).await,
         Err(ApproveError::TargetNotTyped)

@@ -616,7 +616,7 @@ async fn a_changed_definition_or_a_stricter_class_is_not_covered() {
     relisted[1]["annotations"]["idempotentHint"] = json!(false);
     d.engine.register_tools(&tenant, relisted).await;
     for request in d.engine.pending() {
-        if request.change.is_some() {
+        if request.change().is_some() {
             d.engine.approve(request.id, None).await.unwrap();
         }
     }
@@ -690,7 +690,7 @@ async fn a_change_to_the_desk_is_never_widened() {
         .engine
         .pending()
         .into_iter()
-        .find(|r| r.change.is_some())
+        .find(|r| r.change().is_some())
         .unwrap();
     assert_eq!(
         d.engine

@@ -62,27 +62,41 @@ async fn a_preview_is_shown_with_its_request_and_never_changes_the_plan() {
     let args = json!({"path": "/a.txt", "content": "new\n"});
     let (waiting, request) = queued(&engine, &tenant, "write_file", args.clone()).await;
     assert_eq!(request.preview, None);
-    assert_eq!(request.why, "annotations destructiveHint: true");
+    assert_eq!(
+        request.call().unwrap().why,
+        "annotations destructiveHint: true"
+    );
     let mut changes = engine.subscribe();
     let shown = preview::file("/a.txt", Some("old\n"), None, "new\n");
     assert_eq!(
         engine.call_hash(&tenant, "write_file", &args),
-        Some(request.plan_hash)
+        Some(request.call().unwrap().plan_hash)
     );
-    assert!(engine.awaits_preview(&tenant, "write_file", request.plan_hash));
-    assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, shown.clone()));
+    assert!(engine.awaits_preview(&tenant, "write_file", request.call().unwrap().plan_hash));
+    assert!(engine.attach_preview(
+        &tenant,
+        "write_file",
+        request.call().unwrap().plan_hash,
+        shown.clone()
+    ));
     let Ok(QueueChange::Updated { request: updated }) = changes.recv().await else {
         panic!("the window is told")
     };
     assert_eq!(updated.preview.as_ref(), Some(&shown));
     assert_eq!(
-        updated.plan_hash, request.plan_hash,
+        updated.call().unwrap().plan_hash,
+        request.call().unwrap().plan_hash,
         "the plan is untouched"
     );
     assert_eq!(updated.text, request.text);
-    assert!(!engine.awaits_preview(&tenant, "write_file", request.plan_hash));
+    assert!(!engine.awaits_preview(&tenant, "write_file", request.call().unwrap().plan_hash));
     // The same preview again changes nothing and tells nobody.
-    assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, shown));
+    assert!(engine.attach_preview(
+        &tenant,
+        "write_file",
+        request.call().unwrap().plan_hash,
+        shown
+    ));
     assert!(changes.try_recv().is_err());
     engine.approve(request.id, Some("/a.txt")).await.unwrap();
     assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
@@ -107,7 +121,10 @@ async fn the_preflight_that_queues_a_request_holds_its_ticket_and_one_that_re_at
         (first.id(), first.plan_hash())
     );
     assert_eq!(engine.pending().len(), 1, "one request, not two");
-    assert_eq!(engine.pending()[0].plan_hash, first.plan_hash());
+    assert_eq!(
+        engine.pending()[0].call().unwrap().plan_hash,
+        first.plan_hash()
+    );
     // The ticket names the request a preview lands on, with no second planning of the call.
     let shown = preview::file("/a.txt", None, None, "x");
     assert!(engine.attach_preview(&tenant, "write_file", first.plan_hash(), shown.clone()));
@@ -133,7 +150,12 @@ async fn a_preview_lands_only_on_the_request_of_its_own_call() {
     let args = json!({"path": "/a.txt", "content": "x"});
     let (_waiting, request) = queued(&engine, &mine, "write_file", args.clone()).await;
     let p = Preview::unavailable(Unavailable::ReadFailed, "x");
-    assert!(!engine.attach_preview(&other, "write_file", request.plan_hash, p.clone()));
+    assert!(!engine.attach_preview(
+        &other,
+        "write_file",
+        request.call().unwrap().plan_hash,
+        p.clone()
+    ));
     let elsewhere = engine
         .call_hash(
             &mine,
@@ -155,7 +177,7 @@ async fn a_preview_that_changes_what_is_shown_re_arms_the_approve_delay() {
     let (waiting, request) = queued(&engine, &tenant, "write_file", args).await;
     clock.advance(700);
     let p = Preview::unavailable(Unavailable::TimeLimit, "slow");
-    assert!(engine.attach_preview(&tenant, "write_file", request.plan_hash, p));
+    assert!(engine.attach_preview(&tenant, "write_file", request.call().unwrap().plan_hash, p));
     assert!(matches!(
         engine.approve(request.id, Some("/a.txt")).await,
         Err(ApproveError::TooSoon { .. })
@@ -192,7 +214,7 @@ async fn execute_is_typed_by_the_tables_it_writes_and_its_summary_names_them() {
     let (waiting, request) = queued(&engine, &tenant, "execute", args.clone()).await;
     assert_eq!(request.plan.target, "users");
     assert_eq!(request.plan.summary, "DELETE from users");
-    assert!(request.type_target);
+    assert!(request.type_target());
     assert_eq!(
         engine.approve(request.id, Some("execute")).await,
         Err(ApproveError::TargetNotTyped),

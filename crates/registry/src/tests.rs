@@ -142,7 +142,7 @@ async fn a_change_to_an_existing_server_does_nothing_until_the_person_approves()
     let id = pending_id(&f.engine).await;
     // Shown to the person, and nothing applied yet.
     let request = &f.engine.pending()[0];
-    let change = request.change.as_ref().expect("a change request");
+    let change = request.change().expect("a change request");
     assert!(
         change
             .after
@@ -564,7 +564,7 @@ async fn a_file_edit_is_shown_server_by_server_so_padding_cannot_hide_it() {
     f.registry.check_files();
     pending_id(&f.engine).await;
     let request = &f.engine.pending()[0];
-    let change = request.change.as_ref().unwrap();
+    let change = request.change().unwrap();
     let after = change.after.as_deref().unwrap();
     assert!(after.contains("command: gh-server --evil stdio"), "{after}");
     assert!(after.len() < 1000, "the padding is not shown");
@@ -586,7 +586,7 @@ async fn a_file_edit_too_large_to_show_whole_can_only_be_put_back() {
     f.registry.check_files();
     let id = pending_id(&f.engine).await;
     let summary = f.engine.pending()[0]
-        .change
+        .change()
         .as_ref()
         .unwrap()
         .summary

@@ -55,14 +55,14 @@ fn main() {
                 loop {
                     match changes.recv().await {
                         Ok(QueueChange::Added { request }) => {
-                            let typed = request.type_target.then(|| request.plan.target.clone());
+                            let typed = request.type_target().then(|| request.plan.target.clone());
                             let _ = clicker.approve(request.id, typed.as_deref()).await;
                         }
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                             for request in clicker.pending() {
                                 let typed =
-                                    request.type_target.then(|| request.plan.target.clone());
+                                    request.type_target().then(|| request.plan.target.clone());
                                 let _ = clicker.approve(request.id, typed.as_deref()).await;
                             }
                         }

@@ -169,7 +169,7 @@ pub fn click_approve(engine: &Engine) -> tokio::task::JoinHandle<PendingRequest>
     let mut changes = engine.subscribe();
     tokio::spawn(async move {
         let request = next_request(&mut changes).await;
-        let typed = request.type_target.then(|| request.plan.target.clone());
+        let typed = request.type_target().then(|| request.plan.target.clone());
         engine.approve(request.id, typed.as_deref()).await.unwrap();
         request
     })
