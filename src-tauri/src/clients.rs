@@ -24,7 +24,7 @@ use tauri::State;
 
 use crate::Desk;
 use crate::commands::off_the_ui;
-use crate::view::{Shown, UiError, shown};
+use crate::view::{Shown, UiCode, UiError, shown};
 
 /// In debug builds only: the home directory the desk looks for clients' configurations under,
 /// instead of the account's own (tests point it at a fake home). Absent from release builds.
@@ -43,7 +43,7 @@ fn places() -> Result<Places, UiError> {
                 .flatten()
                 .ok_or_else(|| {
                     UiError::new(
-                        "io",
+                        UiCode::Io,
                         format!(
                             "uid {uid} has no home directory in the password database: no \
                              client configuration can be found"
@@ -182,19 +182,19 @@ pub struct ClientAction {
 }
 
 /// The stable code of an install or uninstall error, for the window to branch on.
-fn code_of(e: &InstallError) -> &'static str {
+fn code_of(e: &InstallError) -> UiCode {
     match e {
-        InstallError::NoConfig { .. } => "no_config",
-        InstallError::Read { .. } | InstallError::Write { .. } => "io",
-        InstallError::Parse { .. } => "bad_config",
-        InstallError::Desk(_) => "internal",
-        InstallError::Refused { code, .. } => code,
-        InstallError::Denied { .. } => "denied",
-        InstallError::ChangedMeanwhile { .. } => "changed_meanwhile",
-        InstallError::NoBackup { .. } => "no_backup",
-        InstallError::EditedSinceInstall { .. } => "edited_since_install",
-        InstallError::BadBackup { .. } => "bad_backup",
-        _ => "internal",
+        InstallError::NoConfig { .. } => UiCode::NoConfig,
+        InstallError::Read { .. } | InstallError::Write { .. } => UiCode::Io,
+        InstallError::Parse { .. } => UiCode::BadConfig,
+        InstallError::Desk(_) => UiCode::Internal,
+        InstallError::Refused { code, .. } => UiCode::from(*code),
+        InstallError::Denied { .. } => UiCode::Denied,
+        InstallError::ChangedMeanwhile { .. } => UiCode::ChangedMeanwhile,
+        InstallError::NoBackup { .. } => UiCode::NoBackup,
+        InstallError::EditedSinceInstall { .. } => UiCode::EditedSinceInstall,
+        InstallError::BadBackup { .. } => UiCode::BadBackup,
+        _ => UiCode::Internal,
     }
 }
 
@@ -216,7 +216,7 @@ fn run(registry: &Registry, id: &str, step: Step) -> Result<ClientAction, UiErro
     let client = clients::ALL
         .into_iter()
         .find(|c| c.id() == id)
-        .ok_or_else(|| UiError::new("bad_request", format!("no client is called {id:?}")))?;
+        .ok_or_else(|| UiError::new(UiCode::BadRequest, format!("no client is called {id:?}")))?;
     let options = Options {
         client,
         path: client.user_config(&places()?),

@@ -15,7 +15,7 @@ use tauri::State;
 
 use crate::Desk;
 use crate::settings::Settings;
-use crate::view::{HistoryRow, RequestView, UiError};
+use crate::view::{HistoryRow, RequestView, UiCode, UiError};
 
 /// Every request waiting for a person.
 #[tauri::command]
@@ -33,7 +33,7 @@ pub(crate) async fn off_the_ui<T: Send + 'static>(
 ) -> Result<T, UiError> {
     tauri::async_runtime::spawn_blocking(work)
         .await
-        .map_err(|e| UiError::new("internal", e.to_string()))?
+        .map_err(|e| UiError::new(UiCode::Internal, e.to_string()))?
 }
 
 /// A person clicked Approve (after the delay, with the target typed where policy asks).
@@ -47,7 +47,7 @@ pub async fn approve(
     // Mint only while the keychain answers (see `check_keychain`).
     if let Some(why) = crate::check_keychain(&app).await {
         return Err(UiError::new(
-            "no_secret",
+            UiCode::NoSecret,
             format!(
                 "Nothing can be approved: {why}. Approvals already given keep working until they \
                  expire. Unlock the keychain (or start its service) and try again."
@@ -95,7 +95,7 @@ async fn history_rows(
     let events = engine
         .history(&filter)
         .await
-        .map_err(|e| UiError::new("store_failed", e.to_string()))?;
+        .map_err(|e| UiError::new(UiCode::StoreFailed, e.to_string()))?;
     let wanted = query.server.filter(|s| !s.is_empty());
     let rows = events
         .iter()
@@ -143,15 +143,15 @@ pub async fn save_settings(
     let settings = view.settings.sanitized();
     // The person's own edit applies directly; an unchanged policy is not saved (nor recorded).
     if view.policy != desk.registry.accepted_text(countersign_registry::POLICY) {
-        Policy::from_toml(&view.policy).map_err(|e| UiError::new("bad_policy", e))?;
+        Policy::from_toml(&view.policy).map_err(|e| UiError::new(UiCode::BadPolicy, e))?;
         desk.registry
             .save_policy_directly(&view.policy)
             .await
-            .map_err(|e| UiError::new("io", e))?;
+            .map_err(|e| UiError::new(UiCode::Io, e))?;
     }
     desk.dirs
         .save_settings(&settings)
-        .map_err(|e| UiError::new("io", e.to_string()))?;
+        .map_err(|e| UiError::new(UiCode::Io, e.to_string()))?;
     desk.engine
         .set_token_ttl_ms(settings.token_minutes * 60_000);
     desk.engine.set_approve_delay_ms(settings.approve_delay_ms);
@@ -166,7 +166,7 @@ pub async fn save_settings(
 #[tauri::command(async)]
 pub fn rotate_secret(desk: State<'_, Desk>) -> Result<(), UiError> {
     desk.rotate_secret()
-        .map_err(|e| UiError::new("no_secret", e))
+        .map_err(|e| UiError::new(UiCode::NoSecret, e))
 }
 
 /// Whether the desk can mint, and what to tell the person if not.

@@ -13,13 +13,13 @@ use tauri::State;
 
 use crate::Desk;
 use crate::commands::off_the_ui;
-use crate::view::{Shown, UiError, agent_name, shown};
+use crate::view::{Shown, UiCode, UiError, agent_name, shown};
 
 impl From<GrantError> for UiError {
     fn from(e: GrantError) -> Self {
         match e {
             GrantError::Approve(e) => e.into(),
-            e => UiError::new(e.code(), e.to_string()),
+            e => UiError::new(UiCode::from(&e), e.to_string()),
         }
     }
 }
@@ -102,7 +102,7 @@ async fn rows(engine: &countersign_engine::Engine) -> Result<Vec<GrantRow>, UiEr
     let grants = engine
         .grants()
         .await
-        .map_err(|e| UiError::new("store_failed", e.to_string()))?;
+        .map_err(|e| UiError::new(UiCode::StoreFailed, e.to_string()))?;
     Ok(grants
         .iter()
         .map(|g| {
@@ -132,7 +132,7 @@ pub async fn approve_widening(
     // Mint only while the keychain answers, as `approve` does.
     if let Some(why) = crate::check_keychain(&app).await {
         return Err(UiError::new(
-            "no_secret",
+            UiCode::NoSecret,
             format!("Nothing can be approved: {why}."),
         ));
     }

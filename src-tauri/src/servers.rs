@@ -22,7 +22,7 @@ use tauri::State;
 
 use crate::Desk;
 use crate::commands::off_the_ui;
-use crate::view::{Shown, UiError, shown};
+use crate::view::{Shown, UiCode, UiError, shown};
 
 /// A string of a registered server, as the window shows it and, when that is safe, as the edit
 /// form is filled with it.
@@ -168,12 +168,12 @@ pub struct ServerForm {
 }
 
 fn bad(message: impl Into<String>) -> UiError {
-    UiError::new("bad_request", message)
+    UiError::new(UiCode::BadRequest, message)
 }
 
 impl From<EditError> for UiError {
     fn from(e: EditError) -> Self {
-        UiError::new(e.code.code(), e.message)
+        UiError::new(UiCode::from(e.code), e.message)
     }
 }
 
@@ -254,13 +254,13 @@ async fn save(registry: &Registry, form: ServerForm) -> Result<(), UiError> {
     match (&current, form.editing) {
         (Some(_), false) => {
             return Err(UiError::new(
-                "exists",
+                UiCode::Exists,
                 format!("a server named {name} is registered already: edit it instead"),
             ));
         }
         (None, true) => {
             return Err(UiError::new(
-                "no_such_server",
+                UiCode::NoSuchServer,
                 format!("no server named {name} is registered (removed meanwhile?)"),
             ));
         }
@@ -436,7 +436,7 @@ mod tests {
         ];
         for f in missing {
             let e = spec_of(form(f.clone()), None).unwrap_err();
-            assert_eq!(e.code, "bad_request", "{f}");
+            assert_eq!(e.code, UiCode::BadRequest, "{f}");
         }
     }
 

@@ -363,14 +363,122 @@ impl HistoryRow {
     }
 }
 
+/// Every code the window may receive in a [`UiError`], and the one place they are spelled:
+/// `ui/contract.json` lists them under `UiCode` (a test checks the two agree), so the window
+/// branches on codes this enum has, never on message text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UiCode {
+    /// No request waits under this id (decided, withdrawn, or never there).
+    NotPending,
+    /// Policy asks for the target typed, and what was typed differs.
+    TargetNotTyped,
+    /// Approve came before the approve delay ended (`wait_ms` says how long is left).
+    TooSoon,
+    /// There is no secret (the keychain is missing or locked): nothing can be minted.
+    NoSecret,
+    /// The records could not be read or written.
+    StoreFailed,
+    /// A change to the desk cannot be widened into a grant.
+    ChangeNotGrantable,
+    /// The tool is destructive (or unannotated): no grant unless policy allows it.
+    Destructive,
+    /// Policy asks for the target typed: no grant unless policy allows it.
+    TypedTarget,
+    /// The tool's definition or class changed since the request was shown.
+    ToolChanged,
+    /// A grant's duration is zero or longer than the most allowed.
+    BadDuration,
+    /// A grant's path prefix is too short or has odd segments.
+    BadPrefix,
+    /// The target is not a path a prefix grant can cover.
+    BadTarget,
+    /// The target, or another path argument, is not under the prefix.
+    NotUnderPrefix,
+    /// As many grants as allowed are live already.
+    TooManyGrants,
+    /// The grant could not be stored.
+    GrantNotStored,
+    /// No live grant has this number.
+    NoSuchGrant,
+    /// The policy text does not parse.
+    BadPolicy,
+    /// A file or directory could not be read or written.
+    Io,
+    /// Anything else on the desk's side.
+    Internal,
+    /// What was asked is malformed or not allowed as asked.
+    BadRequest,
+    /// Add of a server name registered already.
+    Exists,
+    /// No server is registered under this name.
+    NoSuchServer,
+    /// The keychain holding servers' secrets is unavailable.
+    NoKeychain,
+    /// The asking account may not change the registry.
+    AccountNotAllowed,
+    /// The registry could not do it.
+    Failed,
+    /// The client has no configuration file to protect.
+    NoConfig,
+    /// The client's configuration file does not parse.
+    BadConfig,
+    /// The person denied the change.
+    Denied,
+    /// The client's file changed while the change was under way.
+    ChangedMeanwhile,
+    /// No original of the client's file is kept to restore.
+    NoBackup,
+    /// The client's file was edited since it was protected: restoring needs force.
+    EditedSinceInstall,
+    /// The kept original of the client's file is damaged.
+    BadBackup,
+}
+
+#[cfg(test)]
+impl UiCode {
+    /// Every code, in the order of the contract.
+    pub const ALL: [UiCode; 32] = [
+        UiCode::NotPending,
+        UiCode::TargetNotTyped,
+        UiCode::TooSoon,
+        UiCode::NoSecret,
+        UiCode::StoreFailed,
+        UiCode::ChangeNotGrantable,
+        UiCode::Destructive,
+        UiCode::TypedTarget,
+        UiCode::ToolChanged,
+        UiCode::BadDuration,
+        UiCode::BadPrefix,
+        UiCode::BadTarget,
+        UiCode::NotUnderPrefix,
+        UiCode::TooManyGrants,
+        UiCode::GrantNotStored,
+        UiCode::NoSuchGrant,
+        UiCode::BadPolicy,
+        UiCode::Io,
+        UiCode::Internal,
+        UiCode::BadRequest,
+        UiCode::Exists,
+        UiCode::NoSuchServer,
+        UiCode::NoKeychain,
+        UiCode::AccountNotAllowed,
+        UiCode::Failed,
+        UiCode::NoConfig,
+        UiCode::BadConfig,
+        UiCode::Denied,
+        UiCode::ChangedMeanwhile,
+        UiCode::NoBackup,
+        UiCode::EditedSinceInstall,
+        UiCode::BadBackup,
+    ];
+}
+
 /// An error as the window receives it: a stable code to branch on, and a sentence to show.
 #[derive(Debug, Clone, Serialize)]
 pub struct UiError {
-    /// Stable: `not_pending`, `target_not_typed`, `too_soon`, `no_secret`, `store_failed`,
-    /// `bad_policy`, `io`, `internal`; for Settings → Servers, the registry's codes
-    /// (`bad_request`, `no_such_server`, `no_keychain`, `failed`) and `exists` (Add of a name
-    /// registered already).
-    pub code: &'static str,
+    /// Stable: one of [`UiCode`].
+    pub code: UiCode,
     /// For the person.
     pub message: String,
     /// For `too_soon`: how long until the engine accepts an approval, in ms.
@@ -379,7 +487,7 @@ pub struct UiError {
 
 impl UiError {
     /// An error with a code and a message.
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: UiCode, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),
@@ -396,7 +504,56 @@ impl From<countersign_engine::ApproveError> for UiError {
         };
         UiError {
             wait_ms,
-            ..UiError::new(e.code(), e.to_string())
+            ..UiError::new(UiCode::from(&e), e.to_string())
+        }
+    }
+}
+
+impl From<&countersign_engine::ApproveError> for UiCode {
+    fn from(e: &countersign_engine::ApproveError) -> Self {
+        use countersign_engine::ApproveError as E;
+        match e {
+            E::NotPending => UiCode::NotPending,
+            E::TargetNotTyped => UiCode::TargetNotTyped,
+            E::NoSecret(_) => UiCode::NoSecret,
+            E::Store(_) => UiCode::StoreFailed,
+            E::TooSoon { .. } => UiCode::TooSoon,
+            _ => UiCode::Internal,
+        }
+    }
+}
+
+impl From<&countersign_engine::GrantError> for UiCode {
+    fn from(e: &countersign_engine::GrantError) -> Self {
+        use countersign_engine::GrantError as E;
+        match e {
+            E::Approve(e) => UiCode::from(e),
+            E::Change => UiCode::ChangeNotGrantable,
+            E::Destructive => UiCode::Destructive,
+            E::TypedTarget => UiCode::TypedTarget,
+            E::ToolChanged => UiCode::ToolChanged,
+            E::Duration => UiCode::BadDuration,
+            E::Prefix(_) => UiCode::BadPrefix,
+            E::Target(_) => UiCode::BadTarget,
+            E::NotUnder => UiCode::NotUnderPrefix,
+            E::TooMany => UiCode::TooManyGrants,
+            E::NotStored(_) => UiCode::GrantNotStored,
+            E::NoSuchGrant => UiCode::NoSuchGrant,
+            _ => UiCode::Internal,
+        }
+    }
+}
+
+impl From<countersign_wire::RegistryCode> for UiCode {
+    fn from(code: countersign_wire::RegistryCode) -> Self {
+        use countersign_wire::RegistryCode as C;
+        match code {
+            C::NoSuchServer => UiCode::NoSuchServer,
+            C::BadRequest => UiCode::BadRequest,
+            C::NoKeychain => UiCode::NoKeychain,
+            C::AccountNotAllowed => UiCode::AccountNotAllowed,
+            C::Failed => UiCode::Failed,
+            _ => UiCode::Internal,
         }
     }
 }
@@ -495,6 +652,61 @@ mod tests {
     }
 
     #[test]
+    fn every_error_code_the_window_may_receive_is_in_its_contract_and_the_window_branches_on_no_other()
+     {
+        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
+            .expect("contract.json parses");
+        let listed: Vec<String> =
+            serde_json::from_value(contract["UiCode"].clone()).expect("UiCode is in contract.json");
+        let codes: Vec<String> = UiCode::ALL
+            .iter()
+            .map(|c| {
+                serde_json::to_value(c)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            codes, listed,
+            "UiCode and ui/contract.json list the same codes"
+        );
+        for (name, js) in [
+            ("app.js", include_str!("../../ui/app.js")),
+            ("grants.js", include_str!("../../ui/grants.js")),
+            ("clients.js", include_str!("../../ui/clients.js")),
+            ("servers.js", include_str!("../../ui/servers.js")),
+        ] {
+            for code in codes_compared(js) {
+                assert!(
+                    listed.iter().any(|c| c == code),
+                    "{name} branches on `{code}`, which no error carries"
+                );
+            }
+        }
+    }
+
+    /// The codes a script compares an error's `code` with (written `e && e.code === "x"`; a
+    /// key event's `e.code` is not an error's).
+    fn codes_compared(js: &str) -> Vec<&str> {
+        const NEEDLE: &str = "e && e.code === \"";
+        let mut found = Vec::new();
+        let mut rest = js;
+        while let Some(at) = rest.find(NEEDLE) {
+            let tail = &rest[at + NEEDLE.len()..];
+            let Some(end) = tail.find('"') else { break };
+            found.push(&tail[..end]);
+            rest = &tail[end..];
+        }
+        assert!(
+            !found.is_empty() || !js.contains(".code ==="),
+            "an error code compared in another way"
+        );
+        found
+    }
+
+    #[test]
     fn the_window_receives_exactly_the_fields_of_its_contract() {
         let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
             .expect("contract.json parses");
@@ -558,7 +770,7 @@ mod tests {
         let flags = serde_json::to_value([Flag::Bidi, Flag::Invisible, Flag::NonAscii]).unwrap();
         assert_eq!(flags, contract["Flag"]);
         assert_eq!(
-            super::contract::keys(&serde_json::to_value(UiError::new("io", "m")).unwrap()),
+            super::contract::keys(&serde_json::to_value(UiError::new(UiCode::Io, "m")).unwrap()),
             super::contract::expected("UiError")
         );
         let event = ConfirmEvent {

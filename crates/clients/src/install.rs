@@ -17,7 +17,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use countersign_wire::{
-    DeskError, RegistryAnswer, RegistryRequest, SecretText, ServerSpec, Upstream,
+    DeskError, RegistryAnswer, RegistryCode, RegistryRequest, SecretText, ServerSpec, Upstream,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -80,12 +80,12 @@ pub enum InstallError {
     #[error("{0}")]
     Desk(#[from] DeskError),
     /// The desk refused a request.
-    #[error("the desk refused {what}: {message} [{code}]; {consequence}")]
+    #[error("the desk refused {what}: {message} [{}]; {consequence}", code.code())]
     Refused {
         /// What was asked.
         what: String,
         /// The refusal's code.
-        code: &'static str,
+        code: RegistryCode,
         /// Its sentence.
         message: String,
         /// What that means for the file.
@@ -367,7 +367,7 @@ fn take_backup(
         RegistryAnswer::Backup { text: Some(text) } => Backup::from_secret(&text, path).map(Some),
         RegistryAnswer::Refused { code, message } => Err(InstallError::Refused {
             what: what(),
-            code: code.code(),
+            code,
             message,
             consequence: consequence.into(),
         }),
@@ -400,7 +400,7 @@ fn put_backup(
         RegistryAnswer::Done { .. } | RegistryAnswer::Backup { text: None } => Ok(()),
         RegistryAnswer::Refused { code, message } => Err(InstallError::Refused {
             what,
-            code: code.code(),
+            code,
             message,
             consequence: consequence.into(),
         }),
@@ -478,7 +478,7 @@ pub fn install(
         RegistryAnswer::Refused { code, message } => {
             return Err(InstallError::Refused {
                 what: "to list its servers".into(),
-                code: code.code(),
+                code,
                 message,
                 consequence: untouched,
             });
@@ -599,7 +599,7 @@ pub fn install(
             },
             Ok(RegistryAnswer::Refused { code, message }) => InstallError::Refused {
                 what: format!("to register {}", r.name),
-                code: code.code(),
+                code,
                 message,
                 consequence: registered_so_far(&done),
             },
