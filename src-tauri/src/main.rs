@@ -384,6 +384,7 @@ fn run(
     config.token_ttl_ms = settings.token_minutes * 60_000;
     config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;
+    config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
     let engine = match Engine::new(config, key) {
         Ok(engine) => engine,
         Err(e) => {

@@ -110,6 +110,7 @@ async fn main() {
     let mut config = EngineConfig::new(dir.join("desk.sqlite"));
     // The scripted clicker approves at once; a person's window enforces the delay.
     config.approve_delay_ms = 0;
+    config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
     let engine = Engine::new(config, Ok(key)).expect("engine");
     let tenant = {
         let t = engine.connect("builtin".into());

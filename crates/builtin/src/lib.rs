@@ -12,8 +12,11 @@
 //! it in a transaction that is rolled back.
 #![deny(missing_docs)]
 
+mod describe;
 mod read_only;
 pub mod rehearse;
+
+pub use describe::{SqlDescriber, builtin_db, builtin_server};
 
 use std::path::{Path, PathBuf};
 

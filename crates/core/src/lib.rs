@@ -12,6 +12,7 @@
 
 pub mod binding;
 pub mod canonical;
+pub mod describe;
 pub mod diff;
 pub mod gate;
 pub mod ledger;

@@ -188,7 +188,9 @@ fn desk(args: &[String]) -> ! {
         .expect("a Tokio runtime");
     runtime.block_on(async {
         let key = SigningKey::new(&[42; 32]).expect("a 32-byte key");
-        let engine = Engine::new(EngineConfig::new(db), Ok(key)).expect("the engine starts");
+        let mut config = EngineConfig::new(db);
+        config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
+        let engine = Engine::new(config, Ok(key)).expect("the engine starts");
         let served = countersign_session::serve(engine, PathBuf::from(socket))
             .await
             .expect("the desk serves its socket");

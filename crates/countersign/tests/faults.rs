@@ -299,6 +299,7 @@ struct Restartable {
 fn engine_in(dir: &Path) -> Engine {
     let mut config = EngineConfig::new(dir.join("desk.sqlite"));
     config.approve_delay_ms = 0;
+    config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
     Engine::new(config, Ok(SigningKey::new(&[42; 32]).unwrap())).unwrap()
 }
 

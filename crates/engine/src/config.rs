@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use countersign_core::describe::Describer;
 use countersign_core::policy::Policy;
 use countersign_store::StoreOptions;
 
@@ -33,8 +34,12 @@ pub struct EngineConfig {
     /// for as long, and the engine enforces it too, so a script driving the page cannot click
     /// sooner. The desk never sets less than a second; tests below the window may set 0.
     pub approve_delay_ms: u64,
-    /// Where the engine reads the time: [`SystemClock`] unless a test passes a [`ManualClock`].
+    /// Where the engine reads the time: [`SystemClock`] unless a test passes a
+    /// [`crate::ManualClock`].
     pub clock: Arc<dyn Clock>,
+    /// What names the plans of calls whose arguments do not say what they touch (the built-in
+    /// `execute`): `None` describes nothing, and such calls are planned from their arguments.
+    pub describer: Option<Arc<dyn Describer>>,
 }
 
 impl EngineConfig {
@@ -48,6 +53,7 @@ impl EngineConfig {
             window: true,
             approve_delay_ms: DEFAULT_APPROVE_DELAY_MS,
             clock: Arc::new(SystemClock),
+            describer: None,
         }
     }
 }

@@ -8,11 +8,12 @@
 //! while an approve of the request is being written is dropped: the click was made on what was
 //! on screen.
 //!
-//! The built-in `execute` names its plan by SQLite's word (see `countersign_builtin::rehearse`):
-//! its target is every table the SQL writes (and every other effect), its summary the statements'
-//! kinds and tables, so a person approving `DELETE FROM users WHERE id = 7` types `users`. A
-//! policy that sets a target or a summary for it keeps the person's own choice (one that sets
-//! both has nothing described).
+//! A call the configured [`Describer`] knows is named by what it would do (the built-in
+//! `execute`: by SQLite's word, `countersign_builtin::SqlDescriber`): its target is every table
+//! the SQL writes (and every other effect), its summary the statements' kinds and tables, so a
+//! person approving `DELETE FROM users WHERE id = 7` types `users`. A policy that sets a target or
+//! a summary for it keeps the person's own choice (one that sets both has nothing described). The
+//! engine knows no tool itself: it asks the describer.
 //!
 //! Describing is not free: a batch is run and rolled back (up to the rehearsal's time limit and
 //! its wait for a lock), so it never runs on the desk's async workers, where a few hostile calls
@@ -22,14 +23,13 @@
 //! for its connection's turn, then for one of the desk's, asynchronously and up to [`TURN_WAIT`]
 //! in all, then is answered busy. So an agent sending endless batches holds one of the desk's
 //! turns at most, and leaves the other to the rest. A description that stops for a
-//! reason of the moment (the time limit, a lock, an I/O error) is an error answer of the call,
-//! never part of a plan: see `countersign_builtin::rehearse` for what counts as a fact.
+//! reason of the moment (the time limit, a lock, an I/O error: [`NotNow`]) is an error answer of
+//! the call, never part of a plan.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use countersign_builtin::rehearse::{self, Mode, Stopped};
+use countersign_core::describe::{Describer, Description, NotNow};
 use countersign_core::policy::{DEFAULT_SUMMARY, ToolRule};
 use countersign_core::preview::Preview;
 use countersign_core::{Plan, PlanHash};
@@ -53,44 +53,21 @@ pub(super) struct Turn {
 /// How long a call waits for a turn to be described before it is answered busy.
 pub const TURN_WAIT: Duration = Duration::from_secs(10);
 
-/// The identity prefix the desk gives its built-in tools (`builtin:<db path>`).
-const BUILTIN: &str = "builtin:";
-
-/// The database of a built-in server identity, if `server` is one.
-pub fn builtin_db(server: &str) -> Option<&Path> {
-    server
-        .strip_prefix(BUILTIN)
-        .map(Path::new)
-        .filter(|p| p.is_absolute())
-}
-
-/// The SQL of a call that is planned by describing it: the built-in `execute`'s, unless the
-/// policy names both its target and its summary.
-fn to_describe<'a>(
-    server: &'a str,
+/// Whether the call is planned by describing it: the configured describer knows it, and the
+/// policy did not name both its target and its summary (the person's own choice stands).
+fn to_describe(
+    describer: Option<&dyn Describer>,
+    server: &str,
     tool: &str,
     rule: &ToolRule,
-    sql: Option<&'a Value>,
-) -> Option<(&'a Path, &'a str)> {
-    if rule.target.is_some() && rule.summary != DEFAULT_SUMMARY {
-        return None;
-    }
-    match (builtin_db(server), tool, sql) {
-        (Some(db), "execute", Some(Value::String(sql))) => Some((db, sql)),
-        _ => None,
-    }
+    args: &Map<String, Value>,
+) -> bool {
+    let named_by_policy = rule.target.is_some() && rule.summary != DEFAULT_SUMMARY;
+    !named_by_policy && describer.is_some_and(|d| d.describes(server, tool, args))
 }
 
-/// The answer to a call whose SQL could not be described just now: nothing ran, call again.
-fn not_described(stopped: &Stopped) -> Answer {
-    let why = match stopped {
-        Stopped::TimeLimit => format!(
-            "describing it ran past {} s",
-            rehearse::TIME_LIMIT.as_secs()
-        ),
-        Stopped::Busy => "the database was busy: another connection held its lock".to_owned(),
-        _ => "the database could not be opened, read or written".to_owned(),
-    };
+/// The answer to a call that could not be described just now: nothing ran, call again.
+fn not_described(why: &NotNow) -> Answer {
     error(
         ErrorCode::Busy,
         format!(
@@ -129,7 +106,10 @@ impl Engine {
         plan: Plan,
         turn: Result<&Turn, &Arc<Semaphore>>,
     ) -> Result<Plan, Answer> {
-        let Some((db, sql)) = to_describe(server, tool, rule, args.get("sql")) else {
+        let describer = self.inner.config.describer.as_deref();
+        let Some(describer) =
+            describer.filter(|_| to_describe(describer, server, tool, rule, args))
+        else {
             return Ok(plan);
         };
         let _taken = match turn {
@@ -145,10 +125,9 @@ impl Engine {
                 })
             }
         };
-        let described = rehearse::rehearse(db, sql, Mode::Describe);
-        if let Some(stopped) = described.transient() {
-            return Err(not_described(stopped));
-        }
+        let described = describer
+            .describe(server, tool, args)
+            .map_err(|why| not_described(&why))?;
         Ok(described_plan(rule, plan, &described))
     }
 
@@ -162,8 +141,10 @@ impl Engine {
         let state = lock(&self.inner.state);
         state.connections.get(tenant).and_then(|c| {
             let listed = c.tools.get(tool)?;
-            to_describe(&c.server, tool, &listed.rule, arguments.get("sql"))?;
-            Some(Arc::clone(&c.own_turn))
+            let args = arguments.as_object()?;
+            let describer = self.inner.config.describer.as_deref();
+            to_describe(describer, &c.server, tool, &listed.rule, args)
+                .then(|| Arc::clone(&c.own_turn))
         })
     }
 
@@ -236,13 +217,13 @@ impl Engine {
 }
 
 /// `plan` with the target and summary `described` gives, where the policy left them unset.
-fn described_plan(rule: &ToolRule, plan: Plan, described: &rehearse::Described) -> Plan {
+fn described_plan(rule: &ToolRule, plan: Plan, described: &Description) -> Plan {
     let target = match &rule.target {
         Some(_) => plan.target,
-        None => described.target(),
+        None => described.target.clone(),
     };
     let summary = if rule.summary == DEFAULT_SUMMARY {
-        described.summary()
+        described.summary.clone()
     } else {
         plan.summary
     };

@@ -54,7 +54,6 @@ pub use change::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, EngineConfig, EngineError};
-pub use describing::builtin_db;
 pub use grants::{
     GrantError, GrantOffer, MAX_GRANT_MINUTES, MAX_LIVE_GRANTS, MIN_PREFIX_SEGMENTS, PathError,
     Widening,

@@ -34,8 +34,9 @@ async fn setup() -> Setup {
         .unwrap();
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.approve_delay_ms = 0;
+    config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
     let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
-    let tenant = engine.connect(format!("builtin:{}", db.display()));
+    let tenant = engine.connect(countersign_builtin::builtin_server(&db));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())
         .await;

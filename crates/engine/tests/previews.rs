@@ -21,6 +21,7 @@ fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engi
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.approve_delay_ms = delay_ms;
     config.clock = std::sync::Arc::new(clock);
+    config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
     Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap()
 }
 

@@ -28,6 +28,9 @@ use rmcp::ServiceExt;
 
 pub use agent::{RawTools, Session};
 pub use children::Children;
+/// What names the built-in `execute`'s plan by the tables it writes: the describer every host
+/// that serves the built-in tools gives its engine.
+pub use countersign_builtin::SqlDescriber;
 pub use socket::{Options, Served, SocketError, serve, serve_with};
 
 /// Runs one session until the agent goes away, then shuts the upstream down (gracefully: its

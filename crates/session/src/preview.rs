@@ -55,7 +55,7 @@ pub(crate) fn start(
     let Some(args) = arguments.as_object() else {
         return;
     };
-    let job: Job = if let Some(db) = countersign_engine::builtin_db(&server) {
+    let job: Job = if let Some(db) = countersign_builtin::builtin_db(&server) {
         if tool != "execute" {
             return;
         }

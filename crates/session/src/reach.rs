@@ -67,7 +67,9 @@ pub fn command_identity(argv: &[String]) -> String {
 /// gateway is welcomed; nothing is started.
 pub fn identity(reach: &Reach) -> Result<String, Unreached> {
     match reach {
-        Reach::Builtin { db } if Path::new(db).is_absolute() => Ok(format!("builtin:{db}")),
+        Reach::Builtin { db } if Path::new(db).is_absolute() => {
+            Ok(countersign_builtin::builtin_server(Path::new(db)))
+        }
         Reach::Builtin { db } => Err(unreached(
             RefusedCode::BadHello,
             format!("the built-in tools' database must be an absolute path, not {db:?}"),

@@ -47,6 +47,7 @@ fn main() {
         let key = SigningKey::new(&[42; 32]).expect("a 32-byte key");
         let mut config = EngineConfig::new(db);
         config.approve_delay_ms = 0;
+        config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
         let engine = Engine::new(config, Ok(key)).expect("the engine starts");
         if approve {
             let clicker = engine.clone();

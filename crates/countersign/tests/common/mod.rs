@@ -28,6 +28,7 @@ pub async fn desk_with(config: impl FnOnce(&mut EngineConfig)) -> Desk {
     let mut cfg = EngineConfig::new(dir.path().join("desk.sqlite"));
     // Approvals below the window, right after the preflight: no person's delay to wait out.
     cfg.approve_delay_ms = 0;
+    cfg.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
     config(&mut cfg);
     let engine = Engine::new(cfg, Ok(SigningKey::new(&[42; 32]).unwrap())).unwrap();
     let socket = dir.path().join("run/desk.sock");
