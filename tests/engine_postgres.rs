@@ -12,6 +12,7 @@ use countersign_core::token::SigningKey;
 use countersign_core::{Refusal, SpendError};
 use countersign_engine::{Answer, Engine, EngineConfig, QueueChange};
 use countersign_store::{HistoryFilter, Postgres, PostgresOptions, Records};
+use countersign_tests::calls::confirm_args;
 use countersign_tests::postgres::{FaultProxy, shared_database};
 use serde_json::{Value, json};
 
@@ -54,14 +55,6 @@ async fn approved(engine: &Engine, tenant: &str, args: &Value) -> (String, Strin
         Answer::Approved { token, target, .. } => (token, target),
         other => panic!("not approved: {other:?}"),
     }
-}
-
-fn confirm_args(args: &Value, target: &str, token: &str) -> Value {
-    let mut args = args.clone();
-    args["confirm"] = json!(true);
-    args["confirmTarget"] = json!(target);
-    args["confirmToken"] = json!(token);
-    args
 }
 
 fn refusal(answer: &Answer) -> Option<Refusal> {

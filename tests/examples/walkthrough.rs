@@ -15,6 +15,7 @@ use countersign_engine::Answer;
 use countersign_engine::{Engine, EngineConfig, QueueChange};
 use countersign_secret::{KeychainStore, MemoryStore, SecretStore};
 use countersign_store::HistoryFilter;
+use countersign_tests::calls::confirm_args;
 use serde_json::{Value, json};
 
 fn step(title: &str) {
@@ -37,14 +38,6 @@ fn show(response: &Answer) {
         }
         other => println!("{other:?}"),
     }
-}
-
-fn confirm_args(args: &Value, target: &str, token: &str) -> Value {
-    let mut args = args.clone();
-    args["confirm"] = json!(true);
-    args["confirmTarget"] = json!(target);
-    args["confirmToken"] = json!(token);
-    args
 }
 
 /// A preflight, approved by the stand-in for the person's click as soon as it is queued.

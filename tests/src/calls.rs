@@ -24,10 +24,21 @@ pub fn call(
 
 /// `arguments` with the confirm fields of an approved `preflight`: `confirm`, its target and its
 /// token.
-pub fn confirm_of(preflight: &CallToolResult, mut arguments: Value) -> Value {
+pub fn confirm_of(preflight: &CallToolResult, arguments: Value) -> Value {
     let s = preflight.structured_content.as_ref().unwrap();
+    let (target, token) = (&s["confirmTarget"], &s["confirmToken"]);
+    confirm_args(
+        &arguments,
+        target.as_str().unwrap(),
+        token.as_str().unwrap(),
+    )
+}
+
+/// `arguments` with the confirm fields: `confirm`, `target` and `token`.
+pub fn confirm_args(arguments: &Value, target: &str, token: &str) -> Value {
+    let mut arguments = arguments.clone();
     arguments["confirm"] = json!(true);
-    arguments["confirmTarget"] = s["confirmTarget"].clone();
-    arguments["confirmToken"] = s["confirmToken"].clone();
+    arguments["confirmTarget"] = json!(target);
+    arguments["confirmToken"] = json!(token);
     arguments
 }
