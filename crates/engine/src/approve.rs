@@ -55,6 +55,21 @@ impl ApproveError {
     }
 }
 
+/// The history event of a token minted at `at_ms` with `claims` (`note`: how, when not by a
+/// click on the request itself).
+pub(crate) fn issued(claims: Claims, at_ms: u64, note: Option<String>) -> ConfirmEvent {
+    ConfirmEvent {
+        at_ms,
+        kind: EventKind::Issued,
+        tool: claims.tool,
+        target: Some(claims.target),
+        tenant: claims.tenant,
+        nonce: Some(claims.nonce),
+        plan: Some(claims.plan),
+        note,
+    }
+}
+
 /// A request an approve has claimed (`approving`): let go on drop, unless forgotten once the
 /// decision is made.
 struct Claimed<'a> {
@@ -152,17 +167,7 @@ impl Engine {
             };
             entry.decision.send_replace(Some(decision));
         }
-        self.record(ConfirmEvent {
-            at_ms: now,
-            kind: EventKind::Issued,
-            tool: claims.tool,
-            target: Some(claims.target),
-            tenant: claims.tenant,
-            nonce: Some(claims.nonce),
-            plan: Some(claims.plan),
-            note: None,
-        })
-        .await;
+        self.record(issued(claims, now, None)).await;
         self.publish(QueueChange::Removed {
             id,
             reason: Removal::Approved,

@@ -140,6 +140,27 @@ impl Engine {
         }
     }
 
+    /// The history event of `tenant`'s call of `tool` decided before it had a plan (unlisted, a
+    /// changed definition, arguments that cannot be planned): no target, nonce or plan hash.
+    pub(crate) fn unplanned(
+        &self,
+        kind: EventKind,
+        tenant: &str,
+        tool: &str,
+        note: Option<String>,
+    ) -> ConfirmEvent {
+        ConfirmEvent {
+            at_ms: self.now(),
+            kind,
+            tool: tool.to_owned(),
+            target: None,
+            tenant: tenant.to_owned(),
+            nonce: None,
+            plan: None,
+            note,
+        }
+    }
+
     /// Records a gated call refused before verification, and passes its answer on.
     pub(crate) async fn rejected(&self, tenant: &str, tool: &str, answer: Answer) -> Answer {
         if let Answer::Refused {
@@ -152,17 +173,9 @@ impl Engine {
         if let Answer::Error { code, message } = &answer
             && let Some(reason) = code.rejection()
         {
-            self.record(ConfirmEvent {
-                at_ms: self.now(),
-                kind: EventKind::Rejected { reason },
-                tool: tool.to_owned(),
-                target: None,
-                tenant: tenant.to_owned(),
-                nonce: None,
-                plan: None,
-                note: Some(message.clone()),
-            })
-            .await;
+            let kind = EventKind::Rejected { reason };
+            self.record(self.unplanned(kind, tenant, tool, Some(message.clone())))
+                .await;
         }
         answer
     }

@@ -39,7 +39,7 @@ use countersign_store::{Grant, GrantEnd, GrantKind, StoreError};
 use serde_json::{Map, Value};
 
 use crate::answer::Answer;
-use crate::approve::ApproveError;
+use crate::approve::{ApproveError, issued};
 use crate::authority::{Engine, lock};
 use crate::queue::{CallRequest, PendingRequest};
 
@@ -813,21 +813,12 @@ impl Engine {
             .or_default()
             .push((claims.nonce, claims.exp));
         drop(turn);
-        self.record(ConfirmEvent {
-            at_ms: now,
-            kind: EventKind::Issued,
-            tool: claims.tool,
-            target: Some(claims.target),
-            tenant: claims.tenant,
-            nonce: Some(claims.nonce),
-            plan: Some(claims.plan),
-            note: Some(format!(
-                "by grant #{}, granted at {} by a click",
-                grant.id,
-                utc(grant.granted_at_ms)
-            )),
-        })
-        .await;
+        let note = format!(
+            "by grant #{}, granted at {} by a click",
+            grant.id,
+            utc(grant.granted_at_ms)
+        );
+        self.record(issued(claims, now, Some(note))).await;
         Some(answer)
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use countersign_core::Refusal;
 use countersign_core::policy;
-use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
+use countersign_core::telemetry::{EventKind, Rejection};
 use countersign_store::ToolPin;
 use serde_json::Value;
 
@@ -33,19 +33,10 @@ impl Engine {
     /// The session refused a call of `tool` before it reached the engine (the upstream does not
     /// list it): on the record like every other refusal.
     pub async fn record_unlisted(&self, tenant: &str, tool: &str) {
-        self.record(ConfirmEvent {
-            at_ms: self.now(),
-            kind: EventKind::Rejected {
-                reason: Rejection::UnlistedTool,
-            },
-            tool: tool.to_owned(),
-            target: None,
-            tenant: tenant.to_owned(),
-            nonce: None,
-            plan: None,
-            note: None,
-        })
-        .await;
+        let kind = EventKind::Rejected {
+            reason: Rejection::UnlistedTool,
+        };
+        self.record(self.unplanned(kind, tenant, tool, None)).await;
     }
 
     /// A connection was accepted: assign its tenant. `server` is the upstream's identity as the
@@ -336,19 +327,10 @@ impl Engine {
 
     /// A call of a tool whose definition differs from its pin: refused, and on the record.
     pub(crate) async fn tool_changed(&self, tenant: &str, tool: &str) -> Answer {
-        self.record(ConfirmEvent {
-            at_ms: self.now(),
-            kind: EventKind::Refused {
-                refusal: Refusal::ToolChanged,
-            },
-            tool: tool.to_owned(),
-            target: None,
-            tenant: tenant.to_owned(),
-            nonce: None,
-            plan: None,
-            note: None,
-        })
-        .await;
+        let kind = EventKind::Refused {
+            refusal: Refusal::ToolChanged,
+        };
+        self.record(self.unplanned(kind, tenant, tool, None)).await;
         refused(Refusal::ToolChanged)
     }
 }
