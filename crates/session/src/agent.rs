@@ -38,6 +38,14 @@ enum Gate {
     Withheld(String),
 }
 
+/// The gate [`RawTools`] decided for a `tools/call`, and the upstream it decided it on: handed
+/// with the call to the typed handler, which decides nothing again.
+#[derive(Clone)]
+struct Decided {
+    gate: Option<Gate>,
+    live: Live,
+}
+
 /// The server half.
 #[derive(Clone)]
 pub struct Session {
@@ -505,58 +513,44 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let mut result = 'decided: {
-            for _ in 0..3 {
-                let (gate, live) = match self.gate_of(&request.name, &context).await {
-                    Ok(decided) => decided,
-                    Err(e) => break 'decided upstream_gone(e)?,
-                };
-                break 'decided match gate {
-                    Some(Gate::Class(GateClass::Open)) => {
-                        if let Some(refused) = self.open_refused(&request.name).await {
-                            refused
-                        } else {
-                            match self.forward_call(&live, request.clone(), &context).await {
-                                Ok(r) => r,
-                                Err(ForwardError::Answer(e)) => return Err(e),
-                                // Nothing was handed over: gate it again on a new start.
-                                Err(ForwardError::NotSent) => {
-                                    self.upstream.discard(&live).await;
-                                    continue;
-                                }
-                                Err(ForwardError::Lost) => call_lost(&request.name, None),
-                            }
-                        }
-                    }
-                    // Not in the upstream's listing, even after listing again: no annotations, no
-                    // schema, nothing a person could judge. Refused, never sent on ungated.
-                    None => {
-                        self.engine
-                            .record_unlisted(&self.tenant, &request.name)
-                            .await;
-                        unlisted(&request.name)
-                    }
-                    Some(Gate::Class(class)) => {
-                        // The 2026-07-28 flow, where the agent negotiated it or sent its state.
-                        if let Some(response) =
-                            self.rounds(&request, class, &live, &context).await?
-                        {
-                            return Ok(response);
-                        }
-                        self.gated(request.clone(), class, &live, &context).await?
-                    }
-                    Some(Gate::Withheld(reason)) => {
-                        let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
-                            "Countersign does not offer `{}`: {reason}.",
-                            request.name
-                        ))]);
-                        r.structured_content =
-                            Some(json!({ "error": "withheld", "reason": reason }));
-                        r
-                    }
-                };
+        // Only RawTools::handle_request reaches here, with the gate it decided (an open tool's
+        // call it forwards itself): one decision per call, one retry loop, in one handler.
+        let Some(Decided { gate, live }) = context.extensions.get::<Decided>().cloned() else {
+            return Err(ErrorData::internal_error(
+                "a tool call reached the desk's typed handler without its gate",
+                None,
+            ));
+        };
+        let mut result = match gate {
+            Some(Gate::Class(GateClass::Open)) => {
+                return Err(ErrorData::internal_error(
+                    "an open tool's call reached the desk's typed handler",
+                    None,
+                ));
             }
-            upstream_gone(unavailable(Unreached::keeps_exiting()))?
+            // Not in the upstream's listing, even after listing again: no annotations, no
+            // schema, nothing a person could judge. Refused, never sent on ungated.
+            None => {
+                self.engine
+                    .record_unlisted(&self.tenant, &request.name)
+                    .await;
+                unlisted(&request.name)
+            }
+            Some(Gate::Class(class)) => {
+                // The 2026-07-28 flow, where the agent negotiated it or sent its state.
+                if let Some(response) = self.rounds(&request, class, &live, &context).await? {
+                    return Ok(response);
+                }
+                self.gated(request.clone(), class, &live, &context).await?
+            }
+            Some(Gate::Withheld(reason)) => {
+                let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
+                    "Countersign does not offer `{}`: {reason}.",
+                    request.name
+                ))]);
+                r.structured_content = Some(json!({ "error": "withheld", "reason": reason }));
+                r
+            }
         };
         // Results from older upstreams carry no resultType; newer agents require it (rmcp removes
         // it again for older agents).
@@ -766,6 +760,11 @@ impl Service<RoleServer> for RawTools {
                         Err(e) => return upstream_gone(e).map(ServerResult::CallToolResult),
                     };
                     if gate != Some(Gate::Class(GateClass::Open)) {
+                        // Gated, withheld or unlisted: decided here, answered by the typed
+                        // handler through rmcp (its checks of the protocol and of the result
+                        // for the agent's revision), which takes this decision with the call.
+                        let mut context = context;
+                        context.extensions.insert(Decided { gate, live });
                         let req = ClientRequest::CallToolRequest(req);
                         return <Session as Service<RoleServer>>::handle_request(
                             &self.0, req, context,
