@@ -4,6 +4,7 @@
 //! back from the database; and with the server cut mid-spend the confirm is refused
 //! `ledger_unreachable` and can then only be refused `already_used`. Needs `.ci/with-postgres`.
 
+use countersign_core::ServerId;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ fn engine_on(records: Postgres, dir: &tempfile::TempDir) -> Engine {
 }
 
 async fn connect(engine: &Engine) -> String {
-    let tenant = engine.connect("test-server".into());
+    let tenant = engine.connect(ServerId::Command("test-server".into()));
     engine
         .register_tools(&tenant, vec![json!({"name": "execute"})])
         .await;

@@ -9,6 +9,7 @@
 //! approves. Run it with `make run` (inside a D-Bus session with an unlocked keyring), or with
 //! `--in-memory-secret` where there is no keychain.
 
+use countersign_core::ServerId;
 use std::time::Duration;
 
 use countersign_engine::Answer;
@@ -106,12 +107,12 @@ async fn main() {
     config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
     let engine = Engine::new(config, Ok(key)).expect("engine");
     let tenant = {
-        let t = engine.connect("builtin".into());
+        let t = engine.connect(ServerId::Command("builtin".into()));
         engine.set_client_info(&t, json!({"name": "sample-agent", "version": "1.0"}));
         t
     };
     let other = {
-        let t = engine.connect("builtin".into());
+        let t = engine.connect(ServerId::Command("builtin".into()));
         engine.set_client_info(&t, json!({"name": "another-agent", "version": "1.0"}));
         t
     };

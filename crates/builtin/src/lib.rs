@@ -16,7 +16,7 @@ mod describe;
 mod read_only;
 pub mod rehearse;
 
-pub use describe::{SqlDescriber, builtin_db, builtin_server};
+pub use describe::SqlDescriber;
 
 use std::path::{Path, PathBuf};
 

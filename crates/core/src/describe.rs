@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use crate::server::ServerId;
+
 /// What a call does, as its plan names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Description {
@@ -39,15 +41,15 @@ pub enum NotNow {
 
 /// Names the plans of the calls it knows by what they would do.
 pub trait Describer: Send + Sync + fmt::Debug {
-    /// Whether a call of `tool` with `arguments` on the upstream the desk calls `server` is
-    /// planned by describing it. Cheap: no I/O.
-    fn describes(&self, server: &str, tool: &str, arguments: &Map<String, Value>) -> bool;
+    /// Whether a call of `tool` with `arguments` on `server` is planned by describing it.
+    /// Cheap: no I/O.
+    fn describes(&self, server: &ServerId, tool: &str, arguments: &Map<String, Value>) -> bool;
 
     /// Describes the call. May block (it may read a database): the engine runs it off its async
     /// workers, one at a time per connection.
     fn describe(
         &self,
-        server: &str,
+        server: &ServerId,
         tool: &str,
         arguments: &Map<String, Value>,
     ) -> Result<Description, NotNow>;

@@ -9,6 +9,7 @@
 
 mod common;
 
+use countersign_core::ServerId;
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
@@ -470,7 +471,8 @@ async fn spent_states_are_kept_per_connection_and_a_full_list_refuses_rather_tha
         Nonce::from_bytes(bytes)
     };
     let later = u64::MAX;
-    let [a, b, c] = ["a", "b", "c"].map(|server| engine.connect(server.to_owned()));
+    let [a, b, c] =
+        ["a", "b", "c"].map(|server| engine.connect(ServerId::Command(server.to_owned())));
     let (a, b, c) = (a.as_str(), b.as_str(), c.as_str());
     assert!(!engine.spend_request_state("conn-gone", nonce(0), later));
     assert!(engine.spend_request_state(a, nonce(0), later));

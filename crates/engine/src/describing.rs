@@ -32,7 +32,7 @@ use std::time::Duration;
 use countersign_core::describe::{Describer, Description, NotNow};
 use countersign_core::policy::{DEFAULT_SUMMARY, ToolRule};
 use countersign_core::preview::Preview;
-use countersign_core::{Plan, PlanHash};
+use countersign_core::{Plan, PlanHash, ServerId};
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -57,7 +57,7 @@ pub const TURN_WAIT: Duration = Duration::from_secs(10);
 /// policy did not name both its target and its summary (the person's own choice stands).
 fn to_describe(
     describer: Option<&dyn Describer>,
-    server: &str,
+    server: &ServerId,
     tool: &str,
     rule: &ToolRule,
     args: &Map<String, Value>,
@@ -99,7 +99,7 @@ impl Engine {
     /// stops for a reason of the moment is an error.
     pub(super) fn described(
         &self,
-        server: &str,
+        server: &ServerId,
         tool: &str,
         rule: &ToolRule,
         args: &Map<String, Value>,
@@ -143,8 +143,7 @@ impl Engine {
             let listed = c.tools.get(tool)?;
             let args = arguments.as_object()?;
             let describer = self.inner.config.describer.as_deref();
-            to_describe(describer, &c.server, tool, &listed.rule, args)
-                .then(|| Arc::clone(&c.own_turn))
+            to_describe(describer, &c.id, tool, &listed.rule, args).then(|| Arc::clone(&c.own_turn))
         })
     }
 

@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use countersign_core::Refusal;
 use countersign_core::policy;
 use countersign_core::telemetry::{EventKind, Rejection};
+use countersign_core::{Refusal, ServerId};
 use countersign_store::ToolPin;
 use serde_json::Value;
 
@@ -25,9 +25,18 @@ use crate::state::{Connection, Listed, State};
 pub(crate) const MAX_GONE_SERVERS: usize = 4096;
 
 impl Engine {
-    /// The server name of a connection, also after it disconnected (for history).
+    /// The server name of a connection (its [`ServerId::key`]), also after it disconnected (for
+    /// history).
     pub fn server_of(&self, tenant: &str) -> Option<String> {
         lock(&self.inner.state).servers.get(tenant).cloned()
+    }
+
+    /// The upstream of connection `tenant` while it is connected.
+    pub fn server_id_of(&self, tenant: &str) -> Option<ServerId> {
+        lock(&self.inner.state)
+            .connections
+            .get(tenant)
+            .map(|c| c.id.clone())
     }
 
     /// The session refused a call of `tool` before it reached the engine (the upstream does not
@@ -39,17 +48,20 @@ impl Engine {
         self.record(self.unplanned(kind, tenant, tool, None)).await;
     }
 
-    /// A connection was accepted: assign its tenant. `server` is the upstream's identity as the
-    /// desk established it (a registered name, `builtin:<path>`, a URL, or an ad-hoc command
-    /// line): policy is keyed by it and the person sees it. The tenant is the desk's own, random.
-    pub fn connect(&self, server: String) -> String {
+    /// A connection was accepted: assign its tenant. `id` is the upstream as the desk
+    /// established it (a registered server, its built-in tools on a file, a URL, or an ad-hoc
+    /// command line): policy is keyed by it and the person sees it. The tenant is the desk's
+    /// own, random.
+    pub fn connect(&self, id: ServerId) -> String {
         let tenant = format!("conn-{:016x}", rand::random::<u64>());
+        let server = id.key();
         let mut state = lock(&self.inner.state);
         state.servers.insert(tenant.clone(), server.clone());
         state.connections.insert(
             tenant.clone(),
             Connection {
                 client_info: Value::Null,
+                id,
                 server,
                 tools: HashMap::new(),
                 own_turn: Arc::new(tokio::sync::Semaphore::new(1)),

@@ -48,7 +48,7 @@ impl Engine {
         arguments: &Value,
         turn: Option<&describing::Turn>,
     ) -> Result<Call, Answer> {
-        let (rule, client_info, server, own_turn) = {
+        let (rule, client_info, server, id, own_turn) = {
             let state = lock(&self.inner.state);
             let conn = state
                 .connections
@@ -61,6 +61,7 @@ impl Engine {
                     rule.clone(),
                     conn.client_info.clone(),
                     conn.server.clone(),
+                    conn.id.clone(),
                     Arc::clone(&conn.own_turn),
                 ),
                 Some(_) => {
@@ -77,7 +78,7 @@ impl Engine {
         let (args, fields) = policy::split_confirm(arguments).map_err(|e| bad(&e))?;
         let plan = policy::plan(&rule, tool, &args).map_err(|e| bad(&e))?;
         let turn = turn.ok_or(&own_turn);
-        let plan = self.described(&server, tool, &rule, &args, plan, turn)?;
+        let plan = self.described(&id, tool, &rule, &args, plan, turn)?;
         let hash = plan.hash().map_err(|e| bad(&e))?;
         Ok(Call {
             rule,

@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 
-use countersign_core::PlanHash;
 use countersign_core::policy::{Policy, ToolRule};
 use countersign_core::token::{Nonce, SigningKey};
+use countersign_core::{PlanHash, ServerId};
 use countersign_store::{Records, ToolPin};
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
@@ -106,6 +106,9 @@ pub(crate) struct Listed {
 
 pub(crate) struct Connection {
     pub(crate) client_info: Value,
+    /// The upstream, as the desk identifies it.
+    pub(crate) id: ServerId,
+    /// Its key (`ServerId::key`): what policy, pins and grants are keyed by.
     pub(crate) server: String,
     pub(crate) tools: HashMap<String, Listed>,
     /// This connection's one turn to describe SQL, taken before one of the desk's: one agent

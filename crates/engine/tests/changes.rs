@@ -5,6 +5,7 @@
 
 mod support;
 
+use countersign_core::ServerId;
 use std::time::Duration;
 
 use countersign_core::Refusal;
@@ -57,7 +58,7 @@ fn tools_with_write(description: &str) -> Vec<Value> {
 }
 
 async fn connect(engine: &Engine, listing: Vec<Value>) -> String {
-    let tenant = engine.connect("srv".into());
+    let tenant = engine.connect(ServerId::Command("srv".into()));
     engine.register_tools(&tenant, listing).await;
     tenant
 }

@@ -2,6 +2,7 @@
 //! the moment (a lock another connection holds, the time limit) is an error answer of the call,
 //! the same for a preflight, a confirm and a withdraw, and never a plan naming `unknown`.
 
+use countersign_core::ServerId;
 use std::time::Duration;
 
 use countersign_core::Refusal;
@@ -36,7 +37,7 @@ async fn setup() -> Setup {
     config.approve_delay_ms = 0;
     config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
     let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
-    let tenant = engine.connect(countersign_builtin::builtin_server(&db));
+    let tenant = engine.connect(ServerId::Builtin(db.clone()));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())
         .await;
@@ -232,7 +233,7 @@ async fn with_every_turn_to_describe_taken_a_sync_call_is_busy_and_an_async_one_
     // Two databases on one engine, each described by a call that never ends on its own.
     let (s, b) = (setup().await, setup().await);
     let other_db = b.db.clone();
-    let other_tenant = s.engine.connect(format!("builtin:{}", other_db.display()));
+    let other_tenant = s.engine.connect(ServerId::Builtin(other_db.clone()));
     s.engine
         .register_tools(&other_tenant, countersign_builtin::definitions())
         .await;
@@ -287,7 +288,7 @@ async fn one_connection_sending_endless_batches_holds_one_turn_so_another_is_des
                                   SELECT i + 1 FROM n) SELECT count(*) FROM n; DELETE FROM users" });
     // Connection A on one database, connection B on another, one engine.
     let (a, b) = (setup().await, setup().await);
-    let b_tenant = a.engine.connect(format!("builtin:{}", b.db.display()));
+    let b_tenant = a.engine.connect(ServerId::Builtin(b.db.clone()));
     a.engine
         .register_tools(&b_tenant, countersign_builtin::definitions())
         .await;

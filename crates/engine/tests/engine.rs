@@ -3,6 +3,7 @@
 
 mod support;
 
+use countersign_core::ServerId;
 use std::time::Duration;
 
 use countersign_core::token::SigningKey;
@@ -53,7 +54,7 @@ fn tools() -> Vec<Value> {
 
 async fn connect(engine: &Engine) -> String {
     let tenant = {
-        let t = engine.connect("test-server".into());
+        let t = engine.connect(ServerId::Command("test-server".into()));
         engine.set_client_info(&t, json!({"name": "test-agent", "version": "1"}));
         t
     };
@@ -126,7 +127,7 @@ fn refusal(response: &Answer) -> Option<Refusal> {
 async fn classes_follow_annotations_and_confirm_named_tools_are_withheld() {
     let d = desk();
     let tenant = {
-        let t = d.engine.connect("s".into());
+        let t = d.engine.connect(ServerId::Command("s".into()));
         d.engine.set_client_info(&t, json!({}));
         t
     };
@@ -428,7 +429,7 @@ async fn open_and_unknown_tools_are_not_gated_here() {
 #[tokio::test]
 async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one() {
     let d = desk();
-    let tenant = d.engine.connect("s".into());
+    let tenant = d.engine.connect(ServerId::Command("s".into()));
     let append = |idempotent: bool| {
         vec![json!({"name": "append", "annotations": {
             "readOnlyHint": false, "destructiveHint": false, "idempotentHint": idempotent}})]
@@ -474,7 +475,7 @@ async fn a_confirm_is_checked_under_the_stricter_of_recorded_and_current_class()
 #[tokio::test]
 async fn a_name_listed_twice_is_withheld() {
     let d = desk();
-    let tenant = d.engine.connect("s".into());
+    let tenant = d.engine.connect(ServerId::Command("s".into()));
     let twice = vec![
         json!({"name": "write", "annotations": {"readOnlyHint": true}}),
         json!({"name": "write"}),

@@ -2,6 +2,7 @@
 //! the window's click calls it), and every way a later call might try to ride on a grant it is
 //! not covered by. On a real SQLite file; the only click is the engine's approve path.
 
+use countersign_core::ServerId;
 use std::time::Duration;
 
 use countersign_core::policy::Policy;
@@ -63,7 +64,7 @@ fn tools() -> Vec<Value> {
 }
 
 async fn connect(engine: &Engine, server: &str) -> String {
-    let tenant = engine.connect(server.into());
+    let tenant = engine.connect(ServerId::Command(server.into()));
     engine.set_client_info(&tenant, json!({"name": "agent"}));
     engine.register_tools(&tenant, tools()).await;
     tenant
@@ -769,7 +770,7 @@ fn batch_tools() -> Vec<Value> {
 #[tokio::test]
 async fn a_prefix_grant_covers_no_call_with_a_nested_or_file_named_path_outside_the_prefix() {
     let d = desk();
-    let tenant = d.engine.connect("srv".into());
+    let tenant = d.engine.connect(ServerId::Command("srv".into()));
     d.engine.register_tools(&tenant, batch_tools()).await;
     let clicked_call = json!({"path": "/home/a/docs/x", "items": [{"path": "/home/a/docs/y"}]});
     granted(

@@ -1,6 +1,7 @@
 //! Previews on waiting requests and the built-in `execute` named by the tables it writes, driven
 //! as a session and the window would drive the engine.
 
+use countersign_core::ServerId;
 use std::time::Duration;
 
 use countersign_core::preview::{self, Preview, Unavailable};
@@ -26,7 +27,7 @@ fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engi
 }
 
 async fn files(engine: &Engine, server: &str) -> String {
-    let tenant = engine.connect(server.into());
+    let tenant = engine.connect(ServerId::Command(server.into()));
     engine.register_tools(
         &tenant,
         vec![json!({"name": "write_file", "annotations": {"destructiveHint": true},
@@ -194,7 +195,7 @@ async fn a_preview_that_changes_what_is_shown_re_arms_the_approve_delay() {
 }
 
 async fn builtin(engine: &Engine, db: &std::path::Path) -> String {
-    let tenant = engine.connect(format!("builtin:{}", db.display()));
+    let tenant = engine.connect(ServerId::Builtin(db.to_owned()));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())
         .await;

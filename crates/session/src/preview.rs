@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_builtin::rehearse::{self, Mode, Stopped};
-use countersign_core::PlanHash;
 use countersign_core::policy::{PreviewKind, PreviewRecipe};
 use countersign_core::preview::{self, Preview, TableRows, Unavailable};
+use countersign_core::{PlanHash, ServerId};
 use countersign_engine::Engine;
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
@@ -49,13 +49,13 @@ pub(crate) fn start(
     arguments: &Value,
     plan_hash: PlanHash,
 ) {
-    let Some(server) = engine.server_of(tenant) else {
+    let Some(server) = engine.server_id_of(tenant) else {
         return;
     };
     let Some(args) = arguments.as_object() else {
         return;
     };
-    let job: Job = if let Some(db) = countersign_builtin::builtin_db(&server) {
+    let job: Job = if let ServerId::Builtin(db) = &server {
         if tool != "execute" {
             return;
         }
@@ -67,7 +67,7 @@ pub(crate) fn start(
             sql: sql.clone(),
         }
     } else {
-        match engine.policy().recipe(&server, tool) {
+        match engine.policy().recipe(&server.key(), tool) {
             Some(recipe) => Job::Upstream {
                 recipe,
                 upstream: upstream.clone(),

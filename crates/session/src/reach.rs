@@ -8,6 +8,7 @@
 //! from the keychain: never what the gateway says. The prefix keeps a registered name apart from
 //! an ad-hoc command of the same word, so neither shares the other's policy or pinned tools.
 
+use countersign_core::ServerId;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,23 +66,23 @@ pub fn command_identity(argv: &[String]) -> String {
 
 /// The desk's name for what `reach` names, or why it cannot be reached at all. Checked before the
 /// gateway is welcomed; nothing is started.
-pub fn identity(reach: &Reach) -> Result<String, Unreached> {
+pub fn identity(reach: &Reach) -> Result<ServerId, Unreached> {
     match reach {
-        Reach::Builtin { db } if Path::new(db).is_absolute() => {
-            Ok(countersign_builtin::builtin_server(Path::new(db)))
-        }
+        Reach::Builtin { db } if Path::new(db).is_absolute() => Ok(ServerId::Builtin(db.into())),
         Reach::Builtin { db } => Err(unreached(
             RefusedCode::BadHello,
             format!("the built-in tools' database must be an absolute path, not {db:?}"),
         )),
         Reach::Url { url } if url.starts_with("http://") || url.starts_with("https://") => {
-            Ok(url.clone())
+            Ok(ServerId::Url(url.clone()))
         }
         Reach::Url { url } => Err(unreached(
             RefusedCode::BadHello,
             format!("--url takes an http:// or https:// URL, not {url:?}"),
         )),
-        Reach::Command { argv, .. } if !argv.is_empty() => Ok(command_identity(argv)),
+        Reach::Command { argv, .. } if !argv.is_empty() => {
+            Ok(ServerId::Command(command_identity(argv)))
+        }
         Reach::Command { .. } => Err(unreached(RefusedCode::BadHello, "no upstream command")),
         Reach::Server { name } => Err(unreached(
             RefusedCode::NoSuchServer,
@@ -148,7 +149,7 @@ impl Headers {
 pub fn resolve(
     reach: Reach,
     registry: Option<&countersign_registry::Registry>,
-) -> Result<(Reach, Headers, String), Unreached> {
+) -> Result<(Reach, Headers, ServerId), Unreached> {
     let Reach::Server { name } = reach else {
         let identity = identity(&reach)?;
         return Ok((reach, Headers::default(), identity));
@@ -165,7 +166,7 @@ pub fn resolve(
         }
         other => unreached(RefusedCode::UpstreamFailed, other.to_string()),
     })?;
-    let identity = format!("server:{name}");
+    let identity = ServerId::Registered(name.clone());
     let secret_keys = resolved.spec.upstream.secret_keys();
     let secrets: Arc<Vec<_>> = Arc::new(
         resolved
