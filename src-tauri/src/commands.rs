@@ -147,7 +147,13 @@ pub async fn save_settings(
         desk.registry
             .save_policy_directly(&view.policy)
             .await
-            .map_err(|e| UiError::new(UiCode::Io, e))?;
+            .map_err(|e| {
+                let code = match e {
+                    countersign_registry::RegistryError::Invalid { .. } => UiCode::BadPolicy,
+                    _ => UiCode::Io,
+                };
+                UiError::new(code, e.to_string())
+            })?;
     }
     desk.dirs
         .save_settings(&settings)

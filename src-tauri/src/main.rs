@@ -385,7 +385,7 @@ fn run(
     config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;
     config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
-    let engine = match Engine::new(config, key) {
+    let engine = match Engine::new(config, key.map_err(Into::into)) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("countersign-desk: {e}");

@@ -115,7 +115,7 @@ impl Engine {
         if is_change {
             return self.approve_change(id).await;
         }
-        let key = self.key().map_err(ApproveError::NoSecret)?;
+        let key = self.key().map_err(|no| ApproveError::NoSecret(no.why))?;
         let now = self.now();
         // Under the lock only long enough to check the request and claim it: the durable write
         // below must not hold up the queue, the window or any other connection.

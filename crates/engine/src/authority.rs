@@ -13,7 +13,7 @@ use countersign_store::{HistoryFilter, Records, Sqlite, Store, StoreError};
 use tokio::sync::broadcast;
 
 use crate::answer::{Answer, ErrorCode};
-use crate::config::{EngineConfig, EngineError};
+use crate::config::{EngineConfig, EngineError, NoKey};
 use crate::describing;
 use crate::queue::QueueChange;
 use crate::state::{Inner, Live, State};
@@ -68,7 +68,7 @@ impl Engine {
     /// keychain): the engine then runs, queues and shows requests, but mints nothing.
     pub fn new(
         config: EngineConfig,
-        key: Result<SigningKey, String>,
+        key: Result<SigningKey, NoKey>,
     ) -> Result<Engine, EngineError> {
         if let Some(dir) = config
             .store_path
@@ -95,7 +95,7 @@ impl Engine {
     pub fn with_records(
         config: EngineConfig,
         records: Arc<dyn Records>,
-        key: Result<SigningKey, String>,
+        key: Result<SigningKey, NoKey>,
     ) -> Engine {
         let (changes, _) = broadcast::channel(256);
         Engine {

@@ -58,6 +58,29 @@ impl EngineConfig {
     }
 }
 
+/// Why the engine has no signing key (a missing or locked keychain, a secret not yet made): it
+/// runs, queues and shows requests, but mints nothing until a key is set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{why}")]
+pub struct NoKey {
+    /// Why, for the person (never a secret).
+    pub why: String,
+}
+
+impl From<String> for NoKey {
+    fn from(why: String) -> Self {
+        NoKey { why }
+    }
+}
+
+impl From<&str> for NoKey {
+    fn from(why: &str) -> Self {
+        NoKey {
+            why: why.to_owned(),
+        }
+    }
+}
+
 /// The engine could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

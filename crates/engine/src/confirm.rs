@@ -59,7 +59,7 @@ impl Engine {
             Ok(key) => key,
             Err(why) => {
                 return self
-                    .rejected(tenant, tool, error(ErrorCode::NoSecret, why))
+                    .rejected(tenant, tool, error(ErrorCode::NoSecret, why.why))
                     .await;
             }
         };

@@ -584,7 +584,7 @@ impl Engine {
         if !(1..=MAX_GRANT_MINUTES).contains(&minutes) {
             return Err(GrantError::Duration);
         }
-        let key = self.key().map_err(ApproveError::NoSecret)?;
+        let key = self.key().map_err(|no| ApproveError::NoSecret(no.why))?;
         let now = self.now();
         let live = {
             let _turn = self.grants_turn().await;

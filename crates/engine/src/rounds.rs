@@ -9,6 +9,7 @@ use countersign_core::token::Nonce;
 use serde_json::Value;
 
 use crate::authority::{Engine, lock};
+use crate::config::NoKey;
 
 /// What became of a client's retry with a `requestState` ([`Engine::resume_round`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub enum Resumed {
     /// The call cannot be planned now: a preflight of it says why (and queues nothing).
     Unplanned,
     /// There is no secret to open it with: why.
-    NoSecret(String),
+    NoSecret(NoKey),
 }
 
 /// The most used-up `requestState`s of the 2026-07-28 flow one connection keeps until they
@@ -42,7 +43,7 @@ impl Engine {
         plan: PlanHash,
         request: u64,
         round: u32,
-    ) -> Result<String, String> {
+    ) -> Result<String, NoKey> {
         let key = self.key()?;
         let claims = StateClaims {
             tenant: tenant.to_owned(),

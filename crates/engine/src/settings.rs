@@ -5,6 +5,7 @@ use countersign_core::policy::Policy;
 use countersign_core::token::SigningKey;
 
 use crate::authority::Engine;
+use crate::config::NoKey;
 
 impl Engine {
     /// The lifetime of tokens minted from now on.
@@ -62,16 +63,16 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .err()
-            .cloned()
+            .map(|no| no.why.clone())
     }
 
     /// Replaces the signing key (a rotated secret, or one that became available): every token
     /// minted with the old key stops verifying.
-    pub fn set_key(&self, key: Result<SigningKey, String>) {
+    pub fn set_key(&self, key: Result<SigningKey, NoKey>) {
         *self.inner.key.write().unwrap_or_else(|p| p.into_inner()) = key;
     }
 
-    pub(crate) fn key(&self) -> Result<SigningKey, String> {
+    pub(crate) fn key(&self) -> Result<SigningKey, NoKey> {
         self.inner
             .key
             .read()

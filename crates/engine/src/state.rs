@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
 
 use crate::answer::Answer;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, NoKey};
 use crate::queue::{PendingRequest, QueueChange};
 
 #[derive(Debug, Clone)]
@@ -152,7 +152,7 @@ pub(crate) struct Live {
 pub(crate) struct Inner {
     pub(crate) config: EngineConfig,
     pub(crate) live: RwLock<Live>,
-    pub(crate) key: RwLock<Result<SigningKey, String>>,
+    pub(crate) key: RwLock<Result<SigningKey, NoKey>>,
     /// Where the records live.
     pub(crate) store: Arc<dyn Records>,
     /// Held from reading a grant through minting what it covers, and by a revoke: a revoke waits

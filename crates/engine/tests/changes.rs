@@ -13,7 +13,7 @@ use countersign_core::telemetry::EventKind;
 use countersign_core::token::SigningKey;
 use countersign_engine::{
     Answer, ApproveError, Change, ChangeDecision, ChangeKind, Engine, EngineConfig,
-    MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, PendingRequest, QueueChange,
+    MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, NoKey, PendingRequest, QueueChange,
 };
 use countersign_store::HistoryFilter;
 use serde_json::{Value, json};
@@ -29,7 +29,7 @@ fn config(dir: &tempfile::TempDir) -> EngineConfig {
     config
 }
 
-fn key() -> Result<SigningKey, String> {
+fn key() -> Result<SigningKey, NoKey> {
     Ok(SigningKey::new(&[7; 32]).unwrap())
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
-use countersign_engine::{Answer, ErrorCode};
+use countersign_engine::{Answer, ErrorCode, NoKey};
 use countersign_engine::{ApproveError, Engine, EngineConfig, ManualClock, QueueChange, Removal};
 use countersign_store::HistoryFilter;
 use serde_json::{Value, json};
@@ -22,7 +22,7 @@ struct Desk {
     _dir: tempfile::TempDir,
 }
 
-fn desk_with(ttl_ms: u64, key: Result<SigningKey, String>) -> Desk {
+fn desk_with(ttl_ms: u64, key: Result<SigningKey, NoKey>) -> Desk {
     let dir = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
     config.token_ttl_ms = ttl_ms;

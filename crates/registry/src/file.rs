@@ -4,6 +4,7 @@
 //! The desk always writes the same text for the same registry (sorted names and keys, two-space
 //! indent, a final newline), so the text it accepted can be compared with the file byte for byte.
 
+use crate::error::RegistryError;
 use std::collections::BTreeMap;
 
 use countersign_wire::{ServerSpec, check_name};
@@ -23,17 +24,21 @@ pub struct Servers {
 
 impl Servers {
     /// Parses and checks the file's text: every name, command, URL, key and value.
-    pub fn parse(text: &str) -> Result<Servers, String> {
+    pub fn parse(text: &str) -> Result<Servers, RegistryError> {
+        let invalid = |reason: String| RegistryError::Invalid {
+            file: FILE_NAME,
+            reason,
+        };
         // Strict first: a name or key given twice would otherwise be read as its last spelling,
         // and a change could hide behind the first.
         let value = countersign_core::canonical::parse_strict(text)
-            .map_err(|e| format!("{FILE_NAME} is not valid: {e}"))?;
-        let servers: Servers =
-            serde_json::from_value(value).map_err(|e| format!("{FILE_NAME} is not valid: {e}"))?;
+            .map_err(|e| invalid(format!("{FILE_NAME} is not valid: {e}")))?;
+        let servers: Servers = serde_json::from_value(value)
+            .map_err(|e| invalid(format!("{FILE_NAME} is not valid: {e}")))?;
         for (name, spec) in &servers.servers {
-            check_name(name).map_err(|e| format!("{FILE_NAME}: {e}"))?;
+            check_name(name).map_err(|e| invalid(format!("{FILE_NAME}: {e}")))?;
             spec.check()
-                .map_err(|e| format!("{FILE_NAME}: server {name}: {e}"))?;
+                .map_err(|e| invalid(format!("{FILE_NAME}: server {name}: {e}")))?;
         }
         Ok(servers)
     }

@@ -8,6 +8,7 @@ use std::path::Path;
 use countersign_core::policy::Policy;
 use countersign_engine::ChangeKind;
 
+use crate::error::RegistryError;
 use crate::file::{FILE_NAME, Servers};
 
 /// A file whose edits made outside the desk wait for the person's click.
@@ -18,7 +19,7 @@ pub struct Guarded {
     /// The kind of change an edit of it is.
     pub kind: ChangeKind,
     /// Checks a text of it.
-    pub check: fn(&str) -> Result<(), String>,
+    pub check: fn(&str) -> Result<(), RegistryError>,
 }
 
 impl Guarded {
@@ -43,7 +44,14 @@ pub const SERVERS: Guarded = Guarded {
 pub const POLICY: Guarded = Guarded {
     name: "policy.toml",
     kind: ChangeKind::Policy,
-    check: |text| Policy::from_toml(text).map(drop),
+    check: |text| {
+        Policy::from_toml(text)
+            .map(drop)
+            .map_err(|reason| RegistryError::Invalid {
+                file: "policy.toml",
+                reason,
+            })
+    },
 };
 
 /// Whether `text` is shown to a person whole in a change (the window cuts what is longer): what

@@ -16,6 +16,7 @@
 //! What applies is the text the desk last accepted (kept in its SQLite file), never the file as
 //! it is now: the file is the person's view of it, and an edit to it is a proposal.
 
+mod error;
 mod file;
 mod guard;
 mod secrets;
@@ -34,6 +35,7 @@ use countersign_wire::{
 };
 use zeroize::Zeroizing;
 
+pub use error::RegistryError;
 pub use file::{FILE_NAME, Servers};
 pub use guard::{Guarded, POLICY, SERVERS};
 
@@ -139,8 +141,8 @@ impl Registry {
         store_path: &Path,
         items: Result<Arc<dyn Items>, String>,
         engine: Engine,
-    ) -> Result<Registry, String> {
-        let store = Store::open(store_path, StoreOptions::default()).map_err(|e| e.to_string())?;
+    ) -> Result<Registry, RegistryError> {
+        let store = Store::open(store_path, StoreOptions::default())?;
         let registry = Registry {
             inner: Arc::new(Inner {
                 config_dir: config_dir.to_owned(),
@@ -163,8 +165,11 @@ impl Registry {
         self.inner.config_dir.join(guarded.name)
     }
 
-    fn keychain(&self) -> Result<&Arc<dyn Items>, String> {
-        self.inner.items.as_ref().map_err(Clone::clone)
+    fn keychain(&self) -> Result<&Arc<dyn Items>, RegistryError> {
+        self.inner
+            .items
+            .as_ref()
+            .map_err(|why| RegistryError::NoKeychain(why.clone()))
     }
 
     /// The text of `guarded` that applies.
@@ -207,7 +212,7 @@ impl Registry {
                         key: key.clone(),
                         detail,
                     };
-                    let items = self.keychain().map_err(fail)?;
+                    let items = self.keychain().map_err(|e| fail(e.to_string()))?;
                     items
                         .get(&secrets::account(
                             &self.inner.scope,
@@ -292,7 +297,7 @@ impl Registry {
         }
         let items = match self.keychain() {
             Ok(items) => items,
-            Err(e) => return refused(RegistryCode::NoKeychain, e),
+            Err(e) => return refused(RegistryCode::NoKeychain, e.to_string()),
         };
         match op(items, &format!("{}/backup/{key}", self.inner.scope)) {
             Ok(text) => RegistryAnswer::Backup { text },
@@ -305,7 +310,7 @@ impl Registry {
         &self,
         name: &str,
         upstream: &Upstream,
-    ) -> Result<BTreeMap<String, Option<Zeroizing<String>>>, String> {
+    ) -> Result<BTreeMap<String, Option<Zeroizing<String>>>, RegistryError> {
         let keys = upstream.secret_keys();
         if keys.is_empty() {
             return Ok(BTreeMap::new());
@@ -315,7 +320,7 @@ impl Registry {
             .map(|key| {
                 let value = items
                     .get(&secrets::account(&self.inner.scope, name, upstream, key))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| RegistryError::NoKeychain(e.to_string()))?;
                 Ok((key.to_owned(), value))
             })
             .collect()
@@ -338,7 +343,7 @@ impl Registry {
         if !secrets.is_empty()
             && let Err(e) = self.keychain()
         {
-            return refused(RegistryCode::NoKeychain, e);
+            return refused(RegistryCode::NoKeychain, e.to_string());
         }
         let current = {
             let _changing = self.inner.changing.lock().await;
@@ -354,7 +359,7 @@ impl Registry {
         };
         let stored = match self.stored_secrets(&name, &current.upstream) {
             Ok(stored) => stored,
-            Err(e) => return refused(RegistryCode::NoKeychain, e),
+            Err(e) => return refused(RegistryCode::NoKeychain, e.to_string()),
         };
         // Only a spec without secrets can be "the same" at once: answering so for given secret
         // values would tell whoever asks whether they guessed the stored ones.
@@ -550,7 +555,7 @@ impl Registry {
         };
         let stored = self
             .stored_secrets(name, &current.upstream)
-            .map_err(|e| EditError::new(RegistryCode::NoKeychain, e))?;
+            .map_err(|e| EditError::new(RegistryCode::NoKeychain, e.to_string()))?;
         let mut secrets = given.clone();
         for key in missing {
             match stored.get(key).and_then(Option::as_ref) {
@@ -605,7 +610,7 @@ impl Registry {
         if !values.is_empty() {
             let items = self
                 .keychain()
-                .map_err(|e| refused(RegistryCode::NoKeychain, e))?;
+                .map_err(|e| refused(RegistryCode::NoKeychain, e.to_string()))?;
             for (key, value) in values {
                 items
                     .set(
@@ -629,7 +634,7 @@ impl Registry {
             ));
         }
         self.write(SERVERS, &servers.text())
-            .map_err(|e| refused(RegistryCode::Failed, e))?;
+            .map_err(|e| refused(RegistryCode::Failed, e.to_string()))?;
         if let Some(old) = old {
             self.forget_secrets(name, old, Some(spec));
         }
@@ -640,7 +645,7 @@ impl Registry {
         let mut servers = self.servers();
         servers.remove(name);
         self.write(SERVERS, &Servers { servers }.text())
-            .map_err(|e| refused(RegistryCode::Failed, e))?;
+            .map_err(|e| refused(RegistryCode::Failed, e.to_string()))?;
         self.forget_secrets(name, old, None);
         Ok(())
     }
@@ -668,18 +673,19 @@ impl Registry {
     }
 
     /// Records `text` as accepted for `guarded` and writes its file, as one step.
-    fn write(&self, guarded: Guarded, text: &str) -> Result<(), String> {
+    fn write(&self, guarded: Guarded, text: &str) -> Result<(), RegistryError> {
         let _files = lock(&self.inner.files);
-        lock(&self.inner.store)
-            .accept(guarded.name, text, self.inner.engine.now_ms())
-            .map_err(|e| format!("cannot record {}: {e}", guarded.name))?;
-        guard::write_file(&self.path(guarded), text)
-            .map_err(|e| format!("cannot write {}: {e}", self.path(guarded).display()))
+        lock(&self.inner.store).accept(guarded.name, text, self.inner.engine.now_ms())?;
+        let path = self.path(guarded);
+        guard::write_file(&path, text).map_err(|source| RegistryError::Write { path, source })
     }
 
     /// The person saved the policy in the desk's settings view: checked, accepted and applied.
-    pub async fn save_policy_directly(&self, text: &str) -> Result<Policy, String> {
-        let policy = Policy::from_toml(text)?;
+    pub async fn save_policy_directly(&self, text: &str) -> Result<Policy, RegistryError> {
+        let policy = Policy::from_toml(text).map_err(|reason| RegistryError::Invalid {
+            file: POLICY.name,
+            reason,
+        })?;
         self.write(POLICY, text)?;
         self.inner.engine.set_policy(policy.clone());
         self.inner
@@ -695,10 +701,8 @@ impl Registry {
 
     /// At the first start (nothing accepted yet), accepts the file as found, or its default
     /// when it is missing or invalid.
-    fn first_start(&self, guarded: Guarded) -> Result<(), String> {
-        let known = lock(&self.inner.store)
-            .accepted(guarded.name)
-            .map_err(|e| e.to_string())?;
+    fn first_start(&self, guarded: Guarded) -> Result<(), RegistryError> {
+        let known = lock(&self.inner.store).accepted(guarded.name)?;
         if known.is_some() {
             return Ok(());
         }
@@ -713,9 +717,8 @@ impl Registry {
             Err(_) => guarded.default_text(),
         };
         let _files = lock(&self.inner.files);
-        lock(&self.inner.store)
-            .accept(guarded.name, &text, self.inner.engine.now_ms())
-            .map_err(|e| e.to_string())
+        lock(&self.inner.store).accept(guarded.name, &text, self.inner.engine.now_ms())?;
+        Ok(())
     }
 
     /// Compares each guarded file with what was accepted: a file edited outside the desk is
@@ -764,7 +767,7 @@ impl Registry {
             proposed.insert(guarded.name, found.clone());
         }
         // Whether what the person would approve is shown whole is decided on what is shown.
-        let why_not = (guarded.check)(&found).err();
+        let why_not = (guarded.check)(&found).err().map(|e| e.to_string());
         let registry = self.clone();
         tokio::spawn(async move {
             registry

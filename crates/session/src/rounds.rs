@@ -142,10 +142,10 @@ impl Session {
                     &refusal.message(),
                 )));
             }
-            Resumed::NoSecret(why) => {
+            Resumed::NoSecret(no) => {
                 let answer = Answer::Error {
                     code: ErrorCode::NoSecret,
-                    message: why,
+                    message: no.why,
                 };
                 return Ok(complete(from_desk(answer)));
             }
@@ -255,7 +255,7 @@ impl Session {
             Err(why) => {
                 let answer = Answer::Error {
                     code: ErrorCode::NoSecret,
-                    message: why,
+                    message: why.why,
                 };
                 return Ok(complete(from_desk(answer)));
             }
