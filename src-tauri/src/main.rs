@@ -33,7 +33,7 @@ use countersign_core::token::SigningKey;
 use countersign_engine::{Engine, EngineConfig, QueueChange};
 use countersign_registry::Registry;
 use countersign_secret::{
-    Items, KeychainItems, KeychainStore, MemoryItems, MemoryStore, SecretStore,
+    Items, KeychainItems, KeychainStore, MemoryItems, MemoryStore, SecretError, SecretStore,
 };
 use countersign_session as socket;
 use tauri::menu::{Menu, MenuItem};
@@ -324,7 +324,7 @@ fn main() {
                     settings,
                     std::sync::Arc::new(Unavailable(e.to_string())),
                     key,
-                    Err(e.to_string()),
+                    Err(e),
                     open,
                 );
             }
@@ -335,12 +335,11 @@ fn main() {
         eprintln!("countersign-desk: {e}");
     }
     // Registered servers' credentials sit beside the secret: in memory when it is.
-    let items: Result<std::sync::Arc<dyn Items>, String> = if in_memory {
+    let items: Result<std::sync::Arc<dyn Items>, SecretError> = if in_memory {
         Ok(std::sync::Arc::new(MemoryItems::new()))
     } else {
         KeychainItems::open_default()
             .map(|items| std::sync::Arc::new(items) as std::sync::Arc<dyn Items>)
-            .map_err(|e| e.to_string())
     };
     run(dirs, settings, secret, key, items, open)
 }
@@ -376,7 +375,7 @@ fn run(
     settings: Settings,
     secret: std::sync::Arc<dyn SecretStore>,
     key: Result<SigningKey, String>,
-    items: Result<std::sync::Arc<dyn Items>, String>,
+    items: Result<std::sync::Arc<dyn Items>, SecretError>,
     open: Option<u64>,
 ) {
     let window = has_display();

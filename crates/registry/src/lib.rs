@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use countersign_core::policy::Policy;
 use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine, MAX_CHANGE_TEXT_CHARS};
-use countersign_secret::Items;
+use countersign_secret::{Items, SecretError};
 use countersign_store::{Store, StoreOptions};
 use countersign_wire::{
     RegistryAnswer, RegistryCode, RegistryRequest, SecretText, ServerSpec, Setting, Upstream,
@@ -99,7 +99,7 @@ struct Inner {
     scope: String,
     store: Mutex<Store>,
     /// The keychain, or why there is none.
-    items: Result<Arc<dyn Items>, String>,
+    items: Result<Arc<dyn Items>, SecretError>,
     engine: Engine,
     /// Held while the accepted record and its file are read or written together: a check of the
     /// file never sees the record updated and the file not yet.
@@ -139,7 +139,7 @@ impl Registry {
     pub fn open(
         config_dir: &Path,
         store_path: &Path,
-        items: Result<Arc<dyn Items>, String>,
+        items: Result<Arc<dyn Items>, SecretError>,
         engine: Engine,
     ) -> Result<Registry, RegistryError> {
         let store = Store::open(store_path, StoreOptions::default())?;
@@ -169,7 +169,7 @@ impl Registry {
         self.inner
             .items
             .as_ref()
-            .map_err(|why| RegistryError::NoKeychain(why.clone()))
+            .map_err(|why| RegistryError::NoKeychain(why.to_string()))
     }
 
     /// The text of `guarded` that applies.

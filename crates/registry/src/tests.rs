@@ -338,7 +338,9 @@ async fn the_first_start_adopts_the_files_as_found() {
     let registry = Registry::open(
         &dir.path().join("config"),
         &db,
-        Err("no keychain".into()),
+        Err(countersign_secret::SecretError::NoKeychain {
+            detail: "no keychain".into(),
+        }),
         engine,
     )
     .unwrap();
