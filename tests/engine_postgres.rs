@@ -11,7 +11,7 @@ use std::time::Duration;
 use countersign_core::telemetry::EventKind;
 use countersign_core::token::SigningKey;
 use countersign_core::{Refusal, SpendError};
-use countersign_engine::{Answer, Engine, EngineConfig, QueueChange};
+use countersign_engine::{Accepted, Approved, Engine, EngineConfig, QueueChange, Stopped};
 use countersign_store::{HistoryFilter, Postgres, PostgresOptions, Records};
 use countersign_tests::calls::confirm_args;
 use countersign_tests::postgres::{FaultProxy, shared_database};
@@ -34,7 +34,8 @@ async fn connect(engine: &Engine) -> String {
     let tenant = engine.connect(ServerId::Command("test-server".into()));
     engine
         .register_tools(&tenant, vec![json!({"name": "execute"})])
-        .await;
+        .await
+        .unwrap();
     tenant
 }
 
@@ -53,16 +54,13 @@ async fn approved(engine: &Engine, tenant: &str, args: &Value) -> (String, Strin
     let answer = engine.preflight(tenant, "execute", args, WAIT).await;
     click.await.unwrap();
     match answer {
-        Answer::Approved { token, target, .. } => (token, target),
+        Ok(Approved { token, target, .. }) => (token, target),
         other => panic!("not approved: {other:?}"),
     }
 }
 
-fn refusal(answer: &Answer) -> Option<Refusal> {
-    match answer {
-        Answer::Refused { refusal, .. } => Some(*refusal),
-        _ => None,
-    }
+fn refusal<T>(answer: &Result<T, Stopped>) -> Option<Refusal> {
+    answer.as_ref().err().and_then(Stopped::refusal)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,11 +77,11 @@ async fn the_engine_on_postgres_executes_an_approved_once_call_exactly_once() {
     let (token, target) = approved(&engine, &tenant, &args).await;
     let confirm = confirm_args(&args, &target, &token);
     let first = engine.confirm(&tenant, "execute", &confirm).await;
-    let Answer::Accepted { arguments, nonce } = first else {
+    let Ok(Accepted { arguments, nonce }) = first else {
         panic!("not accepted: {first:?}");
     };
     assert_eq!(arguments, args, "what runs is what was approved");
-    engine.outcome(&tenant, &nonce, true, None).await;
+    engine.outcome(&tenant, &nonce, true, None).await.unwrap();
     assert_eq!(
         refusal(&engine.confirm(&tenant, "execute", &confirm).await),
         Some(Refusal::AlreadyUsed)

@@ -472,14 +472,14 @@ fn debug_prints(
             .iter()
             .filter_map(|c| c.as_text().map(|t| t.text.clone()))
             .collect();
-        let answer = countersign_engine::Answer::Approved {
+        let answer = countersign_engine::Approved {
             text,
             token: tokens[i].clone(),
             target: s["confirmTarget"].as_str().unwrap().to_owned(),
             expires_at_ms: 0,
             class: countersign_core::GateClass::Once,
         };
-        add(&format!("engine Answer::Approved {i}"), &answer);
+        add(&format!("engine Approved {i}"), &answer);
     }
     out.into_inner()
 }

@@ -12,8 +12,9 @@
 use countersign_core::ServerId;
 use std::time::Duration;
 
-use countersign_engine::Answer;
-use countersign_engine::{Engine, EngineConfig, QueueChange};
+use countersign_engine::{
+    Accepted, Approved, Engine, EngineConfig, QueueChange, Stopped, ToolDecision,
+};
 use countersign_secret::{KeychainStore, MemoryStore, SecretStore};
 use countersign_store::HistoryFilter;
 use countersign_tests::calls::confirm_args;
@@ -23,22 +24,50 @@ fn step(title: &str) {
     println!("\n\x1b[1m== {title}\x1b[0m");
 }
 
-fn show(response: &Answer) {
-    match response {
-        Answer::Approved { text, .. } => println!("{text}"),
-        Answer::Accepted { arguments, nonce } => {
-            println!(
-                "accepted: the desk hands back the approved arguments {arguments} (nonce {nonce})"
-            )
+/// What the walkthrough prints of one of the engine's answers.
+trait Show {
+    fn show(&self);
+}
+
+impl Show for Approved {
+    fn show(&self) {
+        println!("{}", self.text);
+    }
+}
+
+impl Show for Accepted {
+    fn show(&self) {
+        println!(
+            "accepted: the desk hands back the approved arguments {} (nonce {})",
+            self.arguments, self.nonce
+        );
+    }
+}
+
+impl Show for Vec<ToolDecision> {
+    fn show(&self) {
+        for t in self {
+            println!("  {:<14} {}", t.name, t.class.code());
         }
-        Answer::Refused { refusal, message } => println!("refused [{refusal}]: {message}"),
-        Answer::Classes { tools } => {
-            for t in tools {
-                println!("  {:<14} {}", t.name, t.class.code());
+    }
+}
+
+impl<T: Show> Show for Result<T, Stopped> {
+    fn show(&self) {
+        match self {
+            Ok(answer) => answer.show(),
+            Err(Stopped::Refused { refusal, message }) => {
+                println!("refused [{refusal}]: {message}")
+            }
+            Err(Stopped::Failed { code, message }) => {
+                println!("error [{}]: {message}", code.code())
             }
         }
-        other => println!("{other:?}"),
     }
+}
+
+fn show(response: &impl Show) {
+    response.show();
 }
 
 /// A preflight, approved by the stand-in for the person's click as soon as it is queued.
@@ -71,7 +100,7 @@ async fn preflight_and_click(
     click.await.unwrap();
     show(&response);
     match response {
-        Answer::Approved { token, target, .. } => (token, target),
+        Ok(Approved { token, target, .. }) => (token, target),
         other => panic!("the preflight was not approved: {other:?}"),
     }
 }
@@ -125,7 +154,7 @@ async fn main() {
         json!({"name": "delete_backup", "annotations": {"destructiveHint": true}}),
     ];
     show(&engine.register_tools(&tenant, tools.clone()).await);
-    engine.register_tools(&other, tools).await;
+    engine.register_tools(&other, tools).await.unwrap();
 
     step("An open call (query): forwarded by the gateway at once; the desk is not involved");
 
@@ -151,8 +180,8 @@ async fn main() {
         .confirm(&tenant, "execute", &confirm_args(&sql, &target, &token))
         .await;
     show(&accepted);
-    if let Answer::Accepted { nonce, .. } = &accepted {
-        engine.outcome(&tenant, nonce, true, None).await;
+    if let Ok(Accepted { nonce, .. }) = &accepted {
+        engine.outcome(&tenant, nonce, true, None).await.unwrap();
     }
 
     step("A replay of the same `once` token");

@@ -27,86 +27,103 @@ pub struct ToolDecision {
     pub listed_as: Option<Value>,
 }
 
-/// The engine's answer to one request of a session.
+/// A preflight a person approved (or a grant a click made covered): the token and what it binds.
 #[derive(Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Answer {
-    /// The class of every listed tool.
-    Classes {
-        /// One per listed tool, in the order given.
-        tools: Vec<ToolDecision>,
-    },
-    /// A person approved: the preflight text and the token.
-    Approved {
-        /// The rendered preflight, ending with how to confirm and the token line.
-        text: String,
-        /// The token.
-        token: String,
-        /// The resolved target the token is bound to.
-        target: String,
-        /// When the token expires, in ms since the epoch.
-        expires_at_ms: u64,
-        /// `token` (reusable until expiry) or `once`.
-        class: GateClass,
-    },
-    /// A confirm passed: run these arguments (what the person approved, without the confirm
-    /// fields), then report the outcome under this nonce.
-    Accepted {
-        /// The approved arguments.
-        arguments: Value,
-        /// The token's nonce.
-        nonce: String,
-    },
-    /// A refusal: denied, pending, or one of the verification chain's.
+pub struct Approved {
+    /// The rendered preflight, ending with how to confirm and the token line.
+    pub text: String,
+    /// The token.
+    pub token: String,
+    /// The resolved target the token is bound to.
+    pub target: String,
+    /// When the token expires, in ms since the epoch.
+    pub expires_at_ms: u64,
+    /// `token` (reusable until expiry) or `once`.
+    pub class: GateClass,
+}
+
+impl fmt::Debug for Approved {
+    // An approval carries a live token: never in a log or a panic message.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Approved")
+            .field("token", &"<redacted>")
+            .field("target", &self.target)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .field("class", &self.class)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A confirm that passed: run these arguments (what the person approved, without the confirm
+/// fields), then report the outcome under this nonce ([`crate::Engine::outcome`]).
+#[derive(Clone, PartialEq)]
+pub struct Accepted {
+    /// The approved arguments.
+    pub arguments: Value,
+    /// The token's nonce.
+    pub nonce: String,
+}
+
+impl fmt::Debug for Accepted {
+    // The arguments may hold what the policy marks secret: a panic message never shows them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Accepted")
+            .field("nonce", &self.nonce)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why an operation of a session did not do what it asked: a refusal, with the agent's next
+/// move, or a failure that is not one. Every variant carries a stable code ([`Stopped::code`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stopped {
+    /// Refused: denied, still pending, or one of the verification chain's refusals.
+    #[error("{message}")]
     Refused {
-        /// Which.
+        /// Which refusal.
         refusal: Refusal,
         /// The next move, for the agent.
         message: String,
     },
-    /// Done, nothing to report.
-    Done,
     /// The request could not be handled.
-    Error {
+    #[error("{message}")]
+    Failed {
         /// What kind of failure.
         code: ErrorCode,
-        /// A plain description.
+        /// A plain description, with the next move.
         message: String,
     },
 }
 
-impl fmt::Debug for Answer {
-    // An approval carries a live token: never in a log or a panic message.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Stopped {
+    /// The stable code: the refusal's, or the failure's.
+    pub fn code(&self) -> &'static str {
         match self {
-            Answer::Classes { tools } => f.debug_struct("Classes").field("tools", tools).finish(),
-            Answer::Approved {
-                target,
-                expires_at_ms,
-                class,
-                ..
-            } => f
-                .debug_struct("Approved")
-                .field("token", &"<redacted>")
-                .field("target", target)
-                .field("expires_at_ms", expires_at_ms)
-                .field("class", class)
-                .finish_non_exhaustive(),
-            Answer::Accepted { nonce, .. } => f
-                .debug_struct("Accepted")
-                .field("nonce", nonce)
-                .finish_non_exhaustive(),
-            Answer::Refused { refusal, message } => f
-                .debug_struct("Refused")
-                .field("refusal", refusal)
-                .field("message", message)
-                .finish(),
-            Answer::Done => f.write_str("Done"),
-            Answer::Error { code, message } => f
-                .debug_struct("Error")
-                .field("code", code)
-                .field("message", message)
-                .finish(),
+            Stopped::Refused { refusal, .. } => refusal.code(),
+            Stopped::Failed { code, .. } => code.code(),
+        }
+    }
+
+    /// The refusal, if it is one.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Stopped::Refused { refusal, .. } => Some(*refusal),
+            Stopped::Failed { .. } => None,
+        }
+    }
+
+    /// The failure's code, if it is one.
+    pub fn failure(&self) -> Option<ErrorCode> {
+        match self {
+            Stopped::Failed { code, .. } => Some(*code),
+            Stopped::Refused { .. } => None,
+        }
+    }
+
+    /// The text for the agent (and the person).
+    pub fn message(&self) -> &str {
+        match self {
+            Stopped::Refused { message, .. } | Stopped::Failed { message, .. } => message,
         }
     }
 }
@@ -162,7 +179,7 @@ mod tests {
 
     #[test]
     fn debug_of_an_approval_does_not_leak_the_token() {
-        let a = Answer::Approved {
+        let a = Approved {
             text: "confirmToken: cs1.secret".into(),
             token: "cs1.secret".into(),
             target: "t".into(),
@@ -170,5 +187,31 @@ mod tests {
             class: GateClass::Once,
         };
         assert!(!format!("{a:?}").contains("cs1.secret"));
+    }
+
+    #[test]
+    fn debug_of_an_acceptance_does_not_show_the_arguments() {
+        let a = Accepted {
+            arguments: serde_json::json!({ "password": "hunter2" }),
+            nonce: "00".repeat(16),
+        };
+        assert!(!format!("{a:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_stop_carries_its_code() {
+        let refused = Stopped::Refused {
+            refusal: Refusal::Denied,
+            message: "no".into(),
+        };
+        let failed = Stopped::Failed {
+            code: ErrorCode::Busy,
+            message: "later".into(),
+        };
+        assert_eq!(refused.code(), Refusal::Denied.code());
+        assert_eq!(failed.code(), "busy");
+        assert_eq!(refused.refusal(), Some(Refusal::Denied));
+        assert_eq!(failed.failure(), Some(ErrorCode::Busy));
+        assert_eq!(failed.to_string(), "later");
     }
 }

@@ -11,7 +11,7 @@ use countersign_core::{GateClass, Plan, PlanHash, binding, render};
 use countersign_store::Approval;
 use serde_json::{Map, Value};
 
-use crate::answer::Answer;
+use crate::answer::Approved;
 use crate::authority::{Engine, lock};
 use crate::confirm::bound_of;
 use crate::queue::{QueueChange, Removal};
@@ -189,7 +189,7 @@ impl Engine {
         class: GateClass,
         arguments: Map<String, Value>,
         now: u64,
-    ) -> Result<(Answer, Claims), ApproveError> {
+    ) -> Result<(Approved, Claims), ApproveError> {
         let claims = Claims {
             tool: plan.tool.clone(),
             target: plan.target.clone(),
@@ -229,7 +229,7 @@ impl Engine {
         // The lifetime shown is the token's own, not the setting read again.
         let ttl_ms = claims.exp - claims.iat;
         let text = render::preflight(plan, &token, ttl_ms, class);
-        let answer = Answer::Approved {
+        let answer = Approved {
             text,
             token: token.expose().to_owned(),
             target: claims.target.clone(),

@@ -12,7 +12,7 @@ use countersign_core::token::SigningKey;
 use countersign_store::{HistoryFilter, Records, Sqlite, Store, StoreError};
 use tokio::sync::broadcast;
 
-use crate::answer::{Answer, ErrorCode};
+use crate::answer::{ErrorCode, Stopped};
 use crate::config::{EngineConfig, EngineError, NoKey};
 use crate::describing;
 use crate::queue::QueueChange;
@@ -38,15 +38,15 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub(crate) fn refused(refusal: Refusal) -> Answer {
-    Answer::Refused {
+pub(crate) fn refused(refusal: Refusal) -> Stopped {
+    Stopped::Refused {
         refusal,
         message: refusal.next_move().to_owned(),
     }
 }
 
-pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Answer {
-    Answer::Error {
+pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Stopped {
+    Stopped::Failed {
         code,
         message: message.into(),
     }
@@ -161,23 +161,19 @@ impl Engine {
         }
     }
 
-    /// Records a gated call refused before verification, and passes its answer on.
-    pub(crate) async fn rejected(&self, tenant: &str, tool: &str, answer: Answer) -> Answer {
-        if let Answer::Refused {
-            refusal: Refusal::ToolChanged,
-            ..
-        } = answer
-        {
+    /// Records a gated call refused before verification, and passes why on.
+    pub(crate) async fn rejected(&self, tenant: &str, tool: &str, stopped: Stopped) -> Stopped {
+        if stopped.refusal() == Some(Refusal::ToolChanged) {
             return self.tool_changed(tenant, tool).await;
         }
-        if let Answer::Error { code, message } = &answer
+        if let Stopped::Failed { code, message } = &stopped
             && let Some(reason) = code.rejection()
         {
             let kind = EventKind::Rejected { reason };
             self.record(self.unplanned(kind, tenant, tool, Some(message.clone())))
                 .await;
         }
-        answer
+        stopped
     }
 
     /// Forgets what has expired (spent nonces, approvals) and the oldest history beyond what the

@@ -13,7 +13,7 @@ use countersign_core::verify::{self, Confirm};
 use countersign_store::Approval;
 use serde_json::Value;
 
-use crate::answer::{Answer, ErrorCode};
+use crate::answer::{Accepted, ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, refused};
 use crate::planning::Call;
 
@@ -32,7 +32,12 @@ pub(crate) fn bound_of(approval: &Approval) -> binding::Bound<'_> {
 impl Engine {
     /// A confirm: verify it in the seed's order, spend the nonce for single-use tools, and hand
     /// back the arguments the person approved.
-    pub async fn confirm(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+    pub async fn confirm(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<Accepted, Stopped> {
         self.confirm_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
             .await
     }
@@ -43,8 +48,8 @@ impl Engine {
         &self,
         tenant: &str,
         tool: &str,
-        planned: Result<Call, Answer>,
-    ) -> Answer {
+        planned: Result<Call, Stopped>,
+    ) -> Result<Accepted, Stopped> {
         let Call {
             rule,
             fields,
@@ -53,14 +58,14 @@ impl Engine {
             ..
         } = match planned {
             Ok(call) => call,
-            Err(response) => return self.rejected(tenant, tool, response).await,
+            Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
         };
         let key = match self.key() {
             Ok(key) => key,
             Err(why) => {
-                return self
+                return Err(self
                     .rejected(tenant, tool, error(ErrorCode::NoSecret, why.why))
-                    .await;
+                    .await);
             }
         };
         let key = &key;
@@ -131,7 +136,7 @@ impl Engine {
                     rejected.claims.as_deref(),
                 ))
                 .await;
-                return refused(rejected.refusal);
+                return Err(refused(rejected.refusal));
             }
             Ok(claims) => claims,
         };
@@ -142,10 +147,10 @@ impl Engine {
                     .awaiting_outcome
                     .entry((tenant.to_owned(), claims.nonce))
                     .or_default() += 1;
-                Answer::Accepted {
+                Ok(Accepted {
                     arguments: approval.arguments,
                     nonce: claims.nonce.to_hex(),
-                }
+                })
             }
             Err(refusal) => {
                 if refusal == Refusal::ApprovalAltered {
@@ -153,7 +158,7 @@ impl Engine {
                 }
                 self.record(event(EventKind::Refused { refusal }, Some(&claims)))
                     .await;
-                refused(refusal)
+                Err(refused(refusal))
             }
         }
     }
@@ -173,9 +178,12 @@ impl Engine {
         nonce: &str,
         ok: bool,
         note: Option<String>,
-    ) -> Answer {
+    ) -> Result<(), Stopped> {
         let Some(nonce) = Nonce::from_hex(nonce) else {
-            return error(ErrorCode::BadArguments, "nonce: 32 lowercase hex digits");
+            return Err(error(
+                ErrorCode::BadArguments,
+                "nonce: 32 lowercase hex digits",
+            ));
         };
         {
             let mut state = lock(&self.inner.state);
@@ -186,10 +194,10 @@ impl Engine {
                     state.awaiting_outcome.remove(&key);
                 }
                 None => {
-                    return error(
+                    return Err(error(
                         ErrorCode::BadArguments,
                         "no accepted call of this connection awaits an outcome under this nonce",
-                    );
+                    ));
                 }
             }
         }
@@ -209,6 +217,6 @@ impl Engine {
             note,
         })
         .await;
-        Answer::Done
+        Ok(())
     }
 }

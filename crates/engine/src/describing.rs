@@ -36,7 +36,7 @@ use countersign_core::{Plan, PlanHash, ServerId};
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::answer::{Answer, ErrorCode};
+use crate::answer::{Accepted, ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock};
 use crate::planning::Call;
 use crate::queue::QueueChange;
@@ -67,7 +67,7 @@ fn to_describe(
 }
 
 /// The answer to a call that could not be described just now: nothing ran, call again.
-fn not_described(why: &NotNow) -> Answer {
+fn not_described(why: &NotNow) -> Stopped {
     error(
         ErrorCode::Busy,
         format!(
@@ -79,7 +79,7 @@ fn not_described(why: &NotNow) -> Answer {
 }
 
 /// The answer to a call that found every turn to describe SQL taken for [`TURN_WAIT`].
-fn no_turn() -> Answer {
+fn no_turn() -> Stopped {
     error(
         ErrorCode::Busy,
         format!(
@@ -105,7 +105,7 @@ impl Engine {
         args: &Map<String, Value>,
         plan: Plan,
         turn: Result<&Turn, &Arc<Semaphore>>,
-    ) -> Result<Plan, Answer> {
+    ) -> Result<Plan, Stopped> {
         let describer = self.inner.config.describer.as_deref();
         let Some(describer) =
             describer.filter(|_| to_describe(describer, server, tool, rule, args))
@@ -155,7 +155,7 @@ impl Engine {
         tenant: &str,
         tool: &str,
         arguments: &Value,
-    ) -> Result<Call, Answer> {
+    ) -> Result<Call, Stopped> {
         let Some(own) = self.describes(tenant, tool, arguments) else {
             return self.plan_call(tenant, tool, arguments);
         };
@@ -192,13 +192,23 @@ impl Engine {
     }
 
     /// [`Engine::confirm`] from async code: described off the async workers (see [`Self::plan_aside`]).
-    pub async fn confirm_aside(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+    pub async fn confirm_aside(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<Accepted, Stopped> {
         let planned = self.plan_aside(tenant, tool, arguments).await;
         self.confirm_planned(tenant, tool, planned).await
     }
 
     /// [`Engine::withdraw`] from async code: described off the async workers.
-    pub async fn withdraw_aside(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+    pub async fn withdraw_aside(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<(), Stopped> {
         let planned = self.plan_aside(tenant, tool, arguments).await;
         self.withdraw_planned(tenant, tool, planned)
     }

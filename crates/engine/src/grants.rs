@@ -38,7 +38,7 @@ use countersign_core::{GateClass, Plan, PlanHash, binding, render};
 use countersign_store::{Grant, GrantEnd, GrantKind, StoreError};
 use serde_json::{Map, Value};
 
-use crate::answer::Answer;
+use crate::answer::Approved;
 use crate::approve::{ApproveError, issued};
 use crate::authority::{Engine, lock};
 use crate::queue::{CallRequest, PendingRequest};
@@ -744,7 +744,7 @@ impl Engine {
         plan: &Plan,
         hash: PlanHash,
         arguments: &Map<String, Value>,
-    ) -> Option<Answer> {
+    ) -> Option<Approved> {
         let (rule, definition, server) = self.listed_rule(tenant, &plan.tool)?;
         grantable(&rule).ok()?;
         let key = self.key().ok()?;

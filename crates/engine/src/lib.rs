@@ -45,7 +45,7 @@ mod rounds;
 mod settings;
 mod state;
 
-pub use answer::{Answer, ErrorCode, ToolDecision};
+pub use answer::{Accepted, Approved, ErrorCode, Stopped, ToolDecision};
 pub use approve::ApproveError;
 pub use authority::Engine;
 pub use change::{

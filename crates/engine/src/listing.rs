@@ -15,7 +15,7 @@ use countersign_core::{Refusal, ServerId};
 use countersign_store::ToolPin;
 use serde_json::Value;
 
-use crate::answer::{Answer, ErrorCode, ToolDecision};
+use crate::answer::{ErrorCode, Stopped, ToolDecision};
 use crate::authority::{Engine, error, lock, refused};
 use crate::change::{self, Change, ChangeKind};
 use crate::queue::{QueueChange, Removal};
@@ -122,14 +122,18 @@ impl Engine {
     /// to a server already pinned, keeps being listed, but its calls are refused `tool_changed`
     /// and the change is queued for the person (once: the same definition proposed again
     /// re-attaches). A tool no longer listed just goes; its pin stays.
-    pub async fn register_tools(&self, tenant: &str, tools: Vec<Value>) -> Answer {
+    pub async fn register_tools(
+        &self,
+        tenant: &str,
+        tools: Vec<Value>,
+    ) -> Result<Vec<ToolDecision>, Stopped> {
         let policy = self.policy();
         let Some(server) = lock(&self.inner.state)
             .connections
             .get(tenant)
             .map(|c| c.server.clone())
         else {
-            return error(ErrorCode::NotIntroduced, "unknown connection");
+            return Err(error(ErrorCode::NotIntroduced, "unknown connection"));
         };
         // A name listed twice could be read one way and called the other: offer neither.
         let mut seen = HashMap::<&str, usize>::new();
@@ -174,7 +178,7 @@ impl Engine {
         let mut decisions = Vec::with_capacity(tools.len());
         let mut state = lock(&self.inner.state);
         let Some(conn) = state.connections.get_mut(tenant) else {
-            return error(ErrorCode::NotIntroduced, "unknown connection");
+            return Err(error(ErrorCode::NotIntroduced, "unknown connection"));
         };
         conn.tools.clear();
         for tool in &tools {
@@ -278,7 +282,7 @@ impl Engine {
                 request: Box::new(view),
             });
         }
-        Answer::Classes { tools: decisions }
+        Ok(decisions)
     }
 
     /// Waiting tool changes of `server` that no connection of it lists any more (the tool went
@@ -303,10 +307,10 @@ impl Engine {
     }
 
     /// Whether an open tool's call may go to the upstream: the engine knows the connection, the
-    /// tool is listed, and its definition is the pinned one. [`Answer::Done`] when it may; a
+    /// tool is listed, and its definition is the pinned one. `Ok` when it may; a
     /// refusal or an error (recorded in history) when it may not. The session asks before every
     /// open call it forwards.
-    pub async fn open_call(&self, tenant: &str, tool: &str) -> Answer {
+    pub async fn open_call(&self, tenant: &str, tool: &str) -> Result<(), Stopped> {
         let found = {
             let state = lock(&self.inner.state);
             state
@@ -315,14 +319,15 @@ impl Engine {
                 .map(|c| c.tools.get(tool).map(|l| l.pinned))
         };
         match found {
-            None => error(ErrorCode::NotIntroduced, "unknown connection"),
+            None => Err(error(ErrorCode::NotIntroduced, "unknown connection")),
             Some(None) => {
                 let message = format!("`{tool}` is not a tool this connection offers");
-                self.rejected(tenant, tool, error(ErrorCode::UnknownTool, message))
-                    .await
+                Err(self
+                    .rejected(tenant, tool, error(ErrorCode::UnknownTool, message))
+                    .await)
             }
-            Some(Some(false)) => self.tool_changed(tenant, tool).await,
-            Some(Some(true)) => Answer::Done,
+            Some(Some(false)) => Err(self.tool_changed(tenant, tool).await),
+            Some(Some(true)) => Ok(()),
         }
     }
 
@@ -338,7 +343,7 @@ impl Engine {
     }
 
     /// A call of a tool whose definition differs from its pin: refused, and on the record.
-    pub(crate) async fn tool_changed(&self, tenant: &str, tool: &str) -> Answer {
+    pub(crate) async fn tool_changed(&self, tenant: &str, tool: &str) -> Stopped {
         let kind = EventKind::Refused {
             refusal: Refusal::ToolChanged,
         };

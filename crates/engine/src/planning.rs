@@ -10,7 +10,7 @@ use countersign_core::policy::{self, ToolRule};
 use countersign_core::{Plan, PlanHash, Refusal};
 use serde_json::{Map, Value};
 
-use crate::answer::{Answer, ErrorCode};
+use crate::answer::{ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, refused};
 use crate::describing;
 use crate::state::Listed;
@@ -34,7 +34,7 @@ impl Engine {
         tenant: &str,
         tool: &str,
         arguments: &Value,
-    ) -> Result<Call, Answer> {
+    ) -> Result<Call, Stopped> {
         self.plan_held(tenant, tool, arguments, None)
     }
 
@@ -47,7 +47,7 @@ impl Engine {
         tool: &str,
         arguments: &Value,
         turn: Option<&describing::Turn>,
-    ) -> Result<Call, Answer> {
+    ) -> Result<Call, Stopped> {
         let (rule, client_info, server, id, own_turn) = {
             let state = lock(&self.inner.state);
             let conn = state

@@ -14,19 +14,19 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 
-use crate::answer::{Answer, ErrorCode};
+use crate::answer::{Approved, ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, refused};
 use crate::change::Change;
 use crate::planning::Call;
 use crate::state::{Decision, Entry, Holds, State};
 
-/// What [`Engine::queue_preflight`] did with a call.
+/// What [`Engine::queue_preflight`] did with a call it did not refuse.
 #[derive(Debug)]
 pub enum Queued {
     /// The request waits for the person (new, or the same plan's request re-attached to).
     Waiting(Ticket),
-    /// Answered at once: refused, or approved by a grant.
-    Answered(Answer),
+    /// Approved at once by a live grant a person's click made: a token of its own.
+    Granted(Approved),
 }
 
 /// A request in the queue, as the preflight that queued it (or re-attached to it) holds it.
@@ -266,10 +266,8 @@ impl Engine {
     pub(crate) fn sweep(state: &mut State, now: u64, ttl: u64) {
         state.requests.retain(|_, e| match &*e.decision.borrow() {
             None => true,
-            Some(Decision::Approved(Answer::Approved { expires_at_ms, .. })) => {
-                *expires_at_ms > now
-            }
-            Some(Decision::Approved(_)) | Some(Decision::Changed) => false,
+            Some(Decision::Approved(approved)) => approved.expires_at_ms > now,
+            Some(Decision::Changed) => false,
             Some(Decision::Denied { .. }) => e.view.arrived_at_ms.saturating_add(ttl) > now,
         });
     }
@@ -282,18 +280,23 @@ impl Engine {
         tool: &str,
         arguments: &Value,
         wait: Duration,
-    ) -> Answer {
-        match self.queue_preflight(tenant, tool, arguments).await {
-            Queued::Answered(answer) => answer,
+    ) -> Result<Approved, Stopped> {
+        match self.queue_preflight(tenant, tool, arguments).await? {
+            Queued::Granted(approved) => Ok(approved),
             Queued::Waiting(ticket) => self.decision(ticket, wait).await,
         }
     }
 
     /// The first half of a preflight: the call planned once, checked, and queued for the person
-    /// (or re-attached to the same plan's request, or approved at once by a grant, or refused).
+    /// (or re-attached to the same plan's request, or approved at once by a grant), or refused.
     /// A [`Ticket`] names the request: what a preview attaches to, and what
     /// [`Engine::decision`] waits on.
-    pub async fn queue_preflight(&self, tenant: &str, tool: &str, arguments: &Value) -> Queued {
+    pub async fn queue_preflight(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<Queued, Stopped> {
         let Call {
             rule,
             client_info,
@@ -304,21 +307,21 @@ impl Engine {
             hash,
         } = match self.plan_aside(tenant, tool, arguments).await {
             Ok(call) => call,
-            Err(response) => return Queued::Answered(self.rejected(tenant, tool, response).await),
+            Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
         };
         if fields.is_confirm() {
-            let answer = error(ErrorCode::BadArguments, "a confirm is not a preflight");
-            return Queued::Answered(self.rejected(tenant, tool, answer).await);
+            let stopped = error(ErrorCode::BadArguments, "a confirm is not a preflight");
+            return Err(self.rejected(tenant, tool, stopped).await);
         }
         if !self.inner.config.window {
-            return Queued::Answered(Answer::Refused {
+            return Err(Stopped::Refused {
                 refusal: Refusal::DeskUnavailable,
                 message: HEADLESS.to_owned(),
             });
         }
         // A live grant a person's click made covers it: approved at once, a token of its own.
-        if let Some(answer) = self.granted(tenant, &plan, hash, &args).await {
-            return Queued::Answered(answer);
+        if let Some(approved) = self.granted(tenant, &plan, hash, &args).await {
+            return Ok(Queued::Granted(approved));
         }
         let now = self.now();
         let ttl = self.token_ttl_ms();
@@ -373,23 +376,22 @@ impl Engine {
             }
         };
         match queued {
-            Ok((id, decision, new)) => Queued::Waiting(Ticket {
+            Ok((id, decision, new)) => Ok(Queued::Waiting(Ticket {
                 id,
                 plan_hash: hash,
                 new,
                 decision,
-            }),
-            Err(full) => Queued::Answered(
-                self.rejected(tenant, tool, error(ErrorCode::Busy, full))
-                    .await,
-            ),
+            })),
+            Err(full) => Err(self
+                .rejected(tenant, tool, error(ErrorCode::Busy, full))
+                .await),
         }
     }
 
     /// The second half of a preflight: waits up to `wait` for the person's decision of the
     /// request `ticket` names, and collects it. Undecided by then: `pending`, and the request
     /// stays queued (calling again re-attaches to it).
-    pub async fn decision(&self, ticket: Ticket, wait: Duration) -> Answer {
+    pub async fn decision(&self, ticket: Ticket, wait: Duration) -> Result<Approved, Stopped> {
         let Ticket {
             id, mut decision, ..
         } = ticket;
@@ -397,30 +399,30 @@ impl Engine {
         let decision = match decided {
             Ok(Ok(d)) => d.clone(),
             // Timed out: the request stays queued; calling again re-attaches to it.
-            Err(_) => return refused(Refusal::Pending),
+            Err(_) => return Err(refused(Refusal::Pending)),
             // The request was withdrawn or its connection dropped while waiting.
-            Ok(Err(_)) => return refused(Refusal::Pending),
+            Ok(Err(_)) => return Err(refused(Refusal::Pending)),
         };
         // Collected: the decision has reached its agent, so the entry is done.
         lock(&self.inner.state).requests.remove(&id);
         match decision {
-            Some(Decision::Approved(answer)) => answer,
+            Some(Decision::Approved(approved)) => Ok(approved),
             Some(Decision::Denied { note }) => {
                 let message = match note {
                     Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
                     None => Refusal::Denied.next_move().to_owned(),
                 };
-                Answer::Refused {
+                Err(Stopped::Refused {
                     refusal: Refusal::Denied,
                     message,
-                }
+                })
             }
-            Some(Decision::Changed) | None => refused(Refusal::Pending),
+            Some(Decision::Changed) | None => Err(refused(Refusal::Pending)),
         }
     }
 
     /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
-    pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Answer {
+    pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<(), Stopped> {
         self.withdraw_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
     }
 
@@ -430,18 +432,13 @@ impl Engine {
         &self,
         tenant: &str,
         tool: &str,
-        planned: Result<Call, Answer>,
-    ) -> Answer {
+        planned: Result<Call, Stopped>,
+    ) -> Result<(), Stopped> {
         let hash = match planned {
             Ok(Call { hash, .. }) => hash,
-            Err(
-                answer @ Answer::Error {
-                    code: ErrorCode::Busy,
-                    ..
-                },
-            ) => return answer,
+            Err(busy) if busy.failure() == Some(ErrorCode::Busy) => return Err(busy),
             // Nothing to withdraw from a call that could not have been queued.
-            Err(_) => return Answer::Done,
+            Err(_) => return Ok(()),
         };
         let mut state = lock(&self.inner.state);
         let found = state
@@ -457,7 +454,7 @@ impl Engine {
                 reason: Removal::Withdrawn,
             });
         }
-        Answer::Done
+        Ok(())
     }
 
     /// For the 2026-07-28 flow: the plan hash of this call of `tenant`'s, and the id of its
@@ -477,7 +474,7 @@ impl Engine {
         &self,
         tenant: &str,
         tool: &str,
-        planned: Result<Call, Answer>,
+        planned: Result<Call, Stopped>,
     ) -> Option<(PlanHash, Option<u64>)> {
         let Call { hash, .. } = planned.ok()?;
         let state = lock(&self.inner.state);

@@ -15,15 +15,15 @@ use countersign_store::{Records, ToolPin};
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, watch};
 
-use crate::answer::Answer;
+use crate::answer::Approved;
 use crate::config::{EngineConfig, NoKey};
 use crate::queue::{PendingRequest, QueueChange};
 
 #[derive(Debug, Clone)]
 /// What a person decided of a request.
 pub(crate) enum Decision {
-    /// The answer the waiting preflight gets: always an [`Answer::Approved`].
-    Approved(Answer),
+    /// What the waiting preflight gets.
+    Approved(Approved),
     /// A change was approved (and, for a tool, re-pinned).
     Changed,
     /// Denied, with the person's note for the agent.

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use countersign_core::Refusal;
 use countersign_core::token::SigningKey;
-use countersign_engine::{Answer, Engine, EngineConfig, ErrorCode, QueueChange};
+use countersign_engine::{
+    Accepted, Approved, Engine, EngineConfig, ErrorCode, QueueChange, Stopped,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -40,7 +42,8 @@ async fn setup() -> Setup {
     let tenant = engine.connect(ServerId::Builtin(db.clone()));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())
-        .await;
+        .await
+        .unwrap();
     Setup {
         engine,
         tenant,
@@ -57,8 +60,8 @@ fn writer_lock(db: &std::path::Path) -> rusqlite::Connection {
     conn
 }
 
-fn is_busy(answer: &Answer, why: &str) -> bool {
-    matches!(answer, Answer::Error { code: ErrorCode::Busy, message }
+fn is_busy<T>(answer: &Result<T, Stopped>, why: &str) -> bool {
+    matches!(answer, Err(Stopped::Failed { code: ErrorCode::Busy, message })
         if message.starts_with("Nothing was executed.") && message.contains(why)
             && message.contains("call again"))
 }
@@ -75,7 +78,7 @@ async fn approved(s: &Setup, args: &Value, target: &str) -> Value {
     };
     assert_eq!(request.plan.target, target);
     s.engine.approve(request.id, Some(target)).await.unwrap();
-    let Answer::Approved { token, .. } = waiting.await.unwrap() else {
+    let Ok(Approved { token, .. }) = waiting.await.unwrap() else {
         panic!("not approved")
     };
     let mut confirm = args.clone();
@@ -107,10 +110,10 @@ async fn a_preflight_during_a_lock_is_busy_and_queues_nothing_and_after_it_plans
         .await;
     assert!(matches!(
         answer,
-        Answer::Refused {
+        Err(Stopped::Refused {
             refusal: Refusal::Pending,
             ..
-        }
+        })
     ));
     let pending = s.engine.pending();
     assert_eq!(pending.len(), 1);
@@ -134,16 +137,16 @@ async fn a_confirm_that_cannot_be_described_now_is_refused_spends_nothing_and_wo
     assert!(is_busy(&answer, "database was busy"), "{answer:?}");
     drop(lock);
     let answer = s.engine.confirm_aside(&s.tenant, "execute", &confirm).await;
-    assert!(matches!(answer, Answer::Accepted { .. }), "{answer:?}");
+    assert!(matches!(answer, Ok(Accepted { .. })), "{answer:?}");
     // Spent once, by the confirm that was accepted: a replay is refused as usual.
     let again = s.engine.confirm(&s.tenant, "execute", &confirm).await;
     assert!(
         matches!(
             again,
-            Answer::Refused {
+            Err(Stopped::Refused {
                 refusal: Refusal::AlreadyUsed,
                 ..
-            }
+            })
         ),
         "{again:?}"
     );
@@ -153,7 +156,8 @@ async fn a_confirm_that_cannot_be_described_now_is_refused_spends_nothing_and_wo
 async fn a_withdraw_that_cannot_be_described_now_says_so_and_the_request_keeps_waiting() {
     let s = setup().await;
     let args = json!({ "sql": BATCH });
-    s.engine
+    let _ = s
+        .engine
         .preflight(&s.tenant, "execute", &args, Duration::ZERO)
         .await;
     assert_eq!(s.engine.pending().len(), 1);
@@ -173,7 +177,7 @@ async fn a_withdraw_that_cannot_be_described_now_says_so_and_the_request_keeps_w
     );
     drop(lock);
     let answer = s.engine.withdraw_aside(&s.tenant, "execute", &args).await;
-    assert_eq!(answer, Answer::Done);
+    assert_eq!(answer, Ok(()));
     assert!(s.engine.pending().is_empty());
 }
 
@@ -201,7 +205,8 @@ async fn sql_sqlite_refuses_is_still_a_plan_the_same_each_time() {
         let first = s.engine.call_hash(&s.tenant, "execute", &args);
         assert!(first.is_some(), "{sql}");
         assert_eq!(s.engine.call_hash(&s.tenant, "execute", &args), first);
-        s.engine
+        let _ = s
+            .engine
             .preflight(&s.tenant, "execute", &args, Duration::ZERO)
             .await;
         let pending = s.engine.pending();
@@ -236,7 +241,8 @@ async fn with_every_turn_to_describe_taken_a_sync_call_is_busy_and_an_async_one_
     let other_tenant = s.engine.connect(ServerId::Builtin(other_db.clone()));
     s.engine
         .register_tools(&other_tenant, countersign_builtin::definitions())
-        .await;
+        .await
+        .unwrap();
     let mut slow = Vec::new();
     for (t, db) in [
         (s.tenant.clone(), s.db.clone()),
@@ -266,10 +272,10 @@ async fn with_every_turn_to_describe_taken_a_sync_call_is_busy_and_an_async_one_
     assert!(
         matches!(
             answer,
-            Answer::Refused {
+            Err(Stopped::Refused {
                 refusal: Refusal::Pending,
                 ..
-            }
+            })
         ),
         "{answer:?}"
     );
@@ -291,7 +297,8 @@ async fn one_connection_sending_endless_batches_holds_one_turn_so_another_is_des
     let b_tenant = a.engine.connect(ServerId::Builtin(b.db.clone()));
     a.engine
         .register_tools(&b_tenant, countersign_builtin::definitions())
-        .await;
+        .await
+        .unwrap();
     let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
     // A sends more endless batches at once than the desk describes at once (within the time a
     // call waits for its turn, so each of them is described in the end).
@@ -330,10 +337,10 @@ async fn one_connection_sending_endless_batches_holds_one_turn_so_another_is_des
     assert!(
         matches!(
             answer,
-            Answer::Refused {
+            Err(Stopped::Refused {
                 refusal: Refusal::Pending,
                 ..
-            }
+            })
         ),
         "{answer:?}"
     );

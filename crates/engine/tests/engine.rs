@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
-use countersign_engine::{Answer, ErrorCode, NoKey};
+use countersign_engine::{Accepted, Approved, ErrorCode, NoKey, Stopped};
 use countersign_engine::{ApproveError, Engine, EngineConfig, ManualClock, QueueChange, Removal};
 use countersign_store::HistoryFilter;
 use serde_json::{Value, json};
@@ -58,7 +58,7 @@ async fn connect(engine: &Engine) -> String {
         engine.set_client_info(&t, json!({"name": "test-agent", "version": "1"}));
         t
     };
-    engine.register_tools(&tenant, tools()).await;
+    engine.register_tools(&tenant, tools()).await.unwrap();
     tenant
 }
 
@@ -96,12 +96,12 @@ async fn approved(
     let response = engine.preflight(tenant, tool, args, WAIT).await;
     click.await.unwrap();
     match response {
-        Answer::Approved {
+        Ok(Approved {
             text,
             token,
             target,
             ..
-        } => (text, token, target),
+        }) => (text, token, target),
         other => panic!("expected approval, got {other:?}"),
     }
 }
@@ -116,11 +116,8 @@ async fn accept_tool_changes(engine: &Engine) {
     }
 }
 
-fn refusal(response: &Answer) -> Option<Refusal> {
-    match response {
-        Answer::Refused { refusal, .. } => Some(*refusal),
-        _ => None,
-    }
+fn refusal<T>(response: &Result<T, Stopped>) -> Option<Refusal> {
+    response.as_ref().err().and_then(Stopped::refusal)
 }
 
 #[tokio::test]
@@ -131,7 +128,7 @@ async fn classes_follow_annotations_and_confirm_named_tools_are_withheld() {
         d.engine.set_client_info(&t, json!({}));
         t
     };
-    let Answer::Classes { tools } = d.engine.register_tools(&tenant, tools()).await else {
+    let Ok(tools) = d.engine.register_tools(&tenant, tools()).await else {
         panic!()
     };
     let classes: Vec<_> = tools
@@ -162,14 +159,11 @@ async fn approved_once_call_executes_the_approved_arguments_exactly_once() {
         .engine
         .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
         .await;
-    let Answer::Accepted { arguments, nonce } = first else {
+    let Ok(Accepted { arguments, nonce }) = first else {
         panic!("{first:?}")
     };
     assert_eq!(arguments, args);
-    assert_eq!(
-        d.engine.outcome(&tenant, &nonce, true, None).await,
-        Answer::Done
-    );
+    assert_eq!(d.engine.outcome(&tenant, &nonce, true, None).await, Ok(()));
     let second = d
         .engine
         .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
@@ -199,7 +193,7 @@ async fn reusable_token_works_again_within_its_life() {
             .engine
             .confirm(&tenant, "backup", &confirm_args(&args, &target, &token))
             .await;
-        assert!(matches!(r, Answer::Accepted { .. }), "{r:?}");
+        assert!(matches!(r, Ok(Accepted { .. })), "{r:?}");
     }
 }
 
@@ -232,7 +226,7 @@ async fn changed_arguments_are_plan_changed_and_another_connection_is_wrong_tena
         d.engine
             .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
             .await,
-        Answer::Accepted { .. }
+        Ok(Accepted { .. })
     ));
 }
 
@@ -255,7 +249,7 @@ async fn deny_reaches_the_agent_with_the_note() {
         .preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT)
         .await;
     deny.await.unwrap();
-    let Answer::Refused { refusal, message } = r else {
+    let Err(Stopped::Refused { refusal, message }) = r else {
         panic!("{r:?}")
     };
     assert_eq!(refusal, Refusal::Denied);
@@ -287,7 +281,7 @@ async fn pending_preflight_reattaches_to_the_same_request() {
     d.engine.approve(pending[0].id, None).await.unwrap();
     assert!(matches!(
         d.engine.preflight(&tenant, "execute", &args, WAIT).await,
-        Answer::Approved { .. }
+        Ok(Approved { .. })
     ));
     assert!(d.engine.pending().is_empty());
 }
@@ -298,10 +292,12 @@ async fn withdraw_and_disconnect_remove_pending_requests() {
     let tenant = connect(&d.engine).await;
     let mut changes = d.engine.subscribe();
     let args = json!({"sql": "x"});
-    d.engine
+    let _ = d
+        .engine
         .preflight(&tenant, "execute", &args, Duration::from_millis(10))
         .await;
-    d.engine
+    let _ = d
+        .engine
         .preflight(
             &tenant,
             "delete",
@@ -310,7 +306,7 @@ async fn withdraw_and_disconnect_remove_pending_requests() {
         )
         .await;
     assert_eq!(d.engine.pending().len(), 2);
-    d.engine.withdraw(&tenant, "execute", &args);
+    let _ = d.engine.withdraw(&tenant, "execute", &args);
     assert_eq!(d.engine.pending().len(), 1);
     d.engine.disconnect(&tenant).await;
     assert!(d.engine.pending().is_empty());
@@ -327,7 +323,8 @@ async fn withdraw_and_disconnect_remove_pending_requests() {
 async fn destructive_requests_need_the_target_typed() {
     let d = desk();
     let tenant = connect(&d.engine).await;
-    d.engine
+    let _ = d
+        .engine
         .preflight(
             &tenant,
             "delete",
@@ -360,7 +357,8 @@ async fn without_a_secret_nothing_is_minted() {
         Some("the OS keychain is locked")
     );
     let tenant = connect(&d.engine).await;
-    d.engine
+    let _ = d
+        .engine
         .preflight(&tenant, "execute", &json!({}), Duration::from_millis(10))
         .await;
     let id = d.engine.pending()[0].id;
@@ -378,10 +376,10 @@ async fn without_a_secret_nothing_is_minted() {
         .await;
     assert!(matches!(
         r,
-        Answer::Error {
+        Err(Stopped::Failed {
             code: ErrorCode::NoSecret,
             ..
-        }
+        })
     ));
 }
 
@@ -409,18 +407,18 @@ async fn open_and_unknown_tools_are_not_gated_here() {
     let r = d.engine.preflight(&tenant, "read", &json!({}), WAIT).await;
     assert!(matches!(
         r,
-        Answer::Error {
+        Err(Stopped::Failed {
             code: ErrorCode::UnknownTool,
             ..
-        }
+        })
     ));
     let r = d.engine.confirm(&tenant, "sneaky", &json!({})).await;
     assert!(matches!(
         r,
-        Answer::Error {
+        Err(Stopped::Failed {
             code: ErrorCode::UnknownTool,
             ..
-        }
+        })
     ));
 }
 
@@ -434,10 +432,13 @@ async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one
         vec![json!({"name": "append", "annotations": {
             "readOnlyHint": false, "destructiveHint": false, "idempotentHint": idempotent}})]
     };
-    d.engine.register_tools(&tenant, append(false)).await;
+    d.engine
+        .register_tools(&tenant, append(false))
+        .await
+        .unwrap();
     let args = json!({"line": "charge the card"});
     let (_, token, target) = approved(&d.engine, &tenant, "append", &args).await;
-    let Answer::Classes { tools } = d.engine.register_tools(&tenant, append(true)).await else {
+    let Ok(tools) = d.engine.register_tools(&tenant, append(true)).await else {
         panic!("no classes");
     };
     assert_eq!(
@@ -448,7 +449,7 @@ async fn a_relisted_tool_does_not_turn_a_works_once_approval_into_a_reusable_one
     accept_tool_changes(&d.engine).await;
     let confirm = confirm_args(&args, &target, &token);
     let first = d.engine.confirm(&tenant, "append", &confirm).await;
-    assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");
+    assert!(matches!(first, Ok(Accepted { .. })), "{first:?}");
     let again = d.engine.confirm(&tenant, "append", &confirm).await;
     assert_eq!(refusal(&again), Some(Refusal::AlreadyUsed), "{again:?}");
 }
@@ -463,11 +464,11 @@ async fn a_confirm_is_checked_under_the_stricter_of_recorded_and_current_class()
     // Still not destructive (the plan is the same), but no longer idempotent: works once now.
     let stricter = vec![json!({"name": "backup", "annotations": {
         "destructiveHint": false, "idempotentHint": false}})];
-    d.engine.register_tools(&tenant, stricter).await;
+    d.engine.register_tools(&tenant, stricter).await.unwrap();
     accept_tool_changes(&d.engine).await;
     let confirm = confirm_args(&args, &target, &token);
     let first = d.engine.confirm(&tenant, "backup", &confirm).await;
-    assert!(matches!(first, Answer::Accepted { .. }), "{first:?}");
+    assert!(matches!(first, Ok(Accepted { .. })), "{first:?}");
     let again = d.engine.confirm(&tenant, "backup", &confirm).await;
     assert_eq!(refusal(&again), Some(Refusal::AlreadyUsed), "{again:?}");
 }
@@ -480,7 +481,7 @@ async fn a_name_listed_twice_is_withheld() {
         json!({"name": "write", "annotations": {"readOnlyHint": true}}),
         json!({"name": "write"}),
     ];
-    let Answer::Classes { tools } = d.engine.register_tools(&tenant, twice).await else {
+    let Ok(tools) = d.engine.register_tools(&tenant, twice).await else {
         panic!("no classes");
     };
     assert!(tools.iter().all(|t| t.withheld.is_some()), "{tools:?}");
@@ -491,10 +492,10 @@ async fn a_name_listed_twice_is_withheld() {
     assert!(
         matches!(
             r,
-            Answer::Error {
+            Err(Stopped::Failed {
                 code: ErrorCode::UnknownTool,
                 ..
-            }
+            })
         ),
         "{r:?}"
     );
@@ -510,7 +511,7 @@ async fn without_a_window_preflights_are_desk_unavailable_and_nothing_is_queued(
     let r = engine
         .preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT)
         .await;
-    let Answer::Refused { refusal, message } = r else {
+    let Err(Stopped::Refused { refusal, message }) = r else {
         panic!("{r:?}");
     };
     assert_eq!(refusal, Refusal::DeskUnavailable);
@@ -581,7 +582,7 @@ async fn an_approve_sooner_than_the_delay_after_arrival_or_a_hold_is_refused() {
     ));
     clock.advance(1);
     assert_eq!(engine.approve(id, None).await, Ok(()));
-    assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
+    assert!(matches!(waiting.await.unwrap(), Ok(Approved { .. })));
 }
 
 #[tokio::test]
@@ -625,14 +626,14 @@ async fn an_approval_that_cannot_be_read_spends_nothing_so_retrying_works() {
     behind_the_desks_back(&d, "ALTER TABLE approval RENAME TO approval_away;");
     let r = d.engine.confirm(&tenant, "execute", &confirm).await;
     assert_eq!(refusal(&r), Some(Refusal::LedgerUnreachable), "{r:?}");
-    let Answer::Refused { message, .. } = &r else {
+    let Err(Stopped::Refused { message, .. }) = &r else {
         unreachable!()
     };
     assert!(message.contains("Retry shortly"));
     behind_the_desks_back(&d, "ALTER TABLE approval_away RENAME TO approval;");
     // "Retry shortly" was the truth: the once-token still works, exactly once.
     let r = d.engine.confirm(&tenant, "execute", &confirm).await;
-    assert!(matches!(r, Answer::Accepted { .. }), "{r:?}");
+    assert!(matches!(r, Ok(Accepted { .. })), "{r:?}");
     let r = d.engine.confirm(&tenant, "execute", &confirm).await;
     assert_eq!(refusal(&r), Some(Refusal::AlreadyUsed));
 }
@@ -649,16 +650,16 @@ async fn one_outcome_is_accepted_per_accepted_call_and_only_from_its_connection(
         .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
         .await
     {
-        Answer::Accepted { nonce, .. } => nonce,
+        Ok(Accepted { nonce, .. }) => nonce,
         other => panic!("{other:?}"),
     };
-    let not_accepted = |a: Answer| {
+    let not_accepted = |a: Result<(), Stopped>| {
         matches!(
             a,
-            Answer::Error {
+            Err(Stopped::Failed {
                 code: ErrorCode::BadArguments,
                 ..
-            }
+            })
         )
     };
     assert!(not_accepted(
@@ -668,7 +669,7 @@ async fn one_outcome_is_accepted_per_accepted_call_and_only_from_its_connection(
         d.engine
             .outcome(&tenant, &nonce, false, Some("boom".into()))
             .await,
-        Answer::Done
+        Ok(())
     );
     assert!(
         not_accepted(d.engine.outcome(&tenant, &nonce, true, None).await),
@@ -697,17 +698,20 @@ async fn one_outcome_is_accepted_per_accepted_call_and_only_from_its_connection(
 async fn calls_refused_before_verification_are_on_the_record() {
     let d = desk();
     let tenant = connect(&d.engine).await;
-    d.engine
+    let _ = d
+        .engine
         .confirm(&tenant, "no_such_tool", &json!({"confirm": true}))
         .await;
-    d.engine
+    let _ = d
+        .engine
         .confirm(
             &tenant,
             "delete",
             &json!({"id": {"deep": 1}, "confirm": true, "confirmToken": 5}),
         )
         .await;
-    d.engine
+    let _ = d
+        .engine
         .preflight(
             &tenant,
             "execute",
@@ -718,7 +722,7 @@ async fn calls_refused_before_verification_are_on_the_record() {
     d.engine.record_unlisted(&tenant, "hidden").await;
     let no_secret = desk_with(600_000, Err("locked".into()));
     let t2 = connect(&no_secret.engine).await;
-    no_secret
+    let _ = no_secret
         .engine
         .confirm(
             &t2,
@@ -761,10 +765,10 @@ async fn a_flood_of_preflights_is_refused_busy_with_a_next_move_and_others_still
         assert_eq!(refusal(&preflight(&flood, n).await), Some(Refusal::Pending));
     }
     let over = preflight(&flood, 999).await;
-    let Answer::Error {
+    let Err(Stopped::Failed {
         code: ErrorCode::Busy,
         message,
-    } = &over
+    }) = &over
     else {
         panic!("{over:?}")
     };

@@ -8,8 +8,10 @@ use std::time::Duration;
 use countersign_core::policy::Policy;
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
+use countersign_engine::Stopped;
 use countersign_engine::{
-    Answer, ApproveError, Engine, EngineConfig, GrantError, MAX_LIVE_GRANTS, QueueChange, Widening,
+    Accepted, ApproveError, Approved, Engine, EngineConfig, GrantError, MAX_LIVE_GRANTS,
+    QueueChange, Widening,
 };
 use countersign_store::{GrantKind, HistoryFilter};
 use serde_json::{Value, json};
@@ -66,7 +68,7 @@ fn tools() -> Vec<Value> {
 async fn connect(engine: &Engine, server: &str) -> String {
     let tenant = engine.connect(ServerId::Command(server.into()));
     engine.set_client_info(&tenant, json!({"name": "agent"}));
-    engine.register_tools(&tenant, tools()).await;
+    engine.register_tools(&tenant, tools()).await.unwrap();
     tenant
 }
 
@@ -81,7 +83,7 @@ async fn clicked<T: Send + 'static, F: std::future::Future<Output = T> + Send + 
     tool: &str,
     args: &Value,
     click: impl FnOnce(Engine, u64) -> F + Send + 'static,
-) -> (Answer, T) {
+) -> (Result<Approved, Stopped>, T) {
     let mut changes = engine.subscribe();
     let e = engine.clone();
     let clicker = tokio::spawn(async move {
@@ -96,21 +98,26 @@ async fn clicked<T: Send + 'static, F: std::future::Future<Output = T> + Send + 
 }
 
 /// A preflight that waits `SHORT` for a click nobody gives: whether it was approved at once.
-async fn at_once(engine: &Engine, tenant: &str, tool: &str, args: &Value) -> Answer {
+async fn at_once(
+    engine: &Engine,
+    tenant: &str,
+    tool: &str,
+    args: &Value,
+) -> Result<Approved, Stopped> {
     engine.preflight(tenant, tool, args, SHORT).await
 }
 
-fn is_approved(answer: &Answer) -> bool {
-    matches!(answer, Answer::Approved { .. })
+fn is_approved(answer: &Result<Approved, Stopped>) -> bool {
+    matches!(answer, Ok(Approved { .. }))
 }
 
-fn is_pending(answer: &Answer) -> bool {
+fn is_pending(answer: &Result<Approved, Stopped>) -> bool {
     matches!(
         answer,
-        Answer::Refused {
+        Err(Stopped::Refused {
             refusal: Refusal::Pending,
             ..
-        }
+        })
     )
 }
 
@@ -144,9 +151,9 @@ async fn confirm(
     tenant: &str,
     tool: &str,
     args: &Value,
-    answer: &Answer,
-) -> Answer {
-    let Answer::Approved { token, target, .. } = answer else {
+    answer: &Result<Approved, Stopped>,
+) -> Result<Accepted, Stopped> {
+    let Ok(Approved { token, target, .. }) = answer else {
         panic!("not approved: {answer:?}");
     };
     let mut args = args.clone();
@@ -175,14 +182,13 @@ async fn a_call_grant_approves_the_same_call_again_without_a_click_with_a_token_
     let first = at_once(&d.engine, &tenant, "backup", &args).await;
     let second = at_once(&d.engine, &tenant, "backup", &args).await;
     assert!(is_approved(&first) && is_approved(&second), "{first:?}");
-    let (Answer::Approved { token: a, .. }, Answer::Approved { token: b, .. }) = (&first, &second)
-    else {
+    let (Ok(Approved { token: a, .. }), Ok(Approved { token: b, .. })) = (&first, &second) else {
         unreachable!()
     };
     assert_ne!(a, b, "each call gets a token minted for it");
     assert!(d.engine.pending().is_empty(), "nothing waits for a click");
     let ran = confirm(&d.engine, &tenant, "backup", &args, &first).await;
-    assert!(matches!(ran, Answer::Accepted { .. }), "{ran:?}");
+    assert!(matches!(ran, Ok(Accepted { .. })), "{ran:?}");
     // History says which grant, when and that a click made it.
     let notes = notes(&d.engine).await;
     let by_grant: Vec<_> = notes
@@ -347,23 +353,23 @@ async fn a_policy_may_allow_grants_for_a_destructive_tool_and_each_token_still_w
     assert!(
         matches!(
             next,
-            Answer::Approved {
+            Ok(Approved {
                 class: GateClass::Once,
                 ..
-            }
+            })
         ),
         "{next:?}"
     );
     let ran = confirm(&d.engine, &tenant, "delete", &args, &next).await;
-    assert!(matches!(ran, Answer::Accepted { .. }), "{ran:?}");
+    assert!(matches!(ran, Ok(Accepted { .. })), "{ran:?}");
     let replay = confirm(&d.engine, &tenant, "delete", &args, &next).await;
     assert!(
         matches!(
             replay,
-            Answer::Refused {
+            Err(Stopped::Refused {
                 refusal: Refusal::AlreadyUsed,
                 ..
-            }
+            })
         ),
         "{replay:?}"
     );
@@ -443,10 +449,10 @@ async fn durations_past_eight_hours_or_zero_are_refused_before_anything_is_appro
     );
     assert!(matches!(
         answer,
-        Answer::Refused {
+        Err(Stopped::Refused {
             refusal: Refusal::Denied,
             ..
-        }
+        })
     ));
     assert!(d.engine.grants().await.unwrap().is_empty());
 }
@@ -505,7 +511,7 @@ async fn a_prefix_grant_covers_targets_under_it_on_this_connection_only() {
         let r = at_once(&d.engine, &tenant, "write", &args(attack)).await;
         assert!(!is_approved(&r), "{attack:?} rode on the grant: {r:?}");
         // Leave the queue as it was for the next attempt.
-        d.engine.withdraw(&tenant, "write", &args(attack));
+        let _ = d.engine.withdraw(&tenant, "write", &args(attack));
     }
     // Another tool of the same connection, and the same tool on another connection, are not.
     let other_tool = at_once(&d.engine, &tenant, "backup", &json!({"name": "x"})).await;
@@ -615,7 +621,7 @@ async fn a_changed_definition_or_a_stricter_class_is_not_covered() {
     // the new definition. The grant was made for the old one under `token`.
     let mut relisted = tools();
     relisted[1]["annotations"]["idempotentHint"] = json!(false);
-    d.engine.register_tools(&tenant, relisted).await;
+    d.engine.register_tools(&tenant, relisted).await.unwrap();
     for request in d.engine.pending() {
         if request.change().is_some() {
             d.engine.approve(request.id, None).await.unwrap();
@@ -686,7 +692,7 @@ async fn a_change_to_the_desk_is_never_widened() {
     let tenant = connect(&d.engine, "srv").await;
     let mut relisted = tools();
     relisted[0]["description"] = json!("now with an injection");
-    d.engine.register_tools(&tenant, relisted).await;
+    d.engine.register_tools(&tenant, relisted).await.unwrap();
     let change = d
         .engine
         .pending()
@@ -771,7 +777,10 @@ fn batch_tools() -> Vec<Value> {
 async fn a_prefix_grant_covers_no_call_with_a_nested_or_file_named_path_outside_the_prefix() {
     let d = desk();
     let tenant = d.engine.connect(ServerId::Command("srv".into()));
-    d.engine.register_tools(&tenant, batch_tools()).await;
+    d.engine
+        .register_tools(&tenant, batch_tools())
+        .await
+        .unwrap();
     let clicked_call = json!({"path": "/home/a/docs/x", "items": [{"path": "/home/a/docs/y"}]});
     granted(
         &d,
@@ -794,12 +803,12 @@ async fn a_prefix_grant_covers_no_call_with_a_nested_or_file_named_path_outside_
     ] {
         let r = at_once(&d.engine, &tenant, "batch", &attack).await;
         assert!(is_pending(&r), "{attack} rode on the grant: {r:?}");
-        d.engine.withdraw(&tenant, "batch", &attack);
+        let _ = d.engine.withdraw(&tenant, "batch", &attack);
     }
 }
 
-fn is_accepted(answer: &Answer) -> bool {
-    matches!(answer, Answer::Accepted { .. })
+fn is_accepted(answer: &Result<Accepted, Stopped>) -> bool {
+    matches!(answer, Ok(Accepted { .. }))
 }
 
 #[tokio::test]

@@ -7,7 +7,8 @@ use std::time::Duration;
 use countersign_core::preview::{self, Preview, Unavailable};
 use countersign_core::token::SigningKey;
 use countersign_engine::{
-    Answer, ApproveError, Engine, EngineConfig, ManualClock, QueueChange, Queued,
+    Accepted, ApproveError, Approved, Engine, EngineConfig, ManualClock, QueueChange, Queued,
+    Stopped,
 };
 use serde_json::{Value, json};
 
@@ -32,7 +33,7 @@ async fn files(engine: &Engine, server: &str) -> String {
         &tenant,
         vec![json!({"name": "write_file", "annotations": {"destructiveHint": true},
             "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}})],
-    ).await;
+    ).await.unwrap();
     tenant
 }
 
@@ -43,7 +44,7 @@ async fn queued(
     tool: &str,
     args: Value,
 ) -> (
-    tokio::task::JoinHandle<Answer>,
+    tokio::task::JoinHandle<Result<Approved, Stopped>>,
     countersign_engine::PendingRequest,
 ) {
     let mut changes = engine.subscribe();
@@ -101,7 +102,7 @@ async fn a_preview_is_shown_with_its_request_and_never_changes_the_plan() {
     ));
     assert!(changes.try_recv().is_err());
     engine.approve(request.id, Some("/a.txt")).await.unwrap();
-    assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
+    assert!(matches!(waiting.await.unwrap(), Ok(Approved { .. })));
 }
 
 #[tokio::test]
@@ -111,10 +112,12 @@ async fn the_preflight_that_queues_a_request_holds_its_ticket_and_one_that_re_at
     let engine = engine(&dir, 0);
     let tenant = files(&engine, "fs").await;
     let args = json!({"path": "/a.txt", "content": "x"});
-    let Queued::Waiting(first) = engine.queue_preflight(&tenant, "write_file", &args).await else {
+    let Ok(Queued::Waiting(first)) = engine.queue_preflight(&tenant, "write_file", &args).await
+    else {
         panic!("queued")
     };
-    let Queued::Waiting(again) = engine.queue_preflight(&tenant, "write_file", &args).await else {
+    let Ok(Queued::Waiting(again)) = engine.queue_preflight(&tenant, "write_file", &args).await
+    else {
         panic!("re-attached")
     };
     assert!(first.is_new() && !again.is_new());
@@ -133,7 +136,7 @@ async fn the_preflight_that_queues_a_request_holds_its_ticket_and_one_that_re_at
     assert_eq!(engine.pending()[0].preview, Some(shown));
     engine.approve(first.id(), Some("/a.txt")).await.unwrap();
     // Both preflights waiting on it get the one decision: the same token.
-    let (Answer::Approved { token: a, .. }, Answer::Approved { token: b, .. }) = (
+    let (Ok(Approved { token: a, .. }), Ok(Approved { token: b, .. })) = (
         engine.decision(again, WAIT).await,
         engine.decision(first, WAIT).await,
     ) else {
@@ -191,14 +194,15 @@ async fn a_preview_that_changes_what_is_shown_re_arms_the_approve_delay() {
     ));
     clock.advance(1);
     engine.approve(request.id, Some("/a.txt")).await.unwrap();
-    assert!(matches!(waiting.await.unwrap(), Answer::Approved { .. }));
+    assert!(matches!(waiting.await.unwrap(), Ok(Approved { .. })));
 }
 
 async fn builtin(engine: &Engine, db: &std::path::Path) -> String {
     let tenant = engine.connect(ServerId::Builtin(db.to_owned()));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())
-        .await;
+        .await
+        .unwrap();
     tenant
 }
 
@@ -223,7 +227,7 @@ async fn execute_is_typed_by_the_tables_it_writes_and_its_summary_names_them() {
         "the tool's name is no longer the target"
     );
     engine.approve(request.id, Some("users")).await.unwrap();
-    let Answer::Approved { token, target, .. } = waiting.await.unwrap() else {
+    let Ok(Approved { token, target, .. }) = waiting.await.unwrap() else {
         panic!()
     };
     assert_eq!(target, "users");
@@ -233,7 +237,7 @@ async fn execute_is_typed_by_the_tables_it_writes_and_its_summary_names_them() {
     confirm["confirmToken"] = json!(token);
     assert!(matches!(
         engine.confirm(&tenant, "execute", &confirm).await,
-        Answer::Accepted { .. }
+        Ok(Accepted { .. })
     ));
 }
 
@@ -249,7 +253,7 @@ async fn a_trigger_added_after_the_click_changes_the_plan_and_the_confirm_is_ref
     let args = json!({"sql": "DELETE FROM users"});
     let (waiting, request) = queued(&engine, &tenant, "execute", args.clone()).await;
     engine.approve(request.id, Some("users")).await.unwrap();
-    let Answer::Approved { token, .. } = waiting.await.unwrap() else {
+    let Ok(Approved { token, .. }) = waiting.await.unwrap() else {
         panic!()
     };
     conn.execute_batch(
@@ -262,7 +266,7 @@ async fn a_trigger_added_after_the_click_changes_the_plan_and_the_confirm_is_ref
     confirm["confirmToken"] = json!(token);
     let answer = engine.confirm(&tenant, "execute", &confirm).await;
     assert!(
-        matches!(answer, Answer::Refused { .. }),
+        matches!(answer, Err(Stopped::Refused { .. })),
         "what it writes changed since the click: {answer:?}"
     );
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use countersign_core::{GateClass, Refusal, policy};
-use countersign_engine::{Answer, Engine, ErrorCode, Queued};
+use countersign_engine::{Accepted, Approved, Engine, ErrorCode, Queued, Stopped};
 use rmcp::model::*;
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, Service};
@@ -214,7 +214,7 @@ impl Session {
             .register_tools(&self.tenant, tools.clone())
             .await
         {
-            Answer::Classes { tools: decisions } => decisions
+            Ok(decisions) => decisions
                 .into_iter()
                 .map(|d| {
                     if let Some(shown) = d.listed_as {
@@ -226,9 +226,9 @@ impl Session {
                     )
                 })
                 .collect(),
-            other => {
+            Err(stopped) => {
                 return Err(ErrorData::internal_error(
-                    format!("the desk could not class the tools: {other:?}"),
+                    format!("the desk could not class the tools: {stopped}"),
                     None,
                 ));
             }
@@ -306,8 +306,8 @@ impl Session {
     /// or not). Anything but a plain yes refuses.
     async fn open_refused(&self, tool: &str) -> Option<CallToolResult> {
         match self.engine.open_call(&self.tenant, tool).await {
-            Answer::Done => None,
-            answer => Some(from_desk(answer)),
+            Ok(()) => None,
+            Err(stopped) => Some(stopped_result(stopped)),
         }
     }
 
@@ -321,16 +321,16 @@ impl Session {
         let tool = request.name.to_string();
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
         if arguments.get("confirm") == Some(&Value::Bool(true)) {
-            let answer = self
+            let accepted = self
                 .engine
                 .confirm_aside(&self.tenant, &tool, &arguments)
                 .await;
-            return match answer {
-                Answer::Accepted { arguments, nonce } => {
-                    self.run_accepted(request, arguments, &nonce, class, live, context)
+            return match accepted {
+                Ok(accepted) => {
+                    self.run_accepted(request, accepted, class, live, context)
                         .await
                 }
-                answer => Ok(from_desk(answer)),
+                Err(stopped) => Ok(stopped_result(stopped)),
             };
         }
         let answer = self
@@ -344,8 +344,7 @@ impl Session {
     async fn run_accepted(
         &self,
         mut request: CallToolRequestParams,
-        arguments: Value,
-        nonce: &str,
+        Accepted { arguments, nonce }: Accepted,
         class: GateClass,
         live: &Live,
         context: &RequestContext<RoleServer>,
@@ -364,7 +363,7 @@ impl Session {
             Err(ForwardError::NotSent) => (false, Some(NOT_SENT_NOTE.to_owned())),
             Err(ForwardError::Lost) => (false, Some(LOST_NOTE.to_owned())),
         };
-        let _ = self.engine.outcome(&self.tenant, nonce, ok, note).await;
+        let _ = self.engine.outcome(&self.tenant, &nonce, ok, note).await;
         match result {
             Ok(r) => Ok(r),
             Err(ForwardError::Answer(e)) => Err(e),
@@ -384,14 +383,15 @@ impl Session {
         arguments: &Value,
         wait: Duration,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Answer, ErrorData> {
+    ) -> Result<Result<Approved, Stopped>, ErrorData> {
         let ticket = match self
             .engine
             .queue_preflight(&self.tenant, tool, arguments)
             .await
         {
-            Queued::Waiting(ticket) => ticket,
-            Queued::Answered(answer) => return Ok(answer),
+            Ok(Queued::Waiting(ticket)) => ticket,
+            Ok(Queued::Granted(approved)) => return Ok(Ok(approved)),
+            Err(stopped) => return Ok(Err(stopped)),
         };
         // A request this preflight queued gets its preview, attached by the ticket's plan hash;
         // one it re-attached to has had its own.
@@ -439,31 +439,44 @@ fn refusal(refusal: Refusal, message: &str) -> CallToolResult {
     r
 }
 
-/// The desk's answer to a gated call, as a tool result.
-fn from_desk(answer: Answer) -> CallToolResult {
+/// The desk's answer to a preflight, as a tool result.
+fn from_desk(answer: Result<Approved, Stopped>) -> CallToolResult {
     match answer {
-        Answer::Approved {
-            text,
-            token,
-            target,
-            expires_at_ms,
-            class,
-        } => {
-            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
-            r.structured_content = Some(json!({
-                "approved": true,
-                "confirmToken": token,
-                "confirmTarget": target,
-                "expiresAtMs": expires_at_ms,
-                "worksOnce": class.is_single_use(),
-            }));
-            r
-        }
-        Answer::Refused {
+        Ok(approved) => approved_result(approved),
+        Err(stopped) => stopped_result(stopped),
+    }
+}
+
+/// An approval as the agent receives it: the preflight text, and the token in
+/// `structuredContent` for clients that read it.
+fn approved_result(
+    Approved {
+        text,
+        token,
+        target,
+        expires_at_ms,
+        class,
+    }: Approved,
+) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = Some(json!({
+        "approved": true,
+        "confirmToken": token,
+        "confirmTarget": target,
+        "expiresAtMs": expires_at_ms,
+        "worksOnce": class.is_single_use(),
+    }));
+    r
+}
+
+/// Why the desk did not do what a call asked, as a tool result: a refusal's code, or an error's.
+fn stopped_result(stopped: Stopped) -> CallToolResult {
+    match stopped {
+        Stopped::Refused {
             refusal: code,
             message,
         } => refusal(code, &message),
-        Answer::Error {
+        Stopped::Failed {
             code: ErrorCode::NoSecret,
             message,
         } => refusal(
@@ -471,15 +484,11 @@ fn from_desk(answer: Answer) -> CallToolResult {
             &format!("Refused: the Countersign desk cannot sign approvals right now: {message}"),
         ),
         // A code the agent can branch on, as for refusals and unlisted tools; the text for people.
-        Answer::Error { code, message } => {
+        Stopped::Failed { code, message } => {
             let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
             r.structured_content = Some(json!({ "error": code.code(), "message": message }));
             r
         }
-        other => refusal(
-            Refusal::DeskUnavailable,
-            &format!("unexpected answer from the desk: {other:?}"),
-        ),
     }
 }
 

@@ -143,11 +143,11 @@ impl Session {
                 )));
             }
             Resumed::NoSecret(no) => {
-                let answer = Answer::Error {
+                let stopped = Stopped::Failed {
                     code: ErrorCode::NoSecret,
                     message: no.why,
                 };
-                return Ok(complete(from_desk(answer)));
+                return Ok(complete(stopped_result(stopped)));
             }
             Resumed::Unplanned => {
                 // The call cannot be planned now: the preflight says why (and queues nothing).
@@ -197,7 +197,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     async fn after_wait(
         &self,
-        answer: Answer,
+        answer: Result<Approved, Stopped>,
         request: &CallToolRequestParams,
         arguments: &Value,
         class: GateClass,
@@ -207,7 +207,7 @@ impl Session {
     ) -> Result<CallToolResponse, ErrorData> {
         let tool = request.name.as_ref();
         match answer {
-            Answer::Approved { token, target, .. } => {
+            Ok(Approved { token, target, .. }) => {
                 // The token goes from the engine to the engine: the agent never sees it.
                 let mut confirm = arguments.clone();
                 confirm["confirm"] = json!(true);
@@ -218,19 +218,19 @@ impl Session {
                     .confirm_aside(&self.tenant, tool, &confirm)
                     .await
                 {
-                    Answer::Accepted { arguments, nonce } => {
+                    Ok(accepted) => {
                         let result = self
-                            .run_accepted(request.clone(), arguments, &nonce, class, live, context)
+                            .run_accepted(request.clone(), accepted, class, live, context)
                             .await?;
                         Ok(complete(result))
                     }
-                    answer => Ok(complete(from_desk(answer))),
+                    Err(stopped) => Ok(complete(stopped_result(stopped))),
                 }
             }
-            Answer::Refused {
+            Err(Stopped::Refused {
                 refusal: Refusal::Pending,
                 ..
-            } if round <= MAX_ROUNDS => match self
+            }) if round <= MAX_ROUNDS => match self
                 .engine
                 .queued_aside(&self.tenant, tool, arguments)
                 .await
@@ -253,11 +253,11 @@ impl Session {
         let state = match self.engine.seal_round(&self.tenant, tool, plan, id, round) {
             Ok(state) => state,
             Err(why) => {
-                let answer = Answer::Error {
+                let stopped = Stopped::Failed {
                     code: ErrorCode::NoSecret,
                     message: why.why,
                 };
-                return Ok(complete(from_desk(answer)));
+                return Ok(complete(stopped_result(stopped)));
             }
         };
         let asks = (round == 1)
