@@ -54,6 +54,12 @@ pub fn demo_program() -> PathBuf {
     me.with_file_name("countersign-demo")
 }
 
+/// The team server: `countersign-serve` next to this executable.
+pub fn serve_program() -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("countersign"));
+    me.with_file_name("countersign-serve")
+}
+
 /// Starts the desk detached with the allow-listed environment; returns its pid.
 pub fn start_desk(args: &[String]) -> std::io::Result<u32> {
     let mut cmd = Command::new(desk_program());

@@ -96,6 +96,14 @@ enum Command {
     },
     /// Walk through the whole flow with a scripted sample agent: you approve in the desk's window.
     Demo,
+    /// Serve the authority to a team's agents over MCP's streamable HTTP (a program of its own,
+    /// `countersign-serve`: `countersign serve --help` shows its options).
+    #[command(disable_help_flag = true)]
+    Serve {
+        /// Passed to `countersign-serve` as they are.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print the configuration that puts Countersign in front of a server your agent uses.
     ///
     /// Example: countersign config --client claude-desktop -- npx -y @modelcontextprotocol/server-filesystem ~/projects
@@ -270,6 +278,17 @@ fn main() {
                     }
                 }
             }
+        }
+        Command::Serve { args } => {
+            // A server for teams is a program of its own beside this one (HTTP, TLS, the
+            // control database), so that the pipe agents start links none of it.
+            let serve = launch::serve_program();
+            let err = std::process::Command::new(&serve).args(args).exec();
+            eprintln!(
+                "countersign: cannot run the server ({}): {err}",
+                serve.display()
+            );
+            1
         }
         Command::Demo => {
             // The demo is an MCP client, a program of its own beside this one, so that the pipe

@@ -40,6 +40,12 @@ pub struct EngineConfig {
     /// What names the plans of calls whose arguments do not say what they touch (the built-in
     /// `execute`): `None` describes nothing, and such calls are planned from their arguments.
     pub describer: Option<Arc<dyn Describer>>,
+    /// What a preflight is refused with when `window` is false: why nobody can approve it, and
+    /// the next move (the desk's words by default; a team's server says its own).
+    pub nobody_to_ask: String,
+    /// Only tools that change nothing are offered: every gated tool is withheld, so nothing
+    /// is ever queued, minted or spent (a team's server started `--read-only`).
+    pub read_only: bool,
 }
 
 impl EngineConfig {
@@ -54,6 +60,8 @@ impl EngineConfig {
             approve_delay_ms: DEFAULT_APPROVE_DELAY_MS,
             clock: Arc::new(SystemClock),
             describer: None,
+            nobody_to_ask: crate::queue::HEADLESS.to_owned(),
+            read_only: false,
         }
     }
 }

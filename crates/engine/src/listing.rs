@@ -21,6 +21,13 @@ use crate::change::{self, Change, ChangeKind};
 use crate::queue::{QueueChange, Removal};
 use crate::state::{Connection, Listed, State};
 
+/// Why a gated tool is not offered by an engine set up read-only.
+pub const READ_ONLY: &str = "this server is read-only: only tools that change nothing are offered";
+
+/// The most callers attached at once ([`Engine::attach`]): each keeps the tools its upstream
+/// listed, so an endless stream of new callers must not grow the engine without bound.
+pub const MAX_ATTACHED: usize = 4096;
+
 /// How many disconnected connections' server names are kept for history to show.
 pub(crate) const MAX_GONE_SERVERS: usize = 4096;
 
@@ -46,6 +53,47 @@ impl Engine {
             reason: Rejection::UnlistedTool,
         };
         self.record(self.unplanned(kind, tenant, tool, None)).await;
+    }
+
+    /// A caller the host authenticated, on the upstream `id`: the connection under `tenant`, made
+    /// on first sight and found again after (a team's server answers each HTTP request on its
+    /// own, so the same caller comes back many times). The tenant names the caller and the
+    /// server together: an approval binds its tenant, and must never verify on another server.
+    /// A tenant already attached to another server keeps its first one.
+    pub fn attach(&self, tenant: &str, id: ServerId) -> Result<(), Stopped> {
+        let server = id.key();
+        let mut state = lock(&self.inner.state);
+        if let Some(conn) = state.connections.get(tenant) {
+            return if conn.server == server {
+                Ok(())
+            } else {
+                Err(error(
+                    ErrorCode::Internal,
+                    "this tenant is attached to another server",
+                ))
+            };
+        }
+        if state.connections.len() >= MAX_ATTACHED {
+            return Err(error(
+                ErrorCode::Busy,
+                format!(
+                    "Refused: {MAX_ATTACHED} callers are attached to this server, the most it \
+                     keeps. Nothing was executed. Next: call again later."
+                ),
+            ));
+        }
+        state.servers.insert(tenant.to_owned(), server.clone());
+        state.connections.insert(
+            tenant.to_owned(),
+            Connection {
+                client_info: Value::Null,
+                id,
+                server,
+                tools: HashMap::new(),
+                own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
+            },
+        );
+        Ok(())
     }
 
     /// A connection was accepted: assign its tenant. `id` is the upstream as the desk
@@ -189,14 +237,20 @@ impl Engine {
             let rule = policy.rule(&conn.server, tool);
             let withheld = if seen.get(name.as_str()).copied().unwrap_or(0) > 1 {
                 Some("the upstream lists more than one tool under this name".to_owned())
+            } else if rule.class.is_gated() && self.inner.config.read_only {
+                Some(READ_ONLY.to_owned())
             } else if rule.class.is_gated() {
                 policy::withheld_reason(tool)
             } else {
                 None
             };
             let mut listed_as = None;
-            if let Some(reason) = &withheld {
+            if let Some(reason) = &withheld
+                && reason != READ_ONLY
+            {
                 tracing::warn!(target: "desk", server = %conn.server, tool = %name, "tool withheld: {reason}");
+            }
+            if withheld.is_some() {
             } else if let Some((_, candidate)) = listed.iter().find(|(t, _)| std::ptr::eq(*t, tool))
             {
                 let pin = pinned.get(name.as_str());

@@ -316,7 +316,7 @@ impl Engine {
         if !self.inner.config.window {
             return Err(Stopped::Refused {
                 refusal: Refusal::DeskUnavailable,
-                message: HEADLESS.to_owned(),
+                message: self.inner.config.nobody_to_ask.clone(),
             });
         }
         // A live grant a person's click made covers it: approved at once, a token of its own.

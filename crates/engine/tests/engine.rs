@@ -820,3 +820,82 @@ async fn an_event_history_cannot_keep_is_still_logged_once_and_the_failure_said(
     assert_eq!(log.matches("confirm rejected").count(), 1, "{log}");
     assert!(log.contains("could not write history"), "{log}");
 }
+
+#[tokio::test]
+async fn a_read_only_engine_withholds_every_gated_tool_and_queues_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
+    config.read_only = true;
+    let engine = Engine::new(config, Err(NoKey::from("read-only"))).unwrap();
+    let tenant = engine.connect(ServerId::Command("s".into()));
+    let decided = engine.register_tools(&tenant, tools()).await.unwrap();
+    let offered: Vec<&str> = decided
+        .iter()
+        .filter(|d| d.withheld.is_none())
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(offered, ["read"]);
+    assert!(
+        decided
+            .iter()
+            .filter(|d| d.name != "read")
+            .all(|d| d.withheld.as_deref() == Some(countersign_engine::READ_ONLY)),
+        "{decided:?}"
+    );
+    assert_eq!(engine.open_call(&tenant, "read").await, Ok(()));
+    let preflight = engine
+        .queue_preflight(&tenant, "delete", &json!({"id": "1"}))
+        .await;
+    assert!(
+        matches!(
+            preflight,
+            Err(Stopped::Failed {
+                code: ErrorCode::UnknownTool,
+                ..
+            })
+        ),
+        "{preflight:?}"
+    );
+    assert!(engine.pending().is_empty());
+}
+
+#[tokio::test]
+async fn without_a_window_a_preflight_is_refused_with_the_hosts_own_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = EngineConfig::new(dir.path().join("desk.sqlite"));
+    config.window = false;
+    config.nobody_to_ask = "Refused: no approver is connected.".into();
+    let engine = Engine::new(config, Ok(SigningKey::new(&[7; 32]).unwrap())).unwrap();
+    let tenant = connect(&engine).await;
+    let r = engine
+        .preflight(&tenant, "execute", &json!({"sql": "x"}), WAIT)
+        .await;
+    assert_eq!(
+        r,
+        Err(Stopped::Refused {
+            refusal: Refusal::DeskUnavailable,
+            message: "Refused: no approver is connected.".into()
+        })
+    );
+    assert!(engine.pending().is_empty());
+}
+
+#[tokio::test]
+async fn an_attached_caller_is_found_again_and_keeps_its_first_server() {
+    let d = desk();
+    let tenant = "key:ci-runner@command:srv";
+    d.engine
+        .attach(tenant, ServerId::Command("srv".into()))
+        .unwrap();
+    d.engine.register_tools(tenant, tools()).await.unwrap();
+    // The same caller again (a new HTTP request): the same connection, its tools still listed.
+    d.engine
+        .attach(tenant, ServerId::Command("srv".into()))
+        .unwrap();
+    assert_eq!(d.engine.open_call(tenant, "read").await, Ok(()));
+    assert_eq!(d.engine.server_of(tenant).as_deref(), Some("srv"));
+    // Never moved to another server: its approvals must not follow it there.
+    let moved = d.engine.attach(tenant, ServerId::Command("other".into()));
+    assert!(matches!(moved, Err(Stopped::Failed { .. })), "{moved:?}");
+    assert_eq!(d.engine.server_of(tenant).as_deref(), Some("srv"));
+}

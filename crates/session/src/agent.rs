@@ -246,7 +246,8 @@ impl Session {
                 Some(Gate::Class(GateClass::Open)) => listed.push(tool),
                 Some(Gate::Class(class)) => listed.push(policy::augment(&tool, *class)),
                 Some(Gate::Withheld(reason)) => {
-                    tracing::warn!(target: "session", tool = %name, "not offered: {reason}");
+                    // The engine logged why, once per listing where it matters.
+                    tracing::debug!(target: "session", tool = %name, "not offered: {reason}");
                 }
                 None => {}
             }

@@ -341,6 +341,16 @@ impl Upstream {
         })
     }
 
+    /// Marks this upstream as one no agent stands behind (a team's server, where many callers
+    /// share it and each request is answered on its own): its requests for an agent's roots,
+    /// sampling or elicitation are refused at once.
+    pub fn without_agent(self) -> Self {
+        self.shared
+            .without_agent
+            .store(true, std::sync::atomic::Ordering::Release);
+        self
+    }
+
     /// Marks this upstream as the registered server `name`: a new start (after the process
     /// exited) starts what the registry has on record for the name then, so a change the person
     /// approved applies, and a server they removed is not started again.

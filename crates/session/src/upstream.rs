@@ -106,6 +106,10 @@ pub struct Shared {
     pub progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
     /// Set when the upstream says its tool list changed: the next call or listing refreshes.
     pub tools_stale: std::sync::atomic::AtomicBool,
+    /// Set when no agent ever stands behind this upstream (a team's server answers each HTTP
+    /// request on its own, for many callers): what the upstream asks of an agent (roots,
+    /// sampling, elicitation) is refused at once, never sent to whichever caller came last.
+    pub without_agent: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -118,6 +122,16 @@ impl Shared {
     /// The agent, waiting (up to `limit`) for it to initialize: the upstream is started first,
     /// and may ask for roots before the agent has said hello.
     async fn agent_within(&self, limit: Duration) -> Result<&Peer<RoleServer>, ErrorData> {
+        if self
+            .without_agent
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                "no agent answers requests of this server",
+                None,
+            ));
+        }
         let ready = self.agent_ready.notified();
         tokio::pin!(ready);
         // Registered before the check, so a set_agent in between is not missed.

@@ -1,0 +1,77 @@
+//! The command line of `countersign serve`.
+//!
+//! The secret, the control database and the token lifetime are read from the environment by
+//! [`crate::start`], never through clap's `env` support: clap shows an `env` value in `--help`
+//! and in its errors, and the secret must appear nowhere.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// `countersign serve`: the authority for a team's agents, over MCP's streamable HTTP.
+///
+/// A writable server needs CONFIRM_SECRET (32 or more bytes, or --secret-file) and CONTROL_DSN
+/// (the PostgreSQL control database) in its environment; CONFIRM_TTL_MS sets how long a token
+/// lives (default 600000). `--read-only` serves only the tools that change nothing, and needs
+/// neither.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "countersign serve", version)]
+pub struct Args {
+    /// Where to listen, as HOST:PORT.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: SocketAddr,
+
+    /// Serve only the tools that change nothing: no secret or control database needed.
+    #[arg(long)]
+    pub read_only: bool,
+
+    /// Read the signing secret from this file (its bytes; one final newline is dropped)
+    /// instead of CONFIRM_SECRET.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+
+    /// The server's TLS certificate chain (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve plain HTTP: a TLS-terminating proxy in front does TLS (or the address is loopback).
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub behind_tls_proxy: bool,
+
+    /// A Host the server answers to (repeatable; `name` or `name:port`). Loopback names are
+    /// allowed by default when listening on loopback; any other address needs at least one.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+
+    /// An Origin a browser-borne request may come from (repeatable; `scheme://host[:port]`).
+    /// A request with any other Origin is refused; one without an Origin is not a browser's.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
+
+    /// Where a read-only server without CONTROL_DSN keeps its records (SQLite). Without it, a
+    /// temporary directory that goes with the process.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// How long a gated call's preflight waits for a person before it is answered `pending`, in
+    /// seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 25)]
+    pub wait: u64,
+
+    /// The upstream: the built-in SQLite tools on this database file.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["url", "command"])]
+    pub db: Option<PathBuf>,
+
+    /// The upstream: a streamable-HTTP MCP server.
+    #[arg(long, value_name = "URL", conflicts_with = "command")]
+    pub url: Option<String>,
+
+    /// The upstream: a stdio MCP server, started by the server as its child (after `--`).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}

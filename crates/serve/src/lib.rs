@@ -1,0 +1,26 @@
+//! `countersign serve`: the desk's authority where one machine is not enough.
+//!
+//! Teams run agents on CI runners and hosted machines where no desk sits. This crate serves the
+//! same engine (default-deny router, classes, policy, pins, previews, grants) to those agents
+//! over MCP's streamable HTTP, stateless, with its records in PostgreSQL so that several replicas
+//! share one nonce ledger. It is a program of its own (`countersign-serve`, reached as
+//! `countersign serve`), so the pipe agents start on a desktop keeps its size and start time.
+//!
+//! The rooms:
+//!
+//! | module | why |
+//! | --- | --- |
+//! | [`cli`] | the command line |
+//! | [`start`] | the seed's start rules, decided before anything is opened or bound |
+//! | [`guard`] | which Host and Origin may reach the server at all |
+//! | [`http`] | the one MCP endpoint: each POST answered on its own, through the router |
+//! | [`tls`] | TLS in-process, or plain HTTP behind a TLS-terminating proxy |
+//! | [`run`] | opening the records, starting the upstream, binding, serving |
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod guard;
+pub mod http;
+pub mod run;
+pub mod start;
+pub mod tls;

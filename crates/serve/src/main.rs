@@ -1,0 +1,87 @@
+//! `countersign-serve` (also `countersign serve`): the start rules, then the server.
+
+use std::io::Write;
+use std::os::unix::ffi::OsStringExt;
+
+use clap::Parser;
+use countersign_serve::cli::Args;
+use countersign_serve::start::{self, Given, OWN_VARIABLES};
+use tokio_util::sync::CancellationToken;
+use zeroize::Zeroizing;
+
+fn refuse(code: &str, message: &dyn std::fmt::Display, exit: i32) -> ! {
+    let _ = writeln!(
+        std::io::stderr(),
+        "countersign serve: refused ({code}): {message}"
+    );
+    std::process::exit(exit);
+}
+
+fn main() {
+    let args = Args::parse();
+    // Read once, then gone from the environment: nothing started later (the upstream, a
+    // library that dumps its environment) can find them here.
+    let var = |name: &str| std::env::var_os(name).map(OsStringExt::into_vec);
+    let given = Given {
+        confirm_secret: var("CONFIRM_SECRET").map(Zeroizing::new),
+        secret_file: args
+            .secret_file
+            .as_ref()
+            .map(|path| match std::fs::read(path) {
+                Ok(bytes) => Zeroizing::new(bytes),
+                Err(e) => refuse(
+                    "secret_file",
+                    &format!("cannot read --secret-file {}: {}", path.display(), e.kind()),
+                    2,
+                ),
+            }),
+        confirm_ttl_ms: var("CONFIRM_TTL_MS").map(|v| String::from_utf8_lossy(&v).into_owned()),
+        control_dsn: var("CONTROL_DSN")
+            .map(|v| Zeroizing::new(String::from_utf8_lossy(&v).into_owned())),
+    };
+    for name in OWN_VARIABLES {
+        // SAFETY: no other thread exists yet (the runtime starts below).
+        unsafe { std::env::remove_var(name) };
+    }
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let start = match start::check(&args, given, &cwd) {
+        Ok(start) => start,
+        Err(e) => refuse(e.code(), &e, 2),
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => refuse("runtime", &e, 1),
+    };
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    let code = runtime.block_on(async move {
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            on_signal.cancel();
+        });
+        match countersign_serve::run::run(start, stop, |_| {}).await {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!(target: "serve", code = e.exit_code(), "{e}");
+                let _ = writeln!(std::io::stderr(), "countersign serve: {e}");
+                e.exit_code()
+            }
+        }
+    });
+    std::process::exit(code);
+}

@@ -1,0 +1,229 @@
+//! Opening the records, starting the upstream, binding and serving: in that order, so that a
+//! server that cannot do its work never takes its port.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use countersign_engine::{Engine, EngineConfig};
+use countersign_session::reach::{self, Headers, Upstream};
+use countersign_session::{Children, SqlDescriber};
+use countersign_store::{
+    Postgres, PostgresOptions, Records, Sqlite, Store, StoreError, StoreOptions,
+};
+use countersign_wire::Reach;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::guard::{self, Guard};
+use crate::http::{self, Endpoint};
+use crate::start::{Dsn, Mode, Start, Transport};
+use crate::tls;
+
+/// What a preflight is refused with while no person can approve on this server.
+pub const NOBODY_TO_ASK: &str = "Refused: no person can approve calls on this Countersign \
+server yet (no approver is connected), so this call cannot be approved. Nothing was executed. \
+Next: ask the team that runs the server to connect an approver, then call this tool again.";
+
+/// How long the upstream has to start and answer its first handshake.
+pub const UPSTREAM_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Why a server that passed its start rules still stopped. Each has an exit code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The TLS files cannot be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    /// The records' directory could not be made.
+    #[error("cannot make the data directory: {0}")]
+    DataDir(std::io::Error),
+    /// The control database could not be reached or migrated (the DSN's password never shown).
+    #[error("the control database: {0}")]
+    Records(#[from] StoreError),
+    /// The upstream could not be started.
+    #[error("the upstream: {0}")]
+    Upstream(String),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl RunError {
+    /// The process's exit code: 2 for what the operator must fix in its setup, 3 when the
+    /// control database is unreachable, 4 when the port cannot be bound, 5 for the upstream.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Tls(_) | RunError::DataDir(_) => 2,
+            RunError::Records(_) => 3,
+            RunError::Bind { .. } => 4,
+            RunError::Upstream(_) => 5,
+        }
+    }
+}
+
+async fn records(dsn: &Dsn) -> Result<Arc<dyn Records>, StoreError> {
+    let options = PostgresOptions::default().with_application_name("countersign-serve");
+    Ok(Arc::new(Postgres::connect(dsn.expose(), options).await?))
+}
+
+/// Runs the server until `stop` is cancelled. `ready` is told the bound address once it
+/// listens.
+pub async fn run(
+    start: Start,
+    stop: CancellationToken,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), RunError> {
+    let tls = match &start.transport {
+        Transport::Tls { cert, key } => Some(tls::config(cert, key)?),
+        Transport::Plain => None,
+    };
+    // A temporary directory lives as long as the server; a named one is the operator's.
+    let temporary = match &start.data_dir {
+        Some(_) => None,
+        None => Some(
+            tempfile::Builder::new()
+                .prefix("countersign-serve-")
+                .tempdir()
+                .map_err(RunError::DataDir)?,
+        ),
+    };
+    let data_dir = start
+        .data_dir
+        .clone()
+        .or_else(|| temporary.as_ref().map(|t| t.path().to_owned()))
+        .expect("a data directory");
+    std::fs::create_dir_all(&data_dir).map_err(RunError::DataDir)?;
+    let (records, key, read_only): (Arc<dyn Records>, _, bool) = match &start.mode {
+        Mode::Writable { key, dsn } => (records(dsn).await?, Ok(key.clone()), false),
+        Mode::ReadOnly { dsn: Some(dsn) } => (records(dsn).await?, Err("read-only".into()), true),
+        Mode::ReadOnly { dsn: None } => {
+            if temporary.is_some() {
+                tracing::warn!(target: "serve", "read-only without CONTROL_DSN or --data-dir: history and pins are kept only while this process runs");
+            }
+            let store =
+                Store::open_deferred(data_dir.join("serve.sqlite"), StoreOptions::default());
+            (Arc::new(Sqlite::new(store)), Err("read-only".into()), true)
+        }
+    };
+    if start.secret_ignored {
+        tracing::warn!(target: "serve", "a signing secret was given to a read-only server: it is not used");
+    }
+    let builtin = matches!(start.upstream, Reach::Builtin { .. });
+    let mut config = EngineConfig::new(data_dir.join("serve.sqlite"));
+    config.window = false;
+    config.nobody_to_ask = NOBODY_TO_ASK.to_owned();
+    config.read_only = read_only;
+    config.token_ttl_ms = start.token_ttl_ms;
+    if builtin {
+        config.describer = Some(Arc::new(SqlDescriber));
+    }
+    let engine = Engine::with_records(config, records, key);
+
+    let server = reach::identity(&start.upstream).map_err(|e| RunError::Upstream(e.message))?;
+    let (stderr, mut stderr_rx) = tokio::sync::mpsc::channel(64);
+    let upstream = Upstream::start(
+        start.upstream.clone(),
+        Headers::default(),
+        reach::lifecycle(false),
+        stderr,
+        Children::default(),
+        UPSTREAM_DEADLINE,
+    )
+    .await
+    .map_err(|e| RunError::Upstream(e.message))?
+    .without_agent();
+    let upstream = Arc::new(upstream);
+    tokio::spawn(async move {
+        while let Some(frame) = stderr_rx.recv().await {
+            if let countersign_wire::Frame::Stderr(bytes) = frame {
+                tracing::info!(target: "upstream", "{}", String::from_utf8_lossy(&bytes).trim_end());
+            }
+        }
+    });
+
+    let endpoint = Arc::new(Endpoint {
+        engine,
+        upstream: upstream.clone(),
+        server,
+        wait: Duration::from_secs(start.wait_secs),
+    });
+    let guard = Arc::new(Guard::new(&start.allowed_hosts, &start.allowed_origins));
+    let app = Router::new()
+        .route(
+            "/mcp",
+            post(http::post).get(http::not_here).delete(http::not_here),
+        )
+        .with_state(endpoint)
+        .layer(axum::middleware::from_fn(http::caller))
+        .layer(axum::middleware::from_fn_with_state(guard, guard::layer));
+
+    let listener = TcpListener::bind(start.listen)
+        .await
+        .map_err(|source| RunError::Bind {
+            addr: start.listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| RunError::Bind {
+        addr: start.listen,
+        source,
+    })?;
+    let mode = if read_only { "read-only" } else { "writable" };
+    let wire = if tls.is_some() {
+        "TLS"
+    } else {
+        "plain HTTP (TLS by the proxy in front)"
+    };
+    tracing::info!(target: "serve", "listening on {bound} ({mode}, {wire})");
+    ready(bound);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a moment rather than spin.
+                    tracing::warn!(target: "serve", "accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let acceptor = acceptor.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let served = match acceptor {
+                Some(acceptor) => {
+                    let Ok(Ok(tls)) =
+                        tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+                    else {
+                        return;
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(tls), service);
+                    tokio::select! { r = conn => r, _ = stop.cancelled() => Ok(()) }
+                }
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::select! { r = conn => r, _ = stop.cancelled() => Ok(()) }
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(target: "serve", "connection: {e}");
+            }
+        });
+    }
+    upstream.stop().await;
+    drop(temporary);
+    Ok(())
+}

@@ -1,0 +1,591 @@
+//! The seed's start rules, decided before anything is opened or bound.
+//!
+//! A writable server refuses to start without a signing secret of 32 bytes or more
+//! (`CONFIRM_SECRET`, or `--secret-file`) and without its control database (`CONTROL_DSN`): it
+//! exits non-zero with a message that names what is missing, and its port is never bound. A
+//! read-only server (`--read-only`: only the tools that change nothing) starts without either.
+//! `CONFIRM_TTL_MS` sets the token lifetime. This module is pure: the caller reads the
+//! environment and the secret file into [`Given`], and [`check`] decides.
+//!
+//! Nothing here ever shows a secret: errors name variables and lengths, never values, and the
+//! values are held in zeroizing buffers whose `Debug` is redacted.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use countersign_core::token::SigningKey;
+use countersign_engine::DEFAULT_TOKEN_TTL_MS;
+use countersign_wire::Reach;
+use zeroize::Zeroizing;
+
+use crate::cli::Args;
+
+/// The shortest signing secret a writable server accepts, in bytes.
+pub const MIN_SECRET_BYTES: usize = countersign_core::token::MIN_KEY_LEN;
+
+/// The shortest token lifetime accepted, in ms: shorter cannot survive a person's click.
+pub const MIN_TTL_MS: u64 = 1_000;
+
+/// The longest token lifetime accepted, in ms (a day): an approval is for now, not for later.
+pub const MAX_TTL_MS: u64 = 24 * 60 * 60 * 1_000;
+
+/// What the environment and the secret file hold, read by the caller.
+#[derive(Default)]
+pub struct Given {
+    /// `CONFIRM_SECRET`'s bytes, if set.
+    pub confirm_secret: Option<Zeroizing<Vec<u8>>>,
+    /// The `--secret-file`'s bytes, if one was named (read by the caller).
+    pub secret_file: Option<Zeroizing<Vec<u8>>>,
+    /// `CONFIRM_TTL_MS`, if set.
+    pub confirm_ttl_ms: Option<String>,
+    /// `CONTROL_DSN`, if set.
+    pub control_dsn: Option<Zeroizing<String>>,
+}
+
+impl fmt::Debug for Given {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Given")
+            .field(
+                "confirm_secret",
+                &self.confirm_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field(
+                "secret_file",
+                &self.secret_file.as_ref().map(|_| "<redacted>"),
+            )
+            .field("confirm_ttl_ms", &self.confirm_ttl_ms)
+            .field(
+                "control_dsn",
+                &self.control_dsn.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// The control database's connection string: it may carry a password, so it is never shown.
+#[derive(Clone)]
+pub struct Dsn(Zeroizing<String>);
+
+impl Dsn {
+    /// The string, for the one place that connects with it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Dsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Dsn(<redacted>)")
+    }
+}
+
+/// Writable, or read-only.
+#[derive(Debug)]
+pub enum Mode {
+    /// Gated tools are offered; approvals are minted with `key` and spent in the control
+    /// database.
+    Writable {
+        /// The signing key made from the secret.
+        key: SigningKey,
+        /// The control database.
+        dsn: Dsn,
+    },
+    /// Only open tools are offered.
+    ReadOnly {
+        /// Where history and pins go, if a control database was given.
+        dsn: Option<Dsn>,
+    },
+}
+
+/// How the server is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// TLS in-process, with this certificate chain and key (PEM files).
+    Tls {
+        /// The certificate chain.
+        cert: PathBuf,
+        /// The private key.
+        key: PathBuf,
+    },
+    /// Plain HTTP: a TLS-terminating proxy in front, or loopback.
+    Plain,
+}
+
+/// Everything the start rules let through: what [`crate::run`] opens, binds and serves.
+#[derive(Debug)]
+pub struct Start {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Writable or read-only.
+    pub mode: Mode,
+    /// How long a minted token lives, in ms.
+    pub token_ttl_ms: u64,
+    /// TLS, or plain HTTP.
+    pub transport: Transport,
+    /// The Hosts answered to.
+    pub allowed_hosts: Vec<String>,
+    /// The Origins accepted.
+    pub allowed_origins: Vec<String>,
+    /// The upstream.
+    pub upstream: Reach,
+    /// Where a read-only server without a control database keeps its records.
+    pub data_dir: Option<PathBuf>,
+    /// How long a preflight waits for a person.
+    pub wait_secs: u64,
+    /// Whether a secret was given to a read-only server (and ignored): said once at start,
+    /// without the value.
+    pub secret_ignored: bool,
+}
+
+/// Why the server refuses to start. Every variant has a stable [`StartError::code`]; none
+/// carries a secret's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Writable, and no secret at all.
+    #[error(
+        "a writable server needs a signing secret: set CONFIRM_SECRET ({MIN_SECRET_BYTES} or more \
+         bytes) or pass --secret-file FILE; or start it --read-only to serve only the tools that \
+         change nothing"
+    )]
+    NoSecret,
+    /// Both CONFIRM_SECRET and --secret-file: which one is meant is not for the server to guess.
+    #[error("both CONFIRM_SECRET and --secret-file are given: keep one")]
+    TwoSecrets,
+    /// The secret is too short.
+    #[error(
+        "the signing secret ({from}) is {len} bytes; {MIN_SECRET_BYTES} or more are needed \
+         (for example 32 random bytes: `head -c 32 /dev/urandom > secret`)"
+    )]
+    ShortSecret {
+        /// Where it came from: `CONFIRM_SECRET` or `--secret-file`.
+        from: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Writable, and no control database.
+    #[error(
+        "a writable server needs CONTROL_DSN, the PostgreSQL control database that holds the \
+         nonce ledger, approvals and history (e.g. `host=db.internal user=countersign \
+         dbname=countersign sslmode=require`); or start it --read-only"
+    )]
+    NoControlDsn,
+    /// `CONFIRM_TTL_MS` is not a whole number of ms within the bounds.
+    #[error(
+        "CONFIRM_TTL_MS must be a whole number of milliseconds from {MIN_TTL_MS} to {MAX_TTL_MS} \
+         (default {DEFAULT_TOKEN_TTL_MS})"
+    )]
+    BadTtl,
+    /// Neither TLS nor `--behind-tls-proxy`.
+    #[error(
+        "say how the server is reached: --tls-cert FILE --tls-key FILE to serve TLS itself, or \
+         --behind-tls-proxy when a TLS-terminating proxy stands in front (or the address is \
+         loopback)"
+    )]
+    NoTransport,
+    /// A non-loopback address without any `--allowed-host`: every Host would be answered,
+    /// which lets a web page reach the server by DNS rebinding.
+    #[error(
+        "{listen} is not a loopback address: name the Host names clients use with \
+         --allowed-host NAME (repeatable)"
+    )]
+    NoAllowedHost {
+        /// The address.
+        listen: SocketAddr,
+    },
+    /// No upstream, or more than one.
+    #[error(
+        "name the upstream: --db PATH (the built-in SQLite tools), --url URL, or -- COMMAND ARGS"
+    )]
+    NoUpstream,
+    /// The `--db` path cannot be made absolute.
+    #[error("--db {0}: cannot resolve the path")]
+    BadDb(String),
+}
+
+impl StartError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StartError::NoSecret => "no_secret",
+            StartError::TwoSecrets => "two_secrets",
+            StartError::ShortSecret { .. } => "short_secret",
+            StartError::NoControlDsn => "no_control_dsn",
+            StartError::BadTtl => "bad_ttl",
+            StartError::NoTransport => "no_transport",
+            StartError::NoAllowedHost { .. } => "no_allowed_host",
+            StartError::NoUpstream => "no_upstream",
+            StartError::BadDb(_) => "bad_db",
+        }
+    }
+}
+
+/// The Host names a loopback listener answers to by default.
+pub const LOOPBACK_HOSTS: &[&str] = &["localhost", "127.0.0.1", "[::1]"];
+
+/// Decides whether the server may start as asked, in the seed's order: how it is reached, the
+/// upstream, then (writable only) the secret, the token lifetime and the control database.
+/// `cwd` makes a relative `--db` absolute.
+pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, StartError> {
+    let transport = match (&args.tls_cert, &args.tls_key, args.behind_tls_proxy) {
+        (Some(cert), Some(key), false) => Transport::Tls {
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        (None, None, true) => Transport::Plain,
+        _ => return Err(StartError::NoTransport),
+    };
+    let loopback = args.listen.ip().is_loopback();
+    if !loopback && args.allowed_hosts.is_empty() {
+        return Err(StartError::NoAllowedHost {
+            listen: args.listen,
+        });
+    }
+    let allowed_hosts = if args.allowed_hosts.is_empty() {
+        LOOPBACK_HOSTS.iter().map(|h| (*h).to_owned()).collect()
+    } else {
+        args.allowed_hosts.clone()
+    };
+    let upstream = upstream(args, cwd)?;
+    let Given {
+        confirm_secret,
+        secret_file,
+        confirm_ttl_ms,
+        control_dsn,
+    } = given;
+    let dsn = control_dsn.filter(|d| !d.trim().is_empty()).map(Dsn);
+    let token_ttl_ms = match confirm_ttl_ms.as_deref().map(str::trim) {
+        None | Some("") => DEFAULT_TOKEN_TTL_MS,
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| (MIN_TTL_MS..=MAX_TTL_MS).contains(ms))
+            .ok_or(StartError::BadTtl)?,
+    };
+    let secret_given = confirm_secret.is_some() || secret_file.is_some();
+    let mode = if args.read_only {
+        Mode::ReadOnly { dsn }
+    } else {
+        let (from, secret) = match (confirm_secret, secret_file) {
+            (Some(_), Some(_)) => return Err(StartError::TwoSecrets),
+            (None, None) => return Err(StartError::NoSecret),
+            (Some(env), None) => ("CONFIRM_SECRET", env),
+            (None, Some(mut file)) => {
+                // A file written by `echo` ends with a newline that is not part of the secret.
+                if file.last() == Some(&b'\n') {
+                    file.pop();
+                    if file.last() == Some(&b'\r') {
+                        file.pop();
+                    }
+                }
+                ("--secret-file", file)
+            }
+        };
+        let key = SigningKey::new(&secret).map_err(|_| StartError::ShortSecret {
+            from,
+            len: secret.len(),
+        })?;
+        let dsn = dsn.ok_or(StartError::NoControlDsn)?;
+        Mode::Writable { key, dsn }
+    };
+    Ok(Start {
+        listen: args.listen,
+        secret_ignored: args.read_only && secret_given,
+        mode,
+        token_ttl_ms,
+        transport,
+        allowed_hosts,
+        allowed_origins: args.allowed_origins.clone(),
+        upstream,
+        data_dir: args.data_dir.clone(),
+        wait_secs: args.wait,
+    })
+}
+
+fn upstream(args: &Args, cwd: &std::path::Path) -> Result<Reach, StartError> {
+    match (&args.db, &args.url, args.command.is_empty()) {
+        (Some(db), None, true) => {
+            let path = cwd.join(db);
+            let db = path
+                .to_str()
+                .ok_or_else(|| StartError::BadDb(db.display().to_string()))?
+                .to_owned();
+            Ok(Reach::Builtin { db })
+        }
+        (None, Some(url), true) => Ok(Reach::Url { url: url.clone() }),
+        (None, None, false) => Ok(Reach::Command {
+            argv: args.command.clone(),
+            cwd: cwd.display().to_string(),
+            // The upstream's environment is the server's, less what is the server's alone.
+            env: std::env::vars()
+                .filter(|(k, _)| !OWN_VARIABLES.contains(&k.as_str()))
+                .collect(),
+        }),
+        _ => Err(StartError::NoUpstream),
+    }
+}
+
+/// The server's own variables: never handed to an upstream.
+pub const OWN_VARIABLES: &[&str] = &["CONFIRM_SECRET", "CONTROL_DSN", "CONFIRM_TTL_MS"];
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["countersign serve", "--listen", "127.0.0.1:0"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).unwrap()
+    }
+
+    fn secret(n: usize) -> Option<Zeroizing<Vec<u8>>> {
+        Some(Zeroizing::new(vec![b'k'; n]))
+    }
+
+    fn dsn() -> Option<Zeroizing<String>> {
+        Some(Zeroizing::new("host=127.0.0.1 password=hunter2".into()))
+    }
+
+    fn writable() -> Given {
+        Given {
+            confirm_secret: secret(32),
+            control_dsn: dsn(),
+            ..Given::default()
+        }
+    }
+
+    const PLAIN: &[&str] = &["--behind-tls-proxy", "--db", "t.sqlite"];
+
+    fn start(extra: &[&str], given: Given) -> Result<Start, StartError> {
+        check(&args(extra), given, std::path::Path::new("/srv"))
+    }
+
+    #[test]
+    fn a_writable_server_without_a_secret_is_refused_naming_the_variable_and_read_only() {
+        let given = Given {
+            control_dsn: dsn(),
+            ..Given::default()
+        };
+        let err = start(PLAIN, given).unwrap_err();
+        assert_eq!(err, StartError::NoSecret);
+        let text = err.to_string();
+        assert!(
+            text.contains("CONFIRM_SECRET") && text.contains("--read-only"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_secret_under_32_bytes_is_refused_with_its_length_and_never_its_bytes() {
+        let given = Given {
+            confirm_secret: Some(Zeroizing::new(b"0123456789abcdefghijklmnopqrstu".to_vec())),
+            control_dsn: dsn(),
+            ..Given::default()
+        };
+        let err = start(PLAIN, given).unwrap_err();
+        assert_eq!(
+            err,
+            StartError::ShortSecret {
+                from: "CONFIRM_SECRET",
+                len: 31
+            }
+        );
+        assert!(err.to_string().contains("31 bytes"));
+        assert!(!format!("{err} {err:?}").contains("0123456789"));
+    }
+
+    #[test]
+    fn a_secret_file_loses_its_final_newline_only() {
+        let given = Given {
+            secret_file: Some(Zeroizing::new([vec![b'k'; 32], b"\n".to_vec()].concat())),
+            control_dsn: dsn(),
+            ..Given::default()
+        };
+        assert!(start(PLAIN, given).is_ok());
+        let given = Given {
+            secret_file: Some(Zeroizing::new([vec![b'k'; 31], b"\n".to_vec()].concat())),
+            control_dsn: dsn(),
+            ..Given::default()
+        };
+        assert_eq!(
+            start(PLAIN, given).unwrap_err(),
+            StartError::ShortSecret {
+                from: "--secret-file",
+                len: 31
+            }
+        );
+    }
+
+    #[test]
+    fn two_secrets_are_refused_rather_than_one_guessed() {
+        let given = Given {
+            secret_file: secret(40),
+            ..writable()
+        };
+        assert_eq!(start(PLAIN, given).unwrap_err(), StartError::TwoSecrets);
+    }
+
+    #[test]
+    fn a_writable_server_without_a_control_database_is_refused() {
+        let given = Given {
+            confirm_secret: secret(32),
+            ..Given::default()
+        };
+        let err = start(PLAIN, given).unwrap_err();
+        assert_eq!(err, StartError::NoControlDsn);
+        assert!(err.to_string().contains("CONTROL_DSN"));
+        let blank = Given {
+            control_dsn: Some(Zeroizing::new("  ".into())),
+            ..writable()
+        };
+        assert_eq!(start(PLAIN, blank).unwrap_err(), StartError::NoControlDsn);
+    }
+
+    #[test]
+    fn a_read_only_server_starts_without_secret_or_database_and_says_a_given_secret_is_ignored() {
+        let started = start(
+            &["--read-only", "--behind-tls-proxy", "--db", "t"],
+            Given::default(),
+        )
+        .unwrap();
+        assert!(matches!(started.mode, Mode::ReadOnly { dsn: None }));
+        assert!(!started.secret_ignored);
+        let given = Given {
+            confirm_secret: secret(3),
+            ..Given::default()
+        };
+        let started = start(&["--read-only", "--behind-tls-proxy", "--db", "t"], given).unwrap();
+        assert!(
+            started.secret_ignored,
+            "a short secret is not checked, only ignored"
+        );
+    }
+
+    #[test]
+    fn the_token_lifetime_is_ten_minutes_unless_set_within_bounds() {
+        assert_eq!(start(PLAIN, writable()).unwrap().token_ttl_ms, 600_000);
+        let ttl = |text: &str| {
+            start(
+                PLAIN,
+                Given {
+                    confirm_ttl_ms: Some(text.into()),
+                    ..writable()
+                },
+            )
+            .map(|s| s.token_ttl_ms)
+        };
+        assert_eq!(ttl("120000"), Ok(120_000));
+        assert_eq!(ttl(" 1000 "), Ok(1_000));
+        for bad in [
+            "abc",
+            "0",
+            "999",
+            "-5",
+            "1.5",
+            "86400001",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(ttl(bad), Err(StartError::BadTtl), "{bad}");
+        }
+    }
+
+    #[test]
+    fn how_the_server_is_reached_must_be_said() {
+        let err = start(&["--db", "t"], writable()).unwrap_err();
+        assert_eq!(err, StartError::NoTransport);
+        let tls = start(
+            &["--tls-cert", "c.pem", "--tls-key", "k.pem", "--db", "t"],
+            writable(),
+        )
+        .unwrap();
+        assert_eq!(
+            tls.transport,
+            Transport::Tls {
+                cert: "c.pem".into(),
+                key: "k.pem".into()
+            }
+        );
+        assert!(
+            Args::try_parse_from([
+                "countersign serve",
+                "--listen",
+                "127.0.0.1:1",
+                "--tls-cert",
+                "c.pem",
+                "--behind-tls-proxy",
+            ])
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_public_address_needs_its_host_names() {
+        let argv = |extra: &[&str]| {
+            let mut v = vec!["countersign serve", "--listen", "0.0.0.0:8443"];
+            v.extend_from_slice(extra);
+            Args::try_parse_from(v).unwrap()
+        };
+        let cwd = std::path::Path::new("/srv");
+        let err = check(&argv(PLAIN), writable(), cwd).unwrap_err();
+        assert!(matches!(err, StartError::NoAllowedHost { .. }), "{err:?}");
+        let mut extra = PLAIN.to_vec();
+        extra.extend(["--allowed-host", "mcp.example.com"]);
+        let ok = check(&argv(&extra), writable(), cwd).unwrap();
+        assert_eq!(ok.allowed_hosts, ["mcp.example.com"]);
+        assert_eq!(
+            start(PLAIN, writable()).unwrap().allowed_hosts,
+            LOOPBACK_HOSTS
+        );
+    }
+
+    #[test]
+    fn exactly_one_upstream_is_named_and_a_relative_db_is_made_absolute() {
+        let err = start(&["--behind-tls-proxy"], writable()).unwrap_err();
+        assert_eq!(err, StartError::NoUpstream);
+        let s = start(PLAIN, writable()).unwrap();
+        assert_eq!(
+            s.upstream,
+            Reach::Builtin {
+                db: "/srv/t.sqlite".into()
+            }
+        );
+        let s = start(&["--behind-tls-proxy", "--", "srv", "--flag"], writable()).unwrap();
+        let Reach::Command { argv, env, .. } = s.upstream else {
+            panic!()
+        };
+        assert_eq!(argv, ["srv", "--flag"]);
+        assert!(
+            env.iter()
+                .all(|(k, _)| !OWN_VARIABLES.contains(&k.as_str()))
+        );
+    }
+
+    #[test]
+    fn nothing_started_shows_the_secret_or_the_password() {
+        let s = start(PLAIN, writable()).unwrap();
+        let shown = format!("{s:?} {:?}", writable());
+        assert!(
+            !shown.contains("kkkk") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn no_refusal_of_a_secret_shows_its_bytes(bytes in proptest::collection::vec(b'a'..=b'z', 8..32)) {
+            let given = Given {
+                confirm_secret: Some(Zeroizing::new(bytes.clone())),
+                control_dsn: dsn(),
+                ..Given::default()
+            };
+            let err = start(PLAIN, given).unwrap_err();
+            let text = String::from_utf8(bytes).unwrap();
+            let shown = format!("{err} {err:?}");
+            prop_assert!(!shown.contains(&text), "{shown}");
+        }
+    }
+}

@@ -1,0 +1,640 @@
+//! `countersign serve`, as a team's agents and operators meet it: the real binary, started as a
+//! process, reached over TCP (plain and TLS), with the built-in tools as its upstream and (for a
+//! writable server) a throwaway PostgreSQL server as its control database.
+//!
+//! What is tried: the seed's start rules (a refusal never binds the port, and `countersign serve`
+//! refuses alike); the secret and the database password never in anything the server writes;
+//! read-only serving only open tools; the HTTP edges (Host, Origin, methods, media types, size,
+//! protocol revision, hostile JSON-RPC) refused before anything reaches the engine or upstream.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use countersign_tests::postgres::shared_database;
+use countersign_tests::window::bin;
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use serde_json::{Value, json};
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `countersign-serve` with `args`, an environment of only PATH, HOME and `env`, its output
+/// captured.
+fn serve(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", std::env::var("HOME").unwrap_or_default())
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn refused_without_binding(program: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut all = vec!["--listen", listen.as_str()];
+    all.extend_from_slice(args);
+    let out = serve(program, &all, env).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains("listening"), "{stderr}");
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the port was bound by a server that refused to start"
+    );
+    stderr
+}
+
+#[test]
+fn a_writable_server_without_its_secret_or_control_database_refuses_and_never_binds() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.sqlite");
+    let db = db.to_str().unwrap();
+    for program in [bin("countersign-serve"), bin("countersign")] {
+        let prefix: &[&str] = if program.ends_with("countersign") {
+            &["serve"]
+        } else {
+            &[]
+        };
+        let run = |rest: &[&str], env: &[(&str, &str)]| {
+            let port = free_port();
+            let listen = format!("127.0.0.1:{port}");
+            let mut all: Vec<&str> = prefix.to_vec();
+            all.extend(["--listen", listen.as_str()]);
+            all.extend_from_slice(rest);
+            all.extend(["--db", db]);
+            let out = serve(&program, &all, env).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert!(!stderr.contains("listening"), "{stderr}");
+            assert!(
+                TcpStream::connect(("127.0.0.1", port)).is_err(),
+                "the port was bound by a server that refused to start"
+            );
+            stderr
+        };
+        let no_secret = run(
+            &["--behind-tls-proxy"],
+            &[("CONTROL_DSN", "host=127.0.0.1")],
+        );
+        assert!(
+            no_secret.contains("CONFIRM_SECRET") && no_secret.contains("--read-only"),
+            "{no_secret}"
+        );
+        let secret = "s".repeat(40);
+        let no_dsn = run(&["--behind-tls-proxy"], &[("CONFIRM_SECRET", &secret)]);
+        assert!(no_dsn.contains("CONTROL_DSN"), "{no_dsn}");
+        let short = run(
+            &["--behind-tls-proxy"],
+            &[
+                ("CONFIRM_SECRET", "short-secret-31-bytes-long-xxxx"),
+                ("CONTROL_DSN", "host=127.0.0.1"),
+                ("RUST_LOG", "trace"),
+            ],
+        );
+        assert!(short.contains("31 bytes"), "{short}");
+        assert!(!short.contains("short-secret"), "{short}");
+        let no_tls = run(&[], &[("CONFIRM_SECRET", &secret), ("CONTROL_DSN", "x")]);
+        assert!(no_tls.contains("--behind-tls-proxy"), "{no_tls}");
+    }
+}
+
+#[test]
+fn unusable_tls_files_and_a_public_address_without_host_names_refuse_before_binding() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.sqlite");
+    let cert = dir.path().join("cert.pem");
+    std::fs::write(&cert, "not a certificate").unwrap();
+    let key = dir.path().join("key.pem");
+    std::fs::write(
+        &key,
+        "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let stderr = refused_without_binding(
+        &bin("countersign-serve"),
+        &[
+            "--read-only",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(stderr.contains("cert.pem"), "{stderr}");
+    assert!(
+        !stderr.contains("c2VjcmV0"),
+        "the key's text is never quoted: {stderr}"
+    );
+    let out = serve(
+        &bin("countersign-serve"),
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--read-only",
+            "--behind-tls-proxy",
+            "--db",
+            db.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--allowed-host"));
+}
+
+/// A running server, killed when dropped; its stderr kept for the test to read.
+struct Server {
+    child: Child,
+    port: u16,
+    log: Arc<std::sync::Mutex<Vec<u8>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("tools.sqlite");
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('hello');")
+            .unwrap();
+        drop(conn);
+        // Port 0 is refused nowhere, but the test must know the port: take a free one.
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut all = vec!["--listen", listen.as_str(), "--db", db.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let mut child = serve(&bin("countersign-serve"), &all, env).spawn().unwrap();
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut stderr = child.stderr.take().unwrap();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            let mut told = false;
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut log = sink.lock().unwrap();
+                log.extend_from_slice(&buf[..n]);
+                if !told && String::from_utf8_lossy(&log).contains("listening on") {
+                    told = true;
+                    let _ = ready_tx.send(());
+                }
+            }
+        });
+        let ready = ready_rx.recv_timeout(Duration::from_secs(60));
+        let server = Server {
+            child,
+            port,
+            log,
+            _dir: dir,
+        };
+        assert!(ready.is_ok(), "the server did not start: {}", server.log());
+        server
+    }
+
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&self.log.lock().unwrap()).into_owned()
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Stops it and hands back everything it wrote.
+    fn stop(mut self) -> String {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut stdout = String::new();
+        if let Some(mut out) = self.child.stdout.take() {
+            let _ = out.read_to_string(&mut stdout);
+        }
+        format!("{stdout}{}", self.log())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request over `stream`: the status, the headers (lowercased) and the body.
+fn exchange(
+    mut stream: impl Read + Write,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
+    let mut request = format!("{method} /mcp HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request.push_str("Host: 127.0.0.1\r\n");
+    }
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+const JSON: [(&str, &str); 2] = [
+    ("Content-Type", "application/json"),
+    ("Accept", "application/json, text/event-stream"),
+];
+
+fn post(port: u16, extra: &[(&str, &str)], body: &str) -> (u16, String, Value) {
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut headers = JSON.to_vec();
+    headers.extend_from_slice(extra);
+    let (status, head, body) = exchange(stream, "POST", &headers, body.as_bytes());
+    let value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    (status, head, value)
+}
+
+async fn agent(url: &str) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+    ().serve(StreamableHttpClientTransport::from_uri(url))
+        .await
+        .unwrap()
+}
+
+fn text_of(result: &rmcp::model::CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_offers_only_open_tools_and_runs_them() {
+    let server = Server::start(&["--read-only", "--behind-tls-proxy"], &[]);
+    let agent = agent(&server.url()).await;
+    let mut names: Vec<String> = agent
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["describe_table", "list_tables", "query"]);
+    let query = agent
+        .call_tool(
+            CallToolRequestParams::new("query").with_arguments(
+                json!({"sql": "SELECT body FROM notes"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(text_of(&query).contains("hello"), "{query:?}");
+    let execute = agent
+        .call_tool(
+            CallToolRequestParams::new("execute").with_arguments(
+                json!({"sql": "DELETE FROM notes"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(execute.is_error, Some(true));
+    assert!(text_of(&execute).contains("read-only"), "{execute:?}");
+    let after = agent
+        .call_tool(
+            CallToolRequestParams::new("query").with_arguments(
+                json!({"sql": "SELECT count(*) AS n FROM notes"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(
+        text_of(&after).contains("\"n\":1"),
+        "nothing was deleted: {after:?}"
+    );
+    agent.cancel().await.unwrap();
+    // Stateless: no session is ever handed out.
+    let (status, head, _) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+    );
+    assert_eq!(status, 200);
+    assert!(!head.contains("mcp-session-id"), "{head}");
+}
+
+#[test]
+fn http_edges_are_refused_before_anything_reaches_the_engine_or_the_upstream() {
+    let server = Server::start(
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--allowed-origin",
+            "https://app.example.com",
+        ],
+        &[],
+    );
+    let port = server.port;
+    let ping = r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#;
+    assert_eq!(post(port, &[], ping).0, 200);
+    let status = |extra: &[(&str, &str)]| post(port, extra, ping).0;
+    assert_eq!(status(&[("Host", "evil.example")]), 403, "DNS rebinding");
+    assert_eq!(status(&[("Host", "localhost:1234")]), 200);
+    assert_eq!(status(&[("Origin", "https://evil.example")]), 403);
+    assert_eq!(status(&[("Origin", "null")]), 403);
+    assert_eq!(status(&[("Origin", "https://app.example.com")]), 200);
+    assert_eq!(status(&[("MCP-Protocol-Version", "1999-01-01")]), 400);
+    // Methods and media types.
+    let raw = |method: &str, headers: &[(&str, &str)], body: &[u8]| {
+        exchange(
+            TcpStream::connect(("127.0.0.1", port)).unwrap(),
+            method,
+            headers,
+            body,
+        )
+    };
+    let (code, head, _) = raw("GET", &[("Accept", "text/event-stream")], b"");
+    assert_eq!(code, 405);
+    assert!(head.contains("allow: post"), "{head}");
+    assert_eq!(raw("DELETE", &[], b"").0, 405);
+    assert_eq!(
+        raw(
+            "POST",
+            &[
+                ("Content-Type", "application/json"),
+                ("Accept", "text/event-stream")
+            ],
+            ping.as_bytes()
+        )
+        .0,
+        406
+    );
+    assert_eq!(
+        raw(
+            "POST",
+            &[
+                ("Content-Type", "text/plain"),
+                ("Accept", "application/json")
+            ],
+            ping.as_bytes()
+        )
+        .0,
+        415
+    );
+    let huge = vec![b' '; 4 * 1024 * 1024 + 1];
+    assert_eq!(raw("POST", &JSON, &huge).0, 413);
+    // Hostile JSON-RPC: answered by the router, never dispatched.
+    let error = |body: &str| post(port, &[], body).2["error"]["code"].as_i64();
+    assert_eq!(
+        error(
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call","params":{"name":"query","arguments":{"sql":"SELECT 1"}}}"#
+        ),
+        Some(-32600)
+    );
+    assert_eq!(
+        error(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#),
+        Some(-32600)
+    );
+    assert_eq!(
+        error(r#"{"jsonrpc":"2.0","id":1,"method":"sampling/createMessage","params":{}}"#),
+        Some(-32601)
+    );
+    assert_eq!(
+        error(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"query","name":"execute"}}"#
+        ),
+        Some(-32600)
+    );
+    // A notification is accepted and goes nowhere.
+    assert_eq!(
+        post(
+            port,
+            &[],
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        )
+        .0,
+        202
+    );
+    let log = server.stop();
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
+fn self_signed(dir: &Path) -> (PathBuf, PathBuf, rustls::pki_types::CertificateDer<'static>) {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    (cert, key, certified.cert.der().clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_client_trusting_the_certificate_is_answered_and_plain_http_is_not() {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key, der) = self_signed(certs.path());
+    let server = Server::start(
+        &[
+            "--read-only",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let port = server.port;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let answer = tokio::task::spawn_blocking(move || {
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let tls = rustls::StreamOwned::new(conn, tcp);
+        let mut headers = JSON.to_vec();
+        headers.push(("Host", "localhost"));
+        exchange(
+            tls,
+            "POST",
+            &headers,
+            br#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer.0, 200, "{answer:?}");
+    assert!(answer.2.contains("list_tables"), "{answer:?}");
+    // Plain HTTP to the TLS port: no MCP answer comes back.
+    let plain = tokio::task::spawn_blocking(move || {
+        let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        exchange(
+            tcp,
+            "POST",
+            &JSON,
+            br#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#,
+        )
+    })
+    .await
+    .unwrap();
+    assert_ne!(plain.0, 200);
+    assert!(!plain.2.contains("list_tables"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_anywhere() {
+    let dsn = shared_database().await;
+    let secret = "marker-secret-0123456789-abcdefghijklmnopq";
+    let server = Server::start(
+        &["--behind-tls-proxy"],
+        &[
+            ("CONFIRM_SECRET", secret),
+            ("CONTROL_DSN", &dsn),
+            ("CONFIRM_TTL_MS", "120000"),
+            ("RUST_LOG", "trace"),
+        ],
+    );
+    let agent = agent(&server.url()).await;
+    let tools = agent.list_all_tools().await.unwrap();
+    let execute = tools
+        .iter()
+        .find(|t| t.name == "execute")
+        .expect("a writable server offers the gated tools");
+    let schema = serde_json::to_string(&execute.input_schema).unwrap();
+    assert!(schema.contains("confirmToken"), "{schema}");
+    let preflight = agent
+        .call_tool(
+            CallToolRequestParams::new("execute").with_arguments(
+                json!({"sql": "DELETE FROM notes"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(preflight.is_error, Some(true));
+    assert_eq!(
+        preflight.structured_content.as_ref().unwrap()["refusal"],
+        "desk_unavailable",
+        "{preflight:?}"
+    );
+    assert!(text_of(&preflight).contains("no approver is connected"));
+    // A forged confirm: refused, and nothing ran.
+    let forged = agent
+        .call_tool(
+            CallToolRequestParams::new("execute").with_arguments(
+                json!({"sql": "DELETE FROM notes", "confirm": true, "confirmTarget": "notes",
+                       "confirmToken": "cs1.AAAA.BBBB"})
+                .as_object()
+                .unwrap()
+                .clone(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forged.is_error, Some(true), "{forged:?}");
+    let count = agent
+        .call_tool(
+            CallToolRequestParams::new("query").with_arguments(
+                json!({"sql": "SELECT count(*) AS n FROM notes"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(text_of(&count).contains("\"n\":1"), "{count:?}");
+    agent.cancel().await.unwrap();
+    // Its events are in the control database.
+    let client = countersign_tests::postgres::admin(&dsn).await;
+    let rows = client
+        .query("SELECT kind, refusal, tool, tenant FROM history", &[])
+        .await
+        .unwrap();
+    let events: Vec<(String, Option<String>, String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|(kind, refusal, tool, tenant)| kind == "refused"
+                && refusal.as_deref() == Some("bad_token")
+                && tool == "execute"
+                && tenant.starts_with("unauthenticated@")),
+        "the forged confirm is on the record, under the caller and the server: {events:?}"
+    );
+    let written = server.stop();
+    assert!(written.contains("listening on"), "{written}");
+    assert!(!written.contains(secret), "the secret was written");
+    assert!(
+        !written.contains("marker-secret"),
+        "part of the secret was written"
+    );
+    let password = dsn
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("password="));
+    if let Some(password) = password {
+        assert!(
+            !written.contains(password),
+            "the database password was written"
+        );
+    }
+}
