@@ -5,27 +5,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use countersign_core::{Ledger, Nonce, SpendError};
+use countersign_core::{Ledger, SpendError};
+use countersign_store::test_support::{nonce, short_timeout, unreachable};
 use countersign_store::{Store, StoreOptions};
 use countersign_tests::{Spend, spawn_one};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_ledger_child");
 const EXPIRES_AT_MS: u64 = 4_000_000_000_000;
-
-fn short_timeout() -> StoreOptions {
-    StoreOptions::default().with_busy_timeout(Duration::from_millis(200))
-}
-
-fn nonce(n: u8) -> Nonce {
-    Nonce::from_bytes([n; 16])
-}
-
-fn unreachable(result: Result<(), SpendError>) -> String {
-    match result {
-        Err(SpendError::Unreachable(reason)) => reason,
-        other => panic!("expected Unreachable, got {other:?}"),
-    }
-}
 
 fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()

@@ -9,44 +9,17 @@
 
 use std::time::{Duration, Instant};
 
-use countersign_core::{GateClass, Nonce, PlanHash, SpendError};
-use countersign_store::{
-    Approval, Postgres, PostgresOptions, Records, SERIALIZATION_RETRIES, StoreError,
-};
+use countersign_core::SpendError;
+use countersign_store::test_support::{approval, nonce, unreachable};
+use countersign_store::{Postgres, PostgresOptions, Records, SERIALIZATION_RETRIES, StoreError};
 use countersign_tests::postgres::{
-    FaultProxy, PrivateServer, admin, fresh_database, shared_database,
+    FaultProxy, PrivateServer, admin, fresh_database, migrated_database,
 };
-use countersign_tests::{Spend, spawn_group};
+use countersign_tests::{Spend, assert_ready, spawn_group};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_ledger_child");
 const PROCESSES: usize = 64;
 const EXPIRES_AT_MS: u64 = 4_000_000_000_000;
-
-fn nonce(n: u8) -> Nonce {
-    Nonce::from_bytes([n; 16])
-}
-
-fn unreachable(result: Result<(), SpendError>) -> String {
-    match result {
-        Err(SpendError::Unreachable(reason)) => reason,
-        other => panic!("expected Unreachable, got {other:?}"),
-    }
-}
-
-fn approval(n: u8) -> Approval {
-    Approval {
-        nonce: nonce(n),
-        tool: "delete_backup".into(),
-        target: format!("backup-{n}"),
-        tenant: "conn-1".into(),
-        plan: PlanHash::from_bytes([n; 32]),
-        arguments: serde_json::json!({ "name": format!("backup-{n}") }),
-        issued_at_ms: 1,
-        expires_at_ms: EXPIRES_AT_MS,
-        class: GateClass::Once,
-        mac: Some([n; 32]),
-    }
-}
 
 /// Options for fault tests: short timeouts, so a refusal comes quickly.
 fn short(application_name: &str) -> PostgresOptions {
@@ -60,26 +33,14 @@ fn short(application_name: &str) -> PostgresOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn sixty_four_processes_spending_one_nonce_on_postgres_spend_it_once() {
-    let dsn = shared_database().await;
     // The schema exists before the children start: the race is on the spend alone.
-    drop(
-        Postgres::connect(&dsn, PostgresOptions::default())
-            .await
-            .unwrap(),
-    );
+    let dsn = migrated_database().await;
     for round in 0..3u8 {
         let started = Instant::now();
         let hex = nonce(round).to_hex();
         let (mut release, children) =
             spawn_group(CHILD, &["postgres-spend", &dsn, &hex], &[], PROCESSES);
-        for child in &children {
-            assert_eq!(
-                child.first_line(),
-                "ready",
-                "child {} was not ready",
-                child.id()
-            );
-        }
+        assert_ready(&children);
         release.release();
         let (mut ok, mut already_spent, mut slowest) = (0, 0, 0);
         for child in children.into_iter().map(|c| c.finish()) {
@@ -120,7 +81,10 @@ async fn a_server_stopped_before_the_spend_is_unreachable_and_the_nonce_spends_o
     let records = Postgres::connect(&dsn, short("countersign-stopped"))
         .await
         .unwrap();
-    records.put_approval(&approval(1)).await.unwrap();
+    records
+        .put_approval(&approval(1, EXPIRES_AT_MS))
+        .await
+        .unwrap();
 
     server.stop_immediately();
     let reason = unreachable(records.spend(&nonce(1), EXPIRES_AT_MS).await);
@@ -140,7 +104,7 @@ async fn a_server_stopped_before_the_spend_is_unreachable_and_the_nonce_spends_o
     );
     assert_eq!(
         records.approval(&nonce(1)).await.unwrap(),
-        Some(approval(1))
+        Some(approval(1, EXPIRES_AT_MS))
     );
 }
 
@@ -185,12 +149,7 @@ async fn a_connection_cut_after_the_insert_was_sent_is_unreachable_then_already_
 /// A database whose `spent_nonce` inserts fail with a serialization failure the first
 /// `failures` times (a trigger of the test's own; the product's schema has no functions).
 async fn failing_the_first(failures: u32) -> (String, tokio_postgres::Client) {
-    let dsn = shared_database().await;
-    drop(
-        Postgres::connect(&dsn, PostgresOptions::default())
-            .await
-            .unwrap(),
-    );
+    let dsn = migrated_database().await;
     let admin = admin(&dsn).await;
     admin
         .batch_execute(&format!(

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use countersign_core::Nonce;
 use countersign_store::{Store, StoreOptions};
-use countersign_tests::{Spend, spawn_group};
+use countersign_tests::{Spend, assert_ready, spawn_group};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_ledger_child");
 const PROCESSES: usize = 64;
@@ -40,14 +40,7 @@ fn round(mode: &str, round: usize) -> Round {
     }
     let started = Instant::now();
     let (mut release, children) = spawn_group(CHILD, &[mode, db_arg, &nonce], &[LOG], PROCESSES);
-    for child in &children {
-        assert_eq!(
-            child.first_line(),
-            "ready",
-            "child {} was not ready",
-            child.id()
-        );
-    }
+    assert_ready(&children);
     if mode == "open-and-spend" {
         assert!(
             !db.exists(),

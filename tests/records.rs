@@ -2,21 +2,25 @@
 //! the desk's SQLite file and against PostgreSQL, so the two implementations of `Records` cannot
 //! drift apart. Each behaviour is a generic function over `&dyn Records`; the `suite!` macro
 //! instantiates it once per store. The PostgreSQL half needs `.ci/with-postgres` (a fresh
-//! database per test) and fails, not passes, without it. What only one store has (SQLite's file
-//! format, PostgreSQL's concurrent migrations and newer-schema refusal) is tested after the
-//! suite.
+//! database per test) and fails, not passes, without it. The rows stored are the store crate's
+//! own fixtures (`countersign_store::test_support`), the same its unit tests use. What only one
+//! store has is tested apart: SQLite's file (damaged rows, locks, reopening, migrations) by the
+//! store crate's unit tests, PostgreSQL's concurrent migrations and newer-schema refusal after
+//! the suite here.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
-use countersign_core::{GateClass, Nonce, PlanHash, Refusal, SpendError};
-use countersign_store::{
-    Accepted, Approval, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES,
-    MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Postgres, PostgresOptions, Pruned, Records, Sqlite,
-    Store, StoreError, StoreOptions, ToolPin,
+use countersign_core::telemetry::EventKind;
+use countersign_core::{GateClass, PlanHash, Refusal, SpendError};
+use countersign_store::test_support::{
+    approval, assert_spent_once, event, every_kind, grant, nonce, pin, temp_store,
 };
-use countersign_tests::postgres::shared_database;
+use countersign_store::{
+    Accepted, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES, MAX_DEFINITION_CHARS,
+    MAX_PINS_PER_SERVER, Postgres, PostgresOptions, Pruned, Records, Sqlite, StoreError, ToolPin,
+};
+use countersign_tests::postgres::{migrated_database, shared_database};
 
 /// A store under test, with whatever must live as long as it.
 struct Fixture {
@@ -25,8 +29,7 @@ struct Fixture {
 }
 
 fn sqlite() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
+    let (dir, store) = temp_store();
     Fixture {
         records: Arc::new(Sqlite::new(store)),
         _dir: Some(dir),
@@ -95,70 +98,6 @@ suite!(
     a_huge_accepted_file_is_refused_not_stored,
 );
 
-fn nonce(n: u8) -> Nonce {
-    Nonce::from_bytes([n; 16])
-}
-
-fn approval(n: u8, expires_at_ms: u64) -> Approval {
-    Approval {
-        nonce: nonce(n),
-        tool: "delete_backup".into(),
-        target: format!("backup-{n}"),
-        tenant: "conn-1".into(),
-        plan: PlanHash::from_bytes([n; 32]),
-        arguments: serde_json::json!({ "name": format!("backup-{n}") }),
-        issued_at_ms: expires_at_ms.saturating_sub(600_000),
-        expires_at_ms,
-        class: GateClass::Once,
-        mac: Some([n; 32]),
-    }
-}
-
-fn event(at_ms: u64, kind: EventKind) -> ConfirmEvent {
-    ConfirmEvent {
-        at_ms,
-        kind,
-        tool: "execute".into(),
-        target: Some("main.db".into()),
-        tenant: "conn-1".into(),
-        nonce: Some(nonce(7)),
-        plan: Some(PlanHash::from_bytes([8; 32])),
-        note: Some("a note".into()),
-    }
-}
-
-fn pin(server: &str, tool: &str, n: u8, at: u64) -> ToolPin {
-    ToolPin {
-        server: server.into(),
-        tool: tool.into(),
-        hash: PlanHash::from_bytes([n; 32]),
-        definition: format!("{{\"description\": \"version {n}\"}}"),
-        pinned_at_ms: at,
-    }
-}
-
-fn grant(kind: GrantKind, expires_at_ms: u64) -> Grant {
-    Grant {
-        id: 0,
-        kind,
-        server: "builtin:/tmp/app.sqlite".into(),
-        tool: "create_backup".into(),
-        tenant: (kind == GrantKind::Prefix).then(|| "conn-1".into()),
-        plan: (kind == GrantKind::Call).then(|| PlanHash::from_bytes([3; 32])),
-        prefix: (kind == GrantKind::Prefix).then(|| "/home/a/docs".into()),
-        target: "nightly".into(),
-        summary: "create_backup on nightly".into(),
-        class: GateClass::Token,
-        definition: PlanHash::from_bytes([4; 32]),
-        request: 7,
-        granted_at_ms: 1_000,
-        expires_at_ms,
-        uses: 0,
-        ended: None,
-        mac: [9; 32],
-    }
-}
-
 type R = Arc<dyn Records>;
 
 async fn a_spent_nonce_is_already_spent_the_second_time(r: R) {
@@ -166,8 +105,13 @@ async fn a_spent_nonce_is_already_spent_the_second_time(r: R) {
     assert_eq!(r.spend(&nonce(1), 10).await, Err(SpendError::AlreadySpent));
     assert_eq!(r.spend(&nonce(1), 99).await, Err(SpendError::AlreadySpent));
     assert_eq!(r.spend(&nonce(2), 10).await, Ok(()));
-    // An expiry beyond the store's range is "never": the nonce is kept.
+    // An expiry beyond the store's range is "never": the nonce is kept, and no `now` prunes it.
     assert_eq!(r.spend(&nonce(3), u64::MAX).await, Ok(()));
+    assert_eq!(
+        r.spend(&nonce(3), u64::MAX).await,
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(r.prune(u64::MAX).await.unwrap().nonces, 2, "only 1 and 2");
     assert_eq!(
         r.spend(&nonce(3), u64::MAX).await,
         Err(SpendError::AlreadySpent)
@@ -185,18 +129,7 @@ async fn tasks_racing_one_nonce_spend_it_once(r: R) {
     for task in tasks {
         outcomes.push(task.await.unwrap());
     }
-    assert_eq!(
-        outcomes.iter().filter(|o| o.is_ok()).count(),
-        1,
-        "{outcomes:?}"
-    );
-    assert!(
-        outcomes
-            .iter()
-            .filter(|o| o.is_err())
-            .all(|o| *o == Err(SpendError::AlreadySpent)),
-        "{outcomes:?}"
-    );
+    assert_spent_once(&outcomes);
 }
 
 async fn an_approval_reads_back_exactly_and_is_never_overwritten(r: R) {
@@ -212,6 +145,7 @@ async fn an_approval_reads_back_exactly_and_is_never_overwritten(r: R) {
     r.put_approval(&first).await.unwrap();
     let back = r.approval(&nonce(1)).await.unwrap().unwrap();
     assert_eq!(back, first);
+    // Same text too: floats come back bit for bit, and "2", 2 and 2.0 stay distinct.
     assert_eq!(back.arguments.to_string(), first.arguments.to_string());
     let mut token = approval(2, 700_000);
     (token.class, token.mac) = (GateClass::Token, None);
@@ -232,6 +166,7 @@ async fn an_open_class_approval_is_refused(r: R) {
     open.class = GateClass::Open;
     let err = r.put_approval(&open).await.unwrap_err();
     assert!(matches!(err, StoreError::UngatedApproval(n) if n == nonce(1)));
+    assert!(err.to_string().contains("open"), "{err}");
     assert_eq!(r.approval(&nonce(1)).await.unwrap(), None);
 }
 
@@ -256,29 +191,6 @@ async fn a_time_beyond_the_stores_range_is_refused(r: R) {
         r.record(&event(u64::MAX, EventKind::Issued)).await,
         Err(StoreError::TimeOutOfRange(u64::MAX))
     ));
-}
-
-fn every_kind() -> Vec<EventKind> {
-    let mut kinds = vec![
-        EventKind::Issued,
-        EventKind::Accepted,
-        EventKind::Replay,
-        EventKind::Denied,
-        EventKind::Changed,
-        EventKind::Executed { ok: true },
-        EventKind::Executed { ok: false },
-    ];
-    kinds.extend(
-        Refusal::ALL
-            .into_iter()
-            .map(|refusal| EventKind::Refused { refusal }),
-    );
-    kinds.extend(
-        Rejection::ALL
-            .into_iter()
-            .map(|reason| EventKind::Rejected { reason }),
-    );
-    kinds
 }
 
 async fn history_round_trips_every_event_kind(r: R) {
@@ -445,13 +357,15 @@ async fn first_sight_pins_and_a_later_sight_finds_the_first_pin(r: R) {
         .await
         .unwrap();
     assert_eq!(first, vec![pin("s", "a", 1, 10), pin("s", "b", 2, 10)]);
-    // A changed definition does not replace the pin; a tool new to a known server is not pinned.
+    // A changed definition does not replace the pin: the pin in force comes back. A tool new to
+    // a server the desk knows is not pinned on sight: the person accepts it first.
     let later = r
         .pin_first_seen(&[pin("s", "a", 9, 20), pin("s", "c", 3, 20)])
         .await
         .unwrap();
     assert_eq!(later, vec![pin("s", "a", 1, 10)]);
     assert_eq!(r.tool_pin("s", "c").await.unwrap(), None);
+    // Another server's tool of the same name is its own pin.
     let other = r.pin_first_seen(&[pin("t", "a", 5, 30)]).await.unwrap();
     assert_eq!(other, vec![pin("t", "a", 5, 30)]);
 }
@@ -484,12 +398,26 @@ async fn a_first_listing_pins_at_most_its_share(r: R) {
     assert_eq!(r.tool_pin("flood", &last).await.unwrap(), None);
 }
 
-async fn a_stored_grant_reads_back_with_its_number_and_counts_its_uses(r: R) {
-    let id = r
-        .put_grant(&grant(GrantKind::Call, 10_000), 64, 1_000)
+/// Stores `grant` (under a cap of 64 live grants, at 1000) and answers its number.
+async fn stored(r: &R, grant: &Grant) -> u64 {
+    r.put_grant(grant, 64, 1_000)
         .await
         .unwrap()
-        .unwrap();
+        .expect("stored under the cap")
+}
+
+/// The numbers of the grants live at `now`, oldest first.
+async fn live_ids(r: &R, now: u64) -> Vec<u64> {
+    r.live_grants(now)
+        .await
+        .unwrap()
+        .iter()
+        .map(|g| g.id)
+        .collect()
+}
+
+async fn a_stored_grant_reads_back_with_its_number_and_counts_its_uses(r: R) {
+    let id = stored(&r, &grant(GrantKind::Call, 10_000)).await;
     r.grant_used(id).await.unwrap();
     r.grant_used(id).await.unwrap();
     let live = r.live_grants(1_000).await.unwrap();
@@ -507,29 +435,15 @@ async fn a_stored_grant_reads_back_with_its_number_and_counts_its_uses(r: R) {
 }
 
 async fn an_expired_or_ended_grant_is_not_live_and_ends_once(r: R) {
-    let a = r
-        .put_grant(&grant(GrantKind::Call, 5_000), 64, 1_000)
-        .await
-        .unwrap()
-        .unwrap();
-    let b = r
-        .put_grant(&grant(GrantKind::Call, 9_000), 64, 1_000)
-        .await
-        .unwrap()
-        .unwrap();
+    let a = stored(&r, &grant(GrantKind::Call, 5_000)).await;
+    let b = stored(&r, &grant(GrantKind::Call, 9_000)).await;
     // Expiring exactly at `now` is no longer live.
     assert_eq!(r.live_grants(5_000).await.unwrap().len(), 1);
     assert!(r.end_grant(b, 6_000, GrantEnd::Revoked).await.unwrap());
     assert!(!r.end_grant(b, 6_001, GrantEnd::Revoked).await.unwrap());
+    // An expired grant cannot be revoked: it is already over.
     assert!(!r.end_grant(a, 6_000, GrantEnd::Revoked).await.unwrap());
-    let live: Vec<u64> = r
-        .live_grants(1_000)
-        .await
-        .unwrap()
-        .iter()
-        .map(|g| g.id)
-        .collect();
-    assert_eq!(live, vec![a]);
+    assert_eq!(live_ids(&r, 1_000).await, vec![a]);
     assert!(r.live_grants(5_000).await.unwrap().is_empty());
     assert_eq!(
         r.grant(b).await.unwrap().unwrap().ended,
@@ -538,46 +452,27 @@ async fn an_expired_or_ended_grant_is_not_live_and_ends_once(r: R) {
 }
 
 async fn session_grants_end_with_their_connection_or_all_at_a_restart(r: R) {
-    let call = r
-        .put_grant(&grant(GrantKind::Call, 10_000), 64, 1_000)
-        .await
-        .unwrap()
-        .unwrap();
-    let mine = r
-        .put_grant(&grant(GrantKind::Prefix, 10_000), 64, 1_000)
-        .await
-        .unwrap()
-        .unwrap();
+    let call = stored(&r, &grant(GrantKind::Call, 10_000)).await;
+    let mine = stored(&r, &grant(GrantKind::Prefix, 10_000)).await;
     let other = Grant {
         tenant: Some("conn-2".into()),
         ..grant(GrantKind::Prefix, 10_000)
     };
-    let other = r.put_grant(&other, 64, 1_000).await.unwrap().unwrap();
+    let other = stored(&r, &other).await;
     assert_eq!(
         r.end_prefix_grants(Some("conn-1"), 2_000, GrantEnd::Disconnected)
             .await
             .unwrap(),
         1
     );
-    let live = |now| {
-        let r = r.clone();
-        async move {
-            r.live_grants(now)
-                .await
-                .unwrap()
-                .iter()
-                .map(|g| g.id)
-                .collect::<Vec<u64>>()
-        }
-    };
-    assert_eq!(live(2_000).await, vec![call, other]);
+    assert_eq!(live_ids(&r, 2_000).await, vec![call, other]);
     assert_eq!(
         r.end_prefix_grants(None, 3_000, GrantEnd::Restarted)
             .await
             .unwrap(),
         1
     );
-    assert_eq!(live(3_000).await, vec![call]);
+    assert_eq!(live_ids(&r, 3_000).await, vec![call]);
     assert_eq!(
         r.grant(mine).await.unwrap().unwrap().ended,
         Some((2_000, GrantEnd::Disconnected))
@@ -692,12 +587,7 @@ async fn replicas_starting_at_once_on_a_new_database_all_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn a_database_with_a_newer_schema_is_refused_unchanged() {
-    let dsn = shared_database().await;
-    drop(
-        Postgres::connect(&dsn, PostgresOptions::default())
-            .await
-            .unwrap(),
-    );
+    let dsn = migrated_database().await;
     let admin = countersign_tests::postgres::admin(&dsn).await;
     admin
         .execute(

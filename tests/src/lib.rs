@@ -187,6 +187,18 @@ pub fn spawn_group(
     (Release(Some(writer)), children)
 }
 
+/// Asserts that every child of a group printed `ready` (none failed before the release).
+pub fn assert_ready(children: &[LedgerChild]) {
+    for child in children {
+        assert_eq!(
+            child.first_line(),
+            "ready",
+            "child {} was not ready",
+            child.id()
+        );
+    }
+}
+
 /// Starts one child; see [`spawn_group`].
 pub fn spawn_one(program: &str, args: &[&str]) -> (Release, LedgerChild) {
     let (release, mut children) = spawn_group(program, args, &[], 1);

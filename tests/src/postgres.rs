@@ -1,5 +1,5 @@
 //! PostgreSQL for the records tests: the shared throwaway server `.ci/with-postgres` starts, a
-//! fresh database per test on it, a private server for the tests that stop or freeze one, and a
+//! fresh database per test on it (empty, or with the records' schema), a private server for the tests that stop or freeze one, and a
 //! fault proxy that cuts a connection after a spend is sent.
 //!
 //! Tests that need PostgreSQL are `#[ignore]`d (CI runs them under `.ci/with-postgres`) and FAIL,
@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use countersign_store::{Postgres, PostgresOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -68,6 +69,19 @@ pub async fn fresh_database(server_dsn: &str) -> String {
 /// A new database on the shared server.
 pub async fn shared_database() -> String {
     fresh_database(&shared_dsn()).await
+}
+
+/// A new database on the shared server with the records' schema already in it (a [`Postgres`]
+/// connected once and dropped), for a test whose race or fault must not include the migration,
+/// or that changes the schema itself.
+pub async fn migrated_database() -> String {
+    let dsn = shared_database().await;
+    drop(
+        Postgres::connect(&dsn, PostgresOptions::default())
+            .await
+            .unwrap_or_else(|err| panic!("migrating a fresh database: {err}")),
+    );
+    dsn
 }
 
 /// Waits until `ready` holds, checking every few milliseconds, or panics after `deadline` with

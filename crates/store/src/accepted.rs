@@ -73,36 +73,3 @@ impl Store {
         })
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_support::temp_store;
-
-    #[test]
-    fn a_file_is_unknown_until_accepted_then_its_latest_text_is_kept() {
-        let (_dir, mut store) = temp_store();
-        assert_eq!(store.accepted("servers.json").unwrap(), None);
-        store.accept("servers.json", "{}", 5).unwrap();
-        store
-            .accept("servers.json", "{\"servers\": {}}", 7)
-            .unwrap();
-        store.accept("policy.toml", "", 8).unwrap();
-        assert_eq!(
-            store.accepted("servers.json").unwrap(),
-            Some(Accepted {
-                text: "{\"servers\": {}}".into(),
-                at_ms: 7
-            })
-        );
-        assert_eq!(store.accepted("policy.toml").unwrap().unwrap().text, "");
-    }
-
-    #[test]
-    fn a_huge_file_is_refused_not_stored() {
-        let (_dir, mut store) = temp_store();
-        let huge = "x".repeat(MAX_ACCEPTED_BYTES + 1);
-        assert!(store.accept("policy.toml", &huge, 1).is_err());
-        assert_eq!(store.accepted("policy.toml").unwrap(), None);
-    }
-}

@@ -66,37 +66,10 @@ mod tests {
 
     use countersign_core::{Ledger, SpendError};
 
-    use crate::test_support::{nonce, raw, short_timeout, temp_store};
+    use crate::test_support::{
+        assert_spent_once, nonce, raw, short_timeout, temp_store, unreachable,
+    };
     use crate::{Store, StoreOptions};
-
-    fn unreachable(result: Result<(), SpendError>) -> String {
-        match result {
-            Err(SpendError::Unreachable(reason)) => reason,
-            other => panic!("expected Unreachable, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn first_spend_succeeds() {
-        let (_dir, mut store) = temp_store();
-        assert_eq!(store.spend(&nonce(1), 10), Ok(()));
-        assert_eq!(store.spend(&nonce(2), 10), Ok(()));
-    }
-
-    #[test]
-    fn duplicate_spend_is_already_spent() {
-        let (_dir, mut store) = temp_store();
-        assert_eq!(store.spend(&nonce(1), 10), Ok(()));
-        assert_eq!(store.spend(&nonce(1), 10), Err(SpendError::AlreadySpent));
-        // A different expiry does not make it a different spend.
-        assert_eq!(store.spend(&nonce(1), 99), Err(SpendError::AlreadySpent));
-        // The duplicate did not break the connection.
-        assert!(store.is_connected());
-        let rows: i64 = raw(&store)
-            .query_row("SELECT count(*) FROM spent_nonce", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(rows, 1);
-    }
 
     #[test]
     fn spent_nonce_stays_spent_after_reopen() {
@@ -106,18 +79,6 @@ mod tests {
         let mut store =
             Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
         assert_eq!(store.spend(&nonce(1), 10), Err(SpendError::AlreadySpent));
-    }
-
-    #[test]
-    fn expiry_beyond_sqlite_range_still_spends() {
-        let (_dir, mut store) = temp_store();
-        assert_eq!(store.spend(&nonce(1), u64::MAX), Ok(()));
-        assert_eq!(
-            store.spend(&nonce(1), u64::MAX),
-            Err(SpendError::AlreadySpent)
-        );
-        // Kept as "never expires": no `now` prunes it.
-        assert_eq!(store.prune(u64::MAX).unwrap().nonces, 0);
     }
 
     #[test]
@@ -261,17 +222,6 @@ mod tests {
             .into_iter()
             .map(|t| t.join().unwrap())
             .collect();
-        assert_eq!(
-            outcomes.iter().filter(|o| o.is_ok()).count(),
-            1,
-            "{outcomes:?}"
-        );
-        assert!(
-            outcomes
-                .iter()
-                .filter(|o| o.is_err())
-                .all(|o| *o == Err(SpendError::AlreadySpent)),
-            "{outcomes:?}"
-        );
+        assert_spent_once(&outcomes);
     }
 }

@@ -210,58 +210,53 @@ impl Store {
     }
 }
 
-#[cfg(test)]
-mod test_support;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 
 #[cfg(test)]
 mod tests {
-    use countersign_core::Ledger;
-    use countersign_core::SpendError;
+    use countersign_core::{GateClass, Ledger, SpendError};
 
     use super::*;
-    use crate::test_support::{approval, event, nonce, temp_store};
-    use countersign_core::telemetry::EventKind;
+    use crate::test_support::{approval, nonce, raw, temp_store};
 
-    #[test]
-    fn prune_deletes_only_rows_expired_before_now() {
-        let (_dir, mut store) = temp_store();
-        for (n, expires) in [(1, 10), (2, 20), (3, 30)] {
-            store.spend(&nonce(n), expires).unwrap();
-            store.put_approval(&approval(n, expires)).unwrap();
-        }
-        assert_eq!(
-            store.prune(20).unwrap(),
-            Pruned {
-                nonces: 1,
-                approvals: 1,
-                history: 0,
-                pins: 0
-            }
-        );
-        // Expiring exactly at `now` is not "before now": kept.
-        assert_eq!(store.spend(&nonce(2), 20), Err(SpendError::AlreadySpent));
-        assert_eq!(store.spend(&nonce(3), 30), Err(SpendError::AlreadySpent));
-        assert!(store.approval(&nonce(1)).unwrap().is_none());
-        assert!(store.approval(&nonce(2)).unwrap().is_some());
-        // The pruned nonce's row is gone (its token is refused as expired before the ledger).
-        assert_eq!(store.spend(&nonce(1), 10), Ok(()));
-        assert_eq!(
-            store.prune(u64::MAX).unwrap(),
-            Pruned {
-                nonces: 3,
-                approvals: 2,
-                history: 0,
-                pins: 0
-            }
-        );
+    /// How many rows `table` of the store's file holds.
+    fn rows(store: &Store, table: &str) -> i64 {
+        raw(store)
+            .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap()
     }
 
+    /// A refusal that is the answer rather than a fault (a replay, an approval already stored,
+    /// an ungated approval) keeps the connection and leaves the file as it was. The refusals
+    /// themselves are asserted on both stores by the suite in tests/records.rs.
     #[test]
-    fn prune_keeps_history() {
+    fn refusals_keep_the_connection_and_write_nothing() {
         let (_dir, mut store) = temp_store();
-        store.record(&event(1, EventKind::Issued)).unwrap();
-        store.prune(u64::MAX).unwrap();
-        assert_eq!(store.history(&HistoryFilter::all()).unwrap().len(), 1);
+        assert_eq!(store.spend(&nonce(1), 10), Ok(()));
+        assert_eq!(store.spend(&nonce(1), 10), Err(SpendError::AlreadySpent));
+        assert_eq!(store.spend(&nonce(1), 99), Err(SpendError::AlreadySpent));
+        assert!(store.is_connected());
+        assert_eq!(rows(&store, "spent_nonce"), 1);
+
+        let first = approval(1, 10);
+        store.put_approval(&first).unwrap();
+        let mut second = approval(1, 10);
+        second.arguments = serde_json::json!({ "name": "something else" });
+        assert!(matches!(
+            store.put_approval(&second),
+            Err(StoreError::ApprovalExists(_))
+        ));
+        assert!(store.is_connected());
+
+        let mut open = approval(2, 10);
+        open.class = GateClass::Open;
+        assert!(matches!(
+            store.put_approval(&open),
+            Err(StoreError::UngatedApproval(_))
+        ));
+        assert!(store.is_connected());
+        assert_eq!(rows(&store, "approval"), 1);
     }
 
     #[test]

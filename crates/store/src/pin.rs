@@ -207,37 +207,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::temp_store;
-    use crate::{Store, StoreOptions};
-
-    fn pin(server: &str, tool: &str, n: u8, at: u64) -> ToolPin {
-        ToolPin {
-            server: server.into(),
-            tool: tool.into(),
-            hash: PlanHash::from_bytes([n; 32]),
-            definition: format!("{{\"description\": \"version {n}\"}}"),
-            pinned_at_ms: at,
-        }
-    }
-
-    #[test]
-    fn first_sight_pins_and_a_later_sight_finds_the_first_pin() {
-        let (_dir, mut store) = temp_store();
-        let first = store
-            .pin_first_seen(&[pin("s", "a", 1, 10), pin("s", "b", 2, 10)])
-            .unwrap();
-        assert_eq!(first, vec![pin("s", "a", 1, 10), pin("s", "b", 2, 10)]);
-        // A changed definition does not replace the pin: the pin in force comes back. A tool new
-        // to a server the desk knows is not pinned on sight: the person accepts it first.
-        let later = store
-            .pin_first_seen(&[pin("s", "a", 9, 20), pin("s", "c", 3, 20)])
-            .unwrap();
-        assert_eq!(later, vec![pin("s", "a", 1, 10)]);
-        assert_eq!(store.tool_pin("s", "c").unwrap(), None);
-        // Another server's tool of the same name is its own pin.
-        let other = store.pin_first_seen(&[pin("t", "a", 5, 30)]).unwrap();
-        assert_eq!(other, vec![pin("t", "a", 5, 30)]);
-    }
+    use crate::StoreOptions;
+    use crate::test_support::{pin, temp_store};
 
     #[test]
     fn an_accepted_change_replaces_the_pin_and_survives_a_reopen() {
@@ -255,64 +226,16 @@ mod tests {
     }
 
     #[test]
-    fn a_huge_definition_is_kept_cut_and_its_hash_whole() {
-        let (_dir, mut store) = temp_store();
-        let mut big = pin("s", "a", 1, 10);
-        big.definition = "x".repeat(MAX_DEFINITION_CHARS + 5);
-        let kept = store.pin_first_seen(&[big]).unwrap().remove(0);
-        assert!(kept.definition.ends_with("… [cut: 5 more characters]"));
-        assert_eq!(kept.hash, PlanHash::from_bytes([1; 32]));
-    }
-
-    #[test]
-    fn prune_keeps_the_newest_pins_only() {
-        let (_dir, mut store) = temp_store();
-        store.pin_first_seen(&[pin("s", "a", 1, 10)]).unwrap();
-        assert_eq!(store.prune(u64::MAX).unwrap().pins, 0);
-        assert!(store.tool_pin("s", "a").unwrap().is_some());
-    }
-}
-
-#[cfg(test)]
-mod limits {
-    use super::*;
-    use crate::test_support::temp_store;
-
-    fn pin(server: &str, tool: String) -> ToolPin {
-        ToolPin {
-            server: server.into(),
-            tool,
-            hash: PlanHash::from_bytes([1; 32]),
-            definition: "{}".into(),
-            pinned_at_ms: 1,
-        }
-    }
-
-    #[test]
-    fn a_first_listing_pins_at_most_its_share_and_the_rest_waits_as_new() {
-        let (_dir, mut store) = temp_store();
-        let listing: Vec<ToolPin> = (0..MAX_PINS_PER_SERVER + 5)
-            .map(|i| pin("flood", format!("t{i}")))
-            .collect();
-        let pins = store.pin_first_seen(&listing).unwrap();
-        assert_eq!(pins.len(), MAX_PINS_PER_SERVER);
-        let last = format!("t{}", MAX_PINS_PER_SERVER + 4);
-        assert_eq!(store.tool_pin("flood", &last).unwrap(), None);
-    }
-
-    #[test]
     fn pruning_never_drops_a_registered_servers_pins() {
         let (_dir, mut store) = temp_store();
         store
-            .pin_first_seen(&[pin("server:github", "create_issue".into())])
+            .pin_first_seen(&[pin("server:github", "create_issue", 1, 1)])
             .unwrap();
         // Newer pins of identities an agent chose, past what pruning keeps.
         let many: Vec<ToolPin> = (0..MAX_PINS as usize / MAX_PINS_PER_SERVER + 1)
             .flat_map(|s| {
-                (0..MAX_PINS_PER_SERVER).map(move |t| ToolPin {
-                    pinned_at_ms: 2,
-                    ..pin(&format!("https://e.example/{s}"), format!("t{t}"))
-                })
+                (0..MAX_PINS_PER_SERVER)
+                    .map(move |t| pin(&format!("https://e.example/{s}"), &format!("t{t}"), 1, 2))
             })
             .collect();
         for chunk in many.chunks(MAX_PINS_PER_SERVER) {

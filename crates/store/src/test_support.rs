@@ -1,32 +1,70 @@
-//! Fixtures shared by the unit tests: a store on a fresh temporary file, nonces, events.
+//! Test fixtures, written once: a store on a fresh temporary file, and the nonces, approvals,
+//! events, pins and grants the tests store in it.
+//!
+//! Two kinds of test use them: this crate's unit tests (what only the SQLite file does: damaged
+//! rows, locks, reopening, migrations) and the suite that runs every behaviour of the records
+//! against both stores (`tests/records.rs`), with the PostgreSQL fault tests beside it. Sharing
+//! them keeps the rows a unit test damages the same rows the suite round-trips. Compiled for this
+//! crate's own tests, and for other crates only with the `test-support` feature, which only
+//! dev-dependencies enable: nothing the desk or `serve` ships contains this module.
 
 use std::time::Duration;
 
-use countersign_core::telemetry::{ConfirmEvent, EventKind};
-use countersign_core::{GateClass, Nonce, PlanHash};
+use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
+use countersign_core::{GateClass, Nonce, PlanHash, Refusal, SpendError};
 use tempfile::TempDir;
 
-use crate::{Approval, Store, StoreOptions};
+use crate::{Approval, Grant, GrantKind, Store, StoreOptions, ToolPin};
 
 /// A store on a new file in a new temporary directory (kept alive by the returned guard).
-pub(crate) fn temp_store() -> (TempDir, Store) {
+pub fn temp_store() -> (TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("countersign.db"), StoreOptions::default()).unwrap();
     (dir, store)
 }
 
 /// Options with a short busy timeout, for tests that wait on a held lock.
-pub(crate) fn short_timeout() -> StoreOptions {
+pub fn short_timeout() -> StoreOptions {
     StoreOptions::default().with_busy_timeout(Duration::from_millis(200))
 }
 
+/// A second, raw connection to the store's file, for tests that tamper with it or hold locks.
+pub fn raw(store: &Store) -> rusqlite::Connection {
+    rusqlite::Connection::open(store.path()).unwrap()
+}
+
 /// A nonce whose bytes are all `n`.
-pub(crate) fn nonce(n: u8) -> Nonce {
+pub fn nonce(n: u8) -> Nonce {
     Nonce::from_bytes([n; 16])
 }
 
+/// The reason of a spend refused as unreachable; panics on any other outcome.
+pub fn unreachable(result: Result<(), SpendError>) -> String {
+    match result {
+        Err(SpendError::Unreachable(reason)) => reason,
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+}
+
+/// Asserts that of the outcomes of spends racing on one nonce, exactly one spent it and every
+/// other one was told it was already spent (none refused as unreachable).
+pub fn assert_spent_once(outcomes: &[Result<(), SpendError>]) {
+    assert_eq!(
+        outcomes.iter().filter(|o| o.is_ok()).count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .filter(|o| o.is_err())
+            .all(|o| *o == Err(SpendError::AlreadySpent)),
+        "{outcomes:?}"
+    );
+}
+
 /// A single-use approval under `nonce(n)` expiring at `expires_at_ms`.
-pub(crate) fn approval(n: u8, expires_at_ms: u64) -> Approval {
+pub fn approval(n: u8, expires_at_ms: u64) -> Approval {
     Approval {
         nonce: nonce(n),
         tool: "delete_backup".into(),
@@ -42,7 +80,7 @@ pub(crate) fn approval(n: u8, expires_at_ms: u64) -> Approval {
 }
 
 /// An event of `kind` at `at_ms`, with every optional field set.
-pub(crate) fn event(at_ms: u64, kind: EventKind) -> ConfirmEvent {
+pub fn event(at_ms: u64, kind: EventKind) -> ConfirmEvent {
     ConfirmEvent {
         at_ms,
         kind,
@@ -55,7 +93,61 @@ pub(crate) fn event(at_ms: u64, kind: EventKind) -> ConfirmEvent {
     }
 }
 
-/// A second, raw connection to the store's file, for tests that tamper with it or hold locks.
-pub(crate) fn raw(store: &Store) -> rusqlite::Connection {
-    rusqlite::Connection::open(store.path()).unwrap()
+/// Every event kind, with each refusal and rejection that history can hold.
+pub fn every_kind() -> Vec<EventKind> {
+    let mut kinds = vec![
+        EventKind::Issued,
+        EventKind::Accepted,
+        EventKind::Replay,
+        EventKind::Denied,
+        EventKind::Changed,
+        EventKind::Executed { ok: true },
+        EventKind::Executed { ok: false },
+    ];
+    kinds.extend(
+        Refusal::ALL
+            .into_iter()
+            .map(|refusal| EventKind::Refused { refusal }),
+    );
+    kinds.extend(
+        Rejection::ALL
+            .into_iter()
+            .map(|reason| EventKind::Rejected { reason }),
+    );
+    kinds
+}
+
+/// The pin of `server`'s `tool` at version `n` (its hash all `n`), taken at `at`.
+pub fn pin(server: &str, tool: &str, n: u8, at: u64) -> ToolPin {
+    ToolPin {
+        server: server.into(),
+        tool: tool.into(),
+        hash: PlanHash::from_bytes([n; 32]),
+        definition: format!("{{\"description\": \"version {n}\"}}"),
+        pinned_at_ms: at,
+    }
+}
+
+/// A grant of `kind` (a call grant with a plan, or a prefix grant for `conn-1`) granted at 1000
+/// and expiring at `expires_at_ms`, not yet stored (`id` 0), never used.
+pub fn grant(kind: GrantKind, expires_at_ms: u64) -> Grant {
+    Grant {
+        id: 0,
+        kind,
+        server: "builtin:/tmp/app.sqlite".into(),
+        tool: "create_backup".into(),
+        tenant: (kind == GrantKind::Prefix).then(|| "conn-1".into()),
+        plan: (kind == GrantKind::Call).then(|| PlanHash::from_bytes([3; 32])),
+        prefix: (kind == GrantKind::Prefix).then(|| "/home/a/docs".into()),
+        target: "nightly".into(),
+        summary: "create_backup on nightly".into(),
+        class: GateClass::Token,
+        definition: PlanHash::from_bytes([4; 32]),
+        request: 7,
+        granted_at_ms: 1_000,
+        expires_at_ms,
+        uses: 0,
+        ended: None,
+        mac: [9; 32],
+    }
 }
