@@ -131,6 +131,7 @@ fn unusable_tls_files_and_a_public_address_without_host_names_refuse_before_bind
         &bin("countersign-serve"),
         &[
             "--read-only",
+            "--unauthenticated",
             "--tls-cert",
             cert.to_str().unwrap(),
             "--tls-key",
@@ -152,6 +153,7 @@ fn unusable_tls_files_and_a_public_address_without_host_names_refuse_before_bind
             "0.0.0.0:0",
             "--read-only",
             "--behind-tls-proxy",
+            "--unauthenticated",
             "--db",
             db.to_str().unwrap(),
         ],
@@ -309,7 +311,10 @@ fn text_of(result: &rmcp::model::CallToolResult) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_server_offers_only_open_tools_and_runs_them() {
-    let server = Server::start(&["--read-only", "--behind-tls-proxy"], &[]);
+    let server = Server::start(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[],
+    );
     let agent = agent(&server.url()).await;
     let mut names: Vec<String> = agent
         .list_all_tools()
@@ -377,6 +382,7 @@ fn http_edges_are_refused_before_anything_reaches_the_engine_or_the_upstream() {
         &[
             "--read-only",
             "--behind-tls-proxy",
+            "--unauthenticated",
             "--allowed-origin",
             "https://app.example.com",
         ],
@@ -483,6 +489,7 @@ async fn over_tls_a_client_trusting_the_certificate_is_answered_and_plain_http_i
     let server = Server::start(
         &[
             "--read-only",
+            "--unauthenticated",
             "--tls-cert",
             cert.to_str().unwrap(),
             "--tls-key",
@@ -541,7 +548,7 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
     let dsn = shared_database().await;
     let secret = "marker-secret-0123456789-abcdefghijklmnopq";
     let server = Server::start(
-        &["--behind-tls-proxy"],
+        &["--behind-tls-proxy", "--unauthenticated"],
         &[
             ("CONFIRM_SECRET", secret),
             ("CONTROL_DSN", &dsn),
@@ -635,6 +642,237 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
         assert!(
             !written.contains(password),
             "the database password was written"
+        );
+    }
+}
+
+/// The test's own OAuth issuer: a signing key, its JWKS served on loopback, tokens on demand.
+struct Issuer {
+    key: rcgen::KeyPair,
+    jwks_url: String,
+}
+
+const ISSUER: &str = "https://id.example.test";
+const RESOURCE: &str = "https://mcp.example.test/mcp";
+
+impl Issuer {
+    fn start() -> Issuer {
+        use base64::Engine as _;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let raw = key.public_key_raw();
+        assert_eq!(raw.len(), 65, "an uncompressed P-256 point");
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let jwks = json!({"keys": [{
+            "kty": "EC", "crv": "P-256", "alg": "ES256", "use": "sig", "kid": "k1",
+            "x": b64(&raw[1..33]), "y": b64(&raw[33..]),
+        }]})
+        .to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{jwks}",
+                    jwks.len()
+                );
+            }
+        });
+        Issuer {
+            key,
+            jwks_url: format!("http://127.0.0.1:{port}/jwks"),
+        }
+    }
+
+    /// A token signed with `key` (the issuer's unless another is given), with `claims` over
+    /// the defaults (this issuer, this resource, subject alice, an hour to live, scope mcp).
+    fn token_signed(key: &rcgen::KeyPair, claims: Value) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut all = json!({
+            "iss": ISSUER, "aud": RESOURCE, "sub": "alice", "exp": now + 3600, "iat": now,
+            "scope": "openid mcp",
+        });
+        for (k, v) in claims.as_object().unwrap() {
+            all[k] = v.clone();
+        }
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some("k1".into());
+        let encoding =
+            jsonwebtoken::EncodingKey::from_ec_pem(key.serialize_pem().as_bytes()).unwrap();
+        jsonwebtoken::encode(&header, &all, &encoding).unwrap()
+    }
+
+    fn token(&self, claims: Value) -> String {
+        Self::token_signed(&self.key, claims)
+    }
+}
+
+fn oauth_args(issuer_keys: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--read-only",
+        "--behind-tls-proxy",
+        "--issuer",
+        ISSUER,
+        "--resource",
+        RESOURCE,
+        "--scope",
+        "mcp",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(issuer_keys.iter().map(|s| s.to_string()));
+    args
+}
+
+fn list_with(port: u16, token: Option<&str>) -> (u16, String, Value) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut extra = vec![];
+    if let Some(b) = &bearer {
+        extra.push(("Authorization", b.as_str()));
+    }
+    post(
+        port,
+        &extra,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    )
+}
+
+#[test]
+fn only_a_token_of_the_issuer_for_this_resource_with_its_scope_gets_in() {
+    let issuer = Issuer::start();
+    let args = oauth_args(&["--jwks-url", &issuer.jwks_url]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&refs, &[]);
+    let port = server.port;
+
+    let good = issuer.token(json!({}));
+    let (status, _, body) = list_with(port, Some(&good));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.to_string().contains("list_tables"));
+
+    // No token: 401, and where to learn how to get one.
+    let (status, head, _) = list_with(port, None);
+    assert_eq!(status, 401);
+    assert!(
+        head.contains("www-authenticate: bearer")
+            && head.contains(
+                "resource_metadata=\"https://mcp.example.test/.well-known/oauth-protected-resource/mcp\""
+            ),
+        "{head}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let forger = rcgen::KeyPair::generate().unwrap();
+    for (why, token) in [
+        (
+            "another key signed it",
+            Issuer::token_signed(&forger, json!({})),
+        ),
+        (
+            "another audience",
+            issuer.token(json!({"aud": "https://other.example.test/mcp"})),
+        ),
+        ("expired", issuer.token(json!({"exp": now - 600}))),
+        (
+            "another issuer",
+            issuer.token(json!({"iss": "https://evil.example.test"})),
+        ),
+        ("no subject", issuer.token(json!({"sub": ""}))),
+        ("not a JWT", "csk_not-a-jwt".to_owned()),
+        ("tampered", {
+            let mut parts: Vec<String> = good.split('.').map(str::to_owned).collect();
+            parts[1] = issuer
+                .token(json!({"sub": "mallory"}))
+                .split('.')
+                .nth(1)
+                .unwrap()
+                .to_owned();
+            parts.join(".")
+        }),
+    ] {
+        let (status, head, body) = list_with(port, Some(&token));
+        assert_eq!(status, 401, "{why}: {body}");
+        assert!(head.contains("error=\"invalid_token\""), "{why}: {head}");
+        assert!(!body.to_string().contains("list_tables"), "{why}");
+    }
+    // A valid token without the scope: 403 naming the scope.
+    let (status, head, _) = list_with(port, Some(&issuer.token(json!({"scope": "openid"}))));
+    assert_eq!(status, 403);
+    assert!(
+        head.contains("error=\"insufficient_scope\"") && head.contains("scope=\"mcp\""),
+        "{head}"
+    );
+    // The metadata, for anyone.
+    let meta = {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let doc: Value = serde_json::from_str(meta.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(doc["resource"], RESOURCE);
+    assert_eq!(doc["authorization_servers"], json!([ISSUER]));
+    assert_eq!(doc["scopes_supported"], json!(["mcp"]));
+    let log = server.stop();
+    assert!(
+        !log.contains(&good),
+        "a bearer token was written to the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_is_the_tokens_subject_whatever_the_agent_says_about_itself() {
+    let issuer = Issuer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("issuer.pem");
+    std::fs::write(&pem, issuer.key.public_key_pem()).unwrap();
+    let data = dir.path().join("data");
+    let mut args = oauth_args(&["--jwt-key-file", pem.to_str().unwrap()]);
+    args.extend(["--data-dir".to_owned(), data.to_str().unwrap().to_owned()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&refs, &[]);
+    let token = issuer.token(json!({"sub": "alice"}));
+    let bearer = format!("Bearer {token}");
+    // The agent claims to be someone else, in clientInfo and in _meta, and calls a tool the
+    // read-only server does not offer: refused, and on the record under the token's subject.
+    let (status, _, body) = post(
+        server.port,
+        &[
+            ("Authorization", bearer.as_str()),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"no_such_tool","arguments":{},"_meta":{"tenant":"bob","io.modelcontextprotocol/clientInfo":{"name":"bob"}}}}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let history = countersign_store::HistoryReader::open(
+        data.join("serve.sqlite"),
+        &countersign_store::StoreOptions::default(),
+    )
+    .unwrap();
+    let events = history
+        .history(&countersign_store::HistoryFilter::default())
+        .unwrap();
+    assert!(!events.is_empty(), "the refusal is on the record");
+    for event in &events {
+        assert!(
+            event
+                .tenant
+                .starts_with("jwt:https://id.example.test#alice@"),
+            "{event:?}"
         );
     }
 }

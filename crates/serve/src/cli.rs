@@ -53,6 +53,36 @@ pub struct Args {
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
 
+    /// The OAuth authorization server whose access tokens this server accepts (its `iss`).
+    #[arg(long, value_name = "URL", requires = "resource")]
+    pub issuer: Option<String>,
+
+    /// This server's canonical URI (e.g. https://mcp.example.com/mcp): the audience a token must
+    /// name (RFC 8707), and where its metadata says it is.
+    #[arg(long, value_name = "URL", requires = "issuer")]
+    pub resource: Option<String>,
+
+    /// Where the issuer publishes its signing keys (JWKS, HTTPS).
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "issuer",
+        conflicts_with = "jwt_key_file"
+    )]
+    pub jwks_url: Option<String>,
+
+    /// The issuer's public key as a PEM file, for sites without a route to the issuer.
+    #[arg(long, value_name = "FILE", requires = "issuer")]
+    pub jwt_key_file: Option<PathBuf>,
+
+    /// The scope an access token must carry.
+    #[arg(long, value_name = "SCOPE", requires = "issuer")]
+    pub scope: Option<String>,
+
+    /// Authenticate nobody: every request is the one caller `unauthenticated`. Loopback only.
+    #[arg(long, conflicts_with = "issuer")]
+    pub unauthenticated: bool,
+
     /// Where a read-only server without CONTROL_DSN keeps its records (SQLite). Without it, a
     /// temporary directory that goes with the process.
     #[arg(long, value_name = "DIR")]

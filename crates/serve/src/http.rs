@@ -46,17 +46,22 @@ pub const MAX_BODY: usize = 4 * 1024 * 1024;
 /// The header naming the protocol revision of a request after `initialize`.
 pub const PROTOCOL_HEADER: &str = "mcp-protocol-version";
 
-/// Who is calling, as the host established it (never as the message says). Put in the request's
-/// extensions by the layer in front of the endpoint.
+/// Who is calling, as the server established it (never as the message says): put in the
+/// request's extensions by the authentication layer ([`crate::auth::layer`]) in front of the
+/// endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller(String);
 
 impl Caller {
-    /// A caller nobody authenticated: every request of a server without authentication is this
-    /// one caller (which is why such a server belongs on loopback or behind an authenticating
-    /// proxy).
+    /// A caller nobody authenticated: every request of a server started `--unauthenticated`
+    /// (loopback only) is this one caller.
     pub fn unauthenticated() -> Self {
         Caller("unauthenticated".into())
+    }
+
+    /// A caller the server authenticated, by its name (`jwt:ISSUER#SUBJECT`, `key:NAME`).
+    pub fn authenticated(name: String) -> Self {
+        Caller(name)
     }
 
     /// Its name, as history shows it.
@@ -103,6 +108,11 @@ fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response 
         body,
     )
         .into_response()
+}
+
+/// `200` with `value` as JSON.
+pub fn json_ok(value: &impl serde::Serialize) -> Response {
+    json_response(StatusCode::OK, value)
 }
 
 fn json_body(value: &impl serde::Serialize) -> Response {
@@ -257,15 +267,6 @@ async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: B
         "internal",
         "the request ended without an answer",
     )
-}
-
-/// The layer naming every request's caller. Until this server authenticates its callers, every
-/// request is [`Caller::unauthenticated`].
-pub async fn caller(mut request: Request, next: axum::middleware::Next) -> Response {
-    // Whatever a client put in its own request's extensions cannot reach here (they are the
-    // server's), but be plain about it: the caller is set here and nowhere else.
-    request.extensions_mut().insert(Caller::unauthenticated());
-    next.run(request).await
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //!
 //! | module | why |
 //! | --- | --- |
+//! | [`auth`] | who is calling: OAuth bearer JWTs (the MCP authorization spec), the tenant |
 //! | [`cli`] | the command line |
 //! | [`start`] | the seed's start rules, decided before anything is opened or bound |
 //! | [`guard`] | which Host and Origin may reach the server at all |
@@ -18,6 +19,7 @@
 //! | [`run`] | opening the records, starting the upstream, binding, serving |
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod cli;
 pub mod guard;
 pub mod http;

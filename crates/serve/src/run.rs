@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::post;
+use axum::routing::{get, post};
 use countersign_engine::{Engine, EngineConfig};
 use countersign_session::reach::{self, Headers, Upstream};
 use countersign_session::{Children, SqlDescriber};
@@ -18,9 +18,10 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{self, Auth, Keys, OAuth};
 use crate::guard::{self, Guard};
 use crate::http::{self, Endpoint};
-use crate::start::{Dsn, Mode, Start, Transport};
+use crate::start::{Authn, Dsn, KeySource, Mode, Start, Transport};
 use crate::tls;
 
 /// What a preflight is refused with while no person can approve on this server.
@@ -38,6 +39,9 @@ pub enum RunError {
     /// The TLS files cannot be used.
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
+    /// The issuer's key file cannot be used.
+    #[error("{0}")]
+    IssuerKey(#[from] auth::KeyFileError),
     /// The records' directory could not be made.
     #[error("cannot make the data directory: {0}")]
     DataDir(std::io::Error),
@@ -62,12 +66,50 @@ impl RunError {
     /// control database is unreachable, 4 when the port cannot be bound, 5 for the upstream.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RunError::Tls(_) | RunError::DataDir(_) => 2,
+            RunError::Tls(_) | RunError::IssuerKey(_) | RunError::DataDir(_) => 2,
             RunError::Records(_) => 3,
             RunError::Bind { .. } => 4,
             RunError::Upstream(_) => 5,
         }
     }
+}
+
+/// How callers are authenticated, with the issuer's key file read now (before anything is
+/// bound).
+fn authentication(authn: &Authn) -> Result<Auth, RunError> {
+    Ok(match authn {
+        Authn::Unauthenticated => Auth {
+            oauth: None,
+            unauthenticated: true,
+        },
+        Authn::OAuth {
+            issuer,
+            resource,
+            scope,
+            keys,
+        } => {
+            let keys = match keys {
+                KeySource::Jwks(url) => Keys::jwks(url.clone()),
+                KeySource::File(path) => {
+                    let file = path.display().to_string();
+                    let pem = std::fs::read(path).map_err(|e| auth::KeyFileError {
+                        file: file.clone(),
+                        why: e.kind().to_string(),
+                    })?;
+                    Keys::from_pem(&file, &pem)?
+                }
+            };
+            Auth {
+                oauth: Some(OAuth {
+                    issuer: issuer.clone(),
+                    resource: resource.clone(),
+                    scope: scope.clone(),
+                    keys,
+                }),
+                unauthenticated: false,
+            }
+        }
+    })
 }
 
 async fn records(dsn: &Dsn) -> Result<Arc<dyn Records>, StoreError> {
@@ -86,6 +128,7 @@ pub async fn run(
         Transport::Tls { cert, key } => Some(tls::config(cert, key)?),
         Transport::Plain => None,
     };
+    let auth = Arc::new(authentication(&start.authn)?);
     // A temporary directory lives as long as the server; a named one is the operator's.
     let temporary = match &start.data_dir {
         Some(_) => None,
@@ -157,13 +200,26 @@ pub async fn run(
         wait: Duration::from_secs(start.wait_secs),
     });
     let guard = Arc::new(Guard::new(&start.allowed_hosts, &start.allowed_origins));
-    let app = Router::new()
+    let mcp = Router::new()
         .route(
             "/mcp",
             post(http::post).get(http::not_here).delete(http::not_here),
         )
         .with_state(endpoint)
-        .layer(axum::middleware::from_fn(http::caller))
+        .route_layer(axum::middleware::from_fn_with_state(
+            auth.clone(),
+            auth::layer,
+        ));
+    // Where a client learns how to get a token: for anyone, no token needed.
+    let metadata = Router::new()
+        .route("/.well-known/oauth-protected-resource", get(auth::metadata))
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(auth::metadata),
+        )
+        .with_state(auth);
+    let app = mcp
+        .merge(metadata)
         .layer(axum::middleware::from_fn_with_state(guard, guard::layer));
 
     let listener = TcpListener::bind(start.listen)

@@ -112,6 +112,33 @@ pub enum Transport {
     Plain,
 }
 
+/// How callers are authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authn {
+    /// Nobody is: every request is one caller (loopback only).
+    Unauthenticated,
+    /// Bearer JWTs of `issuer` for `resource`.
+    OAuth {
+        /// The issuer.
+        issuer: String,
+        /// This server's canonical URI.
+        resource: String,
+        /// The scope a token must carry.
+        scope: Option<String>,
+        /// Where the issuer's keys are.
+        keys: KeySource,
+    },
+}
+
+/// Where the issuer's keys are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// Its JWKS URL.
+    Jwks(String),
+    /// A PEM file.
+    File(PathBuf),
+}
+
 /// Everything the start rules let through: what [`crate::run`] opens, binds and serves.
 #[derive(Debug)]
 pub struct Start {
@@ -127,6 +154,8 @@ pub struct Start {
     pub allowed_hosts: Vec<String>,
     /// The Origins accepted.
     pub allowed_origins: Vec<String>,
+    /// How callers are authenticated.
+    pub authn: Authn,
     /// The upstream.
     pub upstream: Reach,
     /// Where a read-only server without a control database keeps its records.
@@ -194,6 +223,27 @@ pub enum StartError {
         /// The address.
         listen: SocketAddr,
     },
+    /// No way to authenticate callers was named.
+    #[error(
+        "say how callers are authenticated: --issuer URL --resource URL with --jwks-url URL or \
+         --jwt-key-file FILE (OAuth bearer tokens), or --unauthenticated on a loopback address"
+    )]
+    NoAuthentication,
+    /// `--unauthenticated` on an address others can reach.
+    #[error("--unauthenticated is for loopback addresses only; {listen} is not one")]
+    UnauthenticatedInTheOpen {
+        /// The address.
+        listen: SocketAddr,
+    },
+    /// `--issuer` without where its keys are.
+    #[error("--issuer needs the issuer's keys: --jwks-url URL or --jwt-key-file FILE")]
+    NoIssuerKeys,
+    /// A URL that must be HTTPS is not (plain HTTP only to loopback).
+    #[error("{what} must be an https:// URL (http:// only to a loopback host)")]
+    NotHttps {
+        /// Which option.
+        what: &'static str,
+    },
     /// No upstream, or more than one.
     #[error(
         "name the upstream: --db PATH (the built-in SQLite tools), --url URL, or -- COMMAND ARGS"
@@ -215,6 +265,10 @@ impl StartError {
             StartError::BadTtl => "bad_ttl",
             StartError::NoTransport => "no_transport",
             StartError::NoAllowedHost { .. } => "no_allowed_host",
+            StartError::NoAuthentication => "no_authentication",
+            StartError::UnauthenticatedInTheOpen { .. } => "unauthenticated_in_the_open",
+            StartError::NoIssuerKeys => "no_issuer_keys",
+            StartError::NotHttps { .. } => "not_https",
             StartError::NoUpstream => "no_upstream",
             StartError::BadDb(_) => "bad_db",
         }
@@ -224,30 +278,11 @@ impl StartError {
 /// The Host names a loopback listener answers to by default.
 pub const LOOPBACK_HOSTS: &[&str] = &["localhost", "127.0.0.1", "[::1]"];
 
-/// Decides whether the server may start as asked, in the seed's order: how it is reached, the
-/// upstream, then (writable only) the secret, the token lifetime and the control database.
+/// Decides whether the server may start as asked: the seed's rules first (a writable server's
+/// secret and control database, the token lifetime), then how it is reached, who may call it,
+/// and its upstream.
 /// `cwd` makes a relative `--db` absolute.
 pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, StartError> {
-    let transport = match (&args.tls_cert, &args.tls_key, args.behind_tls_proxy) {
-        (Some(cert), Some(key), false) => Transport::Tls {
-            cert: cert.clone(),
-            key: key.clone(),
-        },
-        (None, None, true) => Transport::Plain,
-        _ => return Err(StartError::NoTransport),
-    };
-    let loopback = args.listen.ip().is_loopback();
-    if !loopback && args.allowed_hosts.is_empty() {
-        return Err(StartError::NoAllowedHost {
-            listen: args.listen,
-        });
-    }
-    let allowed_hosts = if args.allowed_hosts.is_empty() {
-        LOOPBACK_HOSTS.iter().map(|h| (*h).to_owned()).collect()
-    } else {
-        args.allowed_hosts.clone()
-    };
-    let upstream = upstream(args, cwd)?;
     let Given {
         confirm_secret,
         secret_file,
@@ -289,6 +324,27 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         let dsn = dsn.ok_or(StartError::NoControlDsn)?;
         Mode::Writable { key, dsn }
     };
+    let transport = match (&args.tls_cert, &args.tls_key, args.behind_tls_proxy) {
+        (Some(cert), Some(key), false) => Transport::Tls {
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        (None, None, true) => Transport::Plain,
+        _ => return Err(StartError::NoTransport),
+    };
+    let loopback = args.listen.ip().is_loopback();
+    if !loopback && args.allowed_hosts.is_empty() {
+        return Err(StartError::NoAllowedHost {
+            listen: args.listen,
+        });
+    }
+    let allowed_hosts = if args.allowed_hosts.is_empty() {
+        LOOPBACK_HOSTS.iter().map(|h| (*h).to_owned()).collect()
+    } else {
+        args.allowed_hosts.clone()
+    };
+    let authn = authn(args)?;
+    let upstream = upstream(args, cwd)?;
     Ok(Start {
         listen: args.listen,
         secret_ignored: args.read_only && secret_given,
@@ -297,10 +353,67 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         transport,
         allowed_hosts,
         allowed_origins: args.allowed_origins.clone(),
+        authn,
         upstream,
         data_dir: args.data_dir.clone(),
         wait_secs: args.wait,
     })
+}
+
+fn authn(args: &Args) -> Result<Authn, StartError> {
+    if args.unauthenticated {
+        return if args.listen.ip().is_loopback() {
+            Ok(Authn::Unauthenticated)
+        } else {
+            Err(StartError::UnauthenticatedInTheOpen {
+                listen: args.listen,
+            })
+        };
+    }
+    let (Some(issuer), Some(resource)) = (&args.issuer, &args.resource) else {
+        return Err(StartError::NoAuthentication);
+    };
+    https("--issuer", issuer)?;
+    https("--resource", resource)?;
+    let keys = match (&args.jwks_url, &args.jwt_key_file) {
+        (Some(url), None) => {
+            https("--jwks-url", url)?;
+            KeySource::Jwks(url.clone())
+        }
+        (None, Some(file)) => KeySource::File(file.clone()),
+        _ => return Err(StartError::NoIssuerKeys),
+    };
+    Ok(Authn::OAuth {
+        issuer: issuer.clone(),
+        resource: resource.clone(),
+        scope: args.scope.clone(),
+        keys,
+    })
+}
+
+/// `url` is HTTPS, or HTTP to a loopback host.
+fn https(what: &'static str, url: &str) -> Result<(), StartError> {
+    let lower = url.to_ascii_lowercase();
+    let ok = if let Some(rest) = lower.strip_prefix("https://") {
+        !rest.is_empty()
+    } else if let Some(rest) = lower.strip_prefix("http://") {
+        let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+        let name = host.rsplit_once(':').map_or(host, |(n, p)| {
+            if p.bytes().all(|b| b.is_ascii_digit()) {
+                n
+            } else {
+                host
+            }
+        });
+        matches!(name, "localhost" | "127.0.0.1" | "[::1]")
+    } else {
+        false
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(StartError::NotHttps { what })
+    }
 }
 
 fn upstream(args: &Args, cwd: &std::path::Path) -> Result<Reach, StartError> {
@@ -358,7 +471,12 @@ mod tests {
         }
     }
 
-    const PLAIN: &[&str] = &["--behind-tls-proxy", "--db", "t.sqlite"];
+    const PLAIN: &[&str] = &[
+        "--behind-tls-proxy",
+        "--unauthenticated",
+        "--db",
+        "t.sqlite",
+    ];
 
     fn start(extra: &[&str], given: Given) -> Result<Start, StartError> {
         check(&args(extra), given, std::path::Path::new("/srv"))
@@ -447,18 +565,21 @@ mod tests {
 
     #[test]
     fn a_read_only_server_starts_without_secret_or_database_and_says_a_given_secret_is_ignored() {
-        let started = start(
-            &["--read-only", "--behind-tls-proxy", "--db", "t"],
-            Given::default(),
-        )
-        .unwrap();
+        let ro = [
+            "--read-only",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--db",
+            "t",
+        ];
+        let started = start(&ro, Given::default()).unwrap();
         assert!(matches!(started.mode, Mode::ReadOnly { dsn: None }));
         assert!(!started.secret_ignored);
         let given = Given {
             confirm_secret: secret(3),
             ..Given::default()
         };
-        let started = start(&["--read-only", "--behind-tls-proxy", "--db", "t"], given).unwrap();
+        let started = start(&ro, given).unwrap();
         assert!(
             started.secret_ignored,
             "a short secret is not checked, only ignored"
@@ -495,10 +616,18 @@ mod tests {
 
     #[test]
     fn how_the_server_is_reached_must_be_said() {
-        let err = start(&["--db", "t"], writable()).unwrap_err();
+        let err = start(&["--unauthenticated", "--db", "t"], writable()).unwrap_err();
         assert_eq!(err, StartError::NoTransport);
         let tls = start(
-            &["--tls-cert", "c.pem", "--tls-key", "k.pem", "--db", "t"],
+            &[
+                "--tls-cert",
+                "c.pem",
+                "--tls-key",
+                "k.pem",
+                "--unauthenticated",
+                "--db",
+                "t",
+            ],
             writable(),
         )
         .unwrap();
@@ -530,9 +659,20 @@ mod tests {
             Args::try_parse_from(v).unwrap()
         };
         let cwd = std::path::Path::new("/srv");
-        let err = check(&argv(PLAIN), writable(), cwd).unwrap_err();
+        let oauth = [
+            "--behind-tls-proxy",
+            "--db",
+            "t",
+            "--issuer",
+            "https://id.example.com",
+            "--resource",
+            "https://mcp.example.com/mcp",
+            "--jwks-url",
+            "https://id.example.com/jwks",
+        ];
+        let err = check(&argv(&oauth), writable(), cwd).unwrap_err();
         assert!(matches!(err, StartError::NoAllowedHost { .. }), "{err:?}");
-        let mut extra = PLAIN.to_vec();
+        let mut extra = oauth.to_vec();
         extra.extend(["--allowed-host", "mcp.example.com"]);
         let ok = check(&argv(&extra), writable(), cwd).unwrap();
         assert_eq!(ok.allowed_hosts, ["mcp.example.com"]);
@@ -544,7 +684,7 @@ mod tests {
 
     #[test]
     fn exactly_one_upstream_is_named_and_a_relative_db_is_made_absolute() {
-        let err = start(&["--behind-tls-proxy"], writable()).unwrap_err();
+        let err = start(&["--behind-tls-proxy", "--unauthenticated"], writable()).unwrap_err();
         assert_eq!(err, StartError::NoUpstream);
         let s = start(PLAIN, writable()).unwrap();
         assert_eq!(
@@ -553,7 +693,17 @@ mod tests {
                 db: "/srv/t.sqlite".into()
             }
         );
-        let s = start(&["--behind-tls-proxy", "--", "srv", "--flag"], writable()).unwrap();
+        let s = start(
+            &[
+                "--behind-tls-proxy",
+                "--unauthenticated",
+                "--",
+                "srv",
+                "--flag",
+            ],
+            writable(),
+        )
+        .unwrap();
         let Reach::Command { argv, env, .. } = s.upstream else {
             panic!()
         };
@@ -572,6 +722,67 @@ mod tests {
             !shown.contains("kkkk") && !shown.contains("hunter2"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn callers_must_be_authenticated_unless_the_server_is_on_loopback_and_says_so() {
+        let err = start(&["--behind-tls-proxy", "--db", "t"], writable()).unwrap_err();
+        assert_eq!(err, StartError::NoAuthentication);
+        let public = Args::try_parse_from([
+            "countersign serve",
+            "--listen",
+            "10.0.0.5:8443",
+            "--allowed-host",
+            "mcp.internal",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--db",
+            "t",
+        ])
+        .unwrap();
+        assert!(matches!(
+            check(&public, writable(), std::path::Path::new("/")),
+            Err(StartError::UnauthenticatedInTheOpen { .. })
+        ));
+        let base = [
+            "--behind-tls-proxy",
+            "--db",
+            "t",
+            "--issuer",
+            "https://id.example.com",
+            "--resource",
+            "https://mcp.example.com/mcp",
+        ];
+        assert_eq!(
+            start(&base, writable()).unwrap_err(),
+            StartError::NoIssuerKeys
+        );
+        let with = |extra: &[&str]| {
+            let mut all = base.to_vec();
+            all.extend_from_slice(extra);
+            start(&all, writable()).map(|s| s.authn)
+        };
+        assert_eq!(
+            with(&[
+                "--jwks-url",
+                "https://id.example.com/jwks",
+                "--scope",
+                "mcp"
+            ]),
+            Ok(Authn::OAuth {
+                issuer: "https://id.example.com".into(),
+                resource: "https://mcp.example.com/mcp".into(),
+                scope: Some("mcp".into()),
+                keys: KeySource::Jwks("https://id.example.com/jwks".into()),
+            })
+        );
+        assert_eq!(
+            with(&["--jwks-url", "http://id.example.com/jwks"]),
+            Err(StartError::NotHttps { what: "--jwks-url" })
+        );
+        assert!(with(&["--jwks-url", "http://127.0.0.1:9000/jwks"]).is_ok());
+        assert!(with(&["--jwks-url", "http://localhost.evil.example/jwks"]).is_err());
+        assert!(with(&["--jwt-key-file", "issuer.pem"]).is_ok());
     }
 
     proptest! {

@@ -1,0 +1,503 @@
+//! Who is calling: the tenant is the caller the server authenticated, never what the message
+//! says.
+//!
+//! The server is an OAuth 2.1 resource server as the MCP authorization specification asks: it
+//! publishes its protected-resource metadata (RFC 9728) at the well-known path, answers a request
+//! without a usable bearer token `401` with a `WWW-Authenticate` header naming that metadata,
+//! and accepts only JWT access tokens whose signature checks against the issuer's keys (its JWKS,
+//! fetched and refreshed, or a key file for sites without a route to the issuer), whose issuer is
+//! the configured one, whose audience is this resource (RFC 8707), which have not expired, and
+//! which carry the configured scope (`403 insufficient_scope` otherwise). Only asymmetric
+//! algorithms are accepted: a shared-secret (`HS*`) or unsigned token proves nothing about who
+//! made it. The tenant is `jwt:` + issuer + `#` + subject.
+//!
+//! An agent's bearer token stops here: it is never put in the request the session sees, so it
+//! can never reach an upstream.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::RwLock;
+
+use crate::http::Caller;
+
+/// The algorithms an access token may be signed with: asymmetric only.
+pub const ALGORITHMS: &[Algorithm] = &[
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::PS384,
+    Algorithm::PS512,
+    Algorithm::ES256,
+    Algorithm::ES384,
+    Algorithm::EdDSA,
+];
+
+/// How long the issuer's keys are trusted before they are fetched again.
+pub const JWKS_MAX_AGE: Duration = Duration::from_secs(10 * 60);
+
+/// The least time between two fetches of the issuer's keys (a token naming an unknown key
+/// fetches them again, at most this often: a flood of made-up key ids cannot hammer the issuer).
+pub const JWKS_MIN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Clock skew allowed on `exp` and `nbf`, in seconds.
+pub const LEEWAY_SECS: u64 = 30;
+
+/// The issuer's verification keys.
+pub enum Keys {
+    /// One key from a PEM file (air-gapped sites): every token must be signed by it.
+    File {
+        /// The key.
+        key: DecodingKey,
+        /// The algorithms it can verify.
+        algorithms: Vec<Algorithm>,
+    },
+    /// The issuer's JWKS, fetched from `url`.
+    Jwks {
+        /// Where.
+        url: String,
+        /// The last set fetched, and when.
+        cache: RwLock<Option<(JwkSet, Instant)>>,
+        /// When it was last tried (success or not); held while a fetch runs.
+        tried: tokio::sync::Mutex<Option<Instant>>,
+        /// The HTTP client.
+        client: reqwest::Client,
+    },
+}
+
+/// A parser of one kind of PEM public key, and the algorithms that kind verifies.
+type PemKind = (
+    fn(&[u8]) -> jsonwebtoken::errors::Result<DecodingKey>,
+    &'static [Algorithm],
+);
+
+/// Why keys could not be read from a PEM file.
+#[derive(Debug, thiserror::Error)]
+#[error("--jwt-key-file {file}: {why}")]
+pub struct KeyFileError {
+    /// The file.
+    pub file: String,
+    /// Why.
+    pub why: String,
+}
+
+impl Keys {
+    /// The public key in `pem` (RSA, EC P-256/P-384, or Ed25519).
+    pub fn from_pem(file: &str, pem: &[u8]) -> Result<Keys, KeyFileError> {
+        let attempts: [PemKind; 3] = [
+            (
+                DecodingKey::from_rsa_pem,
+                &[
+                    Algorithm::RS256,
+                    Algorithm::RS384,
+                    Algorithm::RS512,
+                    Algorithm::PS256,
+                    Algorithm::PS384,
+                    Algorithm::PS512,
+                ],
+            ),
+            (
+                DecodingKey::from_ec_pem,
+                &[Algorithm::ES256, Algorithm::ES384],
+            ),
+            (DecodingKey::from_ed_pem, &[Algorithm::EdDSA]),
+        ];
+        for (parse, algorithms) in attempts {
+            if let Ok(key) = parse(pem) {
+                return Ok(Keys::File {
+                    key,
+                    algorithms: algorithms.to_vec(),
+                });
+            }
+        }
+        Err(KeyFileError {
+            file: file.to_owned(),
+            why: "not a PEM public key (RSA, EC P-256/P-384 or Ed25519)".into(),
+        })
+    }
+
+    /// The issuer's JWKS at `url`, fetched when first needed.
+    pub fn jwks(url: String) -> Keys {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        Keys::Jwks {
+            url,
+            cache: RwLock::new(None),
+            tried: tokio::sync::Mutex::new(None),
+            client,
+        }
+    }
+
+    /// The key that signed a token with this header, and whether its algorithm may be used.
+    async fn key_for(&self, kid: Option<&str>, alg: Algorithm) -> Result<DecodingKey, Denied> {
+        match self {
+            Keys::File { key, algorithms } => {
+                if algorithms.contains(&alg) {
+                    Ok(key.clone())
+                } else {
+                    Err(Denied::Invalid(
+                        "the token's algorithm does not match the key",
+                    ))
+                }
+            }
+            Keys::Jwks {
+                url,
+                cache,
+                tried,
+                client,
+            } => {
+                let found = |set: &JwkSet| -> Option<DecodingKey> {
+                    let jwk = match kid {
+                        Some(kid) => set.find(kid)?,
+                        // No key id: only an issuer with a single key can be meant.
+                        None if set.keys.len() == 1 => &set.keys[0],
+                        None => return None,
+                    };
+                    DecodingKey::from_jwk(jwk).ok()
+                };
+                {
+                    let cache = cache.read().await;
+                    if let Some((set, at)) = &*cache
+                        && at.elapsed() < JWKS_MAX_AGE
+                        && let Some(key) = found(set)
+                    {
+                        return Ok(key);
+                    }
+                }
+                // An unknown key, keys too old, or none yet: fetch them again, one request at a
+                // time and at most once a minute (whoever waited finds what the other fetched).
+                {
+                    let mut tried = tried.lock().await;
+                    if tried.is_none_or(|t| t.elapsed() >= JWKS_MIN_INTERVAL) {
+                        *tried = Some(Instant::now());
+                        match fetch(client, url).await {
+                            Ok(set) => *cache.write().await = Some((set, Instant::now())),
+                            Err(why) => {
+                                tracing::warn!(target: "auth", url = %url, "could not fetch the issuer's keys: {why}");
+                            }
+                        }
+                    }
+                }
+                let cache = cache.read().await;
+                match &*cache {
+                    Some((set, _)) => {
+                        found(set).ok_or(Denied::Invalid("no key of the issuer matches the token"))
+                    }
+                    None => Err(Denied::KeysUnavailable),
+                }
+            }
+        }
+    }
+}
+
+async fn fetch(client: &reqwest::Client, url: &str) -> Result<JwkSet, String> {
+    let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("HTTP {}", response.status()));
+    }
+    // A key set is small: a huge answer is not one.
+    let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+    if bytes.len() > 1024 * 1024 {
+        return Err("the key set is larger than 1 MiB".into());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("not a JWK set: {e}"))
+}
+
+/// How this server authenticates its callers.
+pub struct Auth {
+    /// The OAuth resource server, if configured.
+    pub oauth: Option<OAuth>,
+    /// Every request is the one caller `unauthenticated` (loopback only).
+    pub unauthenticated: bool,
+}
+
+/// The OAuth resource server's settings.
+pub struct OAuth {
+    /// The issuer (`iss`), as the authorization server names itself.
+    pub issuer: String,
+    /// This resource's canonical URI: the audience tokens must name, and the metadata's
+    /// `resource`.
+    pub resource: String,
+    /// The scope a token must carry, if any.
+    pub scope: Option<String>,
+    /// The issuer's keys.
+    pub keys: Keys,
+}
+
+impl OAuth {
+    /// Where this resource's metadata is published (RFC 9728 §3: the well-known path inserted
+    /// before the resource's path).
+    pub fn metadata_url(&self) -> String {
+        match self.resource.split_once("://") {
+            Some((scheme, rest)) => {
+                let (host, path) = match rest.find('/') {
+                    Some(i) => rest.split_at(i),
+                    None => (rest, ""),
+                };
+                let path = path.trim_end_matches('/');
+                format!("{scheme}://{host}/.well-known/oauth-protected-resource{path}")
+            }
+            None => self.resource.clone(),
+        }
+    }
+
+    /// The metadata document.
+    pub fn metadata(&self) -> serde_json::Value {
+        let mut doc = json!({
+            "resource": self.resource,
+            "authorization_servers": [self.issuer],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "Countersign",
+        });
+        if let Some(scope) = &self.scope {
+            doc["scopes_supported"] = json!([scope]);
+        }
+        doc
+    }
+
+    /// The caller a bearer token names, or why it names none.
+    pub async fn caller(&self, token: &str) -> Result<Caller, Denied> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|_| Denied::Invalid("the bearer token is not a JWT"))?;
+        if !ALGORITHMS.contains(&header.alg) {
+            return Err(Denied::Invalid("the token's algorithm is not accepted"));
+        }
+        let key = self.keys.key_for(header.kid.as_deref(), header.alg).await?;
+        let mut validation = Validation::new(header.alg);
+        validation.set_issuer(&[&self.issuer]);
+        validation.set_audience(&[&self.resource]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.leeway = LEEWAY_SECS;
+        validation.validate_nbf = true;
+        let data = jsonwebtoken::decode::<Claims>(token, &key, &validation).map_err(|e| {
+            use jsonwebtoken::errors::ErrorKind;
+            Denied::Invalid(match e.kind() {
+                ErrorKind::ExpiredSignature => "the token has expired",
+                ErrorKind::ImmatureSignature => "the token is not valid yet",
+                ErrorKind::InvalidAudience => "the token is not for this resource (audience)",
+                ErrorKind::InvalidIssuer => "the token is from another issuer",
+                ErrorKind::InvalidSignature => "the token's signature does not check",
+                ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim",
+                _ => "the token is not acceptable",
+            })
+        })?;
+        let claims = data.claims;
+        if let Some(scope) = &self.scope
+            && !claims.scopes().contains(scope.as_str())
+        {
+            return Err(Denied::InsufficientScope);
+        }
+        if claims.sub.is_empty() {
+            return Err(Denied::Invalid("the token names no subject"));
+        }
+        Ok(Caller::authenticated(format!(
+            "jwt:{}#{}",
+            self.issuer, claims.sub
+        )))
+    }
+}
+
+/// The claims read beyond what the validation checks.
+#[derive(Deserialize)]
+struct Claims {
+    sub: String,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
+    scp: Option<Vec<String>>,
+}
+
+impl Claims {
+    fn scopes(&self) -> HashSet<&str> {
+        let mut all: HashSet<&str> = self
+            .scope
+            .as_deref()
+            .map(|s| s.split_whitespace().collect())
+            .unwrap_or_default();
+        all.extend(self.scp.iter().flatten().map(String::as_str));
+        all
+    }
+}
+
+/// Why a request was not let in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// No bearer token.
+    Missing,
+    /// A token that does not authenticate anyone: why, in a few words (never the token).
+    Invalid(&'static str),
+    /// A valid token without the scope this server asks for.
+    InsufficientScope,
+    /// The issuer's keys could not be fetched: nothing can be checked just now.
+    KeysUnavailable,
+}
+
+impl Auth {
+    fn challenge(&self, denied: Denied) -> Response {
+        let metadata = self
+            .oauth
+            .as_ref()
+            .map(|o| format!(r#", resource_metadata="{}""#, o.metadata_url()))
+            .unwrap_or_default();
+        let scope = self
+            .oauth
+            .as_ref()
+            .and_then(|o| o.scope.as_ref())
+            .map(|s| format!(r#", scope="{s}""#))
+            .unwrap_or_default();
+        let (status, code, message, www) = match denied {
+            Denied::Missing => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this server needs a bearer token",
+                format!("Bearer realm=\"countersign\"{metadata}{scope}"),
+            ),
+            Denied::Invalid(why) => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_token",
+                why,
+                format!(
+                    "Bearer realm=\"countersign\", error=\"invalid_token\", error_description=\"{why}\"{metadata}"
+                ),
+            ),
+            Denied::InsufficientScope => (
+                StatusCode::FORBIDDEN,
+                "insufficient_scope",
+                "the token does not carry the scope this server asks for",
+                format!(
+                    "Bearer realm=\"countersign\", error=\"insufficient_scope\"{scope}{metadata}"
+                ),
+            ),
+            Denied::KeysUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "keys_unavailable",
+                "the issuer's keys cannot be fetched just now: try again shortly",
+                String::new(),
+            ),
+        };
+        let mut response = crate::http::refuse(status, code, message);
+        if let Ok(value) = HeaderValue::from_str(&www)
+            && !www.is_empty()
+        {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
+        }
+        response
+    }
+
+    /// The caller of a request with these headers.
+    pub async fn caller(&self, headers: &axum::http::HeaderMap) -> Result<Caller, Denied> {
+        if self.unauthenticated {
+            return Ok(Caller::unauthenticated());
+        }
+        let mut values = headers.get_all(header::AUTHORIZATION).iter();
+        let (Some(value), None) = (values.next(), values.next()) else {
+            return Err(Denied::Missing);
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .filter(|t| !t.is_empty())
+            .ok_or(Denied::Missing)?;
+        match &self.oauth {
+            Some(oauth) => oauth.caller(token).await,
+            None => Err(Denied::Invalid("this server accepts no bearer tokens")),
+        }
+    }
+}
+
+/// The layer in front of the MCP endpoint: names the caller, or answers 401/403 and nothing
+/// goes further. The `Authorization` header is taken off the request here.
+pub async fn layer(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
+    let caller = auth.caller(request.headers()).await;
+    request.headers_mut().remove(header::AUTHORIZATION);
+    match caller {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(denied) => auth.challenge(denied),
+    }
+}
+
+/// The protected-resource metadata (RFC 9728), for anyone: it is what a client reads to find
+/// where to get a token.
+pub async fn metadata(State(auth): State<Arc<Auth>>) -> Response {
+    match &auth.oauth {
+        Some(oauth) => crate::http::json_ok(&oauth.metadata()),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oauth(resource: &str) -> OAuth {
+        OAuth {
+            issuer: "https://id.example.com".into(),
+            resource: resource.into(),
+            scope: Some("mcp:tools".into()),
+            keys: Keys::jwks("https://id.example.com/jwks".into()),
+        }
+    }
+
+    #[test]
+    fn the_metadata_lives_at_the_well_known_path_before_the_resources_path() {
+        assert_eq!(
+            oauth("https://mcp.example.com/mcp").metadata_url(),
+            "https://mcp.example.com/.well-known/oauth-protected-resource/mcp"
+        );
+        assert_eq!(
+            oauth("https://mcp.example.com").metadata_url(),
+            "https://mcp.example.com/.well-known/oauth-protected-resource"
+        );
+        let doc = oauth("https://mcp.example.com/mcp").metadata();
+        assert_eq!(doc["resource"], "https://mcp.example.com/mcp");
+        assert_eq!(doc["authorization_servers"][0], "https://id.example.com");
+        assert_eq!(doc["scopes_supported"][0], "mcp:tools");
+    }
+
+    #[test]
+    fn scopes_are_read_from_scope_and_scp() {
+        let c: Claims =
+            serde_json::from_value(json!({"sub": "a", "scope": "read mcp:tools", "scp": ["x"]}))
+                .unwrap();
+        assert_eq!(c.scopes(), HashSet::from(["read", "mcp:tools", "x"]));
+    }
+
+    #[tokio::test]
+    async fn shared_secret_and_unsigned_tokens_are_refused_before_any_key_is_looked_for() {
+        let o = oauth("https://mcp.example.com/mcp");
+        let hs = jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(Algorithm::HS256),
+            &json!({"sub": "a", "iss": "https://id.example.com", "aud": "https://mcp.example.com/mcp", "exp": 9999999999u64}),
+            &jsonwebtoken::EncodingKey::from_secret(b"guessable").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            o.caller(&hs).await.unwrap_err(),
+            Denied::Invalid("the token's algorithm is not accepted")
+        );
+        // alg "none": not even a JWT to this library.
+        let none = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.";
+        assert!(matches!(o.caller(none).await, Err(Denied::Invalid(_))));
+    }
+}
