@@ -96,6 +96,8 @@ suite!(
     racing_grants_never_pass_the_cap_together,
     a_file_is_unknown_until_accepted_then_its_latest_text_is_kept,
     a_huge_accepted_file_is_refused_not_stored,
+    an_agent_key_is_found_by_its_hash_until_revoked_and_its_name_never_reused,
+    an_agent_name_that_could_pass_for_something_else_is_refused,
 );
 
 type R = Arc<dyn Records>;
@@ -537,6 +539,71 @@ async fn a_file_is_unknown_until_accepted_then_its_latest_text_is_kept(r: R) {
         })
     );
     assert_eq!(r.accepted("policy.toml").await.unwrap().unwrap().text, "");
+}
+
+fn agent_key(name: &str, n: u8) -> countersign_store::AgentKey {
+    countersign_store::AgentKey {
+        name: name.into(),
+        hash: [n; 32],
+        created_at_ms: 1_000,
+        revoked_at_ms: None,
+    }
+}
+
+async fn an_agent_key_is_found_by_its_hash_until_revoked_and_its_name_never_reused(r: R) {
+    assert_eq!(r.agent_key(&[1; 32]).await.unwrap(), None);
+    assert!(r.put_agent_key(&agent_key("ci-runner", 1)).await.unwrap());
+    assert!(
+        r.put_agent_key(&agent_key("nightly.build", 2))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        r.agent_key(&[1; 32]).await.unwrap(),
+        Some(agent_key("ci-runner", 1))
+    );
+    // The same name again, even with another key: refused, nothing written.
+    assert!(!r.put_agent_key(&agent_key("ci-runner", 3)).await.unwrap());
+    assert_eq!(r.agent_key(&[3; 32]).await.unwrap(), None);
+    // The same key under another name: nothing written (a hash names one agent).
+    assert!(!r.put_agent_key(&agent_key("other", 1)).await.unwrap());
+    assert!(r.revoke_agent_key("ci-runner", 5_000).await.unwrap());
+    assert!(
+        !r.revoke_agent_key("ci-runner", 6_000).await.unwrap(),
+        "revoked once"
+    );
+    assert!(!r.revoke_agent_key("nobody", 6_000).await.unwrap());
+    let revoked = r.agent_key(&[1; 32]).await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_at_ms, Some(5_000));
+    // A revoked name stays taken: another agent never inherits its history.
+    assert!(!r.put_agent_key(&agent_key("ci-runner", 4)).await.unwrap());
+    let names: Vec<String> = r
+        .agent_keys()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|k| k.name)
+        .collect();
+    assert_eq!(names, ["ci-runner", "nightly.build"]);
+}
+
+async fn an_agent_name_that_could_pass_for_something_else_is_refused(r: R) {
+    for bad in [
+        "",
+        "a b",
+        "key:x",
+        "x@y",
+        "a\u{202e}b",
+        "\u{0430}dmin",
+        &"n".repeat(65),
+        "a\0",
+    ] {
+        assert!(
+            r.put_agent_key(&agent_key(bad, 9)).await.is_err(),
+            "{bad:?}"
+        );
+    }
+    assert!(r.agent_keys().await.unwrap().is_empty());
 }
 
 async fn a_huge_accepted_file_is_refused_not_stored(r: R) {

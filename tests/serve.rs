@@ -876,3 +876,124 @@ async fn the_tenant_is_the_tokens_subject_whatever_the_agent_says_about_itself()
         );
     }
 }
+
+/// `countersign serve agent ARGS` on the records in `data`: its exit code, stdout and stderr.
+fn agent_command(data: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["agent", "--data-dir", data.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = serve(&bin("countersign-serve"), &all, &[])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_agent_key_gets_its_agent_in_until_it_is_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("records");
+    let (code, key, note) = agent_command(&data, &["add", "ci-runner"]);
+    assert_eq!(code, 0, "{note}");
+    let key = key.trim().to_owned();
+    assert!(key.starts_with("csk_") && key.len() > 40, "{key}");
+    assert!(!note.contains(&key), "the key goes to stdout alone");
+    let (code, _, note) = agent_command(&data, &["add", "ci-runner"]);
+    assert_eq!(code, 2, "a name is never given twice: {note}");
+    assert_eq!(agent_command(&data, &["add", "not a name"]).0, 2);
+    let (_, other, _) = agent_command(&data, &["add", "nightly"]);
+    let other = other.trim().to_owned();
+
+    let server = Server::start(
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--agent-keys",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let port = server.port;
+    assert_eq!(list_with(port, Some(&key)).0, 200);
+    assert_eq!(list_with(port, Some(&other)).0, 200);
+    assert_eq!(list_with(port, None).0, 401);
+    let mut forged = key.clone();
+    forged.pop();
+    forged.push(if key.ends_with('A') { 'B' } else { 'A' });
+    let (status, head, _) = list_with(port, Some(&forged));
+    assert_eq!(status, 401);
+    assert!(head.contains("invalid_token"), "{head}");
+    assert_eq!(list_with(port, Some("csk_")).0, 401);
+    // A JWT where only agent keys are accepted: refused.
+    let issuer = Issuer::start();
+    assert_eq!(list_with(port, Some(&issuer.token(json!({})))).0, 401);
+
+    // The call is on the record under the key's agent.
+    let bearer = format!("Bearer {key}");
+    post(
+        port,
+        &[("Authorization", bearer.as_str())],
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"no_such_tool","arguments":{}}}"#,
+    );
+    let history = countersign_store::HistoryReader::open(
+        data.join("serve.sqlite"),
+        &countersign_store::StoreOptions::default(),
+    )
+    .unwrap();
+    let events = history
+        .history(&countersign_store::HistoryFilter::default())
+        .unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.tenant.starts_with("key:ci-runner@")),
+        "{events:?}"
+    );
+
+    // Revoked: the very next request is refused; the other agent keeps working.
+    let (code, _, note) = agent_command(&data, &["revoke", "ci-runner"]);
+    assert_eq!(code, 0, "{note}");
+    assert_eq!(list_with(port, Some(&key)).0, 401);
+    assert_eq!(list_with(port, Some(&other)).0, 200);
+    assert_eq!(agent_command(&data, &["revoke", "ci-runner"]).0, 2);
+    let (code, listed, _) = agent_command(&data, &["list"]);
+    assert_eq!(code, 0);
+    assert!(
+        listed.contains("ci-runner") && listed.contains("revoked"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("nightly") && listed.contains("active"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(&key) && !listed.contains(&other),
+        "{listed}"
+    );
+    let log = server.stop();
+    assert!(
+        !log.contains(&key) && !log.contains(&other),
+        "a key reached the log"
+    );
+}
+
+#[test]
+fn agent_keys_are_refused_by_a_server_that_does_not_accept_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("records");
+    let (_, key, _) = agent_command(&data, &["add", "ci"]);
+    let issuer = Issuer::start();
+    let mut args = oauth_args(&["--jwks-url", &issuer.jwks_url]);
+    args.extend(["--data-dir".to_owned(), data.to_str().unwrap().to_owned()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&refs, &[]);
+    let (status, _, body) = list_with(server.port, Some(key.trim()));
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        list_with(server.port, Some(&issuer.token(json!({})))).0,
+        200
+    );
+}

@@ -11,6 +11,11 @@
 //! algorithms are accepted: a shared-secret (`HS*`) or unsigned token proves nothing about who
 //! made it. The tenant is `jwt:` + issuer + `#` + subject.
 //!
+//! For a team without an identity provider, the server issues agent keys itself
+//! (`countersign serve agent add NAME`, outside the MCP authorization spec): a random bearer key
+//! shown once, kept only as its SHA-256 hash in the server's records, revocable at once. The
+//! tenant is `key:` + the agent's name.
+//!
 //! An agent's bearer token stops here: it is never put in the request the session sees, so it
 //! can never reach an upstream.
 
@@ -28,7 +33,30 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::RwLock;
 
+use countersign_store::Records;
+use sha2::{Digest, Sha256};
+
 use crate::http::Caller;
+
+/// What every agent key starts with: a key is told from a JWT before anything is parsed.
+pub const AGENT_KEY_PREFIX: &str = "csk_";
+
+/// A new agent key and the hash the records keep of it.
+pub fn new_agent_key() -> (zeroize::Zeroizing<String>, [u8; 32]) {
+    use base64::Engine as _;
+    let bytes: [u8; 32] = rand::random();
+    let key = zeroize::Zeroizing::new(format!(
+        "{AGENT_KEY_PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    ));
+    let hash = agent_key_hash(&key);
+    (key, hash)
+}
+
+/// The hash the records keep of an agent key.
+pub fn agent_key_hash(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
 
 /// The algorithms an access token may be signed with: asymmetric only.
 pub const ALGORITHMS: &[Algorithm] = &[
@@ -221,6 +249,8 @@ pub struct Auth {
     pub oauth: Option<OAuth>,
     /// Every request is the one caller `unauthenticated` (loopback only).
     pub unauthenticated: bool,
+    /// Where the agent keys this server issued are, if it accepts them.
+    pub agent_keys: Option<Arc<dyn Records>>,
 }
 
 /// The OAuth resource server's settings.
@@ -383,7 +413,7 @@ impl Auth {
             Denied::KeysUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "keys_unavailable",
-                "the issuer's keys cannot be fetched just now: try again shortly",
+                "the keys that check tokens cannot be read just now: try again shortly",
                 String::new(),
             ),
         };
@@ -416,9 +446,24 @@ impl Auth {
             })
             .filter(|t| !t.is_empty())
             .ok_or(Denied::Missing)?;
+        if token.starts_with(AGENT_KEY_PREFIX) {
+            let Some(records) = &self.agent_keys else {
+                return Err(Denied::Invalid("this server accepts no agent keys"));
+            };
+            return match records.agent_key(&agent_key_hash(token)).await {
+                Ok(Some(key)) if key.revoked_at_ms.is_none() => {
+                    Ok(Caller::authenticated(format!("key:{}", key.name)))
+                }
+                Ok(_) => Err(Denied::Invalid("the agent key is unknown or revoked")),
+                Err(e) => {
+                    tracing::warn!(target: "auth", error = %e, "cannot read the agent keys");
+                    Err(Denied::KeysUnavailable)
+                }
+            };
+        }
         match &self.oauth {
             Some(oauth) => oauth.caller(token).await,
-            None => Err(Denied::Invalid("this server accepts no bearer tokens")),
+            None => Err(Denied::Invalid("this server accepts only its agent keys")),
         }
     }
 }

@@ -15,6 +15,9 @@ use clap::Parser;
 /// (the PostgreSQL control database) in its environment; CONFIRM_TTL_MS sets how long a token
 /// lives (default 600000). `--read-only` serves only the tools that change nothing, and needs
 /// neither.
+///
+/// Agents' keys, for teams without an identity provider: `countersign serve agent add NAME`,
+/// `agent revoke NAME`, `agent list` (see `countersign serve agent --help`).
 #[derive(Debug, Clone, Parser)]
 #[command(name = "countersign serve", version)]
 pub struct Args {
@@ -79,8 +82,13 @@ pub struct Args {
     #[arg(long, value_name = "SCOPE", requires = "issuer")]
     pub scope: Option<String>,
 
+    /// Accept the agent keys this server issued (`countersign serve agent add NAME`) as bearer
+    /// tokens. Outside the MCP authorization spec: for teams without an identity provider.
+    #[arg(long)]
+    pub agent_keys: bool,
+
     /// Authenticate nobody: every request is the one caller `unauthenticated`. Loopback only.
-    #[arg(long, conflicts_with = "issuer")]
+    #[arg(long, conflicts_with_all = ["issuer", "agent_keys"])]
     pub unauthenticated: bool,
 
     /// Where a read-only server without CONTROL_DSN keeps its records (SQLite). Without it, a
@@ -104,4 +112,36 @@ pub struct Args {
     /// The upstream: a stdio MCP server, started by the server as its child (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `countersign serve agent`: the keys this server issues to agents without an identity
+/// provider. The records are the server's: CONTROL_DSN, or `--data-dir` for a read-only server
+/// that keeps them in SQLite.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "countersign serve agent", version)]
+pub struct AgentArgs {
+    /// The records' directory of a server without CONTROL_DSN.
+    #[arg(long, value_name = "DIR", global = true)]
+    pub data_dir: Option<PathBuf>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub action: AgentAction,
+}
+
+/// What `countersign serve agent` does.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum AgentAction {
+    /// Make a key for agent NAME and print it, once: the server keeps only its hash.
+    Add {
+        /// The agent's name (letters, digits, '.', '_', '-'); its tenant is `key:NAME`.
+        name: String,
+    },
+    /// Revoke agent NAME's key: its next request is refused.
+    Revoke {
+        /// The agent's name.
+        name: String,
+    },
+    /// List the agents, and which are revoked.
+    List,
 }

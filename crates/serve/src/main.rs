@@ -5,6 +5,8 @@ use std::os::unix::ffi::OsStringExt;
 
 use clap::Parser;
 use countersign_serve::cli::Args;
+
+mod agent;
 use countersign_serve::start::{self, Given, OWN_VARIABLES};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
@@ -18,6 +20,9 @@ fn refuse(code: &str, message: &dyn std::fmt::Display, exit: i32) -> ! {
 }
 
 fn main() {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "agent") {
+        std::process::exit(agent::main());
+    }
     let args = Args::parse();
     // Read once, then gone from the environment: nothing started later (the upstream, a
     // library that dumps its environment) can find them here.

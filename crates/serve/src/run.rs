@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{self, Auth, Keys, OAuth};
 use crate::guard::{self, Guard};
 use crate::http::{self, Endpoint};
-use crate::start::{Authn, Dsn, KeySource, Mode, Start, Transport};
+use crate::start::{Authn, Dsn, KeySource, Mode, OAuthSettings, Start, Transport};
 use crate::tls;
 
 /// What a preflight is refused with while no person can approve on this server.
@@ -81,12 +81,22 @@ fn authentication(authn: &Authn) -> Result<Auth, RunError> {
         Authn::Unauthenticated => Auth {
             oauth: None,
             unauthenticated: true,
+            agent_keys: None,
         },
-        Authn::OAuth {
-            issuer,
-            resource,
-            scope,
-            keys,
+        Authn::Bearer { oauth: None, .. } => Auth {
+            oauth: None,
+            unauthenticated: false,
+            agent_keys: None,
+        },
+        Authn::Bearer {
+            oauth:
+                Some(OAuthSettings {
+                    issuer,
+                    resource,
+                    scope,
+                    keys,
+                }),
+            ..
         } => {
             let keys = match keys {
                 KeySource::Jwks(url) => Keys::jwks(url.clone()),
@@ -107,9 +117,26 @@ fn authentication(authn: &Authn) -> Result<Auth, RunError> {
                     keys,
                 }),
                 unauthenticated: false,
+                agent_keys: None,
             }
         }
     })
+}
+
+/// The records of a server: its control database, or SQLite in `data_dir`.
+pub async fn open_records(
+    dsn: Option<&Dsn>,
+    data_dir: &std::path::Path,
+) -> Result<Arc<dyn Records>, RunError> {
+    match dsn {
+        Some(dsn) => Ok(records(dsn).await?),
+        None => {
+            std::fs::create_dir_all(data_dir).map_err(RunError::DataDir)?;
+            let store =
+                Store::open_deferred(data_dir.join("serve.sqlite"), StoreOptions::default());
+            Ok(Arc::new(Sqlite::new(store)))
+        }
+    }
 }
 
 async fn records(dsn: &Dsn) -> Result<Arc<dyn Records>, StoreError> {
@@ -128,7 +155,7 @@ pub async fn run(
         Transport::Tls { cert, key } => Some(tls::config(cert, key)?),
         Transport::Plain => None,
     };
-    let auth = Arc::new(authentication(&start.authn)?);
+    let mut auth = authentication(&start.authn)?;
     // A temporary directory lives as long as the server; a named one is the operator's.
     let temporary = match &start.data_dir {
         Some(_) => None,
@@ -144,19 +171,24 @@ pub async fn run(
         .clone()
         .or_else(|| temporary.as_ref().map(|t| t.path().to_owned()))
         .expect("a data directory");
-    std::fs::create_dir_all(&data_dir).map_err(RunError::DataDir)?;
-    let (records, key, read_only): (Arc<dyn Records>, _, bool) = match &start.mode {
-        Mode::Writable { key, dsn } => (records(dsn).await?, Ok(key.clone()), false),
-        Mode::ReadOnly { dsn: Some(dsn) } => (records(dsn).await?, Err("read-only".into()), true),
-        Mode::ReadOnly { dsn: None } => {
-            if temporary.is_some() {
-                tracing::warn!(target: "serve", "read-only without CONTROL_DSN or --data-dir: history and pins are kept only while this process runs");
-            }
-            let store =
-                Store::open_deferred(data_dir.join("serve.sqlite"), StoreOptions::default());
-            (Arc::new(Sqlite::new(store)), Err("read-only".into()), true)
-        }
+    let (dsn, key, read_only) = match &start.mode {
+        Mode::Writable { key, dsn } => (Some(dsn), Ok(key.clone()), false),
+        Mode::ReadOnly { dsn } => (dsn.as_ref(), Err("read-only".into()), true),
     };
+    if dsn.is_none() && temporary.is_some() {
+        tracing::warn!(target: "serve", "read-only without CONTROL_DSN or --data-dir: history and pins are kept only while this process runs");
+    }
+    let records = open_records(dsn, &data_dir).await?;
+    if matches!(
+        start.authn,
+        Authn::Bearer {
+            agent_keys: true,
+            ..
+        }
+    ) {
+        auth.agent_keys = Some(records.clone());
+    }
+    let auth = Arc::new(auth);
     if start.secret_ignored {
         tracing::warn!(target: "serve", "a signing secret was given to a read-only server: it is not used");
     }

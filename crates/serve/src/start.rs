@@ -68,6 +68,11 @@ impl fmt::Debug for Given {
 pub struct Dsn(Zeroizing<String>);
 
 impl Dsn {
+    /// The connection string.
+    pub fn new(dsn: Zeroizing<String>) -> Self {
+        Dsn(dsn)
+    }
+
     /// The string, for the one place that connects with it.
     pub fn expose(&self) -> &str {
         &self.0
@@ -117,17 +122,26 @@ pub enum Transport {
 pub enum Authn {
     /// Nobody is: every request is one caller (loopback only).
     Unauthenticated,
-    /// Bearer JWTs of `issuer` for `resource`.
-    OAuth {
-        /// The issuer.
-        issuer: String,
-        /// This server's canonical URI.
-        resource: String,
-        /// The scope a token must carry.
-        scope: Option<String>,
-        /// Where the issuer's keys are.
-        keys: KeySource,
+    /// By bearer token: an OAuth access token, an agent key this server issued, or either.
+    Bearer {
+        /// OAuth, if configured.
+        oauth: Option<OAuthSettings>,
+        /// Whether agent keys are accepted.
+        agent_keys: bool,
     },
+}
+
+/// The OAuth resource server's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuthSettings {
+    /// The issuer.
+    pub issuer: String,
+    /// This server's canonical URI.
+    pub resource: String,
+    /// The scope a token must carry.
+    pub scope: Option<String>,
+    /// Where the issuer's keys are.
+    pub keys: KeySource,
 }
 
 /// Where the issuer's keys are.
@@ -235,6 +249,11 @@ pub enum StartError {
         /// The address.
         listen: SocketAddr,
     },
+    /// `--agent-keys` on a server whose records go with the process.
+    #[error(
+        "--agent-keys needs records that last: CONTROL_DSN, or --data-dir for a read-only server"
+    )]
+    AgentKeysNowhere,
     /// `--issuer` without where its keys are.
     #[error("--issuer needs the issuer's keys: --jwks-url URL or --jwt-key-file FILE")]
     NoIssuerKeys,
@@ -268,6 +287,7 @@ impl StartError {
             StartError::NoAuthentication => "no_authentication",
             StartError::UnauthenticatedInTheOpen { .. } => "unauthenticated_in_the_open",
             StartError::NoIssuerKeys => "no_issuer_keys",
+            StartError::AgentKeysNowhere => "agent_keys_nowhere",
             StartError::NotHttps { .. } => "not_https",
             StartError::NoUpstream => "no_upstream",
             StartError::BadDb(_) => "bad_db",
@@ -344,6 +364,17 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         args.allowed_hosts.clone()
     };
     let authn = authn(args)?;
+    let records_last = !matches!(mode, Mode::ReadOnly { dsn: None }) || args.data_dir.is_some();
+    if matches!(
+        authn,
+        Authn::Bearer {
+            agent_keys: true,
+            ..
+        }
+    ) && !records_last
+    {
+        return Err(StartError::AgentKeysNowhere);
+    }
     let upstream = upstream(args, cwd)?;
     Ok(Start {
         listen: args.listen,
@@ -370,9 +401,20 @@ fn authn(args: &Args) -> Result<Authn, StartError> {
             })
         };
     }
-    let (Some(issuer), Some(resource)) = (&args.issuer, &args.resource) else {
-        return Err(StartError::NoAuthentication);
+    let oauth = match (&args.issuer, &args.resource) {
+        (Some(issuer), Some(resource)) => Some(oauth(args, issuer, resource)?),
+        _ => None,
     };
+    if oauth.is_none() && !args.agent_keys {
+        return Err(StartError::NoAuthentication);
+    }
+    Ok(Authn::Bearer {
+        oauth,
+        agent_keys: args.agent_keys,
+    })
+}
+
+fn oauth(args: &Args, issuer: &str, resource: &str) -> Result<OAuthSettings, StartError> {
     https("--issuer", issuer)?;
     https("--resource", resource)?;
     let keys = match (&args.jwks_url, &args.jwt_key_file) {
@@ -383,9 +425,9 @@ fn authn(args: &Args) -> Result<Authn, StartError> {
         (None, Some(file)) => KeySource::File(file.clone()),
         _ => return Err(StartError::NoIssuerKeys),
     };
-    Ok(Authn::OAuth {
-        issuer: issuer.clone(),
-        resource: resource.clone(),
+    Ok(OAuthSettings {
+        issuer: issuer.to_owned(),
+        resource: resource.to_owned(),
         scope: args.scope.clone(),
         keys,
     })
@@ -769,11 +811,14 @@ mod tests {
                 "--scope",
                 "mcp"
             ]),
-            Ok(Authn::OAuth {
-                issuer: "https://id.example.com".into(),
-                resource: "https://mcp.example.com/mcp".into(),
-                scope: Some("mcp".into()),
-                keys: KeySource::Jwks("https://id.example.com/jwks".into()),
+            Ok(Authn::Bearer {
+                oauth: Some(OAuthSettings {
+                    issuer: "https://id.example.com".into(),
+                    resource: "https://mcp.example.com/mcp".into(),
+                    scope: Some("mcp".into()),
+                    keys: KeySource::Jwks("https://id.example.com/jwks".into()),
+                }),
+                agent_keys: false,
             })
         );
         assert_eq!(
@@ -783,6 +828,32 @@ mod tests {
         assert!(with(&["--jwks-url", "http://127.0.0.1:9000/jwks"]).is_ok());
         assert!(with(&["--jwks-url", "http://localhost.evil.example/jwks"]).is_err());
         assert!(with(&["--jwt-key-file", "issuer.pem"]).is_ok());
+        // Agent keys alone, or beside OAuth; but never kept where they go with the process.
+        let keys = start(
+            &["--behind-tls-proxy", "--db", "t", "--agent-keys"],
+            writable(),
+        );
+        assert_eq!(
+            keys.map(|s| s.authn),
+            Ok(Authn::Bearer {
+                oauth: None,
+                agent_keys: true
+            })
+        );
+        let ro = [
+            "--read-only",
+            "--behind-tls-proxy",
+            "--db",
+            "t",
+            "--agent-keys",
+        ];
+        assert_eq!(
+            start(&ro, Given::default()).unwrap_err(),
+            StartError::AgentKeysNowhere
+        );
+        let mut kept = ro.to_vec();
+        kept.extend(["--data-dir", "/var/lib/countersign"]);
+        assert!(start(&kept, Given::default()).is_ok());
     }
 
     proptest! {

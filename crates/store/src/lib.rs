@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 
 mod accepted;
+mod agent_key;
 mod approval;
 mod connection;
 mod error;
@@ -42,6 +43,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::connection::FileIdentity;
 
 pub use accepted::{Accepted, MAX_ACCEPTED_BYTES};
+pub use agent_key::{AgentKey, MAX_AGENT_NAME_CHARS, valid_agent_name};
 pub use approval::Approval;
 pub use connection::StoreOptions;
 pub use error::StoreError;

@@ -19,7 +19,8 @@ use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Ledger, Nonce, SpendError};
 
 use crate::{
-    Accepted, Approval, Grant, GrantEnd, HistoryFilter, Pruned, Store, StoreError, ToolPin,
+    Accepted, AgentKey, Approval, Grant, GrantEnd, HistoryFilter, Pruned, Store, StoreError,
+    ToolPin,
 };
 
 /// Everything the engine keeps durably: the single-use nonce ledger, the arguments people
@@ -108,6 +109,19 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// Records `text` as the accepted text of the file `name` (refused past
     /// [`MAX_ACCEPTED_BYTES`](crate::MAX_ACCEPTED_BYTES)).
     async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError>;
+
+    /// Records a new agent key (its hash). `false`: an agent of that name exists, nothing was
+    /// written.
+    async fn put_agent_key(&self, key: &AgentKey) -> Result<bool, StoreError>;
+
+    /// The agent key whose hash is `hash`, revoked or not.
+    async fn agent_key(&self, hash: &[u8; 32]) -> Result<Option<AgentKey>, StoreError>;
+
+    /// Revokes agent `name`'s key. `false`: no such agent, or revoked already.
+    async fn revoke_agent_key(&self, name: &str, now: u64) -> Result<bool, StoreError>;
+
+    /// Every agent key, by name.
+    async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError>;
 }
 
 /// The desk's SQLite [`Store`] as [`Records`]: one connection behind a mutex.
@@ -224,5 +238,21 @@ impl Records for Sqlite {
 
     async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError> {
         self.lock().accept(name, text, at_ms)
+    }
+
+    async fn put_agent_key(&self, key: &AgentKey) -> Result<bool, StoreError> {
+        self.lock().put_agent_key(key)
+    }
+
+    async fn agent_key(&self, hash: &[u8; 32]) -> Result<Option<AgentKey>, StoreError> {
+        self.lock().agent_key(hash)
+    }
+
+    async fn revoke_agent_key(&self, name: &str, now: u64) -> Result<bool, StoreError> {
+        self.lock().revoke_agent_key(name, now)
+    }
+
+    async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError> {
+        self.lock().agent_keys()
     }
 }

@@ -145,6 +145,18 @@ const STEPS: &[Step] = &[
         CREATE INDEX approval_grant_live ON approval_grant (expires_at_ms) WHERE ended_at_ms IS NULL;
     ",
     },
+    Step {
+        purpose: "agent keys a team's server issued (their hashes only)",
+        sql: "
+        -- A key is found by its hash; a revoked key stays, so its name is never reused.
+        CREATE TABLE agent_key (
+            name           TEXT    NOT NULL PRIMARY KEY,
+            hash           BLOB    NOT NULL UNIQUE CHECK (length(hash) = 32),
+            created_at_ms  INTEGER NOT NULL,
+            revoked_at_ms  INTEGER
+        ) STRICT;
+    ",
+    },
 ];
 
 /// The schema version this build writes and understands.

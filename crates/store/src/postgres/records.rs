@@ -18,8 +18,9 @@ use crate::error::ms_to_sql;
 use crate::grant::{self, COLUMNS, MAX_READ};
 use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
 use crate::{
-    Accepted, Approval, Grant, GrantEnd, HistoryFilter, MAX_HISTORY_ROWS, MAX_PINS,
-    MAX_PINS_PER_SERVER, Pruned, Records, StoreError, ToolPin, accepted, approval, capped, history,
+    Accepted, AgentKey, Approval, Grant, GrantEnd, HistoryFilter, MAX_HISTORY_ROWS, MAX_PINS,
+    MAX_PINS_PER_SERVER, Pruned, Records, StoreError, ToolPin, accepted, agent_key, approval,
+    capped, history,
 };
 
 fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Error> {
@@ -534,4 +535,50 @@ impl Records for Postgres {
         ))
         .map(|_| ())
     }
+
+    async fn put_agent_key(&self, key: &AgentKey) -> Result<bool, StoreError> {
+        let created = agent_key::checked(key)?;
+        let hash = key.hash.as_slice();
+        let inserted = on_connection!(self, |conn| conn.execute(
+            "INSERT INTO agent_key (name, hash, created_at_ms) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING",
+            &[&key.name, &hash, &created],
+        ))?;
+        Ok(inserted == 1)
+    }
+
+    async fn agent_key(&self, hash: &[u8; 32]) -> Result<Option<AgentKey>, StoreError> {
+        let hash = hash.as_slice();
+        let row = on_connection!(self, |conn| conn.query_opt(
+            "SELECT name, hash, created_at_ms, revoked_at_ms FROM agent_key WHERE hash = $1",
+            &[&hash],
+        ))?;
+        row.map(|r| agent_key_row(&r)).transpose()
+    }
+
+    async fn revoke_agent_key(&self, name: &str, now: u64) -> Result<bool, StoreError> {
+        let now = ms_to_sql(now)?;
+        let name = text(name);
+        let changed = on_connection!(self, |conn| conn.execute(
+            "UPDATE agent_key SET revoked_at_ms = $2 WHERE name = $1 AND revoked_at_ms IS NULL",
+            &[&name.as_ref(), &now],
+        ))?;
+        Ok(changed == 1)
+    }
+
+    async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError> {
+        let rows = on_connection!(self, |conn| conn.query(
+            "SELECT name, hash, created_at_ms, revoked_at_ms FROM agent_key ORDER BY name",
+            &[],
+        ))?;
+        rows.iter().map(agent_key_row).collect()
+    }
+}
+
+fn agent_key_row(r: &tokio_postgres::Row) -> Result<AgentKey, StoreError> {
+    let get = |r: &tokio_postgres::Row| -> Result<_, tokio_postgres::Error> {
+        Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))
+    };
+    let (name, hash, created, revoked) = get(r).map_err(StoreError::Postgres)?;
+    agent_key::from_row(name, hash, created, revoked)
 }

@@ -31,9 +31,10 @@ struct Step {
 }
 
 /// Every step ever shipped, in order. Append only: never edit or reorder a shipped step.
-const STEPS: &[Step] = &[Step {
-    purpose: "the records of serve: spent nonces, approvals, history, pins, accepted files, grants",
-    sql: "
+const STEPS: &[Step] = &[
+    Step {
+        purpose: "the records of serve: spent nonces, approvals, history, pins, accepted files, grants",
+        sql: "
     -- One row per spent single-use nonce. The primary key IS the replay check: a spend is a
     -- plain INSERT whose unique violation means the token was used before.
     CREATE TABLE IF NOT EXISTS spent_nonce (
@@ -115,7 +116,20 @@ const STEPS: &[Step] = &[Step {
     CREATE INDEX IF NOT EXISTS approval_grant_live ON approval_grant (expires_at_ms)
         WHERE ended_at_ms IS NULL;
     ",
-}];
+    },
+    Step {
+        purpose: "agent keys the server issued (their hashes only)",
+        sql: "
+    -- A key is found by its hash; a revoked key stays, so its name is never reused.
+    CREATE TABLE IF NOT EXISTS agent_key (
+        name           TEXT    NOT NULL PRIMARY KEY,
+        hash           BYTEA   NOT NULL UNIQUE CHECK (octet_length(hash) = 32),
+        created_at_ms  BIGINT  NOT NULL,
+        revoked_at_ms  BIGINT
+    );
+    ",
+    },
+];
 
 /// The PostgreSQL schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = STEPS.len() as i64;
