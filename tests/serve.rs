@@ -247,6 +247,12 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // Asked to stop first, so it removes its temporary directory; then made to.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -311,9 +317,17 @@ fn text_of(result: &rmcp::model::CallToolResult) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_server_offers_only_open_tools_and_runs_them() {
+    let marker = "ignored-secret-that-must-not-linger-in-environ";
     let server = Server::start(
         &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
-        &[],
+        &[("CONFIRM_SECRET", marker)],
+    );
+    // Its environment block no longer holds the secret (what an upstream of the same account
+    // could read in /proc).
+    let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap_or_default();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains(marker),
+        "the secret stayed in the environment block"
     );
     let agent = agent(&server.url()).await;
     let mut names: Vec<String> = agent
@@ -458,6 +472,78 @@ fn http_edges_are_refused_before_anything_reaches_the_engine_or_the_upstream() {
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"query","name":"execute"}}"#
         ),
         Some(-32600)
+    );
+    // Two Content-Types, two revisions, routing headers that say something else than the
+    // message, a request target naming another host.
+    assert_eq!(
+        raw(
+            "POST",
+            &[
+                ("Content-Type", "application/json"),
+                ("Content-Type", "text/plain"),
+                ("Accept", "application/json")
+            ],
+            ping.as_bytes()
+        )
+        .0,
+        415
+    );
+    assert_eq!(
+        status(&[
+            ("MCP-Protocol-Version", "2025-06-18"),
+            ("MCP-Protocol-Version", "1999-01-01")
+        ]),
+        400
+    );
+    let call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"query","arguments":{"sql":"SELECT 1"}}}"#;
+    assert_eq!(post(port, &[("Mcp-Method", "ping")], call).0, 400);
+    assert_eq!(post(port, &[("Mcp-Name", "execute")], call).0, 400);
+    assert_eq!(
+        post(
+            port,
+            &[("Mcp-Method", "tools/call"), ("Mcp-Name", "query")],
+            call
+        )
+        .0,
+        200
+    );
+    let absolute = {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "POST http://evil.example/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{ping}",
+            ping.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    assert!(absolute.starts_with("HTTP/1.1 403"), "{absolute}");
+    // What needs a session a stateless server does not keep: refused, not sent upstream.
+    assert_eq!(
+        error(r#"{"jsonrpc":"2.0","id":9,"method":"logging/setLevel","params":{"level":"debug"}}"#),
+        Some(-32601)
+    );
+    assert_eq!(
+        error(
+            r#"{"jsonrpc":"2.0","id":10,"method":"resources/subscribe","params":{"uri":"file:///x"}}"#
+        ),
+        Some(-32601)
+    );
+    // A client that never finishes its headers is cut (not held open forever).
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let began = Instant::now();
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest);
+    assert!(
+        began.elapsed() < Duration::from_secs(25),
+        "a half-sent request held its connection for {:?}",
+        began.elapsed()
     );
     // A notification is accepted and goes nowhere.
     assert_eq!(

@@ -62,9 +62,11 @@ impl Engine {
     /// A tenant already attached to another server keeps its first one.
     pub fn attach(&self, tenant: &str, id: ServerId) -> Result<(), Stopped> {
         let server = id.key();
+        let now = self.now();
         let mut state = lock(&self.inner.state);
-        if let Some(conn) = state.connections.get(tenant) {
+        if let Some(conn) = state.connections.get_mut(tenant) {
             return if conn.server == server {
+                conn.attached_at_ms = Some(now);
                 Ok(())
             } else {
                 Err(error(
@@ -73,7 +75,7 @@ impl Engine {
                 ))
             };
         }
-        if state.connections.len() >= MAX_ATTACHED {
+        if state.connections.len() >= MAX_ATTACHED && !Self::forget_an_idle_caller(&mut state) {
             return Err(error(
                 ErrorCode::Busy,
                 format!(
@@ -91,9 +93,33 @@ impl Engine {
                 server,
                 tools: HashMap::new(),
                 own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
+                attached_at_ms: Some(now),
             },
         );
         Ok(())
+    }
+
+    /// Forgets the attached caller seen longest ago that has nothing in the queue and no call
+    /// awaiting its outcome (it is attached again, its tools listed again, when it comes back).
+    /// `false`: every attached caller has something under way.
+    fn forget_an_idle_caller(state: &mut State) -> bool {
+        let busy = |tenant: &str| {
+            state.requests.values().any(|e| e.tenant() == Some(tenant))
+                || state.awaiting_outcome.keys().any(|(t, _)| t == tenant)
+        };
+        let idlest = state
+            .connections
+            .iter()
+            .filter_map(|(tenant, c)| c.attached_at_ms.map(|at| (at, tenant)))
+            .filter(|(_, tenant)| !busy(tenant))
+            .min()
+            .map(|(_, tenant)| tenant.clone());
+        let Some(tenant) = idlest else {
+            return false;
+        };
+        state.connections.remove(&tenant);
+        state.spent_states.remove(&tenant);
+        true
     }
 
     /// A connection was accepted: assign its tenant. `id` is the upstream as the desk
@@ -113,6 +139,7 @@ impl Engine {
                 server,
                 tools: HashMap::new(),
                 own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
+                attached_at_ms: None,
             },
         );
         tenant

@@ -114,6 +114,10 @@ pub(crate) struct Connection {
     /// This connection's one turn to describe SQL, taken before one of the desk's: one agent
     /// holds at most one of [`crate::describing::MAX_DESCRIBING`], and leaves the others to the rest.
     pub(crate) own_turn: Arc<tokio::sync::Semaphore>,
+    /// When a host last attached it ([`crate::Engine::attach`]): the one seen longest ago, with
+    /// nothing in the queue or awaiting an outcome, is forgotten first when the engine is full.
+    /// `None` for a connection the desk made, which ends when its gateway goes.
+    pub(crate) attached_at_ms: Option<u64>,
 }
 
 #[derive(Default)]

@@ -899,3 +899,40 @@ async fn an_attached_caller_is_found_again_and_keeps_its_first_server() {
     assert!(matches!(moved, Err(Stopped::Failed { .. })), "{moved:?}");
     assert_eq!(d.engine.server_of(tenant).as_deref(), Some("srv"));
 }
+
+#[tokio::test]
+async fn a_full_engine_forgets_the_idlest_caller_never_one_with_a_request_waiting() {
+    use countersign_engine::MAX_ATTACHED;
+    let d = desk();
+    let server = || ServerId::Command("srv".into());
+    // The oldest caller has a request waiting for the person.
+    d.engine.attach("busy", server()).unwrap();
+    d.engine.register_tools("busy", tools()).await.unwrap();
+    let queued = d
+        .engine
+        .queue_preflight("busy", "execute", &json!({"sql": "x"}))
+        .await;
+    assert!(matches!(queued, Ok(countersign_engine::Queued::Waiting(_))));
+    d.clock.advance(1);
+    d.engine.attach("idle", server()).unwrap();
+    for n in 2..MAX_ATTACHED {
+        d.clock.advance(1);
+        d.engine.attach(&format!("caller-{n}"), server()).unwrap();
+    }
+    d.clock.advance(1);
+    d.engine.attach("newcomer", server()).unwrap();
+    assert_eq!(d.engine.server_of("newcomer").as_deref(), Some("srv"));
+    // The idle one went; the busy one, older still, kept its connection and its request.
+    let waiting = d.engine.pending();
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(d.engine.open_call("busy", "read").await, Ok(()));
+    assert!(matches!(
+        d.engine.open_call("idle", "read").await,
+        Err(Stopped::Failed {
+            code: ErrorCode::NotIntroduced,
+            ..
+        })
+    ));
+    // Back again: attached anew.
+    d.engine.attach("idle", server()).unwrap();
+}

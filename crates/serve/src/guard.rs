@@ -58,8 +58,20 @@ impl Guard {
     pub fn refuse(&self, authority: Option<&str>, headers: &HeaderMap) -> Option<Refused> {
         let host = match headers.get_all(header::HOST).iter().collect::<Vec<_>>()[..] {
             [] => authority.map(str::to_owned),
-            [one] => one.to_str().ok().map(str::to_owned),
-            // Two Host headers: which one a proxy read is anyone's guess.
+            [one] => {
+                let host = one.to_str().ok().map(str::to_owned);
+                // A request target or :authority that names another host than the Host header:
+                // which one a proxy routed on is anyone's guess (RFC 9112 §3.2.2).
+                if let Some(authority) = authority
+                    && host
+                        .as_deref()
+                        .is_none_or(|h| !h.eq_ignore_ascii_case(authority))
+                {
+                    return Some(Refused::Host);
+                }
+                host
+            }
+            // Two Host headers: the same question.
             _ => return Some(Refused::Host),
         };
         if !host.is_some_and(|h| self.host_allowed(&h)) {
@@ -76,6 +88,20 @@ impl Guard {
         };
         (!self.origin_allowed(origin)).then_some(Refused::Origin)
     }
+}
+
+/// Whether `entry` can be an `--allowed-host`: `name` or `name:port`, nothing else.
+pub fn valid_host_entry(entry: &str) -> bool {
+    let entry = entry.trim();
+    !entry.contains(['/', ' ', '@', '?', '#']) && split_host(&entry.to_ascii_lowercase()).is_some()
+}
+
+/// Whether `entry` can be an `--allowed-origin`: `scheme://host[:port]` and nothing after.
+pub fn valid_origin_entry(entry: &str) -> bool {
+    let Some((scheme, rest)) = entry.trim().split_once("://") else {
+        return false;
+    };
+    matches!(scheme.to_ascii_lowercase().as_str(), "http" | "https") && valid_host_entry(rest)
 }
 
 /// `name` and its port, if any, of `host:port`, `[v6]:port`, `name` or `[v6]`.
@@ -137,7 +163,10 @@ impl IntoResponse for Refused {
 pub async fn layer(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     let authority = request.uri().authority().map(|a| a.as_str().to_owned());
     match guard.refuse(authority.as_deref(), request.headers()) {
-        Some(refused) => refused.into_response(),
+        Some(refused) => {
+            tracing::info!(target: "serve", ?refused, host = ?request.headers().get(header::HOST), origin = ?request.headers().get(header::ORIGIN), "refused by the Host/Origin guard");
+            refused.into_response()
+        }
         None => next.run(request).await,
     }
 }
@@ -232,5 +261,41 @@ mod tests {
         assert_eq!(g.refuse(Some("localhost:1"), &h), None);
         assert_eq!(g.refuse(Some("evil.example"), &h), Some(Refused::Host));
         assert_eq!(g.refuse(None, &h), Some(Refused::Host));
+    }
+
+    #[test]
+    fn a_request_target_naming_another_host_than_the_host_header_is_refused() {
+        let g = guard();
+        let mut h = HeaderMap::new();
+        h.append(header::HOST, HeaderValue::from_static("localhost"));
+        assert_eq!(g.refuse(Some("localhost"), &h), None);
+        assert_eq!(g.refuse(Some("evil.example"), &h), Some(Refused::Host));
+    }
+
+    #[test]
+    fn allow_list_entries_must_be_host_names_and_origins() {
+        assert!(valid_host_entry("mcp.example.com"));
+        assert!(valid_host_entry("mcp.example.com:8443"));
+        assert!(valid_host_entry("[::1]"));
+        for bad in [
+            "https://mcp.example.com/",
+            "mcp.example.com/",
+            "",
+            "a b",
+            "host:port",
+        ] {
+            assert!(!valid_host_entry(bad), "{bad}");
+        }
+        assert!(valid_origin_entry("https://app.example.com"));
+        assert!(valid_origin_entry("http://localhost:3000"));
+        for bad in [
+            "https://app.example.com/",
+            "app.example.com",
+            "https://",
+            "null",
+            "*",
+        ] {
+            assert!(!valid_origin_entry(bad), "{bad}");
+        }
     }
 }

@@ -43,6 +43,27 @@ use tokio_util::sync::CancellationToken;
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
 
+/// How long a client has to send a request's body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most requests answered at once (each may hold a call to the upstream): more are told to
+/// come back, rather than queue without bound.
+pub const MAX_IN_FLIGHT: usize = 256;
+
+/// Methods that need a session a stateless server does not keep: what they start could never
+/// be delivered, and they would change the shared upstream for every caller.
+pub const SESSION_METHODS: &[&str] = &[
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "logging/setLevel",
+];
+
+/// The headers naming the request's method and tool, which proxies may route on (SEP-2243).
+pub const METHOD_HEADER: &str = "mcp-method";
+
+/// See [`METHOD_HEADER`].
+pub const NAME_HEADER: &str = "mcp-name";
+
 /// The header naming the protocol revision of a request after `initialize`.
 pub const PROTOCOL_HEADER: &str = "mcp-protocol-version";
 
@@ -80,6 +101,8 @@ pub struct Endpoint {
     pub server: ServerId,
     /// How long a preflight waits for a person.
     pub wait: Duration,
+    /// Turns to answer a request ([`MAX_IN_FLIGHT`]).
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl Endpoint {
@@ -137,27 +160,64 @@ fn accepts_json(headers: &HeaderMap) -> bool {
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
+    let mut all = headers.get_all(header::CONTENT_TYPE).iter();
+    let (Some(one), None) = (all.next(), all.next()) else {
+        // None, or two that could be read either way.
+        return false;
+    };
+    one.to_str()
+        .ok()
         .and_then(|v| v.split(';').next())
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// The one value of header `name`: `Ok(None)` without it, `Err` when it is there twice or is
+/// not text.
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ()> {
+    let mut all = headers.get_all(name).iter();
+    match (all.next(), all.next()) {
+        (None, _) => Ok(None),
+        (Some(one), None) => one.to_str().map(Some).map_err(|_| ()),
+        (Some(_), Some(_)) => Err(()),
+    }
+}
+
+/// Whether the routing headers, where a client sent them, say what the message says.
+fn headers_agree(request: &ClientRequest, headers: &HeaderMap) -> bool {
+    let method = request.method();
+    let name = match request {
+        ClientRequest::CallToolRequest(call) => Some(call.params.name.as_ref()),
+        ClientRequest::GetPromptRequest(get) => Some(get.params.name.as_str()),
+        _ => None,
+    };
+    let agrees = |header: &str, expected: Option<&str>| match single(headers, header) {
+        Ok(None) => true,
+        Ok(Some(value)) => Some(value) == expected,
+        Err(()) => false,
+    };
+    agrees(METHOD_HEADER, Some(method)) && agrees(NAME_HEADER, name)
+}
+
 /// The revision a request speaks: `initialize`'s own, else the header's, else the one before
-/// the header existed. `None`: the header names a revision this server does not know.
-fn revision(request: &ClientRequest, headers: &HeaderMap) -> Option<ProtocolVersion> {
+/// the header existed. `None`: the header is there twice, or names a revision this server does
+/// not speak (`spoken`: never newer than its upstream's).
+fn revision(
+    request: &ClientRequest,
+    headers: &HeaderMap,
+    spoken: &[ProtocolVersion],
+) -> Option<ProtocolVersion> {
     if let ClientRequest::InitializeRequest(init) = request {
         return Some(init.params.protocol_version.clone());
     }
-    let Some(value) = headers.get(PROTOCOL_HEADER) else {
+    let Ok(value) = single(headers, PROTOCOL_HEADER) else {
+        return None;
+    };
+    let Some(value) = value else {
         return Some(ProtocolVersion::V_2025_03_26);
     };
-    value
-        .to_str()
+    serde_json::from_value::<ProtocolVersion>(Value::String(value.into()))
         .ok()
-        .and_then(|v| serde_json::from_value::<ProtocolVersion>(Value::String(v.into())).ok())
-        .filter(|v| ProtocolVersion::KNOWN_VERSIONS.contains(v))
+        .filter(|v| spoken.contains(v))
 }
 
 /// `GET` and `DELETE /mcp`: a stateless server keeps no stream and no session.
@@ -189,12 +249,33 @@ pub async fn post(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Re
             "send one JSON-RPC message as application/json",
         );
     }
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY).await else {
-        return refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            "the message is larger than this server accepts (4 MiB)",
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the message is larger than this server accepts (4 MiB)",
+            );
+        }
+        Err(_) => {
+            return refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the message did not arrive in time",
+            );
+        }
+    };
+    let Ok(_turn) = endpoint.in_flight.clone().try_acquire_owned() else {
+        let mut busy = refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "this server is answering as many requests as it takes: call again shortly",
         );
+        busy.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return busy;
     };
     answer(&endpoint, parts, bytes).await
 }
@@ -210,13 +291,30 @@ async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: B
     let ClientJsonRpcMessage::Request(mut request) = message else {
         return StatusCode::ACCEPTED.into_response();
     };
-    let Some(version) = revision(&request.request, &parts.headers) else {
+    let spoken = ProtocolVersion::known_up_to(&endpoint.upstream.info().protocol_version);
+    let Some(version) = revision(&request.request, &parts.headers, spoken) else {
         return refuse(
             StatusCode::BAD_REQUEST,
             "unsupported_protocol_version",
-            "the MCP-Protocol-Version header names a revision this server does not speak",
+            "the MCP-Protocol-Version header names a revision this server does not speak (or \
+             is sent twice)",
         );
     };
+    if !headers_agree(&request.request, &parts.headers) {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "header_mismatch",
+            "the Mcp-Method or Mcp-Name header does not say what the message says",
+        );
+    }
+    if SESSION_METHODS.contains(&request.request.method()) {
+        let error = json!({
+            "jsonrpc": "2.0",
+            "id": request.id,
+            "error": { "code": -32601, "message": "this server is stateless: it keeps no subscription or log level for a caller" },
+        });
+        return json_body(&error);
+    }
     let Some(caller) = parts.extensions.get::<Caller>().cloned() else {
         // The layer that names the caller did not run: refuse rather than guess.
         return refuse(
@@ -301,17 +399,46 @@ mod tests {
     #[test]
     fn an_unknown_revision_in_the_header_is_refused_and_none_is_the_oldest() {
         let ping = ClientRequest::PingRequest(Default::default());
+        let spoken = ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25);
+        let rev = |h: &[(&'static str, &'static str)]| revision(&ping, &headers(h), &spoken);
+        assert_eq!(rev(&[]), Some(ProtocolVersion::V_2025_03_26));
         assert_eq!(
-            revision(&ping, &headers(&[])),
-            Some(ProtocolVersion::V_2025_03_26)
-        );
-        assert_eq!(
-            revision(&ping, &headers(&[(PROTOCOL_HEADER, "2025-11-25")])),
+            rev(&[(PROTOCOL_HEADER, "2025-11-25")]),
             Some(ProtocolVersion::V_2025_11_25)
         );
+        assert_eq!(rev(&[(PROTOCOL_HEADER, "1999-01-01")]), None);
+        // Newer than the upstream speaks: never promised.
+        assert_eq!(rev(&[(PROTOCOL_HEADER, "2026-07-28")]), None);
+        // Twice, even the same: which one a proxy read is anyone's guess.
         assert_eq!(
-            revision(&ping, &headers(&[(PROTOCOL_HEADER, "1999-01-01")])),
+            rev(&[
+                (PROTOCOL_HEADER, "2025-11-25"),
+                (PROTOCOL_HEADER, "2025-11-25")
+            ]),
             None
         );
+    }
+
+    #[test]
+    fn routing_headers_must_say_what_the_message_says() {
+        let call: ClientRequest = serde_json::from_value(json!({
+            "method": "tools/call", "params": {"name": "write", "arguments": {}}
+        }))
+        .unwrap();
+        assert!(headers_agree(&call, &headers(&[])));
+        assert!(headers_agree(
+            &call,
+            &headers(&[(METHOD_HEADER, "tools/call"), (NAME_HEADER, "write")])
+        ));
+        assert!(!headers_agree(&call, &headers(&[(METHOD_HEADER, "ping")])));
+        assert!(!headers_agree(&call, &headers(&[(NAME_HEADER, "read")])));
+        assert!(!headers_agree(
+            &call,
+            &headers(&[(NAME_HEADER, "write"), (NAME_HEADER, "write")])
+        ));
+        assert!(!is_json(&headers(&[
+            ("content-type", "application/json"),
+            ("content-type", "text/plain")
+        ])));
     }
 }

@@ -19,19 +19,57 @@ fn refuse(code: &str, message: &dyn std::fmt::Display, exit: i32) -> ! {
     std::process::exit(exit);
 }
 
+/// Wipes the server's own variables from its environment block (their bytes, not only the
+/// pointers: `/proc/PID/environ` shows the block as the process started) and makes the process
+/// undumpable, so that a process of the same account (an upstream it starts, say) can read
+/// neither that file nor the process's memory.
+fn forget_own_variables() {
+    for name in OWN_VARIABLES {
+        let Ok(cname) = std::ffi::CString::new(*name) else {
+            continue;
+        };
+        // SAFETY: no other thread exists yet (the runtime starts below), so nothing reads or
+        // changes the environment meanwhile; getenv's pointer is to the value's bytes in the
+        // environment block, valid until the variable is changed, and only they are zeroed.
+        unsafe {
+            let value = libc::getenv(cname.as_ptr());
+            if !value.is_null() {
+                let len = libc::strlen(value);
+                std::ptr::write_bytes(value, 0, len);
+            }
+            std::env::remove_var(name);
+        }
+    }
+    // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+}
+
+/// What is logged: `RUST_LOG` (default `info`), but never rmcp's message dumps or the database
+/// driver's statement parameters, which carry tools' arguments and confirm tokens.
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    let asked = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::EnvFilter::try_new(format!("{asked},rmcp=warn,tokio_postgres=info"))
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,rmcp=warn,tokio_postgres=info")
+        })
+}
+
 fn main() {
     if std::env::args_os().nth(1).is_some_and(|a| a == "agent") {
         std::process::exit(agent::main());
     }
     let args = Args::parse();
-    // Read once, then gone from the environment: nothing started later (the upstream, a
-    // library that dumps its environment) can find them here.
+    // Read once, then gone from the environment (see forget_own_variables).
     let var = |name: &str| std::env::var_os(name).map(OsStringExt::into_vec);
     let given = Given {
         confirm_secret: var("CONFIRM_SECRET").map(Zeroizing::new),
+        // A read-only server ignores a secret: it does not read the file either.
         secret_file: args
             .secret_file
             .as_ref()
+            .filter(|_| !args.read_only)
             .map(|path| match std::fs::read(path) {
                 Ok(bytes) => Zeroizing::new(bytes),
                 Err(e) => refuse(
@@ -44,10 +82,7 @@ fn main() {
         control_dsn: var("CONTROL_DSN")
             .map(|v| Zeroizing::new(String::from_utf8_lossy(&v).into_owned())),
     };
-    for name in OWN_VARIABLES {
-        // SAFETY: no other thread exists yet (the runtime starts below).
-        unsafe { std::env::remove_var(name) };
-    }
+    forget_own_variables();
     let cwd = std::env::current_dir().unwrap_or_default();
     let start = match start::check(&args, given, &cwd) {
         Ok(start) => start,
@@ -55,10 +90,7 @@ fn main() {
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn")),
-        )
+        .with_env_filter(log_filter())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -13,7 +13,8 @@ use countersign_store::{
     Postgres, PostgresOptions, Records, Sqlite, Store, StoreError, StoreOptions,
 };
 use countersign_wire::Reach;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +29,18 @@ use crate::tls;
 pub const NOBODY_TO_ASK: &str = "Refused: no person can approve calls on this Countersign \
 server yet (no approver is connected), so this call cannot be approved. Nothing was executed. \
 Next: ask the team that runs the server to connect an approver, then call this tool again.";
+
+/// The most connections served at once.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// The most requests in flight on one HTTP/2 connection.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+
+/// How long a client has to send a request's headers (and, on HTTP/2, to answer a ping).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long requests in flight may take to finish once the server is told to stop.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(40);
 
 /// How long the upstream has to start and answer its first handshake.
 pub const UPSTREAM_DEADLINE: Duration = Duration::from_secs(30);
@@ -156,28 +169,30 @@ pub async fn run(
         Transport::Plain => None,
     };
     let mut auth = authentication(&start.authn)?;
-    // A temporary directory lives as long as the server; a named one is the operator's.
-    let temporary = match &start.data_dir {
-        Some(_) => None,
-        None => Some(
-            tempfile::Builder::new()
-                .prefix("countersign-serve-")
-                .tempdir()
-                .map_err(RunError::DataDir)?,
-        ),
-    };
-    let data_dir = start
-        .data_dir
-        .clone()
-        .or_else(|| temporary.as_ref().map(|t| t.path().to_owned()))
-        .expect("a data directory");
     let (dsn, key, read_only) = match &start.mode {
         Mode::Writable { key, dsn } => (Some(dsn), Ok(key.clone()), false),
         Mode::ReadOnly { dsn } => (dsn.as_ref(), Err("read-only".into()), true),
     };
-    if dsn.is_none() && temporary.is_some() {
-        tracing::warn!(target: "serve", "read-only without CONTROL_DSN or --data-dir: history and pins are kept only while this process runs");
-    }
+    // Records in SQLite without a directory named for them go in a temporary one, which lives
+    // as long as the server.
+    let temporary = match (&start.data_dir, dsn) {
+        (None, None) => {
+            tracing::warn!(target: "serve", "read-only without CONTROL_DSN or --data-dir: history and pins are kept only while this process runs");
+            Some(
+                tempfile::Builder::new()
+                    .prefix("countersign-serve-")
+                    .tempdir()
+                    .map_err(RunError::DataDir)?,
+            )
+        }
+        _ => None,
+    };
+    // Where SQLite records go (unused with a control database).
+    let data_dir = start
+        .data_dir
+        .clone()
+        .or_else(|| temporary.as_ref().map(|t| t.path().to_owned()))
+        .unwrap_or_default();
     let records = open_records(dsn, &data_dir).await?;
     if matches!(
         start.authn,
@@ -230,6 +245,7 @@ pub async fn run(
         upstream: upstream.clone(),
         server,
         wait: Duration::from_secs(start.wait_secs),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
     });
     let guard = Arc::new(Guard::new(&start.allowed_hosts, &start.allowed_origins));
     let mcp = Router::new()
@@ -273,13 +289,29 @@ pub async fn run(
     tracing::info!(target: "serve", "listening on {bound} ({mode}, {wire})");
     ready(bound);
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let graceful = GracefulShutdown::new();
+    let mut refused_accepts = 0u64;
     loop {
+        // At most MAX_CONNECTIONS at once: a flood of idle sockets waits in the kernel's
+        // backlog instead of taking every descriptor the process has.
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = stop.cancelled() => break,
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // Out of descriptors and the like: wait a moment rather than spin.
-                    tracing::warn!(target: "serve", "accept: {e}");
+                    // Out of descriptors and the like: say so now and then, wait a moment
+                    // rather than spin.
+                    refused_accepts += 1;
+                    if refused_accepts.is_power_of_two() {
+                        tracing::warn!(target: "serve", refused = refused_accepts, "accept: {e}");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -288,9 +320,22 @@ pub async fn run(
         };
         let service = TowerToHyperService::new(app.clone());
         let acceptor = acceptor.clone();
-        let stop = stop.clone();
+        // Taken here, in the accept loop: a shutdown that starts later still sees it.
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let _permit = permit;
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // A client that never finishes its headers (or goes quiet between requests) is cut.
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(HEADER_TIMEOUT))
+                .keep_alive_timeout(HEADER_TIMEOUT)
+                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
             let served = match acceptor {
                 Some(acceptor) => {
                     let Ok(Ok(tls)) =
@@ -298,18 +343,29 @@ pub async fn run(
                     else {
                         return;
                     };
-                    let conn = builder.serve_connection(TokioIo::new(tls), service);
-                    tokio::select! { r = conn => r, _ = stop.cancelled() => Ok(()) }
+                    watcher
+                        .watch(builder.serve_connection(TokioIo::new(tls), service))
+                        .await
                 }
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    tokio::select! { r = conn => r, _ = stop.cancelled() => Ok(()) }
+                    watcher
+                        .watch(builder.serve_connection(TokioIo::new(stream), service))
+                        .await
                 }
             };
             if let Err(e) = served {
                 tracing::debug!(target: "serve", "connection: {e}");
             }
         });
+    }
+    // Stopping: nothing new is accepted; what is in flight finishes (an accepted call records
+    // its outcome), for as long as the grace lasts.
+    tracing::info!(target: "serve", "stopping: finishing the requests in flight");
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(target: "serve", "requests still in flight after {} s: cut", SHUTDOWN_GRACE.as_secs());
     }
     upstream.stop().await;
     drop(temporary);

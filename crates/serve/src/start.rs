@@ -263,6 +263,17 @@ pub enum StartError {
         /// Which option.
         what: &'static str,
     },
+    /// An `--allowed-host` or `--allowed-origin` that could never match.
+    #[error(
+        "{option} {value:?} could never match: a host is `name` or `name:port`, an origin \
+         `scheme://host[:port]` with nothing after"
+    )]
+    BadAllowList {
+        /// Which option.
+        option: &'static str,
+        /// The value given.
+        value: String,
+    },
     /// No upstream, or more than one.
     #[error(
         "name the upstream: --db PATH (the built-in SQLite tools), --url URL, or -- COMMAND ARGS"
@@ -289,6 +300,7 @@ impl StartError {
             StartError::NoIssuerKeys => "no_issuer_keys",
             StartError::AgentKeysNowhere => "agent_keys_nowhere",
             StartError::NotHttps { .. } => "not_https",
+            StartError::BadAllowList { .. } => "bad_allow_list",
             StartError::NoUpstream => "no_upstream",
             StartError::BadDb(_) => "bad_db",
         }
@@ -310,14 +322,6 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         control_dsn,
     } = given;
     let dsn = control_dsn.filter(|d| !d.trim().is_empty()).map(Dsn);
-    let token_ttl_ms = match confirm_ttl_ms.as_deref().map(str::trim) {
-        None | Some("") => DEFAULT_TOKEN_TTL_MS,
-        Some(text) => text
-            .parse::<u64>()
-            .ok()
-            .filter(|ms| (MIN_TTL_MS..=MAX_TTL_MS).contains(ms))
-            .ok_or(StartError::BadTtl)?,
-    };
     let secret_given = confirm_secret.is_some() || secret_file.is_some();
     let mode = if args.read_only {
         Mode::ReadOnly { dsn }
@@ -344,6 +348,16 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         let dsn = dsn.ok_or(StartError::NoControlDsn)?;
         Mode::Writable { key, dsn }
     };
+    // A read-only server mints nothing: the lifetime of a token is not its business.
+    let token_ttl_ms = match confirm_ttl_ms.as_deref().map(str::trim) {
+        _ if args.read_only => DEFAULT_TOKEN_TTL_MS,
+        None | Some("") => DEFAULT_TOKEN_TTL_MS,
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|ms| (MIN_TTL_MS..=MAX_TTL_MS).contains(ms))
+            .ok_or(StartError::BadTtl)?,
+    };
     let transport = match (&args.tls_cert, &args.tls_key, args.behind_tls_proxy) {
         (Some(cert), Some(key), false) => Transport::Tls {
             cert: cert.clone(),
@@ -357,6 +371,25 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         return Err(StartError::NoAllowedHost {
             listen: args.listen,
         });
+    }
+    for (option, values, valid) in [
+        (
+            "--allowed-host",
+            &args.allowed_hosts,
+            crate::guard::valid_host_entry as fn(&str) -> bool,
+        ),
+        (
+            "--allowed-origin",
+            &args.allowed_origins,
+            crate::guard::valid_origin_entry,
+        ),
+    ] {
+        if let Some(bad) = values.iter().find(|v| !valid(v)) {
+            return Err(StartError::BadAllowList {
+                option,
+                value: bad.clone(),
+            });
+        }
     }
     let allowed_hosts = if args.allowed_hosts.is_empty() {
         LOOPBACK_HOSTS.iter().map(|h| (*h).to_owned()).collect()
