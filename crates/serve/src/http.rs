@@ -400,7 +400,7 @@ mod tests {
     fn an_unknown_revision_in_the_header_is_refused_and_none_is_the_oldest() {
         let ping = ClientRequest::PingRequest(Default::default());
         let spoken = ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25);
-        let rev = |h: &[(&'static str, &'static str)]| revision(&ping, &headers(h), &spoken);
+        let rev = |h: &[(&'static str, &'static str)]| revision(&ping, &headers(h), spoken);
         assert_eq!(rev(&[]), Some(ProtocolVersion::V_2025_03_26));
         assert_eq!(
             rev(&[(PROTOCOL_HEADER, "2025-11-25")]),
