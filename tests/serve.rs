@@ -175,6 +175,12 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_before(args, env, None)
+    }
+
+    /// A server in front of `upstream` (a stdio server's command line) instead of the built-in
+    /// tools on a small database.
+    fn start_before(args: &[&str], env: &[(&str, &str)], upstream: Option<&[&str]>) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("tools.sqlite");
         let conn = rusqlite::Connection::open(&db).unwrap();
@@ -184,8 +190,15 @@ impl Server {
         // Port 0 is refused nowhere, but the test must know the port: take a free one.
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
-        let mut all = vec!["--listen", listen.as_str(), "--db", db.to_str().unwrap()];
+        let mut all = vec!["--listen", listen.as_str()];
         all.extend_from_slice(args);
+        match upstream {
+            Some(command) => {
+                all.push("--");
+                all.extend_from_slice(command);
+            }
+            None => all.extend(["--db", db.to_str().unwrap()]),
+        }
         let mut child = serve(&bin("countersign-serve"), &all, env).spawn().unwrap();
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut stderr = child.stderr.take().unwrap();
@@ -1081,5 +1094,118 @@ fn agent_keys_are_refused_by_a_server_that_does_not_accept_them() {
     assert_eq!(
         list_with(server.port, Some(&issuer.token(json!({})))).0,
         200
+    );
+}
+
+/// Where `.ci/setup tests` installs the pinned MCP peers.
+fn peers() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers")
+}
+
+#[test]
+fn real_peers_the_python_sdk_as_agent_and_server_everything_as_upstream() {
+    let python = peers().join("venv/bin/python");
+    let everything = peers().join("node_modules/.bin/mcp-server-everything");
+    assert!(
+        python.exists() && everything.exists(),
+        "the MCP peers are not installed in target/peers: run .ci/setup tests"
+    );
+    // The official Python SDK, with an agent key, in both of its modes.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("records");
+    let (_, key, _) = agent_command(&data, &["add", "python-sdk"]);
+    let server = Server::start(
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--agent-keys",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/http_agent.py");
+    for mode in ["legacy", "auto"] {
+        let out = Command::new(&python)
+            .args([script.to_str().unwrap(), mode, &server.url(), key.trim()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let steps: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let step = |name: &str| {
+            steps
+                .iter()
+                .find(|s| s["step"] == name)
+                .unwrap_or_else(|| panic!("{mode}: no {name} in {stdout}"))
+                .clone()
+        };
+        assert_eq!(
+            step("tools")["names"],
+            json!(["describe_table", "list_tables", "query"]),
+            "{mode}"
+        );
+        assert!(
+            step("query")["result"].to_string().contains("hello"),
+            "{mode}"
+        );
+        let execute = step("execute")["result"].clone();
+        assert_eq!(execute["isError"], json!(true), "{mode}: {execute}");
+        assert_eq!(execute["structuredContent"]["error"], "withheld", "{mode}");
+    }
+    drop(server);
+
+    // The reference server `server-everything` as the upstream: its read-only tools pass
+    // through; what it asks of an agent (roots) is refused at once, not waited on.
+    let server = Server::start_before(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[],
+        Some(&[everything.to_str().unwrap(), "stdio"]),
+    );
+    let (status, _, listed) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 200, "{listed}");
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"echo"), "{names:?}");
+    let (_, _, echoed) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"message":"through the server"}}}"#,
+    );
+    assert!(
+        echoed["result"]
+            .to_string()
+            .contains("Echo: through the server"),
+        "{echoed}"
+    );
+    let began = Instant::now();
+    let (_, _, roots) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"get-roots-list","arguments":{}}}"#,
+    );
+    assert!(
+        roots.get("result").is_some() || roots.get("error").is_some(),
+        "{roots}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(20),
+        "a request for the agent's roots was waited on for {:?}",
+        began.elapsed()
     );
 }
