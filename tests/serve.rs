@@ -193,6 +193,8 @@ impl Server {
         let mut all = vec!["--listen", listen.as_str()];
         all.extend_from_slice(args);
         match upstream {
+            // The arguments name the upstreams (a servers file).
+            Some([]) => {}
             Some(command) => {
                 all.push("--");
                 all.extend_from_slice(command);
@@ -273,12 +275,23 @@ impl Drop for Server {
 
 /// One HTTP/1.1 request over `stream`: the status, the headers (lowercased) and the body.
 fn exchange(
-    mut stream: impl Read + Write,
+    stream: impl Read + Write,
     method: &str,
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String, String) {
-    let mut request = format!("{method} /mcp HTTP/1.1\r\nConnection: close\r\n");
+    exchange_on(stream, method, "/mcp", headers, body)
+}
+
+/// [`exchange`] on `path`.
+fn exchange_on(
+    mut stream: impl Read + Write,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
         request.push_str("Host: 127.0.0.1\r\n");
     }
@@ -1208,4 +1221,172 @@ fn real_peers_the_python_sdk_as_agent_and_server_everything_as_upstream() {
         "a request for the agent's roots was waited on for {:?}",
         began.elapsed()
     );
+}
+
+#[test]
+fn a_servers_file_serves_each_upstream_at_its_name_with_secrets_from_the_replica() {
+    let python = which("python3");
+    let peers_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("servers.json");
+    std::fs::write(
+        &file,
+        json!({"servers": {
+            "envs": {"command": [python, peers_src.join("env_server.py")],
+                     "env": {"API_TOKEN": {"secret": true}, "MODE": "team"}},
+            "echo": {"command": [python, peers_src.join("echo_server.py")]},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let secret = "team-upstream-credential-7f3a";
+    // A secret that is nowhere: refused before anything is bound, naming where it would be.
+    let out = serve(
+        &bin("countersign-serve"),
+        &[
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--read-only",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--servers",
+            file,
+        ],
+        &[],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("COUNTERSIGN_SECRET_ENVS_API_TOKEN"),
+        "{stderr}"
+    );
+
+    let mut args = vec!["--read-only", "--behind-tls-proxy", "--unauthenticated"];
+    args.extend(["--servers", file]);
+    let server = Server::start_before(
+        &args,
+        &[
+            ("COUNTERSIGN_SECRET_ENVS_API_TOKEN", secret),
+            ("CONFIRM_SECRET", "x".repeat(40).as_str()),
+        ],
+        Some(&[]),
+    );
+    let port = server.port;
+    let at = |path: &str, body: &str| {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (status, _, body) = exchange_on(stream, "POST", path, &JSON, body.as_bytes());
+        (
+            status,
+            serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
+        )
+    };
+    let env = |name: &str| {
+        let (status, body) = at(
+            "/mcp/envs",
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": "env", "arguments": {"name": name}}})
+            .to_string(),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["result"]["structuredContent"]["value"].clone()
+    };
+    // The upstream has exactly its entry's environment: the secret from the replica, the plain
+    // value from the file, and nothing of the server's own.
+    assert_eq!(env("API_TOKEN"), json!(secret));
+    assert_eq!(env("MODE"), json!("team"));
+    assert_eq!(env("CONFIRM_SECRET"), Value::Null);
+    assert_eq!(env("COUNTERSIGN_SECRET_ENVS_API_TOKEN"), Value::Null);
+    assert_eq!(env("HOME"), Value::Null);
+    // The other server, at its own name; its gated tool withheld on a read-only server.
+    let (status, listed) = at(
+        "/mcp/echo",
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 200);
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["echo"]);
+    assert_eq!(
+        at("/mcp/nope", r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#).0,
+        404
+    );
+    assert_eq!(
+        at("/mcp", r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#).0,
+        404
+    );
+    // Gone from the server's own environment block.
+    let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&environ).contains(secret));
+    let log = server.stop();
+    assert!(log.contains("listening on"), "{log}");
+}
+
+/// The absolute path of `program`, as the PATH finds it.
+fn which(program: &str) -> String {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on the PATH"))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn the_policy_file_classes_a_servers_tools_and_a_bad_one_stops_the_start() {
+    let python = which("python3");
+    let peers_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    let dir = tempfile::tempdir().unwrap();
+    let servers = dir.path().join("servers.json");
+    std::fs::write(
+        &servers,
+        json!({"servers": {"echo": {"command": [python, peers_src.join("echo_server.py")]}}})
+            .to_string(),
+    )
+    .unwrap();
+    let policy = dir.path().join("policy.toml");
+    // The read-only `echo` classed as works-once by the team: a read-only server withholds it.
+    std::fs::write(
+        &policy,
+        "[servers.\"server:echo\".tools.echo]\nclass = \"once\"\n",
+    )
+    .unwrap();
+    let args = [
+        "--read-only",
+        "--behind-tls-proxy",
+        "--unauthenticated",
+        "--servers",
+        servers.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+    ];
+    let server = Server::start_before(&args, &[], Some(&[]));
+    let stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let (status, _, body) = exchange_on(
+        stream,
+        "POST",
+        "/mcp/echo",
+        &JSON,
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed["result"]["tools"], json!([]), "{listed}");
+    drop(server);
+    std::fs::write(
+        &policy,
+        "[servers.echo.tools.echo]\nclass = \"sometimes\"\n",
+    )
+    .unwrap();
+    let stderr = refused_without_binding(&bin("countersign-serve"), &args, &[]);
+    assert!(stderr.contains("--policy"), "{stderr}");
 }

@@ -101,6 +101,21 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 25)]
     pub wait: u64,
 
+    /// The team's upstreams, from a servers file (the desk's `servers.json` format): each is
+    /// served at `/mcp/<name>`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["db", "url", "command"])]
+    pub servers: Option<PathBuf>,
+
+    /// Where the servers file's secret values are, as files `DIR/<server>/<key>` (else the
+    /// environment's `COUNTERSIGN_SECRET_<SERVER>_<KEY>`).
+    #[arg(long, value_name = "DIR", requires = "servers")]
+    pub secrets_dir: Option<PathBuf>,
+
+    /// The policy (the desk's `policy.toml` format): classes, targets and approvals per server and
+    /// tool. Without it, tools are classed by their annotations.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+
     /// The upstream: the built-in SQLite tools on this database file.
     #[arg(long, value_name = "PATH", conflicts_with_all = ["url", "command"])]
     pub db: Option<PathBuf>,

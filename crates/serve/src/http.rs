@@ -232,6 +232,25 @@ pub async fn not_here() -> Response {
     r
 }
 
+/// The endpoints of a servers file's upstreams, by name.
+pub type Named = Arc<std::collections::HashMap<String, Arc<Endpoint>>>;
+
+/// `POST /mcp/<name>`: [`post`] to the endpoint of the servers file's `name`.
+pub async fn post_named(
+    State(named): State<Named>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    request: Request,
+) -> Response {
+    match named.get(&name) {
+        Some(endpoint) => post(State(endpoint.clone()), request).await,
+        None => refuse(
+            StatusCode::NOT_FOUND,
+            "no_such_server",
+            "this server serves no upstream of that name",
+        ),
+    }
+}
+
 /// `POST /mcp`: one JSON-RPC message in, its answer out.
 pub async fn post(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();

@@ -24,5 +24,6 @@ pub mod cli;
 pub mod guard;
 pub mod http;
 pub mod run;
+pub mod servers;
 pub mod start;
 pub mod tls;

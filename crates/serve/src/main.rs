@@ -24,8 +24,13 @@ fn refuse(code: &str, message: &dyn std::fmt::Display, exit: i32) -> ! {
 /// undumpable, so that a process of the same account (an upstream it starts, say) can read
 /// neither that file nor the process's memory.
 fn forget_own_variables() {
-    for name in OWN_VARIABLES {
-        let Ok(cname) = std::ffi::CString::new(*name) else {
+    let secrets: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("COUNTERSIGN_SECRET_"))
+        .collect();
+    let names = OWN_VARIABLES.iter().map(|n| n.to_string()).chain(secrets);
+    for name in names {
+        let Ok(cname) = std::ffi::CString::new(name.as_str()) else {
             continue;
         };
         // SAFETY: no other thread exists yet (the runtime starts below), so nothing reads or
@@ -37,7 +42,7 @@ fn forget_own_variables() {
                 let len = libc::strlen(value);
                 std::ptr::write_bytes(value, 0, len);
             }
-            std::env::remove_var(name);
+            std::env::remove_var(&name);
         }
     }
     // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
@@ -54,6 +59,34 @@ fn log_filter() -> tracing_subscriber::EnvFilter {
         .unwrap_or_else(|_| {
             tracing_subscriber::EnvFilter::new("info,rmcp=warn,tokio_postgres=info")
         })
+}
+
+/// The upstreams of the servers file at `path`, each secret value from the environment or from
+/// `secrets_dir`; a refusal (exit 2) naming what is missing, never a value.
+fn servers(
+    path: &std::path::Path,
+    secrets_dir: Option<&std::path::Path>,
+) -> Vec<countersign_serve::servers::Configured> {
+    use countersign_serve::servers::{load, secret_variable};
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        refuse(
+            "servers",
+            &format!("cannot read --servers {}: {}", path.display(), e.kind()),
+            2,
+        )
+    });
+    let mut secret = |server: &str, key: &str| -> Option<Zeroizing<String>> {
+        if let Ok(value) = std::env::var(secret_variable(server, key)) {
+            return Some(Zeroizing::new(value));
+        }
+        let file = secrets_dir?.join(server).join(key);
+        let mut text = Zeroizing::new(std::fs::read_to_string(file).ok()?);
+        if text.ends_with('\n') {
+            text.pop();
+        }
+        Some(text)
+    };
+    load(&text, &mut secret).unwrap_or_else(|e| refuse("servers", &e, 2))
 }
 
 fn main() {
@@ -81,6 +114,22 @@ fn main() {
         confirm_ttl_ms: var("CONFIRM_TTL_MS").map(|v| String::from_utf8_lossy(&v).into_owned()),
         control_dsn: var("CONTROL_DSN")
             .map(|v| Zeroizing::new(String::from_utf8_lossy(&v).into_owned())),
+        servers: args
+            .servers
+            .as_ref()
+            .map(|path| servers(path, args.secrets_dir.as_deref())),
+        policy: args.policy.as_ref().map(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+                refuse(
+                    "policy",
+                    &format!("cannot read --policy {}: {}", path.display(), e.kind()),
+                    2,
+                )
+            });
+            countersign_core::policy::Policy::from_toml(&text).unwrap_or_else(|why| {
+                refuse("policy", &format!("--policy {}: {why}", path.display()), 2)
+            })
+        }),
     };
     forget_own_variables();
     let cwd = std::env::current_dir().unwrap_or_default();

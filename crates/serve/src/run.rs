@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
+use countersign_core::ServerId;
 use countersign_engine::{Engine, EngineConfig};
 use countersign_session::reach::{self, Headers, Upstream};
 use countersign_session::{Children, SqlDescriber};
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{self, Auth, Keys, OAuth};
 use crate::guard::{self, Guard};
 use crate::http::{self, Endpoint};
-use crate::start::{Authn, Dsn, KeySource, Mode, OAuthSettings, Start, Transport};
+use crate::start::{Authn, Dsn, KeySource, Mode, OAuthSettings, Start, Transport, Upstreams};
 use crate::tls;
 
 /// What a preflight is refused with while no person can approve on this server.
@@ -207,57 +208,99 @@ pub async fn run(
     if start.secret_ignored {
         tracing::warn!(target: "serve", "a signing secret was given to a read-only server: it is not used");
     }
-    let builtin = matches!(start.upstream, Reach::Builtin { .. });
+    let builtin = matches!(start.upstreams, Upstreams::One(Reach::Builtin { .. }));
     let mut config = EngineConfig::new(data_dir.join("serve.sqlite"));
     config.window = false;
     config.nobody_to_ask = NOBODY_TO_ASK.to_owned();
     config.read_only = read_only;
     config.token_ttl_ms = start.token_ttl_ms;
+    config.policy = start.policy.clone();
     if builtin {
         config.describer = Some(Arc::new(SqlDescriber));
     }
     let engine = Engine::with_records(config, records, key);
 
-    let server = reach::identity(&start.upstream).map_err(|e| RunError::Upstream(e.message))?;
-    let (stderr, mut stderr_rx) = tokio::sync::mpsc::channel(64);
-    let upstream = Upstream::start(
-        start.upstream.clone(),
-        Headers::default(),
-        reach::lifecycle(false),
-        stderr,
-        Children::default(),
-        UPSTREAM_DEADLINE,
-    )
-    .await
-    .map_err(|e| RunError::Upstream(e.message))?
-    .without_agent();
-    let upstream = Arc::new(upstream);
-    tokio::spawn(async move {
-        while let Some(frame) = stderr_rx.recv().await {
-            if let countersign_wire::Frame::Stderr(bytes) = frame {
-                tracing::info!(target: "upstream", "{}", String::from_utf8_lossy(&bytes).trim_end());
-            }
-        }
-    });
-
-    let endpoint = Arc::new(Endpoint {
-        engine,
-        upstream: upstream.clone(),
-        server,
-        wait: Duration::from_secs(start.wait_secs),
-        in_flight: Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT)),
-    });
-    let guard = Arc::new(Guard::new(&start.allowed_hosts, &start.allowed_origins));
-    let mcp = Router::new()
-        .route(
-            "/mcp",
-            post(http::post).get(http::not_here).delete(http::not_here),
+    // Every upstream is started (and answers its handshake) before the port is bound.
+    let configured: Vec<(Option<String>, Reach, Headers)> = match start.upstreams {
+        Upstreams::One(reach) => vec![(None, reach, Headers::default())],
+        Upstreams::Named(list) => list
+            .into_iter()
+            .map(|c| (Some(c.name), c.reach, c.headers))
+            .collect(),
+    };
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(http::MAX_IN_FLIGHT));
+    let mut endpoints = Vec::new();
+    for (name, reach, headers) in configured {
+        let server = match &name {
+            Some(name) => ServerId::Registered(name.clone()),
+            None => reach::identity(&reach).map_err(|e| RunError::Upstream(e.message))?,
+        };
+        let named = |message: String| match &name {
+            Some(name) => RunError::Upstream(format!("server {name}: {message}")),
+            None => RunError::Upstream(message),
+        };
+        let (stderr, mut stderr_rx) = tokio::sync::mpsc::channel(64);
+        let upstream = Upstream::start(
+            reach,
+            headers,
+            reach::lifecycle(false),
+            stderr,
+            Children::default(),
+            UPSTREAM_DEADLINE,
         )
-        .with_state(endpoint)
-        .route_layer(axum::middleware::from_fn_with_state(
-            auth.clone(),
-            auth::layer,
-        ));
+        .await
+        .map_err(|e| named(e.message))?
+        .without_agent();
+        let label = server.key();
+        tokio::spawn(async move {
+            while let Some(frame) = stderr_rx.recv().await {
+                if let countersign_wire::Frame::Stderr(bytes) = frame {
+                    tracing::info!(target: "upstream", server = %label, "{}", String::from_utf8_lossy(&bytes).trim_end());
+                }
+            }
+        });
+        let endpoint = Arc::new(Endpoint {
+            engine: engine.clone(),
+            upstream: Arc::new(upstream),
+            server,
+            wait: Duration::from_secs(start.wait_secs),
+            in_flight: in_flight.clone(),
+        });
+        endpoints.push((name, endpoint));
+    }
+    let upstreams: Vec<Arc<Upstream>> = endpoints.iter().map(|(_, e)| e.upstream.clone()).collect();
+
+    let guard = Arc::new(Guard::new(&start.allowed_hosts, &start.allowed_origins));
+    let mcp = match &endpoints[..] {
+        // One upstream: `/mcp`.
+        [(None, endpoint)] => Router::new()
+            .route(
+                "/mcp",
+                post(http::post).get(http::not_here).delete(http::not_here),
+            )
+            .with_state(endpoint.clone()),
+        // The servers file's: `/mcp/<name>`, each its own endpoint.
+        named => {
+            let by_name: http::Named = Arc::new(
+                named
+                    .iter()
+                    .filter_map(|(name, e)| Some((name.clone()?, e.clone())))
+                    .collect(),
+            );
+            Router::new()
+                .route(
+                    "/mcp/{name}",
+                    post(http::post_named)
+                        .get(http::not_here)
+                        .delete(http::not_here),
+                )
+                .with_state(by_name)
+        }
+    }
+    .route_layer(axum::middleware::from_fn_with_state(
+        auth.clone(),
+        auth::layer,
+    ));
     // Where a client learns how to get a token: for anyone, no token needed.
     let metadata = Router::new()
         .route("/.well-known/oauth-protected-resource", get(auth::metadata))
@@ -367,7 +410,9 @@ pub async fn run(
     {
         tracing::warn!(target: "serve", "requests still in flight after {} s: cut", SHUTDOWN_GRACE.as_secs());
     }
-    upstream.stop().await;
+    for upstream in upstreams {
+        upstream.stop().await;
+    }
     drop(temporary);
     Ok(())
 }

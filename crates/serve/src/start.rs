@@ -14,12 +14,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use countersign_core::policy::Policy;
 use countersign_core::token::SigningKey;
 use countersign_engine::DEFAULT_TOKEN_TTL_MS;
 use countersign_wire::Reach;
 use zeroize::Zeroizing;
 
 use crate::cli::Args;
+use crate::servers::Configured;
 
 /// The shortest signing secret a writable server accepts, in bytes.
 pub const MIN_SECRET_BYTES: usize = countersign_core::token::MIN_KEY_LEN;
@@ -41,6 +43,10 @@ pub struct Given {
     pub confirm_ttl_ms: Option<String>,
     /// `CONTROL_DSN`, if set.
     pub control_dsn: Option<Zeroizing<String>>,
+    /// The upstreams of `--servers`, loaded by the caller (secrets resolved).
+    pub servers: Option<Vec<Configured>>,
+    /// The policy of `--policy`, parsed by the caller.
+    pub policy: Option<Policy>,
 }
 
 impl fmt::Debug for Given {
@@ -59,7 +65,8 @@ impl fmt::Debug for Given {
                 "control_dsn",
                 &self.control_dsn.as_ref().map(|_| "<redacted>"),
             )
-            .finish()
+            .field("servers", &self.servers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -117,6 +124,15 @@ pub enum Transport {
     Plain,
 }
 
+/// What the server is in front of.
+#[derive(Debug)]
+pub enum Upstreams {
+    /// One upstream (`--db`, `--url`, `-- COMMAND`), served at `/mcp`.
+    One(Reach),
+    /// The servers file's, each served at `/mcp/<name>`.
+    Named(Vec<Configured>),
+}
+
 /// How callers are authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Authn {
@@ -170,8 +186,10 @@ pub struct Start {
     pub allowed_origins: Vec<String>,
     /// How callers are authenticated.
     pub authn: Authn,
-    /// The upstream.
-    pub upstream: Reach,
+    /// The upstream(s).
+    pub upstreams: Upstreams,
+    /// The policy in force.
+    pub policy: Policy,
     /// Where a read-only server without a control database keeps its records.
     pub data_dir: Option<PathBuf>,
     /// How long a preflight waits for a person.
@@ -320,6 +338,8 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         secret_file,
         confirm_ttl_ms,
         control_dsn,
+        servers,
+        policy,
     } = given;
     let dsn = control_dsn.filter(|d| !d.trim().is_empty()).map(Dsn);
     let secret_given = confirm_secret.is_some() || secret_file.is_some();
@@ -408,7 +428,10 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
     {
         return Err(StartError::AgentKeysNowhere);
     }
-    let upstream = upstream(args, cwd)?;
+    let upstreams = match servers {
+        Some(servers) => Upstreams::Named(servers),
+        None => Upstreams::One(upstream(args, cwd)?),
+    };
     Ok(Start {
         listen: args.listen,
         secret_ignored: args.read_only && secret_given,
@@ -418,7 +441,8 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         allowed_hosts,
         allowed_origins: args.allowed_origins.clone(),
         authn,
-        upstream,
+        upstreams,
+        policy: policy.unwrap_or_default(),
         data_dir: args.data_dir.clone(),
         wait_secs: args.wait,
     })
@@ -762,11 +786,10 @@ mod tests {
         let err = start(&["--behind-tls-proxy", "--unauthenticated"], writable()).unwrap_err();
         assert_eq!(err, StartError::NoUpstream);
         let s = start(PLAIN, writable()).unwrap();
-        assert_eq!(
-            s.upstream,
-            Reach::Builtin {
-                db: "/srv/t.sqlite".into()
-            }
+        assert!(
+            matches!(&s.upstreams, Upstreams::One(Reach::Builtin { db }) if db == "/srv/t.sqlite"),
+            "{:?}",
+            s.upstreams
         );
         let s = start(
             &[
@@ -779,7 +802,7 @@ mod tests {
             writable(),
         )
         .unwrap();
-        let Reach::Command { argv, env, .. } = s.upstream else {
+        let Upstreams::One(Reach::Command { argv, env, .. }) = s.upstreams else {
             panic!()
         };
         assert_eq!(argv, ["srv", "--flag"]);

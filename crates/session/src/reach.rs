@@ -117,6 +117,18 @@ impl std::fmt::Debug for Headers {
 const REDACTED: &[u8] = b"[secret withheld by Countersign]";
 
 impl Headers {
+    /// Headers sent with every request to a URL (none for a command), and the secret values to
+    /// keep out of what the upstream writes to its stderr.
+    pub fn new(
+        headers: Vec<(String, zeroize::Zeroizing<String>)>,
+        secrets: Vec<zeroize::Zeroizing<String>>,
+    ) -> Self {
+        Headers {
+            headers,
+            secrets: Arc::new(secrets),
+        }
+    }
+
     /// `chunk` with every secret value replaced. A value split across two chunks is not caught
     /// (the two halves go out): stderr is read in large chunks, so that is rare.
     fn redact(&self, chunk: Vec<u8>) -> Vec<u8> {
