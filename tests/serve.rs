@@ -333,6 +333,22 @@ async fn agent(url: &str) -> rmcp::service::RunningService<rmcp::RoleClient, ()>
         .unwrap()
 }
 
+/// `tool` called with `arguments` (an object), as the agent does.
+async fn call(
+    agent: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    tool: &'static str,
+    arguments: Value,
+) -> rmcp::model::CallToolResult {
+    let arguments = arguments
+        .as_object()
+        .cloned()
+        .expect("arguments are an object");
+    agent
+        .call_tool(CallToolRequestParams::new(tool).with_arguments(arguments))
+        .await
+        .unwrap()
+}
+
 fn text_of(result: &rmcp::model::CallToolResult) -> String {
     result
         .content
@@ -365,42 +381,17 @@ async fn a_read_only_server_offers_only_open_tools_and_runs_them() {
         .collect();
     names.sort();
     assert_eq!(names, ["describe_table", "list_tables", "query"]);
-    let query = agent
-        .call_tool(
-            CallToolRequestParams::new("query").with_arguments(
-                json!({"sql": "SELECT body FROM notes"})
-                    .as_object()
-                    .unwrap()
-                    .clone(),
-            ),
-        )
-        .await
-        .unwrap();
+    let query = call(&agent, "query", json!({"sql": "SELECT body FROM notes"})).await;
     assert!(text_of(&query).contains("hello"), "{query:?}");
-    let execute = agent
-        .call_tool(
-            CallToolRequestParams::new("execute").with_arguments(
-                json!({"sql": "DELETE FROM notes"})
-                    .as_object()
-                    .unwrap()
-                    .clone(),
-            ),
-        )
-        .await
-        .unwrap();
+    let execute = call(&agent, "execute", json!({"sql": "DELETE FROM notes"})).await;
     assert_eq!(execute.is_error, Some(true));
     assert!(text_of(&execute).contains("read-only"), "{execute:?}");
-    let after = agent
-        .call_tool(
-            CallToolRequestParams::new("query").with_arguments(
-                json!({"sql": "SELECT count(*) AS n FROM notes"})
-                    .as_object()
-                    .unwrap()
-                    .clone(),
-            ),
-        )
-        .await
-        .unwrap();
+    let after = call(
+        &agent,
+        "query",
+        json!({"sql": "SELECT count(*) AS n FROM notes"}),
+    )
+    .await;
     assert!(
         text_of(&after).contains("\"n\":1"),
         "nothing was deleted: {after:?}"
@@ -676,17 +667,7 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
         .expect("a writable server offers the gated tools");
     let schema = serde_json::to_string(&execute.input_schema).unwrap();
     assert!(schema.contains("confirmToken"), "{schema}");
-    let preflight = agent
-        .call_tool(
-            CallToolRequestParams::new("execute").with_arguments(
-                json!({"sql": "DELETE FROM notes"})
-                    .as_object()
-                    .unwrap()
-                    .clone(),
-            ),
-        )
-        .await
-        .unwrap();
+    let preflight = call(&agent, "execute", json!({"sql": "DELETE FROM notes"})).await;
     assert_eq!(preflight.is_error, Some(true));
     assert_eq!(
         preflight.structured_content.as_ref().unwrap()["refusal"],
@@ -695,30 +676,20 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
     );
     assert!(text_of(&preflight).contains("no approver is connected"));
     // A forged confirm: refused, and nothing ran.
-    let forged = agent
-        .call_tool(
-            CallToolRequestParams::new("execute").with_arguments(
-                json!({"sql": "DELETE FROM notes", "confirm": true, "confirmTarget": "notes",
-                       "confirmToken": "cs1.AAAA.BBBB"})
-                .as_object()
-                .unwrap()
-                .clone(),
-            ),
-        )
-        .await
-        .unwrap();
+    let forged = call(
+        &agent,
+        "execute",
+        json!({"sql": "DELETE FROM notes", "confirm": true, "confirmTarget": "notes",
+               "confirmToken": "cs1.AAAA.BBBB"}),
+    )
+    .await;
     assert_eq!(forged.is_error, Some(true), "{forged:?}");
-    let count = agent
-        .call_tool(
-            CallToolRequestParams::new("query").with_arguments(
-                json!({"sql": "SELECT count(*) AS n FROM notes"})
-                    .as_object()
-                    .unwrap()
-                    .clone(),
-            ),
-        )
-        .await
-        .unwrap();
+    let count = call(
+        &agent,
+        "query",
+        json!({"sql": "SELECT count(*) AS n FROM notes"}),
+    )
+    .await;
     assert!(text_of(&count).contains("\"n\":1"), "{count:?}");
     agent.cancel().await.unwrap();
     // Its events are in the control database.

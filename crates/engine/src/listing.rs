@@ -7,7 +7,6 @@
 //! accepts the change, which re-pins it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use countersign_core::policy;
 use countersign_core::telemetry::{EventKind, Rejection};
@@ -85,17 +84,9 @@ impl Engine {
             ));
         }
         state.servers.insert(tenant.to_owned(), server.clone());
-        state.connections.insert(
-            tenant.to_owned(),
-            Connection {
-                client_info: Value::Null,
-                id,
-                server,
-                tools: HashMap::new(),
-                own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
-                attached_at_ms: Some(now),
-            },
-        );
+        state
+            .connections
+            .insert(tenant.to_owned(), Connection::new(id, Some(now)));
         Ok(())
     }
 
@@ -131,17 +122,9 @@ impl Engine {
         let server = id.key();
         let mut state = lock(&self.inner.state);
         state.servers.insert(tenant.clone(), server.clone());
-        state.connections.insert(
-            tenant.clone(),
-            Connection {
-                client_info: Value::Null,
-                id,
-                server,
-                tools: HashMap::new(),
-                own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
-                attached_at_ms: None,
-            },
-        );
+        state
+            .connections
+            .insert(tenant.clone(), Connection::new(id, None));
         tenant
     }
 

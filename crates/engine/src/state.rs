@@ -120,6 +120,21 @@ pub(crate) struct Connection {
     pub(crate) attached_at_ms: Option<u64>,
 }
 
+impl Connection {
+    /// A connection to the upstream `id`, its tools not listed yet; `attached_at_ms` for one a
+    /// host attached ([`crate::Engine::attach`]), `None` for the desk's own.
+    pub(crate) fn new(id: ServerId, attached_at_ms: Option<u64>) -> Self {
+        Connection {
+            client_info: Value::Null,
+            server: id.key(),
+            id,
+            tools: HashMap::new(),
+            own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
+            attached_at_ms,
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct State {
     pub(crate) next_id: u64,

@@ -58,18 +58,26 @@ pub fn agent_key_hash(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
-/// The algorithms an access token may be signed with: asymmetric only.
-pub const ALGORITHMS: &[Algorithm] = &[
+/// The RSA algorithms an access token may be signed with.
+const RSA: &[Algorithm] = &[
     Algorithm::RS256,
     Algorithm::RS384,
     Algorithm::RS512,
     Algorithm::PS256,
     Algorithm::PS384,
     Algorithm::PS512,
-    Algorithm::ES256,
-    Algorithm::ES384,
-    Algorithm::EdDSA,
 ];
+
+/// The elliptic-curve ones.
+const EC: &[Algorithm] = &[Algorithm::ES256, Algorithm::ES384];
+
+/// The Edwards-curve one.
+const ED: &[Algorithm] = &[Algorithm::EdDSA];
+
+/// Whether an access token may be signed with `alg`: asymmetric algorithms only.
+pub fn accepted_algorithm(alg: Algorithm) -> bool {
+    [RSA, EC, ED].iter().any(|family| family.contains(&alg))
+}
 
 /// How long the issuer's keys are trusted before they are fetched again.
 pub const JWKS_MAX_AGE: Duration = Duration::from_secs(10 * 60);
@@ -123,22 +131,9 @@ impl Keys {
     /// The public key in `pem` (RSA, EC P-256/P-384, or Ed25519).
     pub fn from_pem(file: &str, pem: &[u8]) -> Result<Keys, KeyFileError> {
         let attempts: [PemKind; 3] = [
-            (
-                DecodingKey::from_rsa_pem,
-                &[
-                    Algorithm::RS256,
-                    Algorithm::RS384,
-                    Algorithm::RS512,
-                    Algorithm::PS256,
-                    Algorithm::PS384,
-                    Algorithm::PS512,
-                ],
-            ),
-            (
-                DecodingKey::from_ec_pem,
-                &[Algorithm::ES256, Algorithm::ES384],
-            ),
-            (DecodingKey::from_ed_pem, &[Algorithm::EdDSA]),
+            (DecodingKey::from_rsa_pem, RSA),
+            (DecodingKey::from_ec_pem, EC),
+            (DecodingKey::from_ed_pem, ED),
         ];
         for (parse, algorithms) in attempts {
             if let Ok(key) = parse(pem) {
@@ -301,7 +296,7 @@ impl OAuth {
     pub async fn caller(&self, token: &str) -> Result<Caller, Denied> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|_| Denied::Invalid("the bearer token is not a JWT"))?;
-        if !ALGORITHMS.contains(&header.alg) {
+        if !accepted_algorithm(header.alg) {
             return Err(Denied::Invalid("the token's algorithm is not accepted"));
         }
         let key = self.keys.key_for(header.kid.as_deref(), header.alg).await?;
