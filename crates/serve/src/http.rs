@@ -106,10 +106,26 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// The tenant of `caller` on this server: the caller and the server together.
+    /// The tenant of `caller` on this server: [`tenant_of`].
     pub fn tenant(&self, caller: &Caller) -> String {
-        format!("{}@{}", caller.name(), self.server.key())
+        tenant_of(caller, &self.server)
     }
+}
+
+/// The tenant of `caller` on `server`: the caller and the server together. A server of the
+/// servers file is named; any other by a digest of its identity, which may be a command line or
+/// a URL carrying a credential, and the tenant is shown and kept in history.
+pub fn tenant_of(caller: &Caller, server: &ServerId) -> String {
+    let server = match server {
+        ServerId::Registered(name) => format!("server:{name}"),
+        other => {
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(other.key().as_bytes());
+            let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+            format!("upstream:{hex}")
+        }
+    };
+    format!("{}@{server}", caller.name())
 }
 
 /// An HTTP error with a JSON body saying why: `{"error": code, "message": ...}`.
@@ -396,6 +412,24 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
+    }
+
+    #[test]
+    fn a_tenant_never_carries_the_upstreams_command_line_or_url() {
+        let tenant = |server: ServerId| tenant_of(&Caller::authenticated("key:ci".into()), &server);
+        assert_eq!(
+            tenant(ServerId::Registered("github".into())),
+            "key:ci@server:github"
+        );
+        let url = tenant(ServerId::Url(
+            "https://user:hunter2@api.example.com/mcp?token=t0k".into(),
+        ));
+        assert!(
+            url.starts_with("key:ci@upstream:") && !url.contains("hunter2") && !url.contains("t0k"),
+            "{url}"
+        );
+        let command = tenant(ServerId::Command("srv --token s3cret".into()));
+        assert!(!command.contains("s3cret"), "{command}");
     }
 
     #[test]
