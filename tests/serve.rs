@@ -1361,3 +1361,49 @@ fn the_policy_file_classes_a_servers_tools_and_a_bad_one_stops_the_start() {
     let stderr = refused_without_binding(&bin("countersign-serve"), &args, &[]);
     assert!(stderr.contains("--policy"), "{stderr}");
 }
+
+#[test]
+fn a_call_in_flight_when_the_server_is_told_to_stop_is_answered_before_it_stops() {
+    let python = which("python3");
+    let slow = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/countersign/tests/peers/slow_server.py");
+    let dir = tempfile::tempdir().unwrap();
+    let log_file = dir.path().join("ran.jsonl");
+    let mut server = Server::start_before(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[],
+        Some(&[&python, slow.to_str().unwrap(), log_file.to_str().unwrap()]),
+    );
+    let port = server.port;
+    let call = std::thread::spawn(move || {
+        post(
+            port,
+            &[],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sleep","arguments":{"seconds":2}}}"#,
+        )
+    });
+    // The upstream says when the call has started (its stderr, in the server's log).
+    let began = Instant::now();
+    while !server.log().contains("sleep started") {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let (status, _, answer) = call.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["result"].to_string().contains("slept"), "{answer}");
+    // Then it stops, on its own.
+    let stopped = Instant::now();
+    while !matches!(server.child.try_wait(), Ok(Some(_))) {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "it did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.log().contains("stopping"), "{}", server.log());
+}
