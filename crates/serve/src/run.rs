@@ -240,7 +240,7 @@ pub async fn run(
             None => RunError::Upstream(message),
         };
         let (stderr, mut stderr_rx) = tokio::sync::mpsc::channel(64);
-        let upstream = Upstream::start(
+        let upstream = Upstream::start_without_agent(
             reach,
             headers,
             reach::lifecycle(false),
@@ -249,8 +249,7 @@ pub async fn run(
             UPSTREAM_DEADLINE,
         )
         .await
-        .map_err(|e| named(e.message))?
-        .without_agent();
+        .map_err(|e| named(e.message))?;
         let label = server.key();
         tokio::spawn(async move {
             while let Some(frame) = stderr_rx.recv().await {

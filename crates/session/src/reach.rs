@@ -327,6 +327,45 @@ impl Upstream {
         deadline: Duration,
     ) -> Result<Self, Unreached> {
         let shared = Arc::new(Shared::default());
+        Self::open(shared, reach, headers, lifecycle, out, children, deadline).await
+    }
+
+    /// [`Self::start`] for an upstream no agent stands behind (a team's server, where many
+    /// callers share it and each request is answered on its own): it is offered no roots,
+    /// sampling or elicitation, and what it asks of an agent anyway is refused at once.
+    pub async fn start_without_agent(
+        reach: Reach,
+        headers: Headers,
+        lifecycle: ClientLifecycleMode,
+        out: mpsc::Sender<Frame>,
+        children: Children,
+        deadline: Duration,
+    ) -> Result<Self, Unreached> {
+        let shared = Shared::default();
+        shared
+            .without_agent
+            .store(true, std::sync::atomic::Ordering::Release);
+        Self::open(
+            Arc::new(shared),
+            reach,
+            headers,
+            lifecycle,
+            out,
+            children,
+            deadline,
+        )
+        .await
+    }
+
+    async fn open(
+        shared: Arc<Shared>,
+        reach: Reach,
+        headers: Headers,
+        lifecycle: ClientLifecycleMode,
+        out: mpsc::Sender<Frame>,
+        children: Children,
+        deadline: Duration,
+    ) -> Result<Self, Unreached> {
         let opened = open_within(
             deadline, &reach, &headers, &lifecycle, &out, &children, &shared,
         )
@@ -351,16 +390,6 @@ impl Upstream {
             }),
             ended: CancellationToken::new(),
         })
-    }
-
-    /// Marks this upstream as one no agent stands behind (a team's server, where many callers
-    /// share it and each request is answered on its own): its requests for an agent's roots,
-    /// sampling or elicitation are refused at once.
-    pub fn without_agent(self) -> Self {
-        self.shared
-            .without_agent
-            .store(true, std::sync::atomic::Ordering::Release);
-        self
     }
 
     /// Marks this upstream as the registered server `name`: a new start (after the process

@@ -8,6 +8,7 @@
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -160,13 +161,19 @@ pub struct UpstreamClient {
 impl UpstreamClient {
     /// A client that offers the upstream roots, sampling and elicitation, all answered by the agent.
     pub fn new(shared: Arc<Shared>) -> Self {
-        let config = ClientConfig::new(
+        // Without an agent behind it, nothing is offered that only an agent could answer.
+        let capabilities = if shared.without_agent.load(Ordering::Acquire) {
+            ClientCapabilities::default()
+        } else {
             ClientCapabilities::builder()
                 .enable_roots()
                 .enable_roots_list_changed()
                 .enable_sampling()
                 .enable_elicitation()
-                .build(),
+                .build()
+        };
+        let config = ClientConfig::new(
+            capabilities,
             Implementation::new("countersign", env!("CARGO_PKG_VERSION")),
         )
         // The handshake-era version: server-to-client requests are legal in it, and every
