@@ -10,6 +10,7 @@
 //! parameter: milliseconds since the Unix epoch.
 #![deny(missing_docs)]
 
+pub mod approver;
 pub mod binding;
 pub mod canonical;
 pub mod describe;

@@ -1,0 +1,283 @@
+//! An approver's decision, signed at a person's desk and checked by a team's server.
+//!
+//! On a team's server (`countersign serve`) the click happens on another machine: a person's
+//! desk, connected to the server. The server must not take the desk's word for it, so the desk
+//! signs each decision with its approver key (Ed25519; the private half never leaves that desk's
+//! keychain), and the server checks the signature against the public keys of its registered
+//! approvers before any replica mints a token, and keeps it with the approval as the record of
+//! who approved what. What is signed is everything the token would bind and more: the server,
+//! the request, the plan hash, the tenant, the tool, the target, the class and the expiry of the
+//! decision, canonically encoded after a domain label, so a signature made for one request,
+//! plan or server is worth nothing for another. Pure: no I/O, no clock.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde_json::json;
+use zeroize::Zeroizing;
+
+use crate::canonical;
+use crate::gate::GateClass;
+use crate::plan::PlanHash;
+
+/// What precedes every signed decision: a signature over anything else is not a decision.
+pub const DOMAIN: &str = "countersign approver decision v1\n";
+
+/// What an approver decides about one waiting request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Approve it.
+    Approve,
+    /// Deny it.
+    Deny,
+}
+
+impl Verdict {
+    /// A stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Verdict::Approve => "approve",
+            Verdict::Deny => "deny",
+        }
+    }
+}
+
+/// One decision, as signed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision<'a> {
+    /// The server the request waits on, as the approver's desk enrolled with it.
+    pub server: &'a str,
+    /// The request's id on that server.
+    pub request: u64,
+    /// Approve or deny.
+    pub verdict: Verdict,
+    /// The hash of the plan the person read.
+    pub plan: &'a PlanHash,
+    /// The caller the request is from.
+    pub tenant: &'a str,
+    /// The tool.
+    pub tool: &'a str,
+    /// The target.
+    pub target: &'a str,
+    /// The tool's gate class as shown.
+    pub class: GateClass,
+    /// Until when the decision may be acted on, ms since the epoch: a decision held back and
+    /// delivered later is worth nothing after it.
+    pub expires_at_ms: u64,
+}
+
+impl Decision<'_> {
+    /// The bytes signed: [`DOMAIN`], then the decision as RFC 8785 canonical JSON.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let value = json!({
+            "server": self.server,
+            "request": self.request,
+            "verdict": self.verdict.code(),
+            "plan": self.plan.to_hex(),
+            "tenant": self.tenant,
+            "tool": self.tool,
+            "target": self.target,
+            "class": self.class.code(),
+            "expiresAtMs": self.expires_at_ms,
+        });
+        // Strings, integers within the safe range and a fixed shape: always canonical.
+        let text = canonical::to_string(&value).unwrap_or_default();
+        [DOMAIN.as_bytes(), text.as_bytes()].concat()
+    }
+}
+
+/// An approver's key pair, as its desk keeps it.
+pub struct ApproverKey(SigningKey);
+
+impl std::fmt::Debug for ApproverKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ApproverKey").field(&"<redacted>").finish()
+    }
+}
+
+impl ApproverKey {
+    /// The key pair of the 32 secret bytes `seed` (from the desk's keychain, or fresh random
+    /// bytes for a new approver).
+    pub fn from_seed(seed: &[u8; 32]) -> Self {
+        ApproverKey(SigningKey::from_bytes(seed))
+    }
+
+    /// The secret bytes, for the keychain.
+    pub fn seed(&self) -> Zeroizing<[u8; 32]> {
+        Zeroizing::new(self.0.to_bytes())
+    }
+
+    /// The public half, which the team registers.
+    pub fn public(&self) -> [u8; 32] {
+        self.0.verifying_key().to_bytes()
+    }
+
+    /// The signature of `decision`.
+    pub fn sign(&self, decision: &Decision<'_>) -> [u8; 64] {
+        self.0.sign(&decision.signed_bytes()).to_bytes()
+    }
+}
+
+/// Why a signed decision is not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadDecision {
+    /// The public key is not a valid Ed25519 point.
+    #[error("the approver's public key is not a valid Ed25519 key")]
+    BadKey,
+    /// The signature does not check against the key over this decision.
+    #[error("the signature does not match this decision and this approver")]
+    BadSignature,
+    /// The decision's time to be acted on has passed.
+    #[error("the decision expired")]
+    Expired,
+}
+
+impl BadDecision {
+    /// A stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            BadDecision::BadKey => "bad_key",
+            BadDecision::BadSignature => "bad_signature",
+            BadDecision::Expired => "expired",
+        }
+    }
+}
+
+/// Checks `signature` over `decision` against the approver `public` key, at `now_ms`. Strict
+/// verification: a signature that is malleable or made with a weak key is refused.
+pub fn verify(
+    public: &[u8; 32],
+    decision: &Decision<'_>,
+    signature: &[u8; 64],
+    now_ms: u64,
+) -> Result<(), BadDecision> {
+    let key = VerifyingKey::from_bytes(public).map_err(|_| BadDecision::BadKey)?;
+    if key.is_weak() {
+        return Err(BadDecision::BadKey);
+    }
+    key.verify_strict(&decision.signed_bytes(), &Signature::from_bytes(signature))
+        .map_err(|_| BadDecision::BadSignature)?;
+    if now_ms >= decision.expires_at_ms {
+        return Err(BadDecision::Expired);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(n: u8) -> PlanHash {
+        PlanHash::from_bytes([n; 32])
+    }
+
+    fn decision(plan: &PlanHash) -> Decision<'_> {
+        Decision {
+            server: "https://mcp.example.com/approvers",
+            request: 7,
+            verdict: Verdict::Approve,
+            plan,
+            tenant: "key:ci@server:db",
+            tool: "execute",
+            target: "users",
+            class: GateClass::Once,
+            expires_at_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn a_decision_signed_by_the_approver_checks_until_it_expires() {
+        let key = ApproverKey::from_seed(&[1; 32]);
+        let p = plan(9);
+        let d = decision(&p);
+        let sig = key.sign(&d);
+        assert_eq!(verify(&key.public(), &d, &sig, 1_999), Ok(()));
+        assert_eq!(
+            verify(&key.public(), &d, &sig, 2_000),
+            Err(BadDecision::Expired)
+        );
+    }
+
+    #[test]
+    fn a_signature_is_worth_nothing_for_any_other_field_or_key() {
+        let key = ApproverKey::from_seed(&[1; 32]);
+        let other = ApproverKey::from_seed(&[2; 32]);
+        let p = plan(9);
+        let d = decision(&p);
+        let sig = key.sign(&d);
+        let q = plan(8);
+        let changed = [
+            Decision {
+                server: "https://other.example.com/approvers",
+                ..d
+            },
+            Decision { request: 8, ..d },
+            Decision {
+                verdict: Verdict::Deny,
+                ..d
+            },
+            Decision { plan: &q, ..d },
+            Decision {
+                tenant: "key:other@server:db",
+                ..d
+            },
+            Decision { tool: "drop", ..d },
+            Decision {
+                target: "orders",
+                ..d
+            },
+            Decision {
+                class: GateClass::Token,
+                ..d
+            },
+            Decision {
+                expires_at_ms: 3_000,
+                ..d
+            },
+        ];
+        for c in &changed {
+            assert_eq!(
+                verify(&key.public(), c, &sig, 0),
+                Err(BadDecision::BadSignature),
+                "{c:?}"
+            );
+        }
+        assert_eq!(
+            verify(&other.public(), &d, &sig, 0),
+            Err(BadDecision::BadSignature)
+        );
+        let mut flipped = sig;
+        flipped[0] ^= 1;
+        assert_eq!(
+            verify(&key.public(), &d, &flipped, 0),
+            Err(BadDecision::BadSignature)
+        );
+        // The identity point and other weak keys are refused, whatever the signature.
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        assert_eq!(verify(&identity, &d, &sig, 0), Err(BadDecision::BadKey));
+    }
+
+    #[test]
+    fn the_signed_bytes_are_the_domain_then_canonical_json() {
+        let p = plan(9);
+        let bytes = decision(&p).signed_bytes();
+        let text = String::from_utf8(bytes).unwrap();
+        let (domain, json) = text.split_at(DOMAIN.len());
+        assert_eq!(domain, DOMAIN);
+        // Keys sorted, no spaces: RFC 8785.
+        assert!(
+            json.starts_with(r#"{"class":"once","expiresAtMs":2000,"plan":""#),
+            "{json}"
+        );
+        assert_eq!(
+            canonical::to_string(&serde_json::from_str(json).unwrap()).unwrap(),
+            json
+        );
+    }
+
+    #[test]
+    fn debug_of_a_key_never_shows_it() {
+        let key = ApproverKey::from_seed(&[7; 32]);
+        assert!(!format!("{key:?}").contains("7"));
+        assert_eq!(ApproverKey::from_seed(&key.seed()).public(), key.public());
+    }
+}
