@@ -46,6 +46,7 @@ fn forget_own_variables() {
         }
     }
     // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
+    #[cfg(target_os = "linux")]
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     }
