@@ -12,7 +12,7 @@
 //! immediate, so [`Sqlite`] does its work inline under its lock (its waits are bounded by the
 //! store's busy timeout, as they are on the desk today).
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use countersign_core::telemetry::ConfirmEvent;
@@ -124,17 +124,19 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError>;
 }
 
-/// The desk's SQLite [`Store`] as [`Records`]: one connection behind a mutex.
+/// The desk's SQLite [`Store`] as [`Records`]: one connection behind a mutex, used on tokio's
+/// blocking pool. A statement may wait for SQLite's lock (up to the busy timeout) or for the
+/// disk: never on an async worker, where it would stall every other agent and the window.
 #[derive(Debug)]
 pub struct Sqlite {
-    store: Mutex<Store>,
+    store: Arc<Mutex<Store>>,
 }
 
 impl Sqlite {
     /// `store` as records.
     pub fn new(store: Store) -> Self {
         Sqlite {
-            store: Mutex::new(store),
+            store: Arc::new(Mutex::new(store)),
         }
     }
 
@@ -144,10 +146,31 @@ impl Sqlite {
     /// transaction, rolled back unless committed), so a poisoned lock is taken over, not
     /// propagated.
     pub fn lock(&self) -> MutexGuard<'_, Store> {
-        self.store
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.store)
     }
+
+    /// Runs `op` on the store on the blocking pool, and answers what it answers (a panic in it
+    /// goes on as a panic here).
+    async fn off<T: Send + 'static>(&self, op: impl FnOnce(&mut Store) -> T + Send + 'static) -> T {
+        let store = Arc::clone(&self.store);
+        // What the store logs (every confirm event goes to tracing) keeps the caller's
+        // subscriber and span, on whichever thread of the pool it runs.
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        let span = tracing::Span::current();
+        let run = move || {
+            tracing::dispatcher::with_default(&dispatch, || span.in_scope(|| op(&mut lock(&store))))
+        };
+        match tokio::task::spawn_blocking(run).await {
+            Ok(value) => value,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+fn lock(store: &Mutex<Store>) -> MutexGuard<'_, Store> {
+    store
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl From<Store> for Sqlite {
@@ -159,43 +182,52 @@ impl From<Store> for Sqlite {
 #[async_trait]
 impl Records for Sqlite {
     async fn spend(&self, nonce: &Nonce, expires_at_ms: u64) -> Result<(), SpendError> {
-        self.lock().spend(nonce, expires_at_ms)
+        let nonce = *nonce;
+        self.off(move |s| s.spend(&nonce, expires_at_ms)).await
     }
 
     async fn put_approval(&self, approval: &Approval) -> Result<(), StoreError> {
-        self.lock().put_approval(approval)
+        let approval = approval.clone();
+        self.off(move |s| s.put_approval(&approval)).await
     }
 
     async fn approval(&self, nonce: &Nonce) -> Result<Option<Approval>, StoreError> {
-        self.lock().approval(nonce)
+        let nonce = *nonce;
+        self.off(move |s| s.approval(&nonce)).await
     }
 
     async fn withdraw_approval(&self, nonce: &Nonce) -> Result<bool, StoreError> {
-        self.lock().withdraw_approval(nonce)
+        let nonce = *nonce;
+        self.off(move |s| s.withdraw_approval(&nonce)).await
     }
 
     async fn record(&self, event: &ConfirmEvent) -> Result<(), StoreError> {
-        self.lock().record(event)
+        let event = event.clone();
+        self.off(move |s| s.record(&event)).await
     }
 
     async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
-        self.lock().history(filter)
+        let filter = filter.clone();
+        self.off(move |s| s.history(&filter)).await
     }
 
     async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError> {
-        self.lock().prune(now_ms)
+        self.off(move |s| s.prune(now_ms)).await
     }
 
     async fn pin_first_seen(&self, candidates: &[ToolPin]) -> Result<Vec<ToolPin>, StoreError> {
-        self.lock().pin_first_seen(candidates)
+        let candidates = candidates.to_vec();
+        self.off(move |s| s.pin_first_seen(&candidates)).await
     }
 
     async fn repin(&self, pin: &ToolPin) -> Result<(), StoreError> {
-        self.lock().repin(pin)
+        let pin = pin.clone();
+        self.off(move |s| s.repin(&pin)).await
     }
 
     async fn tool_pin(&self, server: &str, tool: &str) -> Result<Option<ToolPin>, StoreError> {
-        self.lock().tool_pin(server, tool)
+        let (server, tool) = (server.to_owned(), tool.to_owned());
+        self.off(move |s| s.tool_pin(&server, &tool)).await
     }
 
     async fn put_grant(
@@ -204,19 +236,20 @@ impl Records for Sqlite {
         max_live: usize,
         now: u64,
     ) -> Result<Option<u64>, StoreError> {
-        self.lock().put_grant(grant, max_live, now)
+        let grant = grant.clone();
+        self.off(move |s| s.put_grant(&grant, max_live, now)).await
     }
 
     async fn live_grants(&self, now: u64) -> Result<Vec<Grant>, StoreError> {
-        self.lock().live_grants(now)
+        self.off(move |s| s.live_grants(now)).await
     }
 
     async fn grant(&self, id: u64) -> Result<Option<Grant>, StoreError> {
-        self.lock().grant(id)
+        self.off(move |s| s.grant(id)).await
     }
 
     async fn end_grant(&self, id: u64, now: u64, why: GrantEnd) -> Result<bool, StoreError> {
-        self.lock().end_grant(id, now, why)
+        self.off(move |s| s.end_grant(id, now, why)).await
     }
 
     async fn end_prefix_grants(
@@ -225,34 +258,41 @@ impl Records for Sqlite {
         now: u64,
         why: GrantEnd,
     ) -> Result<usize, StoreError> {
-        self.lock().end_prefix_grants(tenant, now, why)
+        let tenant = tenant.map(str::to_owned);
+        self.off(move |s| s.end_prefix_grants(tenant.as_deref(), now, why))
+            .await
     }
 
     async fn grant_used(&self, id: u64) -> Result<(), StoreError> {
-        self.lock().grant_used(id)
+        self.off(move |s| s.grant_used(id)).await
     }
 
     async fn accepted(&self, name: &str) -> Result<Option<Accepted>, StoreError> {
-        self.lock().accepted(name)
+        let name = name.to_owned();
+        self.off(move |s| s.accepted(&name)).await
     }
 
     async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError> {
-        self.lock().accept(name, text, at_ms)
+        let (name, text) = (name.to_owned(), text.to_owned());
+        self.off(move |s| s.accept(&name, &text, at_ms)).await
     }
 
     async fn put_agent_key(&self, key: &AgentKey) -> Result<bool, StoreError> {
-        self.lock().put_agent_key(key)
+        let key = key.clone();
+        self.off(move |s| s.put_agent_key(&key)).await
     }
 
     async fn agent_key(&self, hash: &[u8; 32]) -> Result<Option<AgentKey>, StoreError> {
-        self.lock().agent_key(hash)
+        let hash = *hash;
+        self.off(move |s| s.agent_key(&hash)).await
     }
 
     async fn revoke_agent_key(&self, name: &str, now: u64) -> Result<bool, StoreError> {
-        self.lock().revoke_agent_key(name, now)
+        let name = name.to_owned();
+        self.off(move |s| s.revoke_agent_key(&name, now)).await
     }
 
     async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError> {
-        self.lock().agent_keys()
+        self.off(|s| s.agent_keys()).await
     }
 }
