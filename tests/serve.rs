@@ -1407,3 +1407,67 @@ fn a_call_in_flight_when_the_server_is_told_to_stop_is_answered_before_it_stops(
     }
     assert!(server.log().contains("stopping"), "{}", server.log());
 }
+
+#[test]
+fn each_server_of_the_file_is_its_own_resource_with_its_own_metadata() {
+    let python = which("python3");
+    let peers_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    let dir = tempfile::tempdir().unwrap();
+    let servers = dir.path().join("servers.json");
+    std::fs::write(
+        &servers,
+        json!({"servers": {"echo": {"command": [python, peers_src.join("echo_server.py")]}}})
+            .to_string(),
+    )
+    .unwrap();
+    let issuer = Issuer::start();
+    let mut args = oauth_args(&["--jwks-url", &issuer.jwks_url]);
+    args.extend(["--servers".to_owned(), servers.to_str().unwrap().to_owned()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start_before(&refs, &[], Some(&[]));
+    let list = |token: Option<&str>| {
+        let stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers = JSON.to_vec();
+        if let Some(b) = &bearer {
+            headers.push(("Authorization", b.as_str()));
+        }
+        exchange_on(
+            stream,
+            "POST",
+            "/mcp/echo",
+            &headers,
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        )
+    };
+    let (status, head, _) = list(None);
+    assert_eq!(status, 401);
+    assert!(
+        head.contains(
+            "resource_metadata=\"https://mcp.example.test/.well-known/oauth-protected-resource/mcp/echo\""
+        ),
+        "{head}"
+    );
+    let endpoint = format!("{RESOURCE}/echo");
+    assert_eq!(list(Some(&issuer.token(json!({"aud": endpoint})))).0, 200);
+    assert_eq!(list(Some(&issuer.token(json!({"aud": RESOURCE})))).0, 200);
+    let (status, _, _) = list(Some(
+        &issuer.token(json!({"aud": format!("{RESOURCE}/other")})),
+    ));
+    assert_eq!(status, 401, "a token for another server's endpoint");
+    let meta = |path: &str| {
+        let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let doc = meta("/.well-known/oauth-protected-resource/mcp/echo");
+    let body: Value = serde_json::from_str(doc.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(body["resource"], json!(endpoint));
+    assert!(meta("/.well-known/oauth-protected-resource/mcp/nope").starts_with("HTTP/1.1 404"));
+}

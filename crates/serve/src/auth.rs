@@ -246,6 +246,8 @@ pub struct Auth {
     pub unauthenticated: bool,
     /// Where the agent keys this server issued are, if it accepts them.
     pub agent_keys: Option<Arc<dyn Records>>,
+    /// The names of the servers file's servers (their endpoints' metadata is published).
+    pub servers: HashSet<String>,
 }
 
 /// The OAuth resource server's settings.
@@ -262,10 +264,20 @@ pub struct OAuth {
 }
 
 impl OAuth {
-    /// Where this resource's metadata is published (RFC 9728 §3: the well-known path inserted
-    /// before the resource's path).
-    pub fn metadata_url(&self) -> String {
-        match self.resource.split_once("://") {
+    /// The resource identifier of the endpoint of `server` (a servers file's name), or of the
+    /// one endpoint: `--resource`, with `/<name>` after it for a named one.
+    pub fn resource_of(&self, server: Option<&str>) -> String {
+        match server {
+            Some(name) => format!("{}/{name}", self.resource.trim_end_matches('/')),
+            None => self.resource.clone(),
+        }
+    }
+
+    /// Where the metadata of the endpoint of `server` is published (RFC 9728 §3: the
+    /// well-known path inserted before the resource's path).
+    pub fn metadata_url(&self, server: Option<&str>) -> String {
+        let resource = self.resource_of(server);
+        match resource.split_once("://") {
             Some((scheme, rest)) => {
                 let (host, path) = match rest.find('/') {
                     Some(i) => rest.split_at(i),
@@ -274,14 +286,14 @@ impl OAuth {
                 let path = path.trim_end_matches('/');
                 format!("{scheme}://{host}/.well-known/oauth-protected-resource{path}")
             }
-            None => self.resource.clone(),
+            None => resource.clone(),
         }
     }
 
-    /// The metadata document.
-    pub fn metadata(&self) -> serde_json::Value {
+    /// The metadata document of the endpoint of `server`.
+    pub fn metadata(&self, server: Option<&str>) -> serde_json::Value {
         let mut doc = json!({
-            "resource": self.resource,
+            "resource": self.resource_of(server),
             "authorization_servers": [self.issuer],
             "bearer_methods_supported": ["header"],
             "resource_name": "Countersign",
@@ -292,8 +304,9 @@ impl OAuth {
         doc
     }
 
-    /// The caller a bearer token names, or why it names none.
-    pub async fn caller(&self, token: &str) -> Result<Caller, Denied> {
+    /// The caller a bearer token for the endpoint of `server` names, or why it names none. Its
+    /// audience is that endpoint's resource, or the whole server's (`--resource`).
+    pub async fn caller(&self, token: &str, server: Option<&str>) -> Result<Caller, Denied> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|_| Denied::Invalid("the bearer token is not a JWT"))?;
         if !accepted_algorithm(header.alg) {
@@ -302,7 +315,7 @@ impl OAuth {
         let key = self.keys.key_for(header.kid.as_deref(), header.alg).await?;
         let mut validation = Validation::new(header.alg);
         validation.set_issuer(&[&self.issuer]);
-        validation.set_audience(&[&self.resource]);
+        validation.set_audience(&[self.resource.clone(), self.resource_of(server)]);
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.leeway = LEEWAY_SECS;
         validation.validate_nbf = true;
@@ -370,11 +383,11 @@ pub enum Denied {
 }
 
 impl Auth {
-    fn challenge(&self, denied: Denied) -> Response {
+    fn challenge(&self, denied: Denied, server: Option<&str>) -> Response {
         let metadata = self
             .oauth
             .as_ref()
-            .map(|o| format!(r#", resource_metadata="{}""#, o.metadata_url()))
+            .map(|o| format!(r#", resource_metadata="{}""#, o.metadata_url(server)))
             .unwrap_or_default();
         let scope = self
             .oauth
@@ -423,8 +436,12 @@ impl Auth {
         response
     }
 
-    /// The caller of a request with these headers.
-    pub async fn caller(&self, headers: &axum::http::HeaderMap) -> Result<Caller, Denied> {
+    /// The caller of a request with these headers, to the endpoint of `server`.
+    pub async fn caller(
+        &self,
+        headers: &axum::http::HeaderMap,
+        server: Option<&str>,
+    ) -> Result<Caller, Denied> {
         if self.unauthenticated {
             return Ok(Caller::unauthenticated());
         }
@@ -457,7 +474,7 @@ impl Auth {
             };
         }
         match &self.oauth {
-            Some(oauth) => oauth.caller(token).await,
+            Some(oauth) => oauth.caller(token, server).await,
             None => Err(Denied::Invalid("this server accepts only its agent keys")),
         }
     }
@@ -466,14 +483,20 @@ impl Auth {
 /// The layer in front of the MCP endpoint: names the caller, or answers 401/403 and nothing
 /// goes further. The `Authorization` header is taken off the request here.
 pub async fn layer(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
-    let caller = auth.caller(request.headers()).await;
+    // `/mcp/<name>`: the endpoint of a servers file's server, whose resource is its own.
+    let server = request
+        .uri()
+        .path()
+        .strip_prefix("/mcp/")
+        .map(str::to_owned);
+    let caller = auth.caller(request.headers(), server.as_deref()).await;
     request.headers_mut().remove(header::AUTHORIZATION);
     match caller {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(denied) => auth.challenge(denied),
+        Err(denied) => auth.challenge(denied, server.as_deref()),
     }
 }
 
@@ -481,8 +504,21 @@ pub async fn layer(State(auth): State<Arc<Auth>>, mut request: Request, next: Ne
 /// where to get a token.
 pub async fn metadata(State(auth): State<Arc<Auth>>) -> Response {
     match &auth.oauth {
-        Some(oauth) => crate::http::json_ok(&oauth.metadata()),
+        Some(oauth) => crate::http::json_ok(&oauth.metadata(None)),
         None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// The metadata of the endpoint of the servers file's `name`.
+pub async fn metadata_named(
+    State(auth): State<Arc<Auth>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Response {
+    match &auth.oauth {
+        Some(oauth) if auth.servers.contains(&name) => {
+            crate::http::json_ok(&oauth.metadata(Some(&name)))
+        }
+        _ => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
@@ -502,14 +538,22 @@ mod tests {
     #[test]
     fn the_metadata_lives_at_the_well_known_path_before_the_resources_path() {
         assert_eq!(
-            oauth("https://mcp.example.com/mcp").metadata_url(),
+            oauth("https://mcp.example.com/mcp").metadata_url(None),
             "https://mcp.example.com/.well-known/oauth-protected-resource/mcp"
         );
         assert_eq!(
-            oauth("https://mcp.example.com").metadata_url(),
+            oauth("https://mcp.example.com").metadata_url(None),
             "https://mcp.example.com/.well-known/oauth-protected-resource"
         );
-        let doc = oauth("https://mcp.example.com/mcp").metadata();
+        assert_eq!(
+            oauth("https://mcp.example.com/mcp/").metadata_url(Some("github")),
+            "https://mcp.example.com/.well-known/oauth-protected-resource/mcp/github"
+        );
+        assert_eq!(
+            oauth("https://mcp.example.com/mcp").metadata(Some("github"))["resource"],
+            "https://mcp.example.com/mcp/github"
+        );
+        let doc = oauth("https://mcp.example.com/mcp").metadata(None);
         assert_eq!(doc["resource"], "https://mcp.example.com/mcp");
         assert_eq!(doc["authorization_servers"][0], "https://id.example.com");
         assert_eq!(doc["scopes_supported"][0], "mcp:tools");
@@ -533,11 +577,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            o.caller(&hs).await.unwrap_err(),
+            o.caller(&hs, None).await.unwrap_err(),
             Denied::Invalid("the token's algorithm is not accepted")
         );
         // alg "none": not even a JWT to this library.
         let none = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.";
-        assert!(matches!(o.caller(none).await, Err(Denied::Invalid(_))));
+        assert!(matches!(
+            o.caller(none, None).await,
+            Err(Denied::Invalid(_))
+        ));
     }
 }

@@ -96,11 +96,13 @@ fn authentication(authn: &Authn) -> Result<Auth, RunError> {
             oauth: None,
             unauthenticated: true,
             agent_keys: None,
+            servers: Default::default(),
         },
         Authn::Bearer { oauth: None, .. } => Auth {
             oauth: None,
             unauthenticated: false,
             agent_keys: None,
+            servers: Default::default(),
         },
         Authn::Bearer {
             oauth:
@@ -132,6 +134,7 @@ fn authentication(authn: &Authn) -> Result<Auth, RunError> {
                 }),
                 unauthenticated: false,
                 agent_keys: None,
+                servers: Default::default(),
             }
         }
     })
@@ -204,7 +207,7 @@ pub async fn run(
     ) {
         auth.agent_keys = Some(records.clone());
     }
-    let auth = Arc::new(auth);
+
     if start.secret_ignored {
         tracing::warn!(target: "serve", "a signing secret was given to a read-only server: it is not used");
     }
@@ -268,6 +271,11 @@ pub async fn run(
         endpoints.push((name, endpoint));
     }
     let upstreams: Vec<Arc<Upstream>> = endpoints.iter().map(|(_, e)| e.upstream.clone()).collect();
+    auth.servers = endpoints
+        .iter()
+        .filter_map(|(name, _)| name.clone())
+        .collect();
+    let auth = Arc::new(auth);
 
     let guard = Arc::new(Guard::new(&start.allowed_hosts, &start.allowed_origins));
     let mcp = match &endpoints[..] {
@@ -306,6 +314,10 @@ pub async fn run(
         .route(
             "/.well-known/oauth-protected-resource/mcp",
             get(auth::metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp/{name}",
+            get(auth::metadata_named),
         )
         .with_state(auth);
     let app = mcp
