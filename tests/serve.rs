@@ -1299,6 +1299,15 @@ fn a_servers_file_serves_each_upstream_at_its_name_with_secrets_from_the_replica
     assert!(log.contains("listening on"), "{log}");
 }
 
+/// A servers file in `dir` naming one server, `echo` (tests/peers/echo_server.py).
+fn echo_servers_file(dir: &Path) -> PathBuf {
+    let echo = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/echo_server.py");
+    let servers = dir.join("servers.json");
+    let file = json!({"servers": {"echo": {"command": [which("python3"), echo]}}});
+    std::fs::write(&servers, file.to_string()).unwrap();
+    servers
+}
+
 /// The absolute path of `program`, as the PATH finds it.
 fn which(program: &str) -> String {
     std::env::var("PATH")
@@ -1314,16 +1323,8 @@ fn which(program: &str) -> String {
 
 #[test]
 fn the_policy_file_classes_a_servers_tools_and_a_bad_one_stops_the_start() {
-    let python = which("python3");
-    let peers_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
     let dir = tempfile::tempdir().unwrap();
-    let servers = dir.path().join("servers.json");
-    std::fs::write(
-        &servers,
-        json!({"servers": {"echo": {"command": [python, peers_src.join("echo_server.py")]}}})
-            .to_string(),
-    )
-    .unwrap();
+    let servers = echo_servers_file(dir.path());
     let policy = dir.path().join("policy.toml");
     // The read-only `echo` classed as works-once by the team: a read-only server withholds it.
     std::fs::write(
@@ -1410,16 +1411,8 @@ fn a_call_in_flight_when_the_server_is_told_to_stop_is_answered_before_it_stops(
 
 #[test]
 fn each_server_of_the_file_is_its_own_resource_with_its_own_metadata() {
-    let python = which("python3");
-    let peers_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
     let dir = tempfile::tempdir().unwrap();
-    let servers = dir.path().join("servers.json");
-    std::fs::write(
-        &servers,
-        json!({"servers": {"echo": {"command": [python, peers_src.join("echo_server.py")]}}})
-            .to_string(),
-    )
-    .unwrap();
+    let servers = echo_servers_file(dir.path());
     let issuer = Issuer::start();
     let mut args = oauth_args(&["--jwks-url", &issuer.jwks_url]);
     args.extend(["--servers".to_owned(), servers.to_str().unwrap().to_owned()]);
