@@ -573,11 +573,15 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         () = desk.stopping.cancelled() => true,
     };
     drop(out);
-    // Gone: withdraw its pending requests.
-    desk.engine.disconnect(&tenant).await;
     reading.abort();
     if stopped {
+        // At once, before anything below yields: an answer the session gave while it was being
+        // ended (its requests cancelled) must not reach the gateway, which answers those itself.
         writing.abort();
+    }
+    // Gone: withdraw its pending requests.
+    desk.engine.disconnect(&tenant).await;
+    if stopped {
         tracing::info!(target: "desk", %tenant, "closed a gateway's connection: the desk stops");
         return;
     }
