@@ -1464,3 +1464,41 @@ fn each_server_of_the_file_is_its_own_resource_with_its_own_metadata() {
     assert_eq!(body["resource"], json!(endpoint));
     assert!(meta("/.well-known/oauth-protected-resource/mcp/nope").starts_with("HTTP/1.1 404"));
 }
+
+#[test]
+fn a_call_posing_as_a_notification_or_a_response_never_reaches_the_upstream() {
+    let python = which("python3");
+    let slow = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/countersign/tests/peers/slow_server.py");
+    let dir = tempfile::tempdir().unwrap();
+    let log_file = dir.path().join("ran.jsonl");
+    let server = Server::start_before(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[],
+        Some(&[&python, slow.to_str().unwrap(), log_file.to_str().unwrap()]),
+    );
+    let port = server.port;
+    // A tools/call without an id (a notification), and one shaped as a response: accepted as
+    // nothing, answered with nothing.
+    for disguised in [
+        r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"sleep","arguments":{"seconds":0}}}"#,
+        r#"{"jsonrpc":"2.0","id":5,"result":{"method":"tools/call","params":{"name":"sleep"}}}"#,
+    ] {
+        let (status, _, body) = post(port, &[], disguised);
+        assert_eq!(status, 202, "{disguised}: {body}");
+    }
+    // A real call after them, answered: the upstream has seen every message sent before it.
+    let (status, _, answer) = post(
+        port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"pid","arguments":{}}}"#,
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.get("result").is_some(), "{answer}");
+    let log = server.stop();
+    assert!(log.contains("pid started"), "the real call ran: {log}");
+    assert!(
+        !log.contains("sleep started"),
+        "a disguised call ran: {log}"
+    );
+}
