@@ -313,9 +313,30 @@ async fn session(
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
+    // The answers' relay gives the client's write half back when told to stop, so that stopping
+    // it does not close the client's side: the client must see the connection end only after
+    // the cut is counted and the statement was handed to the server.
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
     let answers = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
-        let _ = client_write.shutdown().await;
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut stopped => break,
+                read = server_read.read(&mut buffer) => match read {
+                    Ok(0) | Err(_) => {
+                        let _ = client_write.shutdown().await;
+                        break;
+                    }
+                    Ok(n) => {
+                        if client_write.write_all(&buffer[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                },
+            }
+        }
+        client_write
     });
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
@@ -326,18 +347,20 @@ async fn session(
         let chunk = &buffer[..n];
         if armed.load(Ordering::SeqCst) && chunk.windows(needle.len()).any(|w| w == needle) {
             // Nothing of the answer may reach the client: stop relaying first, then send.
-            answers.abort();
-            let _ = answers.await;
+            let _ = stop.send(());
+            let client_write = answers.await;
             let _ = server_write.write_all(chunk).await;
             let _ = server_write.flush().await;
             armed.store(false, Ordering::SeqCst);
             *cuts.lock().unwrap() += 1;
             // Dropping both halves of both sockets closes both connections.
+            drop(client_write);
             return;
         }
         if server_write.write_all(chunk).await.is_err() {
             break;
         }
     }
-    answers.abort();
+    drop(stop);
+    let _ = answers.await;
 }
