@@ -11,14 +11,16 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use countersign_core::approver::Verdict;
 use countersign_core::telemetry::EventKind;
 use countersign_core::{GateClass, PlanHash, Refusal, SpendError};
 use countersign_store::test_support::{
     approval, assert_spent_once, event, every_kind, grant, nonce, pin, temp_store,
 };
 use countersign_store::{
-    Accepted, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES, MAX_DEFINITION_CHARS,
-    MAX_PINS_PER_SERVER, Postgres, PostgresOptions, Pruned, Records, Sqlite, StoreError, ToolPin,
+    Accepted, DecisionRecord, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES,
+    MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Member, Postgres, PostgresOptions, Pruned, Records,
+    Roster, Sqlite, StoreError, ToolPin,
 };
 use countersign_tests::postgres::{migrated_database, shared_database};
 
@@ -96,8 +98,9 @@ suite!(
     racing_grants_never_pass_the_cap_together,
     a_file_is_unknown_until_accepted_then_its_latest_text_is_kept,
     a_huge_accepted_file_is_refused_not_stored,
-    an_agent_key_is_found_by_its_hash_until_revoked_and_its_name_never_reused,
-    an_agent_name_that_could_pass_for_something_else_is_refused,
+    a_member_is_found_by_its_key_until_revoked_and_its_name_never_reused,
+    a_member_name_that_could_pass_for_something_else_is_refused,
+    decisions_are_kept_whole_in_order_and_read_back_newest_last,
 );
 
 type R = Arc<dyn Records>;
@@ -541,69 +544,123 @@ async fn a_file_is_unknown_until_accepted_then_its_latest_text_is_kept(r: R) {
     assert_eq!(r.accepted("policy.toml").await.unwrap().unwrap().text, "");
 }
 
-fn agent_key(name: &str, n: u8) -> countersign_store::AgentKey {
-    countersign_store::AgentKey {
+fn member(name: &str, n: u8) -> Member {
+    Member {
         name: name.into(),
-        hash: [n; 32],
+        key: [n; 32],
         created_at_ms: 1_000,
         revoked_at_ms: None,
     }
 }
 
-async fn an_agent_key_is_found_by_its_hash_until_revoked_and_its_name_never_reused(r: R) {
-    assert_eq!(r.agent_key(&[1; 32]).await.unwrap(), None);
-    assert!(r.put_agent_key(&agent_key("ci-runner", 1)).await.unwrap());
-    assert!(
-        r.put_agent_key(&agent_key("nightly.build", 2))
+async fn a_member_is_found_by_its_key_until_revoked_and_its_name_never_reused(r: R) {
+    for roster in [Roster::Agents, Roster::Approvers] {
+        assert_eq!(r.member(roster, &[1; 32]).await.unwrap(), None);
+        assert!(r.put_member(roster, &member("ci-runner", 1)).await.unwrap());
+        assert!(
+            r.put_member(roster, &member("nightly.build", 2))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            r.member(roster, &[1; 32]).await.unwrap(),
+            Some(member("ci-runner", 1))
+        );
+        // The same name again, even with another key: refused, nothing written.
+        assert!(!r.put_member(roster, &member("ci-runner", 3)).await.unwrap());
+        assert_eq!(r.member(roster, &[3; 32]).await.unwrap(), None);
+        // The same key under another name: nothing written (a key names one member).
+        assert!(!r.put_member(roster, &member("other", 1)).await.unwrap());
+        assert!(r.revoke_member(roster, "ci-runner", 5_000).await.unwrap());
+        assert!(
+            !r.revoke_member(roster, "ci-runner", 6_000).await.unwrap(),
+            "revoked once"
+        );
+        assert!(!r.revoke_member(roster, "nobody", 6_000).await.unwrap());
+        let revoked = r.member(roster, &[1; 32]).await.unwrap().unwrap();
+        assert_eq!(revoked.revoked_at_ms, Some(5_000));
+        assert!(!revoked.is_active());
+        // A revoked name stays taken: another member never inherits its history.
+        assert!(!r.put_member(roster, &member("ci-runner", 4)).await.unwrap());
+        let names: Vec<String> = r
+            .members(roster)
             .await
             .unwrap()
-    );
-    assert_eq!(
-        r.agent_key(&[1; 32]).await.unwrap(),
-        Some(agent_key("ci-runner", 1))
-    );
-    // The same name again, even with another key: refused, nothing written.
-    assert!(!r.put_agent_key(&agent_key("ci-runner", 3)).await.unwrap());
-    assert_eq!(r.agent_key(&[3; 32]).await.unwrap(), None);
-    // The same key under another name: nothing written (a hash names one agent).
-    assert!(!r.put_agent_key(&agent_key("other", 1)).await.unwrap());
-    assert!(r.revoke_agent_key("ci-runner", 5_000).await.unwrap());
-    assert!(
-        !r.revoke_agent_key("ci-runner", 6_000).await.unwrap(),
-        "revoked once"
-    );
-    assert!(!r.revoke_agent_key("nobody", 6_000).await.unwrap());
-    let revoked = r.agent_key(&[1; 32]).await.unwrap().unwrap();
-    assert_eq!(revoked.revoked_at_ms, Some(5_000));
-    // A revoked name stays taken: another agent never inherits its history.
-    assert!(!r.put_agent_key(&agent_key("ci-runner", 4)).await.unwrap());
-    let names: Vec<String> = r
-        .agent_keys()
+            .into_iter()
+            .map(|k| k.name)
+            .collect();
+        assert_eq!(names, ["ci-runner", "nightly.build"]);
+    }
+    // The rosters are apart: revoking an agent did nothing to the approver of the same name
+    // before it was revoked there, and an agent's key hash is no approver's key.
+    r.put_member(Roster::Agents, &member("only-agent", 7))
         .await
-        .unwrap()
-        .into_iter()
-        .map(|k| k.name)
-        .collect();
-    assert_eq!(names, ["ci-runner", "nightly.build"]);
+        .unwrap();
+    assert_eq!(r.member(Roster::Approvers, &[7; 32]).await.unwrap(), None);
 }
 
-async fn an_agent_name_that_could_pass_for_something_else_is_refused(r: R) {
-    for bad in [
-        "",
-        "a b",
-        "key:x",
-        "x@y",
-        "a\u{202e}b",
-        "\u{0430}dmin",
-        &"n".repeat(65),
-        "a\0",
-    ] {
-        assert!(
-            r.put_agent_key(&agent_key(bad, 9)).await.is_err(),
-            "{bad:?}"
-        );
+async fn a_member_name_that_could_pass_for_something_else_is_refused(r: R) {
+    for roster in [Roster::Agents, Roster::Approvers] {
+        for bad in [
+            "",
+            "a b",
+            "key:x",
+            "x@y",
+            "a\u{202e}b",
+            "\u{0430}dmin",
+            &"n".repeat(65),
+            "a\0",
+        ] {
+            assert!(
+                r.put_member(roster, &member(bad, 9)).await.is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(r.members(roster).await.unwrap().is_empty());
     }
-    assert!(r.agent_keys().await.unwrap().is_empty());
+}
+
+fn decision_record(request: u64, verdict: Verdict) -> DecisionRecord {
+    DecisionRecord {
+        approver: "alice".into(),
+        server: "https://approvers.example.com".into(),
+        request,
+        verdict,
+        plan: PlanHash::from_bytes([request as u8; 32]),
+        tenant: "key:ci@server:db".into(),
+        tool: "execute".into(),
+        target: "users\u{202e}".into(),
+        class: GateClass::Once,
+        expires_at_ms: u64::MAX >> 1,
+        signature: [request as u8; 64],
+        decided_at_ms: 1_000 + request,
+    }
+}
+
+async fn decisions_are_kept_whole_in_order_and_read_back_newest_last(r: R) {
+    assert!(r.decisions(10).await.unwrap().is_empty());
+    for n in 1..=5 {
+        let verdict = if n == 3 {
+            Verdict::Deny
+        } else {
+            Verdict::Approve
+        };
+        r.put_decision(&decision_record(n, verdict)).await.unwrap();
+    }
+    let all = r.decisions(100).await.unwrap();
+    let requests: Vec<u64> = all.iter().map(|d| d.request).collect();
+    assert_eq!(requests, [1, 2, 3, 4, 5]);
+    assert_eq!(all[2].verdict, Verdict::Deny);
+    assert_eq!(all[3], decision_record(4, Verdict::Approve));
+    // The newest `limit`, still oldest first.
+    let newest: Vec<u64> = r
+        .decisions(2)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.request)
+        .collect();
+    assert_eq!(newest, [4, 5]);
 }
 
 async fn a_huge_accepted_file_is_refused_not_stored(r: R) {

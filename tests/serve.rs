@@ -1502,3 +1502,547 @@ fn a_call_posing_as_a_notification_or_a_response_never_reaches_the_upstream() {
         "a disguised call ran: {log}"
     );
 }
+
+/// A person's desk as the approver listener sees it: its approver key, and the self-signed
+/// certificate of that key it connects with.
+struct Desk {
+    key: countersign_core::approver::ApproverKey,
+    cert: rustls::pki_types::CertificateDer<'static>,
+}
+
+impl Desk {
+    fn new(seed: u8) -> Desk {
+        let key = countersign_core::approver::ApproverKey::from_seed(&[seed; 32]);
+        let pair = rcgen::KeyPair::try_from(key.pkcs8_der().as_slice()).unwrap();
+        let cert = rcgen::CertificateParams::new(vec![format!("approver-{seed}")])
+            .unwrap()
+            .self_signed(&pair)
+            .unwrap();
+        Desk {
+            key,
+            cert: cert.der().clone(),
+        }
+    }
+
+    fn public_text(&self) -> String {
+        countersign_core::approver::public_key_text(&self.key.public())
+    }
+
+    /// `verdict` on the waiting `request` (as the listener listed it), signed for `server` and
+    /// good for a minute, with `change` applied to the decision before it is signed.
+    fn decide(
+        &self,
+        server: &str,
+        request: &Value,
+        verdict: countersign_core::approver::Verdict,
+        change: impl FnOnce(&mut SignedFields),
+    ) -> Value {
+        let asks = &request["asks"];
+        let mut fields = SignedFields {
+            server: server.to_owned(),
+            request: request["id"].as_u64().unwrap(),
+            plan: countersign_core::PlanHash::from_hex(asks["plan_hash"].as_str().unwrap())
+                .unwrap(),
+            tenant: asks["tenant"].as_str().unwrap().to_owned(),
+            tool: request["plan"]["tool"].as_str().unwrap().to_owned(),
+            target: request["plan"]["target"].as_str().unwrap().to_owned(),
+            class: countersign_core::GateClass::from_code(asks["class"].as_str().unwrap()).unwrap(),
+            expires_at_ms: now_ms() + 60_000,
+        };
+        change(&mut fields);
+        let decision = countersign_core::approver::Decision {
+            server: &fields.server,
+            request: fields.request,
+            verdict,
+            plan: &fields.plan,
+            tenant: &fields.tenant,
+            tool: &fields.tool,
+            target: &fields.target,
+            class: fields.class,
+            expires_at_ms: fields.expires_at_ms,
+        };
+        use base64::Engine as _;
+        let signature =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.key.sign(&decision));
+        // The server is signed, never sent: the listener puts its own name in.
+        json!({
+            "request": fields.request,
+            "verdict": verdict.code(),
+            "plan": fields.plan.to_hex(),
+            "tenant": fields.tenant,
+            "tool": fields.tool,
+            "target": fields.target,
+            "class": fields.class.code(),
+            "expiresAtMs": fields.expires_at_ms,
+            "signature": signature,
+        })
+    }
+}
+
+/// The fields of a decision that are signed.
+#[derive(Clone)]
+struct SignedFields {
+    server: String,
+    request: u64,
+    plan: countersign_core::PlanHash,
+    tenant: String,
+    tool: String,
+    target: String,
+    class: countersign_core::GateClass,
+    expires_at_ms: u64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// One request on the approver listener at `port` (whose certificate is `trusted`), as `desk`
+/// (or with no client certificate): the status and the JSON body, or why no answer came.
+fn on_approver_listener(
+    port: u16,
+    trusted: &rustls::pki_types::CertificateDer<'static>,
+    desk: Option<&Desk>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<(u16, Value), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(trusted.clone()).unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match desk {
+        Some(desk) => builder
+            .with_client_auth_cert(
+                vec![desk.cert.clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(desk.key.pkcs8_der().to_vec().into()),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(40))).unwrap();
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    tls.write_all(request.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    if let Err(e) = tls.read_to_end(&mut response)
+        && response.is_empty()
+    {
+        return Err(e.to_string());
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or(text.clone())?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or(head.to_owned())?;
+    Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+/// `countersign serve ROSTER ARGS` with `env`: its exit code, stdout and stderr.
+fn roster_command(roster: &str, env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
+    let mut all = vec![roster];
+    all.extend_from_slice(args);
+    let out = serve(&bin("countersign-serve"), &all, env)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_call_mint() {
+    use countersign_core::approver::Verdict;
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = dir.path().join("tools.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('hello');")
+        .unwrap();
+    // Two distinct people must approve a delete.
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[servers.\"builtin:{}\".tools.execute]\napprovers = 2\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (alice, bob, carol, mallory) = (Desk::new(1), Desk::new(2), Desk::new(3), Desk::new(4));
+    for (name, desk) in [("alice", &alice), ("bob", &bob), ("carol", &carol)] {
+        let (code, _, note) = roster_command("approver", &env, &["add", name, &desk.public_text()]);
+        assert_eq!(code, 0, "{note}");
+    }
+    for bad in ["ed25519:AAAA", "not-a-key", &alice.public_text()] {
+        let (code, _, note) = roster_command("approver", &env, &["add", "eve", bad]);
+        assert_eq!(code, 2, "{bad}: {note}");
+    }
+    let (code, agent_key, note) = roster_command("agent", &env, &["add", "ci"]);
+    assert_eq!(code, 0, "{note}");
+    let agent_key = agent_key.trim().to_owned();
+
+    let approver_port = free_port();
+    let approver_url = format!("https://localhost:{approver_port}");
+    let approver_listen = format!("127.0.0.1:{approver_port}");
+    let args = [
+        "--behind-tls-proxy",
+        "--agent-keys",
+        "--wait",
+        "60",
+        "--db",
+        db.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--approver-listen",
+        &approver_listen,
+        "--approver-url",
+        &approver_url,
+        "--approver-cert",
+        cert.to_str().unwrap(),
+        "--approver-key",
+        key.to_str().unwrap(),
+    ];
+    let secret = "approvers-test-secret-0123456789abcdef";
+    let server = Server::start_before(
+        &args,
+        &[("CONFIRM_SECRET", secret), ("CONTROL_DSN", &dsn)],
+        Some(&[]),
+    );
+    let listener = move |desk: Option<&Desk>,
+                         method: &str,
+                         path: &str,
+                         headers: &[(&str, &str)],
+                         body: &str| {
+        on_approver_listener(approver_port, &trusted, desk, method, path, headers, body)
+    };
+    let listener = Arc::new(listener);
+
+    // The agent asks; its preflight waits for people.
+    let transport = StreamableHttpClientTransport::from_config(
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            server.url(),
+        )
+        .auth_header(agent_key.clone()),
+    );
+    let agent = Arc::new(().serve(transport).await.unwrap());
+    let asking = {
+        let agent = agent.clone();
+        tokio::spawn(
+            async move { call(&agent, "execute", json!({"sql": "DELETE FROM notes"})).await },
+        )
+    };
+    // Alice's desk reads the waiting calls, waiting on the listener for one to arrive.
+    let waiting = {
+        let listener = listener.clone();
+        let alice = Desk::new(1);
+        tokio::task::spawn_blocking(move || {
+            let mut seen = String::new();
+            loop {
+                let path = format!("/approver/v1/requests?wait=20&seen={seen}");
+                let (status, body) = listener(Some(&alice), "GET", &path, &[], "").unwrap();
+                assert_eq!(status, 200, "{body}");
+                assert_eq!(body["server"], approver_url.as_str());
+                if let Some(first) = body["requests"].as_array().and_then(|r| r.first()) {
+                    return first.clone();
+                }
+                seen = body["digest"].as_str().unwrap().to_owned();
+            }
+        })
+        .await
+        .unwrap()
+    };
+    let request = waiting["request"].clone();
+    assert_eq!(request["plan"]["tool"], "execute");
+    assert_eq!(request["asks"]["approvers"], 2, "{request}");
+    assert!(
+        request["asks"]["tenant"]
+            .as_str()
+            .unwrap()
+            .starts_with("key:ci@"),
+        "{request}"
+    );
+    let url = format!("https://localhost:{approver_port}");
+    let post = |desk: Option<&Desk>, body: Value| {
+        listener(
+            desk,
+            "POST",
+            "/approver/v1/decisions",
+            &[],
+            &body.to_string(),
+        )
+    };
+
+    // Ways around the signatures, each of which must mint nothing.
+    // An agent's key, without a desk's certificate: the listener's TLS lets it nowhere.
+    let bearer = format!("Bearer {agent_key}");
+    let with_token = listener(
+        None,
+        "GET",
+        "/approver/v1/requests",
+        &[("Authorization", &bearer)],
+        "",
+    );
+    assert!(with_token.is_err(), "{with_token:?}");
+    let approve = alice.decide(&url, &request, Verdict::Approve, |_| {});
+    let with_token = post(None, approve.clone());
+    assert!(with_token.is_err(), "{with_token:?}");
+    // A desk whose key nobody registered: refused at TLS.
+    assert!(post(Some(&mallory), approve.clone()).is_err());
+    // Unsigned, on Alice's own connection.
+    let mut unsigned = approve.clone();
+    unsigned.as_object_mut().unwrap().remove("signature");
+    let (status, body) = post(Some(&alice), unsigned).unwrap();
+    assert_eq!((status, body["error"].as_str()), (400, Some("unsigned")));
+    // Signed by a key the server does not know, sent on Alice's connection.
+    let (status, body) = post(
+        Some(&alice),
+        mallory.decide(&url, &request, Verdict::Approve, |_| {}),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("bad_signature"))
+    );
+    // Signed by Bob, sent on Alice's connection: a decision is its connection's approver's.
+    let (status, body) = post(
+        Some(&alice),
+        bob.decide(&url, &request, Verdict::Approve, |_| {}),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("bad_signature"))
+    );
+    // Signed for another server.
+    let other = alice.decide(&url, &request, Verdict::Approve, |f| {
+        f.server = "https://other.example.com".into()
+    });
+    let (status, body) = post(Some(&alice), other).unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("bad_signature"))
+    );
+    // Over another plan hash, signed and sent as such.
+    let mut another = request.clone();
+    another["asks"]["plan_hash"] = json!("ab".repeat(32));
+    let (status, body) = post(
+        Some(&alice),
+        alice.decide(&url, &another, Verdict::Approve, |_| {}),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("does_not_match"))
+    );
+    // Another target, signed as such.
+    let mut elsewhere = request.clone();
+    elsewhere["plan"]["target"] = json!("users");
+    let (status, body) = post(
+        Some(&alice),
+        alice.decide(&url, &elsewhere, Verdict::Approve, |_| {}),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("does_not_match"))
+    );
+    // A signature over one plan with another plan sent: the signature does not hold.
+    let mut swapped = approve.clone();
+    swapped["plan"] = json!("cd".repeat(32));
+    let (status, body) = post(Some(&alice), swapped).unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("bad_signature"))
+    );
+    // Expired, or good for longer than a decision may be.
+    let stale = alice.decide(&url, &request, Verdict::Approve, |f| {
+        f.expires_at_ms = 1_000
+    });
+    let (status, body) = post(Some(&alice), stale).unwrap();
+    assert_eq!((status, body["error"].as_str()), (409, Some("expired")));
+    let lasting = alice.decide(&url, &request, Verdict::Approve, |f| {
+        f.expires_at_ms = now_ms() + 3_600_000
+    });
+    let (status, body) = post(Some(&alice), lasting).unwrap();
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("expires_too_late"))
+    );
+    // A revoked approver: its signed approval is refused (at TLS once the listener has read the
+    // roster again, as the records say before that).
+    let (code, _, note) = roster_command("approver", &env, &["revoke", "carol"]);
+    assert_eq!(code, 0, "{note}");
+    match post(
+        Some(&carol),
+        carol.decide(&url, &request, Verdict::Approve, |_| {}),
+    ) {
+        Err(_) => {}
+        Ok((status, body)) => {
+            assert_eq!(
+                (status, body["error"].as_str()),
+                (403, Some("approver_revoked"))
+            )
+        }
+    }
+    // Nothing of that counted: the call still waits, approved by nobody.
+    let (status, body) = listener(Some(&alice), "GET", "/approver/v1/requests", &[], "").unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body["requests"][0]["approvedBy"], json!([]), "{body}");
+    assert!(!asking.is_finished());
+
+    // Alice approves: one of two. Again: still one (distinct people). Bob: minted.
+    let (status, body) = post(Some(&alice), approve.clone()).unwrap();
+    assert_eq!(
+        (status, &body["outcome"]),
+        (202, &json!("recorded")),
+        "{body}"
+    );
+    let (status, body) = post(
+        Some(&alice),
+        alice.decide(&url, &request, Verdict::Approve, |_| {}),
+    )
+    .unwrap();
+    assert_eq!((status, &body["approvals"]), (202, &json!(1)), "{body}");
+    assert!(!asking.is_finished());
+    let (status, body) = post(
+        Some(&bob),
+        bob.decide(&url, &request, Verdict::Approve, |_| {}),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, &body["outcome"]),
+        (200, &json!("approved")),
+        "{body}"
+    );
+    let approved = asking.await.unwrap();
+    let content = approved.structured_content.clone().unwrap();
+    assert_eq!(content["approved"], true, "{approved:?}");
+    let confirmed = call(
+        &agent,
+        "execute",
+        json!({"sql": "DELETE FROM notes", "confirm": true,
+               "confirmTarget": content["confirmTarget"], "confirmToken": content["confirmToken"]}),
+    )
+    .await;
+    assert_ne!(confirmed.is_error, Some(true), "{confirmed:?}");
+    // A late decision on the decided call finds nothing waiting.
+    let (status, body) = post(
+        Some(&alice),
+        alice.decide(&url, &request, Verdict::Deny, |_| {}),
+    )
+    .unwrap();
+    assert_eq!((status, body["error"].as_str()), (404, Some("not_pending")));
+
+    // A deny by one approver ends the next call, with its note, and mints nothing.
+    let asking = {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            call(
+                &agent,
+                "execute",
+                json!({"sql": "DELETE FROM notes WHERE id = 7"}),
+            )
+            .await
+        })
+    };
+    let next = loop {
+        let (_, body) =
+            listener(Some(&bob), "GET", "/approver/v1/requests?wait=1", &[], "").unwrap();
+        if let Some(first) = body["requests"].as_array().and_then(|r| r.first()) {
+            break first["request"].clone();
+        }
+        tokio::task::yield_now().await;
+    };
+    let mut deny = bob.decide(&url, &next, Verdict::Deny, |_| {});
+    deny["note"] = json!("not on a Friday");
+    let (status, body) = post(Some(&bob), deny).unwrap();
+    assert_eq!(
+        (status, &body["outcome"]),
+        (200, &json!("denied")),
+        "{body}"
+    );
+    let denied = asking.await.unwrap();
+    assert_eq!(denied.is_error, Some(true), "{denied:?}");
+    let said = text_of(&denied);
+    assert!(
+        said.contains("denied by approver bob") && said.contains("not on a Friday"),
+        "{said}"
+    );
+
+    // Every accepted decision is on the record with its signature, and checks against its
+    // approver's key; none of the refused ones is.
+    let records =
+        countersign_store::Postgres::connect(&dsn, countersign_store::PostgresOptions::default())
+            .await
+            .unwrap();
+    use countersign_store::Records as _;
+    let kept = records.decisions(100).await.unwrap();
+    let who: Vec<(&str, &str)> = kept
+        .iter()
+        .map(|d| (d.approver.as_str(), d.verdict.code()))
+        .collect();
+    assert_eq!(
+        who,
+        [
+            ("alice", "approve"),
+            ("alice", "approve"),
+            ("bob", "approve"),
+            ("bob", "deny")
+        ]
+    );
+    for d in &kept {
+        let desk = if d.approver == "alice" { &alice } else { &bob };
+        let decision = countersign_core::approver::Decision {
+            server: &d.server,
+            request: d.request,
+            verdict: d.verdict,
+            plan: &d.plan,
+            tenant: &d.tenant,
+            tool: &d.tool,
+            target: &d.target,
+            class: d.class,
+            expires_at_ms: d.expires_at_ms,
+        };
+        assert_eq!(
+            countersign_core::approver::verify(
+                &desk.key.public(),
+                &decision,
+                &d.signature,
+                d.decided_at_ms
+            ),
+            Ok(())
+        );
+    }
+    let log = server.stop();
+    assert!(!log.contains(secret), "the secret was written");
+    assert!(!log.contains(&agent_key), "the agent's key was written");
+}

@@ -600,6 +600,7 @@ mod tests {
                 plan_hash: plan.hash().unwrap(),
                 class: GateClass::Once,
                 type_target: false,
+                approvers: 1,
                 token_ttl_ms: 600_000,
                 why: "annotations destructiveHint: true".into(),
             }),

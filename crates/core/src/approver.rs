@@ -105,6 +105,20 @@ impl ApproverKey {
         Zeroizing::new(self.0.to_bytes())
     }
 
+    /// The key as PKCS#8 (RFC 8410, version 1) DER, for TLS libraries: the desk's client
+    /// certificate is made of this same key.
+    pub fn pkcs8_der(&self) -> Zeroizing<Vec<u8>> {
+        // SEQUENCE { INTEGER 0, SEQUENCE { OID 1.3.101.112 }, OCTET STRING { OCTET STRING seed } }
+        const PREFIX: [u8; 16] = [
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+            0x04, 0x20,
+        ];
+        let mut der = Zeroizing::new(Vec::with_capacity(48));
+        der.extend_from_slice(&PREFIX);
+        der.extend_from_slice(self.0.as_bytes());
+        der
+    }
+
     /// The public half, which the team registers.
     pub fn public(&self) -> [u8; 32] {
         self.0.verifying_key().to_bytes()
@@ -114,6 +128,29 @@ impl ApproverKey {
     pub fn sign(&self, decision: &Decision<'_>) -> [u8; 64] {
         self.0.sign(&decision.signed_bytes()).to_bytes()
     }
+}
+
+/// How an approver's public key is written where people copy it: `ed25519:` and the 32 bytes in
+/// unpadded base64url.
+pub fn public_key_text(public: &[u8; 32]) -> String {
+    use base64::Engine as _;
+    format!(
+        "ed25519:{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(public)
+    )
+}
+
+/// The key that [`public_key_text`] wrote, if `text` is exactly such a key (surrounding
+/// whitespace aside) and a usable Ed25519 public key: not a weak key, nor one off the curve.
+pub fn parse_public_key(text: &str) -> Option<[u8; 32]> {
+    use base64::Engine as _;
+    let encoded = text.trim().strip_prefix("ed25519:")?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .ok()?;
+    let public: [u8; 32] = bytes.try_into().ok()?;
+    let key = VerifyingKey::from_bytes(&public).ok()?;
+    (!key.is_weak()).then_some(public)
 }
 
 /// Why a signed decision is not accepted.
@@ -271,6 +308,45 @@ mod tests {
         assert_eq!(
             canonical::to_string(&serde_json::from_str(json).unwrap()).unwrap(),
             json
+        );
+    }
+
+    #[test]
+    fn a_public_key_reads_back_from_its_text_and_nothing_else_does() {
+        let key = ApproverKey::from_seed(&[3; 32]);
+        let text = public_key_text(&key.public());
+        assert!(
+            text.starts_with("ed25519:") && text.len() == 8 + 43,
+            "{text}"
+        );
+        assert_eq!(parse_public_key(&format!(" {text}\n")), Some(key.public()));
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        for bad in [
+            text.trim_start_matches("ed25519:").to_owned(),
+            format!("{text}A"),
+            format!("{text}="),
+            text.replace("ed25519:", "ed448:"),
+            public_key_text(&identity),
+            String::new(),
+        ] {
+            assert_eq!(parse_public_key(&bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_pkcs8_form_is_rfc_8410s_own_example() {
+        // RFC 8410, section 10.3: the private key and its PKCS#8 PEM body.
+        let seed = [
+            0xd4, 0xee, 0x72, 0xdb, 0xf9, 0x13, 0x58, 0x4a, 0xd5, 0xb6, 0xd8, 0xf1, 0xf7, 0x69,
+            0xf8, 0xad, 0x3a, 0xfe, 0x7c, 0x28, 0xcb, 0xf1, 0xd4, 0xfb, 0xe0, 0x97, 0xa8, 0x8f,
+            0x44, 0x75, 0x58, 0x42,
+        ];
+        use base64::Engine as _;
+        let der = ApproverKey::from_seed(&seed).pkcs8_der();
+        assert_eq!(
+            base64::engine::general_purpose::STANDARD.encode(der.as_slice()),
+            "MC4CAQAwBQYDK2VwBCIEINTuctv5E1hK1bbY8fdp+K06/nwoy/HU++CXqI9EdVhC"
         );
     }
 

@@ -178,7 +178,13 @@ pub struct ToolPolicy {
     /// approved without a click) although the tool is destructive or asks for its target typed.
     /// Unset: grants only for tools that are neither.
     pub grants: Option<bool>,
+    /// How many distinct approvers must approve a call, on a team's server (1 to
+    /// [`MAX_APPROVERS`]; unset: 1). The desk has one person and asks one.
+    pub approvers: Option<u8>,
 }
+
+/// The most distinct approvers a policy may ask for one call.
+pub const MAX_APPROVERS: u8 = 9;
 
 /// What policy decided for one tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,12 +211,39 @@ pub struct ToolRule {
     /// is destructive or asks for its target typed (`grants = true`).
     #[serde(default)]
     pub grants: bool,
+    /// How many distinct approvers must approve a call on a team's server.
+    #[serde(default = "one")]
+    pub approvers: u8,
+}
+
+fn one() -> u8 {
+    1
 }
 
 impl Policy {
-    /// Parses the TOML text of a policy file.
+    /// Parses the TOML text of a policy file. An `approvers` count out of 1 to
+    /// [`MAX_APPROVERS`] is refused, naming where it is.
     pub fn from_toml(text: &str) -> Result<Policy, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+        let policy: Policy = toml::from_str(text).map_err(|e| e.to_string())?;
+        for (server, rules) in &policy.servers {
+            let named = std::iter::once(("all".to_owned(), &rules.all)).chain(
+                rules
+                    .tools
+                    .iter()
+                    .map(|(tool, rule)| (format!("tools.{}", toml_key(tool)), rule)),
+            );
+            for (place, rule) in named {
+                if let Some(n) = rule.approvers
+                    && !(1..=MAX_APPROVERS).contains(&n)
+                {
+                    return Err(format!(
+                        "[servers.{}.{place}] approvers = {n}: it must be 1 to {MAX_APPROVERS}",
+                        toml_key(server)
+                    ));
+                }
+            }
+        }
+        Ok(policy)
     }
 
     /// The rule for `tool` (a raw MCP tool definition) of `server`.
@@ -266,6 +299,11 @@ impl Policy {
                 .and_then(|p| p.grants)
                 .or_else(|| all.and_then(|p| p.grants))
                 .unwrap_or(false),
+            approvers: own
+                .and_then(|p| p.approvers)
+                .or_else(|| all.and_then(|p| p.approvers))
+                .unwrap_or(1)
+                .clamp(1, MAX_APPROVERS),
         }
     }
 }
@@ -675,6 +713,36 @@ mod tests {
         );
         assert!(!rule.destructive && !rule.type_target);
         assert_eq!(rule.class, GateClass::Token);
+    }
+
+    #[test]
+    fn approvers_are_one_unless_the_policy_asks_more_per_tool_or_server_within_bounds() {
+        let drop = json!({"name": "drop_table"});
+        assert_eq!(Policy::default().rule("db", &drop).approvers, 1);
+        let policy = Policy::from_toml(
+            "[servers.db.all]\napprovers = 2\n[servers.db.tools.drop_table]\napprovers = 3",
+        )
+        .unwrap();
+        assert_eq!(policy.rule("db", &drop).approvers, 3);
+        assert_eq!(policy.rule("db", &json!({"name": "insert"})).approvers, 2);
+        assert_eq!(policy.rule("fs", &drop).approvers, 1);
+        for bad in [
+            "[servers.db.all]\napprovers = 0",
+            "[servers.db.tools.\"a b\"]\napprovers = 10",
+            "[servers.db.all]\napprovers = -1",
+            "[servers.db.all]\napprovers = 300",
+        ] {
+            let err = Policy::from_toml(bad).unwrap_err();
+            assert!(
+                err.contains("approvers") || err.contains("invalid"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(
+            Policy::from_toml("[servers.db.tools.\"a b\"]\napprovers = 10")
+                .unwrap_err()
+                .contains("[servers.db.tools.\"a b\"]")
+        );
     }
 
     #[test]

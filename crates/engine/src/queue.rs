@@ -114,6 +114,8 @@ pub struct CallRequest {
     pub class: GateClass,
     /// Whether approving needs the target typed.
     pub type_target: bool,
+    /// How many distinct approvers must approve it (a team's server; 1 on the desk).
+    pub approvers: u8,
     /// How long a token minted now would live.
     pub token_ttl_ms: u64,
     /// Why the tool has its class: the policy line that set it, or its annotations.
@@ -353,6 +355,7 @@ impl Engine {
                             plan_hash: hash,
                             class: rule.class,
                             type_target: rule.type_target,
+                            approvers: rule.approvers,
                             token_ttl_ms: ttl,
                             why: rule.why.clone(),
                         }),

@@ -33,7 +33,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::RwLock;
 
-use countersign_store::Records;
+use countersign_store::{Records, Roster};
 use sha2::{Digest, Sha256};
 
 use crate::http::Caller;
@@ -462,8 +462,8 @@ impl Auth {
             let Some(records) = &self.agent_keys else {
                 return Err(Denied::Invalid("this server accepts no agent keys"));
             };
-            return match records.agent_key(&agent_key_hash(token)).await {
-                Ok(Some(key)) if key.revoked_at_ms.is_none() => {
+            return match records.member(Roster::Agents, &agent_key_hash(token)).await {
+                Ok(Some(key)) if key.is_active() => {
                     Ok(Caller::authenticated(format!("key:{}", key.name)))
                 }
                 Ok(_) => Err(Denied::Invalid("the agent key is unknown or revoked")),

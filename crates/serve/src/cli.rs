@@ -116,6 +116,24 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
+    /// Where people's desks connect to approve (HOST:PORT): mutual TLS only, each desk by the
+    /// key it was registered with (`countersign serve approver add`); never an agent's token.
+    #[arg(long, value_name = "ADDR", requires = "approver_url")]
+    pub approver_listen: Option<SocketAddr>,
+
+    /// The approver listener's URL as desks enroll with it (`countersign approver enroll URL`):
+    /// every decision names it, so a decision made for another server is worth nothing here.
+    #[arg(long, value_name = "URL", requires = "approver_listen")]
+    pub approver_url: Option<String>,
+
+    /// The approver listener's certificate chain (PEM); without it, --tls-cert's.
+    #[arg(long, value_name = "FILE", requires_all = ["approver_key", "approver_listen"])]
+    pub approver_cert: Option<PathBuf>,
+
+    /// The approver listener certificate's private key (PEM); without it, --tls-key's.
+    #[arg(long, value_name = "FILE", requires_all = ["approver_cert", "approver_listen"])]
+    pub approver_key: Option<PathBuf>,
+
     /// The upstream: the built-in SQLite tools on this database file.
     #[arg(long, value_name = "PATH", conflicts_with_all = ["url", "command"])]
     pub db: Option<PathBuf>,
@@ -158,5 +176,39 @@ pub enum AgentAction {
         name: String,
     },
     /// List the agents, and which are revoked.
+    List,
+}
+
+/// `countersign serve approver`: the people who approve this server's calls from their desks,
+/// each known by the Ed25519 public key its desk made (`countersign approver enroll URL` prints
+/// the line to run here). The records are the server's, as for `agent`.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "countersign serve approver", version)]
+pub struct ApproverArgs {
+    /// The records' directory of a server without CONTROL_DSN.
+    #[arg(long, value_name = "DIR", global = true)]
+    pub data_dir: Option<PathBuf>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub action: ApproverAction,
+}
+
+/// What `countersign serve approver` does.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ApproverAction {
+    /// Register approver NAME by the public key its desk printed (`ed25519:…`).
+    Add {
+        /// The approver's name (letters, digits, '.', '_', '-'), as decisions record it.
+        name: String,
+        /// The desk's public key, as `countersign approver enroll` printed it.
+        public_key: String,
+    },
+    /// Revoke approver NAME: its desk can no longer connect, and no decision of its counts.
+    Revoke {
+        /// The approver's name.
+        name: String,
+    },
+    /// List the approvers, and which are revoked.
     List,
 }

@@ -133,7 +133,7 @@ pub fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
     json_response(status, &json!({ "error": code, "message": message }))
 }
 
-fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
+pub(crate) fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
     // Serializing a JSON-RPC message or a Value cannot fail; if it ever did, say so plainly.
     let body = serde_json::to_vec(value).unwrap_or_else(|_| {
         br#"{"error":"internal","message":"the answer could not be written"}"#.to_vec()

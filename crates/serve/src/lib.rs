@@ -10,6 +10,7 @@
 //!
 //! | module | why |
 //! | --- | --- |
+//! | [`approvers`] | where people's desks connect (mutual TLS, pinned keys) and send signed decisions |
 //! | [`auth`] | who is calling: OAuth bearer JWTs (the MCP authorization spec), the tenant |
 //! | [`cli`] | the command line |
 //! | [`start`] | the seed's start rules, decided before anything is opened or bound |
@@ -19,6 +20,7 @@
 //! | [`run`] | opening the records, starting the upstream, binding, serving |
 #![deny(missing_docs)]
 
+pub mod approvers;
 pub mod auth;
 pub mod cli;
 pub mod guard;

@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStringExt;
 use clap::Parser;
 use countersign_serve::cli::Args;
 
-mod agent;
+mod roster;
 use countersign_serve::start::{self, Given, OWN_VARIABLES};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
@@ -91,8 +91,10 @@ fn servers(
 }
 
 fn main() {
-    if std::env::args_os().nth(1).is_some_and(|a| a == "agent") {
-        std::process::exit(agent::main());
+    match std::env::args_os().nth(1) {
+        Some(a) if a == "agent" => std::process::exit(roster::agent()),
+        Some(a) if a == "approver" => std::process::exit(roster::approver()),
+        _ => {}
     }
     let args = Args::parse();
     // Read once, then gone from the environment (see forget_own_variables).

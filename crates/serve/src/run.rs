@@ -20,6 +20,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::approvers::{self, Approvers, Peer, PinnedApprovers};
 use crate::auth::{self, Auth, Keys, OAuth};
 use crate::guard::{self, Guard};
 use crate::http::{self, Endpoint};
@@ -161,13 +162,23 @@ async fn records(dsn: &Dsn) -> Result<Arc<dyn Records>, StoreError> {
     Ok(Arc::new(Postgres::connect(dsn.expose(), options).await?))
 }
 
-/// Runs the server until `stop` is cancelled. `ready` is told the bound address once it
+/// Where a started server listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The agents' address.
+    pub agents: std::net::SocketAddr,
+    /// The approvers' address, if there is an approver listener.
+    pub approvers: Option<std::net::SocketAddr>,
+}
+
+/// Runs the server until `stop` is cancelled. `ready` is told the bound addresses once it
 /// listens.
 pub async fn run(
     start: Start,
     stop: CancellationToken,
-    ready: impl FnOnce(std::net::SocketAddr),
+    ready: impl FnOnce(Bound),
 ) -> Result<(), RunError> {
+    let mut approver_bound = None;
     let tls = match &start.transport {
         Transport::Tls { cert, key } => Some(tls::config(cert, key)?),
         Transport::Plain => None,
@@ -221,7 +232,13 @@ pub async fn run(
     if builtin {
         config.describer = Some(Arc::new(SqlDescriber));
     }
-    let engine = Engine::with_records(config, records, key);
+    if start.approvers.is_some() {
+        // People decide at their desks, which hold the approve delay before they sign; a
+        // request waits for them (bounded by --wait) instead of being refused at once.
+        config.window = true;
+        config.approve_delay_ms = 0;
+    }
+    let engine = Engine::with_records(config, records.clone(), key);
 
     // Every upstream is started (and answers its handshake) before the port is bound.
     let configured: Vec<(Option<String>, Reach, Headers)> = match start.upstreams {
@@ -324,6 +341,48 @@ pub async fn run(
         .merge(metadata)
         .layer(axum::middleware::from_fn_with_state(guard, guard::layer));
 
+    // The approver listener: its TLS (read now, so a bad file stops the start) and its port,
+    // bound before the agents' so that a server whose desks cannot connect never serves agents.
+    let mut keeper = None;
+    let approver_side = match &start.approvers {
+        Some(listen) => {
+            let admitted: approvers::Admitted = Default::default();
+            approvers::refresh(&records, &admitted).await;
+            keeper = Some(tokio::spawn(approvers::keep_admitted(
+                records.clone(),
+                admitted.clone(),
+            )));
+            let config = tls::config_with_clients(
+                &listen.cert,
+                &listen.key,
+                Arc::new(PinnedApprovers::new(admitted)),
+            )?;
+            let listener =
+                TcpListener::bind(listen.listen)
+                    .await
+                    .map_err(|source| RunError::Bind {
+                        addr: listen.listen,
+                        source,
+                    })?;
+            let bound = listener.local_addr().map_err(|source| RunError::Bind {
+                addr: listen.listen,
+                source,
+            })?;
+            tracing::info!(target: "serve", "approvers connect on {bound} (mutual TLS) as {}", listen.url);
+            approver_bound = Some(bound);
+            let state = Arc::new(Approvers::new(
+                engine.clone(),
+                records.clone(),
+                listen.url.clone(),
+            ));
+            Some((
+                listener,
+                tokio_rustls::TlsAcceptor::from(config),
+                approvers::router(state),
+            ))
+        }
+        None => None,
+    };
     let listener = TcpListener::bind(start.listen)
         .await
         .map_err(|source| RunError::Bind {
@@ -341,10 +400,68 @@ pub async fn run(
         "plain HTTP (TLS by the proxy in front)"
     };
     tracing::info!(target: "serve", "listening on {bound} ({mode}, {wire})");
-    ready(bound);
+    ready(Bound {
+        agents: bound,
+        approvers: approver_bound,
+    });
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let graceful = Arc::new(GracefulShutdown::new());
+    let agents = tokio::spawn(serve_connections(
+        listener,
+        acceptor,
+        move |_| app.clone(),
+        stop.clone(),
+        graceful.clone(),
+    ));
+    let desks = approver_side.map(|(listener, acceptor, approver_app)| {
+        tokio::spawn(serve_connections(
+            listener,
+            Some(acceptor),
+            move |peer: Option<Peer>| match peer {
+                Some(peer) => approver_app.clone().layer(axum::Extension(peer)),
+                // Never reached: the listener's TLS lets no one in without an approver's key.
+                None => Router::new(),
+            },
+            stop.clone(),
+            graceful.clone(),
+        ))
+    });
+    let _ = agents.await;
+    if let Some(desks) = desks {
+        let _ = desks.await;
+    }
+    let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
+    // Stopping: nothing new is accepted; what is in flight finishes (an accepted call records
+    // its outcome), for as long as the grace lasts.
+    tracing::info!(target: "serve", "stopping: finishing the requests in flight");
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(target: "serve", "requests still in flight after {} s: cut", SHUTDOWN_GRACE.as_secs());
+    }
+    if let Some(keeper) = keeper {
+        keeper.abort();
+    }
+    for upstream in upstreams {
+        upstream.stop().await;
+    }
+    drop(temporary);
+    Ok(())
+}
+
+/// Accepts connections on `listener` (TLS through `acceptor`, if any) and serves each with the
+/// router `app` makes for its peer (the approver key of its client certificate, where there is
+/// one), until `stop` is cancelled. Connections are watched by `graceful`.
+async fn serve_connections(
+    listener: TcpListener,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    app: impl Fn(Option<Peer>) -> Router + Send + Sync + 'static,
+    stop: CancellationToken,
+    graceful: Arc<GracefulShutdown>,
+) {
+    let app = Arc::new(app);
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let graceful = GracefulShutdown::new();
     let mut refused_accepts = 0u64;
     loop {
         // At most MAX_CONNECTIONS at once: a flood of idle sockets waits in the kernel's
@@ -372,7 +489,7 @@ pub async fn run(
             },
             _ = stop.cancelled() => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         let acceptor = acceptor.clone();
         // Taken here, in the accept loop: a shutdown that starts later still sees it.
         let watcher = graceful.watcher();
@@ -397,11 +514,20 @@ pub async fn run(
                     else {
                         return;
                     };
+                    let peer = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|certs| certs.first())
+                        .and_then(approvers::ed25519_key)
+                        .map(Peer);
+                    let service = TowerToHyperService::new(app(peer));
                     watcher
                         .watch(builder.serve_connection(TokioIo::new(tls), service))
                         .await
                 }
                 None => {
+                    let service = TowerToHyperService::new(app(None));
                     watcher
                         .watch(builder.serve_connection(TokioIo::new(stream), service))
                         .await
@@ -412,18 +538,4 @@ pub async fn run(
             }
         });
     }
-    // Stopping: nothing new is accepted; what is in flight finishes (an accepted call records
-    // its outcome), for as long as the grace lasts.
-    tracing::info!(target: "serve", "stopping: finishing the requests in flight");
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(target: "serve", "requests still in flight after {} s: cut", SHUTDOWN_GRACE.as_secs());
-    }
-    for upstream in upstreams {
-        upstream.stop().await;
-    }
-    drop(temporary);
-    Ok(())
 }

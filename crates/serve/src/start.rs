@@ -197,6 +197,21 @@ pub struct Start {
     /// Whether a secret was given to a read-only server (and ignored): said once at start,
     /// without the value.
     pub secret_ignored: bool,
+    /// Where people's desks connect to approve, if anywhere.
+    pub approvers: Option<ApproverListen>,
+}
+
+/// The approver listener, as the start rules accepted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApproverListen {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// The URL desks enroll with; every decision names it.
+    pub url: String,
+    /// Its certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
 }
 
 /// Why the server refuses to start. Every variant has a stable [`StartError::code`]; none
@@ -300,6 +315,14 @@ pub enum StartError {
     /// The `--db` path cannot be made absolute.
     #[error("--db {0}: cannot resolve the path")]
     BadDb(String),
+    /// An approver listener on a read-only server, which has nothing to approve.
+    #[error("--approver-listen: a read-only server has nothing to approve")]
+    ApproversReadOnly,
+    /// An approver listener without a certificate: it is mutual TLS or nothing.
+    #[error(
+        "--approver-listen needs a certificate of its own: --approver-cert FILE --approver-key          FILE, or --tls-cert/--tls-key to share the server's"
+    )]
+    ApproversWithoutTls,
 }
 
 impl StartError {
@@ -321,6 +344,8 @@ impl StartError {
             StartError::BadAllowList { .. } => "bad_allow_list",
             StartError::NoUpstream => "no_upstream",
             StartError::BadDb(_) => "bad_db",
+            StartError::ApproversReadOnly => "approvers_read_only",
+            StartError::ApproversWithoutTls => "approvers_without_tls",
         }
     }
 }
@@ -428,11 +453,37 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
     {
         return Err(StartError::AgentKeysNowhere);
     }
+    let approvers = match (args.approver_listen, &args.approver_url) {
+        (Some(listen), Some(url)) => {
+            if args.read_only {
+                return Err(StartError::ApproversReadOnly);
+            }
+            // The listener is always TLS: a plain http:// URL could never be reached.
+            if !url.to_ascii_lowercase().starts_with("https://") || url.len() <= 8 {
+                return Err(StartError::NotHttps {
+                    what: "--approver-url",
+                });
+            }
+            let (cert, key) = match (&args.approver_cert, &args.approver_key, &transport) {
+                (Some(cert), Some(key), _) => (cert.clone(), key.clone()),
+                (None, None, Transport::Tls { cert, key }) => (cert.clone(), key.clone()),
+                _ => return Err(StartError::ApproversWithoutTls),
+            };
+            Some(ApproverListen {
+                listen,
+                url: url.clone(),
+                cert,
+                key,
+            })
+        }
+        _ => None,
+    };
     let upstreams = match servers {
         Some(servers) => Upstreams::Named(servers),
         None => Upstreams::One(upstream(args, cwd)?),
     };
     Ok(Start {
+        approvers,
         listen: args.listen,
         secret_ignored: args.read_only && secret_given,
         mode,

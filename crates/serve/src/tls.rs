@@ -13,6 +13,7 @@ use std::time::Duration;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::ClientCertVerifier;
 
 /// How long a client has to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,6 +30,24 @@ pub struct TlsError {
 
 /// The server's TLS configuration from a PEM certificate chain and its PEM private key.
 pub fn config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    configured(cert, key, None)
+}
+
+/// As [`config`], asking every client for a certificate that `clients` accepts (the approver
+/// listener's mutual TLS).
+pub fn config_with_clients(
+    cert: &Path,
+    key: &Path,
+    clients: Arc<dyn ClientCertVerifier>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    configured(cert, key, Some(clients))
+}
+
+fn configured(
+    cert: &Path,
+    key: &Path,
+    clients: Option<Arc<dyn ClientCertVerifier>>,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect())
         .map_err(|e| TlsError {
@@ -47,13 +66,17 @@ pub fn config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
         why: "not a readable PEM private key (PKCS#8, PKCS#1 or SEC1)".into(),
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
+    let builder = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError {
             file: "TLS".into(),
             why: e.to_string(),
-        })?
-        .with_no_client_auth()
+        })?;
+    let builder = match clients {
+        Some(clients) => builder.with_client_cert_verifier(clients),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
         .with_single_cert(certs, private)
         .map_err(|e| TlsError {
             file: "certificate and key".into(),

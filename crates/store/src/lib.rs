@@ -22,9 +22,9 @@
 #![deny(missing_docs)]
 
 mod accepted;
-mod agent_key;
 mod approval;
 mod connection;
+mod decision;
 mod error;
 mod grant;
 mod history;
@@ -34,6 +34,7 @@ mod pin;
 mod postgres;
 mod read;
 mod records;
+mod roster;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -43,9 +44,9 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::connection::FileIdentity;
 
 pub use accepted::{Accepted, MAX_ACCEPTED_BYTES};
-pub use agent_key::{AgentKey, MAX_AGENT_NAME_CHARS, valid_agent_name};
 pub use approval::Approval;
 pub use connection::StoreOptions;
+pub use decision::{DecisionRecord, MAX_DECISION_ROWS};
 pub use error::StoreError;
 pub use grant::{Grant, GrantEnd, GrantKind};
 pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
@@ -54,6 +55,7 @@ pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
 pub use postgres::{POSTGRES_SCHEMA_VERSION, Postgres, PostgresOptions, SERIALIZATION_RETRIES};
 pub use read::HistoryReader;
 pub use records::{Records, Sqlite};
+pub use roster::{MAX_MEMBER_NAME_CHARS, Member, Roster, valid_member_name};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.

@@ -19,8 +19,8 @@ use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Ledger, Nonce, SpendError};
 
 use crate::{
-    Accepted, AgentKey, Approval, Grant, GrantEnd, HistoryFilter, Pruned, Store, StoreError,
-    ToolPin,
+    Accepted, Approval, DecisionRecord, Grant, GrantEnd, HistoryFilter, Member, Pruned, Roster,
+    Store, StoreError, ToolPin,
 };
 
 /// Everything the engine keeps durably: the single-use nonce ledger, the arguments people
@@ -110,18 +110,26 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// [`MAX_ACCEPTED_BYTES`](crate::MAX_ACCEPTED_BYTES)).
     async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError>;
 
-    /// Records a new agent key (its hash). `false`: an agent of that name exists, nothing was
-    /// written.
-    async fn put_agent_key(&self, key: &AgentKey) -> Result<bool, StoreError>;
+    /// Adds a member to `roster`. `false`: that name or that key is on the roster already
+    /// (revoked or not), and nothing was written.
+    async fn put_member(&self, roster: Roster, member: &Member) -> Result<bool, StoreError>;
 
-    /// The agent key whose hash is `hash`, revoked or not.
-    async fn agent_key(&self, hash: &[u8; 32]) -> Result<Option<AgentKey>, StoreError>;
+    /// The member of `roster` whose key is `key`, revoked or not.
+    async fn member(&self, roster: Roster, key: &[u8; 32]) -> Result<Option<Member>, StoreError>;
 
-    /// Revokes agent `name`'s key. `false`: no such agent, or revoked already.
-    async fn revoke_agent_key(&self, name: &str, now: u64) -> Result<bool, StoreError>;
+    /// Revokes member `name` of `roster`. `false`: no such member, or revoked already.
+    async fn revoke_member(&self, roster: Roster, name: &str, now: u64)
+    -> Result<bool, StoreError>;
 
-    /// Every agent key, by name.
-    async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError>;
+    /// Every member of `roster`, by name.
+    async fn members(&self, roster: Roster) -> Result<Vec<Member>, StoreError>;
+
+    /// Keeps an approver's verified decision.
+    async fn put_decision(&self, decision: &DecisionRecord) -> Result<(), StoreError>;
+
+    /// The newest `limit` decisions (at most [`MAX_DECISION_ROWS`](crate::MAX_DECISION_ROWS)),
+    /// oldest first.
+    async fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>, StoreError>;
 }
 
 /// The desk's SQLite [`Store`] as [`Records`]: one connection behind a mutex, used on tokio's
@@ -277,22 +285,36 @@ impl Records for Sqlite {
         self.off(move |s| s.accept(&name, &text, at_ms)).await
     }
 
-    async fn put_agent_key(&self, key: &AgentKey) -> Result<bool, StoreError> {
-        let key = key.clone();
-        self.off(move |s| s.put_agent_key(&key)).await
+    async fn put_member(&self, roster: Roster, member: &Member) -> Result<bool, StoreError> {
+        let member = member.clone();
+        self.off(move |s| s.put_member(roster, &member)).await
     }
 
-    async fn agent_key(&self, hash: &[u8; 32]) -> Result<Option<AgentKey>, StoreError> {
-        let hash = *hash;
-        self.off(move |s| s.agent_key(&hash)).await
+    async fn member(&self, roster: Roster, key: &[u8; 32]) -> Result<Option<Member>, StoreError> {
+        let key = *key;
+        self.off(move |s| s.member(roster, &key)).await
     }
 
-    async fn revoke_agent_key(&self, name: &str, now: u64) -> Result<bool, StoreError> {
+    async fn revoke_member(
+        &self,
+        roster: Roster,
+        name: &str,
+        now: u64,
+    ) -> Result<bool, StoreError> {
         let name = name.to_owned();
-        self.off(move |s| s.revoke_agent_key(&name, now)).await
+        self.off(move |s| s.revoke_member(roster, &name, now)).await
     }
 
-    async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError> {
-        self.off(|s| s.agent_keys()).await
+    async fn members(&self, roster: Roster) -> Result<Vec<Member>, StoreError> {
+        self.off(move |s| s.members(roster)).await
+    }
+
+    async fn put_decision(&self, decision: &DecisionRecord) -> Result<(), StoreError> {
+        let decision = decision.clone();
+        self.off(move |s| s.put_decision(&decision)).await
+    }
+
+    async fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
+        self.off(move |s| s.decisions(limit)).await
     }
 }

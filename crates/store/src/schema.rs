@@ -157,6 +157,35 @@ const STEPS: &[Step] = &[
         ) STRICT;
     ",
     },
+    Step {
+        purpose: "approvers of a team's server, and their signed decisions",
+        sql: "
+        -- An approver is its desk's Ed25519 public key; a revoked one stays, so neither its
+        -- name nor its key is ever reused.
+        CREATE TABLE approver (
+            name           TEXT    NOT NULL PRIMARY KEY,
+            public_key     BLOB    NOT NULL UNIQUE CHECK (length(public_key) = 32),
+            created_at_ms  INTEGER NOT NULL,
+            revoked_at_ms  INTEGER
+        ) STRICT;
+        -- Each verified decision, with its signature: only ever added to.
+        CREATE TABLE approver_decision (
+            id             INTEGER PRIMARY KEY,
+            approver       TEXT    NOT NULL,
+            server         TEXT    NOT NULL,
+            request        INTEGER NOT NULL,
+            verdict        TEXT    NOT NULL CHECK (verdict IN ('approve', 'deny')),
+            plan           TEXT    NOT NULL CHECK (length(plan) = 64),
+            tenant         TEXT    NOT NULL,
+            tool           TEXT    NOT NULL,
+            target         TEXT    NOT NULL,
+            class          TEXT    NOT NULL CHECK (class IN ('open', 'token', 'once')),
+            expires_at_ms  INTEGER NOT NULL,
+            signature      BLOB    NOT NULL CHECK (length(signature) = 64),
+            decided_at_ms  INTEGER NOT NULL
+        ) STRICT;
+    ",
+    },
 ];
 
 /// The schema version this build writes and understands.

@@ -18,9 +18,9 @@ use crate::error::ms_to_sql;
 use crate::grant::{self, COLUMNS, MAX_READ};
 use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
 use crate::{
-    Accepted, AgentKey, Approval, Grant, GrantEnd, HistoryFilter, MAX_HISTORY_ROWS, MAX_PINS,
-    MAX_PINS_PER_SERVER, Pruned, Records, StoreError, ToolPin, accepted, agent_key, approval,
-    capped, history,
+    Accepted, Approval, DecisionRecord, Grant, GrantEnd, HistoryFilter, MAX_DECISION_ROWS,
+    MAX_HISTORY_ROWS, MAX_PINS, MAX_PINS_PER_SERVER, Member, Pruned, Records, Roster, StoreError,
+    ToolPin, accepted, approval, capped, decision, history, roster,
 };
 
 fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Error> {
@@ -536,49 +536,100 @@ impl Records for Postgres {
         .map(|_| ())
     }
 
-    async fn put_agent_key(&self, key: &AgentKey) -> Result<bool, StoreError> {
-        let created = agent_key::checked(key)?;
-        let hash = key.hash.as_slice();
-        let inserted = on_connection!(self, |conn| conn.execute(
-            "INSERT INTO agent_key (name, hash, created_at_ms) VALUES ($1, $2, $3)
-             ON CONFLICT DO NOTHING",
-            &[&key.name, &hash, &created],
-        ))?;
+    async fn put_member(&self, roster: Roster, member: &Member) -> Result<bool, StoreError> {
+        let created = roster::checked(roster, member)?;
+        let sql = roster::statements(roster, '$').insert;
+        let key = member.key.as_slice();
+        let inserted = on_connection!(self, |conn| conn
+            .execute(sql.as_str(), &[&member.name, &key, &created],))?;
         Ok(inserted == 1)
     }
 
-    async fn agent_key(&self, hash: &[u8; 32]) -> Result<Option<AgentKey>, StoreError> {
-        let hash = hash.as_slice();
-        let row = on_connection!(self, |conn| conn.query_opt(
-            "SELECT name, hash, created_at_ms, revoked_at_ms FROM agent_key WHERE hash = $1",
-            &[&hash],
-        ))?;
-        row.map(|r| agent_key_row(&r)).transpose()
+    async fn member(&self, roster: Roster, key: &[u8; 32]) -> Result<Option<Member>, StoreError> {
+        let sql = roster::statements(roster, '$').by_key;
+        let key = key.as_slice();
+        let row = on_connection!(self, |conn| conn.query_opt(sql.as_str(), &[&key]))?;
+        row.map(|r| member_row(roster, &r)).transpose()
     }
 
-    async fn revoke_agent_key(&self, name: &str, now: u64) -> Result<bool, StoreError> {
+    async fn revoke_member(
+        &self,
+        roster: Roster,
+        name: &str,
+        now: u64,
+    ) -> Result<bool, StoreError> {
         let now = ms_to_sql(now)?;
         let name = text(name);
-        let changed = on_connection!(self, |conn| conn.execute(
-            "UPDATE agent_key SET revoked_at_ms = $2 WHERE name = $1 AND revoked_at_ms IS NULL",
-            &[&name.as_ref(), &now],
-        ))?;
+        let sql = roster::statements(roster, '$').revoke;
+        let changed = on_connection!(self, |conn| conn
+            .execute(sql.as_str(), &[&name.as_ref(), &now],))?;
         Ok(changed == 1)
     }
 
-    async fn agent_keys(&self) -> Result<Vec<AgentKey>, StoreError> {
-        let rows = on_connection!(self, |conn| conn.query(
-            "SELECT name, hash, created_at_ms, revoked_at_ms FROM agent_key ORDER BY name",
-            &[],
-        ))?;
-        rows.iter().map(agent_key_row).collect()
+    async fn members(&self, roster: Roster) -> Result<Vec<Member>, StoreError> {
+        let sql = roster::statements(roster, '$').all;
+        let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[]))?;
+        rows.iter().map(|r| member_row(roster, r)).collect()
+    }
+
+    async fn put_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
+        let row = decision::to_row(d)?;
+        let sql = format!(
+            "INSERT INTO approver_decision ({})
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            decision::COLUMNS
+        );
+        let (approver, server) = (text(&d.approver), text(&d.server));
+        let (tenant, tool, target) = (text(&d.tenant), text(&d.tool), text(&d.target));
+        let signature = d.signature.as_slice();
+        on_connection!(self, |conn| conn.execute(
+            sql.as_str(),
+            &[
+                &approver.as_ref(),
+                &server.as_ref(),
+                &row.request,
+                &row.verdict,
+                &row.plan,
+                &tenant.as_ref(),
+                &tool.as_ref(),
+                &target.as_ref(),
+                &row.class,
+                &row.expires_at_ms,
+                &signature,
+                &row.decided_at_ms,
+            ],
+        ))
+        .map(|_| ())
+    }
+
+    async fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
+        let limit = limit.min(MAX_DECISION_ROWS) as i64;
+        let sql = format!(
+            "SELECT {} FROM (SELECT * FROM approver_decision ORDER BY id DESC LIMIT $1) AS newest
+             ORDER BY id",
+            decision::COLUMNS
+        );
+        let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[&limit]))?;
+        rows.iter().map(decision_row).collect()
     }
 }
 
-fn agent_key_row(r: &tokio_postgres::Row) -> Result<AgentKey, StoreError> {
+fn member_row(roster: Roster, r: &tokio_postgres::Row) -> Result<Member, StoreError> {
     let get = |r: &tokio_postgres::Row| -> Result<_, tokio_postgres::Error> {
         Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))
     };
-    let (name, hash, created, revoked) = get(r).map_err(StoreError::Postgres)?;
-    agent_key::from_row(name, hash, created, revoked)
+    let (name, key, created, revoked) = get(r).map_err(StoreError::Postgres)?;
+    roster::from_row(roster, name, key, created, revoked)
+}
+
+fn decision_row(r: &tokio_postgres::Row) -> Result<DecisionRecord, StoreError> {
+    let get = |r: &tokio_postgres::Row| -> Result<_, tokio_postgres::Error> {
+        Ok((
+            (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?),
+            (r.try_get(4)?, r.try_get(5)?, r.try_get(6)?, r.try_get(7)?),
+            (r.try_get(8)?, r.try_get(9)?, r.try_get(10)?, r.try_get(11)?),
+        ))
+    };
+    let ((a, s, rq, v), (p, te, to, ta), (c, e, sig, at)) = get(r).map_err(StoreError::Postgres)?;
+    decision::from_row(a, s, rq, v, p, te, to, ta, c, e, sig, at)
 }

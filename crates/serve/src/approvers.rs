@@ -1,0 +1,523 @@
+//! The approver listener: where people's desks connect to see this server's waiting calls and
+//! send their decisions.
+//!
+//! Nothing an agent holds opens it. The listener speaks mutual TLS only, and a client is let in
+//! only with a certificate whose key is a registered, unrevoked approver's Ed25519 key (a desk
+//! makes a self-signed certificate of its approver key; the team registers the key with
+//! `countersign serve approver add`). No bearer token is read here at all.
+//!
+//! A decision counts only when it is signed: the desk signs what the person read (the request,
+//! its plan hash, tenant, tool, target, class, and until when the decision holds) with the same
+//! key, over the name of this server (`--approver-url`). The server checks the signature against
+//! the key of the connection it came on and that key's current registration, checks every
+//! signed field against the waiting request, and keeps the decision in its records before the
+//! engine mints anything. Policy may ask for several distinct approvers (`approvers = M`); the
+//! token is minted when the M-th approval arrives. One deny ends the request.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::Extension;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
+use axum::routing::{get, post};
+use base64::Engine as _;
+use countersign_core::approver::{self, BadDecision, Decision, Verdict};
+use countersign_core::{GateClass, PlanHash};
+use countersign_engine::{ApproveError, Engine, PendingRequest};
+use countersign_store::{DecisionRecord, Records, Roster};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::http::{json_response, refuse};
+
+/// Where a desk reads the waiting calls.
+pub const REQUESTS_PATH: &str = "/approver/v1/requests";
+
+/// Where a desk sends a signed decision.
+pub const DECISIONS_PATH: &str = "/approver/v1/decisions";
+
+/// The longest a decision may stay good for: one signed for later is refused.
+pub const MAX_DECISION_TTL_MS: u64 = 10 * 60 * 1_000;
+
+/// The longest a desk's read of the waiting calls is held open waiting for a change.
+pub const MAX_WAIT: Duration = Duration::from_secs(25);
+
+/// The largest decision accepted, in bytes.
+pub const MAX_DECISION_BYTES: usize = 16 * 1024;
+
+/// The longest note a deny may carry to the agent, in characters.
+pub const MAX_NOTE_CHARS: usize = 500;
+
+/// How often the keys the TLS layer lets in are read again from the records (a revocation also
+/// takes effect at once for decisions: each is checked against the records themselves).
+pub const REFRESH: Duration = Duration::from_secs(2);
+
+/// The public key of the approver a connection was made with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub [u8; 32]);
+
+/// The Ed25519 public key a DER certificate is for, if it is an Ed25519 certificate.
+pub fn ed25519_key(cert: &CertificateDer<'_>) -> Option<[u8; 32]> {
+    // SubjectPublicKeyInfo of an Ed25519 key (RFC 8410): SEQUENCE { SEQUENCE { OID 1.3.101.112 },
+    // BIT STRING (0 unused bits) key }.
+    const PREFIX: [u8; 12] = [
+        0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+    ];
+    let parsed = webpki::EndEntityCert::try_from(cert).ok()?;
+    let spki = parsed.subject_public_key_info();
+    let key = spki.as_ref().strip_prefix(&PREFIX[..])?;
+    key.try_into().ok()
+}
+
+/// The keys the listener lets in: registered, unrevoked approvers', by key.
+pub type Admitted = Arc<RwLock<HashMap<[u8; 32], String>>>;
+
+/// rustls's check of a desk's certificate: its key must be an admitted approver's, and the
+/// handshake must be signed with it (which proves the desk holds the private key). The
+/// certificate's issuer and dates are not the trust: the key is.
+#[derive(Debug)]
+pub struct PinnedApprovers {
+    admitted: Admitted,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl PinnedApprovers {
+    /// Lets in the keys in `admitted`, as it is at each handshake.
+    pub fn new(admitted: Admitted) -> Self {
+        PinnedApprovers {
+            admitted,
+            algorithms: rustls::crypto::ring::default_provider().signature_verification_algorithms,
+        }
+    }
+}
+
+impl ClientCertVerifier for PinnedApprovers {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let refused = || {
+            rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            )
+        };
+        let key = ed25519_key(end_entity).ok_or_else(refused)?;
+        let admitted = self.admitted.read().unwrap_or_else(|p| p.into_inner());
+        if admitted.contains_key(&key) {
+            Ok(ClientCertVerified::assertion())
+        } else {
+            tracing::warn!(target: "approvers", key = %approver::public_key_text(&key), "a desk whose key is not a registered approver's was refused");
+            Err(refused())
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+/// Reads the admitted keys from `records` into `admitted`. A read that fails keeps the last keys
+/// (and says so).
+pub async fn refresh(records: &Arc<dyn Records>, admitted: &Admitted) {
+    match records.members(Roster::Approvers).await {
+        Ok(members) => {
+            let keys = members
+                .into_iter()
+                .filter(|m| m.is_active())
+                .map(|m| (m.key, m.name))
+                .collect();
+            *admitted.write().unwrap_or_else(|p| p.into_inner()) = keys;
+        }
+        Err(e) => tracing::warn!(target: "approvers", error = %e, "cannot read the approvers"),
+    }
+}
+
+/// [`refresh`] every [`REFRESH`], until the task is dropped.
+pub async fn keep_admitted(records: Arc<dyn Records>, admitted: Admitted) {
+    loop {
+        tokio::time::sleep(REFRESH).await;
+        refresh(&records, &admitted).await;
+    }
+}
+
+/// The approvals a waiting request has gathered so far.
+#[derive(Debug, Default)]
+struct Votes {
+    plan: Option<PlanHash>,
+    by: BTreeSet<String>,
+}
+
+/// What the approver listener serves.
+pub struct Approvers {
+    /// The authority whose requests wait here.
+    pub engine: Engine,
+    /// The records: approvers, and where decisions are kept.
+    pub records: Arc<dyn Records>,
+    /// This server's name in decisions: its `--approver-url`.
+    pub server: String,
+    votes: Mutex<HashMap<u64, Votes>>,
+}
+
+impl Approvers {
+    /// The listener's state.
+    pub fn new(engine: Engine, records: Arc<dyn Records>, server: String) -> Self {
+        Approvers {
+            engine,
+            records,
+            server,
+            votes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn votes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Votes>> {
+        self.votes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The waiting calls as a desk sees them, and a digest that changes whenever they do.
+    fn waiting(&self) -> (Vec<serde_json::Value>, String) {
+        let pending: Vec<PendingRequest> = self
+            .engine
+            .pending()
+            .into_iter()
+            .filter(|r| r.call().is_some())
+            .collect();
+        let mut votes = self.votes();
+        // Votes for requests that left the queue (decided, withdrawn) are dropped here.
+        votes.retain(|id, _| pending.iter().any(|r| r.id == *id));
+        let requests: Vec<serde_json::Value> = pending
+            .iter()
+            .map(|r| {
+                let by: Vec<&String> = votes
+                    .get(&r.id)
+                    .filter(|v| r.call().map(|c| c.plan_hash) == v.plan)
+                    .map(|v| v.by.iter().collect())
+                    .unwrap_or_default();
+                json!({ "request": r, "approvedBy": by })
+            })
+            .collect();
+        let digest = Sha256::digest(serde_json::to_vec(&requests).unwrap_or_default());
+        (requests, hex16(&digest))
+    }
+
+    /// The approver on the records for `peer`, if it is still active.
+    async fn approver(&self, peer: Peer) -> Result<String, Response> {
+        match self.records.member(Roster::Approvers, &peer.0).await {
+            Ok(Some(m)) if m.is_active() => Ok(m.name),
+            Ok(_) => Err(refuse(
+                StatusCode::FORBIDDEN,
+                "approver_revoked",
+                "this desk's key is not a registered approver's (revoked, or never added): \
+                 nothing it sends counts",
+            )),
+            Err(e) => {
+                tracing::warn!(target: "approvers", error = %e, "cannot read the approvers");
+                Err(refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "records_unavailable",
+                    "the server cannot read its approvers now; nothing was decided. Try again.",
+                ))
+            }
+        }
+    }
+}
+
+fn hex16(bytes: &[u8]) -> String {
+    bytes[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The listener's routes; each request carries the connection's [`Peer`].
+pub fn router(approvers: Arc<Approvers>) -> Router {
+    Router::new()
+        .route(REQUESTS_PATH, get(requests))
+        .route(DECISIONS_PATH, post(decide))
+        .with_state(approvers)
+}
+
+/// `GET /approver/v1/requests[?wait=SECONDS&seen=DIGEST]`: the waiting calls. With `seen` equal
+/// to the current digest and a `wait`, the answer waits (at most [`MAX_WAIT`]) until they change.
+async fn requests(
+    State(a): State<Arc<Approvers>>,
+    Extension(peer): Extension<Peer>,
+    uri: Uri,
+) -> Response {
+    if let Err(refused) = a.approver(peer).await {
+        return refused;
+    }
+    let (mut wait, mut seen) = (Duration::ZERO, None);
+    for pair in uri.query().unwrap_or_default().split('&') {
+        match pair.split_once('=') {
+            Some(("wait", n)) => {
+                wait = Duration::from_secs(n.parse().unwrap_or(0)).min(MAX_WAIT);
+            }
+            Some(("seen", d)) => seen = Some(d.to_owned()),
+            _ => {}
+        }
+    }
+    // Subscribed before the first look: a change between the look and the wait is not missed.
+    let mut changes = a.engine.subscribe();
+    let (mut list, mut digest) = a.waiting();
+    if seen.as_deref() == Some(digest.as_str()) && !wait.is_zero() {
+        let _ = tokio::time::timeout(wait, changes.recv()).await;
+        (list, digest) = a.waiting();
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({ "server": a.server, "digest": digest, "requests": list }),
+    )
+}
+
+/// A decision as a desk sends it: the signed fields, the signature, and a deny's note.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Sent {
+    request: u64,
+    verdict: String,
+    plan: String,
+    tenant: String,
+    tool: String,
+    target: String,
+    class: String,
+    expires_at_ms: u64,
+    #[serde(default)]
+    signature: Option<String>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+fn bad(code: &str, message: &str) -> Response {
+    refuse(StatusCode::BAD_REQUEST, code, message)
+}
+
+/// `POST /approver/v1/decisions`: one signed decision.
+async fn decide(
+    State(a): State<Arc<Approvers>>,
+    Extension(peer): Extension<Peer>,
+    body: Bytes,
+) -> Response {
+    if body.len() > MAX_DECISION_BYTES {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "a decision is a few hundred bytes",
+        );
+    }
+    let Ok(sent) = serde_json::from_slice::<Sent>(&body) else {
+        return bad(
+            "malformed",
+            "not a decision: {request, verdict, plan, tenant, tool, target, class, expiresAtMs, \
+             signature[, note]}",
+        );
+    };
+    let Some(signature) = sent.signature.as_deref() else {
+        return bad(
+            "unsigned",
+            "the decision is not signed: nothing was decided",
+        );
+    };
+    let Some(signature) = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(signature)
+        .ok()
+        .and_then(|s| <[u8; 64]>::try_from(s).ok())
+    else {
+        return bad(
+            "unsigned",
+            "the signature is not 64 bytes of base64url: nothing was decided",
+        );
+    };
+    let verdict = match sent.verdict.as_str() {
+        "approve" => Verdict::Approve,
+        "deny" => Verdict::Deny,
+        _ => return bad("malformed", "verdict is approve or deny"),
+    };
+    let (Some(plan), Some(class)) = (
+        PlanHash::from_hex(&sent.plan),
+        GateClass::from_code(&sent.class),
+    ) else {
+        return bad("malformed", "plan is 64 hex digits; class is token or once");
+    };
+    let note = sent.note.as_deref().map(str::trim).unwrap_or_default();
+    if note.chars().count() > MAX_NOTE_CHARS {
+        return bad("malformed", "a deny's note is at most 500 characters");
+    }
+    let name = match a.approver(peer).await {
+        Ok(name) => name,
+        Err(refused) => return refused,
+    };
+    let decision = Decision {
+        server: &a.server,
+        request: sent.request,
+        verdict,
+        plan: &plan,
+        tenant: &sent.tenant,
+        tool: &sent.tool,
+        target: &sent.target,
+        class,
+        expires_at_ms: sent.expires_at_ms,
+    };
+    let now = a.engine.now_ms();
+    // The connection's own key: a signature by any other key (another approver's, or none
+    // registered) is worth nothing on it.
+    if let Err(why) = approver::verify(&peer.0, &decision, &signature, now) {
+        tracing::warn!(target: "approvers", approver = %name, request = sent.request, code = why.code(), "a decision was refused");
+        let status = match why {
+            BadDecision::Expired => StatusCode::CONFLICT,
+            BadDecision::BadKey | BadDecision::BadSignature => StatusCode::FORBIDDEN,
+        };
+        return refuse(status, why.code(), &format!("{why}: nothing was decided"));
+    }
+    if sent.expires_at_ms > now.saturating_add(MAX_DECISION_TTL_MS) {
+        return bad(
+            "expires_too_late",
+            "a decision holds for at most 10 minutes: nothing was decided",
+        );
+    }
+    // Every signed field must be the waiting request's own.
+    let Some(waiting) = a
+        .engine
+        .pending()
+        .into_iter()
+        .find(|r| r.id == sent.request)
+    else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "not_pending",
+            "no call with this id waits here (decided, withdrawn, or never asked)",
+        );
+    };
+    let Some(call) = waiting.call() else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "not_pending",
+            "no call with this id waits here",
+        );
+    };
+    let matches = call.plan_hash == plan
+        && call.tenant == sent.tenant
+        && waiting.plan.tool == sent.tool
+        && waiting.plan.target == sent.target
+        && call.class == class;
+    if !matches {
+        tracing::warn!(target: "approvers", approver = %name, request = sent.request, "a decision over another call than the one waiting was refused");
+        return refuse(
+            StatusCode::CONFLICT,
+            "does_not_match",
+            "the decision is about another call than the one waiting under this id (its plan, \
+             tenant, tool, target or class differ): nothing was decided",
+        );
+    }
+    let record = DecisionRecord {
+        approver: name.clone(),
+        server: a.server.clone(),
+        request: sent.request,
+        verdict,
+        plan,
+        tenant: sent.tenant.clone(),
+        tool: sent.tool.clone(),
+        target: sent.target.clone(),
+        class,
+        expires_at_ms: sent.expires_at_ms,
+        signature,
+        decided_at_ms: now,
+    };
+    // Kept before anything is minted: no token without its signed decision on record.
+    if let Err(e) = a.records.put_decision(&record).await {
+        tracing::warn!(target: "approvers", error = %e, "cannot keep a decision");
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "records_unavailable",
+            "the decision could not be kept, so it does not count: decide again",
+        );
+    }
+    tracing::info!(target: "approvers", approver = %name, request = sent.request, verdict = verdict.code(), "decision accepted");
+    match verdict {
+        Verdict::Deny => {
+            a.votes().remove(&sent.request);
+            let note = if note.is_empty() {
+                format!("denied by approver {name}")
+            } else {
+                format!("denied by approver {name}: {note}")
+            };
+            match a.engine.deny(sent.request, Some(&note)).await {
+                Ok(()) => json_response(StatusCode::OK, &json!({ "outcome": "denied" })),
+                Err(e) => approve_failed(&e),
+            }
+        }
+        Verdict::Approve => {
+            let (count, needed) = {
+                let mut votes = a.votes();
+                let entry = votes.entry(sent.request).or_default();
+                if entry.plan != Some(plan) {
+                    *entry = Votes {
+                        plan: Some(plan),
+                        by: BTreeSet::new(),
+                    };
+                }
+                entry.by.insert(name);
+                (entry.by.len(), usize::from(call.approvers.max(1)))
+            };
+            if count < needed {
+                return json_response(
+                    StatusCode::ACCEPTED,
+                    &json!({ "outcome": "recorded", "approvals": count, "needed": needed }),
+                );
+            }
+            match a.engine.approve(sent.request, Some(&sent.target)).await {
+                Ok(()) => {
+                    a.votes().remove(&sent.request);
+                    json_response(
+                        StatusCode::OK,
+                        &json!({ "outcome": "approved", "approvals": count, "needed": needed }),
+                    )
+                }
+                Err(e) => approve_failed(&e),
+            }
+        }
+    }
+}
+
+fn approve_failed(e: &ApproveError) -> Response {
+    let status = match e {
+        ApproveError::NotPending => StatusCode::NOT_FOUND,
+        ApproveError::TooSoon { .. } | ApproveError::TargetNotTyped => StatusCode::CONFLICT,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    refuse(status, e.code(), &e.to_string())
+}

@@ -1,0 +1,229 @@
+//! `countersign serve agent add|revoke|list` and `countersign serve approver add|revoke|list`:
+//! the server's two rosters (agents' issued keys, approvers' public keys), kept in its own
+//! records (CONTROL_DSN, or `--data-dir`).
+
+use std::io::Write;
+use std::sync::Arc;
+
+use clap::Parser;
+use countersign_core::approver::{parse_public_key, public_key_text};
+use countersign_serve::auth::new_agent_key;
+use countersign_serve::cli::{AgentAction, AgentArgs, ApproverAction, ApproverArgs};
+use countersign_serve::run::open_records;
+use countersign_serve::start::Dsn;
+use countersign_store::{MAX_MEMBER_NAME_CHARS, Member, Records, Roster, valid_member_name};
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What one command does, whichever roster it is about.
+enum Action {
+    Add { name: String, key: Key },
+    Revoke { name: String },
+    List,
+}
+
+/// The key an `add` registers.
+enum Key {
+    /// A fresh agent key, printed once.
+    Fresh,
+    /// An approver's public key, as given.
+    Given(String),
+}
+
+/// Runs `countersign serve agent …`; answers the exit code.
+pub fn agent() -> i32 {
+    let args = AgentArgs::parse_from(
+        std::iter::once(std::ffi::OsString::from("countersign serve agent"))
+            .chain(std::env::args_os().skip(2)),
+    );
+    let action = match args.action {
+        AgentAction::Add { name } => Action::Add {
+            name,
+            key: Key::Fresh,
+        },
+        AgentAction::Revoke { name } => Action::Revoke { name },
+        AgentAction::List => Action::List,
+    };
+    run(Roster::Agents, args.data_dir, action)
+}
+
+/// Runs `countersign serve approver …`; answers the exit code.
+pub fn approver() -> i32 {
+    let args = ApproverArgs::parse_from(
+        std::iter::once(std::ffi::OsString::from("countersign serve approver"))
+            .chain(std::env::args_os().skip(2)),
+    );
+    let action = match args.action {
+        ApproverAction::Add { name, public_key } => Action::Add {
+            name,
+            key: Key::Given(public_key),
+        },
+        ApproverAction::Revoke { name } => Action::Revoke { name },
+        ApproverAction::List => Action::List,
+    };
+    run(Roster::Approvers, args.data_dir, action)
+}
+
+fn run(roster: Roster, data_dir: Option<std::path::PathBuf>, action: Action) -> i32 {
+    let me = match roster {
+        Roster::Agents => "countersign serve agent",
+        Roster::Approvers => "countersign serve approver",
+    };
+    let dsn = std::env::var("CONTROL_DSN")
+        .ok()
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| Dsn::new(zeroize::Zeroizing::new(d)));
+    // SAFETY: no other thread exists yet.
+    unsafe { std::env::remove_var("CONTROL_DSN") };
+    let Some(place) = dsn.as_ref().map(|_| std::path::PathBuf::new()).or(data_dir) else {
+        eprintln!(
+            "{me}: refused (no_records): set CONTROL_DSN (the server's control database) or pass \
+             --data-dir DIR (a read-only server's records)"
+        );
+        return 2;
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{me}: {e}");
+            return 1;
+        }
+    };
+    runtime.block_on(async move {
+        let records = match open_records(dsn.as_ref(), &place).await {
+            Ok(records) => records,
+            Err(e) => {
+                eprintln!("{me}: {e}");
+                return e.exit_code();
+            }
+        };
+        let done = match action {
+            Action::Add { name, key } => add(roster, &records, name, key).await,
+            Action::Revoke { name } => revoke(roster, &records, &name).await,
+            Action::List => list(roster, &records).await,
+        };
+        match done {
+            Ok(()) => 0,
+            Err((code, message)) => {
+                eprintln!("{me}: {message}");
+                code
+            }
+        }
+    })
+}
+
+type Done = Result<(), (i32, String)>;
+
+async fn add(roster: Roster, records: &Arc<dyn Records>, name: String, key: Key) -> Done {
+    if !valid_member_name(&name) {
+        return Err((
+            2,
+            format!(
+                "refused (bad_name): a name is 1 to {MAX_MEMBER_NAME_CHARS} letters, digits, '.', \
+                 '_' or '-'"
+            ),
+        ));
+    }
+    let (shown, stored) = match key {
+        Key::Fresh => {
+            let (key, hash) = new_agent_key();
+            (Some(key), hash)
+        }
+        Key::Given(text) => match parse_public_key(&text) {
+            Some(public) => (None, public),
+            None => {
+                return Err((
+                    2,
+                    "refused (bad_key): not an approver's public key: expected `ed25519:` and 43 \
+                     base64url characters, as `countersign approver enroll` prints it"
+                        .into(),
+                ));
+            }
+        },
+    };
+    let member = Member {
+        name: name.clone(),
+        key: stored,
+        created_at_ms: now_ms(),
+        revoked_at_ms: None,
+    };
+    match records.put_member(roster, &member).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err((
+                2,
+                format!(
+                    "refused (name_taken): {name} or this key is on the roster (or was: a revoked \
+                     name or key is not reused). Choose another name, or enroll the desk again."
+                ),
+            ));
+        }
+        Err(e) => return Err((3, e.to_string())),
+    }
+    match (roster, shown) {
+        (Roster::Agents, Some(key)) => {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", key.as_str());
+            let _ = out.flush();
+            eprintln!(
+                "countersign serve agent: the key of agent {name} (tenant key:{name}) is above, \
+                 shown this once: the server keeps only its hash. The agent sends it as \
+                 `Authorization: Bearer <key>`; the server must run with --agent-keys. Revoke it \
+                 with `countersign serve agent revoke {name}`."
+            );
+        }
+        _ => eprintln!(
+            "countersign serve approver: {name} is registered ({}). Its desk connects to the \
+             approver listener (--approver-listen) with a certificate of this key; revoke it with \
+             `countersign serve approver revoke {name}`.",
+            public_key_text(&stored)
+        ),
+    }
+    Ok(())
+}
+
+async fn revoke(roster: Roster, records: &Arc<dyn Records>, name: &str) -> Done {
+    match records.revoke_member(roster, name, now_ms()).await {
+        Ok(true) => {
+            eprintln!("{name} is revoked");
+            Ok(())
+        }
+        Ok(false) => Err((
+            2,
+            format!("refused (not_found): nobody named {name} is on the roster unrevoked"),
+        )),
+        Err(e) => Err((3, e.to_string())),
+    }
+}
+
+async fn list(roster: Roster, records: &Arc<dyn Records>) -> Done {
+    let members = records
+        .members(roster)
+        .await
+        .map_err(|e| (3, e.to_string()))?;
+    let mut out = std::io::stdout().lock();
+    for m in members {
+        let state = match m.revoked_at_ms {
+            Some(at) => format!("revoked at {at} ms"),
+            None => "active".into(),
+        };
+        let who = match roster {
+            Roster::Agents => format!("key:{}", m.name),
+            Roster::Approvers => public_key_text(&m.key),
+        };
+        let _ = writeln!(
+            out,
+            "{}\t{who}\tcreated at {} ms\t{state}",
+            m.name, m.created_at_ms
+        );
+    }
+    Ok(())
+}
