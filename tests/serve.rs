@@ -2046,3 +2046,157 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     assert!(!log.contains(secret), "the secret was written");
     assert!(!log.contains(&agent_key), "the agent's key was written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_person_approves_a_team_servers_call_in_the_desk_window_and_only_then_it_runs() {
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let db = dir.path().join("tools.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('hello');")
+        .unwrap();
+    let approver_port = free_port();
+    let url = format!("https://localhost:{approver_port}");
+
+    // The desk enrolls: its key goes to the keychain, and it prints the line the team runs.
+    let desk_dir = tempfile::tempdir().unwrap();
+    let enroll = Command::new(bin("countersign"))
+        .args(["approver", "enroll", &url, "--ca", cert.to_str().unwrap()])
+        .env("COUNTERSIGN_DESK_DIR", desk_dir.path())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&enroll.stdout).into_owned();
+    assert_eq!(
+        enroll.status.code(),
+        Some(0),
+        "{printed}{}",
+        String::from_utf8_lossy(&enroll.stderr)
+    );
+    let public = printed
+        .trim()
+        .strip_prefix("countersign serve approver add NAME ")
+        .unwrap_or_else(|| panic!("{printed}"))
+        .to_owned();
+    assert!(countersign_core::approver::parse_public_key(&public).is_some());
+    // Not https, or no certificate authority: refused, nothing enrolled.
+    let refused = Command::new(bin("countersign"))
+        .args([
+            "approver",
+            "enroll",
+            "http://localhost:1",
+            "--ca",
+            cert.to_str().unwrap(),
+        ])
+        .env("COUNTERSIGN_DESK_DIR", desk_dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (code, _, note) = roster_command("approver", &env, &["add", "dana", &public]);
+    assert_eq!(code, 0, "{note}");
+
+    let approver_listen = format!("127.0.0.1:{approver_port}");
+    let args = [
+        "--behind-tls-proxy",
+        "--unauthenticated",
+        "--wait",
+        "60",
+        "--db",
+        db.to_str().unwrap(),
+        "--approver-listen",
+        &approver_listen,
+        "--approver-url",
+        &url,
+        "--approver-cert",
+        cert.to_str().unwrap(),
+        "--approver-key",
+        key.to_str().unwrap(),
+    ];
+    let server = Server::start_before(
+        &args,
+        &[
+            ("CONFIRM_SECRET", "window-approver-secret-0123456789abcdef"),
+            ("CONTROL_DSN", &dsn),
+        ],
+        Some(&[]),
+    );
+    let desk = countersign_tests::window::Desk::start_in(desk_dir, &[]).await;
+
+    let agent = Arc::new(agent(&server.url()).await);
+    let delete = json!({"sql": "DELETE FROM notes"});
+    let asking = {
+        let (agent, delete) = (agent.clone(), delete.clone());
+        tokio::spawn(async move { call(&agent, "execute", delete).await })
+    };
+    // The team server's call shows in the desk's own window, marked with the server.
+    desk.wait_for_request().await;
+    let shown_server = desk.text("#d-server").await;
+    assert!(shown_server.contains(&url), "{shown_server}");
+    assert_eq!(desk.text("#d-tool").await, "execute");
+    assert!(!asking.is_finished());
+    // The same protections as for the desk's own requests: the target typed, the delay waited.
+    let target = desk.text("#d-target").await;
+    if !desk.enabled("#approve").await && desk.exists("#typed:not([hidden])").await {
+        desk.set_value("#typed-target", &target).await;
+    }
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+    let approved = asking.await.unwrap();
+    let content = approved.structured_content.clone().unwrap();
+    assert_eq!(content["approved"], true, "{approved:?}");
+    let mut confirm = delete.clone();
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = content["confirmTarget"].clone();
+    confirm["confirmToken"] = content["confirmToken"].clone();
+    let done = call(&agent, "execute", confirm).await;
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    desk.until("the queue to empty", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+
+    // Denied in the window: the agent is told, with the approver's name.
+    let asking = {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            call(
+                &agent,
+                "execute",
+                json!({"sql": "DELETE FROM notes WHERE id = 9"}),
+            )
+            .await
+        })
+    };
+    desk.wait_for_request().await;
+    desk.click("#deny").await;
+    let denied = asking.await.unwrap();
+    assert_eq!(denied.is_error, Some(true), "{denied:?}");
+    assert!(
+        text_of(&denied).contains("denied by approver dana"),
+        "{denied:?}"
+    );
+
+    // Both decisions are on the server's record under the desk's approver.
+    let records =
+        countersign_store::Postgres::connect(&dsn, countersign_store::PostgresOptions::default())
+            .await
+            .unwrap();
+    use countersign_store::Records as _;
+    let kept: Vec<(String, &str)> = records
+        .decisions(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| (d.approver.clone(), d.verdict.code()))
+        .collect();
+    assert_eq!(
+        kept,
+        [("dana".to_owned(), "approve"), ("dana".to_owned(), "deny")]
+    );
+    desk.stop().await;
+    drop(server);
+}

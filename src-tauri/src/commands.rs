@@ -13,18 +13,17 @@ use countersign_store::HistoryFilter;
 use serde::{Deserialize, Serialize};
 use tauri::State;
 
+use countersign_core::approver::Verdict;
+
 use crate::Desk;
+use crate::approver::Remote;
 use crate::settings::Settings;
 use crate::view::{HistoryRow, RequestView, UiCode, UiError};
 
 /// Every request waiting for a person.
 #[tauri::command]
 pub fn pending(desk: State<'_, Desk>) -> Vec<RequestView> {
-    desk.engine
-        .pending()
-        .iter()
-        .map(RequestView::from)
-        .collect()
+    desk.pending().iter().map(RequestView::from).collect()
 }
 
 /// Runs `work` on the blocking pool; a panic there is a UI error, not a crash of the window.
@@ -54,12 +53,23 @@ pub async fn approve(
             ),
         ));
     }
+    // A team server's request: signed here, decided there (`approver`).
+    if let Some(remote) = desk.remote.as_ref().filter(|_| Remote::owns(id)) {
+        return Ok(remote
+            .decide(id, Verdict::Approve, typed_target.as_deref(), None)
+            .await?);
+    }
     Ok(desk.engine.approve(id, typed_target.as_deref()).await?)
 }
 
 /// A person clicked Deny, with an optional note for the agent.
 #[tauri::command]
 pub async fn deny(desk: State<'_, Desk>, id: u64, note: Option<String>) -> Result<(), UiError> {
+    if let Some(remote) = desk.remote.as_ref().filter(|_| Remote::owns(id)) {
+        return Ok(remote
+            .decide(id, Verdict::Deny, None, note.as_deref())
+            .await?);
+    }
     Ok(desk.engine.deny(id, note.as_deref()).await?)
 }
 

@@ -274,7 +274,7 @@ fn look(app: &AppHandle) {
         Some(w) if w.is_visible().unwrap_or(true) => Seen::Shown,
         Some(_) => Seen::Hidden,
     };
-    let pending = desk.engine.pending().len();
+    let pending = desk.pending().len();
     let lifecycle = app.state::<Lifecycle>();
     if !lifecycle
         .clock

@@ -15,6 +15,7 @@
 //! on a second socket they can reach, for agents that run under accounts of their own.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
+mod approver;
 mod clients;
 mod commands;
 mod focus;
@@ -54,6 +55,8 @@ pub struct Desk {
     registry: Registry,
     _served: socket::Served,
     _agents: Option<socket::Served>,
+    /// The team servers this desk approves for, when it is enrolled with any.
+    remote: Option<approver::Remote>,
 }
 
 impl Desk {
@@ -63,6 +66,11 @@ impl Desk {
         self.engine.set_key(Ok(secret.signing_key()));
         tracing::warn!(target: "desk", "secret rotated: every outstanding token stopped working");
         Ok(())
+    }
+
+    /// Every request waiting for this person: the desk's own, then team servers'.
+    fn pending(&self) -> Vec<countersign_engine::PendingRequest> {
+        pending_of(&self.engine, self.remote.as_ref())
     }
 
     /// Why nothing can be approved right now, if so: no key at all, or a keychain that stopped
@@ -237,19 +245,34 @@ fn notify_if_unseen(app: &AppHandle, request: &countersign_engine::PendingReques
     }
 }
 
+/// The desk's own waiting requests, then those of the team servers it approves for.
+fn pending_of(
+    engine: &Engine,
+    remote: Option<&approver::Remote>,
+) -> Vec<countersign_engine::PendingRequest> {
+    let mut pending = engine.pending();
+    if let Some(remote) = remote {
+        pending.extend(remote.pending());
+    }
+    pending
+}
+
 /// Sends the whole queue to the window (it is small), and updates the counts.
 fn publish_queue(app: &AppHandle, engine: &Engine) {
-    let pending: Vec<view::RequestView> = engine
-        .pending()
-        .iter()
-        .map(view::RequestView::from)
-        .collect();
-    let _ = app.emit("queue://changed", &pending);
+    let pending = match app.try_state::<Desk>() {
+        Some(desk) => desk.pending(),
+        None => engine.pending(),
+    };
+    let views: Vec<view::RequestView> = pending.iter().map(view::RequestView::from).collect();
+    let _ = app.emit("queue://changed", &views);
     update_count(app, engine);
 }
 
 fn update_count(app: &AppHandle, engine: &Engine) {
-    let n = engine.pending().len();
+    let n = match app.try_state::<Desk>() {
+        Some(desk) => desk.pending().len(),
+        None => engine.pending().len(),
+    };
     let title = if n == 0 {
         "Countersign".to_owned()
     } else {
@@ -274,6 +297,23 @@ fn main() {
         unsafe {
             std::env::set_var("WEBKIT_DISABLE_COMPOSITING_MODE", "1");
         }
+    }
+    // `countersign approver …` (enrolling this desk with team servers): done before any window,
+    // with the OS keychain, and the process ends.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("approver") {
+        let code = match (Dirs::new(), KeychainItems::open_default()) {
+            (Ok(dirs), Ok(items)) => approver::command(&dirs.config, &items, &args[1..]),
+            (Err(e), _) => {
+                eprintln!("countersign approver: {e}");
+                1
+            }
+            (_, Err(e)) => {
+                eprintln!("countersign approver: refused (no_keychain): {e}");
+                3
+            }
+        };
+        std::process::exit(code);
     }
     // A request URL to open (`countersign://request/<id>`, from the desktop entry or `countersign
     // open`): read strictly before anything starts; anything else does nothing.
@@ -393,6 +433,7 @@ fn run(
     };
     // What applies is what was last accepted: the policy and servers.json as they are on disk
     // are checked against it below, and an edit made outside the desk waits for the person.
+    let remote_items = items.as_ref().ok().cloned();
     let registry = match Registry::open(&dirs.config, &dirs.store(), items, engine.clone()) {
         Ok(registry) => registry,
         Err(e) => {
@@ -432,7 +473,11 @@ fn run(
     let release_after = idle::release_after(settings.release_after_s);
     let kill_upstreams = served.children().clone();
     let kill_agents_upstreams = agents.as_ref().map(|a| a.children().clone());
+    // The team servers this desk approves for: their waiting calls join the queue.
+    let remote = remote_items
+        .and_then(|items| approver::Remote::start(engine.clone(), dirs.config.clone(), &*items));
     let desk = Desk {
+        remote,
         engine: engine.clone(),
         dirs,
         settings: Mutex::new(settings),

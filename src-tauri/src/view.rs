@@ -509,6 +509,23 @@ impl From<countersign_engine::ApproveError> for UiError {
     }
 }
 
+impl From<crate::approver::RemoteError> for UiError {
+    fn from(e: crate::approver::RemoteError) -> Self {
+        use crate::approver::RemoteError as E;
+        let (code, wait_ms) = match &e {
+            E::NotPending => (UiCode::NotPending, None),
+            E::TargetNotTyped => (UiCode::TargetNotTyped, None),
+            E::TooSoon { wait_ms } => (UiCode::TooSoon, Some(*wait_ms)),
+            // The team server refused or was not reached: nothing was decided, say why.
+            E::Refused { .. } => (UiCode::Failed, None),
+        };
+        UiError {
+            wait_ms,
+            ..UiError::new(code, e.to_string())
+        }
+    }
+}
+
 impl From<&countersign_engine::ApproveError> for UiCode {
     fn from(e: &countersign_engine::ApproveError) -> Self {
         use countersign_engine::ApproveError as E;

@@ -87,6 +87,12 @@ impl Desk {
         Desk::launch(tempfile::tempdir().unwrap(), env, settings, Stdio::null()).await
     }
 
+    /// Starts a desk whose files are under `dir` (prepared by the test: its `config` folder may
+    /// hold files already), with extra environment.
+    pub async fn start_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Desk {
+        Desk::launch(dir, env, None, Stdio::null()).await
+    }
+
     /// Its socket.
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("desk.sock")

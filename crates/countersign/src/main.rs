@@ -104,6 +104,15 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Approve a team server's calls from this desk: `countersign approver enroll URL --ca FILE`
+    /// makes the desk's approver key (in the OS keychain) and prints the line the team runs to
+    /// register it; `countersign approver list`; `countersign approver forget URL`.
+    #[command(disable_help_flag = true)]
+    Approver {
+        /// Passed to the desk's program as they are.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print the configuration that puts Countersign in front of a server your agent uses.
     ///
     /// Example: countersign config --client claude-desktop -- npx -y @modelcontextprotocol/server-filesystem ~/projects
@@ -287,6 +296,20 @@ fn main() {
             eprintln!(
                 "countersign: cannot run the server ({}): {err}",
                 serve.display()
+            );
+            1
+        }
+        Command::Approver { args } => {
+            // The approver key lives in the keychain, which the desk's program reaches and this
+            // one (which agents start) does not link.
+            let desk = launch::desk_program();
+            let err = std::process::Command::new(&desk)
+                .arg("approver")
+                .args(args)
+                .exec();
+            eprintln!(
+                "countersign: cannot run the desk's program ({}): {err}",
+                desk.display()
             );
             1
         }

@@ -96,6 +96,13 @@ impl Engine {
             .held_at_ms = self.now();
     }
 
+    /// How long until a request that arrived at `arrived_at_ms` may be approved, now (0: now):
+    /// the approve delay from its arrival and from the window's last show or focus. The desk
+    /// holds a team server's requests to it too, before it signs a decision on one.
+    pub fn approve_wait(&self, arrived_at_ms: u64) -> u64 {
+        self.approve_wait_ms(arrived_at_ms, self.now())
+    }
+
     /// How long until request `arrived_at_ms` may be approved (0: now).
     pub(crate) fn approve_wait_ms(&self, arrived_at_ms: u64, now: u64) -> u64 {
         let live = self.inner.live.read().unwrap_or_else(|p| p.into_inner());

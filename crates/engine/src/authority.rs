@@ -186,4 +186,11 @@ impl Engine {
         // No subscriber is not an error: the window may not be open yet.
         let _ = self.inner.changes.send(change);
     }
+
+    /// Tells whoever follows the queue (the window) of a change to requests kept outside this
+    /// engine: a team server's, which the desk shows beside its own. It decides nothing: a
+    /// subscriber reads the queue again and may notify the person.
+    pub fn announce(&self, change: QueueChange) {
+        self.publish(change);
+    }
 }

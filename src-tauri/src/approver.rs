@@ -1,0 +1,660 @@
+//! This desk as an approver of team servers (`countersign serve`).
+//!
+//! A person enrolls the desk with a server once: `countersign approver enroll URL --ca FILE`
+//! makes the desk's approver key (Ed25519, kept in the OS keychain like the desk's own secret;
+//! one key per desk, whatever the number of servers), remembers the server and the certificate
+//! authority its listener's certificate comes from (`approvers.json` in the desk's configuration
+//! folder; nothing secret), and prints the line the team runs to register the key:
+//! `countersign serve approver add NAME ed25519:…`.
+//!
+//! The desk's certificate is not issued by anyone: the desk makes a self-signed certificate of
+//! the approver key itself, and the server lets in exactly the keys it registered (pinning). So
+//! nothing is to be requested, renewed or revoked at a certificate authority; revoking the
+//! approver on the server is enough.
+//!
+//! While the desk runs, it reads each enrolled server's waiting calls over mutual TLS and puts
+//! them in its own queue, marked with the server, beside local ones ([`Remote`]). Approve and
+//! Deny on such a request sign the decision with the approver key and send it to the server,
+//! which checks it before anything is minted there. This desk never mints for them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use countersign_core::approver::{self, ApproverKey, Decision, Verdict};
+use countersign_core::{GateClass, Plan, PlanHash};
+use countersign_engine::{Asks, CallRequest, Engine, PendingRequest, QueueChange, Removal};
+use countersign_secret::Items;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use zeroize::Zeroizing;
+
+/// The keychain item that holds the approver key's 32 secret bytes (base64).
+pub const KEY_ITEM: &str = "approver-key";
+
+/// The file, in the desk's configuration folder, that lists the servers this desk approves for.
+pub const FILE: &str = "approvers.json";
+
+/// Where a remote request's id starts: above every id the local queue will ever give, and
+/// within what the window's JavaScript holds exactly (2^53).
+pub const REMOTE_IDS: u64 = 1 << 52;
+
+/// How long a signed decision holds: long enough to cross the network, short enough that a
+/// decision held back is soon worth nothing.
+pub const DECISION_TTL_MS: u64 = 60_000;
+
+/// How long one read of a server's waiting calls is held open.
+const WAIT_S: u64 = 25;
+
+/// How long one exchange with a server may take, beyond [`WAIT_S`].
+const EXCHANGE: Duration = Duration::from_secs(WAIT_S + 10);
+
+/// One server this desk approves for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Enrolled {
+    /// The approver listener's URL, exactly as the server names itself (`--approver-url`).
+    pub url: String,
+    /// The certificate authority (PEM) that issued the listener's certificate.
+    pub ca_pem: String,
+}
+
+/// `approvers.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Enrollments {
+    /// By URL.
+    pub servers: BTreeMap<String, Enrolled>,
+}
+
+impl Enrollments {
+    /// The enrollments in `config` (none when the file is missing).
+    pub fn load(config: &Path) -> Result<Enrollments, String> {
+        match std::fs::read_to_string(config.join(FILE)) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| format!("{FILE}: {e}")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Enrollments::default()),
+            Err(e) => Err(format!("{FILE}: {e}")),
+        }
+    }
+
+    fn save(&self, config: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(config).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        let temporary = config.join(format!("{FILE}.tmp"));
+        std::fs::write(&temporary, text + "\n").map_err(|e| e.to_string())?;
+        std::fs::rename(&temporary, config.join(FILE)).map_err(|e| e.to_string())
+    }
+}
+
+/// The desk's approver key from the keychain; made and stored first when `create` and there is
+/// none.
+pub fn key(items: &dyn Items, create: bool) -> Result<Option<ApproverKey>, String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    match items.get(KEY_ITEM).map_err(|e| e.to_string())? {
+        Some(text) => {
+            let bytes = Zeroizing::new(
+                b64.decode(text.trim())
+                    .map_err(|_| "the approver key in the keychain is damaged".to_owned())?,
+            );
+            let seed: [u8; 32] = bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| "the approver key in the keychain is damaged".to_owned())?;
+            Ok(Some(ApproverKey::from_seed(&seed)))
+        }
+        None if create => {
+            let key = ApproverKey::from_seed(&rand::random());
+            let text = Zeroizing::new(b64.encode(key.seed().as_slice()));
+            items.set(KEY_ITEM, &text).map_err(|e| e.to_string())?;
+            Ok(Some(key))
+        }
+        None => Ok(None),
+    }
+}
+
+/// `countersign approver enroll URL --ca FILE` and `countersign approver list|forget URL`, run by
+/// the desk's program before any window: answers the exit code.
+pub fn command(config: &Path, items: &dyn Items, args: &[String]) -> i32 {
+    let me = "countersign approver";
+    let usage = format!(
+        "usage: {me} enroll URL --ca FILE | {me} list | {me} forget URL\n  enroll: approve the \
+         calls of the team server whose approver listener is URL (https://…; FILE: the PEM \
+         certificate authority of its certificate)"
+    );
+    let mut enrollments = match Enrollments::load(config) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("{me}: {e}");
+            return 1;
+        }
+    };
+    match args {
+        [verb, url, ca_flag, ca] if verb == "enroll" && ca_flag == "--ca" => {
+            if !url.starts_with("https://") || url.len() <= 8 || url.contains(char::is_whitespace) {
+                eprintln!("{me}: refused (not_https): the approver listener's URL is https://…");
+                return 2;
+            }
+            let ca_pem = match std::fs::read_to_string(ca) {
+                Ok(text) if CertificateDer::pem_slice_iter(text.as_bytes()).any(|c| c.is_ok()) => {
+                    text
+                }
+                _ => {
+                    eprintln!("{me}: refused (bad_ca): {ca} holds no PEM certificate");
+                    return 2;
+                }
+            };
+            let key = match key(items, true) {
+                Ok(Some(key)) => key,
+                Ok(None) | Err(_) => {
+                    eprintln!(
+                        "{me}: refused (no_keychain): the approver key cannot be kept in the OS \
+                         keychain; unlock it (or start its service) and enroll again"
+                    );
+                    return 3;
+                }
+            };
+            enrollments.servers.insert(
+                url.clone(),
+                Enrolled {
+                    url: url.clone(),
+                    ca_pem,
+                },
+            );
+            if let Err(e) = enrollments.save(config) {
+                eprintln!("{me}: cannot write {FILE}: {e}");
+                return 1;
+            }
+            let public = approver::public_key_text(&key.public());
+            println!("countersign serve approver add NAME {public}");
+            eprintln!(
+                "{me}: enrolled with {url}. Ask the team that runs it to register this desk with \
+                 the line above (NAME: yours). The desk connects to it from now on, and shows its \
+                 waiting calls beside your own."
+            );
+            0
+        }
+        [verb] if verb == "list" => {
+            let public = match key(items, false) {
+                Ok(Some(key)) => approver::public_key_text(&key.public()),
+                Ok(None) => "(no approver key yet)".into(),
+                Err(e) => format!("(the keychain: {e})"),
+            };
+            println!("key\t{public}");
+            for url in enrollments.servers.keys() {
+                println!("server\t{url}");
+            }
+            0
+        }
+        [verb, url] if verb == "forget" => {
+            if enrollments.servers.remove(url).is_none() {
+                eprintln!("{me}: refused (not_found): this desk is not enrolled with {url}");
+                return 2;
+            }
+            if let Err(e) = enrollments.save(config) {
+                eprintln!("{me}: cannot write {FILE}: {e}");
+                return 1;
+            }
+            eprintln!("{me}: {url} forgotten (the key stays: other servers may know it)");
+            0
+        }
+        _ => {
+            eprintln!("{usage}");
+            2
+        }
+    }
+}
+
+/// A request waiting on a team server, as this desk holds it.
+#[derive(Debug, Clone)]
+struct Waiting {
+    /// As the window shows it (its id in this desk's remote range).
+    shown: PendingRequest,
+    /// The server's own id for it.
+    remote_id: u64,
+    /// The server.
+    url: String,
+}
+
+/// What the window's queue holds from team servers, and how to reach them.
+#[derive(Clone)]
+pub struct Remote {
+    engine: Engine,
+    key: Arc<ApproverKey>,
+    waiting: Arc<Mutex<BTreeMap<u64, Waiting>>>,
+    clients: Arc<Mutex<BTreeMap<String, Arc<rustls::ClientConfig>>>>,
+    next_id: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Why a decision on a remote request did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// No such remote request waits.
+    #[error("no request with this id waits on a team server")]
+    NotPending,
+    /// Policy asks for the target typed, and what was typed differs.
+    #[error("the target must be typed exactly to approve this request")]
+    TargetNotTyped,
+    /// Sooner than the approve delay.
+    #[error("too soon: Approve works {wait_ms} ms from now")]
+    TooSoon {
+        /// How long until it does.
+        wait_ms: u64,
+    },
+    /// The server refused the decision, or could not be reached: nothing was decided.
+    #[error("the team server did not take the decision ({code}): {message}")]
+    Refused {
+        /// The server's code, or `unreachable`.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+}
+
+impl Remote {
+    /// Whether `id` names a request of a team server.
+    pub fn owns(id: u64) -> bool {
+        id >= REMOTE_IDS
+    }
+
+    /// Starts reading the waiting calls of every enrolled server in `config` (and of servers
+    /// enrolled later: the file is read again now and then). `None` when this desk is enrolled
+    /// nowhere or has no approver key.
+    pub fn start(engine: Engine, config: PathBuf, items: &dyn Items) -> Option<Remote> {
+        let enrollments = Enrollments::load(&config)
+            .map_err(|e| tracing::warn!(target: "approver", "{e}"))
+            .ok()?;
+        if enrollments.servers.is_empty() {
+            return None;
+        }
+        let key = match key(items, false) {
+            Ok(Some(key)) => Arc::new(key),
+            Ok(None) => {
+                tracing::warn!(target: "approver", "enrolled with team servers, but the keychain holds no approver key: enroll again");
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(target: "approver", "the approver key: {e}");
+                return None;
+            }
+        };
+        let remote = Remote {
+            engine,
+            key,
+            waiting: Default::default(),
+            clients: Default::default(),
+            next_id: Arc::new(std::sync::atomic::AtomicU64::new(REMOTE_IDS)),
+        };
+        let supervisor = remote.clone();
+        tauri::async_runtime::spawn(async move { supervisor.supervise(config).await });
+        Some(remote)
+    }
+
+    /// Keeps one reader per enrolled server, reading the enrollments again every 10 s.
+    async fn supervise(self, config: PathBuf) {
+        let mut running: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
+        loop {
+            let enrolled = Enrollments::load(&config).unwrap_or_default();
+            running.retain(|url, task| {
+                let keep = enrolled.servers.contains_key(url);
+                if !keep {
+                    task.abort();
+                }
+                keep
+            });
+            for (url, server) in enrolled.servers {
+                if running.contains_key(&url) {
+                    continue;
+                }
+                match self.client(&server) {
+                    Ok(client) => {
+                        self.clients
+                            .lock()
+                            .unwrap()
+                            .insert(url.clone(), client.clone());
+                        let reader = self.clone();
+                        let task = tokio::spawn({
+                            let url = url.clone();
+                            async move { reader.read(url, client).await }
+                        });
+                        running.insert(url, task);
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "approver", server = %url, "cannot connect: {e}")
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+    }
+
+    /// The TLS client for `server`: its CA as the only root, this desk's key as its client
+    /// certificate.
+    fn client(&self, server: &Enrolled) -> Result<Arc<rustls::ClientConfig>, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()).flatten() {
+            roots.add(cert).map_err(|e| e.to_string())?;
+        }
+        let pkcs8 = self.key.pkcs8_der();
+        let pair = rcgen::KeyPair::try_from(pkcs8.as_slice()).map_err(|e| e.to_string())?;
+        let cert = rcgen::CertificateParams::new(vec!["countersign-approver".to_owned()])
+            .map_err(|e| e.to_string())?
+            .self_signed(&pair)
+            .map_err(|e| e.to_string())?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(pkcs8.to_vec().into()),
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(config))
+    }
+
+    /// One exchange with the server at `url` (path and query after it): the status and JSON.
+    async fn exchange(
+        client: Arc<rustls::ClientConfig>,
+        url: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), String> {
+        let uri: hyper::Uri = format!("{}{path}", url.trim_end_matches('/'))
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        let host = uri.host().ok_or("no host")?.to_owned();
+        let port = uri.port_u16().unwrap_or(443);
+        let work = async {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(|e| e.to_string())?;
+            let name = ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+            let tls = tokio_rustls::TlsConnector::from(client)
+                .connect(name, tcp)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tokio::spawn(connection);
+            let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+            let request = hyper::Request::builder()
+                .method(method)
+                .uri(path)
+                .header(hyper::header::HOST, format!("{host}:{port}"))
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(bytes)))
+                .map_err(|e| e.to_string())?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+        };
+        tokio::time::timeout(EXCHANGE, work)
+            .await
+            .map_err(|_| "no answer in time".to_owned())?
+    }
+
+    /// Reads `url`'s waiting calls for as long as the desk runs, waiting on the server for
+    /// changes; a failure clears them from the queue and tries again, backing off.
+    async fn read(self, url: String, client: Arc<rustls::ClientConfig>) {
+        let mut seen = String::new();
+        let mut pause = Duration::from_secs(1);
+        loop {
+            let path = format!("/approver/v1/requests?wait={WAIT_S}&seen={seen}");
+            match Self::exchange(client.clone(), &url, "GET", &path, None).await {
+                Ok((200, body)) => {
+                    pause = Duration::from_secs(1);
+                    seen = body["digest"].as_str().unwrap_or_default().to_owned();
+                    if body["server"].as_str() != Some(url.as_str()) {
+                        tracing::warn!(target: "approver", server = %url, "the server names itself otherwise: its requests are not shown");
+                        self.replace(&url, Vec::new());
+                    } else {
+                        let list = body["requests"].as_array().cloned().unwrap_or_default();
+                        self.replace(&url, list);
+                    }
+                    continue;
+                }
+                Ok((status, body)) => {
+                    tracing::warn!(target: "approver", server = %url, status, code = %body["error"], "the server refused this desk");
+                }
+                Err(e) => tracing::warn!(target: "approver", server = %url, "unreachable: {e}"),
+            }
+            self.replace(&url, Vec::new());
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    /// The server at `url` now has `list` waiting: the queue follows, and the window hears of
+    /// what arrived and what left.
+    fn replace(&self, url: &str, list: Vec<Value>) {
+        let mut changes = Vec::new();
+        {
+            let mut waiting = self.waiting.lock().unwrap();
+            let mut kept = Vec::new();
+            for item in list {
+                let Some(parsed) = parse(&item["request"], url) else {
+                    tracing::warn!(target: "approver", server = %url, "a request that is not a call was left out");
+                    continue;
+                };
+                let (remote_id, plan_hash) = (parsed.0, parsed.1.plan_hash);
+                let existing = waiting.iter().find(|(_, w)| {
+                    w.url == url
+                        && w.remote_id == remote_id
+                        && w.shown.call().map(|c| c.plan_hash) == Some(plan_hash)
+                });
+                let id = match existing {
+                    Some((id, _)) => *id,
+                    None => {
+                        let id = self
+                            .next_id
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let shown = shown(id, parsed, self.engine.now_ms());
+                        changes.push(QueueChange::Added {
+                            request: Box::new(shown.clone()),
+                        });
+                        waiting.insert(
+                            id,
+                            Waiting {
+                                shown,
+                                remote_id,
+                                url: url.to_owned(),
+                            },
+                        );
+                        id
+                    }
+                };
+                kept.push(id);
+            }
+            let gone: Vec<u64> = waiting
+                .iter()
+                .filter(|(id, w)| w.url == url && !kept.contains(id))
+                .map(|(id, _)| *id)
+                .collect();
+            for id in gone {
+                waiting.remove(&id);
+                changes.push(QueueChange::Removed {
+                    id,
+                    reason: Removal::Withdrawn,
+                });
+            }
+        }
+        for change in changes {
+            self.engine.announce(change);
+        }
+    }
+
+    /// The team servers' waiting calls, oldest first.
+    pub fn pending(&self) -> Vec<PendingRequest> {
+        let mut list: Vec<PendingRequest> = self
+            .waiting
+            .lock()
+            .unwrap()
+            .values()
+            .map(|w| w.shown.clone())
+            .collect();
+        list.sort_by_key(|r| (r.arrived_at_ms, r.id));
+        list
+    }
+
+    /// The person approved (or denied, with `note`) remote request `id`: the decision is signed
+    /// and sent; the request leaves this desk's queue once the server took it.
+    pub async fn decide(
+        &self,
+        id: u64,
+        verdict: Verdict,
+        typed_target: Option<&str>,
+        note: Option<&str>,
+    ) -> Result<(), RemoteError> {
+        let waiting = self
+            .waiting
+            .lock()
+            .unwrap()
+            .get(&id)
+            .cloned()
+            .ok_or(RemoteError::NotPending)?;
+        let call = waiting.shown.call().ok_or(RemoteError::NotPending)?.clone();
+        let plan = &waiting.shown.plan;
+        if verdict == Verdict::Approve {
+            if call.type_target && typed_target != Some(plan.target.as_str()) {
+                return Err(RemoteError::TargetNotTyped);
+            }
+            // The same approve delay as for local requests: from its arrival in this queue, and
+            // from the window's last show or focus.
+            let wait_ms = self.engine.approve_wait(waiting.shown.arrived_at_ms);
+            if wait_ms > 0 {
+                return Err(RemoteError::TooSoon { wait_ms });
+            }
+        }
+        let expires_at_ms = self.engine.now_ms().saturating_add(DECISION_TTL_MS);
+        let decision = Decision {
+            server: &waiting.url,
+            request: waiting.remote_id,
+            verdict,
+            plan: &call.plan_hash,
+            tenant: &call.tenant,
+            tool: &plan.tool,
+            target: &plan.target,
+            class: call.class,
+            expires_at_ms,
+        };
+        let signature =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.key.sign(&decision));
+        let mut body = json!({
+            "request": waiting.remote_id,
+            "verdict": verdict.code(),
+            "plan": call.plan_hash.to_hex(),
+            "tenant": call.tenant,
+            "tool": plan.tool,
+            "target": plan.target,
+            "class": call.class.code(),
+            "expiresAtMs": expires_at_ms,
+            "signature": signature,
+        });
+        if let Some(note) = note.map(str::trim).filter(|n| !n.is_empty()) {
+            body["note"] = json!(note);
+        }
+        let client = self
+            .clients
+            .lock()
+            .unwrap()
+            .get(&waiting.url)
+            .cloned()
+            .ok_or(RemoteError::NotPending)?;
+        let answer = Self::exchange(
+            client,
+            &waiting.url,
+            "POST",
+            "/approver/v1/decisions",
+            Some(body),
+        )
+        .await;
+        match answer {
+            Ok((200 | 202, _)) => {
+                // Decided (or this person's approval counted, and others' are awaited there):
+                // it leaves this desk's queue.
+                self.waiting.lock().unwrap().remove(&id);
+                self.engine.announce(QueueChange::Removed {
+                    id,
+                    reason: if verdict == Verdict::Approve {
+                        Removal::Approved
+                    } else {
+                        Removal::Denied
+                    },
+                });
+                Ok(())
+            }
+            Ok((_, body)) => Err(RemoteError::Refused {
+                code: body["error"].as_str().unwrap_or("refused").to_owned(),
+                message: body["message"].as_str().unwrap_or_default().to_owned(),
+            }),
+            Err(e) => Err(RemoteError::Refused {
+                code: "unreachable".into(),
+                message: e,
+            }),
+        }
+    }
+}
+
+/// The call a server listed, if it is one: its id there, and the request as the queue holds it.
+fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Plan, String)> {
+    let id = request["id"].as_u64()?;
+    let plan: Plan = serde_json::from_value(request["plan"].clone()).ok()?;
+    let text = request["text"].as_str()?.to_owned();
+    let asks = &request["asks"];
+    if asks["kind"] != "call" {
+        return None;
+    }
+    let call = CallRequest {
+        tenant: asks["tenant"].as_str()?.to_owned(),
+        client_info: asks["client_info"].clone(),
+        server: format!("{} at {url}", asks["server"].as_str()?),
+        plan_hash: PlanHash::from_hex(asks["plan_hash"].as_str()?)?,
+        class: GateClass::from_code(asks["class"].as_str()?).filter(|c| c.is_gated())?,
+        type_target: asks["type_target"].as_bool()?,
+        approvers: asks["approvers"]
+            .as_u64()
+            .map_or(1, |n| n.clamp(1, 9) as u8),
+        token_ttl_ms: asks["token_ttl_ms"].as_u64()?,
+        why: asks["why"].as_str().unwrap_or_default().to_owned(),
+    };
+    // The plan shown must be the plan hashed: a server that sends another is not believed.
+    if plan.hash().ok()? != call.plan_hash {
+        return None;
+    }
+    Some((id, call, plan, text))
+}
+
+/// The request as this desk's queue holds it, under `id`; it arrived at `now`.
+fn shown(
+    id: u64,
+    (_, call, plan, text): (u64, CallRequest, Plan, String),
+    now: u64,
+) -> PendingRequest {
+    PendingRequest {
+        id,
+        plan,
+        arrived_at_ms: now,
+        text,
+        preview: None,
+        asks: Asks::Call(call),
+    }
+}
