@@ -2042,6 +2042,31 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
             Ok(())
         );
     }
+    // `countersign serve history`: the confirm events, and the decisions with their keys.
+    let (code, events, note) = roster_command("history", &env, &["--json"]);
+    assert_eq!(code, 0, "{note}");
+    let kinds: Vec<String> = events
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["kind"].to_string())
+        .collect();
+    for kind in ["issued", "accepted", "denied"] {
+        assert!(kinds.iter().any(|k| k.contains(kind)), "{kind} in {events}");
+    }
+    let (code, table, _) = roster_command("history", &env, &["--tool", "execute"]);
+    assert_eq!(code, 0);
+    assert!(table.contains("issued") && table.contains("key:ci@"), "{table}");
+    let (code, lines, note) = roster_command("history", &env, &["--decisions", "--json"]);
+    assert_eq!(code, 0, "{note}");
+    let decided: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(decided.len(), 4, "{lines}");
+    // Newest first, as the history.
+    assert_eq!(decided[3]["approver"], "alice");
+    assert_eq!(decided[3]["approverKey"], alice.public_text().as_str());
+    assert_eq!(decided[0]["approver"], "bob");
+    assert_eq!(decided[0]["verdict"], "deny");
     let log = server.stop();
     assert!(!log.contains(secret), "the secret was written");
     assert!(!log.contains(&agent_key), "the agent's key was written");

@@ -153,6 +153,26 @@ pub struct ConfirmEvent {
 }
 
 impl ConfirmEvent {
+    /// The event as one line of a table, for people at a terminal (`history`): time, kind, its
+    /// refusal code or outcome, tool, target and tenant, in fixed columns.
+    pub fn table_row(&self) -> String {
+        let detail = match self.kind {
+            EventKind::Refused { refusal } => refusal.code(),
+            EventKind::Executed { ok: true } => "ok",
+            EventKind::Executed { ok: false } => "failed",
+            _ => "",
+        };
+        format!(
+            "{:>13}  {:<9} {:<18} {:<20} {:<24} {}",
+            self.at_ms,
+            self.kind.code(),
+            detail,
+            self.tool,
+            self.target.as_deref().unwrap_or("-"),
+            self.tenant
+        )
+    }
+
     /// Sends the event to `tracing` under target [`TARGET`]: security events at `WARN`, the rest
     /// at `INFO`. Emitting is not installing: the core never sets a subscriber.
     pub fn emit(&self) {

@@ -473,24 +473,7 @@ fn history(db: PathBuf, json: bool, tool: Option<String>, limit: u32) -> i32 {
         if json {
             println!("{}", serde_json::to_string(&e).expect("events serialize"));
         } else {
-            let refusal = match e.kind {
-                countersign_core::telemetry::EventKind::Refused { refusal } => {
-                    refusal.code().to_owned()
-                }
-                countersign_core::telemetry::EventKind::Executed { ok } => {
-                    if ok { "ok" } else { "failed" }.to_owned()
-                }
-                _ => String::new(),
-            };
-            println!(
-                "{:>13}  {:<9} {:<18} {:<20} {:<24} {}",
-                e.at_ms,
-                e.kind.code(),
-                refusal,
-                e.tool,
-                e.target.as_deref().unwrap_or("-"),
-                e.tenant
-            );
+            println!("{}", e.table_row());
         }
     }
     0

@@ -17,7 +17,9 @@ use clap::Parser;
 /// neither.
 ///
 /// Agents' keys, for teams without an identity provider: `countersign serve agent add NAME`,
-/// `agent revoke NAME`, `agent list` (see `countersign serve agent --help`).
+/// `agent revoke NAME`, `agent list` (see `countersign serve agent --help`). People who approve
+/// from their desks: `countersign serve approver add NAME PUBKEY`, `approver revoke NAME`,
+/// `approver list`. What happened: `countersign serve history [--json] [--decisions]`.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "countersign serve", version)]
 pub struct Args {
@@ -211,4 +213,31 @@ pub enum ApproverAction {
     },
     /// List the approvers, and which are revoked.
     List,
+}
+
+/// `countersign serve history`: the server's history of approvals, confirms and refusals, newest
+/// first, from its records (CONTROL_DSN, or `--data-dir`); or, with `--decisions`, the approvers'
+/// signed decisions.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "countersign serve history", version)]
+pub struct HistoryArgs {
+    /// The records' directory of a server without CONTROL_DSN.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only this tool.
+    #[arg(long, value_name = "TOOL", conflicts_with = "decisions")]
+    pub tool: Option<String>,
+
+    /// At most this many.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: usize,
+
+    /// The approvers' signed decisions (with each approver's key, to check the signatures).
+    #[arg(long)]
+    pub decisions: bool,
 }

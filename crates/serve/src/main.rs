@@ -6,6 +6,7 @@ use std::os::unix::ffi::OsStringExt;
 use clap::Parser;
 use countersign_serve::cli::Args;
 
+mod history;
 mod roster;
 use countersign_serve::start::{self, Given, OWN_VARIABLES};
 use tokio_util::sync::CancellationToken;
@@ -94,6 +95,7 @@ fn main() {
     match std::env::args_os().nth(1) {
         Some(a) if a == "agent" => std::process::exit(roster::agent()),
         Some(a) if a == "approver" => std::process::exit(roster::approver()),
+        Some(a) if a == "history" => std::process::exit(history::main()),
         _ => {}
     }
     let args = Args::parse();

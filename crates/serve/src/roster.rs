@@ -74,6 +74,30 @@ fn run(roster: Roster, data_dir: Option<std::path::PathBuf>, action: Action) -> 
         Roster::Agents => "countersign serve agent",
         Roster::Approvers => "countersign serve approver",
     };
+    with_records(me, data_dir, |records| async move {
+        let done = match action {
+            Action::Add { name, key } => add(roster, &records, name, key).await,
+            Action::Revoke { name } => revoke(roster, &records, &name).await,
+            Action::List => list(roster, &records).await,
+        };
+        match done {
+            Ok(()) => 0,
+            Err((code, message)) => {
+                eprintln!("{me}: {message}");
+                code
+            }
+        }
+    })
+}
+
+/// Opens the server's records (CONTROL_DSN, read once and wiped from the environment, or
+/// `data_dir`) and runs `work` on them; answers its exit code, or why the records could not be
+/// opened (`me` names the command in messages).
+pub fn with_records<F, Fut>(me: &str, data_dir: Option<std::path::PathBuf>, work: F) -> i32
+where
+    F: FnOnce(Arc<dyn Records>) -> Fut,
+    Fut: std::future::Future<Output = i32>,
+{
     let dsn = std::env::var("CONTROL_DSN")
         .ok()
         .filter(|d| !d.trim().is_empty())
@@ -98,23 +122,11 @@ fn run(roster: Roster, data_dir: Option<std::path::PathBuf>, action: Action) -> 
         }
     };
     runtime.block_on(async move {
-        let records = match open_records(dsn.as_ref(), &place).await {
-            Ok(records) => records,
+        match open_records(dsn.as_ref(), &place).await {
+            Ok(records) => work(records).await,
             Err(e) => {
                 eprintln!("{me}: {e}");
-                return e.exit_code();
-            }
-        };
-        let done = match action {
-            Action::Add { name, key } => add(roster, &records, name, key).await,
-            Action::Revoke { name } => revoke(roster, &records, &name).await,
-            Action::List => list(roster, &records).await,
-        };
-        match done {
-            Ok(()) => 0,
-            Err((code, message)) => {
-                eprintln!("{me}: {message}");
-                code
+                e.exit_code()
             }
         }
     })

@@ -1,0 +1,95 @@
+//! `countersign serve history [--json] [--tool T] [--limit N] [--decisions]`: what the server's
+//! records say happened (every confirm event, as the desk's `countersign history` prints its
+//! own), or the approvers' signed decisions.
+
+use clap::Parser;
+use countersign_core::approver::public_key_text;
+use countersign_serve::cli::HistoryArgs;
+use countersign_store::{HistoryFilter, MAX_DECISION_ROWS, Roster};
+
+use crate::roster::with_records;
+
+/// Runs the command; answers the exit code.
+pub fn main() -> i32 {
+    let args = HistoryArgs::parse_from(
+        std::iter::once(std::ffi::OsString::from("countersign serve history"))
+            .chain(std::env::args_os().skip(2)),
+    );
+    let me = "countersign serve history";
+    with_records(me, args.data_dir.clone(), |records| async move {
+        let limit = args.limit.max(1);
+        if args.decisions {
+            let (decisions, approvers) = match (
+                records.decisions(limit.min(MAX_DECISION_ROWS)).await,
+                records.members(Roster::Approvers).await,
+            ) {
+                (Ok(d), Ok(a)) => (d, a),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("{me}: {e}");
+                    return 3;
+                }
+            };
+            use base64::Engine as _;
+            for d in decisions.iter().rev() {
+                let key = approvers
+                    .iter()
+                    .find(|a| a.name == d.approver)
+                    .map(|a| public_key_text(&a.key))
+                    .unwrap_or_default();
+                if args.json {
+                    let line = serde_json::json!({
+                        "decidedAtMs": d.decided_at_ms,
+                        "approver": d.approver,
+                        "approverKey": key,
+                        "server": d.server,
+                        "request": d.request,
+                        "verdict": d.verdict.code(),
+                        "plan": d.plan.to_hex(),
+                        "tenant": d.tenant,
+                        "tool": d.tool,
+                        "target": d.target,
+                        "class": d.class.code(),
+                        "expiresAtMs": d.expires_at_ms,
+                        "signature": base64::engine::general_purpose::URL_SAFE_NO_PAD
+                            .encode(d.signature),
+                    });
+                    println!("{line}");
+                } else {
+                    println!(
+                        "{:>13}  {:<8} {:<16} {:<20} {:<24} {}",
+                        d.decided_at_ms,
+                        d.verdict.code(),
+                        d.approver,
+                        d.tool,
+                        d.target,
+                        d.tenant
+                    );
+                }
+            }
+            return 0;
+        }
+        let mut filter = HistoryFilter::default().limit(u32::try_from(limit).unwrap_or(u32::MAX));
+        if let Some(tool) = args.tool {
+            filter = filter.tool(tool);
+        }
+        match records.history(&filter).await {
+            Ok(events) => {
+                for e in events {
+                    if args.json {
+                        match serde_json::to_string(&e) {
+                            Ok(line) => println!("{line}"),
+                            Err(err) => eprintln!("{me}: {err}"),
+                        }
+                    } else {
+                        println!("{}", e.table_row());
+                    }
+                }
+                0
+            }
+            Err(e) => {
+                eprintln!("{me}: {e}");
+                3
+            }
+        }
+    })
+}
