@@ -1713,7 +1713,14 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     let approver_port = free_port();
     let approver_url = format!("https://localhost:{approver_port}");
     let approver_listen = format!("127.0.0.1:{approver_port}");
+    let (receiver, notices) = webhook_receiver();
+    let webhook = format!("http://127.0.0.1:{receiver}/hook");
+    let slack_webhook = format!("http://127.0.0.1:{receiver}/slack");
     let args = [
+        "--webhook",
+        &webhook,
+        "--slack-webhook",
+        &slack_webhook,
         "--behind-tls-proxy",
         "--agent-keys",
         "--wait",
@@ -2042,6 +2049,40 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
             Ok(())
         );
     }
+    // Each waiting call was announced to both webhooks, without its arguments.
+    countersign_tests::postgres::wait_until("four notices", Duration::from_secs(20), || {
+        notices.lock().unwrap().len() >= 4
+    });
+    let notices = notices.lock().unwrap().clone();
+    for path in ["/hook", "/slack"] {
+        let bodies: Vec<&String> = notices
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, b)| b)
+            .collect();
+        assert_eq!(bodies.len(), 2, "{path}: {notices:?}");
+        for body in bodies {
+            assert!(
+                body.contains("key:ci@") && body.contains("execute"),
+                "{body}"
+            );
+            assert!(body.contains("notes") && body.contains(&url), "{body}");
+            assert!(
+                // The summary ("DELETE from notes") is the describer's, never the SQL itself.
+                !body.contains("DELETE FROM") && !body.contains("WHERE"),
+                "{body}"
+            );
+            assert!(
+                !body.contains(&agent_key) && !body.contains(secret),
+                "{body}"
+            );
+        }
+    }
+    let first: Value =
+        serde_json::from_str(&notices.iter().find(|(p, _)| p == "/hook").unwrap().1).unwrap();
+    assert_eq!(first["event"], "request_waiting");
+    assert_eq!(first["approvers"], 2);
+
     // `countersign serve history`: the confirm events, and the decisions with their keys.
     let (code, events, note) = roster_command("history", &env, &["--json"]);
     assert_eq!(code, 0, "{note}");
@@ -2054,7 +2095,10 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     }
     let (code, table, _) = roster_command("history", &env, &["--tool", "execute"]);
     assert_eq!(code, 0);
-    assert!(table.contains("issued") && table.contains("key:ci@"), "{table}");
+    assert!(
+        table.contains("issued") && table.contains("key:ci@"),
+        "{table}"
+    );
     let (code, lines, note) = roster_command("history", &env, &["--decisions", "--json"]);
     assert_eq!(code, 0, "{note}");
     let decided: Vec<Value> = lines
@@ -2224,4 +2268,55 @@ async fn a_person_approves_a_team_servers_call_in_the_desk_window_and_only_then_
     );
     desk.stop().await;
     drop(server);
+}
+
+/// A webhook receiver on loopback: its port, and the (path, body) of every POST it answered.
+fn webhook_receiver() -> (u16, Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = got.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Headers, then as many body bytes as Content-Length says.
+            let (head, length) = loop {
+                let Ok(n) = stream.read(&mut chunk) else {
+                    break (String::new(), 0);
+                };
+                if n == 0 {
+                    break (String::new(), 0);
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    break (head, length);
+                }
+            };
+            while buf.len() < length {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+            sink.lock()
+                .unwrap()
+                .push((path, String::from_utf8_lossy(&buf).into_owned()));
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (port, got)
 }

@@ -136,6 +136,20 @@ pub struct Args {
     #[arg(long, value_name = "FILE", requires_all = ["approver_cert", "approver_listen"])]
     pub approver_key: Option<PathBuf>,
 
+    /// Post a JSON notice to this URL on each new waiting call (repeatable; https://, or
+    /// http:// to loopback). It names who asks, the tool, the target and the server; never the
+    /// arguments or a token.
+    #[arg(long = "webhook", value_name = "URL", requires = "approver_listen")]
+    pub webhooks: Vec<String>,
+
+    /// As --webhook, in the shape of a Slack incoming webhook (`{"text": …}`).
+    #[arg(
+        long = "slack-webhook",
+        value_name = "URL",
+        requires = "approver_listen"
+    )]
+    pub slack_webhooks: Vec<String>,
+
     /// The upstream: the built-in SQLite tools on this database file.
     #[arg(long, value_name = "PATH", conflicts_with_all = ["url", "command"])]
     pub db: Option<PathBuf>,

@@ -15,6 +15,7 @@
 //! | [`cli`] | the command line |
 //! | [`start`] | the seed's start rules, decided before anything is opened or bound |
 //! | [`guard`] | which Host and Origin may reach the server at all |
+//! | [`notify`] | webhooks on each new waiting call (generic JSON, Slack) |
 //! | [`http`] | the one MCP endpoint: each POST answered on its own, through the router |
 //! | [`tls`] | TLS in-process, or plain HTTP behind a TLS-terminating proxy |
 //! | [`run`] | opening the records, starting the upstream, binding, serving |
@@ -25,6 +26,7 @@ pub mod auth;
 pub mod cli;
 pub mod guard;
 pub mod http;
+pub mod notify;
 pub mod run;
 pub mod servers;
 pub mod start;

@@ -370,6 +370,11 @@ pub async fn run(
             })?;
             tracing::info!(target: "serve", "approvers connect on {bound} (mutual TLS) as {}", listen.url);
             approver_bound = Some(bound);
+            tokio::spawn(crate::notify::run(
+                engine.clone(),
+                listen.url.clone(),
+                start.webhooks.clone(),
+            ));
             let state = Arc::new(Approvers::new(
                 engine.clone(),
                 records.clone(),

@@ -199,6 +199,8 @@ pub struct Start {
     pub secret_ignored: bool,
     /// Where people's desks connect to approve, if anywhere.
     pub approvers: Option<ApproverListen>,
+    /// Where new waiting calls are announced.
+    pub webhooks: Vec<crate::notify::Webhook>,
 }
 
 /// The approver listener, as the start rules accepted it.
@@ -478,11 +480,21 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         }
         _ => None,
     };
+    let mut webhooks = Vec::new();
+    for url in &args.webhooks {
+        https("--webhook", url)?;
+        webhooks.push(crate::notify::Webhook::Json(url.clone()));
+    }
+    for url in &args.slack_webhooks {
+        https("--slack-webhook", url)?;
+        webhooks.push(crate::notify::Webhook::Slack(url.clone()));
+    }
     let upstreams = match servers {
         Some(servers) => Upstreams::Named(servers),
         None => Upstreams::One(upstream(args, cwd)?),
     };
     Ok(Start {
+        webhooks,
         approvers,
         listen: args.listen,
         secret_ignored: args.read_only && secret_given,
