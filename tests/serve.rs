@@ -2270,8 +2270,11 @@ async fn a_person_approves_a_team_servers_call_in_the_desk_window_and_only_then_
     drop(server);
 }
 
-/// A webhook receiver on loopback: its port, and the (path, body) of every POST it answered.
-fn webhook_receiver() -> (u16, Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+/// The (path, body) of every POST a webhook receiver answered.
+type Notices = Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// A webhook receiver on loopback: its port, and what it received.
+fn webhook_receiver() -> (u16, Notices) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let got = Arc::new(std::sync::Mutex::new(Vec::new()));
