@@ -182,11 +182,7 @@ impl Server {
     /// tools on a small database.
     fn start_before(args: &[&str], env: &[(&str, &str)], upstream: Option<&[&str]>) -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("tools.sqlite");
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('hello');")
-            .unwrap();
-        drop(conn);
+        let db = tools_db(dir.path());
         // Port 0 is refused nowhere, but the test must know the port: take a free one.
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
@@ -1681,11 +1677,7 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     let dsn = shared_database().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, trusted) = self_signed(dir.path());
-    let db = dir.path().join("tools.sqlite");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('hello');")
-        .unwrap();
+    let db = tools_db(dir.path());
     // Two distinct people must approve a delete.
     let policy = dir.path().join("policy.toml");
     std::fs::write(
@@ -1744,12 +1736,21 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
         &[("CONFIRM_SECRET", secret), ("CONTROL_DSN", &dsn)],
         Some(&[]),
     );
+    let listener_trusted = trusted.clone();
     let listener = move |desk: Option<&Desk>,
                          method: &str,
                          path: &str,
                          headers: &[(&str, &str)],
                          body: &str| {
-        on_approver_listener(approver_port, &trusted, desk, method, path, headers, body)
+        on_approver_listener(
+            approver_port,
+            &listener_trusted,
+            desk,
+            method,
+            path,
+            headers,
+            body,
+        )
     };
     let listener = Arc::new(listener);
 
@@ -1768,26 +1769,12 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
         )
     };
     // Alice's desk reads the waiting calls, waiting on the listener for one to arrive.
-    let waiting = {
-        let listener = listener.clone();
-        let alice = Desk::new(1);
-        tokio::task::spawn_blocking(move || {
-            let mut seen = String::new();
-            loop {
-                let path = format!("/approver/v1/requests?wait=20&seen={seen}");
-                let (status, body) = listener(Some(&alice), "GET", &path, &[], "").unwrap();
-                assert_eq!(status, 200, "{body}");
-                assert_eq!(body["server"], approver_url.as_str());
-                if let Some(first) = body["requests"].as_array().and_then(|r| r.first()) {
-                    return first.clone();
-                }
-                seen = body["digest"].as_str().unwrap().to_owned();
-            }
-        })
-        .await
-        .unwrap()
+    let request = {
+        let trusted = trusted.clone();
+        tokio::task::spawn_blocking(move || first_waiting(approver_port, &trusted, &Desk::new(1)))
+            .await
+            .unwrap()
     };
-    let request = waiting["request"].clone();
     assert_eq!(request["plan"]["tool"], "execute");
     assert_eq!(request["asks"]["approvers"], 2, "{request}");
     assert!(
@@ -1924,6 +1911,11 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     let (status, body) = listener(Some(&alice), "GET", "/approver/v1/requests", &[], "").unwrap();
     assert_eq!(status, 200);
     assert_eq!(body["requests"][0]["approvedBy"], json!([]), "{body}");
+    assert_eq!(
+        body["server"],
+        url.as_str(),
+        "the listener names itself as desks enrolled"
+    );
     assert!(!asking.is_finished());
 
     // Alice approves: one of two. Again: still one (distinct people). Bob: minted.
@@ -2122,11 +2114,7 @@ async fn a_person_approves_a_team_servers_call_in_the_desk_window_and_only_then_
     let dsn = shared_database().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, _) = self_signed(dir.path());
-    let db = dir.path().join("tools.sqlite");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('hello');")
-        .unwrap();
+    let db = tools_db(dir.path());
     let approver_port = free_port();
     let url = format!("https://localhost:{approver_port}");
 
@@ -2322,4 +2310,150 @@ fn webhook_receiver() -> (u16, Notices) {
         }
     });
     (port, got)
+}
+
+/// The built-in tools' database in `dir`: a table `notes` with one row.
+fn tools_db(dir: &Path) -> PathBuf {
+    let db = dir.join("tools.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); \
+             INSERT INTO notes(body) VALUES ('hello');",
+        )
+        .unwrap();
+    db
+}
+
+/// How many rows `notes` has in `db`.
+fn notes_in(db: &Path) -> i64 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM notes", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// The first call waiting on the approver listener at `port`, as `desk` reads it (waiting on
+/// the listener for one to arrive).
+fn first_waiting(
+    port: u16,
+    trusted: &rustls::pki_types::CertificateDer<'static>,
+    desk: &Desk,
+) -> Value {
+    let mut seen = String::new();
+    loop {
+        let path = format!("/approver/v1/requests?wait=20&seen={seen}");
+        let (status, body) =
+            on_approver_listener(port, trusted, Some(desk), "GET", &path, &[], "").unwrap();
+        assert_eq!(status, 200, "{body}");
+        if let Some(first) = body["requests"].as_array().and_then(|r| r.first()) {
+            return first["request"].clone();
+        }
+        seen = body["digest"].as_str().unwrap().to_owned();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn the_control_database_down_between_approval_and_confirm_runs_nothing_until_it_is_back() {
+    use countersign_core::approver::Verdict;
+    let postgres = countersign_tests::postgres::PrivateServer::start();
+    let dsn = countersign_tests::postgres::fresh_database(&postgres.dsn()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let alice = Desk::new(11);
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (code, _, note) = roster_command("approver", &env, &["add", "alice", &alice.public_text()]);
+    assert_eq!(code, 0, "{note}");
+    let port = free_port();
+    let url = format!("https://localhost:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let args = [
+        "--behind-tls-proxy",
+        "--unauthenticated",
+        "--wait",
+        "60",
+        "--db",
+        db.to_str().unwrap(),
+        "--approver-listen",
+        &listen,
+        "--approver-url",
+        &url,
+        "--approver-cert",
+        cert.to_str().unwrap(),
+        "--approver-key",
+        key.to_str().unwrap(),
+    ];
+    let server = Server::start_before(
+        &args,
+        &[
+            ("CONFIRM_SECRET", "database-down-secret-0123456789abcdef"),
+            ("CONTROL_DSN", &dsn),
+        ],
+        Some(&[]),
+    );
+    let agent = Arc::new(agent(&server.url()).await);
+    let delete = json!({"sql": "DELETE FROM notes"});
+    let approved = |agent: Arc<rmcp::service::RunningService<rmcp::RoleClient, ()>>| {
+        let (trusted, delete) = (trusted.clone(), delete.clone());
+        async move {
+            let asking = {
+                let agent = agent.clone();
+                tokio::spawn(async move { call(&agent, "execute", delete).await })
+            };
+            let request = tokio::task::spawn_blocking(move || {
+                let alice = Desk::new(11);
+                let request = first_waiting(port, &trusted, &alice);
+                let body = alice.decide(
+                    &format!("https://localhost:{port}"),
+                    &request,
+                    Verdict::Approve,
+                    |_| {},
+                );
+                on_approver_listener(
+                    port,
+                    &trusted,
+                    Some(&alice),
+                    "POST",
+                    "/approver/v1/decisions",
+                    &[],
+                    &body.to_string(),
+                )
+                .unwrap()
+            })
+            .await
+            .unwrap();
+            assert_eq!(request.0, 200, "{request:?}");
+            asking.await.unwrap().structured_content.unwrap()
+        }
+    };
+    let confirm_of = |content: &Value| {
+        let mut confirm = delete.clone();
+        confirm["confirm"] = json!(true);
+        confirm["confirmTarget"] = content["confirmTarget"].clone();
+        confirm["confirmToken"] = content["confirmToken"].clone();
+        confirm
+    };
+
+    let content = approved(agent.clone()).await;
+    assert_eq!(content["approved"], true, "{content}");
+    // The control database goes down between the approval and the confirm: refused, nothing ran.
+    postgres.stop_immediately();
+    let refused = call(&agent, "execute", confirm_of(&content)).await;
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    assert_eq!(notes_in(&db), 1, "nothing ran while the records were down");
+    // Back: a new preflight is approved and its confirm runs, once.
+    postgres.start_again();
+    let content = approved(agent.clone()).await;
+    let done = call(&agent, "execute", confirm_of(&content)).await;
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    assert_eq!(notes_in(&db), 0);
+    let again = call(&agent, "execute", confirm_of(&content)).await;
+    assert_eq!(
+        again.is_error,
+        Some(true),
+        "a works-once token works once: {again:?}"
+    );
+    drop(server);
 }
