@@ -2457,3 +2457,123 @@ async fn the_control_database_down_between_approval_and_confirm_runs_nothing_unt
     );
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn sixty_four_agents_racing_one_works_once_token_across_two_replicas_run_it_once() {
+    use countersign_core::approver::Verdict;
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let alice = Desk::new(21);
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (code, _, note) = roster_command("approver", &env, &["add", "alice", &alice.public_text()]);
+    assert_eq!(code, 0, "{note}");
+    let secret = "two-replicas-secret-0123456789abcdef";
+    let approver_port = free_port();
+    let url = format!("https://localhost:{approver_port}");
+    let listen = format!("127.0.0.1:{approver_port}");
+    let common = [
+        "--behind-tls-proxy",
+        "--unauthenticated",
+        "--wait",
+        "60",
+        "--db",
+        db.to_str().unwrap(),
+    ];
+    let with_listener = [
+        "--approver-listen",
+        &listen,
+        "--approver-url",
+        &url,
+        "--approver-cert",
+        cert.to_str().unwrap(),
+        "--approver-key",
+        key.to_str().unwrap(),
+    ];
+    let replica_env = [("CONFIRM_SECRET", secret), ("CONTROL_DSN", dsn.as_str())];
+    let first = Server::start_before(
+        &[&common[..], &with_listener[..]].concat(),
+        &replica_env,
+        Some(&[]),
+    );
+    let second = Server::start_before(&common, &replica_env, Some(&[]));
+
+    // One approval, on the first replica.
+    let insert = json!({"sql": "INSERT INTO notes(body) VALUES ('race')"});
+    let agent = Arc::new(agent(&first.url()).await);
+    let asking = {
+        let (agent, insert) = (agent.clone(), insert.clone());
+        tokio::spawn(async move { call(&agent, "execute", insert).await })
+    };
+    let decided = tokio::task::spawn_blocking(move || {
+        let alice = Desk::new(21);
+        let request = first_waiting(approver_port, &trusted, &alice);
+        let body = alice.decide(&url, &request, Verdict::Approve, |_| {});
+        on_approver_listener(
+            approver_port,
+            &trusted,
+            Some(&alice),
+            "POST",
+            "/approver/v1/decisions",
+            &[],
+            &body.to_string(),
+        )
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(decided.0, 200, "{decided:?}");
+    let content = asking.await.unwrap().structured_content.unwrap();
+    assert_eq!(content["worksOnce"], true, "{content}");
+    let mut arguments = insert.clone();
+    arguments["confirm"] = json!(true);
+    arguments["confirmTarget"] = content["confirmTarget"].clone();
+    arguments["confirmToken"] = content["confirmToken"].clone();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": "execute", "arguments": arguments}})
+    .to_string();
+
+    // 64 agents confirm at once, alternately on each replica (as a round-robin proxy would).
+    let ports = [first.port, second.port];
+    let start = Arc::new(std::sync::Barrier::new(64));
+    let racers: Vec<_> = (0..64)
+        .map(|i| {
+            let (call, start, port) = (call.clone(), start.clone(), ports[i % 2]);
+            std::thread::spawn(move || {
+                start.wait();
+                let (status, _, body) = post(port, &[], &call);
+                assert_eq!(status, 200, "{body}");
+                let result = &body["result"];
+                if result["isError"] == json!(true) {
+                    result["structuredContent"]["refusal"]
+                        .as_str()
+                        .unwrap_or("an error")
+                        .to_owned()
+                } else {
+                    "executed".to_owned()
+                }
+            })
+        })
+        .collect();
+    let outcomes: Vec<String> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+    let executed = outcomes.iter().filter(|o| *o == "executed").count();
+    let used = outcomes.iter().filter(|o| *o == "already_used").count();
+    assert_eq!((executed, used), (1, 63), "{outcomes:?}");
+    let raced: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM notes WHERE body = 'race'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(raced, 1, "exactly one upstream execution");
+    let client = countersign_tests::postgres::admin(&dsn).await;
+    let spent: i64 = client
+        .query_one("SELECT count(*) FROM spent_nonce", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(spent, 1, "one ledger row");
+    drop((first, second));
+}
