@@ -20,7 +20,7 @@ use countersign_store::test_support::{
 use countersign_store::{
     Accepted, DecisionRecord, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES,
     MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Member, Postgres, PostgresOptions, Pruned, Records,
-    Roster, Sqlite, StoreError, ToolPin,
+    Roster, Sqlite, StoreError, ToolPin, WaitingCall,
 };
 use countersign_tests::postgres::{migrated_database, shared_database};
 
@@ -101,6 +101,7 @@ suite!(
     a_member_is_found_by_its_key_until_revoked_and_its_name_never_reused,
     a_member_name_that_could_pass_for_something_else_is_refused,
     decisions_are_kept_whole_in_order_and_read_back_newest_last,
+    a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_reads_the_verdict,
 );
 
 type R = Arc<dyn Records>;
@@ -760,5 +761,117 @@ async fn an_unreachable_server_is_unavailable_and_its_password_never_printed() {
     assert!(
         err.to_string().contains("serve@127.0.0.1:1/ledger"),
         "{err}"
+    );
+}
+
+fn waiting_call(replica: &str, local_id: u64, expires_at_ms: u64) -> WaitingCall {
+    WaitingCall {
+        id: 0,
+        replica: replica.into(),
+        local_id,
+        server: "https://approvers.example.com".into(),
+        tenant: "key:ci@server:db".into(),
+        plan: PlanHash::from_bytes([local_id as u8; 32]),
+        request: format!("{{\"id\":{local_id}}}"),
+        approvers: 2,
+        arrived_at_ms: 1_000,
+        expires_at_ms,
+        verdict: None,
+        note: None,
+    }
+}
+
+async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_reads_the_verdict(
+    r: R,
+) {
+    let server = "https://approvers.example.com";
+    let a = r.put_waiting(&waiting_call("a", 1, 10_000)).await.unwrap();
+    let b = r.put_waiting(&waiting_call("b", 1, 10_000)).await.unwrap();
+    let c = r.put_waiting(&waiting_call("a", 2, 5_000)).await.unwrap();
+    assert!(a != b && b != c && a != c);
+    // The same call of the same replica twice: refused.
+    assert!(r.put_waiting(&waiting_call("a", 1, 10_000)).await.is_err());
+    let seen: Vec<u64> = r
+        .waiting_calls(server, 6_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|w| w.id)
+        .collect();
+    assert_eq!(seen, [a, b], "the expired one is not seen");
+    assert!(
+        r.waiting_calls("https://other", 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let read = r.waiting_call(a).await.unwrap().unwrap();
+    assert_eq!(
+        read,
+        WaitingCall {
+            id: a,
+            ..waiting_call("a", 1, 10_000)
+        }
+    );
+    // The first verdict stands.
+    assert!(
+        r.decide_waiting(a, Verdict::Deny, Some("no"))
+            .await
+            .unwrap()
+    );
+    assert!(!r.decide_waiting(a, Verdict::Approve, None).await.unwrap());
+    assert!(
+        !r.decide_waiting(9_999, Verdict::Approve, None)
+            .await
+            .unwrap()
+    );
+    let decided = r.decided_waiting("a").await.unwrap();
+    assert_eq!(decided.len(), 1);
+    assert_eq!(
+        (decided[0].verdict, decided[0].note.as_deref()),
+        (Some(Verdict::Deny), Some("no"))
+    );
+    assert!(r.decided_waiting("b").await.unwrap().is_empty());
+    // A living replica keeps its undecided rows in sight; the row of a call that left goes.
+    r.refresh_waiting("a", 20_000).await.unwrap();
+    let seen: Vec<u64> = r
+        .waiting_calls(server, 15_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|w| w.id)
+        .collect();
+    assert_eq!(seen, [c]);
+    r.remove_waiting("a", 1).await.unwrap();
+    assert_eq!(r.waiting_call(a).await.unwrap(), None);
+    // Approvals are counted by distinct approver over the same request and plan.
+    let mut d = decision_record(b, Verdict::Approve);
+    d.server = server.into();
+    d.plan = PlanHash::from_bytes([1; 32]);
+    r.put_decision(&d).await.unwrap();
+    r.put_decision(&d).await.unwrap();
+    r.put_decision(&DecisionRecord {
+        approver: "bob".into(),
+        ..d.clone()
+    })
+    .await
+    .unwrap();
+    r.put_decision(&DecisionRecord {
+        approver: "carol".into(),
+        verdict: Verdict::Deny,
+        ..d.clone()
+    })
+    .await
+    .unwrap();
+    r.put_decision(&DecisionRecord {
+        approver: "dave".into(),
+        plan: PlanHash::from_bytes([2; 32]),
+        ..d.clone()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        r.approved_by(server, b, &d.plan).await.unwrap(),
+        ["alice", "bob"]
     );
 }

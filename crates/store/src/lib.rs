@@ -36,6 +36,7 @@ mod read;
 mod records;
 mod roster;
 mod schema;
+pub(crate) mod waiting;
 
 use std::path::{Path, PathBuf};
 
@@ -57,6 +58,7 @@ pub use read::HistoryReader;
 pub use records::{Records, Sqlite};
 pub use roster::{MAX_MEMBER_NAME_CHARS, Member, Roster, valid_member_name};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+pub use waiting::{MAX_WAITING_ROWS, WaitingCall};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.
 ///

@@ -15,12 +15,13 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use countersign_core::approver::Verdict;
 use countersign_core::telemetry::ConfirmEvent;
-use countersign_core::{Ledger, Nonce, SpendError};
+use countersign_core::{Ledger, Nonce, PlanHash, SpendError};
 
 use crate::{
     Accepted, Approval, DecisionRecord, Grant, GrantEnd, HistoryFilter, Member, Pruned, Roster,
-    Store, StoreError, ToolPin,
+    Store, StoreError, ToolPin, WaitingCall,
 };
 
 /// Everything the engine keeps durably: the single-use nonce ledger, the arguments people
@@ -130,6 +131,41 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// The newest `limit` decisions (at most [`MAX_DECISION_ROWS`](crate::MAX_DECISION_ROWS)),
     /// oldest first.
     async fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>, StoreError>;
+
+    /// Writes a new call waiting on a team's server; answers its number.
+    async fn put_waiting(&self, call: &WaitingCall) -> Result<u64, StoreError>;
+
+    /// The undecided calls of `server` that desks may still see at `now`, oldest first.
+    async fn waiting_calls(&self, server: &str, now: u64) -> Result<Vec<WaitingCall>, StoreError>;
+
+    /// Waiting call `id`, decided or not.
+    async fn waiting_call(&self, id: u64) -> Result<Option<WaitingCall>, StoreError>;
+
+    /// Records `verdict` on waiting call `id` unless it has one: `false` then (the first
+    /// verdict stands).
+    async fn decide_waiting(
+        &self,
+        id: u64,
+        verdict: Verdict,
+        note: Option<&str>,
+    ) -> Result<bool, StoreError>;
+
+    /// The decided calls `replica` holds.
+    async fn decided_waiting(&self, replica: &str) -> Result<Vec<WaitingCall>, StoreError>;
+
+    /// `replica`'s call `local_id` left its queue.
+    async fn remove_waiting(&self, replica: &str, local_id: u64) -> Result<(), StoreError>;
+
+    /// `replica` lives: its undecided calls stay visible until `until`.
+    async fn refresh_waiting(&self, replica: &str, until: u64) -> Result<(), StoreError>;
+
+    /// The distinct approvers whose kept decisions approve `request` of `server` over `plan`.
+    async fn approved_by(
+        &self,
+        server: &str,
+        request: u64,
+        plan: &PlanHash,
+    ) -> Result<Vec<String>, StoreError>;
 }
 
 /// The desk's SQLite [`Store`] as [`Records`]: one connection behind a mutex, used on tokio's
@@ -316,5 +352,57 @@ impl Records for Sqlite {
 
     async fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
         self.off(move |s| s.decisions(limit)).await
+    }
+
+    async fn put_waiting(&self, call: &WaitingCall) -> Result<u64, StoreError> {
+        let call = call.clone();
+        self.off(move |s| s.put_waiting(&call)).await
+    }
+
+    async fn waiting_calls(&self, server: &str, now: u64) -> Result<Vec<WaitingCall>, StoreError> {
+        let server = server.to_owned();
+        self.off(move |s| s.waiting_calls(&server, now)).await
+    }
+
+    async fn waiting_call(&self, id: u64) -> Result<Option<WaitingCall>, StoreError> {
+        self.off(move |s| s.waiting_call(id)).await
+    }
+
+    async fn decide_waiting(
+        &self,
+        id: u64,
+        verdict: Verdict,
+        note: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let note = note.map(str::to_owned);
+        self.off(move |s| s.decide_waiting(id, verdict, note.as_deref()))
+            .await
+    }
+
+    async fn decided_waiting(&self, replica: &str) -> Result<Vec<WaitingCall>, StoreError> {
+        let replica = replica.to_owned();
+        self.off(move |s| s.decided_waiting(&replica)).await
+    }
+
+    async fn remove_waiting(&self, replica: &str, local_id: u64) -> Result<(), StoreError> {
+        let replica = replica.to_owned();
+        self.off(move |s| s.remove_waiting(&replica, local_id))
+            .await
+    }
+
+    async fn refresh_waiting(&self, replica: &str, until: u64) -> Result<(), StoreError> {
+        let replica = replica.to_owned();
+        self.off(move |s| s.refresh_waiting(&replica, until)).await
+    }
+
+    async fn approved_by(
+        &self,
+        server: &str,
+        request: u64,
+        plan: &PlanHash,
+    ) -> Result<Vec<String>, StoreError> {
+        let (server, plan) = (server.to_owned(), *plan);
+        self.off(move |s| s.approved_by(&server, request, &plan))
+            .await
     }
 }

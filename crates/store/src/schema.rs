@@ -184,6 +184,24 @@ const STEPS: &[Step] = &[
             signature      BLOB    NOT NULL CHECK (length(signature) = 64),
             decided_at_ms  INTEGER NOT NULL
         ) STRICT;
+
+        -- Calls waiting for people on a team's server, shared by its replicas (see waiting.rs).
+        CREATE TABLE waiting_call (
+            id             INTEGER PRIMARY KEY,
+            replica        TEXT    NOT NULL,
+            local_id       INTEGER NOT NULL,
+            server         TEXT    NOT NULL,
+            tenant         TEXT    NOT NULL,
+            plan           TEXT    NOT NULL CHECK (length(plan) = 64),
+            request        TEXT    NOT NULL,
+            approvers      INTEGER NOT NULL CHECK (approvers BETWEEN 1 AND 9),
+            arrived_at_ms  INTEGER NOT NULL,
+            expires_at_ms  INTEGER NOT NULL,
+            verdict        TEXT    CHECK (verdict IN ('approve', 'deny')),
+            note           TEXT,
+            UNIQUE (replica, local_id)
+        ) STRICT;
+        CREATE INDEX approver_decision_request ON approver_decision (server, request);
     ",
     },
 ];

@@ -9,8 +9,9 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use countersign_core::approver::Verdict;
 use countersign_core::telemetry::ConfirmEvent;
-use countersign_core::{Nonce, SpendError};
+use countersign_core::{Nonce, PlanHash, SpendError};
 use tokio_postgres::error::SqlState;
 
 use super::{Postgres, text};
@@ -19,8 +20,9 @@ use crate::grant::{self, COLUMNS, MAX_READ};
 use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
 use crate::{
     Accepted, Approval, DecisionRecord, Grant, GrantEnd, HistoryFilter, MAX_DECISION_ROWS,
-    MAX_HISTORY_ROWS, MAX_PINS, MAX_PINS_PER_SERVER, Member, Pruned, Records, Roster, StoreError,
-    ToolPin, accepted, approval, capped, decision, history, roster,
+    MAX_HISTORY_ROWS, MAX_PINS, MAX_PINS_PER_SERVER, MAX_WAITING_ROWS, Member, Pruned, Records,
+    Roster, StoreError, ToolPin, WaitingCall, accepted, approval, capped, decision, history,
+    roster, waiting,
 };
 
 fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Error> {
@@ -612,6 +614,145 @@ impl Records for Postgres {
         let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[&limit]))?;
         rows.iter().map(decision_row).collect()
     }
+
+    async fn put_waiting(&self, w: &WaitingCall) -> Result<u64, StoreError> {
+        let (local, arrived, expires) = (
+            ms_to_sql(w.local_id)?,
+            ms_to_sql(w.arrived_at_ms)?,
+            ms_to_sql(w.expires_at_ms)?,
+        );
+        let (replica, server, tenant, request) = (
+            text(&w.replica),
+            text(&w.server),
+            text(&w.tenant),
+            text(&w.request),
+        );
+        let (plan, approvers) = (w.plan.to_hex(), i64::from(w.approvers));
+        let row = on_connection!(self, |conn| conn.query_one(
+            "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request,
+                 approvers, arrived_at_ms, expires_at_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+            &[
+                &replica.as_ref(),
+                &local,
+                &server.as_ref(),
+                &tenant.as_ref(),
+                &plan,
+                &request.as_ref(),
+                &approvers,
+                &arrived,
+                &expires,
+            ],
+        ))?;
+        let id: i64 = row.try_get(0).map_err(StoreError::Postgres)?;
+        crate::error::ms_from_sql(id, waiting::TABLE)
+    }
+
+    async fn waiting_calls(&self, server: &str, now: u64) -> Result<Vec<WaitingCall>, StoreError> {
+        let (server, now) = (text(server), ms_to_sql(now)?);
+        let sql = waiting_sql("server = $1 AND verdict IS NULL AND expires_at_ms > $2");
+        let rows = on_connection!(self, |conn| conn
+            .query(sql.as_str(), &[&server.as_ref(), &now]))?;
+        rows.iter().map(waiting_row).collect()
+    }
+
+    async fn waiting_call(&self, id: u64) -> Result<Option<WaitingCall>, StoreError> {
+        let id = ms_to_sql(id)?;
+        let sql = waiting_sql("id = $1");
+        let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[&id]))?;
+        rows.iter().map(waiting_row).next().transpose()
+    }
+
+    async fn decide_waiting(
+        &self,
+        id: u64,
+        verdict: Verdict,
+        note: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let id = ms_to_sql(id)?;
+        let note = note.map(text);
+        let note = note.as_deref();
+        let changed = on_connection!(self, |conn| conn.execute(
+            "UPDATE waiting_call SET verdict = $2, note = $3 WHERE id = $1 AND verdict IS NULL",
+            &[&id, &verdict.code(), &note],
+        ))?;
+        Ok(changed == 1)
+    }
+
+    async fn decided_waiting(&self, replica: &str) -> Result<Vec<WaitingCall>, StoreError> {
+        let replica = text(replica);
+        let sql = waiting_sql("replica = $1 AND verdict IS NOT NULL");
+        let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[&replica.as_ref()]))?;
+        rows.iter().map(waiting_row).collect()
+    }
+
+    async fn remove_waiting(&self, replica: &str, local_id: u64) -> Result<(), StoreError> {
+        let (replica, local) = (text(replica), ms_to_sql(local_id)?);
+        on_connection!(self, |conn| conn.execute(
+            "DELETE FROM waiting_call WHERE replica = $1 AND local_id = $2",
+            &[&replica.as_ref(), &local],
+        ))
+        .map(|_| ())
+    }
+
+    async fn refresh_waiting(&self, replica: &str, until: u64) -> Result<(), StoreError> {
+        let (replica, until) = (text(replica), ms_to_sql(until)?);
+        on_connection!(self, |conn| conn.execute(
+            "UPDATE waiting_call SET expires_at_ms = $2 WHERE replica = $1 AND verdict IS NULL",
+            &[&replica.as_ref(), &until],
+        ))
+        .map(|_| ())
+    }
+
+    async fn approved_by(
+        &self,
+        server: &str,
+        request: u64,
+        plan: &PlanHash,
+    ) -> Result<Vec<String>, StoreError> {
+        let (server, request, plan) = (text(server), ms_to_sql(request)?, plan.to_hex());
+        let rows = on_connection!(self, |conn| conn.query(
+            "SELECT DISTINCT approver FROM approver_decision
+             WHERE server = $1 AND request = $2 AND plan = $3 AND verdict = 'approve'
+             ORDER BY approver",
+            &[&server.as_ref(), &request, &plan],
+        ))?;
+        rows.iter()
+            .map(|r| r.try_get(0).map_err(StoreError::Postgres))
+            .collect()
+    }
+}
+
+fn waiting_sql(filter: &str) -> String {
+    format!(
+        "SELECT {} FROM waiting_call WHERE {filter} ORDER BY id LIMIT {}",
+        waiting::COLUMNS,
+        MAX_WAITING_ROWS
+    )
+}
+
+fn waiting_row(r: &tokio_postgres::Row) -> Result<WaitingCall, StoreError> {
+    let get = |r: &tokio_postgres::Row| -> Result<waiting::Row, tokio_postgres::Error> {
+        Ok((
+            (
+                r.try_get(0)?,
+                r.try_get(1)?,
+                r.try_get(2)?,
+                r.try_get(3)?,
+                r.try_get(4)?,
+                r.try_get(5)?,
+            ),
+            (
+                r.try_get(6)?,
+                r.try_get(7)?,
+                r.try_get(8)?,
+                r.try_get(9)?,
+                r.try_get(10)?,
+                r.try_get(11)?,
+            ),
+        ))
+    };
+    waiting::from_row(get(r).map_err(StoreError::Postgres)?)
 }
 
 fn member_row(roster: Roster, r: &tokio_postgres::Row) -> Result<Member, StoreError> {

@@ -1,0 +1,249 @@
+//! Calls waiting for people on a team's server, shared by all its replicas.
+//!
+//! A gated call waits in the memory of the replica its agent reached: that replica holds the
+//! call's arguments and answers the agent. People's desks may reach any replica. So each waiting
+//! call is also written here, as the desks see it, under a number every replica agrees on; a
+//! desk's decision on any replica is recorded on that row (once: the first verdict stands), and
+//! the replica holding the call reads its decided rows and mints (or denies) there. A replica
+//! keeps its rows' expiry moving while it lives; the rows of a replica that died expire on
+//! their own and no desk sees them after that.
+
+use countersign_core::PlanHash;
+use countersign_core::approver::Verdict;
+
+use crate::error::{ms_from_sql, ms_to_sql};
+use crate::{Store, StoreError};
+
+pub(crate) const TABLE: &str = "waiting_call";
+
+/// The most waiting calls read at once.
+pub const MAX_WAITING_ROWS: usize = 1_000;
+
+/// One waiting call, as the replicas share it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingCall {
+    /// Its number among the server's waiting calls (given by the records; 0 before).
+    pub id: u64,
+    /// The replica that holds it.
+    pub replica: String,
+    /// Its id in that replica's queue.
+    pub local_id: u64,
+    /// The server's name in decisions (its `--approver-url`).
+    pub server: String,
+    /// Who asks.
+    pub tenant: String,
+    /// The plan's hash.
+    pub plan: PlanHash,
+    /// What desks are shown: the request, as JSON.
+    pub request: String,
+    /// How many distinct approvers must approve it.
+    pub approvers: u8,
+    /// When it arrived, ms since the epoch.
+    pub arrived_at_ms: u64,
+    /// Until when desks see it, ms since the epoch.
+    pub expires_at_ms: u64,
+    /// The decision, once there is one.
+    pub verdict: Option<Verdict>,
+    /// A deny's note.
+    pub note: Option<String>,
+}
+
+pub(crate) const COLUMNS: &str = "id, replica, local_id, server, tenant, plan, request, approvers, \
+     arrived_at_ms, expires_at_ms, verdict, note";
+
+/// A row's columns, as read.
+pub(crate) type Row = (
+    (i64, String, i64, String, String, String),
+    (String, i64, i64, i64, Option<String>, Option<String>),
+);
+
+pub(crate) fn from_row(
+    (
+        (id, replica, local_id, server, tenant, plan),
+        (request, approvers, arrived, expires, verdict, note),
+    ): Row,
+) -> Result<WaitingCall, StoreError> {
+    let invalid = |reason: &str| StoreError::InvalidRow {
+        table: TABLE,
+        reason: reason.to_owned(),
+    };
+    Ok(WaitingCall {
+        id: ms_from_sql(id, TABLE)?,
+        replica,
+        local_id: ms_from_sql(local_id, TABLE)?,
+        server,
+        tenant,
+        plan: PlanHash::from_hex(&plan).ok_or_else(|| invalid("a plan hash"))?,
+        request,
+        approvers: u8::try_from(approvers).map_err(|_| invalid("an approver count"))?,
+        arrived_at_ms: ms_from_sql(arrived, TABLE)?,
+        expires_at_ms: ms_from_sql(expires, TABLE)?,
+        verdict: match verdict.as_deref() {
+            None => None,
+            Some("approve") => Some(Verdict::Approve),
+            Some("deny") => Some(Verdict::Deny),
+            Some(_) => return Err(invalid("a verdict")),
+        },
+        note,
+    })
+}
+
+impl Store {
+    /// Writes a new waiting call; answers its number.
+    pub fn put_waiting(&mut self, w: &WaitingCall) -> Result<u64, StoreError> {
+        let (local, arrived, expires) = (
+            ms_to_sql(w.local_id)?,
+            ms_to_sql(w.arrived_at_ms)?,
+            ms_to_sql(w.expires_at_ms)?,
+        );
+        self.with_connection(|conn| {
+            let id: i64 = conn
+                .prepare_cached(
+                    "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request,
+                         approvers, arrived_at_ms, expires_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
+                )?
+                .query_row(
+                    rusqlite::params![
+                        w.replica,
+                        local,
+                        w.server,
+                        w.tenant,
+                        w.plan.to_hex(),
+                        w.request,
+                        i64::from(w.approvers),
+                        arrived,
+                        expires
+                    ],
+                    |r| r.get(0),
+                )?;
+            ms_from_sql(id, TABLE)
+        })
+    }
+
+    fn waiting_rows(
+        &mut self,
+        filter: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Vec<WaitingCall>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM waiting_call WHERE {filter} ORDER BY id LIMIT {MAX_WAITING_ROWS}"
+        );
+        self.with_connection(|conn| {
+            let mut statement = conn.prepare_cached(&sql)?;
+            let rows = statement
+                .query_map(params, |r| {
+                    Ok((
+                        (
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                        ),
+                        (
+                            r.get(6)?,
+                            r.get(7)?,
+                            r.get(8)?,
+                            r.get(9)?,
+                            r.get(10)?,
+                            r.get(11)?,
+                        ),
+                    ))
+                })?
+                .collect::<Result<Vec<Row>, _>>()?;
+            rows.into_iter().map(from_row).collect()
+        })
+    }
+
+    /// The undecided calls of `server` that desks may still see at `now`, oldest first.
+    pub fn waiting_calls(
+        &mut self,
+        server: &str,
+        now: u64,
+    ) -> Result<Vec<WaitingCall>, StoreError> {
+        let now = ms_to_sql(now)?;
+        self.waiting_rows(
+            "server = ?1 AND verdict IS NULL AND expires_at_ms > ?2",
+            rusqlite::params![server, now],
+        )
+    }
+
+    /// Waiting call `id`, decided or not.
+    pub fn waiting_call(&mut self, id: u64) -> Result<Option<WaitingCall>, StoreError> {
+        let id = ms_to_sql(id)?;
+        Ok(self.waiting_rows("id = ?1", [id])?.pop())
+    }
+
+    /// Records `verdict` on waiting call `id` (with a deny's `note`), unless it has one already:
+    /// `false` then, and nothing changes.
+    pub fn decide_waiting(
+        &mut self,
+        id: u64,
+        verdict: Verdict,
+        note: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let id = ms_to_sql(id)?;
+        self.with_connection(|conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE waiting_call SET verdict = ?2, note = ?3
+                     WHERE id = ?1 AND verdict IS NULL",
+                )?
+                .execute(rusqlite::params![id, verdict.code(), note])?;
+            Ok(changed == 1)
+        })
+    }
+
+    /// The decided calls `replica` holds.
+    pub fn decided_waiting(&mut self, replica: &str) -> Result<Vec<WaitingCall>, StoreError> {
+        self.waiting_rows("replica = ?1 AND verdict IS NOT NULL", [replica])
+    }
+
+    /// `replica`'s call `local_id` left its queue: its row goes.
+    pub fn remove_waiting(&mut self, replica: &str, local_id: u64) -> Result<(), StoreError> {
+        let local = ms_to_sql(local_id)?;
+        self.with_connection(|conn| {
+            conn.prepare_cached("DELETE FROM waiting_call WHERE replica = ?1 AND local_id = ?2")?
+                .execute(rusqlite::params![replica, local])?;
+            Ok(())
+        })
+    }
+
+    /// `replica` lives: its undecided rows stay visible until `until`.
+    pub fn refresh_waiting(&mut self, replica: &str, until: u64) -> Result<(), StoreError> {
+        let until = ms_to_sql(until)?;
+        self.with_connection(|conn| {
+            conn.prepare_cached(
+                "UPDATE waiting_call SET expires_at_ms = ?2 WHERE replica = ?1 AND verdict IS NULL",
+            )?
+            .execute(rusqlite::params![replica, until])?;
+            Ok(())
+        })
+    }
+
+    /// The distinct approvers whose kept decisions approve request `request` of `server` over
+    /// `plan`.
+    pub fn approved_by(
+        &mut self,
+        server: &str,
+        request: u64,
+        plan: &PlanHash,
+    ) -> Result<Vec<String>, StoreError> {
+        let request = ms_to_sql(request)?;
+        self.with_connection(|conn| {
+            let mut statement = conn.prepare_cached(
+                "SELECT DISTINCT approver FROM approver_decision
+                 WHERE server = ?1 AND request = ?2 AND plan = ?3 AND verdict = 'approve'
+                 ORDER BY approver",
+            )?;
+            let names = statement
+                .query_map(rusqlite::params![server, request, plan.to_hex()], |r| {
+                    r.get(0)
+                })?
+                .collect::<Result<Vec<String>, _>>()?;
+            Ok(names)
+        })
+    }
+}
