@@ -2577,3 +2577,223 @@ async fn sixty_four_agents_racing_one_works_once_token_across_two_replicas_run_i
     assert_eq!(spent, 1, "one ledger row");
     drop((first, second));
 }
+
+/// The waiting calls desks see on the approver listener at `port`, as `desk` reads them now.
+fn waiting_now(
+    port: u16,
+    trusted: &rustls::pki_types::CertificateDer<'static>,
+    desk: &Desk,
+) -> Vec<Value> {
+    let (status, body) = on_approver_listener(
+        port,
+        trusted,
+        Some(desk),
+        "GET",
+        "/approver/v1/requests",
+        &[],
+        "",
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    body["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["request"].clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_on_a_third() {
+    use countersign_core::approver::Verdict;
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let alice = Desk::new(31);
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (code, _, note) = roster_command("approver", &env, &["add", "alice", &alice.public_text()]);
+    assert_eq!(code, 0, "{note}");
+    // Three replicas, each with an approver listener of its own, one name for desks.
+    let listeners = [free_port(), free_port(), free_port()];
+    let url = format!("https://approvers.example.test:{}", listeners[0]);
+    let env = [
+        ("CONFIRM_SECRET", "three-replicas-secret-0123456789abcdef"),
+        ("CONTROL_DSN", dsn.as_str()),
+    ];
+    let replica = |port: u16| {
+        let listen = format!("127.0.0.1:{port}");
+        let args = [
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--wait",
+            "60",
+            "--db",
+            db.to_str().unwrap(),
+            "--approver-listen",
+            &listen,
+            "--approver-url",
+            &url,
+            "--approver-cert",
+            cert.to_str().unwrap(),
+            "--approver-key",
+            key.to_str().unwrap(),
+        ];
+        Server::start_before(&args, &env, Some(&[]))
+    };
+    let (a, b, c) = (
+        replica(listeners[0]),
+        replica(listeners[1]),
+        replica(listeners[2]),
+    );
+
+    // Asked on A; the desk reads it through B and approves there.
+    let insert = json!({"sql": "INSERT INTO notes(body) VALUES ('across')"});
+    let on_a = Arc::new(agent(&a.url()).await);
+    let asking = {
+        let (agent, insert) = (on_a.clone(), insert.clone());
+        tokio::spawn(async move { call(&agent, "execute", insert).await })
+    };
+    let through_b = listeners[1];
+    let (trusted_b, url_b) = (trusted.clone(), url.clone());
+    let decided = tokio::task::spawn_blocking(move || {
+        let alice = Desk::new(31);
+        let request = first_waiting(through_b, &trusted_b, &alice);
+        // Every replica's desks see the same call under the same number.
+        for port in [listeners[0], listeners[2]] {
+            let seen = waiting_now(port, &trusted_b, &alice);
+            assert_eq!(seen.len(), 1, "{seen:?}");
+            assert_eq!(seen[0]["id"], request["id"]);
+        }
+        let body = alice.decide(&url_b, &request, Verdict::Approve, |_| {});
+        on_approver_listener(
+            through_b,
+            &trusted_b,
+            Some(&alice),
+            "POST",
+            "/approver/v1/decisions",
+            &[],
+            &body.to_string(),
+        )
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(decided.0, 200, "{decided:?}");
+    let content = asking.await.unwrap().structured_content.unwrap();
+    assert_eq!(content["approved"], true, "{content}");
+    // Confirmed on C.
+    let on_c = agent(&c.url()).await;
+    let mut confirm = insert.clone();
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = content["confirmTarget"].clone();
+    confirm["confirmToken"] = content["confirmToken"].clone();
+    let done = call(&on_c, "execute", confirm.clone()).await;
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    let again = call(&on_c, "execute", confirm).await;
+    assert_eq!(again.is_error, Some(true), "works once: {again:?}");
+    let across = |db: &Path| -> i64 {
+        rusqlite::Connection::open(db)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM notes WHERE body = 'across'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(across(&db), 1);
+    // Decided: no replica's desks see it any more.
+    let alice_again = Desk::new(31);
+    for port in listeners {
+        assert!(waiting_now(port, &trusted, &alice_again).is_empty());
+    }
+
+    // A asked again and killed while the call waits: the agent's call there ends; asked again on
+    // B, the desk approves B's call (A's leaves desks' sight within its liveness), and it runs
+    // once.
+    let asking = {
+        let (agent, insert) = (on_a.clone(), insert.clone());
+        tokio::spawn(async move {
+            agent
+                .call_tool(
+                    CallToolRequestParams::new("execute")
+                        .with_arguments(insert.as_object().unwrap().clone()),
+                )
+                .await
+        })
+    };
+    let seen = {
+        let trusted = trusted.clone();
+        tokio::task::spawn_blocking(move || first_waiting(listeners[1], &trusted, &Desk::new(31)))
+            .await
+            .unwrap()
+    };
+    let mut a = a;
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGKILL) };
+    let _ = a.child.wait();
+    let ended = asking.await.unwrap();
+    assert!(
+        ended.is_err() || ended.as_ref().unwrap().is_error == Some(true),
+        "{ended:?}"
+    );
+    let on_b = Arc::new(agent(&b.url()).await);
+    let asking = {
+        let (agent, insert) = (on_b.clone(), insert.clone());
+        tokio::spawn(async move { call(&agent, "execute", insert).await })
+    };
+    let (trusted_b, url_b) = (trusted.clone(), url.clone());
+    let stale = seen["id"].clone();
+    let decided = tokio::task::spawn_blocking(move || {
+        let alice = Desk::new(31);
+        // B's call, not the dead replica's (which may still show for a few seconds).
+        let mut seen = String::new();
+        let request = loop {
+            let path = format!("/approver/v1/requests?wait=20&seen={seen}");
+            let (_, body) = on_approver_listener(
+                listeners[2],
+                &trusted_b,
+                Some(&alice),
+                "GET",
+                &path,
+                &[],
+                "",
+            )
+            .unwrap();
+            let fresh = body["requests"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["request"].clone())
+                .find(|r| r["id"] != stale);
+            if let Some(fresh) = fresh {
+                break fresh;
+            }
+            seen = body["digest"].as_str().unwrap().to_owned();
+        };
+        let body = alice.decide(&url_b, &request, Verdict::Approve, |_| {});
+        on_approver_listener(
+            listeners[2],
+            &trusted_b,
+            Some(&alice),
+            "POST",
+            "/approver/v1/decisions",
+            &[],
+            &body.to_string(),
+        )
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(decided.0, 200, "{decided:?}");
+    let content = asking.await.unwrap().structured_content.unwrap();
+    let mut confirm = insert.clone();
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = content["confirmTarget"].clone();
+    confirm["confirmToken"] = content["confirmToken"].clone();
+    let done = call(&on_b, "execute", confirm).await;
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    assert_eq!(across(&db), 2, "one run per approved call, none twice");
+    drop((b, c));
+}

@@ -14,8 +14,8 @@
 //! engine mints anything. Policy may ask for several distinct approvers (`approvers = M`); the
 //! token is minted when the M-th approval arrives. One deny ends the request.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Extension;
@@ -28,14 +28,14 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use countersign_core::approver::{self, BadDecision, Decision, Verdict};
 use countersign_core::{GateClass, PlanHash};
-use countersign_engine::{ApproveError, Engine, PendingRequest};
-use countersign_store::{DecisionRecord, Records, Roster};
+use countersign_engine::{Engine, PendingRequest, QueueChange};
+use countersign_store::{DecisionRecord, Records, Roster, StoreError, WaitingCall};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::http::{json_response, refuse};
@@ -178,63 +178,167 @@ pub async fn keep_admitted(records: Arc<dyn Records>, admitted: Admitted) {
     }
 }
 
-/// The approvals a waiting request has gathered so far.
-#[derive(Debug, Default)]
-struct Votes {
-    plan: Option<PlanHash>,
-    by: BTreeSet<String>,
-}
+/// How long a replica's waiting calls stay in desks' sight without the replica saying it lives.
+pub const LIVENESS: Duration = Duration::from_secs(10);
+
+/// How often a replica reads the decisions on its calls (made on any replica).
+pub const DECISIONS_EVERY: Duration = Duration::from_millis(200);
+
+/// How often a desk's held read looks for changes made on other replicas.
+const OTHERS_EVERY: Duration = Duration::from_millis(500);
 
 /// What the approver listener serves.
 pub struct Approvers {
     /// The authority whose requests wait here.
     pub engine: Engine,
-    /// The records: approvers, and where decisions are kept.
+    /// The records: approvers, decisions, and the calls waiting on every replica.
     pub records: Arc<dyn Records>,
-    /// This server's name in decisions: its `--approver-url`.
+    /// This server's name in decisions: its `--approver-url` (the same on every replica).
     pub server: String,
-    votes: Mutex<HashMap<u64, Votes>>,
+    /// This replica, among the server's.
+    pub replica: String,
 }
 
 impl Approvers {
-    /// The listener's state.
+    /// The listener's state, for a replica named at random.
     pub fn new(engine: Engine, records: Arc<dyn Records>, server: String) -> Self {
+        let replica: [u8; 8] = rand::random();
         Approvers {
             engine,
             records,
             server,
-            votes: Mutex::new(HashMap::new()),
+            replica: replica.iter().map(|b| format!("{b:02x}")).collect(),
         }
     }
 
-    fn votes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Votes>> {
-        self.votes.lock().unwrap_or_else(|p| p.into_inner())
+    /// The calls waiting on every replica, as a desk sees them (each under its shared number),
+    /// and a digest that changes whenever they do.
+    async fn waiting(&self) -> Result<(Vec<Value>, String), StoreError> {
+        let now = self.engine.now_ms();
+        let rows = self.records.waiting_calls(&self.server, now).await?;
+        let mut requests = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Ok(mut request) = serde_json::from_str::<Value>(&row.request) else {
+                continue;
+            };
+            request["id"] = json!(row.id);
+            let by = self
+                .records
+                .approved_by(&self.server, row.id, &row.plan)
+                .await?;
+            requests.push(json!({ "request": request, "approvedBy": by }));
+        }
+        let digest = Sha256::digest(serde_json::to_vec(&requests).unwrap_or_default());
+        Ok((requests, hex16(&digest)))
     }
 
-    /// The waiting calls as a desk sees them, and a digest that changes whenever they do.
-    fn waiting(&self) -> (Vec<serde_json::Value>, String) {
-        let pending: Vec<PendingRequest> = self
-            .engine
-            .pending()
-            .into_iter()
-            .filter(|r| r.call().is_some())
-            .collect();
-        let mut votes = self.votes();
-        // Votes for requests that left the queue (decided, withdrawn) are dropped here.
-        votes.retain(|id, _| pending.iter().any(|r| r.id == *id));
-        let requests: Vec<serde_json::Value> = pending
-            .iter()
-            .map(|r| {
-                let by: Vec<&String> = votes
-                    .get(&r.id)
-                    .filter(|v| r.call().map(|c| c.plan_hash) == v.plan)
-                    .map(|v| v.by.iter().collect())
-                    .unwrap_or_default();
-                json!({ "request": r, "approvedBy": by })
-            })
-            .collect();
-        let digest = Sha256::digest(serde_json::to_vec(&requests).unwrap_or_default());
-        (requests, hex16(&digest))
+    /// Keeps this replica's waiting calls in the shared records, and carries out the decisions
+    /// made on them on any replica, for as long as the engine lives.
+    pub async fn mirror(self: Arc<Self>) {
+        let mut changes = self.engine.subscribe();
+        let mut mirrored: HashSet<u64> = HashSet::new();
+        let mut decisions = tokio::time::interval(DECISIONS_EVERY);
+        let mut alive = tokio::time::interval(LIVENESS / 3);
+        loop {
+            tokio::select! {
+                change = changes.recv() => match change {
+                    Ok(QueueChange::Added { request }) => {
+                        self.share(&request, &mut mirrored).await;
+                    }
+                    Ok(QueueChange::Removed { id, .. }) => {
+                        if mirrored.remove(&id)
+                            && let Err(e) = self.records.remove_waiting(&self.replica, id).await
+                        {
+                            tracing::warn!(target: "approvers", error = %e, "a call that left still shows to desks until it expires");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Missed some: share whatever waits and is not shared yet.
+                        for request in self.engine.pending() {
+                            self.share(&request, &mut mirrored).await;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                _ = decisions.tick() => self.carry_out().await,
+                _ = alive.tick() => {
+                    let until = self.engine.now_ms().saturating_add(LIVENESS.as_millis() as u64);
+                    if let Err(e) = self.records.refresh_waiting(&self.replica, until).await {
+                        tracing::warn!(target: "approvers", error = %e, "cannot keep this replica's calls in sight");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes `request` (a call) to the shared records, once.
+    async fn share(&self, request: &PendingRequest, mirrored: &mut HashSet<u64>) {
+        let Some(call) = request.call() else { return };
+        if mirrored.contains(&request.id) {
+            return;
+        }
+        let Ok(json) = serde_json::to_string(request) else {
+            return;
+        };
+        let row = WaitingCall {
+            id: 0,
+            replica: self.replica.clone(),
+            local_id: request.id,
+            server: self.server.clone(),
+            tenant: call.tenant.clone(),
+            plan: call.plan_hash,
+            request: json,
+            approvers: call.approvers.max(1),
+            arrived_at_ms: request.arrived_at_ms,
+            expires_at_ms: self
+                .engine
+                .now_ms()
+                .saturating_add(LIVENESS.as_millis() as u64),
+            verdict: None,
+            note: None,
+        };
+        match self.records.put_waiting(&row).await {
+            Ok(_) => {
+                mirrored.insert(request.id);
+            }
+            Err(e) => {
+                tracing::warn!(target: "approvers", error = %e, "a waiting call could not be shared: desks do not see it");
+            }
+        }
+    }
+
+    /// Approves or denies, here, the calls of this replica that were decided on any replica.
+    async fn carry_out(&self) {
+        let decided = match self.records.decided_waiting(&self.replica).await {
+            Ok(decided) => decided,
+            Err(e) => {
+                tracing::debug!(target: "approvers", error = %e, "cannot read the decisions");
+                return;
+            }
+        };
+        for row in decided {
+            let target = serde_json::from_str::<Value>(&row.request)
+                .ok()
+                .and_then(|r| r["plan"]["target"].as_str().map(str::to_owned));
+            let done = match row.verdict {
+                Some(Verdict::Approve) => {
+                    self.engine.approve(row.local_id, target.as_deref()).await
+                }
+                Some(Verdict::Deny) => self.engine.deny(row.local_id, row.note.as_deref()).await,
+                None => continue,
+            };
+            if let Err(e) = done {
+                tracing::warn!(target: "approvers", request = row.id, code = e.code(), "a decision could not be carried out: {e}");
+            }
+            if let Err(e) = self
+                .records
+                .remove_waiting(&self.replica, row.local_id)
+                .await
+            {
+                tracing::warn!(target: "approvers", error = %e, "a decided call's row stays");
+            }
+        }
     }
 
     /// The approver on the records for `peer`, if it is still active.
@@ -291,13 +395,28 @@ async fn requests(
             _ => {}
         }
     }
-    // Subscribed before the first look: a change between the look and the wait is not missed.
-    let mut changes = a.engine.subscribe();
-    let (mut list, mut digest) = a.waiting();
-    if seen.as_deref() == Some(digest.as_str()) && !wait.is_zero() {
-        let _ = tokio::time::timeout(wait, changes.recv()).await;
-        (list, digest) = a.waiting();
-    }
+    let deadline = tokio::time::Instant::now() + wait;
+    let (list, digest) = loop {
+        // Subscribed before the look: a change here between the look and the wait is not
+        // missed; a change on another replica is seen at the next look.
+        let mut changes = a.engine.subscribe();
+        let (list, digest) = match a.waiting().await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(target: "approvers", error = %e, "cannot read the waiting calls");
+                return refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "records_unavailable",
+                    "the server cannot read its waiting calls now; ask again",
+                );
+            }
+        };
+        if seen.as_deref() != Some(digest.as_str()) || tokio::time::Instant::now() >= deadline {
+            break (list, digest);
+        }
+        let next = (tokio::time::Instant::now() + OTHERS_EVERY).min(deadline);
+        let _ = tokio::time::timeout_at(next, changes.recv()).await;
+    };
     json_response(
         StatusCode::OK,
         &json!({ "server": a.server, "digest": digest, "requests": list }),
@@ -409,38 +528,35 @@ async fn decide(
             "a decision holds for at most 10 minutes: nothing was decided",
         );
     }
-    // Every signed field must be the waiting request's own.
-    let Some(waiting) = a
-        .engine
-        .pending()
-        .into_iter()
-        .find(|r| r.id == sent.request)
-    else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "not_pending",
-            "no call with this id waits here (decided, withdrawn, or never asked)",
-        );
+    // Every signed field must be the waiting call's own.
+    let row = match a.records.waiting_call(sent.request).await {
+        Ok(Some(row))
+            if row.server == a.server && row.verdict.is_none() && row.expires_at_ms > now =>
+        {
+            row
+        }
+        Ok(_) => {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                "not_pending",
+                "no call with this number waits here (decided, withdrawn, or never asked)",
+            );
+        }
+        Err(e) => return records_unavailable(&e),
     };
-    let Some(call) = waiting.call() else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "not_pending",
-            "no call with this id waits here",
-        );
-    };
-    let matches = call.plan_hash == plan
-        && call.tenant == sent.tenant
-        && waiting.plan.tool == sent.tool
-        && waiting.plan.target == sent.target
-        && call.class == class;
+    let shown: Value = serde_json::from_str(&row.request).unwrap_or(Value::Null);
+    let matches = row.plan == plan
+        && row.tenant == sent.tenant
+        && shown["plan"]["tool"].as_str() == Some(sent.tool.as_str())
+        && shown["plan"]["target"].as_str() == Some(sent.target.as_str())
+        && shown["asks"]["class"].as_str() == Some(class.code());
     if !matches {
         tracing::warn!(target: "approvers", approver = %name, request = sent.request, "a decision over another call than the one waiting was refused");
         return refuse(
             StatusCode::CONFLICT,
             "does_not_match",
-            "the decision is about another call than the one waiting under this id (its plan, \
-             tenant, tool, target or class differ): nothing was decided",
+            "the decision is about another call than the one waiting under this number (its \
+             plan, tenant, tool, target or class differ): nothing was decided",
         );
     }
     let record = DecisionRecord {
@@ -467,57 +583,58 @@ async fn decide(
         );
     }
     tracing::info!(target: "approvers", approver = %name, request = sent.request, verdict = verdict.code(), "decision accepted");
-    match verdict {
+    let (count, needed, note) = match verdict {
         Verdict::Deny => {
-            a.votes().remove(&sent.request);
             let note = if note.is_empty() {
                 format!("denied by approver {name}")
             } else {
                 format!("denied by approver {name}: {note}")
             };
-            match a.engine.deny(sent.request, Some(&note)).await {
-                Ok(()) => json_response(StatusCode::OK, &json!({ "outcome": "denied" })),
-                Err(e) => approve_failed(&e),
-            }
+            (0, 0, Some(note))
         }
         Verdict::Approve => {
-            let (count, needed) = {
-                let mut votes = a.votes();
-                let entry = votes.entry(sent.request).or_default();
-                if entry.plan != Some(plan) {
-                    *entry = Votes {
-                        plan: Some(plan),
-                        by: BTreeSet::new(),
-                    };
-                }
-                entry.by.insert(name);
-                (entry.by.len(), usize::from(call.approvers.max(1)))
+            let by = match a.records.approved_by(&a.server, row.id, &plan).await {
+                Ok(by) => by,
+                Err(e) => return records_unavailable(&e),
             };
-            if count < needed {
+            let needed = usize::from(row.approvers.max(1));
+            if by.len() < needed {
                 return json_response(
                     StatusCode::ACCEPTED,
-                    &json!({ "outcome": "recorded", "approvals": count, "needed": needed }),
+                    &json!({ "outcome": "recorded", "approvals": by.len(), "needed": needed }),
                 );
             }
-            match a.engine.approve(sent.request, Some(&sent.target)).await {
-                Ok(()) => {
-                    a.votes().remove(&sent.request);
-                    json_response(
-                        StatusCode::OK,
-                        &json!({ "outcome": "approved", "approvals": count, "needed": needed }),
-                    )
-                }
-                Err(e) => approve_failed(&e),
-            }
+            (by.len(), needed, None)
         }
+    };
+    // The verdict goes on the shared row; the replica holding the call carries it out (it
+    // holds the arguments and answers the agent). The first verdict stands.
+    match a
+        .records
+        .decide_waiting(row.id, verdict, note.as_deref())
+        .await
+    {
+        Ok(true) if verdict == Verdict::Deny => {
+            json_response(StatusCode::OK, &json!({ "outcome": "denied" }))
+        }
+        Ok(true) => json_response(
+            StatusCode::OK,
+            &json!({ "outcome": "approved", "approvals": count, "needed": needed }),
+        ),
+        Ok(false) => refuse(
+            StatusCode::CONFLICT,
+            "decided",
+            "another decision on this call came first",
+        ),
+        Err(e) => records_unavailable(&e),
     }
 }
 
-fn approve_failed(e: &ApproveError) -> Response {
-    let status = match e {
-        ApproveError::NotPending => StatusCode::NOT_FOUND,
-        ApproveError::TooSoon { .. } | ApproveError::TargetNotTyped => StatusCode::CONFLICT,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    refuse(status, e.code(), &e.to_string())
+fn records_unavailable(e: &StoreError) -> Response {
+    tracing::warn!(target: "approvers", error = %e, "records unavailable");
+    refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "records_unavailable",
+        "the server cannot read or keep decisions now; nothing was decided. Decide again.",
+    )
 }

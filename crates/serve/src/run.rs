@@ -344,6 +344,7 @@ pub async fn run(
     // The approver listener: its TLS (read now, so a bad file stops the start) and its port,
     // bound before the agents' so that a server whose desks cannot connect never serves agents.
     let mut keeper = None;
+    let mut mirror = None;
     let approver_side = match &start.approvers {
         Some(listen) => {
             let admitted: approvers::Admitted = Default::default();
@@ -380,6 +381,9 @@ pub async fn run(
                 records.clone(),
                 listen.url.clone(),
             ));
+            // This replica's waiting calls go to the shared records, where any replica's desks
+            // see them, and decisions made on any replica come back to be carried out here.
+            mirror = Some(tokio::spawn(state.clone().mirror()));
             Some((
                 listener,
                 tokio_rustls::TlsAcceptor::from(config),
@@ -445,8 +449,8 @@ pub async fn run(
     {
         tracing::warn!(target: "serve", "requests still in flight after {} s: cut", SHUTDOWN_GRACE.as_secs());
     }
-    if let Some(keeper) = keeper {
-        keeper.abort();
+    for task in [keeper, mirror].into_iter().flatten() {
+        task.abort();
     }
     for upstream in upstreams {
         upstream.stop().await;
