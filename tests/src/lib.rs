@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod account;
+pub mod approver;
 pub mod calls;
 pub mod desk_process;
 pub mod files;
