@@ -10,7 +10,7 @@ run: ## Set up, build, and run the demo: the desk's window plus a scripted agent
 test: ## Set up and run every test, as CI does.
 	.ci/test
 
-bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend, and spends/s with verify+spend p50/p99 on SQLite and PostgreSQL side by side; pipe + desk: pass-through latency vs direct, one and two bare relays; the pipe's idle memory and start time; the desk's memory per agent; the desk's window: preflight → visible warm and after the idle release, memory open and released; the desk under 1,500 stalled connections and 2,000 unanswered preflights; the desk under 32 agents with real upstreams (every answer its caller's, latency, CPU, memory) and 200 agents connecting and disconnecting for a minute (threads, descriptors, processes, memory before and after)).
+bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; store: durable spend, and spends/s with verify+spend p50/p99 on SQLite and PostgreSQL side by side; pipe + desk: pass-through latency vs direct, one and two bare relays; the pipe's idle memory and start time; the desk's memory per agent; the desk's window: preflight → visible warm and after the idle release, memory open and released; the desk under 1,500 stalled connections and 2,000 unanswered preflights; the desk under 32 agents with real upstreams (every answer its caller's, latency, CPU, memory) and 200 agents connecting and disconnecting for a minute (threads, descriptors, processes, memory before and after); countersign serve: open-call latency beside its upstream reached directly over HTTP, ask-and-approve cycles and confirms per second across two replicas on PostgreSQL, memory idle and per agent).
 	cargo bench --locked -p countersign-core
 	cargo bench --locked -p countersign-store --bench spend
 	.ci/with-postgres cargo bench --locked -p countersign-store --features postgres --bench records
@@ -19,6 +19,7 @@ bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; stor
 	.ci/with-keychain xvfb-run -a -s "-screen 0 1280x800x24" cargo run --locked -q -p countersign-tests --example desk_bench
 	.ci/with-keychain xvfb-run -a -s "-screen 0 1280x800x24" cargo run --locked -q -p countersign-tests --example flood_bench
 	cargo build --locked -q -p countersign-tests --bin desk_child --example load_bench && ./target/debug/examples/load_bench
+	cargo build --locked -q -p countersign-serve -p countersign-tests --example serve_bench && .ci/with-postgres ./target/debug/examples/serve_bench
 
 fuzz: ## Run each fuzz target for FUZZ_SECONDS (default 60).
 	.ci/fuzz $${FUZZ_SECONDS:-60}

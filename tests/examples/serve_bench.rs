@@ -1,0 +1,362 @@
+//! `countersign serve`, measured and printed (figures are not asserted: the machines are shared
+//! and noisy; a wrong answer makes the run exit 1). Needs PostgreSQL: `make bench` runs it under
+//! `.ci/with-postgres`.
+//!
+//! 1. **Open calls.** A read-only `countersign serve` on the built-in tools is the upstream,
+//!    reached directly over HTTP; a second `serve` stands in front of it (`--url`). The same
+//!    `query` call, one HTTP/1.1 request per call, alternately direct and through the second
+//!    server: median and p99 of each, and their ratio, in one run.
+//! 2. **Confirms across two replicas.** Two writable replicas on one control database, with
+//!    approver listeners. N works-once calls are asked on the first and approved through the
+//!    second by a desk (a real signed decision each: the whole cycle per second is printed);
+//!    then the N confirms go at once, alternately to each replica: confirms per second, and
+//!    every one must run exactly once.
+//! 3. **Memory.** The first replica's RSS idle, and after A agents (each with its own agent key,
+//!    so its own tenant) listed the tools and made one call: per agent.
+//!
+//! Environment: `COUNTERSIGN_SERVE_BENCH_CALLS` (2000 per arm), `COUNTERSIGN_SERVE_BENCH_CONFIRMS`
+//! (200), `COUNTERSIGN_SERVE_BENCH_AGENTS` (100).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use countersign_core::approver::Verdict;
+use countersign_tests::approver::{Desk, first_waiting, on_approver_listener};
+use countersign_tests::measure;
+use countersign_tests::window::{bin, free_port};
+use serde_json::{Value, json};
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A `countersign serve` child, killed when dropped.
+struct Serve {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Command::new(bin("countersign-serve"))
+        .arg("--listen")
+        .arg(&listen)
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn,serve=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("countersign-serve: build it first (cargo build -p countersign-serve)");
+    let mut stderr = child.stderr.take().unwrap();
+    let (ready, told) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut seen, mut buf, mut said) = (Vec::new(), [0u8; 4096], false);
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if !said && String::from_utf8_lossy(&seen).contains("listening on") {
+                said = true;
+                let _ = ready.send(());
+            }
+        }
+    });
+    told.recv_timeout(Duration::from_secs(60))
+        .expect("the server did not start");
+    Serve { child, port }
+}
+
+/// One JSON-RPC POST to `port`'s `/mcp` on a connection of its own, with `bearer` when given.
+fn post(port: u16, body: &Value, bearer: Option<&str>) -> Value {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = body.to_string();
+    let auth = bearer
+        .map(|b| format!("Authorization: Bearer {b}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: \
+         application/json\r\nAccept: application/json, text/event-stream\r\n{auth}Content-Length: \
+         {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+fn call(name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}})
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn tools_db(dir: &Path) -> PathBuf {
+    let db = dir.join("tools.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT);")
+        .unwrap();
+    db
+}
+
+fn main() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dsn = runtime.block_on(countersign_tests::postgres::shared_database());
+    let dir = tempfile::tempdir().unwrap();
+    let db = tools_db(dir.path());
+    let db_arg = db.to_str().unwrap();
+
+    // 1. Open calls: direct, and through a second server.
+    let calls = env_or("COUNTERSIGN_SERVE_BENCH_CALLS", 2000);
+    let direct = serve(
+        &[
+            "--read-only",
+            "--unauthenticated",
+            "--behind-tls-proxy",
+            "--db",
+            db_arg,
+        ],
+        &[],
+    );
+    let upstream = format!("http://127.0.0.1:{}/mcp", direct.port);
+    let front = serve(
+        &[
+            "--read-only",
+            "--unauthenticated",
+            "--behind-tls-proxy",
+            "--url",
+            &upstream,
+        ],
+        &[],
+    );
+    let query = call("query", json!({"sql": "SELECT count(*) AS n FROM notes"}));
+    for port in [direct.port, front.port] {
+        let answer = post(port, &query, None);
+        if answer["result"]["isError"] == json!(true) || answer["result"].is_null() {
+            eprintln!("serve_bench: the query failed: {answer}");
+            std::process::exit(1);
+        }
+    }
+    let (mut direct_times, mut front_times) = (Vec::new(), Vec::new());
+    for i in 0..calls * 2 {
+        let (port, times) = if i % 2 == 0 {
+            (direct.port, &mut direct_times)
+        } else {
+            (front.port, &mut front_times)
+        };
+        let started = Instant::now();
+        let answer = post(port, &query, None);
+        times.push(started.elapsed());
+        if answer["result"].is_null() {
+            eprintln!("serve_bench: no result: {answer}");
+            std::process::exit(1);
+        }
+    }
+    direct_times.sort();
+    front_times.sort();
+    let (d50, d99) = (quantile(&direct_times, 0.5), quantile(&direct_times, 0.99));
+    let (f50, f99) = (quantile(&front_times, 0.5), quantile(&front_times, 0.99));
+    println!("open calls ({calls} per arm, interleaved, one HTTP/1.1 connection per call):");
+    println!(
+        "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs",
+        micros(d50),
+        micros(d99)
+    );
+    println!(
+        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99)",
+        micros(f50),
+        micros(f99),
+        f50.as_secs_f64() / d50.as_secs_f64(),
+        f99.as_secs_f64() / d99.as_secs_f64()
+    );
+    drop((front, direct));
+
+    // 2. Confirms across two replicas.
+    let confirms = env_or("COUNTERSIGN_SERVE_BENCH_CONFIRMS", 200);
+    let agents = env_or("COUNTERSIGN_SERVE_BENCH_AGENTS", 100);
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let trusted = certified.cert.der().clone();
+    let desk = Desk::new(41);
+    let roster = |args: &[&str]| {
+        let out = Command::new(bin("countersign-serve"))
+            .args(args)
+            .env("CONTROL_DSN", &dsn)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    roster(&["approver", "add", "bench", &desk.public_text()]);
+    let listeners = [free_port(), free_port()];
+    let url = format!("https://localhost:{}", listeners[0]);
+    let secret = "serve-bench-secret-0123456789abcdefghij";
+    let replica = |listener: u16| {
+        let listen = format!("127.0.0.1:{listener}");
+        serve(
+            &[
+                "--behind-tls-proxy",
+                "--agent-keys",
+                "--wait",
+                "60",
+                "--db",
+                db_arg,
+                "--approver-listen",
+                &listen,
+                "--approver-url",
+                &url,
+                "--approver-cert",
+                cert.to_str().unwrap(),
+                "--approver-key",
+                key.to_str().unwrap(),
+            ],
+            &[("CONFIRM_SECRET", secret), ("CONTROL_DSN", &dsn)],
+        )
+    };
+    let (first, second) = (replica(listeners[0]), replica(listeners[1]));
+    let agent_key = roster(&["agent", "add", "bench"]);
+    let idle_kb = measure::rss_kb(first.child.id()).unwrap_or(0);
+
+    let cycle_started = Instant::now();
+    let mut tokens = Vec::new();
+    for i in 0..confirms {
+        let sql = format!("INSERT INTO notes(body) VALUES ('c{i}')");
+        let (port, bearer) = (first.port, agent_key.clone());
+        let asking = {
+            let sql = sql.clone();
+            std::thread::spawn(move || {
+                post(port, &call("execute", json!({"sql": sql})), Some(&bearer))
+            })
+        };
+        let request = first_waiting(listeners[1], &trusted, &desk);
+        let decision = desk.decide(&url, &request, Verdict::Approve, |_| {});
+        let (status, body) = on_approver_listener(
+            listeners[1],
+            &trusted,
+            Some(&desk),
+            "POST",
+            "/approver/v1/decisions",
+            &[],
+            &decision.to_string(),
+        )
+        .unwrap();
+        if status != 200 {
+            eprintln!("serve_bench: the decision was refused: {body}");
+            std::process::exit(1);
+        }
+        let answer = asking.join().unwrap();
+        let content = answer["result"]["structuredContent"].clone();
+        if content["approved"] != json!(true) {
+            eprintln!("serve_bench: not approved: {answer}");
+            std::process::exit(1);
+        }
+        tokens.push((sql, content));
+    }
+    let cycle = cycle_started.elapsed();
+    let (ports, bearer) = ([first.port, second.port], Arc::new(agent_key.clone()));
+    let confirm_started = Instant::now();
+    let workers: Vec<_> = tokens
+        .chunks(tokens.len().div_ceil(16).max(1))
+        .enumerate()
+        .map(|(w, chunk)| {
+            let (chunk, bearer) = (chunk.to_vec(), bearer.clone());
+            std::thread::spawn(move || {
+                let mut ran = 0;
+                for (i, (sql, content)) in chunk.into_iter().enumerate() {
+                    let arguments = json!({"sql": sql, "confirm": true,
+                        "confirmTarget": content["confirmTarget"],
+                        "confirmToken": content["confirmToken"]});
+                    let answer = post(
+                        ports[(w + i) % 2],
+                        &call("execute", arguments),
+                        Some(&bearer),
+                    );
+                    if answer["result"]["isError"] != json!(true) && !answer["result"].is_null() {
+                        ran += 1;
+                    }
+                }
+                ran
+            })
+        })
+        .collect();
+    let ran: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    let confirm_time = confirm_started.elapsed();
+    let rows: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM notes", [], |r| r.get(0))
+        .unwrap();
+    println!("two replicas on one control database ({confirms} works-once calls):");
+    println!(
+        "  ask on one, approve through the other (signed), answered: {:>7.1} cycles/s",
+        confirms as f64 / cycle.as_secs_f64()
+    );
+    println!(
+        "  confirms, 16 at once, alternating replicas:               {:>7.1} confirms/s",
+        ran as f64 / confirm_time.as_secs_f64()
+    );
+    if ran != confirms || rows != confirms as i64 {
+        eprintln!(
+            "serve_bench: {ran} confirms ran and {rows} rows exist, for {confirms} approvals"
+        );
+        std::process::exit(1);
+    }
+
+    // 3. Memory per agent: each its own key, so its own tenant.
+    let before_kb = measure::rss_kb(first.child.id()).unwrap_or(0);
+    let keys: Vec<String> = (0..agents)
+        .map(|i| roster(&["agent", "add", &format!("agent-{i}")]))
+        .collect();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let count = call("query", json!({"sql": "SELECT count(*) AS n FROM notes"}));
+    for key in &keys {
+        if post(first.port, &list, Some(key))["result"].is_null()
+            || post(first.port, &count, Some(key))["result"].is_null()
+        {
+            eprintln!("serve_bench: an agent was not answered");
+            std::process::exit(1);
+        }
+    }
+    let loaded_kb = measure::rss_kb(first.child.id()).unwrap_or(0);
+    println!("memory of one replica (RSS):");
+    println!("  idle, just started                   {:>8} kB", idle_kb);
+    println!("  after the confirms above             {:>8} kB", before_kb);
+    println!(
+        "  after {agents} more agents (list + one call each) {:>8} kB   ({:.1} kB per agent)",
+        loaded_kb,
+        loaded_kb.saturating_sub(before_kb) as f64 / agents.max(1) as f64
+    );
+    drop((first, second));
+}
