@@ -2359,12 +2359,13 @@ async fn sixty_four_agents_racing_one_works_once_token_across_two_replicas_run_i
                       "params": {"name": "execute", "arguments": arguments}})
     .to_string();
 
-    // 64 agents confirm at once, alternately on each replica (as a round-robin proxy would).
-    let ports = [first.port, second.port];
+    // 64 agents confirm at once through one address, a round-robin proxy in front of both.
+    let proxy = countersign_tests::proxy::RoundRobin::start(vec![first.port, second.port]).await;
+    let port = proxy.port();
     let start = Arc::new(std::sync::Barrier::new(64));
     let racers: Vec<_> = (0..64)
-        .map(|i| {
-            let (call, start, port) = (call.clone(), start.clone(), ports[i % 2]);
+        .map(|_| {
+            let (call, start) = (call.clone(), start.clone());
             std::thread::spawn(move || {
                 start.wait();
                 let (status, _, body) = post(port, &[], &call);

@@ -15,6 +15,7 @@ pub mod files;
 pub mod keyring;
 pub mod measure;
 pub mod postgres;
+pub mod proxy;
 pub mod window;
 pub mod xwindow;
 

@@ -1,0 +1,46 @@
+//! A round-robin TCP proxy on loopback: one address in front of several replicas of a server,
+//! each new connection to the next one, as a load balancer in front of `countersign serve`
+//! would do.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::net::{TcpListener, TcpStream};
+
+/// The proxy; it stops when dropped.
+#[derive(Debug)]
+pub struct RoundRobin {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RoundRobin {
+    /// A proxy in front of `127.0.0.1:PORT` for each of `backends`, in turn.
+    pub async fn start(backends: Vec<u16>) -> RoundRobin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let next = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let backend = backends[next.fetch_add(1, Ordering::Relaxed) % backends.len()];
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(("127.0.0.1", backend)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        RoundRobin { port, task }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for RoundRobin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
