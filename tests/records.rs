@@ -778,6 +778,7 @@ fn waiting_call(replica: &str, local_id: u64, expires_at_ms: u64) -> WaitingCall
         expires_at_ms,
         verdict: None,
         note: None,
+        minted_by: None,
     }
 }
 
@@ -785,20 +786,19 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
     r: R,
 ) {
     let server = "https://approvers.example.com";
+    let tenant = "key:ci@server:db";
     let a = r.put_waiting(&waiting_call("a", 1, 10_000)).await.unwrap();
     let b = r.put_waiting(&waiting_call("b", 1, 10_000)).await.unwrap();
     let c = r.put_waiting(&waiting_call("a", 2, 5_000)).await.unwrap();
     assert!(a != b && b != c && a != c);
     // The same call of the same replica twice: refused.
     assert!(r.put_waiting(&waiting_call("a", 1, 10_000)).await.is_err());
-    let seen: Vec<u64> = r
-        .waiting_calls(server, 6_000)
-        .await
-        .unwrap()
-        .iter()
-        .map(|w| w.id)
-        .collect();
-    assert_eq!(seen, [a, b], "the expired one is not seen");
+    let ids = |calls: Vec<WaitingCall>| calls.iter().map(|w| w.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(r.waiting_calls(server, 6_000).await.unwrap()),
+        [a, b],
+        "the expired one is not seen"
+    );
     assert!(
         r.waiting_calls("https://other", 0)
             .await
@@ -813,65 +813,92 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
             ..waiting_call("a", 1, 10_000)
         }
     );
-    // The first verdict stands.
+    // The first verdict stands, and keeps the call on record until the time given.
     assert!(
-        r.decide_waiting(a, Verdict::Deny, Some("no"))
+        r.decide_waiting(a, Verdict::Deny, Some("no"), 30_000)
             .await
             .unwrap()
     );
-    assert!(!r.decide_waiting(a, Verdict::Approve, None).await.unwrap());
     assert!(
-        !r.decide_waiting(9_999, Verdict::Approve, None)
+        !r.decide_waiting(a, Verdict::Approve, None, 30_000)
             .await
             .unwrap()
     );
-    let decided = r.decided_waiting("a").await.unwrap();
-    assert_eq!(decided.len(), 1);
+    assert!(
+        !r.decide_waiting(9_999, Verdict::Approve, None, 30_000)
+            .await
+            .unwrap()
+    );
+    let decided = r.waiting_call(a).await.unwrap().unwrap();
     assert_eq!(
-        (decided[0].verdict, decided[0].note.as_deref()),
-        (Some(Verdict::Deny), Some("no"))
+        (
+            decided.verdict,
+            decided.note.as_deref(),
+            decided.expires_at_ms
+        ),
+        (Some(Verdict::Deny), Some("no"), 30_000)
     );
-    assert!(r.decided_waiting("b").await.unwrap().is_empty());
-    // A living replica keeps its undecided rows in sight; the row of a call that left goes.
+    assert_eq!(ids(r.waiting_calls(server, 6_000).await.unwrap()), [b]);
+    // What a replica whose agent asks again finds: the oldest undecided call of that tenant and
+    // plan, or an approved one nobody minted yet; once claimed, nobody else can claim it.
+    let plan = PlanHash::from_bytes([1; 32]);
+    let found = r.waiting_for(server, tenant, &plan, 6_000).await.unwrap();
+    assert_eq!(found.map(|w| w.id), Some(b), "a's is denied: not to be had");
+    let other = r.waiting_for(server, "key:other@server:db", &plan, 6_000);
+    assert_eq!(other.await.unwrap(), None);
+    assert!(!r.claim_mint(b, "c").await.unwrap(), "not approved yet");
+    assert!(
+        r.decide_waiting(b, Verdict::Approve, None, 40_000)
+            .await
+            .unwrap()
+    );
+    let found = r.waiting_for(server, tenant, &plan, 6_000).await.unwrap();
+    assert_eq!(found.map(|w| w.id), Some(b));
+    assert!(r.claim_mint(b, "c").await.unwrap());
+    assert!(!r.claim_mint(b, "b").await.unwrap(), "one replica mints");
+    let claimed = r.waiting_call(b).await.unwrap().unwrap();
+    assert_eq!(claimed.minted_by.as_deref(), Some("c"));
+    assert_eq!(
+        r.waiting_for(server, tenant, &plan, 6_000).await.unwrap(),
+        None
+    );
+    // A living replica keeps its undecided rows in sight; the row of a call that left goes, and
+    // so does one forgotten.
     r.refresh_waiting("a", 20_000).await.unwrap();
-    let seen: Vec<u64> = r
-        .waiting_calls(server, 15_000)
-        .await
-        .unwrap()
-        .iter()
-        .map(|w| w.id)
-        .collect();
-    assert_eq!(seen, [c]);
+    assert_eq!(ids(r.waiting_calls(server, 15_000).await.unwrap()), [c]);
     r.remove_waiting("a", 1).await.unwrap();
     assert_eq!(r.waiting_call(a).await.unwrap(), None);
+    r.forget_waiting(c).await.unwrap();
+    assert_eq!(r.waiting_call(c).await.unwrap(), None);
+    // Out of sight long enough: pruned (a's was removed, c's forgotten; b's record lasts to 40 s).
+    assert_eq!(r.prune_waiting(40_000).await.unwrap(), 0);
+    assert_eq!(r.prune_waiting(40_001).await.unwrap(), 1);
+    assert_eq!(r.waiting_call(b).await.unwrap(), None);
     // Approvals are counted by distinct approver over the same request and plan.
     let mut d = decision_record(b, Verdict::Approve);
     d.server = server.into();
-    d.plan = PlanHash::from_bytes([1; 32]);
+    d.plan = plan;
     r.put_decision(&d).await.unwrap();
     r.put_decision(&d).await.unwrap();
-    r.put_decision(&DecisionRecord {
-        approver: "bob".into(),
+    let by = |name: &str| DecisionRecord {
+        approver: name.into(),
         ..d.clone()
-    })
-    .await
-    .unwrap();
+    };
+    r.put_decision(&by("bob")).await.unwrap();
     r.put_decision(&DecisionRecord {
-        approver: "carol".into(),
         verdict: Verdict::Deny,
-        ..d.clone()
+        ..by("carol")
     })
     .await
     .unwrap();
     r.put_decision(&DecisionRecord {
-        approver: "dave".into(),
         plan: PlanHash::from_bytes([2; 32]),
-        ..d.clone()
+        ..by("dave")
     })
     .await
     .unwrap();
     assert_eq!(
-        r.approved_by(server, b, &d.plan).await.unwrap(),
+        r.approved_by(server, b, &plan).await.unwrap(),
         ["alice", "bob"]
     );
 }

@@ -2510,9 +2510,9 @@ async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_o
         assert!(waiting_now(port, &trusted, &alice_again).is_empty());
     }
 
-    // A asked again and killed while the call waits: the agent's call there ends; asked again on
-    // B, the desk approves B's call (A's leaves desks' sight within its liveness), and it runs
-    // once.
+    // A asked again and killed while the call waits: the agent's call there ends. Asked again
+    // on B, the call re-attaches to the one desks already see (no second entry), the desk
+    // approves it, B mints for the agent waiting there, and it runs once.
     let asking = {
         let (agent, insert) = (on_a.clone(), insert.clone());
         tokio::spawn(async move {
@@ -2544,35 +2544,13 @@ async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_o
         tokio::spawn(async move { call(&agent, "execute", insert).await })
     };
     let (trusted_b, url_b) = (trusted.clone(), url.clone());
-    let stale = seen["id"].clone();
     let decided = tokio::task::spawn_blocking(move || {
         let alice = Desk::new(31);
-        // B's call, not the dead replica's (which may still show for a few seconds).
-        let mut seen = String::new();
-        let request = loop {
-            let path = format!("/approver/v1/requests?wait=20&seen={seen}");
-            let (_, body) = on_approver_listener(
-                listeners[2],
-                &trusted_b,
-                Some(&alice),
-                "GET",
-                &path,
-                &[],
-                "",
-            )
-            .unwrap();
-            let fresh = body["requests"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| r["request"].clone())
-                .find(|r| r["id"] != stale);
-            if let Some(fresh) = fresh {
-                break fresh;
-            }
-            seen = body["digest"].as_str().unwrap().to_owned();
-        };
-        let body = alice.decide(&url_b, &request, Verdict::Approve, |_| {});
+        // One entry for the call, whichever replicas it was asked on.
+        let listed = waiting_now(listeners[2], &trusted_b, &alice);
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0]["id"], seen["id"]);
+        let body = alice.decide(&url_b, &seen, Verdict::Approve, |_| {});
         on_approver_listener(
             listeners[2],
             &trusted_b,

@@ -223,6 +223,15 @@ impl Engine {
             .collect()
     }
 
+    /// Whether a preflight waits on request `id` right now (an agent is there to be answered).
+    /// A team's server with several replicas mints an approval where its agent waits.
+    pub fn awaited(&self, id: u64) -> bool {
+        lock(&self.inner.state)
+            .requests
+            .get(&id)
+            .is_some_and(|e| e.decision.receiver_count() > 0)
+    }
+
     /// Asks the window to come forward.
     pub fn request_focus(&self) {
         self.publish(QueueChange::Focus { request: None });

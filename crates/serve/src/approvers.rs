@@ -14,7 +14,7 @@
 //! engine mints anything. Policy may ask for several distinct approvers (`approvers = M`); the
 //! token is minted when the M-th approval arrives. One deny ends the request.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -181,11 +181,30 @@ pub async fn keep_admitted(records: Arc<dyn Records>, admitted: Admitted) {
 /// How long a replica's waiting calls stay in desks' sight without the replica saying it lives.
 pub const LIVENESS: Duration = Duration::from_secs(10);
 
+/// How long a call that left desks' sight stays on record before it is pruned.
+pub const PRUNE_AFTER: Duration = Duration::from_secs(3600);
+
 /// How often a replica reads the decisions on its calls (made on any replica).
 pub const DECISIONS_EVERY: Duration = Duration::from_millis(200);
 
 /// How often a desk's held read looks for changes made on other replicas.
 const OTHERS_EVERY: Duration = Duration::from_millis(500);
+
+/// What an agent whose call was approved and taken on another replica is told here.
+pub const TAKEN_ELSEWHERE: &str = "this call was approved, and its token given where the agent \
+waited for it, on another replica of this server. Nothing was executed here. If that was not \
+you, call again: a new approval is needed";
+
+/// A call waiting here, and the shared row its decision comes on.
+#[derive(Debug, Clone)]
+struct Link {
+    /// The row's number.
+    row: u64,
+    /// Whether the row is this replica's own.
+    owned: bool,
+    /// The call's target (an approval here types it, as the person did at the desk).
+    target: String,
+}
 
 /// What the approver listener serves.
 pub struct Approvers {
@@ -234,19 +253,23 @@ impl Approvers {
 
     /// Keeps this replica's waiting calls in the shared records, and carries out the decisions
     /// made on them on any replica, for as long as the engine lives.
+    ///
+    /// Each local waiting call is linked to one shared row: its own, or (an agent asking again
+    /// on this replica for a call another replica already shares) that replica's. An approval
+    /// is minted by exactly one replica, one where the agent waits now (it claims the mint in
+    /// the records); a deny is carried out wherever the call waits.
     pub async fn mirror(self: Arc<Self>) {
         let mut changes = self.engine.subscribe();
-        let mut mirrored: HashSet<u64> = HashSet::new();
+        let mut links: HashMap<u64, Link> = HashMap::new();
         let mut decisions = tokio::time::interval(DECISIONS_EVERY);
         let mut alive = tokio::time::interval(LIVENESS / 3);
         loop {
             tokio::select! {
                 change = changes.recv() => match change {
-                    Ok(QueueChange::Added { request }) => {
-                        self.share(&request, &mut mirrored).await;
-                    }
+                    Ok(QueueChange::Added { request }) => self.share(&request, &mut links).await,
                     Ok(QueueChange::Removed { id, .. }) => {
-                        if mirrored.remove(&id)
+                        if let Some(link) = links.remove(&id)
+                            && link.owned
                             && let Err(e) = self.records.remove_waiting(&self.replica, id).await
                         {
                             tracing::warn!(target: "approvers", error = %e, "a call that left still shows to desks until it expires");
@@ -256,27 +279,55 @@ impl Approvers {
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         // Missed some: share whatever waits and is not shared yet.
                         for request in self.engine.pending() {
-                            self.share(&request, &mut mirrored).await;
+                            self.share(&request, &mut links).await;
                         }
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },
-                _ = decisions.tick() => self.carry_out().await,
+                _ = decisions.tick() => self.carry_out(&mut links).await,
                 _ = alive.tick() => {
                     let until = self.engine.now_ms().saturating_add(LIVENESS.as_millis() as u64);
                     if let Err(e) = self.records.refresh_waiting(&self.replica, until).await {
                         tracing::warn!(target: "approvers", error = %e, "cannot keep this replica's calls in sight");
+                    }
+                    // Calls out of sight for an hour (decided, or their replica gone) go.
+                    let before = self.engine.now_ms().saturating_sub(PRUNE_AFTER.as_millis() as u64);
+                    if let Err(e) = self.records.prune_waiting(before).await {
+                        tracing::debug!(target: "approvers", error = %e, "cannot prune the waiting calls");
                     }
                 }
             }
         }
     }
 
-    /// Writes `request` (a call) to the shared records, once.
-    async fn share(&self, request: &PendingRequest, mirrored: &mut HashSet<u64>) {
+    /// Links `request` (a call) to a shared row, once: one already shared by another replica for
+    /// the same tenant and plan (the agent asked again here), or a new one of this replica.
+    async fn share(&self, request: &PendingRequest, links: &mut HashMap<u64, Link>) {
         let Some(call) = request.call() else { return };
-        if mirrored.contains(&request.id) {
+        if links.contains_key(&request.id) {
             return;
+        }
+        let now = self.engine.now_ms();
+        match self
+            .records
+            .waiting_for(&self.server, &call.tenant, &call.plan_hash, now)
+            .await
+        {
+            Ok(Some(row)) => {
+                links.insert(
+                    request.id,
+                    Link {
+                        row: row.id,
+                        owned: false,
+                        target: request.plan.target.clone(),
+                    },
+                );
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(target: "approvers", error = %e, "cannot look for this call among the shared ones");
+            }
         }
         let Ok(json) = serde_json::to_string(request) else {
             return;
@@ -291,16 +342,21 @@ impl Approvers {
             request: json,
             approvers: call.approvers.max(1),
             arrived_at_ms: request.arrived_at_ms,
-            expires_at_ms: self
-                .engine
-                .now_ms()
-                .saturating_add(LIVENESS.as_millis() as u64),
+            expires_at_ms: now.saturating_add(LIVENESS.as_millis() as u64),
             verdict: None,
             note: None,
+            minted_by: None,
         };
         match self.records.put_waiting(&row).await {
-            Ok(_) => {
-                mirrored.insert(request.id);
+            Ok(id) => {
+                links.insert(
+                    request.id,
+                    Link {
+                        row: id,
+                        owned: true,
+                        target: request.plan.target.clone(),
+                    },
+                );
             }
             Err(e) => {
                 tracing::warn!(target: "approvers", error = %e, "a waiting call could not be shared: desks do not see it");
@@ -308,35 +364,52 @@ impl Approvers {
         }
     }
 
-    /// Approves or denies, here, the calls of this replica that were decided on any replica.
-    async fn carry_out(&self) {
-        let decided = match self.records.decided_waiting(&self.replica).await {
-            Ok(decided) => decided,
-            Err(e) => {
-                tracing::debug!(target: "approvers", error = %e, "cannot read the decisions");
-                return;
-            }
-        };
-        for row in decided {
-            let target = serde_json::from_str::<Value>(&row.request)
-                .ok()
-                .and_then(|r| r["plan"]["target"].as_str().map(str::to_owned));
-            let done = match row.verdict {
-                Some(Verdict::Approve) => {
-                    self.engine.approve(row.local_id, target.as_deref()).await
+    /// Carries out, here, the decisions made on any replica on the calls waiting here.
+    async fn carry_out(&self, links: &mut HashMap<u64, Link>) {
+        let linked: Vec<(u64, Link)> = links.iter().map(|(l, k)| (*l, k.clone())).collect();
+        for (local, link) in linked {
+            let row = match self.records.waiting_call(link.row).await {
+                Ok(row) => row,
+                Err(e) => {
+                    tracing::debug!(target: "approvers", error = %e, "cannot read the decisions");
+                    return;
                 }
-                Some(Verdict::Deny) => self.engine.deny(row.local_id, row.note.as_deref()).await,
-                None => continue,
             };
-            if let Err(e) = done {
-                tracing::warn!(target: "approvers", request = row.id, code = e.code(), "a decision could not be carried out: {e}");
-            }
-            if let Err(e) = self
-                .records
-                .remove_waiting(&self.replica, row.local_id)
-                .await
-            {
-                tracing::warn!(target: "approvers", error = %e, "a decided call's row stays");
+            let done = match row {
+                Some(row) => match row.verdict {
+                    None => continue,
+                    Some(Verdict::Deny) => Some(self.engine.deny(local, row.note.as_deref()).await),
+                    // Minted where an agent waits now, by one replica only.
+                    Some(Verdict::Approve) if row.minted_by.is_none() => {
+                        if !self.engine.awaited(local) {
+                            continue;
+                        }
+                        match self.records.claim_mint(row.id, &self.replica).await {
+                            Ok(true) => {
+                                let approved = self.engine.approve(local, Some(&link.target)).await;
+                                let _ = self.records.forget_waiting(row.id).await;
+                                Some(approved)
+                            }
+                            Ok(false) => continue,
+                            Err(e) => {
+                                tracing::warn!(target: "approvers", error = %e, "cannot claim an approval");
+                                continue;
+                            }
+                        }
+                    }
+                    // Minted on another replica, for the agent that waited there.
+                    Some(Verdict::Approve) => {
+                        Some(self.engine.deny(local, Some(TAKEN_ELSEWHERE)).await)
+                    }
+                },
+                // Gone: its token was minted elsewhere (the minter forgets the row).
+                None => Some(self.engine.deny(local, Some(TAKEN_ELSEWHERE)).await),
+            };
+            // A denied row stays (out of desks' sight) until it expires, for the other
+            // replicas where the call waits to read its note; pruned later.
+            links.remove(&local);
+            if let Some(Err(e)) = done {
+                tracing::debug!(target: "approvers", request = link.row, code = e.code(), "a decision was not carried out here: {e}");
             }
         }
     }
@@ -607,11 +680,13 @@ async fn decide(
             (by.len(), needed, None)
         }
     };
-    // The verdict goes on the shared row; the replica holding the call carries it out (it
-    // holds the arguments and answers the agent). The first verdict stands.
+    // The verdict goes on the shared row; a replica where the call waits carries it out (it
+    // holds the arguments and answers the agent). The first verdict stands, and stays on record
+    // long enough for an agent asking again to find it.
+    let until = now.saturating_add(MAX_DECISION_TTL_MS);
     match a
         .records
-        .decide_waiting(row.id, verdict, note.as_deref())
+        .decide_waiting(row.id, verdict, note.as_deref(), until)
         .await
     {
         Ok(true) if verdict == Verdict::Deny => {

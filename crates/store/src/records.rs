@@ -142,16 +142,33 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     async fn waiting_call(&self, id: u64) -> Result<Option<WaitingCall>, StoreError>;
 
     /// Records `verdict` on waiting call `id` unless it has one: `false` then (the first
-    /// verdict stands).
+    /// verdict stands). The decided call stays on record until `until`.
     async fn decide_waiting(
         &self,
         id: u64,
         verdict: Verdict,
         note: Option<&str>,
+        until: u64,
     ) -> Result<bool, StoreError>;
 
-    /// The decided calls `replica` holds.
-    async fn decided_waiting(&self, replica: &str) -> Result<Vec<WaitingCall>, StoreError>;
+    /// The oldest call of `server` from `tenant` over `plan` still to be had at `now`:
+    /// undecided, or approved with no token minted yet.
+    async fn waiting_for(
+        &self,
+        server: &str,
+        tenant: &str,
+        plan: &PlanHash,
+        now: u64,
+    ) -> Result<Option<WaitingCall>, StoreError>;
+
+    /// Claims the minting of approved call `id`'s token for `replica`: `true` for exactly one.
+    async fn claim_mint(&self, id: u64, replica: &str) -> Result<bool, StoreError>;
+
+    /// Waiting call `id` goes.
+    async fn forget_waiting(&self, id: u64) -> Result<(), StoreError>;
+
+    /// Forgets every waiting call that left desks' sight before `before`; answers how many.
+    async fn prune_waiting(&self, before: u64) -> Result<usize, StoreError>;
 
     /// `replica`'s call `local_id` left its queue.
     async fn remove_waiting(&self, replica: &str, local_id: u64) -> Result<(), StoreError>;
@@ -373,15 +390,36 @@ impl Records for Sqlite {
         id: u64,
         verdict: Verdict,
         note: Option<&str>,
+        until: u64,
     ) -> Result<bool, StoreError> {
         let note = note.map(str::to_owned);
-        self.off(move |s| s.decide_waiting(id, verdict, note.as_deref()))
+        self.off(move |s| s.decide_waiting(id, verdict, note.as_deref(), until))
             .await
     }
 
-    async fn decided_waiting(&self, replica: &str) -> Result<Vec<WaitingCall>, StoreError> {
+    async fn waiting_for(
+        &self,
+        server: &str,
+        tenant: &str,
+        plan: &PlanHash,
+        now: u64,
+    ) -> Result<Option<WaitingCall>, StoreError> {
+        let (server, tenant, plan) = (server.to_owned(), tenant.to_owned(), *plan);
+        self.off(move |s| s.waiting_for(&server, &tenant, &plan, now))
+            .await
+    }
+
+    async fn claim_mint(&self, id: u64, replica: &str) -> Result<bool, StoreError> {
         let replica = replica.to_owned();
-        self.off(move |s| s.decided_waiting(&replica)).await
+        self.off(move |s| s.claim_mint(id, &replica)).await
+    }
+
+    async fn forget_waiting(&self, id: u64) -> Result<(), StoreError> {
+        self.off(move |s| s.forget_waiting(id)).await
+    }
+
+    async fn prune_waiting(&self, before: u64) -> Result<usize, StoreError> {
+        self.off(move |s| s.prune_waiting(before)).await
     }
 
     async fn remove_waiting(&self, replica: &str, local_id: u64) -> Result<(), StoreError> {

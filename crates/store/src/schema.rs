@@ -199,6 +199,7 @@ const STEPS: &[Step] = &[
             expires_at_ms  INTEGER NOT NULL,
             verdict        TEXT    CHECK (verdict IN ('approve', 'deny')),
             note           TEXT,
+            minted_by      TEXT,
             UNIQUE (replica, local_id)
         ) STRICT;
         CREATE INDEX approver_decision_request ON approver_decision (server, request);

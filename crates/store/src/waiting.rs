@@ -46,21 +46,25 @@ pub struct WaitingCall {
     pub verdict: Option<Verdict>,
     /// A deny's note.
     pub note: Option<String>,
+    /// The replica that minted the token of its approval, once one did.
+    pub minted_by: Option<String>,
 }
 
 pub(crate) const COLUMNS: &str = "id, replica, local_id, server, tenant, plan, request, approvers, \
-     arrived_at_ms, expires_at_ms, verdict, note";
+     arrived_at_ms, expires_at_ms, verdict, note, minted_by";
 
 /// A row's columns, as read.
 pub(crate) type Row = (
     (i64, String, i64, String, String, String),
     (String, i64, i64, i64, Option<String>, Option<String>),
+    Option<String>,
 );
 
 pub(crate) fn from_row(
     (
         (id, replica, local_id, server, tenant, plan),
         (request, approvers, arrived, expires, verdict, note),
+        minted_by,
     ): Row,
 ) -> Result<WaitingCall, StoreError> {
     let invalid = |reason: &str| StoreError::InvalidRow {
@@ -85,6 +89,7 @@ pub(crate) fn from_row(
             Some(_) => return Err(invalid("a verdict")),
         },
         note,
+        minted_by,
     })
 }
 
@@ -150,6 +155,7 @@ impl Store {
                             r.get(10)?,
                             r.get(11)?,
                         ),
+                        r.get(12)?,
                     ))
                 })?
                 .collect::<Result<Vec<Row>, _>>()?;
@@ -177,28 +183,80 @@ impl Store {
     }
 
     /// Records `verdict` on waiting call `id` (with a deny's `note`), unless it has one already:
-    /// `false` then, and nothing changes.
+    /// `false` then, and nothing changes. A decided call stays on record until `until`, for the
+    /// replica whose agent asks again to find it.
     pub fn decide_waiting(
         &mut self,
         id: u64,
         verdict: Verdict,
         note: Option<&str>,
+        until: u64,
     ) -> Result<bool, StoreError> {
-        let id = ms_to_sql(id)?;
+        let (id, until) = (ms_to_sql(id)?, ms_to_sql(until)?);
         self.with_connection(|conn| {
             let changed = conn
                 .prepare_cached(
-                    "UPDATE waiting_call SET verdict = ?2, note = ?3
+                    "UPDATE waiting_call SET verdict = ?2, note = ?3, expires_at_ms = ?4
                      WHERE id = ?1 AND verdict IS NULL",
                 )?
-                .execute(rusqlite::params![id, verdict.code(), note])?;
+                .execute(rusqlite::params![id, verdict.code(), note, until])?;
             Ok(changed == 1)
         })
     }
 
-    /// The decided calls `replica` holds.
-    pub fn decided_waiting(&mut self, replica: &str) -> Result<Vec<WaitingCall>, StoreError> {
-        self.waiting_rows("replica = ?1 AND verdict IS NOT NULL", [replica])
+    /// The oldest call of `server` from `tenant` over `plan` that is still to be had at `now`:
+    /// undecided, or approved with no token minted yet.
+    pub fn waiting_for(
+        &mut self,
+        server: &str,
+        tenant: &str,
+        plan: &PlanHash,
+        now: u64,
+    ) -> Result<Option<WaitingCall>, StoreError> {
+        let now = ms_to_sql(now)?;
+        Ok(self
+            .waiting_rows(
+                "server = ?1 AND tenant = ?2 AND plan = ?3 AND expires_at_ms > ?4
+                 AND (verdict IS NULL OR (verdict = 'approve' AND minted_by IS NULL))",
+                rusqlite::params![server, tenant, plan.to_hex(), now],
+            )?
+            .into_iter()
+            .next())
+    }
+
+    /// Claims the minting of approved call `id`'s token for `replica`: `true` for the one
+    /// replica that gets it.
+    pub fn claim_mint(&mut self, id: u64, replica: &str) -> Result<bool, StoreError> {
+        let id = ms_to_sql(id)?;
+        self.with_connection(|conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE waiting_call SET minted_by = ?2
+                     WHERE id = ?1 AND verdict = 'approve' AND minted_by IS NULL",
+                )?
+                .execute(rusqlite::params![id, replica])?;
+            Ok(changed == 1)
+        })
+    }
+
+    /// Forgets every call that left desks' sight before `before`; answers how many.
+    pub fn prune_waiting(&mut self, before: u64) -> Result<usize, StoreError> {
+        let before = ms_to_sql(before)?;
+        self.with_connection(|conn| {
+            Ok(conn
+                .prepare_cached("DELETE FROM waiting_call WHERE expires_at_ms < ?1")?
+                .execute([before])?)
+        })
+    }
+
+    /// Waiting call `id` goes (its token was minted, or it was decided and carried out).
+    pub fn forget_waiting(&mut self, id: u64) -> Result<(), StoreError> {
+        let id = ms_to_sql(id)?;
+        self.with_connection(|conn| {
+            conn.prepare_cached("DELETE FROM waiting_call WHERE id = ?1")?
+                .execute([id])?;
+            Ok(())
+        })
     }
 
     /// `replica`'s call `local_id` left its queue: its row goes.

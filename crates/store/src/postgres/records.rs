@@ -668,22 +668,63 @@ impl Records for Postgres {
         id: u64,
         verdict: Verdict,
         note: Option<&str>,
+        until: u64,
     ) -> Result<bool, StoreError> {
-        let id = ms_to_sql(id)?;
+        let (id, until) = (ms_to_sql(id)?, ms_to_sql(until)?);
         let note = note.map(text);
         let note = note.as_deref();
         let changed = on_connection!(self, |conn| conn.execute(
-            "UPDATE waiting_call SET verdict = $2, note = $3 WHERE id = $1 AND verdict IS NULL",
-            &[&id, &verdict.code(), &note],
+            "UPDATE waiting_call SET verdict = $2, note = $3, expires_at_ms = $4
+             WHERE id = $1 AND verdict IS NULL",
+            &[&id, &verdict.code(), &note, &until],
         ))?;
         Ok(changed == 1)
     }
 
-    async fn decided_waiting(&self, replica: &str) -> Result<Vec<WaitingCall>, StoreError> {
-        let replica = text(replica);
-        let sql = waiting_sql("replica = $1 AND verdict IS NOT NULL");
-        let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[&replica.as_ref()]))?;
-        rows.iter().map(waiting_row).collect()
+    async fn waiting_for(
+        &self,
+        server: &str,
+        tenant: &str,
+        plan: &PlanHash,
+        now: u64,
+    ) -> Result<Option<WaitingCall>, StoreError> {
+        let (server, tenant, plan, now) =
+            (text(server), text(tenant), plan.to_hex(), ms_to_sql(now)?);
+        let sql = waiting_sql(
+            "server = $1 AND tenant = $2 AND plan = $3 AND expires_at_ms > $4
+             AND (verdict IS NULL OR (verdict = 'approve' AND minted_by IS NULL))",
+        );
+        let rows = on_connection!(self, |conn| conn.query(
+            sql.as_str(),
+            &[&server.as_ref(), &tenant.as_ref(), &plan, &now]
+        ))?;
+        rows.iter().map(waiting_row).next().transpose()
+    }
+
+    async fn claim_mint(&self, id: u64, replica: &str) -> Result<bool, StoreError> {
+        let (id, replica) = (ms_to_sql(id)?, text(replica));
+        let changed = on_connection!(self, |conn| conn.execute(
+            "UPDATE waiting_call SET minted_by = $2
+             WHERE id = $1 AND verdict = 'approve' AND minted_by IS NULL",
+            &[&id, &replica.as_ref()],
+        ))?;
+        Ok(changed == 1)
+    }
+
+    async fn prune_waiting(&self, before: u64) -> Result<usize, StoreError> {
+        let before = ms_to_sql(before)?;
+        let pruned = on_connection!(self, |conn| conn.execute(
+            "DELETE FROM waiting_call WHERE expires_at_ms < $1",
+            &[&before]
+        ))?;
+        Ok(pruned as usize)
+    }
+
+    async fn forget_waiting(&self, id: u64) -> Result<(), StoreError> {
+        let id = ms_to_sql(id)?;
+        on_connection!(self, |conn| conn
+            .execute("DELETE FROM waiting_call WHERE id = $1", &[&id]))
+        .map(|_| ())
     }
 
     async fn remove_waiting(&self, replica: &str, local_id: u64) -> Result<(), StoreError> {
@@ -750,6 +791,7 @@ fn waiting_row(r: &tokio_postgres::Row) -> Result<WaitingCall, StoreError> {
                 r.try_get(10)?,
                 r.try_get(11)?,
             ),
+            r.try_get(12)?,
         ))
     };
     waiting::from_row(get(r).map_err(StoreError::Postgres)?)

@@ -171,6 +171,7 @@ const STEPS: &[Step] = &[
         expires_at_ms  BIGINT  NOT NULL,
         verdict        TEXT    CHECK (verdict IN ('approve', 'deny')),
         note           TEXT,
+        minted_by      TEXT,
         UNIQUE (replica, local_id)
     );
     CREATE INDEX IF NOT EXISTS approver_decision_request ON approver_decision (server, request);
