@@ -1548,35 +1548,26 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
 
     let approver_port = free_port();
     let approver_url = format!("https://localhost:{approver_port}");
-    let approver_listen = format!("127.0.0.1:{approver_port}");
     let (receiver, notices) = webhook_receiver();
-    let webhook = format!("http://127.0.0.1:{receiver}/hook");
-    let slack_webhook = format!("http://127.0.0.1:{receiver}/slack");
-    let args = [
-        "--webhook",
-        &webhook,
-        "--slack-webhook",
-        &slack_webhook,
-        "--behind-tls-proxy",
+    let mut args = approver_args(
         "--agent-keys",
-        "--wait",
-        "60",
-        "--db",
-        db.to_str().unwrap(),
-        "--policy",
-        policy.to_str().unwrap(),
-        "--approver-listen",
-        &approver_listen,
-        "--approver-url",
+        &db,
+        approver_port,
         &approver_url,
-        "--approver-cert",
-        cert.to_str().unwrap(),
-        "--approver-key",
-        key.to_str().unwrap(),
-    ];
+        &cert,
+        &key,
+    );
+    args.extend([
+        "--webhook".to_owned(),
+        format!("http://127.0.0.1:{receiver}/hook"),
+        "--slack-webhook".to_owned(),
+        format!("http://127.0.0.1:{receiver}/slack"),
+        "--policy".to_owned(),
+        policy.to_str().unwrap().to_owned(),
+    ]);
     let secret = "approvers-test-secret-0123456789abcdef";
     let server = Server::start_before(
-        &args,
+        &strs(&args),
         &[("CONFIRM_SECRET", secret), ("CONTROL_DSN", &dsn)],
         Some(&[]),
     );
@@ -1999,25 +1990,9 @@ async fn a_person_approves_a_team_servers_call_in_the_desk_window_and_only_then_
     let (code, _, note) = roster_command("approver", &env, &["add", "dana", &public]);
     assert_eq!(code, 0, "{note}");
 
-    let approver_listen = format!("127.0.0.1:{approver_port}");
-    let args = [
-        "--behind-tls-proxy",
-        "--unauthenticated",
-        "--wait",
-        "60",
-        "--db",
-        db.to_str().unwrap(),
-        "--approver-listen",
-        &approver_listen,
-        "--approver-url",
-        &url,
-        "--approver-cert",
-        cert.to_str().unwrap(),
-        "--approver-key",
-        key.to_str().unwrap(),
-    ];
+    let args = approver_args("--unauthenticated", &db, approver_port, &url, &cert, &key);
     let server = Server::start_before(
-        &args,
+        &strs(&args),
         &[
             ("CONFIRM_SECRET", "window-approver-secret-0123456789abcdef"),
             ("CONTROL_DSN", &dsn),
@@ -2192,25 +2167,9 @@ async fn the_control_database_down_between_approval_and_confirm_runs_nothing_unt
     assert_eq!(code, 0, "{note}");
     let port = free_port();
     let url = format!("https://localhost:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let args = [
-        "--behind-tls-proxy",
-        "--unauthenticated",
-        "--wait",
-        "60",
-        "--db",
-        db.to_str().unwrap(),
-        "--approver-listen",
-        &listen,
-        "--approver-url",
-        &url,
-        "--approver-cert",
-        cert.to_str().unwrap(),
-        "--approver-key",
-        key.to_str().unwrap(),
-    ];
+    let args = approver_args("--unauthenticated", &db, port, &url, &cert, &key);
     let server = Server::start_before(
-        &args,
+        &strs(&args),
         &[
             ("CONFIRM_SECRET", "database-down-secret-0123456789abcdef"),
             ("CONTROL_DSN", &dsn),
@@ -2297,32 +2256,11 @@ async fn sixty_four_agents_racing_one_works_once_token_across_two_replicas_run_i
     let secret = "two-replicas-secret-0123456789abcdef";
     let approver_port = free_port();
     let url = format!("https://localhost:{approver_port}");
-    let listen = format!("127.0.0.1:{approver_port}");
-    let common = [
-        "--behind-tls-proxy",
-        "--unauthenticated",
-        "--wait",
-        "60",
-        "--db",
-        db.to_str().unwrap(),
-    ];
-    let with_listener = [
-        "--approver-listen",
-        &listen,
-        "--approver-url",
-        &url,
-        "--approver-cert",
-        cert.to_str().unwrap(),
-        "--approver-key",
-        key.to_str().unwrap(),
-    ];
     let replica_env = [("CONFIRM_SECRET", secret), ("CONTROL_DSN", dsn.as_str())];
-    let first = Server::start_before(
-        &[&common[..], &with_listener[..]].concat(),
-        &replica_env,
-        Some(&[]),
-    );
-    let second = Server::start_before(&common, &replica_env, Some(&[]));
+    let args = approver_args("--unauthenticated", &db, approver_port, &url, &cert, &key);
+    let first = Server::start_before(&strs(&args), &replica_env, Some(&[]));
+    // The second replica has no approver listener: it only confirms.
+    let second = Server::start_before(&strs(&args[..6]), &replica_env, Some(&[]));
 
     // One approval, on the first replica.
     let insert = json!({"sql": "INSERT INTO notes(body) VALUES ('race')"});
@@ -2423,24 +2361,8 @@ async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_o
         ("CONTROL_DSN", dsn.as_str()),
     ];
     let replica = |port: u16| {
-        let listen = format!("127.0.0.1:{port}");
-        let args = [
-            "--behind-tls-proxy",
-            "--unauthenticated",
-            "--wait",
-            "60",
-            "--db",
-            db.to_str().unwrap(),
-            "--approver-listen",
-            &listen,
-            "--approver-url",
-            &url,
-            "--approver-cert",
-            cert.to_str().unwrap(),
-            "--approver-key",
-            key.to_str().unwrap(),
-        ];
-        Server::start_before(&args, &env, Some(&[]))
+        let args = approver_args("--unauthenticated", &db, port, &url, &cert, &key);
+        Server::start_before(&strs(&args), &env, Some(&[]))
     };
     let (a, b, c) = (
         replica(listeners[0]),
@@ -2574,4 +2496,41 @@ async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_o
     assert_ne!(done.is_error, Some(true), "{done:?}");
     assert_eq!(across(&db), 2, "one run per approved call, none twice");
     drop((b, c));
+}
+
+/// A writable server's arguments: agents on loopback (`agents`: `--unauthenticated` or
+/// `--agent-keys`), a preflight waiting up to a minute, the built-in tools on `db`, and an
+/// approver listener on `port` that desks know as `url`, with `cert` and `key`.
+fn approver_args(
+    agents: &str,
+    db: &Path,
+    port: u16,
+    url: &str,
+    cert: &Path,
+    key: &Path,
+) -> Vec<String> {
+    [
+        "--behind-tls-proxy",
+        agents,
+        "--wait",
+        "60",
+        "--db",
+        db.to_str().unwrap(),
+        "--approver-listen",
+        &format!("127.0.0.1:{port}"),
+        "--approver-url",
+        url,
+        "--approver-cert",
+        cert.to_str().unwrap(),
+        "--approver-key",
+        key.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect()
+}
+
+/// `args` as `Server::start_before` takes them.
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
