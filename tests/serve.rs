@@ -2024,10 +2024,7 @@ async fn a_person_approves_a_team_servers_call_in_the_desk_window_and_only_then_
     let approved = asking.await.unwrap();
     let content = approved.structured_content.clone().unwrap();
     assert_eq!(content["approved"], true, "{approved:?}");
-    let mut confirm = delete.clone();
-    confirm["confirm"] = json!(true);
-    confirm["confirmTarget"] = content["confirmTarget"].clone();
-    confirm["confirmToken"] = content["confirmToken"].clone();
+    let confirm = confirm_of(&delete, &content);
     let done = call(&agent, "execute", confirm).await;
     assert_ne!(done.is_error, Some(true), "{done:?}");
     desk.until("the queue to empty", |d| {
@@ -2211,28 +2208,21 @@ async fn the_control_database_down_between_approval_and_confirm_runs_nothing_unt
             asking.await.unwrap().structured_content.unwrap()
         }
     };
-    let confirm_of = |content: &Value| {
-        let mut confirm = delete.clone();
-        confirm["confirm"] = json!(true);
-        confirm["confirmTarget"] = content["confirmTarget"].clone();
-        confirm["confirmToken"] = content["confirmToken"].clone();
-        confirm
-    };
 
     let content = approved(agent.clone()).await;
     assert_eq!(content["approved"], true, "{content}");
     // The control database goes down between the approval and the confirm: refused, nothing ran.
     postgres.stop_immediately();
-    let refused = call(&agent, "execute", confirm_of(&content)).await;
+    let refused = call(&agent, "execute", confirm_of(&delete, &content)).await;
     assert_eq!(refused.is_error, Some(true), "{refused:?}");
     assert_eq!(notes_in(&db), 1, "nothing ran while the records were down");
     // Back: a new preflight is approved and its confirm runs, once.
     postgres.start_again();
     let content = approved(agent.clone()).await;
-    let done = call(&agent, "execute", confirm_of(&content)).await;
+    let done = call(&agent, "execute", confirm_of(&delete, &content)).await;
     assert_ne!(done.is_error, Some(true), "{done:?}");
     assert_eq!(notes_in(&db), 0);
-    let again = call(&agent, "execute", confirm_of(&content)).await;
+    let again = call(&agent, "execute", confirm_of(&delete, &content)).await;
     assert_eq!(
         again.is_error,
         Some(true),
@@ -2272,27 +2262,15 @@ async fn sixty_four_agents_racing_one_works_once_token_across_two_replicas_run_i
     let decided = tokio::task::spawn_blocking(move || {
         let alice = Desk::new(21);
         let request = first_waiting(approver_port, &trusted, &alice);
-        let body = alice.decide(&url, &request, Verdict::Approve, |_| {});
-        on_approver_listener(
-            approver_port,
-            &trusted,
-            Some(&alice),
-            "POST",
-            "/approver/v1/decisions",
-            &[],
-            &body.to_string(),
-        )
-        .unwrap()
+        let decision = alice.decide(&url, &request, Verdict::Approve, |_| {});
+        alice.send(approver_port, &trusted, &decision)
     })
     .await
     .unwrap();
     assert_eq!(decided.0, 200, "{decided:?}");
     let content = asking.await.unwrap().structured_content.unwrap();
     assert_eq!(content["worksOnce"], true, "{content}");
-    let mut arguments = insert.clone();
-    arguments["confirm"] = json!(true);
-    arguments["confirmTarget"] = content["confirmTarget"].clone();
-    arguments["confirmToken"] = content["confirmToken"].clone();
+    let arguments = confirm_of(&insert, &content);
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                       "params": {"name": "execute", "arguments": arguments}})
     .to_string();
@@ -2388,17 +2366,8 @@ async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_o
             assert_eq!(seen.len(), 1, "{seen:?}");
             assert_eq!(seen[0]["id"], request["id"]);
         }
-        let body = alice.decide(&url_b, &request, Verdict::Approve, |_| {});
-        on_approver_listener(
-            through_b,
-            &trusted_b,
-            Some(&alice),
-            "POST",
-            "/approver/v1/decisions",
-            &[],
-            &body.to_string(),
-        )
-        .unwrap()
+        let decision = alice.decide(&url_b, &request, Verdict::Approve, |_| {});
+        alice.send(through_b, &trusted_b, &decision)
     })
     .await
     .unwrap();
@@ -2407,10 +2376,7 @@ async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_o
     assert_eq!(content["approved"], true, "{content}");
     // Confirmed on C.
     let on_c = agent(&c.url()).await;
-    let mut confirm = insert.clone();
-    confirm["confirm"] = json!(true);
-    confirm["confirmTarget"] = content["confirmTarget"].clone();
-    confirm["confirmToken"] = content["confirmToken"].clone();
+    let confirm = confirm_of(&insert, &content);
     let done = call(&on_c, "execute", confirm.clone()).await;
     assert_ne!(done.is_error, Some(true), "{done:?}");
     let again = call(&on_c, "execute", confirm).await;
@@ -2472,26 +2438,14 @@ async fn a_call_asked_on_one_replica_is_approved_through_another_and_confirmed_o
         let listed = waiting_now(listeners[2], &trusted_b, &alice);
         assert_eq!(listed.len(), 1, "{listed:?}");
         assert_eq!(listed[0]["id"], seen["id"]);
-        let body = alice.decide(&url_b, &seen, Verdict::Approve, |_| {});
-        on_approver_listener(
-            listeners[2],
-            &trusted_b,
-            Some(&alice),
-            "POST",
-            "/approver/v1/decisions",
-            &[],
-            &body.to_string(),
-        )
-        .unwrap()
+        let decision = alice.decide(&url_b, &seen, Verdict::Approve, |_| {});
+        alice.send(listeners[2], &trusted_b, &decision)
     })
     .await
     .unwrap();
     assert_eq!(decided.0, 200, "{decided:?}");
     let content = asking.await.unwrap().structured_content.unwrap();
-    let mut confirm = insert.clone();
-    confirm["confirm"] = json!(true);
-    confirm["confirmTarget"] = content["confirmTarget"].clone();
-    confirm["confirmToken"] = content["confirmToken"].clone();
+    let confirm = confirm_of(&insert, &content);
     let done = call(&on_b, "execute", confirm).await;
     assert_ne!(done.is_error, Some(true), "{done:?}");
     assert_eq!(across(&db), 2, "one run per approved call, none twice");
@@ -2533,4 +2487,13 @@ fn approver_args(
 /// `args` as `Server::start_before` takes them.
 fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
+}
+
+/// `arguments` as the confirm of the approved preflight whose structured content is `content`.
+fn confirm_of(arguments: &Value, content: &Value) -> Value {
+    let mut confirm = arguments.clone();
+    confirm["confirm"] = json!(true);
+    confirm["confirmTarget"] = content["confirmTarget"].clone();
+    confirm["confirmToken"] = content["confirmToken"].clone();
+    confirm
 }

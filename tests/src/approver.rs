@@ -33,6 +33,26 @@ impl Desk {
         }
     }
 
+    /// Sends `decision` (as [`Desk::decide`] made it) to the approver listener at `port`, whose
+    /// certificate is `trusted`: the status and the answer.
+    pub fn send(
+        &self,
+        port: u16,
+        trusted: &rustls::pki_types::CertificateDer<'static>,
+        decision: &Value,
+    ) -> (u16, Value) {
+        on_approver_listener(
+            port,
+            trusted,
+            Some(self),
+            "POST",
+            "/approver/v1/decisions",
+            &[],
+            &decision.to_string(),
+        )
+        .unwrap()
+    }
+
     /// Its public key, as `countersign serve approver add` takes it.
     pub fn public_text(&self) -> String {
         countersign_core::approver::public_key_text(&self.key.public())
