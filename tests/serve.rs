@@ -2497,3 +2497,100 @@ fn confirm_of(arguments: &Value, content: &Value) -> Value {
     confirm["confirmToken"] = content["confirmToken"].clone();
     confirm
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn an_agent_told_pending_that_asks_again_on_another_replica_gets_the_one_call_desks_see() {
+    use countersign_core::approver::Verdict;
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let alice = Desk::new(51);
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (code, _, note) = roster_command("approver", &env, &["add", "alice", &alice.public_text()]);
+    assert_eq!(code, 0, "{note}");
+    let listeners = [free_port(), free_port()];
+    let url = format!("https://approvers.example.test:{}", listeners[0]);
+    let env = [
+        ("CONFIRM_SECRET", "pending-again-secret-0123456789abcdef"),
+        ("CONTROL_DSN", dsn.as_str()),
+    ];
+    let replica = |port: u16| {
+        let mut args = approver_args("--unauthenticated", &db, port, &url, &cert, &key);
+        // A short wait: the agent is told `pending` and asks again, as older clients do.
+        let wait = args.iter().position(|a| a == "--wait").unwrap();
+        args[wait + 1] = "5".into();
+        Server::start_before(&strs(&args), &env, Some(&[]))
+    };
+    let (a, b) = (replica(listeners[0]), replica(listeners[1]));
+    let insert = json!({"sql": "INSERT INTO notes(body) VALUES ('again')"});
+
+    // Asked on A, nobody decides in time: pending.
+    let on_a = agent(&a.url()).await;
+    let first = call(&on_a, "execute", insert.clone()).await;
+    assert_eq!(
+        first.structured_content.as_ref().unwrap()["refusal"],
+        "pending",
+        "{first:?}"
+    );
+    // Asked again, on B: one entry for desks, the same one; approved while the agent waits on B.
+    let on_b = Arc::new(agent(&b.url()).await);
+    let asking = {
+        let (agent, insert) = (on_b.clone(), insert.clone());
+        tokio::spawn(async move { call(&agent, "execute", insert).await })
+    };
+    let trusted_b = trusted.clone();
+    let (listed, decided) = tokio::task::spawn_blocking(move || {
+        let alice = Desk::new(51);
+        let request = first_waiting(listeners[1], &trusted_b, &alice);
+        let listed = waiting_now(listeners[0], &trusted_b, &alice);
+        let decision = alice.decide(&url, &request, Verdict::Approve, |_| {});
+        (listed, alice.send(listeners[1], &trusted_b, &decision))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        listed.len(),
+        1,
+        "one call, asked on two replicas: {listed:?}"
+    );
+    assert_eq!(decided.0, 200, "{decided:?}");
+    let content = asking.await.unwrap().structured_content.unwrap();
+    assert_eq!(
+        content["approved"], true,
+        "B minted for the agent waiting there: {content}"
+    );
+    let done = call(&on_b, "execute", confirm_of(&insert, &content)).await;
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    let again: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM notes WHERE body = 'again'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(again, 1);
+    // A's copy of the call was told it was taken elsewhere: asked on A again, the agent hears
+    // that (never a second token from the one approval), and the next ask is a new call.
+    let third = call(&on_a, "execute", insert.clone()).await;
+    assert_eq!(
+        third.structured_content.as_ref().unwrap()["refusal"],
+        "denied",
+        "{third:?}"
+    );
+    assert!(text_of(&third).contains("on another replica"), "{third:?}");
+    let fourth = call(&on_a, "execute", insert.clone()).await;
+    assert_eq!(
+        fourth.structured_content.as_ref().unwrap()["refusal"],
+        "pending",
+        "{fourth:?}"
+    );
+    let again: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM notes WHERE body = 'again'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(again, 1, "one approval, one run");
+    drop((a, b));
+}
