@@ -1646,6 +1646,31 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     assert!(with_token.is_err(), "{with_token:?}");
     // A desk whose key nobody registered: refused at TLS.
     assert!(post(Some(&mallory), approve.clone()).is_err());
+    // Bytes that are no decision, on Alice's own connection: refused before any check.
+    let raw = |body: String| {
+        listener(Some(&alice), "POST", "/approver/v1/decisions", &[], &body).unwrap()
+    };
+    let mut extra = approve.clone();
+    extra["approver"] = json!("bob");
+    let text = approve.to_string();
+    let duplicated = format!(
+        "{},\"plan\":\"{}\"}}",
+        &text[..text.len() - 1],
+        "ab".repeat(32)
+    );
+    for (body, code) in [
+        ("{".to_owned(), "malformed"),
+        ("[]".to_owned(), "malformed"),
+        (json!({"request": "1"}).to_string(), "malformed"),
+        (extra.to_string(), "malformed"),
+        (" ".repeat(20_000), "too_large"),
+    ] {
+        let (status, answer) = raw(body);
+        assert_eq!(answer["error"].as_str(), Some(code), "{status} {answer}");
+    }
+    // A second `plan` after the signed one: a duplicate key is no decision either.
+    let (status, answer) = raw(duplicated);
+    assert_eq!((status, answer["error"].as_str()), (400, Some("malformed")));
     // Unsigned, on Alice's own connection.
     let mut unsigned = approve.clone();
     unsigned.as_object_mut().unwrap().remove("signature");
