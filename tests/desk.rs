@@ -204,6 +204,28 @@ async fn space_on_the_focused_approve_button_does_not_approve() {
     desk.stop().await;
 }
 
+/// The window's first read of the queue races the first event: here its answer, read before the
+/// request arrived, comes back seconds after the event that carries the request. The request is
+/// shown all the same (before, an older answer arriving last emptied the queue, and a request
+/// sent while a window was loading stayed unseen: two CI failures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_arriving_while_the_window_reads_the_queue_is_shown() {
+    let desk = Desk::start_with(&[("COUNTERSIGN_DEBUG_PENDING_LATE_MS", "4000")]).await;
+    let agent = desk.agent("while-loading").await;
+    let pending = call(&agent, "create_backup", json!({"name": "early"}));
+    desk.wait_for_request().await;
+    // Past the late answer: the request is still shown.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert!(
+        desk.visible_request().await,
+        "the late answer hid the request"
+    );
+    assert!(desk.text("#d-target").await.contains("early"));
+    deny_by_script(&desk).await;
+    assert_eq!(refusal(&pending.await.unwrap()).as_deref(), Some("denied"));
+    desk.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delay_raised_in_settings_is_kept_by_the_engine_and_the_window_waits_it_out() {
     let desk = Desk::start().await;

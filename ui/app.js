@@ -333,8 +333,15 @@ async function start() {
   showSecretProblem(s.secret_problem);
   await api.onSecret(showSecretProblem);
   await api.onHeld(() => holdApprove());
-  await api.onQueue(onQueue);
-  onQueue(await api.pending());
+  // The queue comes whole in every event. The first read races the first event: a request that
+  // arrives while `pending` is in flight is in the event, and perhaps not in the answer, which
+  // may come second. So the answer counts only if no event came meanwhile (each change is
+  // followed by an event, so nothing is lost by dropping it).
+  let events = 0;
+  await api.onQueue((list) => { events += 1; onQueue(list); });
+  const seen = events;
+  const first = await api.pending();
+  if (events === seen) onQueue(first);
   await api.onFocus(onFocusWanted);
   // The note about a request no longer waiting goes once the person picks one from the queue.
   $("queue").addEventListener("click", () => { $("focus-note").hidden = true; });

@@ -21,9 +21,21 @@ use crate::settings::Settings;
 use crate::view::{HistoryRow, RequestView, UiCode, UiError};
 
 /// Every request waiting for a person.
+///
+/// Debug builds read `COUNTERSIGN_DEBUG_PENDING_LATE_MS`: the answer (read at once) is held that
+/// long before it goes back, so a test can make the window's first read race the first
+/// `queue://changed` event, as a slow machine does now and then.
 #[tauri::command]
-pub fn pending(desk: State<'_, Desk>) -> Vec<RequestView> {
-    desk.pending().iter().map(RequestView::from).collect()
+pub async fn pending(desk: State<'_, Desk>) -> Result<Vec<RequestView>, UiError> {
+    let views = desk.pending().iter().map(RequestView::from).collect();
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("COUNTERSIGN_DEBUG_PENDING_LATE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(ms.min(10_000))).await;
+    }
+    Ok(views)
 }
 
 /// Runs `work` on the blocking pool; a panic there is a UI error, not a crash of the window.
