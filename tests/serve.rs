@@ -2619,3 +2619,113 @@ async fn an_agent_told_pending_that_asks_again_on_another_replica_gets_the_one_c
     assert_eq!(again, 1, "one approval, one run");
     drop((a, b));
 }
+
+/// Issue 17, item 6: the 2026-07-28 flow across replicas. The official Python SDK in `auto` mode
+/// (tests/peers/team_agent.py), through one address in front of two replicas: its call of the
+/// gated `execute` reaches replica A and is answered `input_required` with a `requestState`; a
+/// person approves at a desk; the proxy now sends the SDK's own retry to replica B, where
+/// nothing of the call waited. B opens the state (sealed under the secret both replicas share,
+/// naming the call's shared row), finds the approved call, mints there, and the agent gets the
+/// tool's real result: one run, and the call leaves the desks' queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_2026_07_28_client_approved_on_one_replica_gets_its_result_from_another_by_its_own_retry()
+{
+    use countersign_core::approver::Verdict;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let python = peers().join("venv/bin/python");
+    assert!(
+        python.exists(),
+        "the Python MCP SDK is not installed in target/peers: run .ci/setup tests"
+    );
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let alice = Desk::new(52);
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (code, _, note) = roster_command("approver", &env, &["add", "alice", &alice.public_text()]);
+    assert_eq!(code, 0, "{note}");
+    let listeners = [free_port(), free_port()];
+    let url = format!("https://approvers.example.test:{}", listeners[0]);
+    let env = [
+        ("CONFIRM_SECRET", "modern-across-replicas-0123456789abcdef"),
+        ("CONTROL_DSN", dsn.as_str()),
+    ];
+    let replica = |port: u16| {
+        let args = approver_args("--unauthenticated", &db, port, &url, &cert, &key);
+        Server::start_before(&strs(&args), &env, Some(&[]))
+    };
+    let (a, b) = (replica(listeners[0]), replica(listeners[1]));
+    let proxy = countersign_tests::proxy::RoundRobin::start(vec![a.port, b.port]).await;
+    proxy.pin(Some(0));
+
+    let sql = "INSERT INTO notes(body) VALUES ('modern')";
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/team_agent.py");
+    let mut agent = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{}/mcp", proxy.port()))
+        .arg(sql)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = agent.stdin.take().unwrap();
+    let mut steps = tokio::io::BufReader::new(agent.stdout.take().unwrap()).lines();
+    let mut next_step = async || -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(60), steps.next_line())
+            .await
+            .expect("the agent said nothing for 60 s")
+            .unwrap()
+            .expect("the agent ended");
+        serde_json::from_str(&line).unwrap()
+    };
+    let connected = next_step().await;
+    assert_eq!(connected["protocol"], "2026-07-28", "{connected}");
+    let elicited = next_step().await;
+    assert_eq!(elicited["step"], "elicited", "{elicited}");
+    assert_eq!(elicited["mode"], "url", "{elicited}");
+
+    // The person approves at the desk, while the agent is away (nobody waits on A).
+    let trusted_b = trusted.clone();
+    let decided = tokio::task::spawn_blocking(move || {
+        let alice = Desk::new(52);
+        let request = first_waiting(listeners[1], &trusted_b, &alice);
+        let decision = alice.decide(&url, &request, Verdict::Approve, |_| {});
+        alice.send(listeners[1], &trusted_b, &decision)
+    })
+    .await
+    .unwrap();
+    assert_eq!(decided.0, 200, "{decided:?}");
+    // The balancer moves the agent: its retry reaches B.
+    proxy.pin(Some(1));
+    stdin.write_all(b"approved\n").await.unwrap();
+    assert_eq!(next_step().await["step"], "answering");
+    let result = next_step().await;
+    assert_eq!(result["step"], "result", "{result}");
+    let result = &result["result"];
+    assert_ne!(result["isError"], json!(true), "{result}");
+    assert!(
+        result.to_string().contains("changes"),
+        "the tool's own result: {result}"
+    );
+    let runs: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM notes WHERE body = 'modern'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(runs, 1, "one approval, one run");
+    // Minted on B, so nothing of the call is left for desks.
+    let trusted_a = trusted.clone();
+    let left =
+        tokio::task::spawn_blocking(move || waiting_now(listeners[0], &trusted_a, &Desk::new(52)))
+            .await
+            .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(agent.wait().await.unwrap().success());
+    drop((a, b, proxy));
+}

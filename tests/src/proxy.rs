@@ -12,6 +12,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct RoundRobin {
     port: u16,
     task: tokio::task::JoinHandle<()>,
+    /// The backend every new connection goes to, by index, or `usize::MAX` for each in turn.
+    pinned: Arc<AtomicUsize>,
 }
 
 impl RoundRobin {
@@ -20,9 +22,15 @@ impl RoundRobin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let next = Arc::new(AtomicUsize::new(0));
+        let pinned = Arc::new(AtomicUsize::new(usize::MAX));
+        let pin = pinned.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
-                let backend = backends[next.fetch_add(1, Ordering::Relaxed) % backends.len()];
+                let index = match pin.load(Ordering::SeqCst) {
+                    usize::MAX => next.fetch_add(1, Ordering::Relaxed),
+                    index => index,
+                };
+                let backend = backends[index % backends.len()];
                 tokio::spawn(async move {
                     if let Ok(mut server) = TcpStream::connect(("127.0.0.1", backend)).await {
                         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
@@ -30,7 +38,14 @@ impl RoundRobin {
                 });
             }
         });
-        RoundRobin { port, task }
+        RoundRobin { port, task, pinned }
+    }
+
+    /// From now on, every new connection goes to backend `index` (as a balancer that moved an
+    /// agent from one replica to another would); `None`: each to the next, in turn.
+    pub fn pin(&self, index: Option<usize>) {
+        self.pinned
+            .store(index.unwrap_or(usize::MAX), Ordering::SeqCst);
     }
 
     /// The proxy's port.

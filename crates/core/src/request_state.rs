@@ -46,7 +46,8 @@ pub struct StateClaims {
     pub tool: String,
     /// The hash of the plan the person is shown.
     pub plan: PlanHash,
-    /// The desk queue's id of the request.
+    /// The request's number: the desk queue's id, or, on a team's server with several
+    /// replicas, the number every replica knows the waiting call by.
     pub request: u64,
     /// When the state stops working (exclusive).
     pub exp: u64,
@@ -85,6 +86,23 @@ fn mac_of(key: &SigningKey, payload_b64: &str) -> hmac::Hmac<sha2::Sha256> {
     mac.update(b".");
     mac.update(payload_b64.as_bytes());
     mac
+}
+
+/// What a used state's ledger entry is derived under ([`ledger_nonce`]).
+const LEDGER_LABEL: &[u8] = b"countersign/request-state-used/v1";
+
+/// The nonce a used state is recorded under in the nonce ledger, where a team's replicas share
+/// what was spent: derived from the state's own nonce under a label of its own, so it is never
+/// a token's nonce, and a state spent on one replica is spent on all.
+pub fn ledger_nonce(nonce: &Nonce) -> Nonce {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    hash.update(LEDGER_LABEL);
+    hash.update(nonce.as_bytes());
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    Nonce::from_bytes(bytes)
 }
 
 /// Seals `claims` into a state string.
@@ -156,6 +174,10 @@ pub enum StateRefusal {
     /// The request it continues no longer waits (`expired`).
     #[error("the request the requestState continues is no longer queued")]
     RequestGone,
+    /// Where used states are recorded cannot be reached now, so whether this one was used is
+    /// not known (`ledger_unreachable`): refused, failing closed.
+    #[error("the record of used requestStates cannot be reached")]
+    Unreachable,
 }
 
 const AGAIN: &str =
@@ -171,6 +193,7 @@ impl StateRefusal {
             StateRefusal::WrongTool => Refusal::WrongTool,
             StateRefusal::Used => Refusal::AlreadyUsed,
             StateRefusal::PlanChanged => Refusal::PlanChanged,
+            StateRefusal::Unreachable => Refusal::LedgerUnreachable,
         }
     }
 
@@ -201,6 +224,10 @@ impl StateRefusal {
                 "the request this requestState continues is no longer in the Countersign desk \
                  (withdrawn, decided and collected, or expired). {AGAIN}"
             ),
+            StateRefusal::Unreachable => "the record of used requestStates cannot be reached, \
+                so this one may have been used already. Next: retry with the same requestState \
+                in a moment; if it is then refused as used, call the tool again without one."
+                .to_owned(),
         };
         format!("Refused: {why} Nothing was executed.")
     }
@@ -262,6 +289,11 @@ impl Opened {
     /// Its claims (the round it is on, for the answer).
     pub fn claims(&self) -> &StateClaims {
         &self.0
+    }
+
+    /// The request the state names (see [`StateClaims::request`]): what `queued` must be.
+    pub fn request(&self) -> u64 {
+        self.0.request
     }
 
     /// The second half: the retry's arguments plan to `plan`, and the call's request in the queue
@@ -448,6 +480,16 @@ mod tests {
             .continues(PlanHash::from_bytes([9; 32]), Some(7))
             .unwrap();
         assert_eq!(continued.claims(), &claims());
+        assert_eq!(opened().request(), 7);
+    }
+
+    #[test]
+    fn a_used_states_ledger_entry_is_its_own_and_never_the_states_nonce() {
+        let a = Nonce::from_bytes([3; 16]);
+        let b = Nonce::from_bytes([4; 16]);
+        assert_eq!(ledger_nonce(&a), ledger_nonce(&a));
+        assert_ne!(ledger_nonce(&a), ledger_nonce(&b));
+        assert_ne!(ledger_nonce(&a), a);
     }
 
     #[test]
@@ -460,6 +502,7 @@ mod tests {
             StateRefusal::Used,
             StateRefusal::PlanChanged,
             StateRefusal::RequestGone,
+            StateRefusal::Unreachable,
         ] {
             assert!(r.message().contains("Nothing was executed."), "{r:?}");
             assert_ne!(r.refusal(), Refusal::Pending);

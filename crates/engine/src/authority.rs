@@ -116,6 +116,7 @@ impl Engine {
                 }),
                 changes,
                 describing: Arc::new(tokio::sync::Semaphore::new(describing::MAX_DESCRIBING)),
+                shared: std::sync::OnceLock::new(),
             }),
         }
     }

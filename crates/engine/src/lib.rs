@@ -65,4 +65,4 @@ pub use queue::{
     Asks, CallRequest, ChangeRequest, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION,
     PendingRequest, QueueChange, Queued, Removal, Ticket,
 };
-pub use rounds::{MAX_SPENT_STATES, Resumed};
+pub use rounds::{MAX_SPENT_STATES, Resumed, SharedFate, SharedRequests, Unsealed};

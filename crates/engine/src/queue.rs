@@ -419,16 +419,7 @@ impl Engine {
         lock(&self.inner.state).requests.remove(&id);
         match decision {
             Some(Decision::Approved(approved)) => Ok(approved),
-            Some(Decision::Denied { note }) => {
-                let message = match note {
-                    Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
-                    None => Refusal::Denied.next_move().to_owned(),
-                };
-                Err(Stopped::Refused {
-                    refusal: Refusal::Denied,
-                    message,
-                })
-            }
+            Some(Decision::Denied { note }) => Err(denied(note)),
             Some(Decision::Changed) | None => Err(refused(Refusal::Pending)),
         }
     }
@@ -496,5 +487,17 @@ impl Engine {
             .find(|(_, e)| e.is_call(tenant, tool, hash))
             .map(|(id, _)| *id);
         Some((hash, id))
+    }
+}
+
+/// What the agent is told of a deny: the refusal, and the person's note.
+pub(crate) fn denied(note: Option<String>) -> Stopped {
+    let message = match note {
+        Some(note) => format!("{} Their note: {note}", Refusal::Denied.next_move()),
+        None => Refusal::Denied.next_move().to_owned(),
+    };
+    Stopped::Refused {
+        refusal: Refusal::Denied,
+        message,
     }
 }

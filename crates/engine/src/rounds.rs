@@ -1,15 +1,63 @@
 //! The 2026-07-28 flow's `requestState`, driven by the authority: sealed under a key of its own
 //! derived from the signing secret, checked by the chain in `countersign_core::request_state`
-//! with the engine's clock, and used up once per connection. The session only routes: it asks
+//! with the engine's clock, and used up once. The session only routes: it asks
 //! [`Engine::resume_round`] and acts on the answer.
+//!
+//! On the desk a state names the request by its queue id and is used up in memory, per
+//! connection. A team's server runs several replicas, and a client's retry lands on any of them:
+//! there the host hands the engine its [`SharedRequests`], a state names the number every replica
+//! knows the waiting call by, and a used state is spent in the shared nonce ledger (under
+//! `request_state::ledger_nonce`), so it works once across all of them.
 
-use countersign_core::PlanHash;
+use std::sync::Arc;
+
+use async_trait::async_trait;
 use countersign_core::request_state::{self, Retry, StateClaims, StateRefusal};
 use countersign_core::token::Nonce;
+use countersign_core::{PlanHash, SpendError};
 use serde_json::Value;
 
+use crate::answer::Stopped;
 use crate::authority::{Engine, lock};
 use crate::config::NoKey;
+
+/// What a team's server with several replicas knows of its waiting calls: the numbers they are
+/// shared under, and what became of them. The host (`serve`) keeps them in its control database.
+#[async_trait]
+pub trait SharedRequests: Send + Sync {
+    /// The number every replica knows local request `local` by: shared now if it was not yet.
+    /// `None` when it cannot be shared now.
+    async fn number(&self, local: u64) -> Option<u64>;
+
+    /// What became of shared request `number`, for `tenant`'s call planned to `plan`.
+    async fn fate(&self, number: u64, tenant: &str, plan: &PlanHash) -> SharedFate;
+}
+
+/// What became of a shared request ([`SharedRequests::fate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedFate {
+    /// It waits for the person (or was approved and not yet minted anywhere).
+    Waiting,
+    /// Denied, with the person's note.
+    Denied {
+        /// The note, if any.
+        note: Option<String>,
+    },
+    /// Not there for this tenant and plan: never was, minted, expired or withdrawn.
+    Gone,
+    /// The shared records cannot be read now.
+    Unreachable,
+}
+
+/// Why no state was sealed ([`Engine::seal_round`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsealed {
+    /// There is no secret to seal with.
+    NoSecret(NoKey),
+    /// The waiting call cannot be shared with the other replicas now: the agent is better told
+    /// to call again (wherever it lands, the call is found) than handed a state that names it.
+    NotShared,
+}
 
 /// What became of a client's retry with a `requestState` ([`Engine::resume_round`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +74,9 @@ pub enum Resumed {
     Unplanned,
     /// There is no secret to open it with: why.
     NoSecret(NoKey),
+    /// The call was decided on another replica of a team's server: the answer (a deny and its
+    /// note). The state is used up.
+    Decided(Stopped),
 }
 
 /// The most used-up `requestState`s of the 2026-07-28 flow one connection keeps until they
@@ -33,23 +84,34 @@ pub enum Resumed {
 pub const MAX_SPENT_STATES: usize = 4096;
 
 impl Engine {
+    /// Where this engine's waiting calls are shared with other replicas, from now on: set once,
+    /// by a team's server, before any agent connects. `false` if it was set before.
+    pub fn share_requests(&self, shared: Arc<dyn SharedRequests>) -> bool {
+        self.inner.shared.set(shared).is_ok()
+    }
+
     /// Seals a fresh `requestState` for round `round` of `tenant`'s call of `tool` planned to
-    /// `plan`, whose request waits as `request`: it lives as long as a token would, under a key
-    /// derived from the signing secret for that purpose alone. `Err` says why there is no secret.
-    pub fn seal_round(
+    /// `plan`, whose request waits as `request` (here): it lives as long as a token would, under
+    /// a key derived from the signing secret for that purpose alone. On a team's server it names
+    /// the request by its shared number. `Err` says why there is none.
+    pub async fn seal_round(
         &self,
         tenant: &str,
         tool: &str,
         plan: PlanHash,
         request: u64,
         round: u32,
-    ) -> Result<String, NoKey> {
-        let key = self.key()?;
+    ) -> Result<String, Unsealed> {
+        let key = self.key().map_err(Unsealed::NoSecret)?;
+        let number = match self.inner.shared.get() {
+            Some(shared) => shared.number(request).await.ok_or(Unsealed::NotShared)?,
+            None => request,
+        };
         let claims = StateClaims {
             tenant: tenant.to_owned(),
             tool: tool.to_owned(),
             plan,
-            request,
+            request: number,
             exp: self.now().saturating_add(self.token_ttl_ms()),
             nonce: Nonce::from_bytes(rand::random()),
             round,
@@ -74,8 +136,10 @@ impl Engine {
             Err(why) => return Resumed::NoSecret(why),
         };
         let retry = Retry { tenant, tool };
+        let shared = self.inner.shared.get();
+        // Shared: the ledger says whether it was used, at the spend (one round trip, not two).
         let opened = match request_state::check(&key, state, &retry, self.now(), |nonce| {
-            self.request_state_used(tenant, nonce)
+            shared.is_none() && self.request_state_used(tenant, nonce)
         }) {
             Ok(opened) => opened,
             Err(refusal) => return Resumed::Refused(refusal),
@@ -83,16 +147,48 @@ impl Engine {
         let Some((plan, queued)) = self.queued_aside(tenant, tool, arguments).await else {
             return Resumed::Unplanned;
         };
+        let Some(shared) = shared else {
+            let continued = match opened.continues(plan, queued) {
+                Ok(continued) => continued,
+                Err(refusal) => return Resumed::Refused(refusal),
+            };
+            let claims = continued.claims();
+            if !self.spend_request_state(tenant, claims.nonce, claims.exp) {
+                return Resumed::Refused(StateRefusal::Used);
+            }
+            return Resumed::Continue {
+                round: claims.round,
+            };
+        };
+        // A team's server: the state names the shared number, and the call may wait on any
+        // replica (or on none any more).
+        let number = opened.request();
+        // (A plan other than the state's finds nothing here, and `continues` says PlanChanged.)
+        let fate = shared.fate(number, tenant, &plan).await;
+        let queued = match &fate {
+            SharedFate::Waiting | SharedFate::Denied { .. } => Some(number),
+            SharedFate::Gone => None,
+            SharedFate::Unreachable => return Resumed::Refused(StateRefusal::Unreachable),
+        };
         let continued = match opened.continues(plan, queued) {
             Ok(continued) => continued,
             Err(refusal) => return Resumed::Refused(refusal),
         };
         let claims = continued.claims();
-        if !self.spend_request_state(tenant, claims.nonce, claims.exp) {
-            return Resumed::Refused(StateRefusal::Used);
+        let used = request_state::ledger_nonce(&claims.nonce);
+        match self.inner.store.spend(&used, claims.exp).await {
+            Ok(()) => {}
+            Err(SpendError::AlreadySpent) => return Resumed::Refused(StateRefusal::Used),
+            Err(e) => {
+                tracing::warn!(target: "rounds", error = %e, "cannot record a used requestState");
+                return Resumed::Refused(StateRefusal::Unreachable);
+            }
         }
-        Resumed::Continue {
-            round: claims.round,
+        match fate {
+            SharedFate::Denied { note } => Resumed::Decided(crate::queue::denied(note)),
+            _ => Resumed::Continue {
+                round: claims.round,
+            },
         }
     }
 

@@ -182,4 +182,6 @@ pub(crate) struct Inner {
     pub(crate) changes: broadcast::Sender<QueueChange>,
     /// Turns to describe a call's SQL, across the desk ([`crate::describing::MAX_DESCRIBING`]).
     pub(crate) describing: Arc<tokio::sync::Semaphore>,
+    /// Where a team's server shares its waiting calls with its other replicas (unset on a desk).
+    pub(crate) shared: std::sync::OnceLock<Arc<dyn crate::rounds::SharedRequests>>,
 }

@@ -28,7 +28,7 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use countersign_core::approver::{self, BadDecision, Decision, Verdict};
 use countersign_core::{GateClass, PlanHash};
-use countersign_engine::{Engine, PendingRequest, QueueChange};
+use countersign_engine::{Engine, PendingRequest, QueueChange, SharedFate, SharedRequests};
 use countersign_store::{DecisionRecord, Records, Roster, StoreError, WaitingCall};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -216,6 +216,9 @@ pub struct Approvers {
     pub server: String,
     /// This replica, among the server's.
     pub replica: String,
+    /// Each local waiting call's shared row, by local id. Held while a call is shared, so the
+    /// mirror and a `requestState` being sealed never share one call twice.
+    links: tokio::sync::Mutex<HashMap<u64, Link>>,
 }
 
 impl Approvers {
@@ -227,6 +230,7 @@ impl Approvers {
             records,
             server,
             replica: replica.iter().map(|b| format!("{b:02x}")).collect(),
+            links: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -260,15 +264,17 @@ impl Approvers {
     /// the records); a deny is carried out wherever the call waits.
     pub async fn mirror(self: Arc<Self>) {
         let mut changes = self.engine.subscribe();
-        let mut links: HashMap<u64, Link> = HashMap::new();
         let mut decisions = tokio::time::interval(DECISIONS_EVERY);
         let mut alive = tokio::time::interval(LIVENESS / 3);
         loop {
             tokio::select! {
                 change = changes.recv() => match change {
-                    Ok(QueueChange::Added { request }) => self.share(&request, &mut links).await,
+                    Ok(QueueChange::Added { request }) => {
+                        self.share(&request, &mut *self.links.lock().await).await;
+                    }
                     Ok(QueueChange::Removed { id, .. }) => {
-                        if let Some(link) = links.remove(&id)
+                        let gone = self.links.lock().await.remove(&id);
+                        if let Some(link) = gone
                             && link.owned
                             && let Err(e) = self.records.remove_waiting(&self.replica, id).await
                         {
@@ -278,13 +284,14 @@ impl Approvers {
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         // Missed some: share whatever waits and is not shared yet.
+                        let mut links = self.links.lock().await;
                         for request in self.engine.pending() {
                             self.share(&request, &mut links).await;
                         }
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },
-                _ = decisions.tick() => self.carry_out(&mut links).await,
+                _ = decisions.tick() => self.carry_out().await,
                 _ = alive.tick() => {
                     let until = self.engine.now_ms().saturating_add(LIVENESS.as_millis() as u64);
                     if let Err(e) = self.records.refresh_waiting(&self.replica, until).await {
@@ -365,8 +372,11 @@ impl Approvers {
     }
 
     /// Carries out, here, the decisions made on any replica on the calls waiting here.
-    async fn carry_out(&self, links: &mut HashMap<u64, Link>) {
-        let linked: Vec<(u64, Link)> = links.iter().map(|(l, k)| (*l, k.clone())).collect();
+    async fn carry_out(&self) {
+        let linked: Vec<(u64, Link)> = {
+            let links = self.links.lock().await;
+            links.iter().map(|(l, k)| (*l, k.clone())).collect()
+        };
         for (local, link) in linked {
             let row = match self.records.waiting_call(link.row).await {
                 Ok(row) => row,
@@ -407,7 +417,7 @@ impl Approvers {
             };
             // A denied row stays (out of desks' sight) until it expires, for the other
             // replicas where the call waits to read its note; pruned later.
-            links.remove(&local);
+            self.links.lock().await.remove(&local);
             if let Some(Err(e)) = done {
                 tracing::debug!(target: "approvers", request = link.row, code = e.code(), "a decision was not carried out here: {e}");
             }
@@ -432,6 +442,41 @@ impl Approvers {
                     "the server cannot read its approvers now; nothing was decided. Try again.",
                 ))
             }
+        }
+    }
+}
+
+/// A `requestState` a 2026-07-28 client gets on one replica names the call's shared row, so its
+/// retry continues on whichever replica it lands.
+#[async_trait::async_trait]
+impl SharedRequests for Approvers {
+    async fn number(&self, local: u64) -> Option<u64> {
+        let mut links = self.links.lock().await;
+        if !links.contains_key(&local) {
+            let request = self.engine.pending().into_iter().find(|r| r.id == local)?;
+            self.share(&request, &mut links).await;
+        }
+        links.get(&local).map(|link| link.row)
+    }
+
+    async fn fate(&self, number: u64, tenant: &str, plan: &PlanHash) -> SharedFate {
+        let row = match self.records.waiting_call(number).await {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::warn!(target: "approvers", error = %e, "cannot read a shared call for a requestState");
+                return SharedFate::Unreachable;
+            }
+        };
+        let now = self.engine.now_ms();
+        match row {
+            Some(row) if row.server == self.server && row.tenant == tenant && &row.plan == plan => {
+                match row.verdict {
+                    Some(Verdict::Deny) => SharedFate::Denied { note: row.note },
+                    _ if row.expires_at_ms <= now || row.minted_by.is_some() => SharedFate::Gone,
+                    _ => SharedFate::Waiting,
+                }
+            }
+            _ => SharedFate::Gone,
         }
     }
 }

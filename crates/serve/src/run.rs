@@ -263,7 +263,10 @@ pub async fn run(
         let upstream = Upstream::start_without_agent(
             reach,
             headers,
-            reach::lifecycle(false),
+            // Probed as a 2026-07-28 agent would (`server/discover`, then the handshake where
+            // the upstream is older): the server speaks every revision up to its upstream's, and
+            // agents of every era share this one session.
+            reach::lifecycle(true),
             stderr,
             Children::default(),
             UPSTREAM_DEADLINE,
@@ -384,6 +387,9 @@ pub async fn run(
             // This replica's waiting calls go to the shared records, where any replica's desks
             // see them, and decisions made on any replica come back to be carried out here.
             mirror = Some(tokio::spawn(state.clone().mirror()));
+            // A 2026-07-28 client's requestState names the shared row: its retry continues on
+            // any replica, and each state is spent once across them all.
+            engine.share_requests(state.clone());
             Some((
                 listener,
                 tokio_rustls::TlsAcceptor::from(config),

@@ -22,7 +22,7 @@
 use countersign_core::PlanHash;
 use countersign_core::policy::CONFIRM_ARGUMENTS;
 use countersign_core::request_state::StateRefusal;
-use countersign_engine::Resumed;
+use countersign_engine::{Resumed, Unsealed};
 use countersign_wire::request_url;
 
 use super::*;
@@ -149,6 +149,8 @@ impl Session {
                 };
                 return Ok(complete(stopped_result(stopped)));
             }
+            // Decided on another replica of a team's server while the client was away.
+            Resumed::Decided(stopped) => return Ok(complete(stopped_result(stopped))),
             Resumed::Unplanned => {
                 // The call cannot be planned now: the preflight says why (and queues nothing).
                 let answer = self
@@ -235,7 +237,12 @@ impl Session {
                 .queued_aside(&self.tenant, tool, arguments)
                 .await
             {
-                Some((plan, Some(id))) => self.input_required(tool, plan, id, round),
+                Some((plan, Some(id))) => match self.input_required(tool, plan, id, round).await {
+                    Some(response) => Ok(response),
+                    // Not shared with the other replicas yet: the text flow's `pending` (calling
+                    // again finds the call wherever it lands).
+                    None => Ok(complete(from_desk(answer))),
+                },
                 _ => Ok(complete(from_desk(answer))),
             },
             answer => Ok(complete(from_desk(answer))),
@@ -243,28 +250,34 @@ impl Session {
     }
 
     /// `input_required` for request `id`: the elicitation on the first round, and a new state.
-    fn input_required(
+    /// `None`: no state can name the request now (a team's server could not share it).
+    async fn input_required(
         &self,
         tool: &str,
         plan: PlanHash,
         id: u64,
         round: u32,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let state = match self.engine.seal_round(&self.tenant, tool, plan, id, round) {
+    ) -> Option<CallToolResponse> {
+        let state = match self
+            .engine
+            .seal_round(&self.tenant, tool, plan, id, round)
+            .await
+        {
             Ok(state) => state,
-            Err(why) => {
+            Err(Unsealed::NoSecret(why)) => {
                 let stopped = Stopped::Failed {
                     code: ErrorCode::NoSecret,
                     message: why.why,
                 };
-                return Ok(complete(stopped_result(stopped)));
+                return Some(complete(stopped_result(stopped)));
             }
+            Err(Unsealed::NotShared) => return None,
         };
         let asks = (round == 1)
             .then(|| desk_elicitation(tool, id))
             .flatten()
             .map(|ask| InputRequests::from([(ASK.to_owned(), ask)]));
-        Ok(CallToolResponse::InputRequired(InputRequiredResult::new(
+        Some(CallToolResponse::InputRequired(InputRequiredResult::new(
             asks,
             Some(state),
         )))
