@@ -813,6 +813,11 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
             ..waiting_call("a", 1, 10_000)
         }
     );
+    // Several read at once (a replica carrying out decisions): those on record, by number.
+    let together = r.waiting_calls_by_id(&[c, 9_999, a]).await.unwrap();
+    assert_eq!(ids(together.clone()), [a, c]);
+    assert_eq!(together[0], read);
+    assert!(r.waiting_calls_by_id(&[]).await.unwrap().is_empty());
     // The first verdict stands, and keeps the call on record until the time given.
     assert!(
         r.decide_waiting(a, Verdict::Deny, Some("no"), 30_000)

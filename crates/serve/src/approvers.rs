@@ -29,7 +29,9 @@ use base64::Engine as _;
 use countersign_core::approver::{self, BadDecision, Decision, Verdict};
 use countersign_core::{GateClass, PlanHash};
 use countersign_engine::{Engine, PendingRequest, QueueChange, SharedFate, SharedRequests};
-use countersign_store::{DecisionRecord, Records, Roster, StoreError, WaitingCall};
+use countersign_store::{
+    DecisionRecord, MAX_WAITING_ROWS, Records, Roster, StoreError, WaitingCall,
+};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -377,14 +379,24 @@ impl Approvers {
             let links = self.links.lock().await;
             links.iter().map(|(l, k)| (*l, k.clone())).collect()
         };
-        for (local, link) in linked {
-            let row = match self.records.waiting_call(link.row).await {
-                Ok(row) => row,
+        if linked.is_empty() {
+            return;
+        }
+        // One read for the calls waiting here (one per thousand of them), not one per call.
+        let numbers: Vec<u64> = linked.iter().map(|(_, link)| link.row).collect();
+        let mut rows: HashMap<u64, WaitingCall> = HashMap::with_capacity(numbers.len());
+        for chunk in numbers.chunks(MAX_WAITING_ROWS) {
+            match self.records.waiting_calls_by_id(chunk).await {
+                Ok(read) => rows.extend(read.into_iter().map(|row| (row.id, row))),
                 Err(e) => {
                     tracing::debug!(target: "approvers", error = %e, "cannot read the decisions");
                     return;
                 }
-            };
+            }
+        }
+        for (local, link) in linked {
+            // Several local calls may share a row (asked again here): each reads it.
+            let row = rows.get(&link.row).cloned();
             let done = match row {
                 Some(row) => match row.verdict {
                     None => continue,

@@ -141,6 +141,10 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// Waiting call `id`, decided or not.
     async fn waiting_call(&self, id: u64) -> Result<Option<WaitingCall>, StoreError>;
 
+    /// The waiting calls among `ids` that are on record, decided or not: one read for all (at
+    /// most [`crate::MAX_WAITING_ROWS`] ids are read).
+    async fn waiting_calls_by_id(&self, ids: &[u64]) -> Result<Vec<WaitingCall>, StoreError>;
+
     /// Records `verdict` on waiting call `id` unless it has one: `false` then (the first
     /// verdict stands). The decided call stays on record until `until`.
     async fn decide_waiting(
@@ -383,6 +387,11 @@ impl Records for Sqlite {
 
     async fn waiting_call(&self, id: u64) -> Result<Option<WaitingCall>, StoreError> {
         self.off(move |s| s.waiting_call(id)).await
+    }
+
+    async fn waiting_calls_by_id(&self, ids: &[u64]) -> Result<Vec<WaitingCall>, StoreError> {
+        let ids = ids.to_vec();
+        self.off(move |s| s.waiting_calls_by_id(&ids)).await
     }
 
     async fn decide_waiting(

@@ -182,6 +182,21 @@ impl Store {
         Ok(self.waiting_rows("id = ?1", [id])?.pop())
     }
 
+    /// The waiting calls among `ids` that are on record, decided or not, in one read (at most
+    /// [`MAX_WAITING_ROWS`] ids; the rest are not read).
+    pub fn waiting_calls_by_id(&mut self, ids: &[u64]) -> Result<Vec<WaitingCall>, StoreError> {
+        let ids = ids
+            .iter()
+            .take(MAX_WAITING_ROWS)
+            .map(|id| ms_to_sql(*id))
+            .collect::<Result<Vec<i64>, _>>()?;
+        let list = format!(
+            "[{}]",
+            ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+        );
+        self.waiting_rows("id IN (SELECT value FROM json_each(?1))", [list])
+    }
+
     /// Records `verdict` on waiting call `id` (with a deny's `note`), unless it has one already:
     /// `false` then, and nothing changes. A decided call stays on record until `until`, for the
     /// replica whose agent asks again to find it.

@@ -663,6 +663,17 @@ impl Records for Postgres {
         rows.iter().map(waiting_row).next().transpose()
     }
 
+    async fn waiting_calls_by_id(&self, ids: &[u64]) -> Result<Vec<WaitingCall>, StoreError> {
+        let ids = ids
+            .iter()
+            .take(MAX_WAITING_ROWS)
+            .map(|id| ms_to_sql(*id))
+            .collect::<Result<Vec<i64>, _>>()?;
+        let sql = waiting_sql("id = ANY($1)");
+        let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[&ids]))?;
+        rows.iter().map(waiting_row).collect()
+    }
+
     async fn decide_waiting(
         &self,
         id: u64,
