@@ -1255,3 +1255,93 @@ async fn requests_around_the_release_always_find_a_window_and_a_waiting_one_keep
     assert_eq!(desk.pid().await, pid, "the same desk throughout");
     desk.stop().await;
 }
+
+/// Issue 18, item 3: a desk started in the tray (as a gateway starts it, for an agent, with
+/// nothing to decide) makes no window and runs no WebKit while agents connect, list and use open
+/// tools; the first request brings the window, showing it, with one web process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_desk_started_in_the_tray_makes_no_window_until_the_first_request_brings_it() {
+    use countersign_tests::window::OwnDisplay;
+    use countersign_tests::xwindow::titles;
+    use rmcp::ServiceExt;
+    let display = OwnDisplay::start();
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["data", "config"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let socket = dir.path().join("desk.sock");
+    let mut started = tokio::process::Command::new(bin("countersign-desk"))
+        .arg(countersign_wire::DESK_IN_TRAY)
+        .env("COUNTERSIGN_DESK_DIR", dir.path())
+        .env("COUNTERSIGN_SOCKET", &socket)
+        .env("DISPLAY", &display.name)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = started.id().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::UnixStream::connect(&socket).await.is_err() {
+        assert!(Instant::now() < deadline, "the desk did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut cmd = tokio::process::Command::new(bin("countersign"));
+    cmd.args(["mcp", "--no-launch", "--wait", "40", "--socket"])
+        .arg(&socket)
+        .arg("--db")
+        .arg(dir.path().join("app.sqlite"))
+        .env("RUST_LOG", "warn");
+    let info = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("tray-agent", "1.0"),
+    );
+    let agent = info
+        .serve(rmcp::transport::TokioChildProcess::new(cmd).unwrap())
+        .await
+        .unwrap();
+    agent.list_all_tools().await.unwrap();
+    let read = call(&agent, "list_tables", json!({})).await.unwrap();
+    assert_ne!(read.is_error, Some(true), "{read:?}");
+    // Past its start (it logs `ready`, in the tray), and a moment more: still no window.
+    let log = dir.path().join("state/desk.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ready in_tray=true")) {
+        assert!(
+            Instant::now() < deadline,
+            "the desk never said it was ready in the tray"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        Desk::web_processes(pid).is_empty(),
+        "WebKit runs with nothing to decide"
+    );
+    assert!(
+        !titles(&display.name)
+            .iter()
+            .any(|t| t.starts_with("Countersign")),
+        "a window with nothing to decide: {:?}",
+        titles(&display.name)
+    );
+    // The first request: the window comes, on screen, saying so.
+    let pending = call(&agent, "create_backup", json!({"name": "first"}));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = titles(&display.name);
+        if shown.iter().any(|t| t == "Countersign (1 pending)") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no window came for the request: {shown:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(Desk::web_processes(pid).len(), 1, "one web process");
+    assert!(!pending.is_finished(), "it waits for a person");
+    drop(agent);
+    started.kill().await.unwrap();
+}

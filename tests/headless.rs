@@ -149,6 +149,14 @@ async fn a_gateway_starts_the_desk_in_the_accounts_own_home_whatever_the_agents_
     let socket = PathBuf::from(format!("/tmp/countersign-{}/desk.sock", account.uid));
     let pid = desk_process::pid_at(&socket).await;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    // Started for an agent, with nothing to decide: in the tray, no window until a request.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    assert!(
+        args.contains(&countersign_wire::DESK_IN_TRAY.as_bytes()),
+        "{:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
     desk_process::terminate(pid);
     assert!(
         status

@@ -159,10 +159,11 @@ pub struct Lifecycle {
 }
 
 impl Lifecycle {
-    /// A live window (the one `tauri.conf.json` creates at start), released after `after` idle.
+    /// No window yet (`tauri.conf.json` creates none: the desk does, at start unless it starts
+    /// in the tray, see `main.rs`), released after `after` idle.
     pub fn new(after: Duration) -> Self {
         Lifecycle {
-            life: Mutex::new(Life::Live),
+            life: Mutex::new(Life::Released),
             clock: Mutex::new(IdleClock::new(after)),
         }
     }
@@ -338,7 +339,7 @@ fn create(app: &AppHandle, show: bool) {
         .and_then(|b| b.visible(show).focused(show).build());
     match built {
         Ok(window) => {
-            tracing::info!(target: "desk", shown = show, "window created again");
+            tracing::info!(target: "desk", shown = show, "window created");
             if let Some(desk) = app.try_state::<crate::Desk>() {
                 crate::update_count(app, &desk.engine);
             }

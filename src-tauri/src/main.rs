@@ -384,6 +384,11 @@ fn main() {
     run(dirs, settings, secret, key, items, open)
 }
 
+/// Starts the desk in the tray, without its window (and so without WebKit) until something is to
+/// be decided: what a gateway passes when it starts the desk for an agent. `countersign desk`
+/// and the desktop entry pass nothing, and open the window.
+const TRAY_FLAG: &str = countersign_wire::DESK_IN_TRAY;
+
 /// A secret store that is not there: every operation says why.
 struct Unavailable(String);
 
@@ -419,6 +424,8 @@ fn run(
     open: Option<u64>,
 ) {
     let window = has_display();
+    let in_tray = std::env::args().any(|a| a == TRAY_FLAG);
+    let wants_request = open.is_some();
     let mut config = EngineConfig::new(dirs.store());
     config.token_ttl_ms = settings.token_minutes * 60_000;
     config.approve_delay_ms = settings.approve_delay_ms;
@@ -453,6 +460,11 @@ fn run(
         options,
     )) {
         Ok(served) => served,
+        // Two gateways that started a desk at once: the second leaves the first in the tray.
+        Err(socket::SocketError::AlreadyRunning(_)) if in_tray && !wants_request => {
+            eprintln!("countersign-desk: already running");
+            std::process::exit(0);
+        }
         Err(socket::SocketError::AlreadyRunning(_)) => {
             eprintln!("countersign-desk: already running; bringing its window forward");
             focus_running_desk(&socket_path, open);
@@ -565,6 +577,15 @@ fn run(
             // together go out as one update, and raising the window or notifying is paced
             // (`pace`), so a flood of requests cannot turn into a flood of interruptions.
             let mut changes = engine.subscribe();
+            // The window, unless the desk was started in the tray (by a gateway, for an agent,
+            // with nothing to decide: the first request brings it) and no URL asks for one. The
+            // socket serves before this runs, so a request may be waiting already (queued before
+            // the subscription above, it brings no event): then the window comes for it.
+            let windowed = !in_tray || wants_request || !engine.pending().is_empty();
+            if windowed {
+                idle::want(&handle, true);
+            }
+            tracing::info!(target: "desk", in_tray = !windowed, "ready");
             tauri::async_runtime::spawn(async move {
                 use tokio::sync::broadcast::error::RecvError;
                 let mut interruptions = pace::Interruptions::default();

@@ -205,7 +205,8 @@ pub(crate) fn connect(options: &Options) -> Result<UnixStream, DeskError> {
         return Err(unreachable(first));
     }
     tracing::info!(target: "gateway", "no desk answers; starting one");
-    if let Err(e) = crate::launch::start_desk(&[]) {
+    // In the tray: nothing waits yet, so no window (the first request brings it).
+    if let Err(e) = crate::launch::start_desk(&[countersign_wire::DESK_IN_TRAY.to_owned()]) {
         return Err(DeskError::Unreachable(format!(
             "cannot start {}: {e}",
             crate::launch::desk_program().display()

@@ -54,6 +54,10 @@ pub use place::{
 };
 
 pub use desk_error::DeskError;
+
+/// The argument a gateway starts the desk with: in the tray, its window (and WebKit with it) not
+/// made until a request is there to be decided.
+pub const DESK_IN_TRAY: &str = "--tray";
 #[cfg(unix)]
 pub use focus::{FOCUS_WAIT, focus_desk};
 pub use open::{
