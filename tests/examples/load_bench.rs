@@ -15,6 +15,9 @@
 //!    Printed: latency of open calls and of preflight → decision (p50, p99, max), the CPU time of
 //!    the desk and, separately, of the upstreams and the pipes over the calls (utime + stime), and
 //!    memory: the desk's PSS alone and summed with its children (the upstreams).
+//!    Then the open calls alone, beside a direct connection: the same agents, calls and lanes,
+//!    once through the desk and once with each agent connected straight to its own upstream (no
+//!    pipe, no desk), one after the other: calls per second, p50 and p99 of each, and the ratios.
 //! 2. Churn: 200 agents connecting and disconnecting in a loop for a minute, at most 16 at a
 //!    time; each cycle starts a pipe, initializes, makes one open call and closes. The desk's
 //!    threads, open descriptors, children and memory are printed before and after (each after a
@@ -593,6 +596,114 @@ fn cpu_between(before: &HashMap<u32, Duration>, after: &HashMap<u32, Duration>) 
 // ---------------------------------------------------------------------------------------------
 
 /// Phase 1. Returns whether every answer was the caller's own, exactly once.
+/// An agent connected straight to its own upstream: the floor the desk is compared with.
+async fn direct_agent(
+    run_dir: &Path,
+    name: &str,
+) -> Result<RunningService<RoleClient, ClientConfig>, String> {
+    let mut cmd = tokio::process::Command::new("python3");
+    cmd.arg(echo_server()).arg(run_dir);
+    let transport = rmcp::transport::TokioChildProcess::builder(cmd)
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("the upstream did not start: {e}"))?
+        .0;
+    let info = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new(name, "1.0"),
+    );
+    tokio::time::timeout(CALL_DEADLINE, info.serve(transport))
+        .await
+        .map_err(|_| "no answer to initialize".to_owned())?
+        .map_err(|e| format!("initialize: {e}"))
+}
+
+/// Open calls alone from `peers` (`config.calls` each, `config.inflight` in flight): the tally
+/// and the wall time.
+async fn open_only(config: &Config, peers: &[Peer<RoleClient>]) -> (Tally, Duration) {
+    let started = Instant::now();
+    let mut work = tokio::task::JoinSet::new();
+    for (i, peer) in peers.iter().enumerate() {
+        for lane in 0..config.inflight {
+            let share =
+                config.calls / config.inflight + usize::from(lane < config.calls % config.inflight);
+            work.spawn(open_calls(peer.clone(), i, lane, share));
+        }
+    }
+    let mut tally = Tally::default();
+    while let Some(joined) = work.join_next().await {
+        tally.merge(joined.unwrap());
+    }
+    (tally, started.elapsed())
+}
+
+/// The open calls through the desk beside the same calls made directly.
+async fn beside_direct(config: &Config, socket: &Path, run_dir: &Path) -> bool {
+    println!();
+    println!(
+        "1b. open calls alone: {} agents × {} open calls ({} in flight), through the desk, then each agent straight to its upstream",
+        config.agents, config.calls, config.inflight
+    );
+    let mut through = Vec::new();
+    for i in 0..config.agents {
+        match Agent::connect(socket, run_dir, &format!("open-agent-{i}")).await {
+            Ok(agent) => through.push(agent),
+            Err(e) => println!("  agent {i} did not connect through the desk: {e}"),
+        }
+    }
+    let peers: Vec<_> = through.iter().map(Agent::peer).collect();
+    let (mut desk, desk_wall) = open_only(config, &peers).await;
+    for agent in through {
+        agent.close().await;
+    }
+    let mut direct_agents = Vec::new();
+    for i in 0..config.agents {
+        match direct_agent(run_dir, &format!("direct-agent-{i}")).await {
+            Ok(agent) => direct_agents.push(agent),
+            Err(e) => println!("  agent {i} did not connect directly: {e}"),
+        }
+    }
+    let peers: Vec<_> = direct_agents.iter().map(|a| a.peer().clone()).collect();
+    let (mut direct, direct_wall) = open_only(config, &peers).await;
+    for agent in direct_agents {
+        let _ = agent.cancel().await;
+    }
+    let rate = |t: &Tally, wall: Duration| t.open.len() as f64 / wall.as_secs_f64();
+    let p = |t: &mut Tally, q: f64| {
+        t.open.sort_unstable();
+        t.open
+            .get(((t.open.len().max(1) - 1) as f64 * q).round() as usize)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
+    let (desk_rate, direct_rate) = (rate(&desk, desk_wall), rate(&direct, direct_wall));
+    let (desk_p50, direct_p50) = (p(&mut desk, 0.5), p(&mut direct, 0.5));
+    let (desk_p99, direct_p99) = (p(&mut desk, 0.99), p(&mut direct, 0.99));
+    println!(
+        "  through the desk: {:.0} calls/s, p50 {:.1} ms, p99 {:.1} ms (n = {})",
+        desk_rate,
+        desk_p50,
+        desk_p99,
+        desk.open.len()
+    );
+    println!(
+        "  direct:           {:.0} calls/s, p50 {:.1} ms, p99 {:.1} ms (n = {})",
+        direct_rate,
+        direct_p50,
+        direct_p99,
+        direct.open.len()
+    );
+    println!(
+        "  desk / direct:    calls/s ×{:.2}, p50 ×{:.2}, p99 ×{:.2}",
+        desk_rate / direct_rate.max(f64::MIN_POSITIVE),
+        desk_p50 / direct_p50.max(f64::MIN_POSITIVE),
+        desk_p99 / direct_p99.max(f64::MIN_POSITIVE)
+    );
+    for e in desk.examples.iter().chain(&direct.examples) {
+        println!("    e.g. {e}");
+    }
+    desk.crossed + desk.lost + desk.wrong + direct.crossed + direct.lost + direct.wrong == 0
+}
+
 async fn load(config: &Config, desk: &DeskChild, socket: &Path, run_dir: &Path) -> bool {
     println!();
     println!(
@@ -858,6 +969,7 @@ async fn main() {
     let fresh = snapshot(desk.pid, &dir.path().display().to_string());
     print_snapshots(&[("fresh, idle", &fresh)]);
     let answered = load(&config, &desk, &socket, dir.path()).await;
+    let answered = beside_direct(&config, &socket, dir.path()).await && answered;
     let cycled = churn(&config, &desk, &socket, dir.path()).await;
     desk.stop().await;
     println!();
