@@ -2596,13 +2596,15 @@ async fn an_agent_told_pending_that_asks_again_on_another_replica_gets_the_one_c
         .unwrap();
     assert_eq!(again, 1);
     // A's copy of the call was told it was taken elsewhere: asked on A again, the agent hears
-    // that (never a second token from the one approval), and the next ask is a new call.
+    // that, as the approval already used (never a second token from the one approval, and
+    // never said to be a person's deny), and the next ask is a new call.
     let third = call(&on_a, "execute", insert.clone()).await;
     assert_eq!(
         third.structured_content.as_ref().unwrap()["refusal"],
-        "denied",
+        "already_used",
         "{third:?}"
     );
+    assert!(!text_of(&third).contains("denied"), "{third:?}");
     assert!(text_of(&third).contains("on another replica"), "{third:?}");
     let fourth = call(&on_a, "execute", insert.clone()).await;
     assert_eq!(

@@ -246,6 +246,27 @@ impl Engine {
         Ok((answer, claims))
     }
 
+    /// On a team's server: request `id` was approved on the shared record and its token minted
+    /// by another replica, where the agent's call waited. This copy ends, answered
+    /// [`crate::queue::TAKEN_ELSEWHERE`] (`already_used`) if an agent collects it here; nothing
+    /// is recorded (the minting replica records the approval).
+    pub fn taken_elsewhere(&self, id: u64) -> Result<(), ApproveError> {
+        {
+            let state = lock(&self.inner.state);
+            let entry = state
+                .requests
+                .get(&id)
+                .filter(|e| e.is_waiting() && !e.approving && !e.is_change())
+                .ok_or(ApproveError::NotPending)?;
+            entry.decision.send_replace(Some(Decision::TakenElsewhere));
+        }
+        self.publish(QueueChange::Removed {
+            id,
+            reason: Removal::TakenElsewhere,
+        });
+        Ok(())
+    }
+
     /// A person denied request `id`, with an optional note for the agent.
     pub async fn deny(&self, id: u64, note: Option<&str>) -> Result<(), ApproveError> {
         let note = note

@@ -63,6 +63,6 @@ pub use grants::{
 pub use listing::{MAX_ATTACHED, READ_ONLY};
 pub use queue::{
     Asks, CallRequest, ChangeRequest, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION,
-    PendingRequest, QueueChange, Queued, Removal, Ticket,
+    PendingRequest, QueueChange, Queued, Removal, TAKEN_ELSEWHERE, Ticket,
 };
 pub use rounds::{MAX_SPENT_STATES, Resumed, SharedFate, SharedRequests, Unsealed};

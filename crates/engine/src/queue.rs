@@ -174,6 +174,8 @@ pub enum Removal {
     Withdrawn,
     /// Its gateway disconnected.
     Disconnected,
+    /// On a team's server: approved, and taken by the agent's call on another replica.
+    TakenElsewhere,
 }
 
 /// A change to the queue, for the window.
@@ -279,7 +281,9 @@ impl Engine {
             None => true,
             Some(Decision::Approved(approved)) => approved.expires_at_ms > now,
             Some(Decision::Changed) => false,
-            Some(Decision::Denied { .. }) => e.view.arrived_at_ms.saturating_add(ttl) > now,
+            Some(Decision::Denied { .. } | Decision::TakenElsewhere) => {
+                e.view.arrived_at_ms.saturating_add(ttl) > now
+            }
         });
     }
 
@@ -420,6 +424,10 @@ impl Engine {
         match decision {
             Some(Decision::Approved(approved)) => Ok(approved),
             Some(Decision::Denied { note }) => Err(denied(note)),
+            Some(Decision::TakenElsewhere) => Err(Stopped::Refused {
+                refusal: Refusal::AlreadyUsed,
+                message: TAKEN_ELSEWHERE.to_owned(),
+            }),
             Some(Decision::Changed) | None => Err(refused(Refusal::Pending)),
         }
     }
@@ -489,6 +497,12 @@ impl Engine {
         Some((hash, id))
     }
 }
+
+/// What an agent hears of a call approved on a team's server and taken by its call on another
+/// replica ([`Engine::taken_elsewhere`]).
+pub const TAKEN_ELSEWHERE: &str = "Refused: this call was approved, and its token given where the \
+agent's call waited for it, on another replica of this server, which ran it there. Nothing was \
+executed here. If that was not you, call again: a new approval is needed.";
 
 /// What the agent is told of a deny: the refusal, and the person's note.
 pub(crate) fn denied(note: Option<String>) -> Stopped {

@@ -31,6 +31,9 @@ pub(crate) enum Decision {
         /// The note, if any.
         note: Option<String>,
     },
+    /// Approved on a team's server, and the token minted on another replica, where the agent's
+    /// call waited: nothing for this copy of the call.
+    TakenElsewhere,
 }
 
 pub(crate) struct Entry {

@@ -936,3 +936,54 @@ async fn a_full_engine_forgets_the_idlest_caller_never_one_with_a_request_waitin
     // Back again: attached anew.
     d.engine.attach("idle", server()).unwrap();
 }
+
+/// A team's server: a call approved on the shared record and taken by the agent's call on
+/// another replica ends here as `already_used`, saying so (never as a person's deny, and with
+/// nothing recorded here); the next call of it is a new request.
+#[tokio::test]
+async fn a_call_taken_on_another_replica_is_already_used_here_and_the_next_is_new() {
+    let d = desk();
+    let tenant = connect(&d.engine).await;
+    let args = json!({"sql": "x"});
+    let mut changes = d.engine.subscribe();
+    let r = d
+        .engine
+        .preflight(&tenant, "execute", &args, Duration::ZERO)
+        .await;
+    assert_eq!(refusal(&r), Some(Refusal::Pending));
+    let id = d.engine.pending()[0].id;
+    d.engine.taken_elsewhere(id).unwrap();
+    assert_eq!(d.engine.taken_elsewhere(id), Err(ApproveError::NotPending));
+    let mut removed = None;
+    while let Ok(change) = changes.try_recv() {
+        if let QueueChange::Removed { id: gone, reason } = change {
+            removed = Some((gone, reason));
+        }
+    }
+    assert_eq!(removed, Some((id, Removal::TakenElsewhere)));
+    assert!(d.engine.pending().is_empty(), "out of the person's queue");
+    match d.engine.preflight(&tenant, "execute", &args, WAIT).await {
+        Err(Stopped::Refused { refusal, message }) => {
+            assert_eq!(refusal, Refusal::AlreadyUsed);
+            assert!(message.contains("another replica"), "{message}");
+            assert!(!message.contains("denied"), "{message}");
+        }
+        other => panic!("expected already_used, got {other:?}"),
+    }
+    let r = d
+        .engine
+        .preflight(&tenant, "execute", &args, Duration::ZERO)
+        .await;
+    assert_eq!(
+        refusal(&r),
+        Some(Refusal::Pending),
+        "the next ask is a new call"
+    );
+    let history = d.engine.history(&HistoryFilter::default()).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .all(|e| e.kind != countersign_core::telemetry::EventKind::Denied),
+        "nothing recorded as a deny"
+    );
+}

@@ -192,11 +192,6 @@ pub const DECISIONS_EVERY: Duration = Duration::from_millis(200);
 /// How often a desk's held read looks for changes made on other replicas.
 const OTHERS_EVERY: Duration = Duration::from_millis(500);
 
-/// What an agent whose call was approved and taken on another replica is told here.
-pub const TAKEN_ELSEWHERE: &str = "this call was approved, and its token given where the agent \
-waited for it, on another replica of this server. Nothing was executed here. If that was not \
-you, call again: a new approval is needed";
-
 /// A call waiting here, and the shared row its decision comes on.
 #[derive(Debug, Clone)]
 struct Link {
@@ -420,12 +415,10 @@ impl Approvers {
                         }
                     }
                     // Minted on another replica, for the agent that waited there.
-                    Some(Verdict::Approve) => {
-                        Some(self.engine.deny(local, Some(TAKEN_ELSEWHERE)).await)
-                    }
+                    Some(Verdict::Approve) => Some(self.engine.taken_elsewhere(local)),
                 },
                 // Gone: its token was minted elsewhere (the minter forgets the row).
-                None => Some(self.engine.deny(local, Some(TAKEN_ELSEWHERE)).await),
+                None => Some(self.engine.taken_elsewhere(local)),
             };
             // A denied row stays (out of desks' sight) until it expires, for the other
             // replicas where the call waits to read its note; pruned later.
