@@ -1345,3 +1345,55 @@ async fn a_desk_started_in_the_tray_makes_no_window_until_the_first_request_brin
     drop(agent);
     started.kill().await.unwrap();
 }
+
+/// Issue 19, item 4: a confirm whose server died before answering tells the agent it may have
+/// run, is on record as `outcome_unknown`, and when the same call asks again the window says,
+/// above everything else, that the last identical call's outcome is unknown, and when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_server_died_unanswered_is_shown_as_unknown_when_it_asks_again() {
+    let desk = Desk::start().await;
+    let work = tempfile::tempdir().unwrap();
+    let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/dying_server.py");
+    let stderr = std::fs::File::create(work.path().join("gateway.log")).unwrap();
+    let agent = desk
+        .agent_command(
+            "dying-agent",
+            &["python3", server.to_str().unwrap()],
+            &[],
+            work.path(),
+            stderr,
+        )
+        .await;
+    let args = json!({"path": "/srv/report.txt", "text": "hello"});
+    let pending = call(&agent, "write", args.clone());
+    desk.wait_for_request().await;
+    assert!(
+        desk.text("#d-unknown").await.is_empty(),
+        "nothing to say yet"
+    );
+    read_then_approve(&desk).await;
+    let preflight = pending.await.unwrap();
+    let done = call(&agent, "write", confirm_of(&preflight, args.clone()))
+        .await
+        .unwrap();
+    assert!(
+        format!("{done:?}").contains("not known"),
+        "the agent is told it may have run: {done:?}"
+    );
+    // The same call again: the person sees that the last one's outcome is unknown.
+    let again = call(&agent, "write", args.clone());
+    desk.wait_for_request().await;
+    desk.until("the unknown outcome to be shown", |d| {
+        Box::pin(async move {
+            d.text("#d-unknown")
+                .await
+                .contains("whether it ran is not known")
+        })
+    })
+    .await;
+    deny_by_script(&desk).await;
+    assert_eq!(refusal(&again.await.unwrap()).as_deref(), Some("denied"));
+    let history = desk.invoke("history", json!({"query": {}})).await.unwrap();
+    assert!(history.to_string().contains("outcome_unknown"), "{history}");
+    desk.stop().await;
+}

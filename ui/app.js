@@ -119,6 +119,7 @@ function renderDetail(changed) {
   $("change").hidden = !r.change;
   $("call").hidden = !!r.change;
   $("reversibility").hidden = !!r.change;
+  if (r.change) $("d-unknown").hidden = true;
   text("deny-note-label", r.change ? "Note for whoever proposed it (optional, sent with Deny):" : "Note for the agent (optional, sent with Deny):");
   if (r.change) renderChange(r.change);
   else renderCall(r);
@@ -155,6 +156,12 @@ function renderCall(r) {
   badge.textContent = r.reversible ? "Reversible" : "IRREVERSIBLE: this cannot be undone";
   badge.className = "badge " + (r.reversible ? "reversible" : "irreversible");
   $("detail").className = r.reversible ? "" : "irreversible";
+  // The same call was run before and never answered: it may have run already.
+  const unknown = typeof r.last_unknown_at_ms === "number";
+  $("d-unknown").hidden = !unknown;
+  text("d-unknown", unknown
+    ? `The last identical call, at ${new Date(r.last_unknown_at_ms).toLocaleString()}, was handed to its server and never answered: whether it ran is not known. Check before approving it again.`
+    : "");
   shown("d-agent", r.agent);
   shown("d-server", r.server);
   shown("d-tool", r.tool);
@@ -233,7 +240,7 @@ async function loadHistory() {
   for (const row of rows) {
     const tr = document.createElement("tr");
     tr.className = "event-" + row.kind;
-    const code = row.refusal || (row.kind === "executed" ? (row.ok ? "ok" : "failed") : "");
+    const code = row.refusal || (row.kind === "executed" ? (row.ok ? "ok" : "failed") : row.kind === "outcome_unknown" ? "may have run" : "");
     const plain = (s) => ({ text: s, flags: [] });
     const cells = [plain(new Date(row.at_ms).toLocaleString()), plain(row.kind), plain(code), row.server, row.tool, row.target, row.note, plain(row.nonce || "")];
     for (const cell of cells) tr.append(shownNode("td", cell));

@@ -161,6 +161,9 @@ pub struct RequestView {
     /// What the call would do, when the desk could look ("unavailable" with a code when it
     /// tried and could not); never part of what is approved.
     pub preview: Option<PreviewView>,
+    /// When the last call of this same plan was handed to its server and never answered (it may
+    /// have run), if it was, in ms since the epoch.
+    pub last_unknown_at_ms: Option<u64>,
 }
 
 /// A change to the desk, as the approval view shows it.
@@ -266,6 +269,7 @@ impl From<&PendingRequest> for RequestView {
             change: r.change().map(ChangeView::from),
             why: shown(call.map_or("", |c| c.why.as_str())),
             preview: r.preview.as_ref().map(PreviewView::from),
+            last_unknown_at_ms: call.and_then(|c| c.last_unknown_at_ms),
         }
     }
 }
@@ -620,6 +624,7 @@ mod tests {
                 approvers: 1,
                 token_ttl_ms: 600_000,
                 why: "annotations destructiveHint: true".into(),
+                last_unknown_at_ms: None,
             }),
             plan,
             arrived_at_ms: 0,

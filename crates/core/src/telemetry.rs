@@ -44,6 +44,10 @@ pub enum EventKind {
         /// Why.
         reason: Rejection,
     },
+    /// The approved action was handed to the upstream and its answer never came (the upstream
+    /// died, the connection broke, the wait ran out): whether it ran, in whole or in part, is
+    /// not known. Not a failure: it may have run.
+    OutcomeUnknown,
     /// A person approved a change to the desk itself (a registered server, the policy, a tool
     /// definition): `tool` is `change:<kind>`, `target` what changes. A denied change is
     /// [`EventKind::Denied`] with the same `tool` and `target`.
@@ -98,7 +102,7 @@ impl Rejection {
 
 impl EventKind {
     /// The history code: `issued`, `accepted`, `refused`, `replay`, `denied`, `executed`,
-    /// `rejected`, `changed`.
+    /// `outcome_unknown`, `rejected`, `changed`.
     pub fn code(self) -> &'static str {
         match self {
             EventKind::Issued => "issued",
@@ -107,6 +111,7 @@ impl EventKind {
             EventKind::Replay => "replay",
             EventKind::Denied => "denied",
             EventKind::Executed { .. } => "executed",
+            EventKind::OutcomeUnknown => "outcome_unknown",
             EventKind::Rejected { .. } => "rejected",
             EventKind::Changed => "changed",
         }
@@ -160,6 +165,7 @@ impl ConfirmEvent {
             EventKind::Refused { refusal } => refusal.code(),
             EventKind::Executed { ok: true } => "ok",
             EventKind::Executed { ok: false } => "failed",
+            EventKind::OutcomeUnknown => "unknown",
             _ => "",
         };
         format!(

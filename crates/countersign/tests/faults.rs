@@ -262,19 +262,21 @@ async fn a_confirm_whose_upstream_is_killed_mid_call_may_have_run_and_is_never_r
         .history(&countersign_store::HistoryFilter::default())
         .await
         .unwrap();
+    // Handed over and never answered: on record as unknown, not as failed (it may have run).
     let executed: Vec<_> = history
         .iter()
         .filter(|e| {
             matches!(
                 e.kind,
                 countersign_core::telemetry::EventKind::Executed { .. }
+                    | countersign_core::telemetry::EventKind::OutcomeUnknown
             )
         })
         .collect();
     assert_eq!(executed.len(), 1, "{history:?}");
     assert_eq!(
         executed[0].kind,
-        countersign_core::telemetry::EventKind::Executed { ok: false }
+        countersign_core::telemetry::EventKind::OutcomeUnknown
     );
     assert!(
         executed[0]

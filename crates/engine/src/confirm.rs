@@ -5,17 +5,21 @@
 //! the arguments the person approved, read from the store and checked against their MAC. Each
 //! acceptance records exactly one outcome, from the connection it was accepted on.
 
-use countersign_core::Refusal;
 use countersign_core::binding;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
 use countersign_core::verify::{self, Confirm};
-use countersign_store::Approval;
+use countersign_core::{PlanHash, Refusal};
+use countersign_store::{Approval, HistoryFilter};
 use serde_json::Value;
 
 use crate::answer::{Accepted, ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, refused};
 use crate::planning::Call;
+
+/// How many of a tool's newest history events are read to find how the last call of the same
+/// plan ended ([`Engine::last_unknown`]), each time a call is queued for a person.
+pub const LAST_OUTCOMES_READ: u32 = 200;
 
 /// What an approval's MAC covers, as the row holds it.
 pub(crate) fn bound_of(approval: &Approval) -> binding::Bound<'_> {
@@ -179,6 +183,53 @@ impl Engine {
         ok: bool,
         note: Option<String>,
     ) -> Result<(), Stopped> {
+        self.finished(tenant, nonce, EventKind::Executed { ok }, note)
+            .await
+    }
+
+    /// An accepted call was handed to the upstream and its answer never came (it died, the
+    /// connection broke, the wait ran out): recorded as `outcome_unknown`, not as failed, and
+    /// shown to the person the next time the same plan asks ([`CallRequest::last_unknown_at_ms`]).
+    /// In place of [`Engine::outcome`], once per acceptance.
+    ///
+    /// [`CallRequest::last_unknown_at_ms`]: crate::CallRequest::last_unknown_at_ms
+    pub async fn outcome_unknown(
+        &self,
+        tenant: &str,
+        nonce: &str,
+        note: Option<String>,
+    ) -> Result<(), Stopped> {
+        self.finished(tenant, nonce, EventKind::OutcomeUnknown, note)
+            .await
+    }
+
+    /// When the newest recorded end of a call of `tool` planned to `plan` (among the last
+    /// [`LAST_OUTCOMES_READ`] events of the tool) left its outcome unknown: that time.
+    pub(crate) async fn last_unknown(&self, tool: &str, plan: &PlanHash) -> Option<u64> {
+        let filter = HistoryFilter {
+            tool: Some(tool.to_owned()),
+            limit: Some(LAST_OUTCOMES_READ),
+            ..HistoryFilter::default()
+        };
+        let events = self.records().history(&filter).await.ok()?;
+        // Newest first: the first end of this plan says how it last ended.
+        let last = events.into_iter().find(|e| {
+            e.plan.as_ref() == Some(plan)
+                && matches!(
+                    e.kind,
+                    EventKind::Executed { .. } | EventKind::OutcomeUnknown
+                )
+        })?;
+        (last.kind == EventKind::OutcomeUnknown).then_some(last.at_ms)
+    }
+
+    async fn finished(
+        &self,
+        tenant: &str,
+        nonce: &str,
+        kind: EventKind,
+        note: Option<String>,
+    ) -> Result<(), Stopped> {
         let Some(nonce) = Nonce::from_hex(nonce) else {
             return Err(error(
                 ErrorCode::BadArguments,
@@ -208,7 +259,7 @@ impl Engine {
         };
         self.record(ConfirmEvent {
             at_ms: self.now(),
-            kind: EventKind::Executed { ok },
+            kind,
             tool,
             target,
             tenant: tenant.to_owned(),

@@ -120,6 +120,10 @@ pub struct CallRequest {
     pub token_ttl_ms: u64,
     /// Why the tool has its class: the policy line that set it, or its annotations.
     pub why: String,
+    /// When the last call of this same plan was handed to the upstream and its answer never
+    /// came (its outcome is unknown: it may have run), if the history holds one: the person
+    /// should know before approving it again.
+    pub last_unknown_at_ms: Option<u64>,
 }
 
 /// A change to the desk waiting for a person.
@@ -338,6 +342,7 @@ impl Engine {
         if let Some(approved) = self.granted(tenant, &plan, hash, &args).await {
             return Ok(Queued::Granted(approved));
         }
+        let last_unknown = self.last_unknown(tool, &hash).await;
         let now = self.now();
         let ttl = self.token_ttl_ms();
         let queued = 'queued: {
@@ -371,6 +376,7 @@ impl Engine {
                             approvers: rule.approvers,
                             token_ttl_ms: ttl,
                             why: rule.why.clone(),
+                            last_unknown_at_ms: last_unknown,
                         }),
                     };
                     let (sender, receiver) = watch::channel(None);

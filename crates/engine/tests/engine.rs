@@ -987,3 +987,65 @@ async fn a_call_taken_on_another_replica_is_already_used_here_and_the_next_is_ne
         "nothing recorded as a deny"
     );
 }
+
+/// Issue 19, item 4: a call handed to its server and never answered is recorded
+/// `outcome_unknown` (not failed), and the next time the same plan asks, the person is shown
+/// when; once the same plan has run to a known end, it no longer is.
+#[tokio::test]
+async fn an_unanswered_call_is_outcome_unknown_and_the_next_identical_request_says_when() {
+    let d = desk();
+    let tenant = connect(&d.engine).await;
+    let args = json!({"sql": "DELETE FROM t"});
+    let run = |note: Option<&'static str>, known: bool| {
+        let (engine, tenant, args) = (d.engine.clone(), tenant.clone(), args.clone());
+        async move {
+            let (_, token, target) = approved(&engine, &tenant, "execute", &args).await;
+            let accepted = engine
+                .confirm(&tenant, "execute", &confirm_args(&args, &target, &token))
+                .await
+                .unwrap();
+            let note = note.map(str::to_owned);
+            if known {
+                engine
+                    .outcome(&tenant, &accepted.nonce, true, note)
+                    .await
+                    .unwrap();
+            } else {
+                engine
+                    .outcome_unknown(&tenant, &accepted.nonce, note)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let queued_unknown = |args: Value| {
+        let (engine, tenant) = (d.engine.clone(), tenant.clone());
+        async move {
+            let r = engine
+                .preflight(&tenant, "execute", &args, Duration::ZERO)
+                .await;
+            assert_eq!(refusal(&r), Some(Refusal::Pending));
+            let pending = engine.pending();
+            let last = pending[0].call().unwrap().last_unknown_at_ms;
+            engine.withdraw(&tenant, "execute", &args).unwrap();
+            last
+        }
+    };
+    assert_eq!(queued_unknown(args.clone()).await, None, "never ran");
+    d.clock.advance(5_000);
+    let when = d.engine.now_ms();
+    run(Some("the upstream exited during the call"), false).await;
+    let history = d.engine.history(&HistoryFilter::default()).await.unwrap();
+    assert_eq!(
+        history[0].kind,
+        countersign_core::telemetry::EventKind::OutcomeUnknown
+    );
+    assert_eq!(history[0].kind.code(), "outcome_unknown");
+    d.clock.advance(5_000);
+    assert_eq!(queued_unknown(args.clone()).await, Some(when));
+    // Another plan of the same tool: nothing to say.
+    assert_eq!(queued_unknown(json!({"sql": "DELETE FROM u"})).await, None);
+    // The same plan ran to a known end since: nothing to say either.
+    run(None, true).await;
+    assert_eq!(queued_unknown(args.clone()).await, None);
+}

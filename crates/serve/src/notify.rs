@@ -160,6 +160,7 @@ mod tests {
                 approvers: 2,
                 token_ttl_ms: 600_000,
                 why: "annotations".into(),
+                last_unknown_at_ms: None,
             }),
         }
     }

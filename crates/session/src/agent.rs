@@ -364,7 +364,14 @@ impl Session {
             Err(ForwardError::NotSent) => (false, Some(NOT_SENT_NOTE.to_owned())),
             Err(ForwardError::Lost) => (false, Some(LOST_NOTE.to_owned())),
         };
-        let _ = self.engine.outcome(&self.tenant, &nonce, ok, note).await;
+        let _ = if matches!(result, Err(ForwardError::Lost)) {
+            // Handed over, never answered: it may have run. Not a failure.
+            self.engine
+                .outcome_unknown(&self.tenant, &nonce, note)
+                .await
+        } else {
+            self.engine.outcome(&self.tenant, &nonce, ok, note).await
+        };
         match result {
             Ok(r) => Ok(r),
             Err(ForwardError::Answer(e)) => Err(e),

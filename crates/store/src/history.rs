@@ -78,6 +78,7 @@ fn kind_columns(
         | EventKind::Accepted
         | EventKind::Replay
         | EventKind::Denied
+        | EventKind::OutcomeUnknown
         | EventKind::Changed => (kind.code(), None, None),
         EventKind::Refused { refusal } => (kind.code(), Some(refusal.code()), None),
         EventKind::Executed { ok } => (kind.code(), None, Some(ok)),
@@ -97,6 +98,7 @@ fn kind_from_columns(
         ("replay", None, None) => EventKind::Replay,
         ("denied", None, None) => EventKind::Denied,
         ("changed", None, None) => EventKind::Changed,
+        ("outcome_unknown", None, None) => EventKind::OutcomeUnknown,
         ("refused", Some(refusal), None) => EventKind::Refused {
             refusal: Refusal::from_code(refusal)
                 .ok_or_else(|| format!("unknown refusal code {refusal:?}"))?,

@@ -103,6 +103,7 @@ pub fn every_kind() -> Vec<EventKind> {
         EventKind::Changed,
         EventKind::Executed { ok: true },
         EventKind::Executed { ok: false },
+        EventKind::OutcomeUnknown,
     ];
     kinds.extend(
         Refusal::ALL
