@@ -2523,32 +2523,67 @@ fn confirm_of(arguments: &Value, content: &Value) -> Value {
     confirm
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
-async fn an_agent_told_pending_that_asks_again_on_another_replica_gets_the_one_call_desks_see() {
-    use countersign_core::approver::Verdict;
+/// Two replicas of one writable server (`--unauthenticated`, the built-in tools on one file) on
+/// the shared PostgreSQL database, each with its approver listener under one `--approver-url`,
+/// and the approver alice (the test desk of `seed`) registered. `wait` is `--wait`'s seconds.
+struct TwoReplicas {
+    a: Server,
+    b: Server,
+    /// The built-in tools' database file.
+    db: PathBuf,
+    /// The listeners' ports, A's then B's.
+    listeners: [u16; 2],
+    /// The server's name in decisions.
+    url: String,
+    /// The listeners' certificate, as desks trust it.
+    trusted: rustls::pki_types::CertificateDer<'static>,
+    _dir: tempfile::TempDir,
+}
+
+async fn two_replicas(seed: u8, secret: &str, wait: &str) -> TwoReplicas {
     let dsn = shared_database().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, trusted) = self_signed(dir.path());
     let db = tools_db(dir.path());
-    let alice = Desk::new(51);
+    let alice = Desk::new(seed);
     let env = [("CONTROL_DSN", dsn.as_str())];
     let (code, _, note) = roster_command("approver", &env, &["add", "alice", &alice.public_text()]);
     assert_eq!(code, 0, "{note}");
     let listeners = [free_port(), free_port()];
     let url = format!("https://approvers.example.test:{}", listeners[0]);
-    let env = [
-        ("CONFIRM_SECRET", "pending-again-secret-0123456789abcdef"),
-        ("CONTROL_DSN", dsn.as_str()),
-    ];
+    let env = [("CONFIRM_SECRET", secret), ("CONTROL_DSN", dsn.as_str())];
     let replica = |port: u16| {
         let mut args = approver_args("--unauthenticated", &db, port, &url, &cert, &key);
-        // A short wait: the agent is told `pending` and asks again, as older clients do.
-        let wait = args.iter().position(|a| a == "--wait").unwrap();
-        args[wait + 1] = "5".into();
+        let at = args.iter().position(|a| a == "--wait").unwrap();
+        args[at + 1] = wait.into();
         Server::start_before(&strs(&args), &env, Some(&[]))
     };
     let (a, b) = (replica(listeners[0]), replica(listeners[1]));
+    TwoReplicas {
+        a,
+        b,
+        db,
+        listeners,
+        url,
+        trusted,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn an_agent_told_pending_that_asks_again_on_another_replica_gets_the_one_call_desks_see() {
+    use countersign_core::approver::Verdict;
+    // A short wait: the agent is told `pending` and asks again, as older clients do.
+    let TwoReplicas {
+        a,
+        b,
+        db,
+        listeners,
+        url,
+        trusted,
+        _dir,
+    } = two_replicas(51, "pending-again-secret-0123456789abcdef", "5").await;
     let insert = json!({"sql": "INSERT INTO notes(body) VALUES ('again')"});
 
     // Asked on A, nobody decides in time: pending.
@@ -2640,25 +2675,15 @@ async fn a_2026_07_28_client_approved_on_one_replica_gets_its_result_from_anothe
         python.exists(),
         "the Python MCP SDK is not installed in target/peers: run .ci/setup tests"
     );
-    let dsn = shared_database().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key, trusted) = self_signed(dir.path());
-    let db = tools_db(dir.path());
-    let alice = Desk::new(52);
-    let env = [("CONTROL_DSN", dsn.as_str())];
-    let (code, _, note) = roster_command("approver", &env, &["add", "alice", &alice.public_text()]);
-    assert_eq!(code, 0, "{note}");
-    let listeners = [free_port(), free_port()];
-    let url = format!("https://approvers.example.test:{}", listeners[0]);
-    let env = [
-        ("CONFIRM_SECRET", "modern-across-replicas-0123456789abcdef"),
-        ("CONTROL_DSN", dsn.as_str()),
-    ];
-    let replica = |port: u16| {
-        let args = approver_args("--unauthenticated", &db, port, &url, &cert, &key);
-        Server::start_before(&strs(&args), &env, Some(&[]))
-    };
-    let (a, b) = (replica(listeners[0]), replica(listeners[1]));
+    let TwoReplicas {
+        a,
+        b,
+        db,
+        listeners,
+        url,
+        trusted,
+        _dir,
+    } = two_replicas(52, "modern-across-replicas-0123456789abcdef", "60").await;
     let proxy = countersign_tests::proxy::RoundRobin::start(vec![a.port, b.port]).await;
     proxy.pin(Some(0));
 
