@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod export;
 pub mod launch;
 pub mod logging;
 pub mod paths;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use countersign::export::{ExportError, Format};
 use countersign::{launch, logging, paths, pipe};
 use countersign_store::{HistoryFilter, HistoryReader, StoreOptions};
 use countersign_wire::Reach;
@@ -164,15 +165,28 @@ enum Command {
     Server(countersign::server::ServerCommand),
     /// Print the desk's history of approvals, confirms and refusals, newest first.
     History {
-        /// Print JSON lines instead of a table.
-        #[arg(long)]
+        /// Print JSON lines instead of a table (the same as `--format json`).
+        #[arg(long, conflicts_with = "format")]
         json: bool,
-        /// Only this tool.
+        /// `table` or `json`: the newest events, at most `--limit`, filtered by `--tool`.
+        /// `jsonl` or `csv`: an export, every event from `--since` to `--until`, oldest first,
+        /// streamed (CSV cells an agent chose that a spreadsheet would run as a formula start
+        /// with `'`).
+        #[arg(long, value_enum, default_value = "table")]
+        format: countersign::export::Format,
+        /// Only this tool (table and json).
         #[arg(long)]
         tool: Option<String>,
-        /// At most this many events.
+        /// At most this many events (table and json).
         #[arg(long, default_value_t = 100)]
         limit: u32,
+        /// Exports only: events at or after this time (ms since the epoch, RFC 3339, or a day
+        /// such as 2026-12-01, UTC).
+        #[arg(long, value_parser = countersign::export::parse_time)]
+        since: Option<u64>,
+        /// Exports only: events before this time (as `--since`).
+        #[arg(long, value_parser = countersign::export::parse_time)]
+        until: Option<u64>,
         /// The desk's SQLite file (default: the desk's own).
         #[arg(long)]
         db: Option<PathBuf>,
@@ -363,10 +377,13 @@ fn main() {
         ),
         Command::History {
             json,
+            format,
             tool,
             limit,
+            since,
+            until,
             db,
-        } => history(db.unwrap_or_else(paths::desk_db), json, tool, limit),
+        } => history_command(json, format, tool, limit, since, until, db),
     };
     std::process::exit(code);
 }
@@ -438,6 +455,76 @@ fn install_or_uninstall(
                 countersign_clients::InstallError::Desk(e) => pipe::exit_code(&e),
                 _ => 1,
             }
+        }
+    }
+}
+
+/// `countersign history`: the table or JSON of the newest events, or an export.
+fn history_command(
+    json: bool,
+    format: Format,
+    tool: Option<String>,
+    limit: u32,
+    since: Option<u64>,
+    until: Option<u64>,
+    db: Option<PathBuf>,
+) -> i32 {
+    let format = if json { Format::Json } else { format };
+    let db = db.unwrap_or_else(paths::desk_db);
+    match format {
+        Format::Table | Format::Json => {
+            if since.is_some() || until.is_some() {
+                eprintln!(
+                    "countersign: --since and --until bound an export: use --format jsonl or csv"
+                );
+                return 2;
+            }
+            history(db, format == Format::Json, tool, limit)
+        }
+        Format::Jsonl | Format::Csv => {
+            if tool.is_some() {
+                eprintln!(
+                    "countersign: an export holds every event in its range: --tool is for the table"
+                );
+                return 2;
+            }
+            export_history(db, format, since, until)
+        }
+    }
+}
+
+/// `countersign history --format jsonl|csv`: see [`countersign::export`].
+fn export_history(db: PathBuf, format: Format, since: Option<u64>, until: Option<u64>) -> i32 {
+    if let (Some(since), Some(until)) = (since, until)
+        && since >= until
+    {
+        eprintln!("countersign: --since must be before --until");
+        return 2;
+    }
+    if !db.exists() {
+        eprintln!(
+            "countersign: no history yet ({} does not exist)",
+            db.display()
+        );
+        return 0;
+    }
+    let store = match HistoryReader::open(&db, &StoreOptions::default()) {
+        Ok(store) => store,
+        Err(err) => {
+            eprintln!("countersign: cannot open {}: {err}", db.display());
+            return 1;
+        }
+    };
+    match countersign::export::export(&store, format, since, until, std::io::stdout().lock()) {
+        Ok(n) => {
+            eprintln!("countersign: exported {n} events");
+            0
+        }
+        // The reader went away (`| head`): not an error of ours.
+        Err(ExportError::Write(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(err) => {
+            eprintln!("countersign: {err}");
+            1
         }
     }
 }

@@ -112,3 +112,76 @@ fn no_file_is_no_history_yet_and_none_is_made() {
     );
     assert!(!db.exists());
 }
+
+/// Issue 19, item 3: `--format jsonl|csv` hands over every event of a range, oldest first, the
+/// JSON exactly as recorded and the CSV with a header, quoting that survives commas, quotes and
+/// newlines, and no cell a spreadsheet would run as a formula; bad bounds are refused.
+#[test]
+fn an_export_hands_over_every_event_of_its_range_oldest_first_and_nothing_runs_in_a_spreadsheet() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("desk.sqlite");
+    let mut store = Store::open(&db, StoreOptions::default()).unwrap();
+    let mut recorded = Vec::new();
+    for (at, kind, note) in [
+        (10, EventKind::Issued, None),
+        (20, EventKind::Denied, Some("no, \"not\" today,\nsee ticket 7")),
+        (30, EventKind::OutcomeUnknown, Some("the upstream exited")),
+    ] {
+        let mut e = event(at, "execute", kind);
+        e.target = Some("=HYPERLINK(\"http://evil\")".into());
+        e.note = note.map(str::to_owned);
+        store.record(&e).unwrap();
+        recorded.push(e);
+    }
+    drop(store);
+    let before = bytes(&db);
+
+    let out = history(&db, &["--format", "jsonl"]);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<ConfirmEvent> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, recorded, "every event, oldest first, as recorded");
+
+    let out = history(&db, &["--format", "csv"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut csv = csv::Reader::from_reader(out.stdout.as_slice());
+    assert_eq!(
+        csv.headers().unwrap().iter().collect::<Vec<_>>(),
+        countersign::export::CSV_COLUMNS
+    );
+    let rows: Vec<csv::StringRecord> = csv.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(&rows[0][0], "10");
+    assert_eq!(&rows[0][1], "1970-01-01T00:00:00.01Z");
+    assert_eq!(&rows[1][2], "denied");
+    assert_eq!(&rows[1][9], "no, \"not\" today,\nsee ticket 7");
+    assert_eq!(&rows[2][2], "outcome_unknown");
+    assert_eq!(&rows[0][5], "'=HYPERLINK(\"http://evil\")", "written as text");
+
+    // A range: from 20 (included) to 30 (excluded).
+    let out = history(&db, &["--format", "csv", "--since", "20", "--until", "30"]);
+    let rows: Vec<csv::StringRecord> = csv::Reader::from_reader(out.stdout.as_slice())
+        .records()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(&rows[0][0], "20");
+    let out = history(&db, &["--format", "jsonl", "--since", "2026-12-01"]);
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+
+    // Refused, with the reason: an empty range, a time that is none, a filter exports do not take.
+    for args in [
+        &["--format", "csv", "--since", "30", "--until", "20"][..],
+        &["--format", "csv", "--since", "yesterday"],
+        &["--format", "csv", "--tool", "execute"],
+        &["--since", "20"],
+    ] {
+        let out = history(&db, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty());
+    }
+    assert_eq!(bytes(&db), before, "the file was written to");
+}

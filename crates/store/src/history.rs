@@ -293,6 +293,49 @@ pub(crate) fn select(
     rows.into_iter().map(Row::into_event).collect()
 }
 
+/// Hands `each` every event on `conn` recorded at or after `since` and before `until` (ms since
+/// the epoch; `None`: unbounded), oldest first in the order they were recorded, one row at a time
+/// as SQLite reads it: however long the history, it is never held in memory. Returns how many
+/// were handed over; stops at the first error, the store's or `each`'s.
+pub(crate) fn each_between<E: From<StoreError>>(
+    conn: &rusqlite::Connection,
+    since: Option<u64>,
+    until: Option<u64>,
+    mut each: impl FnMut(ConfirmEvent) -> Result<(), E>,
+) -> Result<u64, E> {
+    let since = since.map(ms_to_sql).transpose()?;
+    let until = until.map(ms_to_sql).transpose()?;
+    let mut statement = conn
+        .prepare_cached(
+            "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
+             FROM history
+             WHERE (?1 IS NULL OR at_ms >= ?1) AND (?2 IS NULL OR at_ms < ?2)
+             ORDER BY id",
+        )
+        .map_err(StoreError::from)?;
+    let mut rows = statement
+        .query(rusqlite::params![since, until])
+        .map_err(StoreError::from)?;
+    let mut handed = 0;
+    while let Some(row) = rows.next().map_err(StoreError::from)? {
+        let read = Row {
+            at_ms: row.get(0).map_err(StoreError::from)?,
+            kind: row.get(1).map_err(StoreError::from)?,
+            refusal: row.get(2).map_err(StoreError::from)?,
+            ok: row.get(3).map_err(StoreError::from)?,
+            tool: row.get(4).map_err(StoreError::from)?,
+            target: row.get(5).map_err(StoreError::from)?,
+            tenant: row.get(6).map_err(StoreError::from)?,
+            nonce: row.get(7).map_err(StoreError::from)?,
+            plan: row.get(8).map_err(StoreError::from)?,
+            note: row.get(9).map_err(StoreError::from)?,
+        };
+        each(read.into_event()?)?;
+        handed += 1;
+    }
+    Ok(handed)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};

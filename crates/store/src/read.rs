@@ -51,6 +51,21 @@ impl HistoryReader {
         &self.path
     }
 
+    /// Every event recorded at or after `since` and before `until` (ms since the epoch), oldest
+    /// first, handed to `each` one at a time as it is read (an export: a year of history is
+    /// never held in memory). Returns how many; stops at the first error, the store's or `each`'s.
+    pub fn each_between<E: From<StoreError>>(
+        &self,
+        since: Option<u64>,
+        until: Option<u64>,
+        each: impl FnMut(ConfirmEvent) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        match &self.conn {
+            Some(conn) => history::each_between(conn, since, until, each),
+            None => Ok(0),
+        }
+    }
+
     /// Recorded events that pass `filter`, newest first, as [`Store::history`](crate::Store::history)
     /// returns them.
     pub fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {

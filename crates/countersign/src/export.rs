@@ -1,0 +1,190 @@
+//! `countersign history --format jsonl|csv`: the desk's history handed over as a file a security
+//! team's tools take, streamed from the store one event at a time (a year of history is never held
+//! in memory), oldest first, optionally bounded by `--since` and `--until`.
+//!
+//! JSON lines carry each event exactly as the store keeps it (the same objects as `--json`). CSV
+//! has one header row and fixed columns. Text an agent or an upstream chose (tool, target, tenant,
+//! note) is hostile: in CSV a cell of it that a spreadsheet would read as a formula (it starts
+//! with `=`, `+`, `-`, `@`, a tab or a carriage return) is written with a leading `'`, as OWASP
+//! advises; JSON lines are never altered.
+
+use std::io::Write;
+
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
+use countersign_store::{HistoryReader, StoreError};
+
+/// What an export is written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table for people, newest first (at most `--limit`).
+    Table,
+    /// JSON lines, newest first (at most `--limit`).
+    Json,
+    /// JSON lines, oldest first, every event in the range, streamed.
+    Jsonl,
+    /// CSV with a header row, oldest first, every event in the range, streamed.
+    Csv,
+}
+
+/// The CSV columns, in order.
+pub const CSV_COLUMNS: [&str; 11] = [
+    "at_ms", "at", "kind", "code", "tool", "target", "tenant", "nonce", "plan", "note", "ok",
+];
+
+/// Why an export stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The store could not be read.
+    #[error("cannot read history: {0}")]
+    Store(#[from] StoreError),
+    /// The output could not be written (a closed pipe, a full disk).
+    #[error("cannot write the export: {0}")]
+    Write(#[from] std::io::Error),
+    /// A row could not be encoded as CSV.
+    #[error("cannot write the export: {0}")]
+    Csv(#[from] csv::Error),
+}
+
+/// A time bound given as milliseconds since the epoch, an RFC 3339 time
+/// (`2026-12-01T09:30:00Z`) or a day (`2026-12-01`, midnight UTC).
+pub fn parse_time(text: &str) -> Result<u64, String> {
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse::<u64>()
+            .map_err(|_| format!("{text:?}: too large for milliseconds since the epoch"));
+    }
+    let stamp = match text.parse::<jiff::Timestamp>() {
+        Ok(stamp) => stamp,
+        Err(_) => text
+            .parse::<jiff::civil::Date>()
+            .ok()
+            .and_then(|day| {
+                jiff::tz::TimeZone::UTC
+                    .to_timestamp(day.to_datetime(jiff::civil::Time::midnight()))
+                    .ok()
+            })
+            .ok_or_else(|| {
+                format!(
+                    "{text:?} is not a time: give milliseconds since the epoch, an RFC 3339 time \
+                     (2026-12-01T09:30:00Z) or a day (2026-12-01)"
+                )
+            })?,
+    };
+    u64::try_from(stamp.as_millisecond()).map_err(|_| format!("{text:?} is before 1970"))
+}
+
+/// Writes every event of `reader` from `since` to `until` to `out` as `format` (JSON lines or
+/// CSV), oldest first; returns how many.
+pub fn export(
+    reader: &HistoryReader,
+    format: Format,
+    since: Option<u64>,
+    until: Option<u64>,
+    out: impl Write,
+) -> Result<u64, ExportError> {
+    match format {
+        Format::Csv => {
+            let mut csv = csv::Writer::from_writer(out);
+            csv.write_record(CSV_COLUMNS)?;
+            let n = reader.each_between(since, until, |event: ConfirmEvent| {
+                csv.write_record(csv_row(&event))?;
+                Ok::<_, ExportError>(())
+            })?;
+            csv.flush()?;
+            Ok(n)
+        }
+        _ => {
+            let mut out = std::io::BufWriter::new(out);
+            let n = reader.each_between(since, until, |event: ConfirmEvent| {
+                serde_json::to_writer(&mut out, &event).map_err(std::io::Error::from)?;
+                out.write_all(b"\n")?;
+                Ok::<_, ExportError>(())
+            })?;
+            out.flush()?;
+            Ok(n)
+        }
+    }
+}
+
+/// One event as the CSV columns ([`CSV_COLUMNS`]).
+fn csv_row(event: &ConfirmEvent) -> [String; 11] {
+    let code = match event.kind {
+        EventKind::Refused { refusal } => refusal.code(),
+        EventKind::Rejected { reason } => reason.code(),
+        EventKind::Replay => countersign_core::Refusal::AlreadyUsed.code(),
+        _ => "",
+    };
+    let ok = match event.kind {
+        EventKind::Executed { ok } => ok.to_string(),
+        _ => String::new(),
+    };
+    let at = i64::try_from(event.at_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    [
+        event.at_ms.to_string(),
+        at,
+        event.kind.code().to_owned(),
+        code.to_owned(),
+        cell(&event.tool),
+        event.target.as_deref().map(cell).unwrap_or_default(),
+        cell(&event.tenant),
+        event.nonce.map(|n| n.to_hex()).unwrap_or_default(),
+        event.plan.map(|p| p.to_hex()).unwrap_or_default(),
+        event.note.as_deref().map(cell).unwrap_or_default(),
+        ok,
+    ]
+}
+
+/// Text someone else chose, as a CSV cell no spreadsheet runs as a formula.
+fn cell(text: &str) -> String {
+    match text.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{text}"),
+        _ => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_read_as_milliseconds_rfc_3339_or_a_day_and_nothing_else() {
+        assert_eq!(parse_time("1764581400000"), Ok(1_764_581_400_000));
+        assert_eq!(parse_time("2026-12-01T09:30:00Z"), Ok(1_796_117_400_000));
+        assert_eq!(
+            parse_time("2026-12-01T10:30:00+01:00"),
+            Ok(1_796_117_400_000)
+        );
+        assert_eq!(parse_time("2026-12-01"), Ok(1_796_083_200_000));
+        for bad in [
+            "",
+            "yesterday",
+            "2026-13-01",
+            "-5",
+            "1969-12-31T23:59:59Z",
+            "99999999999999999999999",
+        ] {
+            assert!(parse_time(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_cell_a_spreadsheet_would_run_as_a_formula_is_written_as_text() {
+        for formula in [
+            "=HYPERLINK(\"http://x\")",
+            "+1",
+            "-2+3",
+            "@SUM(A1)",
+            "\tx",
+            "\rx",
+        ] {
+            assert_eq!(cell(formula), format!("'{formula}"));
+        }
+        for plain in ["execute", "main.db", "", "a=b", "key:ci"] {
+            assert_eq!(cell(plain), plain);
+        }
+    }
+}
