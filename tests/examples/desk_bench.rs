@@ -223,6 +223,7 @@ async fn main() {
     drop(agent);
     desk.stop().await;
     release_memory().await;
+    tray_memory().await;
 }
 
 /// Closes the window and waits (up to 30 s) until the desk has released it (its web process
@@ -298,6 +299,55 @@ async fn release_memory() {
     };
     println!(
         "release desk idle memory (PSS over the desk and its descendants): warm {warm:.1} MB (goal ≤ 120 MB), after release {released} (goal ≤ 60 MB)"
+    );
+    // SAFETY: ends only the group this function started.
+    unsafe {
+        libc::killpg(child.id() as i32, libc::SIGKILL);
+    }
+    let _ = child.wait();
+}
+
+/// The release desk as a gateway starts it (`--tray`): no window, no WebKit, until a request.
+/// Its memory once it is ready, with nothing to show (issue 18's goal: ≤ 60 MB PSS).
+async fn tray_memory() {
+    let desk = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/release/countersign-desk");
+    if !desk.exists() {
+        println!("release desk in the tray: not measured (run .ci/release)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(&desk)
+        .arg(countersign_wire::DESK_IN_TRAY)
+        .env("COUNTERSIGN_DESK_DIR", dir.path())
+        .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let log = dir.path().join("state/desk.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ready in_tray=true")) {
+        if Instant::now() > deadline {
+            println!(
+                "release desk in the tray: not measured (it never said it was ready in the tray)"
+            );
+            // SAFETY: ends only the group this function started.
+            unsafe {
+                libc::killpg(child.id() as i32, libc::SIGKILL);
+            }
+            let _ = child.wait();
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    println!("release desk started in the tray, idle:");
+    let idle = print_tree_memory(child.id());
+    println!(
+        "release desk in the tray (PSS over the desk and its descendants, no window yet): {idle:.1} MB (goal ≤ 60 MB); web processes: {}",
+        Desk::web_processes(child.id()).len()
     );
     // SAFETY: ends only the group this function started.
     unsafe {

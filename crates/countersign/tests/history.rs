@@ -124,7 +124,11 @@ fn an_export_hands_over_every_event_of_its_range_oldest_first_and_nothing_runs_i
     let mut recorded = Vec::new();
     for (at, kind, note) in [
         (10, EventKind::Issued, None),
-        (20, EventKind::Denied, Some("no, \"not\" today,\nsee ticket 7")),
+        (
+            20,
+            EventKind::Denied,
+            Some("no, \"not\" today,\nsee ticket 7"),
+        ),
         (30, EventKind::OutcomeUnknown, Some("the upstream exited")),
     ] {
         let mut e = event(at, "execute", kind);
@@ -159,7 +163,10 @@ fn an_export_hands_over_every_event_of_its_range_oldest_first_and_nothing_runs_i
     assert_eq!(&rows[1][2], "denied");
     assert_eq!(&rows[1][9], "no, \"not\" today,\nsee ticket 7");
     assert_eq!(&rows[2][2], "outcome_unknown");
-    assert_eq!(&rows[0][5], "'=HYPERLINK(\"http://evil\")", "written as text");
+    assert_eq!(
+        &rows[0][5], "'=HYPERLINK(\"http://evil\")",
+        "written as text"
+    );
 
     // A range: from 20 (included) to 30 (excluded).
     let out = history(&db, &["--format", "csv", "--since", "20", "--until", "30"]);
