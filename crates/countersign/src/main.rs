@@ -493,6 +493,22 @@ fn history_command(
     }
 }
 
+/// The desk's history file, read-only (the desk alone creates, converts and migrates it); `Err`
+/// is the exit code, said on stderr: 0 when there is no file yet, 1 when it cannot be opened.
+fn open_history(db: &std::path::Path) -> Result<HistoryReader, i32> {
+    if !db.exists() {
+        eprintln!(
+            "countersign: no history yet ({} does not exist)",
+            db.display()
+        );
+        return Err(0);
+    }
+    HistoryReader::open(db, &StoreOptions::default()).map_err(|err| {
+        eprintln!("countersign: cannot open {}: {err}", db.display());
+        1
+    })
+}
+
 /// `countersign history --format jsonl|csv`: see [`countersign::export`].
 fn export_history(db: PathBuf, format: Format, since: Option<u64>, until: Option<u64>) -> i32 {
     if let (Some(since), Some(until)) = (since, until)
@@ -501,19 +517,9 @@ fn export_history(db: PathBuf, format: Format, since: Option<u64>, until: Option
         eprintln!("countersign: --since must be before --until");
         return 2;
     }
-    if !db.exists() {
-        eprintln!(
-            "countersign: no history yet ({} does not exist)",
-            db.display()
-        );
-        return 0;
-    }
-    let store = match HistoryReader::open(&db, &StoreOptions::default()) {
+    let store = match open_history(&db) {
         Ok(store) => store,
-        Err(err) => {
-            eprintln!("countersign: cannot open {}: {err}", db.display());
-            return 1;
-        }
+        Err(code) => return code,
     };
     match countersign::export::export(&store, format, since, until, std::io::stdout().lock()) {
         Ok(n) => {
@@ -530,20 +536,9 @@ fn export_history(db: PathBuf, format: Format, since: Option<u64>, until: Option
 }
 
 fn history(db: PathBuf, json: bool, tool: Option<String>, limit: u32) -> i32 {
-    if !db.exists() {
-        eprintln!(
-            "countersign: no history yet ({} does not exist)",
-            db.display()
-        );
-        return 0;
-    }
-    // Read-only: the desk alone creates, converts and migrates its file.
-    let store = match HistoryReader::open(&db, &StoreOptions::default()) {
+    let store = match open_history(&db) {
         Ok(store) => store,
-        Err(err) => {
-            eprintln!("countersign: cannot open {}: {err}", db.display());
-            return 1;
-        }
+        Err(code) => return code,
     };
     let mut filter = HistoryFilter::default().limit(limit);
     if let Some(tool) = tool {
