@@ -2754,5 +2754,52 @@ async fn a_2026_07_28_client_approved_on_one_replica_gets_its_result_from_anothe
             .unwrap();
     assert!(left.is_empty(), "{left:?}");
     assert!(agent.wait().await.unwrap().success());
+
+    // Hostile retries, raw, on both replicas: states this server never sealed, or altered, or
+    // beside confirm fields. Each is refused and nothing runs.
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"url": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    });
+    let forged = format!("csr1.{}.{}", "eyJ0ZW5hbnQiOiJ4In0", "A".repeat(43));
+    let huge = format!("csr1.{}.x", "A".repeat(100_000));
+    let attempts = [
+        json!({"sql": "INSERT INTO notes(body) VALUES ('hostile')"}),
+        json!({"sql": "INSERT INTO notes(body) VALUES ('hostile')", "confirm": true}),
+    ];
+    for port in [a.port, b.port] {
+        for state in [forged.as_str(), "csr1..", huge.as_str(), "not a state"] {
+            for arguments in &attempts {
+                let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                    "params": {"name": "execute", "arguments": arguments,
+                               "requestState": state, "_meta": meta}});
+                let (status, _, body) = post(
+                    port,
+                    &[
+                        ("MCP-Protocol-Version", "2026-07-28"),
+                        ("Mcp-Method", "tools/call"),
+                        ("Mcp-Name", "execute"),
+                    ],
+                    &call.to_string(),
+                );
+                // Through to the state's chain (not stopped at the door), and refused there.
+                assert_eq!(status, 200, "{body}");
+                assert_eq!(
+                    body["result"]["structuredContent"]["refusal"], "bad_token",
+                    "{body}"
+                );
+            }
+        }
+    }
+    let hostile: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM notes WHERE body = 'hostile'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(hostile, 0, "a hostile requestState ran something");
     drop((a, b, proxy));
 }

@@ -260,14 +260,7 @@ async fn release_memory() {
         r#"{"token_minutes": 10, "approve_delay_ms": 1000, "release_after_s": 10}"#,
     )
     .unwrap();
-    let mut child = std::process::Command::new(&desk)
-        .env("COUNTERSIGN_DESK_DIR", dir.path())
-        .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+    let mut child = start_release_desk(&desk, dir.path(), &[]);
     // Its window up (a web process under it), then 5 s idle.
     let deadline = Instant::now() + Duration::from_secs(30);
     while Desk::web_processes(child.id()).is_empty() && Instant::now() < deadline {
@@ -300,11 +293,7 @@ async fn release_memory() {
     println!(
         "release desk idle memory (PSS over the desk and its descendants): warm {warm:.1} MB (goal ≤ 120 MB), after release {released} (goal ≤ 60 MB)"
     );
-    // SAFETY: ends only the group this function started.
-    unsafe {
-        libc::killpg(child.id() as i32, libc::SIGKILL);
-    }
-    let _ = child.wait();
+    end_release_desk(&mut child);
 }
 
 /// The release desk as a gateway starts it (`--tray`): no window, no WebKit, until a request.
@@ -317,15 +306,7 @@ async fn tray_memory() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(&desk)
-        .arg(countersign_wire::DESK_IN_TRAY)
-        .env("COUNTERSIGN_DESK_DIR", dir.path())
-        .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+    let mut child = start_release_desk(&desk, dir.path(), &[countersign_wire::DESK_IN_TRAY]);
     let log = dir.path().join("state/desk.log");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ready in_tray=true")) {
@@ -333,11 +314,7 @@ async fn tray_memory() {
             println!(
                 "release desk in the tray: not measured (it never said it was ready in the tray)"
             );
-            // SAFETY: ends only the group this function started.
-            unsafe {
-                libc::killpg(child.id() as i32, libc::SIGKILL);
-            }
-            let _ = child.wait();
+            end_release_desk(&mut child);
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -349,7 +326,30 @@ async fn tray_memory() {
         "release desk in the tray (PSS over the desk and its descendants, no window yet): {idle:.1} MB (goal ≤ 60 MB); web processes: {}",
         Desk::web_processes(child.id()).len()
     );
-    // SAFETY: ends only the group this function started.
+    end_release_desk(&mut child);
+}
+
+/// The release desk at `desk`, started directly in its own process group with `args`, its
+/// directories and socket under `dir`.
+fn start_release_desk(
+    desk: &std::path::Path,
+    dir: &std::path::Path,
+    args: &[&str],
+) -> std::process::Child {
+    std::process::Command::new(desk)
+        .args(args)
+        .env("COUNTERSIGN_DESK_DIR", dir)
+        .env("COUNTERSIGN_SOCKET", dir.join("desk.sock"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
+/// Ends a desk [`start_release_desk`] started, with everything in its group.
+fn end_release_desk(child: &mut std::process::Child) {
+    // SAFETY: ends only the group `start_release_desk` made for it.
     unsafe {
         libc::killpg(child.id() as i32, libc::SIGKILL);
     }
