@@ -130,10 +130,13 @@ fn read_entry(client: Client, entry: &dyn TableLike) -> Found {
 }
 
 fn from_codex_env(key: &str) -> Found {
-    Found::Left(format!(
-        "its `{key}` takes values from Codex's own environment, which the desk does not have; \
-         register it with `countersign server add` instead"
-    ))
+    Found::Left(
+        format!(
+            "its `{key}` takes values from Codex's own environment, which the desk does not \
+             have; register it with `countersign server add` instead"
+        )
+        .into(),
+    )
 }
 
 /// Sets `key` to `value`, keeping the spaces and comment around the old value.

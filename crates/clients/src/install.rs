@@ -22,7 +22,7 @@ use countersign_wire::{
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{Client, EntryAt, Found, name_from_key, read_entries, rewrite};
+use super::{Client, EntryAt, Found, Leave, name_from_key, read_entries, rewrite};
 use crate::Registrar;
 
 /// What to install into (or restore), and how.
@@ -167,8 +167,8 @@ pub struct Installation {
     pub registrations: Vec<Registration>,
     /// Entries that already start `countersign mcp`.
     pub wrapped: Vec<EntryAt>,
-    /// Entries left as they are, and why.
-    pub left: Vec<(EntryAt, String)>,
+    /// Entries left as they are, why, and what the person can do.
+    pub left: Vec<(EntryAt, Leave)>,
     /// The file as install writes it (the same text when there is nothing to register).
     pub text: String,
 }
@@ -228,6 +228,20 @@ pub fn plan(
     } else {
         rewrite(client, text, &names, program)?
     };
+    // What was written must read back as the gateway, entry by entry, in every format.
+    if !names.is_empty() {
+        let wrapped: Vec<EntryAt> = read_entries(client, &text)?
+            .into_iter()
+            .filter(|(_, found)| matches!(found, Found::Wrapped))
+            .map(|(at, _)| at)
+            .collect();
+        if let Some((at, _)) = names.iter().find(|(at, _)| !wrapped.contains(at)) {
+            return Err(format!(
+                "the entry {at} would not read back as `countersign mcp` after the edit; the file \
+                 was left as it was"
+            ));
+        }
+    }
     Ok(Installation {
         registrations,
         wrapped,
@@ -500,8 +514,8 @@ pub fn install(
     for at in &plan.wrapped {
         let _ = writeln!(out, "  already through Countersign: {at}");
     }
-    for (at, why) in &plan.left {
-        let _ = writeln!(out, "  NOT protected, left as it was: {at}: {why}");
+    for (at, left) in &plan.left {
+        let _ = writeln!(out, "  NOT protected, left as it was: {at}: {}", left.why);
     }
     if plan.registrations.is_empty() {
         let _ = writeln!(out, "  nothing to do");

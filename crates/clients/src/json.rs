@@ -3,10 +3,11 @@
 //! byte (VS Code's and Zed's files carry comments and trailing commas; Claude Code's
 //! `~/.claude.json` carries much else the client owns).
 //!
-//! The shapes differ a little: VS Code wants `"type": "stdio"`; Windsurf calls a URL
-//! `serverUrl`, Gemini `httpUrl` (and `url` is SSE there); Zed's entries may be
-//! `{"command": {"path", "args", "env"}}` (its older shape) or come from an extension, with no
-//! command at all. An entry keeps every key that is about how the client uses a server
+//! The shapes differ a little (each client's is its row of [`crate::table`]): VS Code wants
+//! `"type": "stdio"`; Windsurf calls a URL `serverUrl`, Gemini `httpUrl` (and `url` is SSE
+//! there); Zed's entries may be `{"command": {"path", "args", "env"}}` (its older shape) or come
+//! from an extension, with no command at all; OpenCode's command is one list, program first,
+//! beside `environment` and `"type": "local"`. An entry keeps every key that is about how the client uses a server
 //! (`disabled`, `timeout`, `trust`, and the client's own prompt settings such as Cline's list of
 //! tools it runs without asking its user) and loses those about how to reach it. Those client
 //! settings decide only whether the client asks its own user; Countersign never reads them, and
@@ -16,7 +17,9 @@ use jsonc_parser::ParseOptions;
 use jsonc_parser::cst::{CstInputValue, CstObject, CstObjectProp, CstRootNode};
 use serde_json::{Map, Value};
 
-use super::{Client, EntryAt, Found, Reach, gateway_args, is_wrapped, server_of};
+use super::{
+    Client, EntryAt, FIX_BY_HAND, Found, Leave, Reach, gateway_args, is_wrapped, server_of,
+};
 
 /// Keys that say how a client reaches a server: the rewritten entry loses them (the desk has
 /// them now), except `command`, `args` and `type`, which are set.
@@ -31,8 +34,16 @@ const REACH_KEYS: [&str; 8] = [
     "envFile",
 ];
 
-/// The keys that may hold a server's URL, in the order they are looked for.
-const URL_KEYS: [&str; 3] = ["url", "serverUrl", "httpUrl"];
+/// Keys that mean the client itself signs in to the server (OAuth): the desk cannot.
+const SIGN_IN_KEYS: [&str; 2] = ["oauth", "authProviderType"];
+
+/// The next move for an SSE server.
+pub(crate) const SSE_NEXT: &str = "if the server also has a streamable HTTP address, put that in \
+     the entry and run install again; else keep it as it is";
+
+/// The next move for a server the client signs in to.
+pub(crate) const SIGN_IN_NEXT: &str = "keep it as it is, or register the server with \
+     `countersign server add` and a token header if it accepts one";
 
 fn parse(text: &str) -> Result<CstRootNode, String> {
     CstRootNode::parse(text, &ParseOptions::default()).map_err(|e| {
@@ -52,7 +63,7 @@ fn server_objects(client: Client, root: &CstRootNode) -> Vec<(Vec<String>, CstOb
     let Some(top) = root.object_value() else {
         return found;
     };
-    for pattern in client.servers_at() {
+    for pattern in client.spec().servers_at {
         let mut level = vec![(Vec::new(), top.clone())];
         for segment in *pattern {
             let mut next = Vec::new();
@@ -84,23 +95,37 @@ fn server_objects(client: Client, root: &CstRootNode) -> Vec<(Vec<String>, CstOb
 pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
     let root = parse(text)?;
     let mut out = Vec::new();
+    let patterns = client.spec().servers_at;
     for (parents, object) in server_objects(client, &root) {
         for prop in object.properties() {
             let Some(key) = prop.decoded_name() else {
                 continue;
             };
+            // OpenCode's `mcp.servers` holds entries; under `mcp` it is not one.
+            if holds_entries(patterns, &parents, &key) {
+                continue;
+            }
             let at = EntryAt {
                 parents: parents.clone(),
                 key,
             };
             let found = match prop.value().and_then(|v| v.to_serde_value()) {
                 Some(Value::Object(entry)) => read_entry(client, &entry),
-                _ => Found::Left("it is not an object".into()),
+                _ => Found::Left(Leave::then("it is not an object", FIX_BY_HAND)),
             };
             out.push((at, found));
         }
     }
     Ok(out)
+}
+
+/// Whether `parents.key` is itself where entries are (one pattern is another's prefix).
+fn holds_entries(patterns: &[&[&str]], parents: &[String], key: &str) -> bool {
+    patterns.iter().any(|p| {
+        p.len() == parents.len() + 1
+            && p[parents.len()] == key
+            && p.iter().zip(parents).all(|(a, b)| *a == "*" || a == b)
+    })
 }
 
 fn text_of(value: &Value) -> Option<String> {
@@ -133,21 +158,35 @@ fn pairs(value: Option<&Value>) -> Option<Vec<(String, String)>> {
 }
 
 fn read_entry(client: Client, entry: &Map<String, Value>) -> Found {
+    let shape = client.spec().shape;
     let str_of = |key: &str| entry.get(key).and_then(Value::as_str);
     let transport = str_of("type").or(str_of("transportType"));
     // Zed's older shape: `"command": {"path": ..., "args": [...], "env": {...}}`.
-    let nested = entry.get("command").and_then(Value::as_object);
-    let program = match nested {
-        Some(command) => command.get("path").and_then(Value::as_str),
-        None => str_of("command"),
+    let nested = entry.get(shape.command).and_then(Value::as_object);
+    // OpenCode's: `"command": ["program", "arg", ...]`.
+    let argv = entry
+        .get(shape.command)
+        .and_then(Value::as_array)
+        .filter(|_| shape.argv);
+    let program = match (nested, argv) {
+        (Some(command), _) => command.get("path").and_then(Value::as_str),
+        (None, Some(argv)) => argv.first().and_then(Value::as_str),
+        (None, None) => str_of(shape.command),
     };
     if let Some(program) = program {
-        let (args, env) = match nested {
-            Some(command) => (strings(command.get("args")), pairs(command.get("env"))),
-            None => (strings(entry.get("args")), pairs(entry.get("env"))),
+        let (args, env) = match (nested, argv) {
+            (Some(command), _) => (strings(command.get("args")), pairs(command.get("env"))),
+            (None, Some(argv)) => (
+                argv[1..].iter().map(text_of).collect(),
+                pairs(entry.get(shape.env)),
+            ),
+            (None, None) => (strings(entry.get("args")), pairs(entry.get(shape.env))),
         };
         let (Some(args), Some(env)) = (args, env) else {
-            return Found::Left("its `args` or `env` is not what the client reads".into());
+            return Found::Left(Leave::then(
+                format!("its `args` or `{}` is not what the client reads", shape.env),
+                FIX_BY_HAND,
+            ));
         };
         if is_wrapped(program, &args) {
             return Found::Wrapped;
@@ -162,7 +201,7 @@ fn read_entry(client: Client, entry: &Map<String, Value>) -> Found {
         let cwd = match entry.get("cwd") {
             None => None,
             Some(Value::String(cwd)) => Some(cwd.clone()),
-            Some(_) => return Found::Left("its `cwd` is not text".into()),
+            Some(_) => return Found::Left(Leave::then("its `cwd` is not text", FIX_BY_HAND)),
         };
         return server_of(
             client,
@@ -174,19 +213,35 @@ fn read_entry(client: Client, entry: &Map<String, Value>) -> Found {
             },
         );
     }
-    let url_key = URL_KEYS.into_iter().find(|k| entry.contains_key(*k));
-    if let Some(url_key) = url_key {
+    let url_key = shape.url_keys.iter().find(|k| entry.contains_key(**k));
+    if let Some(&url_key) = url_key {
         let Some(url) = str_of(url_key) else {
-            return Found::Left(format!("its `{url_key}` is not text"));
+            return Found::Left(Leave::then(
+                format!("its `{url_key}` is not text"),
+                FIX_BY_HAND,
+            ));
         };
-        let sse = transport == Some("sse") || (client == Client::Gemini && url_key == "url");
+        let sse = transport == Some("sse") || (shape.url_is_sse && url_key == "url");
         if sse {
-            return Found::Left(
-                "it is an SSE server, and the desk reaches streamable HTTP servers only".into(),
-            );
+            return Found::Left(Leave::then(
+                "it is an SSE server, and the desk reaches streamable HTTP servers only",
+                SSE_NEXT,
+            ));
+        }
+        if let Some(key) = SIGN_IN_KEYS.iter().find(|k| entry.contains_key(**k)) {
+            return Found::Left(Leave::then(
+                format!(
+                    "{} signs in to it itself (`{key}`), and the desk cannot hold that sign-in",
+                    client.title()
+                ),
+                SIGN_IN_NEXT,
+            ));
         }
         let Some(headers) = pairs(entry.get("headers")) else {
-            return Found::Left("its `headers` is not an object of text".into());
+            return Found::Left(Leave::then(
+                "its `headers` is not an object of text",
+                FIX_BY_HAND,
+            ));
         };
         return server_of(
             client,
@@ -196,12 +251,7 @@ fn read_entry(client: Client, entry: &Map<String, Value>) -> Found {
             },
         );
     }
-    if client == Client::Zed {
-        return Found::Left(
-            "a Zed extension provides it, and only the extension knows its command".into(),
-        );
-    }
-    Found::Left("it has no `command` or URL".into())
+    Found::Left(shape.without_command.into())
 }
 
 fn text_array(items: &[String]) -> CstInputValue {
@@ -239,7 +289,8 @@ pub(super) fn rewrite(
 }
 
 fn rewrite_entry(client: Client, entry: &CstObject, program: &str, args: &[String]) {
-    let command = entry.get("command");
+    let shape = client.spec().shape;
+    let command = entry.get(shape.command);
     let nested = command.as_ref().and_then(CstObjectProp::object_value);
     if let Some(nested) = nested {
         // Zed's older shape stays that shape.
@@ -252,17 +303,26 @@ fn rewrite_entry(client: Client, entry: &CstObject, program: &str, args: &[Strin
         // Where the command goes: where it was, or where the URL was, or first.
         let at = command
             .as_ref()
-            .or(URL_KEYS.iter().find_map(|k| entry.get(k)).as_ref())
+            .or(shape.url_keys.iter().find_map(|k| entry.get(k)).as_ref())
             .map_or(0, CstObjectProp::property_index);
-        let command = set_or_insert(entry, "command", at, program.into());
-        set_or_insert(
-            entry,
-            "args",
-            command.property_index() + 1,
-            text_array(args),
-        );
+        if shape.argv {
+            let mut argv = vec![program.to_owned()];
+            argv.extend_from_slice(args);
+            set_or_insert(entry, shape.command, at, text_array(&argv));
+            if let Some(args) = entry.get("args") {
+                args.remove();
+            }
+        } else {
+            let command = set_or_insert(entry, shape.command, at, program.into());
+            set_or_insert(
+                entry,
+                "args",
+                command.property_index() + 1,
+                text_array(args),
+            );
+        }
     }
-    for key in REACH_KEYS {
+    for key in REACH_KEYS.into_iter().chain([shape.env]) {
         if let Some(prop) = entry.get(key) {
             prop.remove();
         }
@@ -273,14 +333,14 @@ fn rewrite_entry(client: Client, entry: &CstObject, program: &str, args: &[Strin
                 .value()
                 .and_then(|v| v.as_string_lit())
                 .and_then(|s| s.decoded_value().ok())
-                .is_some_and(|v| v == "stdio");
+                .is_some_and(|v| shape.stdio.contains(&v.as_str()));
             if !is_stdio {
-                kind.set_value("stdio".into());
+                kind.set_value(shape.stdio[0].into());
             }
         }
         // VS Code reads `type` first; the others take an entry with a command as stdio.
-        None if client == Client::Vscode => {
-            entry.insert(0, "type", "stdio".into());
+        None if shape.needs_type => {
+            entry.insert(0, "type", shape.stdio[0].into());
         }
         None => {}
     }
@@ -308,7 +368,7 @@ mod tests {
 
     fn wrap(client: Client, text: &str, key: &str) -> String {
         let at = EntryAt {
-            parents: client.servers_at()[0]
+            parents: client.spec().servers_at[0]
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),

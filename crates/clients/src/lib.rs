@@ -13,15 +13,17 @@
 //! registry (each environment value and header into the keychain) and leaves the client only
 //! `countersign mcp --server NAME`. The files are people's own, edited by hand and by the clients:
 //! every other key, value, comment and blank line stays as it was, so the edit is made in place
-//! on a lossless syntax tree (`jsonc-parser`'s CST, `toml_edit`), never by re-serializing.
-//!
-//! Goose and Continue keep YAML; no YAML editor for Rust keeps comments, so they are not here.
+//! on a lossless syntax tree (`jsonc-parser`'s CST, `toml_edit`, `yaml-edit`'s rowan tree),
+//! never by re-serializing. Which client keeps what where is one row per client in [`table`].
 #![deny(missing_docs)]
 
 mod codex;
 mod install;
 mod json;
 mod registrar;
+mod survey;
+pub mod table;
+mod yaml;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,9 +35,12 @@ pub use install::{
     InstallError, Installation, Options, Registration, backup_key, install, plan, uninstall,
 };
 pub use registrar::Registrar;
+pub use survey::{ClientState, Entries, Surveyed, survey};
+use table::{Format, Spec, TABLE};
 
-/// The clients `countersign install` knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The clients `countersign install` knows. What each keeps where is its row of
+/// [`table::TABLE`] ([`Client::spec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Client {
     /// Claude Desktop: `claude_desktop_config.json`, `mcpServers`.
@@ -56,10 +61,54 @@ pub enum Client {
     Gemini,
     /// Cline (the VS Code extension): `cline_mcp_settings.json`, `mcpServers`.
     Cline,
+    /// OpenCode: `~/.config/opencode/opencode.json`, `mcp`.
+    Opencode,
+    /// Crush: `~/.config/crush/crush.json`, `mcp`.
+    Crush,
+    /// Goose: `~/.config/goose/config.yaml`, `extensions`.
+    Goose,
+    /// Continue: `~/.continue/config.yaml`, the `mcpServers` list.
+    Continue,
+    /// Roo Code (the VS Code extension): `mcp_settings.json`, `mcpServers`.
+    RooCode,
+    /// Kilo Code (the VS Code extension): `mcp_settings.json`, `mcpServers`.
+    KiloCode,
+    /// Kilo Code's command line: `~/.kilocode/cli/global/settings/mcp_settings.json`.
+    KiloCodeCli,
+    /// Qwen Code: `~/.qwen/settings.json`, `mcpServers`.
+    QwenCode,
+    /// Amazon Q Developer CLI: `~/.aws/amazonq/mcp.json`, `mcpServers`.
+    AmazonQ,
+    /// Kiro: `~/.kiro/settings/mcp.json`, `mcpServers`.
+    Kiro,
+    /// LM Studio: `~/.lmstudio/mcp.json`, `mcpServers`.
+    LmStudio,
+    /// Factory Droid: `~/.factory/mcp.json`, `mcpServers`.
+    FactoryDroid,
+    /// GitHub Copilot CLI: `~/.copilot/mcp-config.json`, `mcpServers`.
+    CopilotCli,
+    /// Antigravity: `~/.gemini/antigravity/mcp_config.json`, `mcpServers`.
+    Antigravity,
+    /// JetBrains Junie: `~/.junie/mcp/mcp.json`, `mcpServers`.
+    Junie,
+    /// Amp: `~/.config/amp/settings.json`, `amp.mcpServers`.
+    Amp,
+    /// Trae: the user's `mcp.json`, `mcpServers`.
+    Trae,
+    /// VS Code Insiders: the user's `mcp.json`, `servers`.
+    VscodeInsiders,
+    /// BoltAI: `~/.boltai/mcp.json`, `mcpServers`.
+    Boltai,
+    /// AnythingLLM Desktop: `anythingllm_mcp_servers.json`, `mcpServers`.
+    Anythingllm,
+    /// MCPHub for Neovim: `~/.config/mcphub/servers.json`, `mcpServers`.
+    Mcphub,
+    /// Augment's Auggie CLI: `~/.augment/settings.json`, `mcpServers`.
+    Augment,
 }
 
 /// Every client, in the order `--help` lists them.
-pub const ALL: [Client; 9] = [
+pub const ALL: [Client; 31] = [
     Client::ClaudeDesktop,
     Client::ClaudeCode,
     Client::Cursor,
@@ -69,19 +118,29 @@ pub const ALL: [Client; 9] = [
     Client::Zed,
     Client::Gemini,
     Client::Cline,
+    Client::Opencode,
+    Client::Crush,
+    Client::Goose,
+    Client::Continue,
+    Client::RooCode,
+    Client::KiloCode,
+    Client::KiloCodeCli,
+    Client::QwenCode,
+    Client::AmazonQ,
+    Client::Kiro,
+    Client::LmStudio,
+    Client::FactoryDroid,
+    Client::CopilotCli,
+    Client::Antigravity,
+    Client::Junie,
+    Client::Amp,
+    Client::Trae,
+    Client::VscodeInsiders,
+    Client::Boltai,
+    Client::Anythingllm,
+    Client::Mcphub,
+    Client::Augment,
 ];
-
-/// Which `${...}` (or `$VAR`) a client replaces in its entries before it starts a server: the
-/// desk would start the server with the text itself, so such an entry is left to the person.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Expansion {
-    /// None: every string is taken as written.
-    None,
-    /// `${VAR}`, `${env:VAR}`, `${workspaceFolder}` and the like.
-    Braces,
-    /// `$VAR` and `${VAR}`.
-    Dollar,
-}
 
 /// The directories a client's configuration is found from, read from the environment in one
 /// place ([`Places::here`]) so that the table below stays a pure function of them.
@@ -127,98 +186,43 @@ impl Places {
 }
 
 impl Client {
+    /// This client's row of the table: where it keeps what.
+    pub fn spec(self) -> &'static Spec {
+        let row = &TABLE[self as usize];
+        debug_assert_eq!(row.client, self, "the table is in the order of ALL");
+        row
+    }
+
     /// The name on the command line (`claude-desktop`).
     pub fn id(self) -> &'static str {
-        match self {
-            Client::ClaudeDesktop => "claude-desktop",
-            Client::ClaudeCode => "claude-code",
-            Client::Cursor => "cursor",
-            Client::Vscode => "vscode",
-            Client::Windsurf => "windsurf",
-            Client::Codex => "codex",
-            Client::Zed => "zed",
-            Client::Gemini => "gemini",
-            Client::Cline => "cline",
-        }
+        self.spec().id
     }
 
     /// The name a person knows (`Claude Desktop`).
     pub fn title(self) -> &'static str {
-        match self {
-            Client::ClaudeDesktop => "Claude Desktop",
-            Client::ClaudeCode => "Claude Code",
-            Client::Cursor => "Cursor",
-            Client::Vscode => "VS Code",
-            Client::Windsurf => "Windsurf",
-            Client::Codex => "Codex",
-            Client::Zed => "Zed",
-            Client::Gemini => "Gemini CLI",
-            Client::Cline => "Cline",
-        }
+        self.spec().title
+    }
+
+    /// The client whose command-line name is `id`.
+    pub fn from_id(id: &str) -> Option<Client> {
+        ALL.into_iter().find(|c| c.id() == id)
     }
 
     /// The user's configuration file of this client.
     pub fn user_config(self, places: &Places) -> PathBuf {
-        let home = &places.home;
-        match self {
-            Client::ClaudeDesktop => places
-                .app_config()
-                .join("Claude/claude_desktop_config.json"),
-            Client::ClaudeCode => home.join(".claude.json"),
-            Client::Cursor => home.join(".cursor/mcp.json"),
-            Client::Vscode => places.app_config().join("Code/User/mcp.json"),
-            Client::Windsurf => home.join(".codeium/windsurf/mcp_config.json"),
-            Client::Codex => places.codex_home.join("config.toml"),
-            // Zed keeps `~/.config/zed` on macOS too.
-            Client::Zed => places.config_home.join("zed/settings.json"),
-            Client::Gemini => home.join(".gemini/settings.json"),
-            Client::Cline => places.app_config().join(
-                "Code/User/globalStorage/saoudrizwan.claude-dev/settings/cline_mcp_settings.json",
-            ),
-        }
+        let (base, rel) = self.spec().file;
+        let dir = match base {
+            table::Base::Home => places.home.clone(),
+            table::Base::ConfigHome => places.config_home.clone(),
+            table::Base::AppConfig => places.app_config(),
+            table::Base::CodexHome => places.codex_home.clone(),
+        };
+        dir.join(rel)
     }
 
     /// The configuration file of a project in `dir`, for the clients that read one.
     pub fn project_config(self, dir: &Path) -> Option<PathBuf> {
-        let file = match self {
-            Client::ClaudeCode => ".mcp.json",
-            Client::Cursor => ".cursor/mcp.json",
-            Client::Vscode => ".vscode/mcp.json",
-            Client::Codex => ".codex/config.toml",
-            Client::Zed => ".zed/settings.json",
-            Client::Gemini => ".gemini/settings.json",
-            Client::ClaudeDesktop | Client::Windsurf | Client::Cline => return None,
-        };
-        Some(dir.join(file))
-    }
-
-    /// Where the server entries are: paths of keys from the top of the file to an object of
-    /// entries by name (`*` stands for every key at that level).
-    fn servers_at(self) -> &'static [&'static [&'static str]] {
-        match self {
-            // `~/.claude.json` also holds each project's servers; a project's `.mcp.json` has
-            // only the top level, so the same paths serve both.
-            Client::ClaudeCode => &[&["mcpServers"], &["projects", "*", "mcpServers"]],
-            Client::Vscode => &[&["servers"]],
-            Client::Zed => &[&["context_servers"]],
-            Client::Codex => &[&["mcp_servers"]],
-            _ => &[&["mcpServers"]],
-        }
-    }
-
-    fn expansion(self) -> Expansion {
-        match self {
-            Client::ClaudeDesktop | Client::Zed | Client::Cline | Client::Codex => Expansion::None,
-            Client::Gemini => Expansion::Dollar,
-            Client::ClaudeCode | Client::Cursor | Client::Vscode | Client::Windsurf => {
-                Expansion::Braces
-            }
-        }
-    }
-
-    /// Whether its file is TOML (else JSON with comments).
-    fn is_toml(self) -> bool {
-        self == Client::Codex
+        self.spec().project.map(|file| dir.join(file))
     }
 }
 
@@ -259,11 +263,46 @@ pub enum Found {
     /// Already `countersign mcp ...`: left alone.
     Wrapped,
     /// Something install leaves as it is, and why.
-    Left(String),
+    Left(Leave),
     /// A server to register: its spec (every environment value and header secret) and those
     /// values.
     Server(Server),
 }
+
+/// Why an entry is left as it is, and what the person can do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leave {
+    /// Why (never a value of the entry: it may be a secret one).
+    pub why: String,
+    /// The next move, when `why` does not already say it.
+    pub next: Option<&'static str>,
+}
+
+impl Leave {
+    /// `why`, with the next move.
+    pub(crate) fn then(why: impl Into<String>, next: &'static str) -> Leave {
+        Leave {
+            why: why.into(),
+            next: Some(next),
+        }
+    }
+}
+
+impl From<String> for Leave {
+    fn from(why: String) -> Leave {
+        Leave { why, next: None }
+    }
+}
+
+impl From<&str> for Leave {
+    fn from(why: &str) -> Leave {
+        Leave::from(why.to_owned())
+    }
+}
+
+/// The next move for an entry the client cannot be told how to reach through the desk.
+pub(crate) const FIX_BY_HAND: &str =
+    "correct the entry so that the client reads it, then run install again";
 
 /// A server read from a client's entry.
 pub struct Server {
@@ -295,14 +334,13 @@ pub(crate) fn is_wrapped(program: &str, args: &[String]) -> bool {
 
 /// Whether `text` holds something `client` replaces before starting a server.
 fn expands(client: Client, text: &str) -> bool {
-    match client.expansion() {
-        Expansion::None => false,
-        Expansion::Braces => text.contains("${"),
-        Expansion::Dollar => text
+    let expansion = client.spec().expansion;
+    let dollar = expansion.dollar
+        && text
             .as_bytes()
             .windows(2)
-            .any(|w| w[0] == b'$' && (w[1] == b'{' || w[1] == b'_' || w[1].is_ascii_alphabetic())),
-    }
+            .any(|w| w[0] == b'$' && (w[1] == b'{' || w[1] == b'_' || w[1].is_ascii_alphabetic()));
+    dollar || expansion.markers.iter().any(|m| text.contains(m))
 }
 
 /// Turns what an entry says into a server for the desk, or the reason it is left as it is.
@@ -328,11 +366,14 @@ pub(crate) fn server_of(client: Client, reach: Reach) -> Found {
     };
     if texts.iter().any(|t| expands(client, t)) {
         // Never say which value: it may be a secret one.
-        return Found::Left(format!(
-            "{parts} to a variable that {} fills in itself (`$...`); register it with \
-             `countersign server add` instead",
-            client.title()
-        ));
+        return Found::Left(
+            format!(
+                "{parts} to a variable that {} fills in itself (`$...`); register it with \
+                 `countersign server add` instead",
+                client.title()
+            )
+            .into(),
+        );
     }
     let secrets_of = |pairs: Vec<(String, String)>| {
         let mut settings = BTreeMap::new();
@@ -364,7 +405,10 @@ pub(crate) fn server_of(client: Client, reach: Reach) -> Found {
     // The desk checks the same; checking here leaves such an entry alone instead of stopping
     // the whole install halfway.
     if let Err(e) = spec.check().and_then(|()| spec.check_secrets(&secrets)) {
-        return Found::Left(format!("the desk would not accept it: {e}"));
+        return Found::Left(Leave::then(
+            format!("the desk would not accept it: {e}"),
+            "register it with `countersign server add`, which says what to change",
+        ));
     }
     Found::Server(Server { spec, secrets })
 }
@@ -404,10 +448,10 @@ pub fn name_from_key(key: &str) -> String {
 
 /// Reads every entry of `client`'s file.
 pub(crate) fn read_entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
-    if client.is_toml() {
-        codex::entries(client, text)
-    } else {
-        json::entries(client, text)
+    match client.spec().format {
+        Format::Toml => codex::entries(client, text),
+        Format::Json => json::entries(client, text),
+        Format::Yaml => yaml::entries(client, text),
     }
 }
 
@@ -418,10 +462,10 @@ pub(crate) fn rewrite(
     names: &[(EntryAt, String)],
     program: &str,
 ) -> Result<String, String> {
-    if client.is_toml() {
-        codex::rewrite(text, names, program)
-    } else {
-        json::rewrite(client, text, names, program)
+    match client.spec().format {
+        Format::Toml => codex::rewrite(text, names, program),
+        Format::Json => json::rewrite(client, text, names, program),
+        Format::Yaml => yaml::rewrite(client, text, names, program),
     }
 }
 
@@ -485,6 +529,21 @@ mod tests {
     }
 
     #[test]
+    fn the_table_has_one_row_per_client_in_order() {
+        assert_eq!(TABLE.len(), ALL.len());
+        for (row, client) in TABLE.iter().zip(ALL) {
+            assert_eq!(row.client, client, "{}", row.id);
+            assert_eq!(Client::from_id(row.id), Some(client));
+            assert!(row.source.starts_with("https://"), "{}", row.id);
+            assert!(!row.servers_at.is_empty());
+        }
+        let mut ids: Vec<_> = ALL.iter().map(|c| c.id()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), ALL.len(), "two clients share a name");
+    }
+
+    #[test]
     fn names_from_keys_are_names_the_desk_accepts() {
         for (key, name) in [
             ("github", "github"),
@@ -528,10 +587,10 @@ mod tests {
                 env: vec![("TOKEN".into(), "${GITHUB_TOKEN}".into())],
             },
         );
-        let Found::Left(why) = found else {
+        let Found::Left(left) = found else {
             panic!("expected the entry to be left")
         };
-        assert!(!why.contains("GITHUB_TOKEN"), "{why}");
+        assert!(!left.why.contains("GITHUB_TOKEN"), "{}", left.why);
         // Claude Desktop takes the same text literally.
         assert!(matches!(
             server_of(
