@@ -33,7 +33,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use zeroize::Zeroizing;
 
 /// The keychain item that holds the approver key's 32 secret bytes (base64).
 pub const KEY_ITEM: &str = "approver-key";
@@ -95,27 +94,10 @@ impl Enrollments {
 /// The desk's approver key from the keychain; made and stored first when `create` and there is
 /// none.
 pub fn key(items: &dyn Items, create: bool) -> Result<Option<ApproverKey>, String> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    match items.get(KEY_ITEM).map_err(|e| e.to_string())? {
-        Some(text) => {
-            let bytes = Zeroizing::new(
-                b64.decode(text.trim())
-                    .map_err(|_| "the approver key in the keychain is damaged".to_owned())?,
-            );
-            let seed: [u8; 32] = bytes
-                .as_slice()
-                .try_into()
-                .map_err(|_| "the approver key in the keychain is damaged".to_owned())?;
-            Ok(Some(ApproverKey::from_seed(&seed)))
-        }
-        None if create => {
-            let key = ApproverKey::from_seed(&rand::random());
-            let text = Zeroizing::new(b64.encode(key.seed().as_slice()));
-            items.set(KEY_ITEM, &text).map_err(|e| e.to_string())?;
-            Ok(Some(key))
-        }
-        None => Ok(None),
-    }
+    Ok(
+        crate::seed::stored(items, KEY_ITEM, "approver key", create)?
+            .map(|seed| ApproverKey::from_seed(&seed)),
+    )
 }
 
 /// `countersign approver enroll URL --ca FILE` and `countersign approver list|forget URL`, run by

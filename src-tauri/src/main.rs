@@ -24,6 +24,7 @@ mod harden;
 mod idle;
 mod log_file;
 mod pace;
+mod seed;
 mod servers;
 mod settings;
 mod view;
@@ -301,6 +302,23 @@ fn main() {
     // `countersign approver …` (enrolling this desk with team servers): done before any window,
     // with the OS keychain, and the process ends.
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("history-key") {
+        // `countersign history key`: the public half of the chain key, made on first need.
+        let code = match KeychainItems::open_default()
+            .map_err(|e| e.to_string())
+            .and_then(|items| seed::chain_key(&items))
+        {
+            Ok(key) => {
+                println!("{}", key.public_text());
+                0
+            }
+            Err(e) => {
+                eprintln!("countersign history key: refused (no_keychain): {e}");
+                3
+            }
+        };
+        std::process::exit(code);
+    }
     if args.first().map(String::as_str) == Some("approver") {
         let code = match (Dirs::new(), KeychainItems::open_default()) {
             (Ok(dirs), Ok(items)) => approver::command(&dirs.config, &items, &args[1..]),
@@ -427,6 +445,20 @@ fn run(
     let in_tray = std::env::args().any(|a| a == TRAY_FLAG);
     let wants_request = open.is_some();
     let mut config = EngineConfig::new(dirs.store());
+    // The history's head is signed with the chain key from the keychain; without a keychain,
+    // events are still chained, and `countersign history verify` says which are not signed.
+    match items
+        .as_ref()
+        .map_err(|e| e.to_string())
+        .and_then(|i| seed::chain_key(i.as_ref()))
+    {
+        Ok(key) => {
+            config.store_options = config
+                .store_options
+                .with_chain_key(std::sync::Arc::new(key));
+        }
+        Err(e) => tracing::warn!(target: "desk", "history's head will not be signed: {e}"),
+    }
     config.token_ttl_ms = settings.token_minutes * 60_000;
     config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;

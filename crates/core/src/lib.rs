@@ -5,7 +5,8 @@
 //! any auditor: a plan and its canonical hash ([`plan`], [`canonical`]), the preflight text that
 //! agrees with the hash ([`render`]), the signed token ([`token`]), the verification chain in the
 //! seed's order ([`verify`]) with its typed refusals ([`refusal`]), the gate classes ([`gate`]) and
-//! the ledger contract that single-use tokens are spent against ([`ledger`]), and the line diff a
+//! the ledger contract that single-use tokens are spent against ([`ledger`]), the history's hash
+//! chain and its signed head ([`chain`]), and the line diff a
 //! person reads before accepting a change to the desk ([`diff`]). Time is always a
 //! parameter: milliseconds since the Unix epoch.
 #![deny(missing_docs)]
@@ -13,6 +14,7 @@
 pub mod approver;
 pub mod binding;
 pub mod canonical;
+pub mod chain;
 pub mod describe;
 pub mod diff;
 pub mod gate;

@@ -117,6 +117,23 @@ impl EventKind {
         }
     }
 
+    /// The kind as history stores it: its code, the refusal's or rejection's code (for the kinds
+    /// that carry one), and an execution's outcome. The chain ([`crate::chain::Link`]) hashes
+    /// these same values.
+    pub fn columns(self) -> (&'static str, Option<&'static str>, Option<bool>) {
+        match self {
+            EventKind::Refused { refusal } => (self.code(), Some(refusal.code()), None),
+            EventKind::Rejected { reason } => (self.code(), Some(reason.code()), None),
+            EventKind::Executed { ok } => (self.code(), None, Some(ok)),
+            EventKind::Issued
+            | EventKind::Accepted
+            | EventKind::Replay
+            | EventKind::Denied
+            | EventKind::OutcomeUnknown
+            | EventKind::Changed => (self.code(), None, None),
+        }
+    }
+
     /// The event for a refusal of the verification chain: `already_used` is a replay.
     pub fn for_refusal(refusal: Refusal) -> EventKind {
         match refusal {

@@ -64,6 +64,12 @@ impl SigningKey {
         HmacSha256::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
     }
 
+    /// 32 bytes derived from this key for `label` (HMAC of the label under this key): key material
+    /// for another use of the same secret, which never reveals the secret or the token key.
+    pub(crate) fn derived_bytes(&self, label: &[u8]) -> Zeroizing<[u8; 32]> {
+        Zeroizing::new(hmac_sha256(&self.0, label))
+    }
+
     /// A MAC under a key derived from this one for `label` (HMAC of the label under this key):
     /// other uses of the secret never sign with the token key itself.
     pub(crate) fn derived(&self, label: &[u8]) -> HmacSha256 {

@@ -2,8 +2,11 @@
 //! team's tools take, streamed from the store one event at a time (a year of history is never held
 //! in memory), oldest first, optionally bounded by `--since` and `--until`.
 //!
-//! JSON lines carry each event exactly as the store keeps it (the same objects as `--json`). CSV
-//! has one header row and fixed columns. Text an agent or an upstream chose (tool, target, tenant,
+//! JSON lines carry each event exactly as the store keeps it (the same objects as `--json`), with
+//! its place in the history's chain (`seq`, `prev`, `hash`); when the export reaches the newest
+//! event, its last line is the chain's signed head (`{"head": …}`), so `countersign history
+//! verify --file` can check the export offline. CSV has one header row and fixed columns, the
+//! chain's among them. Text an agent or an upstream chose (tool, target, tenant,
 //! note) is hostile: in CSV a cell of it that a spreadsheet would read as a formula (it starts
 //! with `=`, `+`, `-`, `@`, a tab or a carriage return) is written with a leading `'`, as OWASP
 //! advises; JSON lines are never altered.
@@ -11,7 +14,7 @@
 use std::io::Write;
 
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
-use countersign_store::{HistoryReader, StoreError};
+use countersign_store::{Chained, HistoryReader, Recorded, StoreError};
 
 /// What an export is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -27,8 +30,9 @@ pub enum Format {
 }
 
 /// The CSV columns, in order.
-pub const CSV_COLUMNS: [&str; 11] = [
+pub const CSV_COLUMNS: [&str; 14] = [
     "at_ms", "at", "kind", "code", "tool", "target", "tenant", "nonce", "plan", "note", "ok",
+    "seq", "prev", "hash",
 ];
 
 /// Why an export stopped.
@@ -86,8 +90,8 @@ pub fn export(
         Format::Csv => {
             let mut csv = csv::Writer::from_writer(out);
             csv.write_record(CSV_COLUMNS)?;
-            let n = reader.each_between(since, until, |event: ConfirmEvent| {
-                csv.write_record(csv_row(&event))?;
+            let (n, _) = reader.each_between(since, until, |recorded: Recorded| {
+                csv.write_record(csv_row(&recorded.event, recorded.chained))?;
                 Ok::<_, ExportError>(())
             })?;
             csv.flush()?;
@@ -95,19 +99,40 @@ pub fn export(
         }
         _ => {
             let mut out = std::io::BufWriter::new(out);
-            let n = reader.each_between(since, until, |event: ConfirmEvent| {
-                serde_json::to_writer(&mut out, &event).map_err(std::io::Error::from)?;
+            let mut last = None;
+            let (n, heads) = reader.each_between(since, until, |recorded: Recorded| {
+                serde_json::to_writer(&mut out, &line(&recorded)).map_err(std::io::Error::from)?;
                 out.write_all(b"\n")?;
+                last = recorded.chained.map(|c| c.seq);
                 Ok::<_, ExportError>(())
             })?;
+            // The head closes an export that reaches it: with it, the export is checked offline.
+            if let Some(head) = heads.head
+                && last == Some(head.head.seq)
+            {
+                serde_json::to_writer(&mut out, &serde_json::json!({ "head": head.to_json() }))
+                    .map_err(std::io::Error::from)?;
+                out.write_all(b"\n")?;
+            }
             out.flush()?;
             Ok(n)
         }
     }
 }
 
+/// One event as a JSON line: the event's own fields, then its place in the chain.
+fn line(recorded: &Recorded) -> serde_json::Value {
+    let mut value = serde_json::to_value(&recorded.event).expect("events serialize");
+    if let (Some(object), Some(chained)) = (value.as_object_mut(), recorded.chained) {
+        object.insert("seq".into(), chained.seq.into());
+        object.insert("prev".into(), chained.prev.to_hex().into());
+        object.insert("hash".into(), chained.hash.to_hex().into());
+    }
+    value
+}
+
 /// One event as the CSV columns ([`CSV_COLUMNS`]).
-fn csv_row(event: &ConfirmEvent) -> [String; 11] {
+fn csv_row(event: &ConfirmEvent, chained: Option<Chained>) -> [String; 14] {
     let code = match event.kind {
         EventKind::Refused { refusal } => refusal.code(),
         EventKind::Rejected { reason } => reason.code(),
@@ -135,6 +160,9 @@ fn csv_row(event: &ConfirmEvent) -> [String; 11] {
         event.plan.map(|p| p.to_hex()).unwrap_or_default(),
         event.note.as_deref().map(cell).unwrap_or_default(),
         ok,
+        chained.map(|c| c.seq.to_string()).unwrap_or_default(),
+        chained.map(|c| c.prev.to_hex()).unwrap_or_default(),
+        chained.map(|c| c.hash.to_hex()).unwrap_or_default(),
     ]
 }
 

@@ -192,3 +192,183 @@ fn an_export_hands_over_every_event_of_its_range_oldest_first_and_nothing_runs_i
     }
     assert_eq!(bytes(&db), before, "the file was written to");
 }
+
+/// `countersign history ARGS…` (a check: `verify`, `head`).
+fn check(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_countersign"))
+        .arg("history")
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// A desk file with `n` events chained and signed by the returned key.
+fn chained_file(dir: &Path, n: u64) -> (std::path::PathBuf, String) {
+    let key = std::sync::Arc::new(countersign_core::chain::ChainKey::from_seed(&[3; 32]));
+    let public = key.public_text();
+    let db = dir.join("desk.sqlite");
+    let mut store = Store::open(&db, StoreOptions::default().with_chain_key(key)).unwrap();
+    for i in 1..=n {
+        let mut e = event(i * 10, "execute", EventKind::Executed { ok: i % 2 == 0 });
+        e.target = Some(format!("table{i}"));
+        store.record(&e).unwrap();
+    }
+    (db, public)
+}
+
+#[test]
+fn verify_checks_the_desks_file_and_names_an_edited_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, key) = chained_file(dir.path(), 5);
+    let db_arg = db.to_str().unwrap();
+    let (code, text) = check(&["verify", "--db", db_arg, "--key", &key]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("history intact: events #1 to #5"), "{text}");
+    assert!(text.contains(&key), "{text}");
+
+    // Without a key, the check says whose key it trusted.
+    let (code, text) = check(&["verify", "--db", db_arg]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("the key the history names"), "{text}");
+
+    // Another key: the head is not the desk's.
+    let other = countersign_core::chain::ChainKey::from_seed(&[4; 32]).public_text();
+    let (code, text) = check(&["verify", "--db", db_arg, "--key", &other]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(wrong_key)"), "{text}");
+
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute("UPDATE history SET ok = 1 WHERE seq = 3", [])
+        .unwrap();
+    let (code, text) = check(&["verify", "--db", db_arg, "--key", &key]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("history broken (edited): event #3 was edited"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_head_kept_from_before_catches_a_file_whose_tail_was_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, key) = chained_file(dir.path(), 4);
+    let db_arg = db.to_str().unwrap();
+    let (code, head) = check(&["head", "--db", db_arg]);
+    assert_eq!(code, 0, "{head}");
+    let kept = dir.path().join("head.json");
+    std::fs::write(&kept, &head).unwrap();
+    let (code, text) = check(&[
+        "verify",
+        "--db",
+        db_arg,
+        "--key",
+        &key,
+        "--head",
+        kept.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+
+    // The last event and the head row go: what is left is a whole chain with no head.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("DELETE FROM history WHERE seq = 4; DELETE FROM history_head;")
+        .unwrap();
+    let (code, text) = check(&[
+        "verify",
+        "--db",
+        db_arg,
+        "--key",
+        &key,
+        "--head",
+        kept.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(tail_cut)"), "{text}");
+    assert!(text.contains("ends at event #3"), "{text}");
+}
+
+#[test]
+fn verify_checks_an_export_offline_and_names_each_change_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, key) = chained_file(dir.path(), 5);
+    let out = history(&db, &["--format", "jsonl"]);
+    assert!(out.status.success(), "{out:?}");
+    let export = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = export.lines().collect();
+    assert_eq!(lines.len(), 6, "five events and the head: {export}");
+    assert!(lines[5].starts_with("{\"head\":"), "{export}");
+    let first: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(first["seq"], 1);
+    assert_eq!(first["prev"], "0".repeat(64));
+
+    let verify = |name: &str, lines: &[String]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        check(&["verify", "--file", path.to_str().unwrap(), "--key", &key])
+    };
+    let owned: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    let (code, text) = verify("whole.jsonl", &owned);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("history intact: events #1 to #5"), "{text}");
+
+    let mut edited = owned.clone();
+    edited[1] = edited[1].replace("table2", "table9");
+    let (code, text) = verify("edited.jsonl", &edited);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(edited): event #2"), "{text}");
+
+    let mut deleted = owned.clone();
+    deleted.remove(2);
+    let (code, text) = verify("deleted.jsonl", &deleted);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(missing): events #3 to #3"), "{text}");
+
+    let mut reordered = owned.clone();
+    reordered.swap(1, 2);
+    let (code, text) = verify("reordered.jsonl", &reordered);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("(reordered): event #2 comes after event #3"),
+        "{text}"
+    );
+
+    let mut forged = owned.clone();
+    let mut head: serde_json::Value = serde_json::from_str(&forged[5]).unwrap();
+    head["head"]["atMs"] = serde_json::json!(1);
+    forged[5] = head.to_string();
+    let (code, text) = verify("forged.jsonl", &forged);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(forged_head)"), "{text}");
+
+    let mut cut = owned.clone();
+    cut.remove(4);
+    let (code, text) = verify("cut.jsonl", &cut);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(tail_cut)"), "{text}");
+
+    let mut no_head = owned.clone();
+    no_head.pop();
+    let (code, text) = verify("no-head.jsonl", &no_head);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(no_head)"), "{text}");
+
+    // A duplicated key could show one value and hash another: refused as unreadable.
+    let mut duplicated = owned.clone();
+    duplicated[0] = duplicated[0].replacen('{', "{\"tool\":\"other\",", 1);
+    let (code, text) = verify("duplicated.jsonl", &duplicated);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(unreadable): line 1"), "{text}");
+
+    // The CSV export carries the chain's columns too.
+    let out = history(&db, &["--format", "csv"]);
+    let csv = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        csv.lines().next().unwrap().ends_with(",seq,prev,hash"),
+        "{csv}"
+    );
+}

@@ -122,7 +122,7 @@ where
         }
     };
     runtime.block_on(async move {
-        match open_records(dsn.as_ref(), &place).await {
+        match open_records(dsn.as_ref(), &place, None).await {
             Ok(records) => work(records).await,
             Err(e) => {
                 eprintln!("{me}: {e}");

@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 use countersign_core::ServerId;
+use countersign_core::chain::ChainKey;
 use countersign_engine::{Engine, EngineConfig};
 use countersign_session::reach::{self, Headers, Upstream};
 use countersign_session::{Children, SqlDescriber};
@@ -141,24 +142,33 @@ fn authentication(authn: &Authn) -> Result<Auth, RunError> {
     })
 }
 
-/// The records of a server: its control database, or SQLite in `data_dir`.
+/// The records of a server: its control database, or SQLite in `data_dir`. `chain`: the key
+/// that signs the history's head (derived from the confirm secret, so every replica signs with
+/// the same key); a read-only server has none, and its events are chained unsigned.
 pub async fn open_records(
     dsn: Option<&Dsn>,
     data_dir: &std::path::Path,
+    chain: Option<Arc<ChainKey>>,
 ) -> Result<Arc<dyn Records>, RunError> {
     match dsn {
-        Some(dsn) => Ok(records(dsn).await?),
+        Some(dsn) => Ok(records(dsn, chain).await?),
         None => {
             std::fs::create_dir_all(data_dir).map_err(RunError::DataDir)?;
-            let store =
-                Store::open_deferred(data_dir.join("serve.sqlite"), StoreOptions::default());
+            let mut options = StoreOptions::default();
+            if let Some(key) = chain {
+                options = options.with_chain_key(key);
+            }
+            let store = Store::open_deferred(data_dir.join("serve.sqlite"), options);
             Ok(Arc::new(Sqlite::new(store)))
         }
     }
 }
 
-async fn records(dsn: &Dsn) -> Result<Arc<dyn Records>, StoreError> {
-    let options = PostgresOptions::default().with_application_name("countersign-serve");
+async fn records(dsn: &Dsn, chain: Option<Arc<ChainKey>>) -> Result<Arc<dyn Records>, StoreError> {
+    let mut options = PostgresOptions::default().with_application_name("countersign-serve");
+    if let Some(key) = chain {
+        options = options.with_chain_key(key);
+    }
     Ok(Arc::new(Postgres::connect(dsn.expose(), options).await?))
 }
 
@@ -208,7 +218,11 @@ pub async fn run(
         .clone()
         .or_else(|| temporary.as_ref().map(|t| t.path().to_owned()))
         .unwrap_or_default();
-    let records = open_records(dsn, &data_dir).await?;
+    let chain = key
+        .as_ref()
+        .ok()
+        .map(|k| Arc::new(ChainKey::from_secret(k)));
+    let records = open_records(dsn, &data_dir, chain).await?;
     if matches!(
         start.authn,
         Authn::Bearer {

@@ -31,6 +31,12 @@ pub struct StoreOptions {
     /// How long an operation waits for another connection's write lock before it fails (and a
     /// spend is refused as unreachable). Opening retries for at most this long as well.
     pub busy_timeout: Duration,
+    /// The key that signs the head of the history's chain as each event is recorded (and the
+    /// start of a pruned chain). Without one, events are still chained but the head is left as
+    /// it was, and `countersign history verify` says from which event nothing signed covers them.
+    pub chain_key: Option<std::sync::Arc<countersign_core::chain::ChainKey>>,
+    /// How many history events [`Store::prune`](crate::Store::prune) keeps (the newest).
+    pub history_rows: i64,
 }
 
 impl StoreOptions {
@@ -42,12 +48,29 @@ impl StoreOptions {
         self.busy_timeout = busy_timeout;
         self
     }
+
+    /// These options keeping `rows` history events at a prune (tests prune small histories).
+    pub fn with_history_rows(mut self, rows: i64) -> Self {
+        self.history_rows = rows.max(0);
+        self
+    }
+
+    /// These options with `key` signing the history's head.
+    pub fn with_chain_key(
+        mut self,
+        key: std::sync::Arc<countersign_core::chain::ChainKey>,
+    ) -> Self {
+        self.chain_key = Some(key);
+        self
+    }
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             busy_timeout: Self::DEFAULT_BUSY_TIMEOUT,
+            chain_key: None,
+            history_rows: crate::MAX_HISTORY_ROWS,
         }
     }
 }

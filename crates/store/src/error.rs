@@ -147,10 +147,6 @@ pub enum StoreError {
         /// The newest version this build knows.
         known: i64,
     },
-    /// An event kind this build of the store does not know how to record (the core gained a
-    /// kind and the store was not taught it).
-    #[error("the store does not know how to record event kind {0:?}")]
-    UnknownEventKind(&'static str),
 }
 
 impl StoreError {
@@ -170,8 +166,7 @@ impl StoreError {
             StoreError::ApprovalExists(_)
             | StoreError::UngatedApproval(_)
             | StoreError::InvalidRow { .. }
-            | StoreError::TimeOutOfRange(_)
-            | StoreError::UnknownEventKind(_) => false,
+            | StoreError::TimeOutOfRange(_) => false,
             // Opening failed, so there is no connection to keep.
             StoreError::Open { .. }
             | StoreError::NotPrivate { .. }

@@ -6,9 +6,10 @@
 //! dropped. What is stored is exactly a [`ConfirmEvent`], which has no token field; the table has
 //! no token column either, and a test keeps it that way.
 
+use countersign_core::chain::{ChainHash, ChainKey, Head, Link, SignedHead};
 use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
 use countersign_core::{Nonce, PlanHash, Refusal};
-use rusqlite::TransactionBehavior;
+use rusqlite::{OptionalExtension, TransactionBehavior};
 
 use crate::error::{ms_from_sql, ms_to_sql};
 use crate::{Store, StoreError};
@@ -69,24 +70,6 @@ impl HistoryFilter {
     }
 }
 
-/// The columns a kind is stored in: its code, a refusal code, an execution's outcome.
-fn kind_columns(
-    kind: EventKind,
-) -> Result<(&'static str, Option<&'static str>, Option<bool>), StoreError> {
-    Ok(match kind {
-        EventKind::Issued
-        | EventKind::Accepted
-        | EventKind::Replay
-        | EventKind::Denied
-        | EventKind::OutcomeUnknown
-        | EventKind::Changed => (kind.code(), None, None),
-        EventKind::Refused { refusal } => (kind.code(), Some(refusal.code()), None),
-        EventKind::Executed { ok } => (kind.code(), None, Some(ok)),
-        EventKind::Rejected { reason } => (kind.code(), Some(reason.code()), None),
-        other => return Err(StoreError::UnknownEventKind(other.code())),
-    })
-}
-
 fn kind_from_columns(
     code: &str,
     refusal: Option<&str>,
@@ -134,6 +117,7 @@ pub fn capped(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// One history row as stored, before decoding (both stores read rows into this).
+#[derive(Debug)]
 pub(crate) struct Row {
     pub(crate) at_ms: i64,
     pub(crate) kind: String,
@@ -163,8 +147,27 @@ pub(crate) struct Columns<'a> {
 }
 
 impl<'a> Columns<'a> {
+    /// The link these columns make as event `seq` after `prev`.
+    pub(crate) fn link(&self, seq: u64, prev: ChainHash) -> Link<'_> {
+        Link {
+            seq,
+            // Stored from a u64, so never negative.
+            at_ms: u64::try_from(self.at_ms).unwrap_or_default(),
+            kind: self.kind,
+            refusal: self.refusal,
+            ok: self.ok,
+            tool: &self.tool,
+            target: self.target.as_deref(),
+            tenant: self.tenant,
+            nonce: self.nonce.as_deref(),
+            plan: self.plan.as_deref(),
+            note: self.note.as_deref(),
+            prev,
+        }
+    }
+
     pub(crate) fn of(event: &'a ConfirmEvent) -> Result<Self, StoreError> {
-        let (kind, refusal, ok) = kind_columns(event.kind)?;
+        let (kind, refusal, ok) = event.kind.columns();
         Ok(Columns {
             at_ms: ms_to_sql(event.at_ms)?,
             kind,
@@ -191,6 +194,25 @@ pub(crate) fn emitted(
 }
 
 impl Row {
+    /// The link this row makes as event `seq` after `prev`, exactly as stored (a row whose time
+    /// is negative was edited, and hashes as 0, which its stored hash will not match).
+    pub(crate) fn link(&self, seq: u64, prev: ChainHash) -> Link<'_> {
+        Link {
+            seq,
+            at_ms: u64::try_from(self.at_ms).unwrap_or_default(),
+            kind: &self.kind,
+            refusal: self.refusal.as_deref(),
+            ok: self.ok,
+            tool: &self.tool,
+            target: self.target.as_deref(),
+            tenant: &self.tenant,
+            nonce: self.nonce.as_deref(),
+            plan: self.plan.as_deref(),
+            note: self.note.as_deref(),
+            prev,
+        }
+    }
+
     pub(crate) fn into_event(self) -> Result<ConfirmEvent, StoreError> {
         let invalid = |reason: String| StoreError::InvalidRow {
             table: TABLE,
@@ -230,17 +252,41 @@ impl Store {
 
     fn insert_event(&mut self, event: &ConfirmEvent) -> Result<(), StoreError> {
         let c = Columns::of(event)?;
+        let key = self.options.chain_key.clone();
         self.with_connection(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let (last, prev) = chain_tip(&tx)?;
+            let seq = last + 1;
+            let hash = c.link(seq, prev).hash();
             tx.prepare_cached(
                 "INSERT INTO history
-                     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note,
+                      seq, prev, hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(rusqlite::params![
-                c.at_ms, c.kind, c.refusal, c.ok, c.tool, c.target, c.tenant, c.nonce, c.plan,
+                c.at_ms,
+                c.kind,
+                c.refusal,
+                c.ok,
+                c.tool,
+                c.target,
+                c.tenant,
+                c.nonce,
+                c.plan,
                 c.note,
+                seq_to_sql(seq)?,
+                prev.to_hex(),
+                hash.to_hex(),
             ])?;
+            if let Some(key) = &key {
+                let head = Head {
+                    seq,
+                    hash,
+                    at_ms: event.at_ms,
+                };
+                put_head(&tx, "head", &key.sign(head))?;
+            }
             tx.commit()?;
             Ok(())
         })
@@ -274,23 +320,287 @@ pub(crate) fn select(
     let rows = statement
         .query_map(
             rusqlite::params![filter.tool, filter.tenant, filter.kind, nonce, limit],
-            |row| {
-                Ok(Row {
-                    at_ms: row.get(0)?,
-                    kind: row.get(1)?,
-                    refusal: row.get(2)?,
-                    ok: row.get(3)?,
-                    tool: row.get(4)?,
-                    target: row.get(5)?,
-                    tenant: row.get(6)?,
-                    nonce: row.get(7)?,
-                    plan: row.get(8)?,
-                    note: row.get(9)?,
-                })
-            },
+            |row| row_at(row, 0),
         )?
         .collect::<Result<Vec<Row>, _>>()?;
     rows.into_iter().map(Row::into_event).collect()
+}
+
+fn seq_to_sql(seq: u64) -> Result<i64, StoreError> {
+    i64::try_from(seq).map_err(|_| StoreError::InvalidRow {
+        table: TABLE,
+        reason: format!("chain number {seq} beyond the store's range"),
+    })
+}
+
+fn chain_hash(hex: &str, what: &str) -> Result<ChainHash, StoreError> {
+    ChainHash::from_hex(hex).ok_or_else(|| StoreError::InvalidRow {
+        table: TABLE,
+        reason: format!("{what} {hex:?} is not a chain hash"),
+    })
+}
+
+/// The newest event's number and hash, to chain the next one to ((0, genesis) when there is
+/// none). Events recorded before the chain existed are chained first, in the order they were
+/// recorded, so the chain covers every event the file holds from here on.
+fn chain_tip(tx: &rusqlite::Transaction<'_>) -> Result<(u64, ChainHash), StoreError> {
+    let newest: Option<(Option<i64>, Option<String>)> = tx
+        .prepare_cached("SELECT seq, hash FROM history ORDER BY id DESC LIMIT 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match newest {
+        None => Ok((0, ChainHash::GENESIS)),
+        Some((Some(seq), Some(hash))) => Ok((
+            u64::try_from(seq).unwrap_or_default(),
+            chain_hash(&hash, "the newest event's hash")?,
+        )),
+        Some(_) => chain_unchained(tx),
+    }
+}
+
+/// How many unchained rows are read at a time while chaining them.
+const CHAIN_BATCH: i64 = 1_000;
+
+/// Chains every row that has no place in the chain yet (rows recorded before the chain existed),
+/// oldest first, after the newest chained one; answers the new tip.
+fn chain_unchained(tx: &rusqlite::Transaction<'_>) -> Result<(u64, ChainHash), StoreError> {
+    let chained: Option<(i64, String)> = tx
+        .query_row(
+            "SELECT seq, hash FROM history WHERE seq IS NOT NULL ORDER BY id DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let (mut last, mut prev) = match chained {
+        Some((seq, hash)) => (
+            u64::try_from(seq).unwrap_or_default(),
+            chain_hash(&hash, "a chained event's hash")?,
+        ),
+        None => (0, ChainHash::GENESIS),
+    };
+    let mut after_id = i64::MIN;
+    loop {
+        let batch: Vec<(i64, Row)> = tx
+            .prepare_cached(
+                "SELECT id, at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
+                 FROM history WHERE seq IS NULL AND id > ?1 ORDER BY id LIMIT ?2",
+            )?
+            .query_map(rusqlite::params![after_id, CHAIN_BATCH], |r| {
+                Ok((r.get(0)?, row_at(r, 1)?))
+            })?
+            .collect::<Result<_, _>>()?;
+        let Some((id, _)) = batch.last() else {
+            break;
+        };
+        after_id = *id;
+        let mut update =
+            tx.prepare_cached("UPDATE history SET seq = ?1, prev = ?2, hash = ?3 WHERE id = ?4")?;
+        for (id, row) in &batch {
+            let seq = last + 1;
+            let hash = row.link(seq, prev).hash();
+            update.execute(rusqlite::params![
+                seq_to_sql(seq)?,
+                prev.to_hex(),
+                hash.to_hex(),
+                id
+            ])?;
+            (last, prev) = (seq, hash);
+        }
+    }
+    Ok((last, prev))
+}
+
+/// Keeps `head` as the chain's `role` (`head` or `start`), replacing the one before.
+fn put_head(
+    tx: &rusqlite::Transaction<'_>,
+    role: &str,
+    head: &SignedHead,
+) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO history_head (role, seq, hash, at_ms, public_key, signature)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (role) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,
+             at_ms = excluded.at_ms, public_key = excluded.public_key,
+             signature = excluded.signature",
+    )?
+    .execute(rusqlite::params![
+        role,
+        seq_to_sql(head.head.seq)?,
+        head.head.hash.to_hex(),
+        crate::error::ms_to_sql(head.head.at_ms)?,
+        &head.key[..],
+        &head.signature[..],
+    ])?;
+    Ok(())
+}
+
+/// After old events were pruned: signs where the chain now starts (the last pruned event's
+/// number and hash, which the oldest kept event names before it), so a check can tell a prune
+/// from a deletion.
+pub(crate) fn mark_start(
+    tx: &rusqlite::Transaction<'_>,
+    key: &ChainKey,
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    let oldest: Option<(Option<i64>, Option<String>)> = tx
+        .query_row(
+            "SELECT seq, prev FROM history ORDER BY id LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    if let Some((Some(seq), Some(prev))) = oldest
+        && seq > 1
+    {
+        let head = Head {
+            seq: u64::try_from(seq - 1).unwrap_or_default(),
+            hash: chain_hash(&prev, "the oldest event's link")?,
+            at_ms: now_ms,
+        };
+        put_head(tx, "start", &key.sign(head))?;
+    }
+    Ok(())
+}
+
+/// The chain's place of an event as stored: its number, the hash before it, its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chained {
+    /// Its number in the chain.
+    pub seq: u64,
+    /// The hash of the event before it.
+    pub prev: ChainHash,
+    /// Its own hash.
+    pub hash: ChainHash,
+}
+
+/// One event as it is recorded: the event, and its place in the chain (none for an event
+/// recorded before the chain existed and not chained yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The event.
+    pub event: ConfirmEvent,
+    /// Its place in the chain.
+    pub chained: Option<Chained>,
+}
+
+/// One row exactly as stored, for checking the chain: nothing is decoded, so an edit that makes a
+/// row unreadable as an event is still found as an edit.
+#[derive(Debug)]
+pub struct StoredLink {
+    row: Row,
+    seq: Option<i64>,
+    prev: Option<String>,
+    hash: Option<String>,
+}
+
+impl StoredLink {
+    /// The link this row is, and the hash stored with it; or why the row has no place in a chain
+    /// (no number or hash, or values that are not one).
+    pub fn link(&self) -> Result<(Link<'_>, ChainHash), countersign_core::chain::Break> {
+        let unreadable = |reason: String| countersign_core::chain::Break::Unreadable {
+            at: match self.seq {
+                Some(seq) => format!("event #{seq}"),
+                None => "an event with no number".to_owned(),
+            },
+            reason,
+        };
+        let seq = self
+            .seq
+            .and_then(|s| u64::try_from(s).ok())
+            .ok_or_else(|| unreadable("it has no number in the chain".into()))?;
+        let read = |text: &Option<String>, what: &str| {
+            text.as_deref()
+                .and_then(ChainHash::from_hex)
+                .ok_or_else(|| unreadable(format!("its {what} is not a chain hash")))
+        };
+        let prev = read(&self.prev, "link to the one before")?;
+        let hash = read(&self.hash, "hash")?;
+        Ok((self.row.link(seq, prev), hash))
+    }
+}
+
+/// The signed heads a file keeps: the newest (`head`) and, after a prune, where the chain starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Heads {
+    /// The head: the newest event's hash, signed as it was recorded.
+    pub head: Option<SignedHead>,
+    /// Where a pruned chain starts: the last pruned event's hash, signed at the prune.
+    pub start: Option<SignedHead>,
+}
+
+/// The heads on `conn`; a stored head that is not one (a damaged row) reads as none, which the
+/// check then reports.
+pub(crate) fn heads(conn: &rusqlite::Connection) -> Result<Heads, StoreError> {
+    let mut heads = Heads::default();
+    let mut statement = conn
+        .prepare_cached("SELECT role, seq, hash, at_ms, public_key, signature FROM history_head")?;
+    let mut rows = statement.query([])?;
+    while let Some(r) = rows.next()? {
+        let role: String = r.get(0)?;
+        let read = || -> Option<SignedHead> {
+            Some(SignedHead {
+                head: Head {
+                    seq: u64::try_from(r.get::<_, i64>(1).ok()?).ok()?,
+                    hash: ChainHash::from_hex(&r.get::<_, String>(2).ok()?)?,
+                    at_ms: u64::try_from(r.get::<_, i64>(3).ok()?).ok()?,
+                },
+                key: r.get::<_, Vec<u8>>(4).ok()?.try_into().ok()?,
+                signature: r.get::<_, Vec<u8>>(5).ok()?.try_into().ok()?,
+            })
+        };
+        match role.as_str() {
+            "head" => heads.head = read(),
+            "start" => heads.start = read(),
+            _ => {}
+        }
+    }
+    Ok(heads)
+}
+
+/// Hands `each` every row on `conn` in the order it was recorded, exactly as stored.
+pub(crate) fn each_link<E: From<StoreError>>(
+    conn: &rusqlite::Connection,
+    mut each: impl FnMut(StoredLink) -> Result<(), E>,
+) -> Result<u64, E> {
+    let mut statement = conn
+        .prepare_cached(
+            "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note,
+                    seq, prev, hash
+             FROM history ORDER BY id",
+        )
+        .map_err(StoreError::from)?;
+    let mut rows = statement.query([]).map_err(StoreError::from)?;
+    let mut handed = 0;
+    while let Some(r) = rows.next().map_err(StoreError::from)? {
+        let link = (|| {
+            Ok::<_, rusqlite::Error>(StoredLink {
+                row: row_at(r, 0)?,
+                seq: r.get(10)?,
+                prev: r.get(11)?,
+                hash: r.get(12)?,
+            })
+        })()
+        .map_err(StoreError::from)?;
+        each(link)?;
+        handed += 1;
+    }
+    Ok(handed)
+}
+
+/// The ten event columns of `r`, from column `first` on.
+fn row_at(r: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Row> {
+    Ok(Row {
+        at_ms: r.get(first)?,
+        kind: r.get(first + 1)?,
+        refusal: r.get(first + 2)?,
+        ok: r.get(first + 3)?,
+        tool: r.get(first + 4)?,
+        target: r.get(first + 5)?,
+        tenant: r.get(first + 6)?,
+        nonce: r.get(first + 7)?,
+        plan: r.get(first + 8)?,
+        note: r.get(first + 9)?,
+    })
 }
 
 /// Hands `each` every event on `conn` recorded at or after `since` and before `until` (ms since
@@ -299,38 +609,56 @@ pub(crate) fn select(
 /// were handed over; stops at the first error, the store's or `each`'s.
 pub(crate) fn each_between<E: From<StoreError>>(
     conn: &rusqlite::Connection,
+    chain: bool,
     since: Option<u64>,
     until: Option<u64>,
-    mut each: impl FnMut(ConfirmEvent) -> Result<(), E>,
+    mut each: impl FnMut(Recorded) -> Result<(), E>,
 ) -> Result<u64, E> {
     let since = since.map(ms_to_sql).transpose()?;
     let until = until.map(ms_to_sql).transpose()?;
-    let mut statement = conn
-        .prepare_cached(
-            "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
-             FROM history
-             WHERE (?1 IS NULL OR at_ms >= ?1) AND (?2 IS NULL OR at_ms < ?2)
-             ORDER BY id",
-        )
-        .map_err(StoreError::from)?;
+    // A file from before the chain has no chain columns: read them as none.
+    let sql = if chain {
+        "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash
+         FROM history
+         WHERE (?1 IS NULL OR at_ms >= ?1) AND (?2 IS NULL OR at_ms < ?2)
+         ORDER BY id"
+    } else {
+        "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note,
+                NULL, NULL, NULL
+         FROM history
+         WHERE (?1 IS NULL OR at_ms >= ?1) AND (?2 IS NULL OR at_ms < ?2)
+         ORDER BY id"
+    };
+    let mut statement = conn.prepare_cached(sql).map_err(StoreError::from)?;
     let mut rows = statement
         .query(rusqlite::params![since, until])
         .map_err(StoreError::from)?;
     let mut handed = 0;
-    while let Some(row) = rows.next().map_err(StoreError::from)? {
-        let read = Row {
-            at_ms: row.get(0).map_err(StoreError::from)?,
-            kind: row.get(1).map_err(StoreError::from)?,
-            refusal: row.get(2).map_err(StoreError::from)?,
-            ok: row.get(3).map_err(StoreError::from)?,
-            tool: row.get(4).map_err(StoreError::from)?,
-            target: row.get(5).map_err(StoreError::from)?,
-            tenant: row.get(6).map_err(StoreError::from)?,
-            nonce: row.get(7).map_err(StoreError::from)?,
-            plan: row.get(8).map_err(StoreError::from)?,
-            note: row.get(9).map_err(StoreError::from)?,
+    while let Some(r) = rows.next().map_err(StoreError::from)? {
+        let stored = (|| {
+            Ok::<_, rusqlite::Error>(StoredLink {
+                row: row_at(r, 0)?,
+                seq: r.get(10)?,
+                prev: r.get(11)?,
+                hash: r.get(12)?,
+            })
+        })()
+        .map_err(StoreError::from)?;
+        let chained = match (stored.seq, &stored.prev, &stored.hash) {
+            (Some(seq), Some(prev), Some(hash)) => Some(Chained {
+                seq: u64::try_from(seq).map_err(|_| StoreError::InvalidRow {
+                    table: TABLE,
+                    reason: format!("chain number {seq}"),
+                })?,
+                prev: chain_hash(prev, "a link")?,
+                hash: chain_hash(hash, "a hash")?,
+            }),
+            _ => None,
         };
-        each(read.into_event()?)?;
+        each(Recorded {
+            event: stored.row.into_event()?,
+            chained,
+        })?;
         handed += 1;
     }
     Ok(handed)

@@ -50,7 +50,7 @@ pub use connection::StoreOptions;
 pub use decision::{DecisionRecord, MAX_DECISION_ROWS};
 pub use error::StoreError;
 pub use grant::{Grant, GrantEnd, GrantKind};
-pub use history::{HistoryFilter, MAX_STORED_CHARS, capped};
+pub use history::{Chained, Heads, HistoryFilter, MAX_STORED_CHARS, Recorded, StoredLink, capped};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
 #[cfg(feature = "postgres")]
 pub use postgres::{POSTGRES_SCHEMA_VERSION, Postgres, PostgresOptions, SERIALIZATION_RETRIES};
@@ -92,7 +92,7 @@ pub struct Pruned {
     pub pins: usize,
 }
 
-/// How many history events [`Store::prune`] keeps.
+/// How many history events [`Store::prune`] keeps, unless its options say otherwise.
 pub const MAX_HISTORY_ROWS: i64 = 100_000;
 
 impl Store {
@@ -137,6 +137,8 @@ impl Store {
     pub fn prune(&mut self, now_ms: u64) -> Result<Pruned, StoreError> {
         // A `now` beyond SQLite's range is later than any stored expiry.
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        let chain_key = self.options.chain_key.clone();
+        let history_rows = self.options.history_rows;
         self.with_connection(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let nonces = tx.execute("DELETE FROM spent_nonce WHERE expires_at_ms < ?1", [now])?;
@@ -144,8 +146,13 @@ impl Store {
             let history = tx.execute(
                 "DELETE FROM history WHERE id <=
                      (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET ?1)",
-                [MAX_HISTORY_ROWS],
+                [history_rows],
             )?;
+            if history > 0
+                && let Some(key) = &chain_key
+            {
+                history::mark_start(&tx, key, now_ms)?;
+            }
             // Pins of registered servers (`server:NAME`) are never pruned: a pruned server's next
             // listing would be pinned as it is, unasked, and an agent can list tools under
             // identities of its own choosing to push them out. An identity an agent chose it can
@@ -218,6 +225,9 @@ impl Store {
 
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
+
+#[cfg(test)]
+mod chain_tests;
 
 #[cfg(test)]
 mod tests {

@@ -58,7 +58,15 @@ macro_rules! on_connection {
 /// again (at most [`SERIALIZATION_RETRIES`] times, with a short backoff) when it fails with a
 /// serialization failure.
 macro_rules! serializable {
-    ($self:ident, |$tx:ident| $body:expr) => {{
+    ($self:ident, |$tx:ident| $body:expr) => {
+        serializable!($self, tokio_postgres::IsolationLevel::Serializable, |$tx| {
+            $body
+        })
+    };
+    // The same at another isolation level: the history's chain takes a row lock and runs READ
+    // COMMITTED, so replicas writing at once wait for each other instead of failing (an engine
+    // that runs everything SERIALIZABLE answers 40001 instead, which is retried the same way).
+    ($self:ident, $isolation:expr, |$tx:ident| $body:expr) => {{
         let mut pause = std::time::Duration::from_millis(5);
         let mut retries = 0;
         loop {
@@ -66,7 +74,7 @@ macro_rules! serializable {
             let attempt = tokio::time::timeout($self.statement_timeout, async {
                 let $tx = conn
                     .build_transaction()
-                    .isolation_level(tokio_postgres::IsolationLevel::Serializable)
+                    .isolation_level($isolation)
                     .start()
                     .await
                     .map_err(StoreError::Postgres)?;
@@ -135,6 +143,9 @@ pub struct PostgresOptions {
     pub application_name: String,
     /// A PEM certificate to trust besides the system's roots (a private CA).
     pub root_certificate_pem: Option<Vec<u8>>,
+    /// The key that signs the head of the history's chain (see
+    /// [`StoreOptions::chain_key`](crate::StoreOptions::chain_key)).
+    pub chain_key: Option<std::sync::Arc<countersign_core::chain::ChainKey>>,
 }
 
 impl PostgresOptions {
@@ -174,6 +185,15 @@ impl PostgresOptions {
         self.root_certificate_pem = Some(pem.into());
         self
     }
+
+    /// These options with `key` signing the history's head.
+    pub fn with_chain_key(
+        mut self,
+        key: std::sync::Arc<countersign_core::chain::ChainKey>,
+    ) -> Self {
+        self.chain_key = Some(key);
+        self
+    }
 }
 
 impl Default for PostgresOptions {
@@ -184,6 +204,7 @@ impl Default for PostgresOptions {
             pool_size: Self::DEFAULT_POOL_SIZE,
             application_name: "countersign".into(),
             root_certificate_pem: None,
+            chain_key: None,
         }
     }
 }
@@ -196,6 +217,7 @@ impl std::fmt::Debug for PostgresOptions {
             .field("pool_size", &self.pool_size)
             .field("application_name", &self.application_name)
             .field("root_certificate", &self.root_certificate_pem.is_some())
+            .field("chain_key", &self.chain_key)
             .finish()
     }
 }
@@ -225,6 +247,8 @@ pub struct Postgres {
     statement_timeout: Duration,
     /// Nonces whose spend had an unknown outcome, with their expiry, until burned.
     doubtful: Mutex<HashMap<Nonce, i64>>,
+    /// What signs the history's head.
+    chain_key: Option<std::sync::Arc<countersign_core::chain::ChainKey>>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -404,6 +428,7 @@ impl Postgres {
             target,
             statement_timeout: options.statement_timeout,
             doubtful: Mutex::new(HashMap::new()),
+            chain_key: options.chain_key.clone(),
         };
         let mut conn = records.connection().await?;
         let migrated = schema::migrate(&mut conn, &records).await;

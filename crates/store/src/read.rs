@@ -12,10 +12,13 @@
 
 use std::path::{Path, PathBuf};
 
+use countersign_core::chain::{Break, Intact, SignedHead, Walk};
 use countersign_core::telemetry::ConfirmEvent;
 use rusqlite::{Connection, OpenFlags};
 
 use crate::error::open_error;
+use crate::history::{Heads, Recorded, StoredLink};
+use crate::schema::CHAIN_VERSION;
 use crate::{APPLICATION_ID, HistoryFilter, SCHEMA_VERSION, StoreError, StoreOptions, history};
 
 /// The history of the desk's file, opened read-only.
@@ -23,6 +26,8 @@ use crate::{APPLICATION_ID, HistoryFilter, SCHEMA_VERSION, StoreError, StoreOpti
 pub struct HistoryReader {
     /// `None`: the file has no schema yet (nothing was ever written to it).
     conn: Option<Connection>,
+    /// Its schema version.
+    version: i64,
     path: PathBuf,
 }
 
@@ -42,6 +47,7 @@ impl HistoryReader {
         let version = known_version(&conn, &path)?;
         Ok(HistoryReader {
             conn: (version > 0).then_some(conn),
+            version,
             path,
         })
     }
@@ -53,16 +59,103 @@ impl HistoryReader {
 
     /// Every event recorded at or after `since` and before `until` (ms since the epoch), oldest
     /// first, handed to `each` one at a time as it is read (an export: a year of history is
-    /// never held in memory). Returns how many; stops at the first error, the store's or `each`'s.
+    /// never held in memory), with its place in the chain. Read as one snapshot, so the signed
+    /// heads answered with the count are those of the same moment (a desk writing meanwhile
+    /// changes nothing of what is read). Stops at the first error, the store's or `each`'s.
     pub fn each_between<E: From<StoreError>>(
         &self,
         since: Option<u64>,
         until: Option<u64>,
-        each: impl FnMut(ConfirmEvent) -> Result<(), E>,
-    ) -> Result<u64, E> {
-        match &self.conn {
-            Some(conn) => history::each_between(conn, since, until, each),
-            None => Ok(0),
+        each: impl FnMut(Recorded) -> Result<(), E>,
+    ) -> Result<(u64, Heads), E> {
+        let Some(conn) = &self.conn else {
+            return Ok((0, Heads::default()));
+        };
+        let snapshot = conn.unchecked_transaction().map_err(StoreError::from)?;
+        let n = history::each_between(&snapshot, self.is_chained(), since, until, each)?;
+        let heads = if self.is_chained() {
+            history::heads(&snapshot)?
+        } else {
+            Heads::default()
+        };
+        snapshot.commit().map_err(StoreError::from)?;
+        Ok((n, heads))
+    }
+
+    /// Whether the file's schema has the history's chain (a file of an older desk has not).
+    pub fn is_chained(&self) -> bool {
+        self.version >= CHAIN_VERSION
+    }
+
+    /// Reads the whole chain as one snapshot (a desk writing meanwhile changes nothing of what
+    /// is read): `each` is handed every row exactly as stored, in the order recorded, and the
+    /// signed heads the file keeps are answered once every row was read. A file whose schema
+    /// has no chain yet hands nothing and has no heads.
+    pub fn each_link<E: From<StoreError>>(
+        &self,
+        each: impl FnMut(StoredLink) -> Result<(), E>,
+    ) -> Result<Heads, E> {
+        let Some(conn) = self.conn.as_ref().filter(|_| self.is_chained()) else {
+            return Ok(Heads::default());
+        };
+        // One read transaction: the rows and the heads of the same moment.
+        let snapshot = conn.unchecked_transaction().map_err(StoreError::from)?;
+        history::each_link(&snapshot, each)?;
+        let heads = history::heads(&snapshot)?;
+        snapshot.commit().map_err(StoreError::from)?;
+        Ok(heads)
+    }
+
+    /// Checks the file's chain (see [`countersign_core::chain`]): every event against its hash and
+    /// the one before, the oldest against the start (or its signed prune mark), the newest
+    /// against the signed head, and the chain against every head in `kept` (heads exported or
+    /// sent earlier, which catch a tail cut off with the head signed again). Signatures are
+    /// checked against `key` when given, else against the key the file's head names. The outer
+    /// error is the store's (the file cannot be read); the inner one names the first event at
+    /// which the chain breaks.
+    pub fn verify(
+        &self,
+        key: Option<[u8; 32]>,
+        kept: &[SignedHead],
+    ) -> Result<Result<Intact, Break>, StoreError> {
+        if self.conn.is_some() && !self.is_chained() {
+            return Ok(Err(Break::Unreadable {
+                at: "the file".into(),
+                reason: format!(
+                    "its schema (version {}) is from before the history was chained; the desk \
+                     converts it at its next start",
+                    self.version
+                ),
+            }));
+        }
+        let mut walk = Walk::new(key);
+        for head in kept {
+            if let Err(broken) = walk.expect(*head) {
+                return Ok(Err(broken));
+            }
+        }
+        let mut broken = None;
+        let heads = self.each_link(|stored: StoredLink| {
+            if broken.is_none()
+                && let Err(b) = stored
+                    .link()
+                    .and_then(|(link, hash)| walk.step(&link, hash))
+            {
+                broken = Some(b);
+            }
+            Ok::<_, StoreError>(())
+        })?;
+        if let Some(b) = broken {
+            return Ok(Err(b));
+        }
+        Ok(walk.finish(heads.head, heads.start, false))
+    }
+
+    /// The signed heads the file keeps now.
+    pub fn heads(&self) -> Result<Heads, StoreError> {
+        match self.conn.as_ref().filter(|_| self.is_chained()) {
+            Some(conn) => history::heads(conn),
+            None => Ok(Heads::default()),
         }
     }
 

@@ -205,7 +205,32 @@ const STEPS: &[Step] = &[
         CREATE INDEX approver_decision_request ON approver_decision (server, request);
     ",
     },
+    Step {
+        purpose: "history as a hash chain with a signed head",
+        sql: "
+        -- Each event's number in the chain, the hash of the event before it and its own hash
+        -- (countersign_core::chain). Rows written before this step have none until the next event
+        -- is recorded, which chains them first, in the order they were recorded.
+        ALTER TABLE history ADD COLUMN seq INTEGER CHECK (seq IS NULL OR seq > 0);
+        ALTER TABLE history ADD COLUMN prev TEXT CHECK (prev IS NULL OR length(prev) = 64);
+        ALTER TABLE history ADD COLUMN hash TEXT CHECK (hash IS NULL OR length(hash) = 64);
+        CREATE UNIQUE INDEX history_seq ON history (seq);
+        -- The newest event's hash signed with the authority's chain key ('head'), and, once old
+        -- events are pruned, the last pruned event's hash signed the same way ('start').
+        CREATE TABLE history_head (
+            role           TEXT    NOT NULL PRIMARY KEY CHECK (role IN ('head', 'start')),
+            seq            INTEGER NOT NULL,
+            hash           TEXT    NOT NULL CHECK (length(hash) = 64),
+            at_ms          INTEGER NOT NULL,
+            public_key     BLOB    NOT NULL CHECK (length(public_key) = 32),
+            signature      BLOB    NOT NULL CHECK (length(signature) = 64)
+        ) STRICT;
+    ",
+    },
 ];
+
+/// The version from which history is chained ([`crate::history`]).
+pub const CHAIN_VERSION: i64 = 9;
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = STEPS.len() as i64;

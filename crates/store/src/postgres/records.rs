@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use countersign_core::approver::Verdict;
+use countersign_core::chain::{ChainHash, ChainKey, Head, SignedHead};
 use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Nonce, PlanHash, SpendError};
 use tokio_postgres::error::SqlState;
@@ -24,6 +25,136 @@ use crate::{
     Roster, StoreError, ToolPin, WaitingCall, accepted, approval, capped, decision, history,
     roster, waiting,
 };
+
+fn chain_range(seq: u64) -> StoreError {
+    StoreError::InvalidRow {
+        table: "history",
+        reason: format!("chain number {seq} beyond the store's range"),
+    }
+}
+
+fn chain_hash(hex: &str, what: &str) -> Result<ChainHash, StoreError> {
+    ChainHash::from_hex(hex).ok_or_else(|| StoreError::InvalidRow {
+        table: "history",
+        reason: format!("{what} {hex:?} is not a chain hash"),
+    })
+}
+
+/// The tip row's number and hash.
+fn tip_of(row: &tokio_postgres::Row) -> Result<(u64, ChainHash), StoreError> {
+    let seq: i64 = row.try_get(0).map_err(StoreError::Postgres)?;
+    let hash: String = row.try_get(1).map_err(StoreError::Postgres)?;
+    Ok((
+        u64::try_from(seq).unwrap_or_default(),
+        chain_hash(&hash, "the chain's tip")?,
+    ))
+}
+
+/// Chains the events recorded before the chain existed (none on a database that began with it),
+/// oldest first, from the start; answers the new tip. Runs under the tip's lock.
+async fn chain_unchained(
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<(u64, ChainHash), StoreError> {
+    let pg = StoreError::Postgres;
+    let rows = tx
+        .query(
+            "SELECT id, at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note
+             FROM history WHERE seq IS NULL ORDER BY at_ms, id",
+            &[],
+        )
+        .await
+        .map_err(pg)?;
+    let (mut last, mut prev) = (0, ChainHash::GENESIS);
+    for r in &rows {
+        let id: i64 = r.try_get(0).map_err(pg)?;
+        let row = history_row(r, 1).map_err(pg)?;
+        let seq = last + 1;
+        let hash = row.link(seq, prev).hash();
+        let seq_sql = i64::try_from(seq).map_err(|_| chain_range(seq))?;
+        tx.execute(
+            "UPDATE history SET seq = $1, prev = $2, hash = $3 WHERE id = $4",
+            &[&seq_sql, &prev.to_hex(), &hash.to_hex(), &id],
+        )
+        .await
+        .map_err(pg)?;
+        (last, prev) = (seq, hash);
+    }
+    Ok((last, prev))
+}
+
+/// Keeps `head` as the chain's `role`, replacing the one before.
+async fn put_head(
+    tx: &tokio_postgres::Transaction<'_>,
+    role: &str,
+    head: &SignedHead,
+) -> Result<(), StoreError> {
+    let seq = i64::try_from(head.head.seq).map_err(|_| chain_range(head.head.seq))?;
+    tx.execute(
+        "INSERT INTO history_head (role, seq, hash, at_ms, public_key, signature)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (role) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,
+             at_ms = excluded.at_ms, public_key = excluded.public_key,
+             signature = excluded.signature",
+        &[
+            &role,
+            &seq,
+            &head.head.hash.to_hex(),
+            &ms_to_sql(head.head.at_ms)?,
+            &&head.key[..],
+            &&head.signature[..],
+        ],
+    )
+    .await
+    .map_err(StoreError::Postgres)?;
+    Ok(())
+}
+
+/// After a prune: signs where the chain now starts (see the SQLite store's `mark_start`).
+async fn mark_start(
+    tx: &tokio_postgres::Transaction<'_>,
+    key: &ChainKey,
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    let oldest = tx
+        .query_opt(
+            "SELECT seq, prev FROM history WHERE seq IS NOT NULL ORDER BY seq LIMIT 1",
+            &[],
+        )
+        .await
+        .map_err(StoreError::Postgres)?;
+    if let Some(row) = oldest {
+        let seq: i64 = row.try_get(0).map_err(StoreError::Postgres)?;
+        let prev: String = row.try_get(1).map_err(StoreError::Postgres)?;
+        if seq > 1 {
+            let head = Head {
+                seq: u64::try_from(seq - 1).unwrap_or_default(),
+                hash: chain_hash(&prev, "the oldest event's link")?,
+                at_ms: now_ms,
+            };
+            put_head(tx, "start", &key.sign(head)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The ten event columns of `r` from column `first` on.
+fn history_row(
+    r: &tokio_postgres::Row,
+    first: usize,
+) -> Result<history::Row, tokio_postgres::Error> {
+    Ok(history::Row {
+        at_ms: r.try_get(first)?,
+        kind: r.try_get(first + 1)?,
+        refusal: r.try_get(first + 2)?,
+        ok: r.try_get(first + 3)?,
+        tool: r.try_get(first + 4)?,
+        target: r.try_get(first + 5)?,
+        tenant: r.try_get(first + 6)?,
+        nonce: r.try_get(first + 7)?,
+        plan: r.try_get(first + 8)?,
+        note: r.try_get(first + 9)?,
+    })
+}
 
 fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Error> {
     Ok((
@@ -158,28 +289,88 @@ impl Records for Postgres {
     async fn record(&self, event: &ConfirmEvent) -> Result<(), StoreError> {
         let stored = async {
             let c = history::Columns::of(event)?;
+            // What PostgreSQL keeps (no NUL in TEXT) is what the chain hashes.
             let tool = text(&c.tool);
             let target = c.target.as_deref().map(text);
             let tenant = text(c.tenant);
             let note = c.note.as_deref().map(text);
-            on_connection!(self, |conn| conn.execute(
-                "INSERT INTO history
-                     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-                &[
-                    &c.at_ms,
-                    &c.kind,
-                    &c.refusal,
-                    &c.ok,
-                    &tool.as_ref(),
-                    &target.as_deref(),
-                    &tenant.as_ref(),
-                    &c.nonce,
-                    &c.plan,
-                    &note.as_deref(),
-                ],
-            ))
-            .map(|_| ())
+            let kept = history::Columns {
+                tool: tool.clone(),
+                target: target.clone(),
+                tenant: &tenant,
+                note: note.clone(),
+                nonce: c.nonce.clone(),
+                plan: c.plan.clone(),
+                ..c
+            };
+            let key = self.chain_key.clone();
+            let pg = StoreError::Postgres;
+            serializable!(
+                self,
+                tokio_postgres::IsolationLevel::ReadCommitted,
+                |tx| async {
+                    // The tip, locked: replicas add events one at a time, in one order.
+                    tx.execute(
+                        "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
+                     ON CONFLICT (one) DO NOTHING",
+                        &[&ChainHash::GENESIS.to_hex()],
+                    )
+                    .await
+                    .map_err(pg)?;
+                    let tip = tx
+                        .query_one(
+                            "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE",
+                            &[],
+                        )
+                        .await
+                        .map_err(pg)?;
+                    let (mut last, mut prev) = tip_of(&tip)?;
+                    if last == 0 {
+                        (last, prev) = chain_unchained(&tx).await?;
+                    }
+                    let seq = last + 1;
+                    let hash = kept.link(seq, prev).hash();
+                    let seq_sql = i64::try_from(seq).map_err(|_| chain_range(seq))?;
+                    tx.execute(
+                        "INSERT INTO history
+                         (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note,
+                          seq, prev, hash)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                        &[
+                            &kept.at_ms,
+                            &kept.kind,
+                            &kept.refusal,
+                            &kept.ok,
+                            &kept.tool.as_ref(),
+                            &kept.target.as_deref(),
+                            &kept.tenant,
+                            &kept.nonce,
+                            &kept.plan,
+                            &kept.note.as_deref(),
+                            &seq_sql,
+                            &prev.to_hex(),
+                            &hash.to_hex(),
+                        ],
+                    )
+                    .await
+                    .map_err(pg)?;
+                    tx.execute(
+                        "UPDATE history_tip SET seq = $1, hash = $2 WHERE one = 1",
+                        &[&seq_sql, &hash.to_hex()],
+                    )
+                    .await
+                    .map_err(pg)?;
+                    if let Some(key) = &key {
+                        let head = key.sign(Head {
+                            seq,
+                            hash,
+                            at_ms: event.at_ms,
+                        });
+                        put_head(&tx, "head", &head).await?;
+                    }
+                    Ok::<_, StoreError>(())
+                }
+            )
         }
         .await;
         history::emitted(event, stored)
@@ -209,21 +400,7 @@ impl Records for Postgres {
         ))?;
         rows.iter()
             .map(|r| {
-                let row = (|| {
-                    Ok::<_, tokio_postgres::Error>(history::Row {
-                        at_ms: r.try_get(0)?,
-                        kind: r.try_get(1)?,
-                        refusal: r.try_get(2)?,
-                        ok: r.try_get(3)?,
-                        tool: r.try_get(4)?,
-                        target: r.try_get(5)?,
-                        tenant: r.try_get(6)?,
-                        nonce: r.try_get(7)?,
-                        plan: r.try_get(8)?,
-                        note: r.try_get(9)?,
-                    })
-                })()
-                .map_err(StoreError::Postgres)?;
+                let row = history_row(r, 0).map_err(StoreError::Postgres)?;
                 row.into_event()
             })
             .collect()
@@ -242,14 +419,20 @@ impl Records for Postgres {
                 .execute("DELETE FROM approval WHERE expires_at_ms < $1", &[&now])
                 .await
                 .map_err(pg)?;
+            // By chain number: on a distributed engine ids need not follow the order of commits.
             let history = tx
                 .execute(
-                    "DELETE FROM history WHERE id <=
-                             (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET $1)",
+                    "DELETE FROM history WHERE seq <=
+                             (SELECT seq FROM history ORDER BY seq DESC LIMIT 1 OFFSET $1)",
                     &[&MAX_HISTORY_ROWS],
                 )
                 .await
                 .map_err(pg)?;
+            if history > 0
+                && let Some(key) = &self.chain_key
+            {
+                mark_start(&tx, key, now_ms).await?;
+            }
             // Never a registered server's pins (see `Store::prune`).
             let pins = tx
                 .execute(

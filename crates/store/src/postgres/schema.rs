@@ -177,6 +177,34 @@ const STEPS: &[Step] = &[
     CREATE INDEX IF NOT EXISTS approver_decision_request ON approver_decision (server, request);
     ",
     },
+    Step {
+        purpose: "history as a hash chain with a signed head",
+        sql: "
+    -- Each event's number in the chain, the hash of the event before it and its own hash
+    -- (countersign_core::chain). Rows written before this step are chained by the next event.
+    ALTER TABLE history ADD COLUMN IF NOT EXISTS seq BIGINT CHECK (seq IS NULL OR seq > 0);
+    ALTER TABLE history ADD COLUMN IF NOT EXISTS prev TEXT CHECK (prev IS NULL OR length(prev) = 64);
+    ALTER TABLE history ADD COLUMN IF NOT EXISTS hash TEXT CHECK (hash IS NULL OR length(hash) = 64);
+    CREATE UNIQUE INDEX IF NOT EXISTS history_seq ON history (seq);
+    -- The chain's newest number and hash, one row: every replica locks it to add an event, so
+    -- the chain has one order whatever replica writes.
+    CREATE TABLE IF NOT EXISTS history_tip (
+        one            BIGINT  NOT NULL PRIMARY KEY CHECK (one = 1),
+        seq            BIGINT  NOT NULL,
+        hash           TEXT    NOT NULL CHECK (length(hash) = 64)
+    );
+    -- The newest event's hash signed with the chain key ('head'), and after a prune the last
+    -- pruned event's hash signed the same way ('start').
+    CREATE TABLE IF NOT EXISTS history_head (
+        role           TEXT    NOT NULL PRIMARY KEY CHECK (role IN ('head', 'start')),
+        seq            BIGINT  NOT NULL,
+        hash           TEXT    NOT NULL CHECK (length(hash) = 64),
+        at_ms          BIGINT  NOT NULL,
+        public_key     BYTEA   NOT NULL CHECK (octet_length(public_key) = 32),
+        signature      BYTEA   NOT NULL CHECK (octet_length(signature) = 64)
+    );
+    ",
+    },
 ];
 
 /// The PostgreSQL schema version this build writes and understands.

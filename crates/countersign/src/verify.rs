@@ -1,0 +1,214 @@
+//! `countersign history verify`, `history head`: checking the history's chain offline.
+//!
+//! The desk chains every event to the one before and signs the newest hash with its chain key
+//! (`countersign_core::chain`). Anyone with the desk's file, or an export of it
+//! (`countersign history --format jsonl`), and the desk's public key (`countersign history key`)
+//! can check that nothing was edited, deleted or reordered since, and that the head is the desk's:
+//! this program names the first event at which the chain breaks. A head kept from before
+//! (`--head FILE`: the output of `countersign history head`, or an earlier export) catches what
+//! the chain alone cannot: a tail cut off by someone holding the key, who then signed the shorter
+//! chain again.
+//!
+//! Exports are read one line at a time and never held in memory; a line longer than any event
+//! the desk writes is refused rather than read.
+
+use std::io::{BufRead, Read};
+use std::path::Path;
+
+use countersign_core::approver::parse_public_key;
+use countersign_core::canonical::parse_strict;
+use countersign_core::chain::{Break, ChainHash, Intact, Link, SignedHead, Walk};
+use countersign_core::telemetry::ConfirmEvent;
+use serde::Deserialize;
+
+/// The longest line of an export read: far beyond an event (texts are capped at 1,024
+/// characters each), far below what could exhaust memory.
+const MAX_LINE: u64 = 256 * 1024;
+
+/// The key to check signatures against: `ed25519:…` as `countersign history key` printed it,
+/// or a file holding that text.
+pub fn read_key(text: &str) -> Result<[u8; 32], String> {
+    if let Some(key) = parse_public_key(text) {
+        return Ok(key);
+    }
+    let from_file = std::fs::read_to_string(text).map_err(|e| {
+        format!("--key {text:?}: neither a key (ed25519:…) nor a readable file: {e}")
+    })?;
+    parse_public_key(&from_file)
+        .ok_or_else(|| format!("--key {text:?}: the file does not hold a key (ed25519:…)"))
+}
+
+/// Every signed head in the file at `path` (`{"head": …}` lines: what `history head` prints and
+/// what an export ends with), in order.
+pub fn read_heads(path: &Path) -> Result<Vec<SignedHead>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut heads = Vec::new();
+    let mut lines = Lines::new(file);
+    while let Some((number, line)) = lines.next_line().map_err(|e| e.to_string())? {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if let Some(head) = value.get("head") {
+            heads.push(
+                SignedHead::from_json(head).ok_or_else(|| {
+                    format!("{} line {number}: not a signed head", path.display())
+                })?,
+            );
+        }
+    }
+    if heads.is_empty() {
+        return Err(format!("{}: holds no signed head", path.display()));
+    }
+    Ok(heads)
+}
+
+/// An export's event line: the event, and its place in the chain.
+#[derive(Deserialize)]
+struct EventLine {
+    #[serde(flatten)]
+    event: ConfirmEvent,
+    seq: u64,
+    prev: String,
+    hash: String,
+}
+
+/// Checks the export read from `input` (JSON lines, as `history --format jsonl` wrote them)
+/// against `key` (or the key its head names) and the heads in `kept`. An export may begin
+/// anywhere (`--since`); it must end with its signed head, or a head in `kept` must name its last
+/// event.
+pub fn verify_export(
+    input: impl Read,
+    key: Option<[u8; 32]>,
+    kept: &[SignedHead],
+) -> Result<Intact, Break> {
+    let mut walk = Walk::new(key);
+    for head in kept {
+        walk.expect(*head)?;
+    }
+    let unreadable = |number: u64, reason: String| Break::Unreadable {
+        at: format!("line {number}"),
+        reason,
+    };
+    let mut head = None;
+    let mut lines = Lines::new(input);
+    loop {
+        let (number, line) = match lines.next_line() {
+            Ok(Some(line)) => line,
+            Ok(None) => break,
+            Err(e) => return Err(unreadable(lines.number, e.to_string())),
+        };
+        if head.is_some() {
+            return Err(unreadable(number, "a line after the signed head".into()));
+        }
+        // Strict: a duplicated key could show one value to a reader and hash another.
+        let value = parse_strict(&line).map_err(|e| unreadable(number, e.to_string()))?;
+        if let Some(signed) = value.get("head") {
+            let signed = SignedHead::from_json(signed)
+                .ok_or_else(|| unreadable(number, "not a signed head".into()))?;
+            head = Some(signed);
+            continue;
+        }
+        let read: EventLine =
+            serde_json::from_value(value).map_err(|e| unreadable(number, e.to_string()))?;
+        let hash = |text: &str, what: &str| {
+            ChainHash::from_hex(text)
+                .ok_or_else(|| unreadable(number, format!("its {what} is not a chain hash")))
+        };
+        let prev = hash(&read.prev, "prev")?;
+        let stored = hash(&read.hash, "hash")?;
+        let event = &read.event;
+        let (kind, refusal, ok) = event.kind.columns();
+        let nonce = event.nonce.map(|n| n.to_hex());
+        let plan = event.plan.map(|p| p.to_hex());
+        let link = Link {
+            seq: read.seq,
+            at_ms: event.at_ms,
+            kind,
+            refusal,
+            ok,
+            tool: &event.tool,
+            target: event.target.as_deref(),
+            tenant: &event.tenant,
+            nonce: nonce.as_deref(),
+            plan: plan.as_deref(),
+            note: event.note.as_deref(),
+            prev,
+        };
+        walk.step(&link, stored)?;
+    }
+    walk.finish(head, None, true)
+}
+
+/// What a check found, for people: the line printed and the exit code (0 intact, 1 broken).
+pub fn report(result: &Result<Intact, Break>, key_given: bool) -> (String, i32) {
+    match result {
+        Ok(intact) => {
+            let range = match (intact.first, intact.last) {
+                (Some(first), Some(last)) => format!("events #{first} to #{last}"),
+                _ => "no events".to_owned(),
+            };
+            let pruned = if intact.pruned_before {
+                " (older events were pruned, as signed)"
+            } else {
+                ""
+            };
+            let signer = match intact.head {
+                Some(head) => {
+                    let key = countersign_core::approver::public_key_text(&head.key);
+                    if key_given {
+                        format!(", under the head at #{} signed by {key}", head.head.seq)
+                    } else {
+                        format!(
+                            ", under the head at #{} signed by {key} (the key the history names: \
+                             pass --key with the key `countersign history key` printed to check \
+                             it is the desk's)",
+                            head.head.seq
+                        )
+                    }
+                }
+                None => String::new(),
+            };
+            (format!("history intact: {range}{pruned}{signer}"), 0)
+        }
+        Err(broken) => (format!("history broken ({}): {broken}", broken.code()), 1),
+    }
+}
+
+/// Lines of a reader, each at most [`MAX_LINE`] bytes, numbered from 1; an empty last line is
+/// none.
+struct Lines<R> {
+    input: std::io::BufReader<R>,
+    number: u64,
+}
+
+impl<R: Read> Lines<R> {
+    fn new(input: R) -> Self {
+        Lines {
+            input: std::io::BufReader::new(input),
+            number: 0,
+        }
+    }
+
+    fn next_line(&mut self) -> std::io::Result<Option<(u64, String)>> {
+        let mut line = Vec::new();
+        let read = (&mut self.input)
+            .take(MAX_LINE + 1)
+            .read_until(b'\n', &mut line)?;
+        if read == 0 {
+            return Ok(None);
+        }
+        self.number += 1;
+        if line.len() as u64 > MAX_LINE {
+            return Err(std::io::Error::other(format!(
+                "line {} is longer than {MAX_LINE} bytes",
+                self.number
+            )));
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        let text = String::from_utf8(line)
+            .map_err(|_| std::io::Error::other(format!("line {} is not UTF-8", self.number)))?;
+        Ok(Some((self.number, text)))
+    }
+}

@@ -1,0 +1,69 @@
+//! The desk's Ed25519 keys in the OS keychain: the approver key (signing decisions for team
+//! servers) and the chain key (signing the history's head). Each is 32 secret bytes, kept as one
+//! keychain item in base64, made on first need and never written anywhere else.
+
+use base64::Engine as _;
+use countersign_secret::Items;
+use zeroize::Zeroizing;
+
+/// The keychain item that holds the chain key's 32 secret bytes (base64).
+pub const CHAIN_ITEM: &str = "history-chain-key";
+
+/// The 32 secret bytes kept in `item`; made from the OS RNG and stored first when `create` and
+/// there are none. `what` names the key in errors.
+pub fn stored(
+    items: &dyn Items,
+    item: &str,
+    what: &str,
+    create: bool,
+) -> Result<Option<Zeroizing<[u8; 32]>>, String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    match items.get(item).map_err(|e| e.to_string())? {
+        Some(text) => {
+            let damaged = || format!("the {what} in the keychain is damaged");
+            let bytes = Zeroizing::new(b64.decode(text.trim()).map_err(|_| damaged())?);
+            let seed: [u8; 32] = bytes.as_slice().try_into().map_err(|_| damaged())?;
+            Ok(Some(Zeroizing::new(seed)))
+        }
+        None if create => {
+            let seed = Zeroizing::new(rand::random::<[u8; 32]>());
+            let text = Zeroizing::new(b64.encode(seed.as_slice()));
+            items.set(item, &text).map_err(|e| e.to_string())?;
+            Ok(Some(seed))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The desk's chain key, made on first need.
+pub fn chain_key(items: &dyn Items) -> Result<countersign_core::chain::ChainKey, String> {
+    let seed = stored(items, CHAIN_ITEM, "history's chain key", true)?
+        .ok_or_else(|| "no chain key".to_owned())?;
+    Ok(countersign_core::chain::ChainKey::from_seed(&seed))
+}
+
+#[cfg(test)]
+mod tests {
+    use countersign_secret::MemoryItems;
+
+    use super::*;
+
+    #[test]
+    fn a_key_is_made_once_and_read_back_the_same() {
+        let items = MemoryItems::new();
+        assert_eq!(stored(&items, "k", "key", false).unwrap(), None);
+        let made = stored(&items, "k", "key", true).unwrap().unwrap();
+        let again = stored(&items, "k", "key", true).unwrap().unwrap();
+        assert_eq!(*made, *again);
+        assert_eq!(chain_key(&items).unwrap(), chain_key(&items).unwrap());
+    }
+
+    #[test]
+    fn a_damaged_item_is_said_so_and_not_replaced() {
+        let items = MemoryItems::new();
+        items.set("k", "not base64!").unwrap();
+        let err = stored(&items, "k", "test key", true).unwrap_err();
+        assert!(err.contains("test key in the keychain is damaged"), "{err}");
+        assert_eq!(items.get("k").unwrap().as_deref(), Some("not base64!"));
+    }
+}
