@@ -6,6 +6,7 @@
 //! the desk uses too.
 #![deny(missing_docs)]
 
+pub mod clients;
 pub mod config;
 pub mod export;
 pub mod launch;
@@ -14,4 +15,3 @@ pub mod paths;
 pub mod pipe;
 pub mod registry;
 pub mod server;
-pub mod verify;
