@@ -15,3 +15,4 @@ pub mod paths;
 pub mod pipe;
 pub mod registry;
 pub mod server;
+pub mod verify;

@@ -174,8 +174,12 @@ enum Command {
     /// then reaches one with `countersign mcp --server NAME`, and never holds its credentials.
     #[command(subcommand)]
     Server(countersign::server::ServerCommand),
-    /// Print the desk's history of approvals, confirms and refusals, newest first.
+    /// Print the desk's history of approvals, confirms and refusals, newest first; export it;
+    /// check its signed chain (`history verify`).
+    #[command(args_conflicts_with_subcommands = true)]
     History {
+        #[command(subcommand)]
+        check: Option<HistoryCheck>,
         /// Print JSON lines instead of a table (the same as `--format json`).
         #[arg(long, conflicts_with = "format")]
         json: bool,
@@ -202,6 +206,41 @@ enum Command {
         #[arg(long)]
         db: Option<PathBuf>,
     },
+}
+
+/// Checking the history's signed chain.
+#[derive(Debug, Subcommand)]
+enum HistoryCheck {
+    /// Check that no event of the history was edited, deleted or reordered and that its head is
+    /// signed by the desk's key; names the first event that breaks. Exit 0 intact, 1 broken,
+    /// 2 when it cannot be read.
+    Verify {
+        /// An export to check (`history --format jsonl`) instead of the desk's file.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// The desk's public key (`ed25519:…`, as `history key` printed it, or a file holding
+        /// it). Without it, signatures are checked against the key the history itself names.
+        #[arg(long)]
+        key: Option<String>,
+        /// A head kept from before (what `history head` printed, or an earlier export): the
+        /// history must still contain the event it signed. Catches a tail cut off and signed
+        /// again. May be given more than once.
+        #[arg(long)]
+        head: Vec<PathBuf>,
+        /// The desk's SQLite file (default: the desk's own).
+        #[arg(long, conflicts_with = "file")]
+        db: Option<PathBuf>,
+    },
+    /// Print the chain's signed head (one JSON line): keep it, and `verify --head` holds the
+    /// history to it later.
+    Head {
+        /// The desk's SQLite file (default: the desk's own).
+        #[arg(long)]
+        db: Option<PathBuf>,
+    },
+    /// Print the desk's public chain key (`ed25519:…`), from the OS keychain: keep it where the
+    /// desk's files are not, and give it to `verify --key`.
+    Key,
 }
 
 /// Which configuration file of a client: the user's (found where the client keeps it), a
@@ -390,6 +429,10 @@ fn main() {
             &mut std::io::stdout(),
         ),
         Command::History {
+            check: Some(check), ..
+        } => history_check(check),
+        Command::History {
+            check: None,
             json,
             format,
             tool,
@@ -543,6 +586,97 @@ fn history_command(
                 return 2;
             }
             export_history(db, format, since, until)
+        }
+    }
+}
+
+/// `countersign history verify|head|key`.
+fn history_check(check: HistoryCheck) -> i32 {
+    use countersign::verify;
+    match check {
+        HistoryCheck::Key => {
+            // The chain key lives in the keychain, which the desk's program reaches and this one
+            // (which agents start) does not link.
+            let desk = launch::desk_program();
+            let err = std::process::Command::new(&desk).arg("history-key").exec();
+            eprintln!(
+                "countersign: cannot run the desk's program ({}): {err}",
+                desk.display()
+            );
+            1
+        }
+        HistoryCheck::Head { db } => {
+            let db = db.unwrap_or_else(paths::desk_db);
+            let store = match open_history(&db) {
+                Ok(store) => store,
+                Err(code) => return code.max(1),
+            };
+            match store.heads() {
+                Ok(heads) => match heads.head {
+                    Some(head) => {
+                        println!("{}", serde_json::json!({ "head": head.to_json() }));
+                        0
+                    }
+                    None => {
+                        eprintln!("countersign: the history has no signed head yet");
+                        1
+                    }
+                },
+                Err(err) => {
+                    eprintln!("countersign: cannot read history: {err}");
+                    2
+                }
+            }
+        }
+        HistoryCheck::Verify {
+            file,
+            key,
+            head,
+            db,
+        } => {
+            let key = match key.as_deref().map(verify::read_key).transpose() {
+                Ok(key) => key,
+                Err(e) => {
+                    eprintln!("countersign: {e}");
+                    return 2;
+                }
+            };
+            let mut kept = Vec::new();
+            for path in &head {
+                match verify::read_heads(path) {
+                    Ok(heads) => kept.extend(heads),
+                    Err(e) => {
+                        eprintln!("countersign: --head {e}");
+                        return 2;
+                    }
+                }
+            }
+            let result = match file {
+                Some(path) => match std::fs::File::open(&path) {
+                    Ok(input) => verify::verify_export(input, key, &kept),
+                    Err(e) => {
+                        eprintln!("countersign: {}: {e}", path.display());
+                        return 2;
+                    }
+                },
+                None => {
+                    let db = db.unwrap_or_else(paths::desk_db);
+                    let store = match open_history(&db) {
+                        Ok(store) => store,
+                        Err(code) => return code.max(2),
+                    };
+                    match store.verify(key, &kept) {
+                        Ok(result) => result,
+                        Err(err) => {
+                            eprintln!("countersign: cannot read history: {err}");
+                            return 2;
+                        }
+                    }
+                }
+            };
+            let (line, code) = verify::report(&result, key.is_some());
+            println!("{line}");
+            code
         }
     }
 }
