@@ -749,3 +749,33 @@ pub(crate) static TABLE: [Spec; 31] = [
         expansion: Expansion::BRACES,
     },
 ];
+
+/// The README's table of clients, rendered from [`TABLE`] (a test keeps the README's copy equal
+/// to it), and beneath it what could not be confirmed in each client's own documentation.
+pub fn readme_table() -> String {
+    let mut out = String::from(
+        "| Client | `--client` | Linux | macOS | Windows | Format | Servers at | Source |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for spec in &TABLE {
+        let (linux, mac) = spec.unix_paths();
+        out.push_str(&format!(
+            "| {} | `{}` | `{linux}` | `{mac}` | `{}` | {} | `{}` | [docs]({}) |\n",
+            spec.title,
+            spec.id,
+            spec.windows,
+            spec.format.name(),
+            spec.servers_key(),
+            spec.source
+        ));
+    }
+    out.push('\n');
+    for spec in TABLE.iter().filter(|s| s.unconfirmed.is_some()) {
+        out.push_str(&format!(
+            "- {}: {}.\n",
+            spec.title,
+            spec.unconfirmed.unwrap_or_default()
+        ));
+    }
+    out
+}

@@ -419,6 +419,27 @@ fn every_client_has_a_golden_life() {
     }
 }
 
+/// The README's table of clients is the table the code reads (`COUNTERSIGN_UPDATE_GOLDEN=1`
+/// writes it anew between its two markers).
+#[test]
+fn the_readme_lists_every_client_as_the_table_does() {
+    const START: &str = "<!-- clients table: crates/clients/src/table.rs -->\n";
+    const END: &str = "<!-- end of clients table -->";
+    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = fs::read_to_string(&readme_path).unwrap();
+    let (head, rest) = readme.split_once(START).expect("the README has the table's start");
+    let (table, tail) = rest.split_once(END).expect("the README has the table's end");
+    let expected = clients::table::readme_table();
+    if updating() {
+        fs::write(&readme_path, format!("{head}{START}{expected}{END}{tail}")).unwrap();
+        return;
+    }
+    assert!(
+        table == expected,
+        "README.md's table of clients differs from crates/clients/src/table.rs:\n{expected}"
+    );
+}
+
 #[test]
 fn a_denied_server_leaves_the_file_and_the_backup_as_they_were() {
     let s = setup("claude-desktop", "json", "claude_desktop_config.json");
