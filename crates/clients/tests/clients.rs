@@ -427,8 +427,12 @@ fn the_readme_lists_every_client_as_the_table_does() {
     const END: &str = "<!-- end of clients table -->";
     let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
     let readme = fs::read_to_string(&readme_path).unwrap();
-    let (head, rest) = readme.split_once(START).expect("the README has the table's start");
-    let (table, tail) = rest.split_once(END).expect("the README has the table's end");
+    let (head, rest) = readme
+        .split_once(START)
+        .expect("the README has the table's start");
+    let (table, tail) = rest
+        .split_once(END)
+        .expect("the README has the table's end");
     let expected = clients::table::readme_table();
     if updating() {
         fs::write(&readme_path, format!("{head}{START}{expected}{END}{tail}")).unwrap();
