@@ -1,6 +1,8 @@
-// Settings → Clients: the MCP clients the desk finds on this account, with Protect and Restore
-// (what `countersign install` and `uninstall` do), and what each printed. Paths and the summary
-// arrive escaped and flagged (Shown) and go on screen as textContent.
+// Settings → Clients: every MCP client Countersign knows, those found on this account first (what
+// `countersign clients` prints), with Protect and Restore (what `countersign install` and
+// `uninstall` do), and what each printed. Each entry Protect leaves alone is listed with why and
+// the next move. Paths, entries and the summary arrive escaped and flagged (Shown) and go on
+// screen as textContent.
 import * as api from "./api.js";
 import { plainNode, shownNode } from "./shown.js";
 
@@ -30,6 +32,7 @@ function clientRow(c) {
   tr.append(where);
   const servers = plainNode("td", count(c), "cl-count");
   if (c.problem) servers.append(shownNode("div", c.problem));
+  if (c.left_alone.length) servers.append(leftAlone(c.left_alone));
   tr.append(servers);
   const actions = document.createElement("td");
   const protect = plainNode("button", "Protect", "cl-protect");
@@ -47,6 +50,20 @@ function clientRow(c) {
   actions.append(protect, restore, force);
   tr.append(actions);
   return tr;
+}
+
+// The entries Protect leaves as they are: where, why, and (when the reason does not say it) what
+// to do next.
+function leftAlone(entries) {
+  const list = document.createElement("ul");
+  list.className = "cl-left";
+  for (const e of entries) {
+    const item = document.createElement("li");
+    item.append(shownNode("code", e.at), plainNode("span", ": "), shownNode("span", e.why));
+    if (e.next) item.append(plainNode("span", " Next: "), shownNode("span", e.next));
+    list.append(item);
+  }
+  return list;
 }
 
 function render(list) {

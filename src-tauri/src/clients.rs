@@ -16,7 +16,9 @@
 
 use std::path::PathBuf;
 
-use countersign_clients::{self as clients, Client, InstallError, Options, Places, Registrar};
+use countersign_clients::{
+    self as clients, Client, ClientState, InstallError, Options, Places, Registrar, Surveyed,
+};
 use countersign_registry::Registry;
 use countersign_wire::{DeskError, RegistryAnswer, RegistryRequest};
 use serde::Serialize;
@@ -84,7 +86,8 @@ fn program() -> String {
         .unwrap_or_else(|| "countersign".into())
 }
 
-/// A client, as Settings → Clients lists it.
+/// A client, as Settings → Clients lists it: what `countersign clients` prints for it (the same
+/// survey, `countersign_clients::survey`).
 #[derive(Debug, Clone, Serialize)]
 pub struct ClientView {
     /// Its name on the command line (`claude-desktop`): what Protect and Restore are asked with.
@@ -99,52 +102,65 @@ pub struct ClientView {
     pub servers: usize,
     /// How many of them already go through Countersign (`countersign mcp ...`).
     pub protected: usize,
-    /// How many Protect would leave as they are (each with its reason in Protect's summary).
+    /// How many Protect would leave as they are.
     pub left: usize,
+    /// Those entries, each with why and the next move.
+    pub left_alone: Vec<LeftAloneView>,
     /// Why the file cannot be read, when it cannot.
     pub problem: Option<Shown>,
 }
 
-fn view_of(client: Client, places: &Places, registry: &Registry, program: &str) -> ClientView {
-    let path = client.user_config(places);
+/// An entry Protect leaves as it is.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeftAloneView {
+    /// Where it is in the file (`mcpServers.github`).
+    pub at: Shown,
+    /// Why it is left.
+    pub why: Shown,
+    /// What the person can do, when `why` does not say it.
+    pub next: Option<Shown>,
+}
+
+fn view_of(surveyed: Surveyed) -> ClientView {
+    let client = surveyed.client;
     let mut view = ClientView {
         id: client.id(),
         title: client.title(),
-        path: shown(&path.display().to_string()),
-        exists: path.is_file(),
+        path: shown(&surveyed.path.display().to_string()),
+        exists: surveyed.state != ClientState::NotFound,
         servers: 0,
         protected: 0,
         left: 0,
+        left_alone: Vec::new(),
         problem: None,
     };
-    if !view.exists {
-        return view;
-    }
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) => {
-            view.problem = Some(shown(&format!("cannot read it: {e}")));
-            return view;
+    match surveyed.state {
+        ClientState::NotFound => {}
+        ClientState::Unreadable(why) => view.problem = Some(shown(&why)),
+        ClientState::Read(entries) => {
+            view.servers = entries.servers();
+            view.protected = entries.protected.len();
+            view.left = entries.left.len();
+            view.left_alone = entries
+                .left
+                .iter()
+                .map(|(at, left)| LeftAloneView {
+                    at: shown(&at.to_string()),
+                    why: shown(&left.why),
+                    next: left.next.map(shown),
+                })
+                .collect();
         }
-    };
-    match clients::plan(client, &text, &registry.servers(), program) {
-        Ok(plan) => {
-            view.protected = plan.wrapped.len();
-            view.left = plan.left.len();
-            view.servers = plan.registrations.len() + view.protected + view.left;
-        }
-        Err(e) => view.problem = Some(shown(&e)),
     }
     view
 }
 
-fn list(registry: &Registry) -> Result<Vec<ClientView>, UiError> {
+/// Every client, those found on this account first (each group in the table's order).
+fn list() -> Result<Vec<ClientView>, UiError> {
     let places = places()?;
-    let program = program();
-    Ok(clients::ALL
-        .iter()
-        .map(|&client| view_of(client, &places, registry, &program))
-        .collect())
+    let mut views: Vec<ClientView> = clients::survey(&places).into_iter().map(view_of).collect();
+    views.sort_by_key(|v| !v.exists);
+    Ok(views)
 }
 
 /// The desk's own registry, asked as the command line asks it over the socket.
@@ -213,9 +229,7 @@ enum Step {
 }
 
 fn run(registry: &Registry, id: &str, step: Step) -> Result<ClientAction, UiError> {
-    let client = clients::ALL
-        .into_iter()
-        .find(|c| c.id() == id)
+    let client = Client::from_id(id)
         .ok_or_else(|| UiError::new(UiCode::BadRequest, format!("no client is called {id:?}")))?;
     let options = Options {
         client,
@@ -246,7 +260,7 @@ fn run(registry: &Registry, id: &str, step: Step) -> Result<ClientAction, UiErro
             tracing::info!(target: "desk", client = id, "client configuration changed in the settings view");
             Ok(ClientAction {
                 lines: lines.iter().map(|l| shown(l)).collect(),
-                clients: list(registry)?,
+                clients: list()?,
             })
         }
         Err(e) => {
@@ -264,9 +278,8 @@ fn run(registry: &Registry, id: &str, step: Step) -> Result<ClientAction, UiErro
 
 /// The clients found on this account.
 #[tauri::command]
-pub async fn clients(desk: State<'_, Desk>) -> Result<Vec<ClientView>, UiError> {
-    let registry = desk.registry.clone();
-    off_the_ui(move || list(&registry)).await
+pub async fn clients() -> Result<Vec<ClientView>, UiError> {
+    off_the_ui(list).await
 }
 
 /// Protect: registers each of the client's servers in the desk (their environment values and
@@ -304,7 +317,12 @@ mod tests {
             exists: true,
             servers: 2,
             protected: 1,
-            left: 0,
+            left: 1,
+            left_alone: vec![LeftAloneView {
+                at: shown("mcpServers.events"),
+                why: shown("it is an SSE server"),
+                next: Some(shown("keep it")),
+            }],
             problem: Some(shown("x")),
         };
         let action = serde_json::to_value(ClientAction {
@@ -315,6 +333,10 @@ mod tests {
         assert_eq!(keys(&action), expected("ClientAction"));
         assert_eq!(keys(&action["clients"][0]), expected("ClientView"));
         assert_eq!(keys(&action["clients"][0]["path"]), expected("Shown"));
+        assert_eq!(
+            keys(&action["clients"][0]["left_alone"][0]),
+            expected("LeftAloneView")
+        );
         assert_eq!(keys(&action["lines"][0]), expected("Shown"));
     }
 
