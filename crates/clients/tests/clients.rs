@@ -497,6 +497,30 @@ fn uninstall_refuses_to_lose_edits_made_after_install_unless_forced() {
 }
 
 #[test]
+fn uninstall_of_an_edited_yaml_file_refuses_unless_forced() {
+    let s = setup("goose", "yaml", "config.yaml");
+    let mut desk = FakeDesk::default();
+    let opts = options(Client::Goose, &s.path);
+    run(clients::install, &mut desk, &opts).0.unwrap();
+    let edited = format!("{}# edited by hand\n", fs::read_to_string(&s.path).unwrap());
+    fs::write(&s.path, &edited).unwrap();
+
+    let err = run(clients::uninstall, &mut desk, &opts).0.unwrap_err();
+    assert!(
+        matches!(err, InstallError::EditedSinceInstall { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--force"), "{err}");
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), edited);
+    let forced = Options {
+        force: true,
+        ..opts
+    };
+    run(clients::uninstall, &mut desk, &forced).0.unwrap();
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+}
+
+#[test]
 fn a_second_install_keeps_the_first_original_for_uninstall_to_reach() {
     let s = setup("claude-desktop", "json", "claude_desktop_config.json");
     let mut desk = FakeDesk::default();
