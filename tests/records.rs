@@ -12,15 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use countersign_core::approver::Verdict;
+use countersign_core::chain::{Break, ChainKey};
 use countersign_core::telemetry::EventKind;
 use countersign_core::{GateClass, PlanHash, Refusal, SpendError};
 use countersign_store::test_support::{
-    approval, assert_spent_once, event, every_kind, grant, nonce, pin, temp_store,
+    approval, assert_spent_once, event, every_kind, grant, nonce, pin,
 };
 use countersign_store::{
     Accepted, DecisionRecord, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES,
     MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Member, Postgres, PostgresOptions, Pruned, Records,
-    Roster, Sqlite, StoreError, ToolPin, WaitingCall,
+    Roster, Sqlite, Store, StoreError, StoreOptions, ToolPin, WaitingCall,
 };
 use countersign_tests::postgres::{migrated_database, shared_database};
 
@@ -30,8 +31,18 @@ struct Fixture {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// The key every store of the suite signs its history's head with.
+fn chain_key() -> Arc<ChainKey> {
+    Arc::new(ChainKey::from_seed(&[9; 32]))
+}
+
 fn sqlite() -> Fixture {
-    let (dir, store) = temp_store();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path().join("countersign.db"),
+        StoreOptions::default().with_chain_key(chain_key()),
+    )
+    .unwrap();
     Fixture {
         records: Arc::new(Sqlite::new(store)),
         _dir: Some(dir),
@@ -42,7 +53,7 @@ async fn postgres() -> Fixture {
     let dsn = shared_database().await;
     Fixture {
         records: Arc::new(
-            Postgres::connect(&dsn, PostgresOptions::default())
+            Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
                 .await
                 .unwrap(),
         ),
@@ -84,6 +95,7 @@ suite!(
     history_round_trips_every_event_kind,
     history_is_newest_first,
     history_filters_by_tool_tenant_kind_nonce_and_limit,
+    events_recorded_at_once_form_one_chain_under_a_signed_head,
     record_emits_one_confirm_event_per_event,
     prune_deletes_only_rows_expired_before_now,
     prune_keeps_history_and_pins,
@@ -301,6 +313,30 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ConfirmEvents {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
+}
+
+async fn events_recorded_at_once_form_one_chain_under_a_signed_head(r: R) {
+    let tasks: Vec<_> = (0..24_u64)
+        .map(|i| {
+            let r = r.clone();
+            tokio::spawn(async move { r.record(&event(100 + i, EventKind::Issued)).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let intact = r
+        .verify_history(Some(chain_key().public()), &[])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((intact.first, intact.last), (Some(1), Some(24)));
+    assert_eq!(intact.head.unwrap().head.seq, 24);
+    let other = ChainKey::from_seed(&[1; 32]).public();
+    assert!(matches!(
+        r.verify_history(Some(other), &[]).await.unwrap(),
+        Err(Break::WrongKey { seq: 24, .. })
+    ));
 }
 
 async fn record_emits_one_confirm_event_per_event(r: R) {
@@ -739,6 +775,52 @@ async fn a_database_with_a_newer_schema_is_refused_unchanged() {
         .unwrap()
         .get(0);
     assert_eq!(newest, 99);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
+    let dsn = migrated_database().await;
+    let replica = || async {
+        Arc::new(
+            Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
+                .await
+                .unwrap(),
+        ) as R
+    };
+    let (a, b) = (replica().await, replica().await);
+    let tasks: Vec<_> = (0..30_u64)
+        .map(|i| {
+            let r = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move { r.record(&event(100 + i, EventKind::Accepted)).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let key = Some(chain_key().public());
+    let intact = b.verify_history(key, &[]).await.unwrap().unwrap();
+    assert_eq!((intact.first, intact.last), (Some(1), Some(30)));
+    let admin = countersign_tests::postgres::admin(&dsn).await;
+    admin
+        .execute(
+            "UPDATE history SET tenant = 'someone-else' WHERE seq = 17",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        a.verify_history(key, &[]).await.unwrap(),
+        Err(Break::Edited { seq: 17 })
+    );
+    admin
+        .execute("DELETE FROM history WHERE seq >= 17", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        a.verify_history(key, &[]).await.unwrap(),
+        Err(Break::TailCut { last: 16, head: 30 })
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

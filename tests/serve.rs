@@ -1963,7 +1963,27 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     assert_eq!(decided[3]["approverKey"], alice.public_text().as_str());
     assert_eq!(decided[0]["approver"], "bob");
     assert_eq!(decided[0]["verdict"], "deny");
+    // The history is one chain, its head signed with the key derived from the secret (the one
+    // the server logged at start), and a check against any other key says so.
+    let chain = countersign_core::chain::ChainKey::from_secret(
+        &countersign_core::SigningKey::new(secret.as_bytes()).unwrap(),
+    )
+    .public_text();
+    let (code, verdict, note) = roster_command("history", &env, &["--verify", "--key", &chain]);
+    assert_eq!(code, 0, "{verdict}{note}");
+    assert!(
+        verdict.starts_with("history intact: events #1 to #"),
+        "{verdict}"
+    );
+    let other = countersign_core::chain::ChainKey::from_seed(&[1; 32]).public_text();
+    let (code, verdict, _) = roster_command("history", &env, &["--verify", "--key", &other]);
+    assert_eq!(code, 1, "{verdict}");
+    assert!(verdict.contains("(wrong_key)"), "{verdict}");
     let log = server.stop();
+    assert!(
+        log.contains(&chain),
+        "the chain key is logged at start: {log}"
+    );
     assert!(!log.contains(secret), "the secret was written");
     assert!(!log.contains(&agent_key), "the agent's key was written");
 }

@@ -597,6 +597,65 @@ impl Walk {
     }
 }
 
+/// Every signed head in `text` (`{"head": …}` lines: what `countersign history head` prints and
+/// what an export ends with), in order; other lines are passed over. `Err` names the first line
+/// that says it is a head and is not one, or says there is none.
+pub fn heads_in(text: &str) -> Result<Vec<SignedHead>, String> {
+    let mut heads = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if let Some(head) = value.get("head") {
+            heads.push(
+                SignedHead::from_json(head)
+                    .ok_or_else(|| format!("line {}: not a signed head", i + 1))?,
+            );
+        }
+    }
+    if heads.is_empty() {
+        return Err("holds no signed head".into());
+    }
+    Ok(heads)
+}
+
+/// What a check found, in one line for people: `history intact: …` with the range, the head and
+/// its key (and, when no key was given to check with, that the key is only the one the history
+/// names), or `history broken (CODE): …` naming the first event that breaks.
+pub fn describe(result: &Result<Intact, Break>, key_given: bool) -> String {
+    match result {
+        Ok(intact) => {
+            let range = match (intact.first, intact.last) {
+                (Some(first), Some(last)) => format!("events #{first} to #{last}"),
+                _ => "no events".to_owned(),
+            };
+            let pruned = if intact.pruned_before {
+                " (older events were pruned, as signed)"
+            } else {
+                ""
+            };
+            let signer = match intact.head {
+                Some(head) => {
+                    let key = crate::approver::public_key_text(&head.key);
+                    let caveat = if key_given {
+                        ""
+                    } else {
+                        " (the key the history names: pass --key with the authority's public \
+                         chain key to check it is the authority's)"
+                    };
+                    format!(
+                        ", under the head at #{} signed by {key}{caveat}",
+                        head.head.seq
+                    )
+                }
+                None => String::new(),
+            };
+            format!("history intact: {range}{pruned}{signer}")
+        }
+        Err(broken) => format!("history broken ({}): {broken}", broken.code()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,9 @@ use std::path::Path;
 
 use countersign_core::approver::parse_public_key;
 use countersign_core::canonical::parse_strict;
-use countersign_core::chain::{Break, ChainHash, Intact, Link, SignedHead, Walk};
+use countersign_core::chain::{
+    Break, ChainHash, Intact, Link, SignedHead, Walk, describe, heads_in,
+};
 use countersign_core::telemetry::ConfirmEvent;
 use serde::Deserialize;
 
@@ -38,28 +40,14 @@ pub fn read_key(text: &str) -> Result<[u8; 32], String> {
         .ok_or_else(|| format!("--key {text:?}: the file does not hold a key (ed25519:…)"))
 }
 
-/// Every signed head in the file at `path` (`{"head": …}` lines: what `history head` prints and
-/// what an export ends with), in order.
+/// Every signed head in the file at `path` (see [`countersign_core::chain::heads_in`]).
 pub fn read_heads(path: &Path) -> Result<Vec<SignedHead>, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut heads = Vec::new();
-    let mut lines = Lines::new(file);
-    while let Some((number, line)) = lines.next_line().map_err(|e| e.to_string())? {
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if let Some(head) = value.get("head") {
-            heads.push(
-                SignedHead::from_json(head).ok_or_else(|| {
-                    format!("{} line {number}: not a signed head", path.display())
-                })?,
-            );
-        }
-    }
-    if heads.is_empty() {
-        return Err(format!("{}: holds no signed head", path.display()));
-    }
-    Ok(heads)
+    let mut text = String::new();
+    file.take(64 * MAX_LINE)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    heads_in(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// An export's event line: the event, and its place in the chain.
@@ -141,37 +129,7 @@ pub fn verify_export(
 
 /// What a check found, for people: the line printed and the exit code (0 intact, 1 broken).
 pub fn report(result: &Result<Intact, Break>, key_given: bool) -> (String, i32) {
-    match result {
-        Ok(intact) => {
-            let range = match (intact.first, intact.last) {
-                (Some(first), Some(last)) => format!("events #{first} to #{last}"),
-                _ => "no events".to_owned(),
-            };
-            let pruned = if intact.pruned_before {
-                " (older events were pruned, as signed)"
-            } else {
-                ""
-            };
-            let signer = match intact.head {
-                Some(head) => {
-                    let key = countersign_core::approver::public_key_text(&head.key);
-                    if key_given {
-                        format!(", under the head at #{} signed by {key}", head.head.seq)
-                    } else {
-                        format!(
-                            ", under the head at #{} signed by {key} (the key the history names: \
-                             pass --key with the key `countersign history key` printed to check \
-                             it is the desk's)",
-                            head.head.seq
-                        )
-                    }
-                }
-                None => String::new(),
-            };
-            (format!("history intact: {range}{pruned}{signer}"), 0)
-        }
-        Err(broken) => (format!("history broken ({}): {broken}", broken.code()), 1),
-    }
+    (describe(result, key_given), i32::from(result.is_err()))
 }
 
 /// Lines of a reader, each at most [`MAX_LINE`] bytes, numbered from 1; an empty last line is

@@ -254,4 +254,19 @@ pub struct HistoryArgs {
     /// The approvers' signed decisions (with each approver's key, to check the signatures).
     #[arg(long)]
     pub decisions: bool,
+
+    /// Check the history's signed chain instead: names the first event that was edited,
+    /// deleted, reordered or cut off, or a forged head. Exit 0 intact, 1 broken.
+    #[arg(long, conflicts_with_all = ["decisions", "json", "tool"])]
+    pub verify: bool,
+
+    /// With --verify: the server's public chain key (`ed25519:…`; a writable server logs it
+    /// at start, derived from its CONFIRM_SECRET). Without it, the key the history names is used.
+    #[arg(long, value_name = "KEY", requires = "verify")]
+    pub key: Option<String>,
+
+    /// With --verify: a head kept from before (a `{"head": …}` line); the history must still
+    /// hold the event it signed. May be given more than once.
+    #[arg(long, value_name = "FILE", requires = "verify")]
+    pub head: Vec<PathBuf>,
 }

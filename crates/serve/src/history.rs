@@ -1,6 +1,7 @@
 //! `countersign serve history [--json] [--tool T] [--limit N] [--decisions]`: what the server's
 //! records say happened (every confirm event, as the desk's `countersign history` prints its
-//! own), or the approvers' signed decisions.
+//! own), or the approvers' signed decisions; with `--verify [--key KEY] [--head FILE]`, the check of
+//! the history's signed chain.
 
 use clap::Parser;
 use countersign_core::approver::public_key_text;
@@ -16,7 +17,46 @@ pub fn main() -> i32 {
             .chain(std::env::args_os().skip(2)),
     );
     let me = "countersign serve history";
+    let key = match args.key.as_deref().map(|text| {
+        countersign_core::approver::parse_public_key(text)
+            .ok_or_else(|| format!("--key {text:?} is not a key (ed25519:…)"))
+    }) {
+        None => None,
+        Some(Ok(key)) => Some(key),
+        Some(Err(e)) => {
+            eprintln!("{me}: {e}");
+            return 2;
+        }
+    };
+    let mut kept = Vec::new();
+    for path in &args.head {
+        match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| countersign_core::chain::heads_in(&text))
+        {
+            Ok(heads) => kept.extend(heads),
+            Err(e) => {
+                eprintln!("{me}: --head {}: {e}", path.display());
+                return 2;
+            }
+        }
+    }
     with_records(me, args.data_dir.clone(), |records| async move {
+        if args.verify {
+            return match records.verify_history(key, &kept).await {
+                Ok(result) => {
+                    println!(
+                        "{}",
+                        countersign_core::chain::describe(&result, key.is_some())
+                    );
+                    i32::from(result.is_err())
+                }
+                Err(e) => {
+                    eprintln!("{me}: {e}");
+                    3
+                }
+            };
+        }
         let limit = args.limit.max(1);
         if args.decisions {
             let (decisions, approvers) = match (

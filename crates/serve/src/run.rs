@@ -222,6 +222,9 @@ pub async fn run(
         .as_ref()
         .ok()
         .map(|k| Arc::new(ChainKey::from_secret(k)));
+    if let Some(chain) = &chain {
+        tracing::info!(target: "serve", chain_key = %chain.public_text(), "the history's head is signed with this key");
+    }
     let records = open_records(dsn, &data_dir, chain).await?;
     if matches!(
         start.authn,

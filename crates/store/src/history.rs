@@ -6,7 +6,7 @@
 //! dropped. What is stored is exactly a [`ConfirmEvent`], which has no token field; the table has
 //! no token column either, and a test keeps it that way.
 
-use countersign_core::chain::{ChainHash, ChainKey, Head, Link, SignedHead};
+use countersign_core::chain::{Break, ChainHash, ChainKey, Head, Intact, Link, SignedHead, Walk};
 use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
 use countersign_core::{Nonce, PlanHash, Refusal};
 use rusqlite::{OptionalExtension, TransactionBehavior};
@@ -292,6 +292,15 @@ impl Store {
         })
     }
 
+    /// Checks the history's chain: see [`HistoryReader::verify`](crate::HistoryReader::verify).
+    pub fn verify_history(
+        &mut self,
+        key: Option<[u8; 32]>,
+        kept: &[SignedHead],
+    ) -> Result<Result<Intact, Break>, StoreError> {
+        self.with_connection(|conn| verify(conn, key, kept))
+    }
+
     /// Recorded events that pass `filter`, newest first (by time, then by order of recording).
     pub fn history(&mut self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
         self.with_connection(|conn| select(conn, filter))
@@ -494,6 +503,22 @@ pub struct StoredLink {
 }
 
 impl StoredLink {
+    /// A row as read by a store, with its chain columns.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn new(
+        row: Row,
+        seq: Option<i64>,
+        prev: Option<String>,
+        hash: Option<String>,
+    ) -> Self {
+        StoredLink {
+            row,
+            seq,
+            prev,
+            hash,
+        }
+    }
+
     /// The link this row is, and the hash stored with it; or why the row has no place in a chain
     /// (no number or hash, or values that are not one).
     pub fn link(&self) -> Result<(Link<'_>, ChainHash), countersign_core::chain::Break> {
@@ -555,6 +580,53 @@ pub(crate) fn heads(conn: &rusqlite::Connection) -> Result<Heads, StoreError> {
         }
     }
     Ok(heads)
+}
+
+/// Checks the chain on `conn` as one snapshot: see
+/// [`HistoryReader::verify`](crate::HistoryReader::verify).
+pub(crate) fn verify(
+    conn: &rusqlite::Connection,
+    key: Option<[u8; 32]>,
+    kept: &[SignedHead],
+) -> Result<Result<Intact, Break>, StoreError> {
+    let mut walk = Walk::new(key);
+    for head in kept {
+        if let Err(broken) = walk.expect(*head) {
+            return Ok(Err(broken));
+        }
+    }
+    let snapshot = conn.unchecked_transaction()?;
+    let mut broken = None;
+    each_link(&snapshot, |stored: StoredLink| {
+        if broken.is_none()
+            && let Err(b) = stored
+                .link()
+                .and_then(|(link, hash)| walk.step(&link, hash))
+        {
+            broken = Some(b);
+        }
+        Ok::<_, StoreError>(())
+    })?;
+    let heads = heads(&snapshot)?;
+    snapshot.commit()?;
+    if let Some(b) = broken {
+        return Ok(Err(b));
+    }
+    Ok(walk.finish(heads.head, heads.start, false))
+}
+
+/// The check of a history with no events and no heads (a file nothing was written to yet).
+pub(crate) fn verify_none(
+    key: Option<[u8; 32]>,
+    kept: &[SignedHead],
+) -> Result<Result<Intact, Break>, StoreError> {
+    let mut walk = Walk::new(key);
+    for head in kept {
+        if let Err(broken) = walk.expect(*head) {
+            return Ok(Err(broken));
+        }
+    }
+    Ok(walk.finish(None, None, false))
 }
 
 /// Hands `each` every row on `conn` in the order it was recorded, exactly as stored.

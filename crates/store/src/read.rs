@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use countersign_core::chain::{Break, Intact, SignedHead, Walk};
+use countersign_core::chain::{Break, Intact, SignedHead};
 use countersign_core::telemetry::ConfirmEvent;
 use rusqlite::{Connection, OpenFlags};
 
@@ -128,27 +128,10 @@ impl HistoryReader {
                 ),
             }));
         }
-        let mut walk = Walk::new(key);
-        for head in kept {
-            if let Err(broken) = walk.expect(*head) {
-                return Ok(Err(broken));
-            }
+        match &self.conn {
+            Some(conn) => history::verify(conn, key, kept),
+            None => history::verify_none(key, kept),
         }
-        let mut broken = None;
-        let heads = self.each_link(|stored: StoredLink| {
-            if broken.is_none()
-                && let Err(b) = stored
-                    .link()
-                    .and_then(|(link, hash)| walk.step(&link, hash))
-            {
-                broken = Some(b);
-            }
-            Ok::<_, StoreError>(())
-        })?;
-        if let Some(b) = broken {
-            return Ok(Err(b));
-        }
-        Ok(walk.finish(heads.head, heads.start, false))
     }
 
     /// The signed heads the file keeps now.

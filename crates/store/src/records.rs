@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use countersign_core::approver::Verdict;
+use countersign_core::chain::{Break, Intact, SignedHead};
 use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Ledger, Nonce, PlanHash, SpendError};
 
@@ -55,6 +56,15 @@ pub trait Records: Send + Sync + std::fmt::Debug {
 
     /// Recorded events that pass `filter`, newest first (by time, then by order of recording).
     async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError>;
+
+    /// Checks the history's chain as one snapshot (see
+    /// [`HistoryReader::verify`](crate::HistoryReader::verify)): the outer error is the store's,
+    /// the inner one names the first event at which the chain breaks.
+    async fn verify_history(
+        &self,
+        key: Option<[u8; 32]>,
+        kept: &[SignedHead],
+    ) -> Result<Result<Intact, Break>, StoreError>;
 
     /// Deletes spent nonces and approvals that expired strictly before `now_ms` (one expiring
     /// exactly at `now_ms` is kept), history beyond the newest
@@ -274,6 +284,15 @@ impl Records for Sqlite {
     async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError> {
         let filter = filter.clone();
         self.off(move |s| s.history(&filter)).await
+    }
+
+    async fn verify_history(
+        &self,
+        key: Option<[u8; 32]>,
+        kept: &[SignedHead],
+    ) -> Result<Result<Intact, Break>, StoreError> {
+        let kept = kept.to_vec();
+        self.off(move |s| s.verify_history(key, &kept)).await
     }
 
     async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError> {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use countersign_core::approver::Verdict;
-use countersign_core::chain::{ChainHash, ChainKey, Head, SignedHead};
+use countersign_core::chain::{Break, ChainHash, ChainKey, Head, Intact, SignedHead, Walk};
 use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Nonce, PlanHash, SpendError};
 use tokio_postgres::error::SqlState;
@@ -404,6 +404,113 @@ impl Records for Postgres {
                 row.into_event()
             })
             .collect()
+    }
+
+    async fn verify_history(
+        &self,
+        key: Option<[u8; 32]>,
+        kept: &[SignedHead],
+    ) -> Result<Result<Intact, Break>, StoreError> {
+        let mut walk = Walk::new(key);
+        for head in kept {
+            if let Err(broken) = walk.expect(*head) {
+                return Ok(Err(broken));
+            }
+        }
+        let pg = StoreError::Postgres;
+        let mut conn = self.connection().await?;
+        // One snapshot, read a page at a time by chain number: the rows and the heads of the same
+        // moment, however long the history (no statement timeout: a long history takes long).
+        let checked = async {
+            let tx = conn
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(pg)?;
+            let mut after = 0_i64;
+            let mut broken = None;
+            'pages: loop {
+                let rows = tx
+                    .query(
+                        "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan,
+                                note, seq, prev, hash
+                         FROM history WHERE seq > $1 ORDER BY seq LIMIT 1000",
+                        &[&after],
+                    )
+                    .await
+                    .map_err(pg)?;
+                let Some(last) = rows.last() else {
+                    break;
+                };
+                after = last.try_get(10).map_err(pg)?;
+                for r in &rows {
+                    let stored = history::StoredLink::new(
+                        history_row(r, 0).map_err(pg)?,
+                        r.try_get(10).map_err(pg)?,
+                        r.try_get(11).map_err(pg)?,
+                        r.try_get(12).map_err(pg)?,
+                    );
+                    if let Err(b) = stored
+                        .link()
+                        .and_then(|(link, hash)| walk.step(&link, hash))
+                    {
+                        broken = Some(b);
+                        break 'pages;
+                    }
+                }
+            }
+            let unchained: i64 = tx
+                .query_one("SELECT count(*) FROM history WHERE seq IS NULL", &[])
+                .await
+                .map_err(pg)?
+                .try_get(0)
+                .map_err(pg)?;
+            let heads = tx
+                .query(
+                    "SELECT role, seq, hash, at_ms, public_key, signature FROM history_head",
+                    &[],
+                )
+                .await
+                .map_err(pg)?;
+            tx.commit().await.map_err(pg)?;
+            if let Some(b) = broken {
+                return Ok(Err(b));
+            }
+            if unchained > 0 {
+                return Ok(Err(Break::Unreadable {
+                    at: format!("{unchained} events"),
+                    reason: "they have no number in the chain (recorded before it existed; the \
+                             next event chains them)"
+                        .into(),
+                }));
+            }
+            let (mut head, mut start) = (None, None);
+            for r in &heads {
+                let role: String = r.try_get(0).map_err(pg)?;
+                let read = || -> Option<SignedHead> {
+                    Some(SignedHead {
+                        head: Head {
+                            seq: u64::try_from(r.try_get::<_, i64>(1).ok()?).ok()?,
+                            hash: ChainHash::from_hex(&r.try_get::<_, String>(2).ok()?)?,
+                            at_ms: u64::try_from(r.try_get::<_, i64>(3).ok()?).ok()?,
+                        },
+                        key: r.try_get::<_, Vec<u8>>(4).ok()?.try_into().ok()?,
+                        signature: r.try_get::<_, Vec<u8>>(5).ok()?.try_into().ok()?,
+                    })
+                };
+                match role.as_str() {
+                    "head" => head = read(),
+                    "start" => start = read(),
+                    _ => {}
+                }
+            }
+            Ok::<_, StoreError>(walk.finish(head, start, false))
+        }
+        .await;
+        self.release(conn, checked.as_ref().err());
+        checked
     }
 
     async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError> {
