@@ -553,6 +553,26 @@ pub struct Heads {
     pub start: Option<SignedHead>,
 }
 
+/// A signed head from its stored columns (both stores keep the same ones), or none when they
+/// are not one.
+pub(crate) fn head_of(
+    seq: i64,
+    hash: String,
+    at_ms: i64,
+    key: Vec<u8>,
+    signature: Vec<u8>,
+) -> Option<SignedHead> {
+    Some(SignedHead {
+        head: Head {
+            seq: u64::try_from(seq).ok()?,
+            hash: ChainHash::from_hex(&hash)?,
+            at_ms: u64::try_from(at_ms).ok()?,
+        },
+        key: key.try_into().ok()?,
+        signature: signature.try_into().ok()?,
+    })
+}
+
 /// The heads on `conn`; a stored head that is not one (a damaged row) reads as none, which the
 /// check then reports.
 pub(crate) fn heads(conn: &rusqlite::Connection) -> Result<Heads, StoreError> {
@@ -562,16 +582,14 @@ pub(crate) fn heads(conn: &rusqlite::Connection) -> Result<Heads, StoreError> {
     let mut rows = statement.query([])?;
     while let Some(r) = rows.next()? {
         let role: String = r.get(0)?;
-        let read = || -> Option<SignedHead> {
-            Some(SignedHead {
-                head: Head {
-                    seq: u64::try_from(r.get::<_, i64>(1).ok()?).ok()?,
-                    hash: ChainHash::from_hex(&r.get::<_, String>(2).ok()?)?,
-                    at_ms: u64::try_from(r.get::<_, i64>(3).ok()?).ok()?,
-                },
-                key: r.get::<_, Vec<u8>>(4).ok()?.try_into().ok()?,
-                signature: r.get::<_, Vec<u8>>(5).ok()?.try_into().ok()?,
-            })
+        let read = || {
+            head_of(
+                r.get(1).ok()?,
+                r.get(2).ok()?,
+                r.get(3).ok()?,
+                r.get(4).ok()?,
+                r.get(5).ok()?,
+            )
         };
         match role.as_str() {
             "head" => heads.head = read(),
@@ -644,19 +662,21 @@ pub(crate) fn each_link<E: From<StoreError>>(
     let mut rows = statement.query([]).map_err(StoreError::from)?;
     let mut handed = 0;
     while let Some(r) = rows.next().map_err(StoreError::from)? {
-        let link = (|| {
-            Ok::<_, rusqlite::Error>(StoredLink {
-                row: row_at(r, 0)?,
-                seq: r.get(10)?,
-                prev: r.get(11)?,
-                hash: r.get(12)?,
-            })
-        })()
-        .map_err(StoreError::from)?;
+        let link = stored_link_at(r).map_err(StoreError::from)?;
         each(link)?;
         handed += 1;
     }
     Ok(handed)
+}
+
+/// A row of the ten event columns and then `seq`, `prev`, `hash`, exactly as stored.
+fn stored_link_at(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredLink> {
+    Ok(StoredLink {
+        row: row_at(r, 0)?,
+        seq: r.get(10)?,
+        prev: r.get(11)?,
+        hash: r.get(12)?,
+    })
 }
 
 /// The ten event columns of `r`, from column `first` on.
@@ -707,15 +727,7 @@ pub(crate) fn each_between<E: From<StoreError>>(
         .map_err(StoreError::from)?;
     let mut handed = 0;
     while let Some(r) = rows.next().map_err(StoreError::from)? {
-        let stored = (|| {
-            Ok::<_, rusqlite::Error>(StoredLink {
-                row: row_at(r, 0)?,
-                seq: r.get(10)?,
-                prev: r.get(11)?,
-                hash: r.get(12)?,
-            })
-        })()
-        .map_err(StoreError::from)?;
+        let stored = stored_link_at(r).map_err(StoreError::from)?;
         let chained = match (stored.seq, &stored.prev, &stored.hash) {
             (Some(seq), Some(prev), Some(hash)) => Some(Chained {
                 seq: u64::try_from(seq).map_err(|_| StoreError::InvalidRow {

@@ -489,16 +489,14 @@ impl Records for Postgres {
             let (mut head, mut start) = (None, None);
             for r in &heads {
                 let role: String = r.try_get(0).map_err(pg)?;
-                let read = || -> Option<SignedHead> {
-                    Some(SignedHead {
-                        head: Head {
-                            seq: u64::try_from(r.try_get::<_, i64>(1).ok()?).ok()?,
-                            hash: ChainHash::from_hex(&r.try_get::<_, String>(2).ok()?)?,
-                            at_ms: u64::try_from(r.try_get::<_, i64>(3).ok()?).ok()?,
-                        },
-                        key: r.try_get::<_, Vec<u8>>(4).ok()?.try_into().ok()?,
-                        signature: r.try_get::<_, Vec<u8>>(5).ok()?.try_into().ok()?,
-                    })
+                let read = || {
+                    history::head_of(
+                        r.try_get(1).ok()?,
+                        r.try_get(2).ok()?,
+                        r.try_get(3).ok()?,
+                        r.try_get(4).ok()?,
+                        r.try_get(5).ok()?,
+                    )
                 };
                 match role.as_str() {
                     "head" => head = read(),
