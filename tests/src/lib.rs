@@ -14,6 +14,7 @@ pub mod desk_process;
 pub mod files;
 pub mod keyring;
 pub mod measure;
+pub mod otlp;
 pub mod postgres;
 pub mod proxy;
 pub mod window;

@@ -503,6 +503,25 @@ pub struct StoredLink {
 }
 
 impl StoredLink {
+    /// The event this row holds, with its place in the chain (none while unchained).
+    pub(crate) fn into_recorded(self) -> Result<Recorded, StoreError> {
+        let chained = match (self.seq, &self.prev, &self.hash) {
+            (Some(seq), Some(prev), Some(hash)) => Some(Chained {
+                seq: u64::try_from(seq).map_err(|_| StoreError::InvalidRow {
+                    table: TABLE,
+                    reason: format!("chain number {seq}"),
+                })?,
+                prev: chain_hash(prev, "a link")?,
+                hash: chain_hash(hash, "a hash")?,
+            }),
+            _ => None,
+        };
+        Ok(Recorded {
+            event: self.row.into_event()?,
+            chained,
+        })
+    }
+
     /// A row as read by a store, with its chain columns.
     #[cfg(feature = "postgres")]
     pub(crate) fn new(
@@ -669,6 +688,22 @@ pub(crate) fn each_link<E: From<StoreError>>(
     Ok(handed)
 }
 
+/// At most `limit` chained events after chain number `after`, in chain order.
+pub(crate) fn recorded_after(
+    conn: &rusqlite::Connection,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<Recorded>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash
+         FROM history WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+    )?;
+    let stored = statement
+        .query_map(rusqlite::params![after, limit], stored_link_at)?
+        .collect::<Result<Vec<_>, _>>()?;
+    stored.into_iter().map(StoredLink::into_recorded).collect()
+}
+
 /// A row of the ten event columns and then `seq`, `prev`, `hash`, exactly as stored.
 fn stored_link_at(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredLink> {
     Ok(StoredLink {
@@ -728,21 +763,7 @@ pub(crate) fn each_between<E: From<StoreError>>(
     let mut handed = 0;
     while let Some(r) = rows.next().map_err(StoreError::from)? {
         let stored = stored_link_at(r).map_err(StoreError::from)?;
-        let chained = match (stored.seq, &stored.prev, &stored.hash) {
-            (Some(seq), Some(prev), Some(hash)) => Some(Chained {
-                seq: u64::try_from(seq).map_err(|_| StoreError::InvalidRow {
-                    table: TABLE,
-                    reason: format!("chain number {seq}"),
-                })?,
-                prev: chain_hash(prev, "a link")?,
-                hash: chain_hash(hash, "a hash")?,
-            }),
-            _ => None,
-        };
-        each(Recorded {
-            event: stored.row.into_event()?,
-            chained,
-        })?;
+        each(stored.into_recorded()?)?;
         handed += 1;
     }
     Ok(handed)

@@ -26,6 +26,7 @@ mod approval;
 mod connection;
 mod decision;
 mod error;
+mod export;
 mod grant;
 mod history;
 mod ledger;
@@ -49,6 +50,7 @@ pub use approval::Approval;
 pub use connection::StoreOptions;
 pub use decision::{DecisionRecord, MAX_DECISION_ROWS};
 pub use error::StoreError;
+pub use export::ExportStatus;
 pub use grant::{Grant, GrantEnd, GrantKind};
 pub use history::{Chained, Heads, HistoryFilter, MAX_STORED_CHARS, Recorded, StoredLink, capped};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
@@ -144,8 +146,11 @@ impl Store {
             let nonces = tx.execute("DELETE FROM spent_nonce WHERE expires_at_ms < ?1", [now])?;
             let approvals = tx.execute("DELETE FROM approval WHERE expires_at_ms < ?1", [now])?;
             let history = tx.execute(
+                // Never an event a telemetry sink still waits for (see export.rs).
                 "DELETE FROM history WHERE id <=
-                     (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET ?1)",
+                     (SELECT id FROM history ORDER BY id DESC LIMIT 1 OFFSET ?1)
+                   AND seq IS NOT NULL
+                   AND seq <= (SELECT coalesce(min(seq), 9223372036854775807) FROM export_cursor)",
                 [history_rows],
             )?;
             if history > 0

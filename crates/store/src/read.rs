@@ -18,7 +18,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::error::open_error;
 use crate::history::{Heads, Recorded, StoredLink};
-use crate::schema::CHAIN_VERSION;
+use crate::schema::{CHAIN_VERSION, EXPORT_VERSION};
 use crate::{APPLICATION_ID, HistoryFilter, SCHEMA_VERSION, StoreError, StoreOptions, history};
 
 /// The history of the desk's file, opened read-only.
@@ -131,6 +131,19 @@ impl HistoryReader {
         match &self.conn {
             Some(conn) => history::verify(conn, key, kept),
             None => history::verify_none(key, kept),
+        }
+    }
+
+    /// How far telemetry `sink` got and how many events wait for it (`None`: no such sink, or
+    /// a file from before sinks existed).
+    pub fn export_status(&self, sink: &str) -> Result<Option<crate::ExportStatus>, StoreError> {
+        match self
+            .conn
+            .as_ref()
+            .filter(|_| self.version >= EXPORT_VERSION)
+        {
+            Some(conn) => crate::export::status(conn, sink),
+            None => Ok(None),
         }
     }
 

@@ -21,8 +21,8 @@ use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Ledger, Nonce, PlanHash, SpendError};
 
 use crate::{
-    Accepted, Approval, DecisionRecord, Grant, GrantEnd, HistoryFilter, Member, Pruned, Roster,
-    Store, StoreError, ToolPin, WaitingCall,
+    Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter, Member,
+    Pruned, Recorded, Roster, Store, StoreError, ToolPin, WaitingCall,
 };
 
 /// Everything the engine keeps durably: the single-use nonce ledger, the arguments people
@@ -65,6 +65,39 @@ pub trait Records: Send + Sync + std::fmt::Debug {
         key: Option<[u8; 32]>,
         kept: &[SignedHead],
     ) -> Result<Result<Intact, Break>, StoreError>;
+
+    /// Takes (or keeps) the right to send history to telemetry `sink` until `now_ms +
+    /// lease_ms`, for `holder`, creating the sink's cursor at the start of history when there is
+    /// none; answers the cursor while `holder` holds the lease (see [`crate::ExportStatus`]).
+    async fn export_claim(
+        &self,
+        sink: &str,
+        holder: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// At most `limit` events after chain number `seq`, in chain order, with their places.
+    async fn recorded_after(&self, seq: u64, limit: u32) -> Result<Vec<Recorded>, StoreError>;
+
+    /// Moves `sink`'s cursor from `from` to `to` (the sink acknowledged the events between) if
+    /// `holder` holds the lease and nobody moved it meanwhile; answers whether it moved.
+    async fn export_advance(
+        &self,
+        sink: &str,
+        holder: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Notes that sending to `sink` failed at `now_ms` with `error`.
+    async fn export_failed(&self, sink: &str, now_ms: u64, error: &str) -> Result<(), StoreError>;
+
+    /// `sink`'s cursor and how many events wait for it; `None` when it has none.
+    async fn export_status(&self, sink: &str) -> Result<Option<ExportStatus>, StoreError>;
+
+    /// Forgets `sink` (no longer configured), so that its cursor holds back no prune.
+    async fn export_forget(&self, sink: &str) -> Result<(), StoreError>;
 
     /// Deletes spent nonces and approvals that expired strictly before `now_ms` (one expiring
     /// exactly at `now_ms` is kept), history beyond the newest
@@ -297,6 +330,50 @@ impl Records for Sqlite {
 
     async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError> {
         self.off(move |s| s.prune(now_ms)).await
+    }
+
+    async fn export_claim(
+        &self,
+        sink: &str,
+        holder: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let (sink, holder) = (sink.to_owned(), holder.to_owned());
+        self.off(move |s| s.export_claim(&sink, &holder, now_ms, lease_ms))
+            .await
+    }
+
+    async fn recorded_after(&self, seq: u64, limit: u32) -> Result<Vec<Recorded>, StoreError> {
+        self.off(move |s| s.recorded_after(seq, limit)).await
+    }
+
+    async fn export_advance(
+        &self,
+        sink: &str,
+        holder: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<bool, StoreError> {
+        let (sink, holder) = (sink.to_owned(), holder.to_owned());
+        self.off(move |s| s.export_advance(&sink, &holder, from, to))
+            .await
+    }
+
+    async fn export_failed(&self, sink: &str, now_ms: u64, error: &str) -> Result<(), StoreError> {
+        let (sink, error) = (sink.to_owned(), error.to_owned());
+        self.off(move |s| s.export_failed(&sink, now_ms, &error))
+            .await
+    }
+
+    async fn export_status(&self, sink: &str) -> Result<Option<ExportStatus>, StoreError> {
+        let sink = sink.to_owned();
+        self.off(move |s| s.export_status(&sink)).await
+    }
+
+    async fn export_forget(&self, sink: &str) -> Result<(), StoreError> {
+        let sink = sink.to_owned();
+        self.off(move |s| s.export_forget(&sink)).await
     }
 
     async fn pin_first_seen(&self, candidates: &[ToolPin]) -> Result<Vec<ToolPin>, StoreError> {

@@ -227,10 +227,30 @@ const STEPS: &[Step] = &[
         ) STRICT;
     ",
     },
+    Step {
+        purpose: "how far each telemetry sink has acknowledged the history",
+        sql: "
+        -- One row per sink (the OpenTelemetry collector): the newest chain number it
+        -- acknowledged, who sends to it now (one sender at a time, by a lease), and since when
+        -- it fails, so the window and `countersign history` can say how many events wait.
+        -- History is never pruned past the lowest cursor: an event waits until it is sent.
+        CREATE TABLE export_cursor (
+            sink             TEXT    NOT NULL PRIMARY KEY,
+            seq              INTEGER NOT NULL CHECK (seq >= 0),
+            holder           TEXT,
+            lease_until_ms   INTEGER,
+            failing_since_ms INTEGER,
+            last_error       TEXT
+        ) STRICT;
+    ",
+    },
 ];
 
 /// The version from which history is chained ([`crate::history`]).
 pub const CHAIN_VERSION: i64 = 9;
+
+/// The version from which telemetry sinks keep cursors ([`crate::ExportStatus`]).
+pub const EXPORT_VERSION: i64 = 10;
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = STEPS.len() as i64;

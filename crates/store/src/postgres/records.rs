@@ -20,10 +20,10 @@ use crate::error::ms_to_sql;
 use crate::grant::{self, COLUMNS, MAX_READ};
 use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
 use crate::{
-    Accepted, Approval, DecisionRecord, Grant, GrantEnd, HistoryFilter, MAX_DECISION_ROWS,
-    MAX_HISTORY_ROWS, MAX_PINS, MAX_PINS_PER_SERVER, MAX_WAITING_ROWS, Member, Pruned, Records,
-    Roster, StoreError, ToolPin, WaitingCall, accepted, approval, capped, decision, history,
-    roster, waiting,
+    Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter,
+    MAX_DECISION_ROWS, MAX_HISTORY_ROWS, MAX_PINS, MAX_PINS_PER_SERVER, MAX_WAITING_ROWS, Member,
+    Pruned, Recorded, Records, Roster, StoreError, ToolPin, WaitingCall, accepted, approval,
+    capped, decision, history, roster, waiting,
 };
 
 fn chain_range(seq: u64) -> StoreError {
@@ -406,6 +406,122 @@ impl Records for Postgres {
             .collect()
     }
 
+    async fn export_claim(
+        &self,
+        sink: &str,
+        holder: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let now = ms_to_sql(now_ms)?;
+        let until = ms_to_sql(now_ms.saturating_add(lease_ms))?;
+        let pg = StoreError::Postgres;
+        serializable!(self, |tx| async {
+            tx.execute(
+                "INSERT INTO export_cursor (sink, seq) VALUES ($1, 0) ON CONFLICT (sink) DO NOTHING",
+                &[&sink],
+            )
+            .await
+            .map_err(pg)?;
+            let claimed = tx
+                .query_opt(
+                    "UPDATE export_cursor SET holder = $2, lease_until_ms = $3
+                     WHERE sink = $1 AND (holder IS NULL OR holder = $2 OR lease_until_ms < $4)
+                     RETURNING seq",
+                    &[&sink, &holder, &until, &now],
+                )
+                .await
+                .map_err(pg)?;
+            claimed
+                .map(|r| {
+                    r.try_get::<_, i64>(0)
+                        .map(|seq| u64::try_from(seq).unwrap_or_default())
+                })
+                .transpose()
+                .map_err(pg)
+        })
+    }
+
+    async fn recorded_after(&self, seq: u64, limit: u32) -> Result<Vec<Recorded>, StoreError> {
+        let after = i64::try_from(seq).map_err(|_| chain_range(seq))?;
+        let limit = i64::from(limit);
+        let rows = on_connection!(self, |conn| conn.query(
+            "SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note,
+                    seq, prev, hash
+             FROM history WHERE seq > $1 ORDER BY seq LIMIT $2",
+            &[&after, &limit],
+        ))?;
+        let pg = StoreError::Postgres;
+        rows.iter()
+            .map(|r| {
+                history::StoredLink::new(
+                    history_row(r, 0).map_err(pg)?,
+                    r.try_get(10).map_err(pg)?,
+                    r.try_get(11).map_err(pg)?,
+                    r.try_get(12).map_err(pg)?,
+                )
+                .into_recorded()
+            })
+            .collect()
+    }
+
+    async fn export_advance(
+        &self,
+        sink: &str,
+        holder: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<bool, StoreError> {
+        let from = i64::try_from(from).map_err(|_| chain_range(from))?;
+        let to = i64::try_from(to).map_err(|_| chain_range(to))?;
+        let moved = on_connection!(self, |conn| conn.execute(
+            "UPDATE export_cursor SET seq = $4, failing_since_ms = NULL, last_error = NULL
+             WHERE sink = $1 AND holder = $2 AND seq = $3",
+            &[&sink, &holder, &from, &to],
+        ))?;
+        Ok(moved == 1)
+    }
+
+    async fn export_failed(&self, sink: &str, now_ms: u64, error: &str) -> Result<(), StoreError> {
+        let now = ms_to_sql(now_ms)?;
+        let error = text(&crate::export::capped_error(error)).into_owned();
+        on_connection!(self, |conn| conn.execute(
+            "UPDATE export_cursor
+             SET failing_since_ms = coalesce(failing_since_ms, $2), last_error = $3
+             WHERE sink = $1",
+            &[&sink, &now, &error],
+        ))?;
+        Ok(())
+    }
+
+    async fn export_status(&self, sink: &str) -> Result<Option<ExportStatus>, StoreError> {
+        let row = on_connection!(self, |conn| conn.query_opt(
+            "SELECT c.seq, c.failing_since_ms, c.last_error,
+                    (SELECT count(*) FROM history h WHERE h.seq IS NULL OR h.seq > c.seq)
+             FROM export_cursor c WHERE c.sink = $1",
+            &[&sink],
+        ))?;
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        let pg = StoreError::Postgres;
+        let cursor: i64 = r.try_get(0).map_err(pg)?;
+        let failing: Option<i64> = r.try_get(1).map_err(pg)?;
+        let waiting: i64 = r.try_get(3).map_err(pg)?;
+        Ok(Some(ExportStatus {
+            cursor: u64::try_from(cursor).unwrap_or_default(),
+            waiting: u64::try_from(waiting).unwrap_or_default(),
+            failing_since_ms: failing.map(|ms| u64::try_from(ms).unwrap_or_default()),
+            last_error: r.try_get(2).map_err(pg)?,
+        }))
+    }
+
+    async fn export_forget(&self, sink: &str) -> Result<(), StoreError> {
+        on_connection!(self, |conn| conn
+            .execute("DELETE FROM export_cursor WHERE sink = $1", &[&sink]))?;
+        Ok(())
+    }
+
     async fn verify_history(
         &self,
         key: Option<[u8; 32]>,
@@ -528,7 +644,9 @@ impl Records for Postgres {
             let history = tx
                 .execute(
                     "DELETE FROM history WHERE seq <=
-                             (SELECT seq FROM history ORDER BY seq DESC LIMIT 1 OFFSET $1)",
+                             (SELECT seq FROM history ORDER BY seq DESC LIMIT 1 OFFSET $1)
+                       AND seq <= (SELECT coalesce(min(seq), 9223372036854775807)
+                                   FROM export_cursor)",
                     &[&MAX_HISTORY_ROWS],
                 )
                 .await

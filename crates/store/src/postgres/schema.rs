@@ -205,6 +205,21 @@ const STEPS: &[Step] = &[
     );
     ",
     },
+    Step {
+        purpose: "how far each telemetry sink has acknowledged the history",
+        sql: "
+    -- One row per sink: the newest chain number it acknowledged, which replica sends to it now
+    -- (a lease), and since when it fails. History is never pruned past the lowest cursor.
+    CREATE TABLE IF NOT EXISTS export_cursor (
+        sink             TEXT    NOT NULL PRIMARY KEY,
+        seq              BIGINT  NOT NULL CHECK (seq >= 0),
+        holder           TEXT,
+        lease_until_ms   BIGINT,
+        failing_since_ms BIGINT,
+        last_error       TEXT
+    );
+    ",
+    },
 ];
 
 /// The PostgreSQL schema version this build writes and understands.
