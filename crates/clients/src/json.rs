@@ -157,6 +157,22 @@ fn pairs(value: Option<&Value>) -> Option<Vec<(String, String)>> {
     }
 }
 
+/// The environment of an entry: as [`pairs`], but where `client` reads `null` as "the variable
+/// of the same name" (MCPHub), `null` is read as the empty value it means there, which
+/// [`server_of`] leaves to the person.
+fn env_pairs(client: Client, value: Option<&Value>) -> Option<Vec<(String, String)>> {
+    match value {
+        Some(Value::Object(map)) if client.spec().expansion.empty => map
+            .iter()
+            .map(|(k, v)| match v {
+                Value::Null => Some((k.clone(), String::new())),
+                v => Some((k.clone(), text_of(v)?)),
+            })
+            .collect(),
+        _ => pairs(value),
+    }
+}
+
 fn read_entry(client: Client, entry: &Map<String, Value>) -> Found {
     let shape = client.spec().shape;
     let str_of = |key: &str| entry.get(key).and_then(Value::as_str);
@@ -175,12 +191,18 @@ fn read_entry(client: Client, entry: &Map<String, Value>) -> Found {
     };
     if let Some(program) = program {
         let (args, env) = match (nested, argv) {
-            (Some(command), _) => (strings(command.get("args")), pairs(command.get("env"))),
+            (Some(command), _) => (
+                strings(command.get("args")),
+                env_pairs(client, command.get("env")),
+            ),
             (None, Some(argv)) => (
                 argv[1..].iter().map(text_of).collect(),
-                pairs(entry.get(shape.env)),
+                env_pairs(client, entry.get(shape.env)),
             ),
-            (None, None) => (strings(entry.get("args")), pairs(entry.get(shape.env))),
+            (None, None) => (
+                strings(entry.get("args")),
+                env_pairs(client, entry.get(shape.env)),
+            ),
         };
         let (Some(args), Some(env)) = (args, env) else {
             return Found::Left(Leave::then(
@@ -405,5 +427,80 @@ mod tests {
             .to_serde_value()
             .unwrap();
         assert_eq!(value["servers"]["a"]["type"], "stdio");
+    }
+
+    #[test]
+    fn opencode_jsonc_keeps_comments_and_trailing_commas_around_the_entry() {
+        let text = "{\n  // mine\n  \"$schema\": \"https://opencode.ai/config.json\",\n  \"mcp\": {\n    /* block */\n    \"github\": {\n      \"type\": \"local\",\n      \"command\": [\"npx\", \"-y\", \"x\"], // argv\n      \"environment\": {\"T\": \"sk_jsonc1\",},\n    },\n    \"other\": {\"type\": \"remote\", \"url\": \"https://e.com/mcp\",},\n  },\n}\n";
+        // The first version of OpenCode's config: entries straight under `mcp`.
+        let at = EntryAt {
+            parents: vec!["mcp".into()],
+            key: "github".into(),
+        };
+        let out = rewrite(
+            Client::Opencode,
+            text,
+            &[(at, "github".into())],
+            "countersign",
+        )
+        .unwrap();
+        assert!(out.starts_with("{\n  // mine\n"), "{out}");
+        assert!(out.contains("/* block */"), "{out}");
+        assert!(
+            out.contains(
+                "\"other\": {\"type\": \"remote\", \"url\": \"https://e.com/mcp\",},\n  },\n}\n"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("sk_jsonc1"), "{out}");
+        let value = parse(&out)
+            .unwrap()
+            .value()
+            .unwrap()
+            .to_serde_value()
+            .unwrap();
+        assert_eq!(
+            value["mcp"]["github"]["command"],
+            serde_json::json!(["countersign", "mcp", "--server", "github"])
+        );
+    }
+
+    #[test]
+    fn amp_jsonc_with_a_dotted_key_keeps_its_comments() {
+        let text = "{\n  \"amp.showCosts\": false, // hush\n  \"amp.mcpServers\": {\n    // mine\n    \"linear\": {\"command\": \"npx\", \"env\": {\"T\": \"sk_jsonc2\"},},\n  },\n}\n";
+        let out = wrap(Client::Amp, text, "linear");
+        assert!(
+            out.starts_with("{\n  \"amp.showCosts\": false, // hush\n"),
+            "{out}"
+        );
+        assert!(out.contains("    // mine\n"), "{out}");
+        assert!(out.ends_with("  },\n}\n"), "{out}");
+        assert!(!out.contains("sk_jsonc2"), "{out}");
+        let value = parse(&out)
+            .unwrap()
+            .value()
+            .unwrap()
+            .to_serde_value()
+            .unwrap();
+        assert_eq!(value["amp.mcpServers"]["linear"]["command"], "countersign");
+    }
+
+    #[test]
+    fn a_variable_mcphub_fills_in_itself_is_left() {
+        for env in [
+            "{\"T\": \"\"}",
+            "{\"T\": \"$: cmd:op read op://v/t\"}",
+            "{\"T\": \"${T}\"}",
+            "{\"T\": null}",
+        ] {
+            let text =
+                format!("{{\"mcpServers\": {{\"a\": {{\"command\": \"x\", \"env\": {env}}}}}}}");
+            let found = entries(Client::Mcphub, &text).unwrap();
+            assert!(matches!(found[0].1, Found::Left(_)), "{env} was taken over");
+        }
+        // The same empty value elsewhere is a value.
+        let text = "{\"mcpServers\": {\"a\": {\"command\": \"x\", \"env\": {\"T\": \"\"}}}}";
+        let found = entries(Client::Cursor, text).unwrap();
+        assert!(matches!(found[0].1, Found::Server(_)));
     }
 }

@@ -364,6 +364,18 @@ pub(crate) fn server_of(client: Client, reach: Reach) -> Found {
             (t, "its URL or headers refer")
         }
     };
+    let inherited = client.spec().expansion.empty
+        && matches!(&reach, Reach::Command { env, .. } if env.iter().any(|(_, v)| v.is_empty()));
+    if inherited {
+        return Found::Left(
+            format!(
+                "its environment leaves a value empty (or `null`) for {} to take from its own \
+                 environment; register it with `countersign server add` and the value instead",
+                client.title()
+            )
+            .into(),
+        );
+    }
     if texts.iter().any(|t| expands(client, t)) {
         // Never say which value: it may be a secret one.
         return Found::Left(

@@ -61,6 +61,9 @@ pub(crate) struct Expansion {
     pub(crate) dollar: bool,
     /// Text that starts a substitution (`${`, `{env:`, `$(`).
     pub(crate) markers: &'static [&'static str],
+    /// An empty environment value means "the variable of the same name from the client's own
+    /// environment" (MCPHub), so the desk would start the server with nothing there.
+    pub(crate) empty: bool,
 }
 
 impl Expansion {
@@ -68,16 +71,19 @@ impl Expansion {
     pub(crate) const NONE: Expansion = Expansion {
         dollar: false,
         markers: &[],
+        empty: false,
     };
     /// `${VAR}`, `${env:VAR}`, `${workspaceFolder}`, `${{ secrets.X }}` and the like.
     pub(crate) const BRACES: Expansion = Expansion {
         dollar: false,
         markers: &["${"],
+        empty: false,
     };
     /// `$VAR` and `${VAR}`.
     pub(crate) const DOLLAR: Expansion = Expansion {
         dollar: true,
         markers: &[],
+        empty: false,
     };
 }
 
@@ -116,6 +122,44 @@ const CLAUDE: Shape = Shape {
     without_command: "it has no `command` or URL",
 };
 
+/// How much of a row was read in the client's own documentation or source, and not only in
+/// third-party write-ups or installers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// The path, the format and the key are all in `source`.
+    Own,
+    /// All in the client's own documentation or source: `source`, and what this says besides.
+    OwnAnd(&'static str),
+    /// Only part is; this says which part, and where the rest is from.
+    Partly(&'static str),
+    /// None of it could be read in the client's own documentation or source; this says where it
+    /// is from.
+    Not(&'static str),
+}
+
+impl Checked {
+    /// How the README's table says it.
+    pub fn cell(self) -> &'static str {
+        match self {
+            Checked::Own | Checked::OwnAnd(_) => "yes",
+            Checked::Partly(_) => "partly (below)",
+            Checked::Not(_) => "**no** (below)",
+        }
+    }
+
+    /// The sentence beneath the table, if the row needs one.
+    pub fn sentence(self) -> Option<String> {
+        match self {
+            Checked::Own => None,
+            Checked::OwnAnd(what) => Some(format!("confirmed from its own docs and {what}")),
+            Checked::Partly(what) => Some(format!("partly confirmed: {what}")),
+            Checked::Not(what) => {
+                Some(format!("not confirmed from its own docs or source: {what}"))
+            }
+        }
+    }
+}
+
 /// One client.
 #[derive(Debug)]
 pub struct Spec {
@@ -127,8 +171,10 @@ pub struct Spec {
     pub title: &'static str,
     /// Where the path and the shape were read: the client's documentation or source.
     pub source: &'static str,
-    /// What could not be confirmed there, if anything.
-    pub unconfirmed: Option<&'static str>,
+    /// How much of this row `source` (the client's own documentation or source) confirms.
+    pub checked: Checked,
+    /// What else a person should know about the file (another file the client also reads).
+    pub note: Option<&'static str>,
     /// The user's configuration file on Linux and macOS.
     pub(crate) file: (Base, &'static str),
     /// The same file on Windows (for the README; Countersign does not run there).
@@ -204,7 +250,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "claude-desktop",
         title: "Claude Desktop",
         source: "https://modelcontextprotocol.io/quickstart/user",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::AppConfig, "Claude/claude_desktop_config.json"),
         windows: r"%APPDATA%\Claude\claude_desktop_config.json",
         project: None,
@@ -219,7 +266,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "claude-code",
         title: "Claude Code",
         source: "https://docs.anthropic.com/en/docs/claude-code/mcp",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".claude.json"),
         windows: r"%USERPROFILE%\.claude.json",
         project: Some(".mcp.json"),
@@ -236,7 +284,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "cursor",
         title: "Cursor",
         source: "https://docs.cursor.com/context/model-context-protocol",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".cursor/mcp.json"),
         windows: r"%USERPROFILE%\.cursor\mcp.json",
         project: Some(".cursor/mcp.json"),
@@ -251,7 +300,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "vscode",
         title: "VS Code",
         source: "https://code.visualstudio.com/docs/copilot/customization/mcp-servers",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::AppConfig, "Code/User/mcp.json"),
         windows: r"%APPDATA%\Code\User\mcp.json",
         project: Some(".vscode/mcp.json"),
@@ -269,7 +319,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "windsurf",
         title: "Windsurf",
         source: "https://docs.windsurf.com/windsurf/cascade/mcp",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".codeium/windsurf/mcp_config.json"),
         windows: r"%USERPROFILE%\.codeium\windsurf\mcp_config.json",
         project: None,
@@ -284,7 +335,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "codex",
         title: "Codex",
         source: "https://github.com/openai/codex/blob/main/docs/config.md",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::CodexHome, "config.toml"),
         windows: r"%USERPROFILE%\.codex\config.toml",
         project: Some(".codex/config.toml"),
@@ -299,7 +351,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "zed",
         title: "Zed",
         source: "https://zed.dev/docs/ai/mcp",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         // Zed keeps `~/.config/zed` on macOS too.
         file: (Base::ConfigHome, "zed/settings.json"),
         windows: r"%APPDATA%\Zed\settings.json",
@@ -318,7 +371,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "gemini",
         title: "Gemini CLI",
         source: "https://github.com/google-gemini/gemini-cli/blob/main/docs/tools/mcp-server.md",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".gemini/settings.json"),
         windows: r"%USERPROFILE%\.gemini\settings.json",
         project: Some(".gemini/settings.json"),
@@ -336,7 +390,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "cline",
         title: "Cline",
         source: "https://docs.cline.bot/mcp/configuring-mcp-servers",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (
             Base::AppConfig,
             vscode_storage!("saoudrizwan.claude-dev", "cline_mcp_settings.json"),
@@ -354,9 +409,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "opencode",
         title: "OpenCode",
         source: "https://opencode.ai/docs/mcp-servers/",
-        unconfirmed: Some(
-            "OpenCode also reads `opencode.jsonc` beside it; use `--config` for that file",
-        ),
+        checked: Checked::Own,
+        note: Some("OpenCode also reads `opencode.jsonc` beside it; use `--config` for that file"),
         file: (Base::ConfigHome, "opencode/opencode.json"),
         windows: r"%USERPROFILE%\.config\opencode\opencode.json",
         project: Some("opencode.json"),
@@ -376,6 +430,7 @@ pub(crate) static TABLE: [Spec; 31] = [
         expansion: Expansion {
             dollar: false,
             markers: &["{env:", "{file:"],
+            empty: false,
         },
     },
     Spec {
@@ -383,7 +438,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "crush",
         title: "Crush",
         source: "https://github.com/charmbracelet/crush#mcps",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::ConfigHome, "crush/crush.json"),
         windows: r"%LOCALAPPDATA%\crush\crush.json",
         project: Some(".crush.json"),
@@ -398,6 +454,7 @@ pub(crate) static TABLE: [Spec; 31] = [
         expansion: Expansion {
             dollar: true,
             markers: &["$("],
+            empty: false,
         },
     },
     Spec {
@@ -405,7 +462,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "goose",
         title: "Goose",
         source: "https://block.github.io/goose/docs/guides/config-files",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::ConfigHome, "goose/config.yaml"),
         windows: r"%APPDATA%\Block\goose\config\config.yaml",
         project: None,
@@ -427,7 +485,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "continue",
         title: "Continue",
         source: "https://docs.continue.dev/reference#mcpservers",
-        unconfirmed: Some(
+        checked: Checked::Own,
+        note: Some(
             "Continue also reads one file per server from `~/.continue/mcpServers/`; those are \
              not rewritten",
         ),
@@ -449,7 +508,12 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "roo-code",
         title: "Roo Code",
         source: "https://docs.roocode.com/features/mcp/using-mcp-in-roo",
-        unconfirmed: None,
+        checked: Checked::OwnAnd(
+            "its source: the extension id `RooVeterinaryInc.roo-cline` in `src/package.json` of \
+             RooCodeInc/Roo-Code (VS Code names the storage folder by the id in lower case), and \
+             `mcp_settings.json` in the `settings` folder of that storage",
+        ),
+        note: None,
         file: (
             Base::AppConfig,
             vscode_storage!("rooveterinaryinc.roo-cline", "mcp_settings.json"),
@@ -467,7 +531,11 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "kilo-code",
         title: "Kilo Code",
         source: "https://kilo.ai/docs/features/mcp/using-mcp-in-kilo-code",
-        unconfirmed: None,
+        checked: Checked::OwnAnd(
+            "its source: the extension id `kilocode.kilo-code` (publisher and name in \
+             `src/package.json` of Kilo-Org/kilocode)",
+        ),
+        note: None,
         file: (
             Base::AppConfig,
             vscode_storage!("kilocode.kilo-code", "mcp_settings.json"),
@@ -485,7 +553,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "kilo-code-cli",
         title: "Kilo Code CLI",
         source: "https://kilo.ai/docs/features/mcp/using-mcp-in-cli",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (
             Base::Home,
             ".kilocode/cli/global/settings/mcp_settings.json",
@@ -503,7 +572,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "qwen-code",
         title: "Qwen Code",
         source: "https://github.com/QwenLM/qwen-code/blob/main/docs/users/features/mcp.md",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".qwen/settings.json"),
         windows: r"%USERPROFILE%\.qwen\settings.json",
         project: Some(".qwen/settings.json"),
@@ -521,7 +591,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "amazon-q",
         title: "Amazon Q Developer CLI",
         source: "https://docs.aws.amazon.com/amazonq/latest/qdeveloper-ug/command-line-mcp-configuration.html",
-        unconfirmed: Some(
+        checked: Checked::Own,
+        note: Some(
             "newer versions read servers from agent files (`~/.aws/amazonq/cli-agents/`) and \
              this file only when an agent sets `useLegacyMcpJson`",
         ),
@@ -539,7 +610,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "kiro",
         title: "Kiro",
         source: "https://kiro.dev/docs/mcp/configuration",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".kiro/settings/mcp.json"),
         windows: r"%USERPROFILE%\.kiro\settings\mcp.json",
         project: Some(".kiro/settings/mcp.json"),
@@ -554,7 +626,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "lm-studio",
         title: "LM Studio",
         source: "https://lmstudio.ai/docs/app/mcp",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".lmstudio/mcp.json"),
         windows: r"%USERPROFILE%\.lmstudio\mcp.json",
         project: None,
@@ -569,7 +642,11 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "factory-droid",
         title: "Factory Droid",
         source: "https://docs.factory.ai/cli/configuration/mcp",
-        unconfirmed: None,
+        checked: Checked::Partly(
+            "Factory's MCP page documents `droid mcp add` and `mcpServers` entries; the pages \
+             we could read do not print the file's path, which is from third-party write-ups",
+        ),
+        note: None,
         file: (Base::Home, ".factory/mcp.json"),
         windows: r"%USERPROFILE%\.factory\mcp.json",
         project: Some(".factory/mcp.json"),
@@ -584,7 +661,8 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "copilot-cli",
         title: "GitHub Copilot CLI",
         source: "https://docs.github.com/en/copilot/how-tos/copilot-cli/customize-copilot/add-mcp-servers",
-        unconfirmed: None,
+        checked: Checked::Own,
+        note: None,
         file: (Base::Home, ".copilot/mcp-config.json"),
         windows: r"%USERPROFILE%\.copilot\mcp-config.json",
         project: None,
@@ -603,10 +681,12 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "antigravity",
         title: "Antigravity",
         source: "https://antigravity.google/docs/mcp",
-        unconfirmed: Some(
-            "the path is the one Antigravity's MCP page opens (View raw config); Google's docs \
+        checked: Checked::Not(
+            "the path is from third-party tools and write-ups (one reports \
+             `~/.gemini/config/mcp_config.json` for the newer `agy` command line); Google's docs \
              we could read do not print it",
         ),
+        note: None,
         file: (Base::Home, ".gemini/antigravity/mcp_config.json"),
         windows: r"%USERPROFILE%\.gemini\antigravity\mcp_config.json",
         project: None,
@@ -621,7 +701,12 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "junie",
         title: "JetBrains Junie",
         source: "https://junie.jetbrains.com/docs/junie-cli-mcp-configuration.html",
-        unconfirmed: None,
+        checked: Checked::Partly(
+            "JetBrains' Junie page confirms stdio servers given as JSON by command and arguments; \
+             the path and the `mcpServers` key are from third-party tools that write Junie's \
+             file",
+        ),
+        note: None,
         file: (Base::Home, ".junie/mcp/mcp.json"),
         windows: r"%USERPROFILE%\.junie\mcp\mcp.json",
         project: Some(".junie/mcp/mcp.json"),
@@ -636,7 +721,11 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "amp",
         title: "Amp",
         source: "https://ampcode.com/manual",
-        unconfirmed: None,
+        checked: Checked::Partly(
+            "the path and the `amp.mcpServers` key are from summaries of Amp's manual and \
+             tools that write Amp's settings; we could not read the manual itself",
+        ),
+        note: Some("Amp also reads `settings.jsonc` beside it; use `--config` for that file"),
         file: (Base::ConfigHome, "amp/settings.json"),
         windows: r"%USERPROFILE%\.config\amp\settings.json",
         project: Some(".amp/settings.json"),
@@ -652,7 +741,12 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "trae",
         title: "Trae",
         source: "https://docs.trae.ai/ide/model-context-protocol",
-        unconfirmed: None,
+        checked: Checked::Partly(
+            "Trae's docs confirm `mcpServers` JSON, a user `mcp.json` opened from Settings → \
+             MCP, and `.trae/mcp.json` in a project; the user file's path is from a third-party \
+             report (macOS), and Linux and Windows are assumed to follow VS Code's layout",
+        ),
+        note: None,
         file: (Base::AppConfig, "Trae/User/mcp.json"),
         windows: r"%APPDATA%\Trae\User\mcp.json",
         project: Some(".trae/mcp.json"),
@@ -667,7 +761,11 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "vscode-insiders",
         title: "VS Code Insiders",
         source: "https://code.visualstudio.com/docs/copilot/customization/mcp-servers",
-        unconfirmed: None,
+        checked: Checked::Partly(
+            "VS Code's page names the user profile's `mcp.json` and `servers`; `Code - \
+             Insiders` as the Insiders profile's folder is VS Code's naming, not printed there",
+        ),
+        note: None,
         file: (Base::AppConfig, "Code - Insiders/User/mcp.json"),
         windows: r"%APPDATA%\Code - Insiders\User\mcp.json",
         // The same `.vscode/mcp.json` as VS Code: `--client vscode --project`.
@@ -686,7 +784,11 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "boltai",
         title: "BoltAI",
         source: "https://docs.boltai.com/docs/plugins/mcp-servers",
-        unconfirmed: None,
+        checked: Checked::Not(
+            "the path is from third-party lists of clients; BoltAI's docs we could read do not \
+             print it",
+        ),
+        note: None,
         file: (Base::Home, ".boltai/mcp.json"),
         windows: "(macOS only)",
         project: None,
@@ -701,7 +803,12 @@ pub(crate) static TABLE: [Spec; 31] = [
         id: "anythingllm",
         title: "AnythingLLM",
         source: "https://docs.anythingllm.com/mcp-compatibility/desktop",
-        unconfirmed: None,
+        checked: Checked::Partly(
+            "AnythingLLM's docs confirm `anythingllm_mcp_servers.json` with `mcpServers` in \
+             the `plugins` folder of its storage; where the desktop app keeps that storage \
+             (`anythingllm-desktop/storage`) is from third-party write-ups",
+        ),
+        note: None,
         file: (
             Base::AppConfig,
             "anythingllm-desktop/storage/plugins/anythingllm_mcp_servers.json",
@@ -718,8 +825,9 @@ pub(crate) static TABLE: [Spec; 31] = [
         client: Client::Mcphub,
         id: "mcphub",
         title: "MCPHub (Neovim)",
-        source: "https://github.com/ravitemer/mcphub.nvim#configuration",
-        unconfirmed: None,
+        source: "https://github.com/ravitemer/mcphub.nvim/blob/main/doc/mcp/servers_json.md",
+        checked: Checked::Own,
+        note: None,
         file: (Base::ConfigHome, "mcphub/servers.json"),
         windows: r"%USERPROFILE%\.config\mcphub\servers.json",
         project: Some(".mcphub/servers.json"),
@@ -727,18 +835,24 @@ pub(crate) static TABLE: [Spec; 31] = [
         servers_at: &[&["mcpServers"]],
         layout: Layout::ByName,
         shape: CLAUDE,
-        // `${VAR}` and `${cmd: ...}`.
-        expansion: Expansion::BRACES,
+        // `${VAR}` and `${cmd: ...}` anywhere; in `env`, a value starting `$: ` is a shell
+        // command's output, and an empty value (or `null`) is the variable of the same name.
+        expansion: Expansion {
+            dollar: false,
+            markers: &["${", "$: "],
+            empty: true,
+        },
     },
     Spec {
         client: Client::Augment,
         id: "augment",
         title: "Augment (Auggie CLI)",
         source: "https://docs.augmentcode.com/cli/integrations",
-        unconfirmed: Some(
+        checked: Checked::Not(
             "the path and the `mcpServers` key are from Auggie's settings as installers write \
              them; Augment's docs we could read show only `auggie mcp add`",
         ),
+        note: None,
         file: (Base::Home, ".augment/settings.json"),
         windows: r"%USERPROFILE%\.augment\settings.json",
         project: None,
@@ -754,28 +868,30 @@ pub(crate) static TABLE: [Spec; 31] = [
 /// to it), and beneath it what could not be confirmed in each client's own documentation.
 pub fn readme_table() -> String {
     let mut out = String::from(
-        "| Client | `--client` | Linux | macOS | Windows | Format | Servers at | Source |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| Client | `--client` | Linux | macOS | Windows | Format | Servers at | Source | Confirmed there |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for spec in &TABLE {
         let (linux, mac) = spec.unix_paths();
         out.push_str(&format!(
-            "| {} | `{}` | `{linux}` | `{mac}` | `{}` | {} | `{}` | [docs]({}) |\n",
+            "| {} | `{}` | `{linux}` | `{mac}` | `{}` | {} | `{}` | [docs]({}) | {} |\n",
             spec.title,
             spec.id,
             spec.windows,
             spec.format.name(),
             spec.servers_key(),
-            spec.source
+            spec.source,
+            spec.checked.cell()
         ));
     }
     out.push('\n');
-    for spec in TABLE.iter().filter(|s| s.unconfirmed.is_some()) {
-        out.push_str(&format!(
-            "- {}: {}.\n",
-            spec.title,
-            spec.unconfirmed.unwrap_or_default()
-        ));
+    for spec in &TABLE {
+        for line in [spec.checked.sentence(), spec.note.map(str::to_owned)]
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(&format!("- {}: {line}.\n", spec.title));
+        }
     }
     out
 }

@@ -61,6 +61,20 @@ impl Plain {
         }
     }
 
+    /// A key that one mapping of the value holds twice, at any depth.
+    fn twice(&self) -> Option<&str> {
+        match self {
+            Plain::Map(pairs) => pairs
+                .iter()
+                .enumerate()
+                .find(|(i, (k, _))| pairs[..*i].iter().any(|(seen, _)| seen == k))
+                .map(|(_, (k, _))| k.as_str())
+                .or_else(|| pairs.iter().find_map(|(_, v)| v.twice())),
+            Plain::List(items) => items.iter().find_map(Plain::twice),
+            _ => None,
+        }
+    }
+
     fn is_plain(&self) -> bool {
         match self {
             Plain::Opaque => false,
@@ -91,7 +105,27 @@ fn plain(node: &YamlNode) -> Plain {
     }
 }
 
+/// Larger than any client's configuration; the tree of a larger file takes seconds to build,
+/// once for every entry rewritten.
+const MAX_BYTES: usize = 1 << 20;
+
 fn parse(text: &str) -> Result<YamlFile, String> {
+    if text.len() > MAX_BYTES {
+        return Err(format!(
+            "it is larger than {} KiB, more than any client's configuration, so it is not edited",
+            MAX_BYTES >> 10
+        ));
+    }
+    // YAML forbids tabs in indentation; the tree reads such a file anyway, and an entry
+    // rewritten beside tab-indented lines would be indented differently from its neighbours.
+    if let Some(line) = text.lines().position(|l| {
+        l.starts_with([' ', '\t']) && l[..l.len() - l.trim_start().len()].contains('\t')
+    }) {
+        return Err(format!(
+            "line {} is indented with a tab, which YAML does not allow, so it is not edited",
+            line + 1
+        ));
+    }
     let parsed = YamlFile::parse(text);
     if let Some(e) = parsed.positioned_errors().first() {
         // The line only: the parser's message may quote the text, which may be a secret.
@@ -121,14 +155,26 @@ fn parse(text: &str) -> Result<YamlFile, String> {
     }
 }
 
-/// The node holding the entries (`extensions:` or `mcpServers:`), if the file has one.
-fn container(client: Client, file: &YamlFile) -> Option<YamlNode> {
+/// The node holding the entries (`extensions:` or `mcpServers:`), if the file has one, and
+/// where the text before it starts (its key, where an anchor on it would stand).
+fn container(client: Client, file: &YamlFile) -> Option<(YamlNode, usize)> {
     let doc = file.documents().next()?;
     let mut node = YamlNode::Mapping(doc.as_mapping()?);
+    let mut before = 0;
     for key in client.spec().servers_at[0] {
-        node = node.as_mapping()?.get(*key)?;
+        let (k, v) = node
+            .as_mapping()?
+            .iter()
+            .find(|(k, _)| k.as_scalar().is_some_and(|s| s.as_string() == *key))?;
+        before = k.byte_range().start as usize;
+        node = v;
     }
-    Some(node)
+    Some((node, before))
+}
+
+/// Whether the entries' mapping carries an anchor: an alias elsewhere would repeat every entry.
+fn container_anchored(client: Client, text: &str, file: &YamlFile) -> bool {
+    container(client, file).is_some_and(|(node, before)| anchored(text, before, &node))
 }
 
 /// Every entry: where it is, its value, and where the text before its value starts (its key,
@@ -140,7 +186,7 @@ fn each_entry(client: Client, file: &YamlFile) -> Vec<(EntryAt, YamlNode, usize)
         parents: parents.clone(),
         key,
     };
-    let Some(node) = container(client, file) else {
+    let Some((node, _)) = container(client, file) else {
         return Vec::new();
     };
     match spec.layout {
@@ -189,12 +235,19 @@ fn anchored(text: &str, before: usize, value: &YamlNode) -> bool {
 /// Every entry of the file and what it is.
 pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
     let file = parse(text)?;
+    let shared = container_anchored(client, text, &file);
     let mut seen = BTreeMap::new();
     let mut out = Vec::new();
     for (at, node, before) in each_entry(client, &file) {
         let count = seen.entry(at.key.clone()).or_insert(0);
         *count += 1;
-        let found = if *count > 1 {
+        let found = if shared {
+            Found::Left(Leave::then(
+                "the mapping of all the entries carries a YAML anchor (`&`), so other places may \
+                 repeat them through an alias",
+                "write the entries out without the anchor, then run install again",
+            ))
+        } else if *count > 1 {
             Found::Left(Leave::then(
                 "another entry has the same name, so which one is meant is not clear",
                 "give each entry its own name, then run install again",
@@ -205,13 +258,26 @@ pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)
                 "write the entry out in full without the anchor, then run install again",
             ))
         } else {
-            match plain(&node) {
-                Plain::Map(_) if !plain(&node).is_plain() => Found::Left(Leave::then(
+            let not_plain = || {
+                Found::Left(Leave::then(
                     "it uses YAML aliases, merge keys (`<<`) or tags; Countersign reads plain \
                      values only",
                     "write its values out in the entry, then run install again",
-                )),
-                entry @ Plain::Map(_) => read_entry(client, &entry),
+                ))
+            };
+            match plain(&node) {
+                Plain::Opaque => not_plain(),
+                entry @ Plain::Map(_) if !entry.is_plain() => not_plain(),
+                entry @ Plain::Map(_) => match entry.twice() {
+                    Some(key) => Found::Left(Leave::then(
+                        format!(
+                            "it holds the key `{key}` twice, so which one {} reads is not clear",
+                            client.title()
+                        ),
+                        "keep one of the two, then run install again",
+                    )),
+                    None => read_entry(client, &entry),
+                },
                 _ => Found::Left(Leave::then("it is not a mapping", FIX_BY_HAND)),
             }
         };
@@ -488,5 +554,157 @@ other: *shared
             panic!("two documents were read")
         };
         assert!(err.contains("2 YAML documents"), "{err}");
+    }
+
+    /// What install makes of each entry of `text` (Goose): `server`, `wrapped`, or why it is
+    /// left.
+    fn outcomes(text: &str) -> Vec<(String, String)> {
+        entries(Client::Goose, text)
+            .unwrap()
+            .into_iter()
+            .map(|(at, found)| {
+                let what = match found {
+                    Found::Server(_) => "server".to_owned(),
+                    Found::Wrapped => "wrapped".to_owned(),
+                    Found::Left(left) => left.why,
+                };
+                (at.key, what)
+            })
+            .collect()
+    }
+
+    /// Rewrites `key` and checks that the bytes before and after its value are the input's.
+    fn rewritten(text: &str, key: &str, value_start: &str, value_end: &str) -> String {
+        let out = rewrite(Client::Goose, text, &names(key, key), "countersign").unwrap();
+        let (head, rest) = text.split_once(value_start).unwrap();
+        let tail = &rest[rest.find(value_end).unwrap() + value_end.len()..];
+        assert!(out.starts_with(head), "{out:?}");
+        assert!(out.ends_with(tail), "{out:?}");
+        assert!(!out.contains("sk_hostile"), "{out:?}");
+        out
+    }
+
+    const ENTRY: &str = "extensions:\n  github:\n    cmd: npx   # from npm\n    args: [-y, x]\n    envs:\n      T: sk_hostile1\n    type: stdio\n# after\n";
+
+    #[test]
+    fn crlf_line_ends_are_kept_and_the_rewritten_lines_use_them_too() {
+        let text = ENTRY.replace('\n', "\r\n");
+        let out = rewritten(&text, "github", "  github:\r\n", "type: stdio\r\n");
+        assert!(!out.replace("\r\n", "").contains('\n'), "{out:?}");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_kept() {
+        let text = format!("\u{feff}{ENTRY}");
+        let out = rewritten(&text, "github", "  github:\n", "type: stdio\n");
+        assert!(out.starts_with('\u{feff}'));
+    }
+
+    #[test]
+    fn a_file_indented_with_tabs_is_refused() {
+        let Err(err) = entries(Client::Goose, "extensions:\n\tgithub:\n\t\tcmd: npx\n") else {
+            panic!("a tab-indented file was read")
+        };
+        assert!(err.contains("line 2") && err.contains("tab"), "{err}");
+        // A tab after a key is not indentation.
+        let out = rewritten(
+            "extensions:\n  github:\n    cmd:\tnpx\n    envs:\n      T: sk_hostile2\n",
+            "github",
+            "  github:\n",
+            "sk_hostile2\n",
+        );
+        assert!(out.contains("cmd:\tcountersign"), "{out:?}");
+    }
+
+    #[test]
+    fn flow_mappings_and_sequences_stay_flow() {
+        let text = "extensions:\n  github: {cmd: npx, args: [-y, x], envs: {T: sk_hostile3}}\n  other: {cmd: uvx}\n";
+        let out = rewritten(text, "github", "{cmd: npx", "sk_hostile3}}");
+        assert!(
+            out.contains(
+                "github: {cmd: countersign, args: [mcp, '--server', github], type: stdio}"
+            ),
+            "{out:?}"
+        );
+        let whole = "extensions: {github: {cmd: npx, envs: {T: sk_hostile4}}}\n";
+        let out = rewritten(whole, "github", "{cmd: npx", "sk_hostile4}}");
+        assert!(out.ends_with("}}\n"), "{out:?}");
+    }
+
+    #[test]
+    fn block_scalars_and_comments_inside_the_entry_are_read_and_kept_where_they_can_be() {
+        let text = "extensions:\n  github:\n    # the command\n    description: |\n      line one\n      line two\n    cmd: npx # trailing\n    envs:\n      T: >-\n        sk_hostile5\n        folded\n    # end\n  next:\n    cmd: uvx\n";
+        assert_eq!(
+            outcomes(text),
+            [
+                ("github".into(), "server".into()),
+                ("next".into(), "server".into())
+            ]
+        );
+        let out = rewrite(
+            Client::Goose,
+            text,
+            &names("github", "github"),
+            "countersign",
+        )
+        .unwrap();
+        assert!(
+            out.contains("    # the command\n    description: |\n      line one\n      line two\n")
+        );
+        assert!(out.contains("cmd: countersign # trailing"), "{out:?}");
+        assert!(
+            out.ends_with("    # end\n  next:\n    cmd: uvx\n"),
+            "{out:?}"
+        );
+        assert!(!out.contains("sk_hostile5"), "{out:?}");
+    }
+
+    #[test]
+    fn a_key_twice_in_an_entry_is_left_with_the_key_named() {
+        let found = outcomes(
+            "extensions:\n  github:\n    cmd: a\n    cmd: b\n    envs: {T: sk_hostile6}\n",
+        );
+        assert!(found[0].1.contains("the key `cmd` twice"), "{found:?}");
+        let found = outcomes("extensions:\n  github:\n    cmd: a\n    envs: {T: x, T: y}\n");
+        assert!(found[0].1.contains("the key `T` twice"), "{found:?}");
+    }
+
+    #[test]
+    fn an_alias_a_tag_or_an_anchored_mapping_of_entries_is_left_as_it_is() {
+        let found = outcomes("x: &a {cmd: npx}\nextensions:\n  github: *a\n");
+        assert!(found[0].1.contains("aliases"), "{found:?}");
+        let found = outcomes("extensions:\n  github: !!map\n    cmd: npx\n");
+        assert!(found[0].1.contains("tags"), "{found:?}");
+        let text = "extensions: &e\n  github:\n    cmd: npx\ncopy: *e\n";
+        let found = outcomes(text);
+        assert!(
+            found[0].1.contains("mapping of all the entries"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn very_deep_nesting_is_refused_without_quoting_it() {
+        let text = format!(
+            "extensions:\n  github:\n    cmd: npx\n    x: {}sk_hostile7{}\n",
+            "[".repeat(5000),
+            "]".repeat(5000)
+        );
+        let Err(err) = entries(Client::Goose, &text) else {
+            panic!("5000 levels were read")
+        };
+        assert!(!err.contains("sk_hostile7"), "{err}");
+    }
+
+    #[test]
+    fn a_file_larger_than_any_configuration_is_refused() {
+        let mut text = String::from("extensions:\n");
+        while text.len() <= MAX_BYTES {
+            text.push_str("  # padding padding padding padding padding padding padding padding\n");
+        }
+        let Err(err) = entries(Client::Goose, &text) else {
+            panic!("a huge file was read")
+        };
+        assert!(err.contains("KiB"), "{err}");
     }
 }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use countersign_clients::{self as clients, Client, InstallError, Options, Registrar};
 use countersign_wire::{DeskError, RegistryAnswer, RegistryCode, RegistryRequest, ServerSpec};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 const PROGRAM: &str = "/usr/local/bin/countersign";
 
@@ -231,6 +232,10 @@ fn golden(client: Client, case: &str, ext: &str, file_name: &str) {
         ),
     );
     assert!(!desk.puts.is_empty(), "the fixture has servers to register");
+    assert!(
+        desk.puts.iter().any(|(_, held)| !held.secrets.is_empty()),
+        "the fixture has a secret to move into the keychain, so the checks below check something"
+    );
     for (name, held) in &desk.puts {
         for value in held.secrets.values() {
             assert!(
@@ -246,17 +251,42 @@ fn golden(client: Client, case: &str, ext: &str, file_name: &str) {
         }
         // YAML writes the arguments as a list of lines; install reads every rewritten entry
         // back as `countersign mcp` in every format.
-        if ext != "yaml" {
-            assert!(
-                after.contains(&format!("\"--server\", \"{name}\"")),
-                "{name} is wrapped"
-            );
-        }
+        let wrapped = if ext == "yaml" {
+            let lines: Vec<&str> = after.lines().map(str::trim).collect();
+            lines
+                .windows(2)
+                .any(|w| w[0] == "- '--server'" && w[1] == format!("- {name}"))
+        } else {
+            after.contains(&format!("\"--server\", \"{name}\""))
+        };
+        assert!(wrapped, "{name} is wrapped");
     }
+    // The keychain item: the original file, the hash of what install wrote, and the servers
+    // this install registered; held by the desk, so no secret of it is in the file.
     assert_eq!(desk.backups.len(), 1);
+    let (key, item) = desk.backups.iter().next().unwrap();
     assert_eq!(
-        desk.backups.keys().next().unwrap(),
+        key,
         &clients::backup_key(client, &fs::canonicalize(&s.path).unwrap())
+    );
+    let item: Value = serde_json::from_str(item).unwrap();
+    let steps = item["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "one install, one step");
+    assert_eq!(steps[0]["original"], s.before.as_str());
+    let written = format!("{:x}", Sha256::digest(after.as_bytes()));
+    assert_eq!(steps[0]["installed_sha256"], written.as_str());
+    let mut put: Vec<&str> = desk.puts.iter().map(|(n, _)| n.as_str()).collect();
+    let mut kept: Vec<&str> = steps[0]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    put.sort();
+    kept.sort();
+    assert_eq!(
+        kept, put,
+        "the keychain item names the servers this install registered"
     );
 
     // Install again: nothing to do, nothing asked, nothing written.
@@ -276,6 +306,12 @@ fn golden(client: Client, case: &str, ext: &str, file_name: &str) {
         undone.contains("countersign server remove NAME"),
         "{undone}"
     );
+    for held in desk.puts.iter().map(|(_, held)| held) {
+        for value in held.secrets.values() {
+            assert!(!again.contains(value.as_str()), "a secret was printed");
+            assert!(!undone.contains(value.as_str()), "a secret was printed");
+        }
+    }
     assert!(!desk.servers.is_empty());
     let mode = fs::metadata(&s.path).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o640, "uninstall kept the file's mode");
