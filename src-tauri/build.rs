@@ -10,6 +10,7 @@ fn main() {
             "history",
             "settings",
             "save_settings",
+            "export_status",
             "rotate_secret",
             "status",
             "grant_offer",

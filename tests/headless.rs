@@ -104,6 +104,66 @@ async fn a_desk_without_a_display_serves_open_tools_and_refuses_gated_calls() {
     assert!(stderr.contains("no display"), "{stderr}");
 }
 
+/// A desk whose settings name an OpenTelemetry collector sends it every confirm event, as they
+/// happen: here a confirm with a forged token, refused (the collector decodes the protobuf).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_desk_sends_its_confirm_events_to_the_collector_of_its_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = countersign_tests::otlp::Collector::start().await;
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/settings.json"),
+        serde_json::to_vec(&json!({
+            "token_minutes": 10,
+            "approve_delay_ms": 1000,
+            "otlp_endpoint": collector.endpoint(),
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut desk = tokio::process::Command::new(bin("countersign-desk"));
+    desk.arg("--in-memory-secret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    headless(&mut desk, dir.path());
+    let desk = desk.spawn().unwrap();
+    desk_process::wait_for_socket(&dir.path().join("desk.sock")).await;
+    let agent = agent(dir.path(), false).await;
+    open_works_and_gated_is_refused(&agent).await;
+    let forged = call(
+        &agent,
+        "execute",
+        json!({"sql": "CREATE TABLE t (x)", "confirm": true, "confirmTarget": "t",
+               "confirmToken": "v1.forged.token"}),
+    )
+    .await;
+    assert_eq!(forged.is_error, Some(true), "{forged:?}");
+    let records = collector
+        .wait_for(1, std::time::Duration::from_secs(30))
+        .await;
+    let refused = &records[0];
+    assert_eq!(
+        countersign_tests::otlp::attribute(refused, "countersign.event").as_deref(),
+        Some("refused"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        countersign_tests::otlp::attribute(refused, "countersign.code").as_deref(),
+        Some("bad_token"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        countersign_tests::otlp::attribute(refused, "countersign.tool").as_deref(),
+        Some("execute")
+    );
+    assert_eq!(countersign_tests::otlp::seqs(&records)[0], 1);
+    agent.cancel().await.unwrap();
+    desk_process::terminate(desk.id().unwrap() as i32);
+    desk.wait_with_output().await.unwrap();
+}
+
 /// The end-to-end case of "the desk's files are the person's": an agent under a fresh account,
 /// with no display, whose environment points `HOME`, every `XDG_*` directory and
 /// `COUNTERSIGN_DESK_DIR` at a directory it controls. Its gateway starts the desk, which runs

@@ -16,8 +16,10 @@ export const deny = (id, note) => tauri.core.invoke("deny", { id, note: note || 
 
 /** History rows, newest first. */
 export const history = (query) => tauri.core.invoke("history", { query });
+/** ExportView or null: how the OpenTelemetry collector of the settings fares. */
+export const exportStatus = () => tauri.core.invoke("export_status");
 
-/** { settings: { token_minutes, approve_delay_ms }, policy } */
+/** { settings: { token_minutes, approve_delay_ms, otlp_endpoint }, policy } */
 export const settings = () => tauri.core.invoke("settings");
 
 export const saveSettings = (view) => tauri.core.invoke("save_settings", { view });

@@ -233,7 +233,25 @@ async function onFocusWanted() {
   if (shown) shown.scrollIntoView({ block: "nearest" });
 }
 
+async function loadExportStatus() {
+  const line = $("export-status");
+  const view = await api.exportStatus().catch(() => null);
+  if (!view) {
+    line.hidden = true;
+    return;
+  }
+  let said = view.waiting === 0
+    ? `Every event was sent to the OpenTelemetry collector at ${view.endpoint}.`
+    : `${view.waiting} events wait for the OpenTelemetry collector at ${view.endpoint}.`;
+  if (view.failing_since_ms !== null) {
+    said += ` It cannot be reached since ${new Date(view.failing_since_ms).toLocaleString()}: ${view.last_error || "no answer"}. Nothing is lost: they are sent when it answers.`;
+  }
+  line.textContent = said;
+  line.hidden = false;
+}
+
 async function loadHistory() {
+  loadExportStatus();
   const rows = await api.history({ server: $("f-server").value, tool: $("f-tool").value, kind: $("f-kind").value });
   const body = $("history");
   body.replaceChildren();
@@ -252,6 +270,7 @@ async function loadSettings() {
   const view = await api.settings();
   $("s-minutes").value = view.settings.token_minutes;
   $("s-delay").value = view.settings.approve_delay_ms;
+  $("s-otlp").value = view.settings.otlp_endpoint || "";
   $("s-policy").value = view.policy;
 }
 
@@ -259,7 +278,11 @@ async function saveSettings() {
   text("s-error", "");
   try {
     const view = await api.saveSettings({
-      settings: { token_minutes: Number($("s-minutes").value), approve_delay_ms: Number($("s-delay").value) },
+      settings: {
+        token_minutes: Number($("s-minutes").value),
+        approve_delay_ms: Number($("s-delay").value),
+        otlp_endpoint: $("s-otlp").value.trim(),
+      },
       policy: $("s-policy").value,
     });
     approveDelay = view.settings.approve_delay_ms;

@@ -157,6 +157,17 @@ pub fn settings(desk: State<'_, Desk>) -> SettingsView {
     }
 }
 
+/// How the OpenTelemetry collector fares (`None`: none is set), for the History view.
+#[tauri::command]
+pub async fn export_status(
+    desk: State<'_, Desk>,
+) -> Result<Option<crate::otlp::ExportView>, UiError> {
+    desk.export
+        .view()
+        .await
+        .map_err(|e| UiError::new(UiCode::StoreFailed, e))
+}
+
 #[tauri::command]
 pub async fn save_settings(
     desk: State<'_, Desk>,
@@ -177,9 +188,25 @@ pub async fn save_settings(
                 UiError::new(code, e.to_string())
             })?;
     }
-    desk.dirs
+    // A collector that cannot be used is said before anything is saved.
+    if let Some(endpoint) = settings
+        .otlp_endpoint
+        .as_deref()
+        .filter(|e| !e.trim().is_empty())
+    {
+        countersign_otlp::Collector::new(endpoint, "countersign-desk", "desk")
+            .map_err(|e| UiError::new(UiCode::BadRequest, e.to_string()))?;
+    }
+    let before = desk.settings.lock().unwrap().otlp_endpoint.clone();
+    let settings = desk
+        .dirs
         .save_settings(&settings)
         .map_err(|e| UiError::new(UiCode::Io, e.to_string()))?;
+    if settings.otlp_endpoint != before {
+        desk.export
+            .apply(settings.otlp_endpoint.as_deref())
+            .map_err(|e| UiError::new(UiCode::BadRequest, e))?;
+    }
     desk.engine
         .set_token_ttl_ms(settings.token_minutes * 60_000);
     desk.engine.set_approve_delay_ms(settings.approve_delay_ms);

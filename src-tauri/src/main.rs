@@ -23,6 +23,7 @@ mod grants;
 mod harden;
 mod idle;
 mod log_file;
+mod otlp;
 mod pace;
 mod seed;
 mod servers;
@@ -58,6 +59,8 @@ pub struct Desk {
     _agents: Option<socket::Served>,
     /// The team servers this desk approves for, when it is enrolled with any.
     remote: Option<approver::Remote>,
+    /// Confirm events sent to the OpenTelemetry collector of the settings, if any.
+    export: otlp::Export,
 }
 
 impl Desk {
@@ -508,6 +511,12 @@ fn run(
         }
     };
     let agents = serve_agents(&engine, &registry, settings.agent_uids());
+    let export = otlp::Export::new(dirs.store());
+    if let Some(endpoint) = settings.otlp_endpoint.as_deref()
+        && let Err(e) = export.apply(Some(endpoint))
+    {
+        tracing::warn!(target: "desk", "the OpenTelemetry collector in the settings is not used: {e}");
+    }
     prune_on_a_schedule(&engine);
     check_files_on_a_schedule(&registry);
     if !window {
@@ -521,6 +530,7 @@ fn run(
     let remote = remote_items
         .and_then(|items| approver::Remote::start(engine.clone(), dirs.config.clone(), &*items));
     let desk = Desk {
+        export,
         remote,
         engine: engine.clone(),
         dirs,
@@ -544,6 +554,7 @@ fn run(
             commands::history,
             commands::settings,
             commands::save_settings,
+            commands::export_status,
             commands::rotate_secret,
             commands::status,
             grants::grant_offer,

@@ -36,6 +36,11 @@ pub struct Settings {
     /// does not edit it, and saving from the view keeps the value already saved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub release_after_s: Option<u64>,
+    /// The OpenTelemetry collector every confirm event is sent to (its OTLP/HTTP logs endpoint,
+    /// such as `http://127.0.0.1:4318/v1/logs`), if any. `None` from the settings view: keep the
+    /// one saved; an empty text: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for Settings {
@@ -45,6 +50,7 @@ impl Default for Settings {
             approve_delay_ms: MIN_APPROVE_DELAY_MS,
             agent_accounts: None,
             release_after_s: None,
+            otlp_endpoint: None,
         }
     }
 }
@@ -114,19 +120,29 @@ impl Dirs {
         }
     }
 
-    /// Saves settings. A list of agent accounts that is not given keeps the saved one.
-    pub fn save_settings(&self, settings: &Settings) -> std::io::Result<()> {
+    /// Saves settings and answers them as saved. A value that is not given (agent accounts, the
+    /// release delay, the collector) keeps the saved one; an empty collector endpoint clears it.
+    pub fn save_settings(&self, settings: &Settings) -> std::io::Result<Settings> {
         private_dir(&self.config)?;
         let mut settings = settings.clone();
-        if settings.agent_accounts.is_none() || settings.release_after_s.is_none() {
+        if settings.agent_accounts.is_none()
+            || settings.release_after_s.is_none()
+            || settings.otlp_endpoint.is_none()
+        {
             let saved = self.load_settings();
             settings.agent_accounts = settings.agent_accounts.or(saved.agent_accounts);
             settings.release_after_s = settings.release_after_s.or(saved.release_after_s);
+            settings.otlp_endpoint = settings.otlp_endpoint.or(saved.otlp_endpoint);
         }
+        settings.otlp_endpoint = settings
+            .otlp_endpoint
+            .map(|e| e.trim().to_owned())
+            .filter(|e| !e.is_empty());
         std::fs::write(
             self.settings_file(),
             serde_json::to_vec_pretty(&settings).expect("settings serialize"),
-        )
+        )?;
+        Ok(settings)
     }
 }
 

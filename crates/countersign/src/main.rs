@@ -712,6 +712,7 @@ fn export_history(db: PathBuf, format: Format, since: Option<u64>, until: Option
     match countersign::export::export(&store, format, since, until, std::io::stdout().lock()) {
         Ok(n) => {
             eprintln!("countersign: exported {n} events");
+            say_what_waits(&store);
             0
         }
         // The reader went away (`| head`): not an error of ours.
@@ -746,5 +747,29 @@ fn history(db: PathBuf, json: bool, tool: Option<String>, limit: u32) -> i32 {
             println!("{}", e.table_row());
         }
     }
+    say_what_waits(&store);
     0
+}
+
+/// Says on stderr how many events wait for the OpenTelemetry collector, when any do.
+fn say_what_waits(store: &HistoryReader) {
+    if let Ok(Some(status)) = store.export_status(countersign_store::OTLP_SINK)
+        && status.waiting > 0
+    {
+        let why = match (status.failing_since_ms, &status.last_error) {
+            (Some(since), error) => format!(
+                ": it cannot be reached since {} ({})",
+                jiff::Timestamp::from_millisecond(i64::try_from(since).unwrap_or(i64::MAX))
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|_| since.to_string()),
+                error.as_deref().unwrap_or("no answer")
+            ),
+            (None, _) => String::new(),
+        };
+        eprintln!(
+            "countersign: {} events wait for the OpenTelemetry collector{why}; nothing is lost, \
+             they are sent when it answers",
+            status.waiting
+        );
+    }
 }

@@ -372,3 +372,47 @@ fn verify_checks_an_export_offline_and_names_each_change_to_it() {
         "{csv}"
     );
 }
+
+#[test]
+fn history_says_how_many_events_wait_for_an_unreachable_collector() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _) = chained_file(dir.path(), 3);
+    let mut store = Store::open(&db, StoreOptions::default()).unwrap();
+    assert_eq!(
+        store
+            .export_claim(countersign_store::OTLP_SINK, "desk", 1_000, 10_000)
+            .unwrap(),
+        Some(0)
+    );
+    store
+        .export_failed(
+            countersign_store::OTLP_SINK,
+            1_796_117_400_000,
+            "connection refused",
+        )
+        .unwrap();
+    drop(store);
+    let out = history(&db, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(
+            "3 events wait for the OpenTelemetry collector: it cannot be reached since \
+             2026-12-01T09:30:00Z (connection refused)"
+        ),
+        "{said}"
+    );
+    // Nothing said when nothing waits.
+    let mut store = Store::open(&db, StoreOptions::default()).unwrap();
+    assert!(
+        store
+            .export_advance(countersign_store::OTLP_SINK, "desk", 0, 3)
+            .unwrap()
+    );
+    drop(store);
+    let out = history(&db, &["--format", "jsonl"]);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("wait"),
+        "{out:?}"
+    );
+}

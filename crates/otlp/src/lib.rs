@@ -35,7 +35,7 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 
 /// The sink's name in the records: one collector per authority.
-pub const SINK: &str = "otlp";
+pub const SINK: &str = countersign_store::OTLP_SINK;
 
 /// The most events posted at once.
 pub const BATCH: u32 = 512;

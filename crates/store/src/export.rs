@@ -15,6 +15,9 @@ use crate::error::{ms_from_sql, ms_to_sql};
 use crate::history::{Recorded, capped};
 use crate::{Store, StoreError};
 
+/// The OpenTelemetry collector's sink: the one sink an authority sends to.
+pub const OTLP_SINK: &str = "otlp";
+
 /// What a sink's cursor says: how far it got, and how it fares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportStatus {

@@ -50,7 +50,7 @@ pub use approval::Approval;
 pub use connection::StoreOptions;
 pub use decision::{DecisionRecord, MAX_DECISION_ROWS};
 pub use error::StoreError;
-pub use export::ExportStatus;
+pub use export::{ExportStatus, OTLP_SINK};
 pub use grant::{Grant, GrantEnd, GrantKind};
 pub use history::{Chained, Heads, HistoryFilter, MAX_STORED_CHARS, Recorded, StoredLink, capped};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
