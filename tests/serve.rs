@@ -647,6 +647,10 @@ async fn over_tls_a_client_trusting_the_certificate_is_answered_and_plain_http_i
 async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_anywhere() {
     let dsn = shared_database().await;
     let secret = "marker-secret-0123456789-abcdefghijklmnopq";
+    // Its confirm events go to the team's collector, named by the standard variables; the
+    // collector's API key is a secret like the others.
+    let collector = countersign_tests::otlp::Collector::start().await;
+    let base = collector.endpoint().trim_end_matches("/v1/logs").to_owned();
     let server = Server::start(
         &["--behind-tls-proxy", "--unauthenticated"],
         &[
@@ -654,6 +658,8 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
             ("CONTROL_DSN", &dsn),
             ("CONFIRM_TTL_MS", "120000"),
             ("RUST_LOG", "trace"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &base),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=collector-key-marker-77"),
         ],
     );
     let agent = agent(&server.url()).await;
@@ -708,7 +714,26 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
                 && tenant.starts_with("unauthenticated@")),
         "the forged confirm is on the record, under the caller and the server: {events:?}"
     );
+    // And at the collector, decoded from the protobuf it was sent.
+    let sent = collector
+        .wait_for(events.len(), std::time::Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        countersign_tests::otlp::seqs(&sent),
+        (1..=events.len() as u64).collect::<Vec<_>>()
+    );
+    assert!(
+        sent.iter().any(|r| {
+            countersign_tests::otlp::attribute(r, "countersign.code").as_deref()
+                == Some("bad_token")
+        }),
+        "{sent:?}"
+    );
     let written = server.stop();
+    assert!(
+        !written.contains("collector-key-marker"),
+        "the collector's key was written"
+    );
     assert!(written.contains("listening on"), "{written}");
     assert!(!written.contains(secret), "the secret was written");
     assert!(

@@ -103,6 +103,13 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 25)]
     pub wait: u64,
 
+    /// Send every confirm event to this OpenTelemetry collector (its OTLP/HTTP logs endpoint,
+    /// such as `https://otel.example:4318/v1/logs`). Without it, the standard
+    /// `OTEL_EXPORTER_OTLP_LOGS_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` (and `…_HEADERS`) are
+    /// read. Events wait in the records until the collector acknowledges them.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
     /// The team's upstreams, from a servers file (the desk's `servers.json` format): each is
     /// served at `/mcp/<name>`.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["db", "url", "command"])]

@@ -24,6 +24,15 @@ fn refuse(code: &str, message: &dyn std::fmt::Display, exit: i32) -> ! {
 /// pointers: `/proc/PID/environ` shows the block as the process started) and makes the process
 /// undumpable, so that a process of the same account (an upstream it starts, say) can read
 /// neither that file nor the process's memory.
+/// This machine's name, for the collector to tell replicas apart (`unknown` when unreadable).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 fn forget_own_variables() {
     let secrets: Vec<String> = std::env::vars_os()
         .filter_map(|(k, _)| k.into_string().ok())
@@ -117,6 +126,21 @@ fn main() {
                 ),
             }),
         confirm_ttl_ms: var("CONFIRM_TTL_MS").map(|v| String::from_utf8_lossy(&v).into_owned()),
+        otlp: {
+            let instance = format!("{}-{}", hostname(), std::process::id());
+            let collector = match &args.otlp_endpoint {
+                Some(endpoint) => {
+                    countersign_otlp::Collector::new(endpoint, "countersign-serve", &instance)
+                        .map(Some)
+                }
+                None => countersign_otlp::Collector::from_env(
+                    |name| std::env::var(name).ok(),
+                    "countersign-serve",
+                    &instance,
+                ),
+            };
+            collector.unwrap_or_else(|why| refuse("otlp", &why.to_string(), 2))
+        },
         control_dsn: var("CONTROL_DSN")
             .map(|v| Zeroizing::new(String::from_utf8_lossy(&v).into_owned())),
         servers: args

@@ -172,6 +172,15 @@ async fn records(dsn: &Dsn, chain: Option<Arc<ChainKey>>) -> Result<Arc<dyn Reco
     Ok(Arc::new(Postgres::connect(dsn.expose(), options).await?))
 }
 
+/// Now, in ms since the epoch: for the collector's sender, which stamps what it sends and leases
+/// the sink.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}
+
 /// Where a started server listens.
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
@@ -226,6 +235,14 @@ pub async fn run(
         tracing::info!(target: "serve", chain_key = %chain.public_text(), "the history's head is signed with this key");
     }
     let records = open_records(dsn, &data_dir, chain).await?;
+    // Confirm events to the team's collector: from the records, by the shared cursor, one
+    // replica at a time.
+    if let Some(collector) = start.otlp.clone() {
+        let holder: [u8; 8] = rand::random();
+        let holder: String = holder.iter().map(|b| format!("{b:02x}")).collect();
+        let sender = countersign_otlp::Sender::new(records.clone(), collector, holder, now_ms);
+        tokio::spawn(sender.run(stop.child_token()));
+    }
     if matches!(
         start.authn,
         Authn::Bearer {

@@ -47,6 +47,8 @@ pub struct Given {
     pub servers: Option<Vec<Configured>>,
     /// The policy of `--policy`, parsed by the caller.
     pub policy: Option<Policy>,
+    /// The OpenTelemetry collector of `--otlp-endpoint` or the `OTEL_*` variables.
+    pub otlp: Option<countersign_otlp::Collector>,
 }
 
 impl fmt::Debug for Given {
@@ -192,6 +194,8 @@ pub struct Start {
     pub policy: Policy,
     /// Where a read-only server without a control database keeps its records.
     pub data_dir: Option<PathBuf>,
+    /// Where confirm events are sent, if anywhere.
+    pub otlp: Option<countersign_otlp::Collector>,
     /// How long a preflight waits for a person.
     pub wait_secs: u64,
     /// Whether a secret was given to a read-only server (and ignored): said once at start,
@@ -367,6 +371,7 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         control_dsn,
         servers,
         policy,
+        otlp,
     } = given;
     let dsn = control_dsn.filter(|d| !d.trim().is_empty()).map(Dsn);
     let secret_given = confirm_secret.is_some() || secret_file.is_some();
@@ -507,6 +512,7 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         upstreams,
         policy: policy.unwrap_or_default(),
         data_dir: args.data_dir.clone(),
+        otlp,
         wait_secs: args.wait,
     })
 }
@@ -602,7 +608,14 @@ fn upstream(args: &Args, cwd: &std::path::Path) -> Result<Reach, StartError> {
 }
 
 /// The server's own variables: never handed to an upstream.
-pub const OWN_VARIABLES: &[&str] = &["CONFIRM_SECRET", "CONTROL_DSN", "CONFIRM_TTL_MS"];
+/// (The collector's headers often carry its API key.)
+pub const OWN_VARIABLES: &[&str] = &[
+    "CONFIRM_SECRET",
+    "CONTROL_DSN",
+    "CONFIRM_TTL_MS",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+];
 
 #[cfg(test)]
 mod tests {
