@@ -5,6 +5,8 @@
 //! arguments are stored, bound by their MAC, before the token exists. A deny carries the
 //! person's note to the agent.
 
+use std::time::Duration;
+
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
 use countersign_core::{GateClass, Plan, PlanHash, binding, render};
@@ -16,6 +18,7 @@ use crate::authority::{Engine, lock};
 use crate::confirm::bound_of;
 use crate::queue::{QueueChange, Removal};
 use crate::state::{Decision, Entry};
+use crate::tally::Tallied;
 
 /// Why an approval did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,6 +177,10 @@ impl Engine {
             };
             entry.decision.send_replace(Some(decision));
         }
+        self.tally(Tallied::Decided {
+            approved: true,
+            waited: Duration::from_millis(now.saturating_sub(view.arrived_at_ms)),
+        });
         self.record(issued(claims, now, None)).await;
         self.publish(QueueChange::Removed {
             id,
@@ -284,8 +291,15 @@ impl Engine {
                 .decision
                 .send_replace(Some(Decision::Denied { note: note.clone() }));
             let is_change = entry.is_change();
+            let now = self.now();
+            if !is_change {
+                self.tally(Tallied::Decided {
+                    approved: false,
+                    waited: Duration::from_millis(now.saturating_sub(entry.view.arrived_at_ms)),
+                });
+            }
             let event = ConfirmEvent {
-                at_ms: self.now(),
+                at_ms: now,
                 kind: EventKind::Denied,
                 tool: entry.view.plan.tool.clone(),
                 target: Some(entry.view.plan.target.clone()),

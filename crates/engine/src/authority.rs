@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use countersign_core::Refusal;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::SigningKey;
+use countersign_core::{GateClass, Refusal};
 use countersign_store::{HistoryFilter, Records, Sqlite, Store, StoreError};
 use tokio::sync::broadcast;
 
@@ -17,6 +17,7 @@ use crate::config::{EngineConfig, EngineError, NoKey};
 use crate::describing;
 use crate::queue::QueueChange;
 use crate::state::{Inner, Live, State};
+use crate::tally::{Outcome, Tallied};
 
 /// The desk's engine. Cheap to clone: every clone is the same engine.
 #[derive(Clone)]
@@ -131,8 +132,49 @@ impl Engine {
         self.inner.store.as_ref()
     }
 
-    /// Writes `event` to history (and to `tracing`, once, whatever becomes of the write).
+    /// Counts `tallied`, where the configuration says counts go.
+    pub(crate) fn tally(&self, tallied: Tallied) {
+        if let Some(tally) = &self.inner.config.tally {
+            tally.count(tallied);
+        }
+    }
+
+    /// Counts a call of `class` that ended with `outcome`.
+    pub(crate) fn tally_request(&self, class: Option<GateClass>, outcome: Outcome) {
+        self.tally(Tallied::Request { class, outcome });
+    }
+
+    /// Counts what `event` says of an agent's call: the one place history's events become
+    /// counts. Issued, denied and accepted events are a person's decision or a step on the way:
+    /// the preflight's answer and the execution are what count as the call's outcome.
+    fn tally_event(&self, event: &ConfirmEvent) {
+        if self.inner.config.tally.is_none() {
+            return;
+        }
+        let (outcome, code) = match event.kind {
+            EventKind::Refused { refusal } => (Outcome::Refused, Some(refusal.code())),
+            EventKind::Replay => (Outcome::Replay, Some(Refusal::AlreadyUsed.code())),
+            EventKind::Rejected { reason } => (Outcome::Refused, Some(reason.code())),
+            EventKind::Executed { ok: true } => (Outcome::ExecutedOk, None),
+            EventKind::Executed { ok: false } => (Outcome::ExecutedError, None),
+            EventKind::OutcomeUnknown => (Outcome::OutcomeUnknown, None),
+            _ => return,
+        };
+        let class = lock(&self.inner.state)
+            .connections
+            .get(&event.tenant)
+            .and_then(|c| c.tools.get(&event.tool))
+            .map(|listed| listed.rule.class);
+        self.tally_request(class, outcome);
+        if let Some(code) = code {
+            self.tally(Tallied::Refusal { code });
+        }
+    }
+
+    /// Writes `event` to history (and to `tracing`, once, whatever becomes of the write), and
+    /// counts it.
     pub(crate) async fn record(&self, event: ConfirmEvent) {
+        self.tally_event(&event);
         // History is the audit trail, but failing to write it must not turn a refusal into an
         // acceptance or lose the telemetry: the store emits the event whether or not the write
         // succeeds (once), and the failure is logged here.

@@ -46,6 +46,9 @@ pub struct EngineConfig {
     /// Only tools that change nothing are offered: every gated tool is withheld, so nothing
     /// is ever queued, minted or spent (a team's server started `--read-only`).
     pub read_only: bool,
+    /// Where the engine's counts go ([`crate::tally`]): a team server's metrics. `None` counts
+    /// nothing.
+    pub tally: Option<crate::Tally>,
 }
 
 impl EngineConfig {
@@ -62,6 +65,7 @@ impl EngineConfig {
             describer: None,
             nobody_to_ask: crate::queue::HEADLESS.to_owned(),
             read_only: false,
+            tally: None,
         }
     }
 }

@@ -9,13 +9,14 @@ use countersign_core::binding;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
 use countersign_core::verify::{self, Confirm};
-use countersign_core::{PlanHash, Refusal};
+use countersign_core::{PlanHash, Refusal, SpendError};
 use countersign_store::{Approval, HistoryFilter};
 use serde_json::Value;
 
 use crate::answer::{Accepted, ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, refused};
 use crate::planning::Call;
+use crate::tally::{Spend, Tallied};
 
 /// How many of a tool's newest history events are read to find how the last call of the same
 /// plan ended ([`Engine::last_unknown`]), each time a call is queued for a person.
@@ -118,7 +119,19 @@ impl Engine {
                 || usable.as_ref().is_ok_and(|a| a.class.is_single_use()));
         let verdict = match verify::check(key, &confirm, now) {
             Ok(claims) if single_use => {
+                // Timed for the ledger's latency (a measurement, not a decision: the engine's
+                // clock decides, this only says how long the records took).
+                let started = std::time::Instant::now();
                 let spent = self.records().spend(&claims.nonce, claims.exp).await;
+                let spend = match &spent {
+                    Ok(()) => Spend::Spent,
+                    Err(SpendError::AlreadySpent) => Spend::AlreadySpent,
+                    Err(_) => Spend::Unreachable,
+                };
+                self.tally(Tallied::Spent {
+                    spend,
+                    took: started.elapsed(),
+                });
                 verify::spent_as(claims, spent)
             }
             verdict => verdict,

@@ -27,6 +27,7 @@
 //! | `change` | requests to change the desk itself |
 //! | `rounds` | the 2026-07-28 flow's `requestState` |
 //! | `grants` | a person's approval widened to later matching calls |
+//! | [`tally`] | what it decided, as counts, for whoever keeps metrics |
 #![deny(missing_docs)]
 
 mod answer;
@@ -44,6 +45,7 @@ mod queue;
 mod rounds;
 mod settings;
 mod state;
+pub mod tally;
 
 pub use answer::{Accepted, Approved, ErrorCode, Stopped, ToolDecision};
 pub use approve::ApproveError;
@@ -66,3 +68,4 @@ pub use queue::{
     PendingRequest, QueueChange, Queued, Removal, TAKEN_ELSEWHERE, Ticket,
 };
 pub use rounds::{MAX_SPENT_STATES, Resumed, SharedFate, SharedRequests, Unsealed};
+pub use tally::{Outcome, Spend, Tallied, Tally};

@@ -19,6 +19,7 @@ use crate::authority::{Engine, error, lock, refused};
 use crate::change::{self, Change, ChangeKind};
 use crate::queue::{QueueChange, Removal};
 use crate::state::{Connection, Listed, State};
+use crate::tally::Outcome;
 
 /// Why a gated tool is not offered by an engine set up read-only.
 pub const READ_ONLY: &str = "this server is read-only: only tools that change nothing are offered";
@@ -380,7 +381,7 @@ impl Engine {
             state
                 .connections
                 .get(tenant)
-                .map(|c| c.tools.get(tool).map(|l| l.pinned))
+                .map(|c| c.tools.get(tool).map(|l| (l.pinned, l.rule.class)))
         };
         match found {
             None => Err(error(ErrorCode::NotIntroduced, "unknown connection")),
@@ -390,8 +391,11 @@ impl Engine {
                     .rejected(tenant, tool, error(ErrorCode::UnknownTool, message))
                     .await)
             }
-            Some(Some(false)) => Err(self.tool_changed(tenant, tool).await),
-            Some(Some(true)) => Ok(()),
+            Some(Some((false, _))) => Err(self.tool_changed(tenant, tool).await),
+            Some(Some((true, class))) => {
+                self.tally_request(Some(class), Outcome::Forwarded);
+                Ok(())
+            }
         }
     }
 

@@ -19,6 +19,7 @@ use crate::authority::{Engine, error, lock, refused};
 use crate::change::Change;
 use crate::planning::Call;
 use crate::state::{Decision, Entry, Holds, State};
+use crate::tally::{Outcome, Tallied};
 
 /// What [`Engine::queue_preflight`] did with a call it did not refuse.
 #[derive(Debug)]
@@ -35,6 +36,7 @@ pub struct Ticket {
     id: u64,
     plan_hash: PlanHash,
     new: bool,
+    class: GateClass,
     decision: watch::Receiver<Option<Decision>>,
 }
 
@@ -333,6 +335,10 @@ impl Engine {
             return Err(self.rejected(tenant, tool, stopped).await);
         }
         if !self.inner.config.window {
+            self.tally_request(Some(rule.class), Outcome::Refused);
+            self.tally(Tallied::Refusal {
+                code: Refusal::DeskUnavailable.code(),
+            });
             return Err(Stopped::Refused {
                 refusal: Refusal::DeskUnavailable,
                 message: self.inner.config.nobody_to_ask.clone(),
@@ -340,6 +346,7 @@ impl Engine {
         }
         // A live grant a person's click made covers it: approved at once, a token of its own.
         if let Some(approved) = self.granted(tenant, &plan, hash, &args).await {
+            self.tally_request(Some(rule.class), Outcome::Approved);
             return Ok(Queued::Granted(approved));
         }
         let last_unknown = self.last_unknown(tool, &hash).await;
@@ -402,6 +409,7 @@ impl Engine {
                 id,
                 plan_hash: hash,
                 new,
+                class: rule.class,
                 decision,
             })),
             Err(full) => Err(self
@@ -415,8 +423,37 @@ impl Engine {
     /// stays queued (calling again re-attaches to it).
     pub async fn decision(&self, ticket: Ticket, wait: Duration) -> Result<Approved, Stopped> {
         let Ticket {
-            id, mut decision, ..
+            id,
+            mut decision,
+            class,
+            ..
         } = ticket;
+        let answer = self.collect(id, &mut decision, wait).await;
+        let outcome = match &answer {
+            Ok(_) => Outcome::Approved,
+            Err(stopped) => match stopped.refusal() {
+                Some(Refusal::Denied) => Outcome::Denied,
+                Some(Refusal::Pending) => Outcome::Pending,
+                Some(refusal) => {
+                    self.tally(Tallied::Refusal {
+                        code: refusal.code(),
+                    });
+                    Outcome::Refused
+                }
+                None => Outcome::Refused,
+            },
+        };
+        self.tally_request(Some(class), outcome);
+        answer
+    }
+
+    /// [`Self::decision`]'s wait and collection, uncounted.
+    async fn collect(
+        &self,
+        id: u64,
+        decision: &mut watch::Receiver<Option<Decision>>,
+        wait: Duration,
+    ) -> Result<Approved, Stopped> {
         let decided = tokio::time::timeout(wait, decision.wait_for(Option::is_some)).await;
         let decision = match decided {
             Ok(Ok(d)) => d.clone(),

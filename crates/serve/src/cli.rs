@@ -143,6 +143,12 @@ pub struct Args {
     #[arg(long, value_name = "FILE", requires_all = ["approver_cert", "approver_listen"])]
     pub approver_key: Option<PathBuf>,
 
+    /// Where operators read the server (HOST:PORT, plain HTTP): `GET /metrics` (Prometheus),
+    /// `/healthz` and `/readyz`. A port of its own; it takes no credentials and serves nothing
+    /// an agent could act on.
+    #[arg(long, value_name = "ADDR")]
+    pub operator_listen: Option<SocketAddr>,
+
     /// Post a JSON notice to this URL on each new waiting call (repeatable; https://, or
     /// http:// to loopback). It names who asks, the tool, the target and the server; never the
     /// arguments or a token.

@@ -17,6 +17,8 @@
 //! | [`guard`] | which Host and Origin may reach the server at all |
 //! | [`notify`] | webhooks on each new waiting call (generic JSON, Slack) |
 //! | [`http`] | the one MCP endpoint: each POST answered on its own, through the router |
+//! | [`metrics`] | what the server counts, for Prometheus |
+//! | [`operator`] | the operator listener: `/metrics`, `/healthz`, `/readyz` |
 //! | [`tls`] | TLS in-process, or plain HTTP behind a TLS-terminating proxy |
 //! | [`run`] | opening the records, starting the upstream, binding, serving |
 #![deny(missing_docs)]
@@ -26,7 +28,9 @@ pub mod auth;
 pub mod cli;
 pub mod guard;
 pub mod http;
+pub mod metrics;
 pub mod notify;
+pub mod operator;
 pub mod run;
 pub mod servers;
 pub mod start;

@@ -25,7 +25,11 @@ use crate::approvers::{self, Approvers, Peer, PinnedApprovers};
 use crate::auth::{self, Auth, Keys, OAuth};
 use crate::guard::{self, Guard};
 use crate::http::{self, Endpoint};
-use crate::start::{Authn, Dsn, KeySource, Mode, OAuthSettings, Start, Transport, Upstreams};
+use crate::metrics::Metrics;
+use crate::operator::{self, Operator};
+use crate::start::{
+    Authn, Dsn, KeySource, LOOPBACK_HOSTS, Mode, OAuthSettings, Start, Transport, Upstreams,
+};
 use crate::tls;
 
 /// What a preflight is refused with while no person can approve on this server.
@@ -188,6 +192,8 @@ pub struct Bound {
     pub agents: std::net::SocketAddr,
     /// The approvers' address, if there is an approver listener.
     pub approvers: Option<std::net::SocketAddr>,
+    /// The operator listener's address (metrics, health), if there is one.
+    pub operator: Option<std::net::SocketAddr>,
 }
 
 /// Runs the server until `stop` is cancelled. `ready` is told the bound addresses once it
@@ -272,6 +278,9 @@ pub async fn run(
         config.window = true;
         config.approve_delay_ms = 0;
     }
+    // What the engine decides is counted here, and read on the operator listener.
+    let metrics = Metrics::new();
+    config.tally = Some(metrics.tally());
     let engine = Engine::with_records(config, records.clone(), key);
 
     // Every upstream is started (and answers its handshake) before the port is bound.
@@ -432,6 +441,38 @@ pub async fn run(
         }
         None => None,
     };
+    // The operator listener: bound before the agents' too, so a port taken stops the start.
+    let mut operator_bound = None;
+    let operator_side = match start.operator {
+        Some(listen) => {
+            let listener = TcpListener::bind(listen)
+                .await
+                .map_err(|source| RunError::Bind {
+                    addr: listen,
+                    source,
+                })?;
+            let bound = listener.local_addr().map_err(|source| RunError::Bind {
+                addr: listen,
+                source,
+            })?;
+            tracing::info!(target: "serve", "operators read /metrics, /healthz and /readyz on {bound} (plain HTTP, no credentials)");
+            operator_bound = Some(bound);
+            let hosts: Vec<String> = start
+                .allowed_hosts
+                .iter()
+                .cloned()
+                .chain(LOOPBACK_HOSTS.iter().map(|h| (*h).to_owned()))
+                .collect();
+            let state = Arc::new(Operator {
+                metrics,
+                engine: engine.clone(),
+                records: records.clone(),
+                guard: Guard::new(&hosts, &[]),
+            });
+            Some((listener, operator::router(state)))
+        }
+        None => None,
+    };
     let listener = TcpListener::bind(start.listen)
         .await
         .map_err(|source| RunError::Bind {
@@ -452,6 +493,7 @@ pub async fn run(
     ready(Bound {
         agents: bound,
         approvers: approver_bound,
+        operator: operator_bound,
     });
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let graceful = Arc::new(GracefulShutdown::new());
@@ -475,9 +517,18 @@ pub async fn run(
             graceful.clone(),
         ))
     });
+    let operators = operator_side.map(|(listener, operator_app)| {
+        tokio::spawn(serve_connections(
+            listener,
+            None,
+            move |_| operator_app.clone(),
+            stop.clone(),
+            graceful.clone(),
+        ))
+    });
     let _ = agents.await;
-    if let Some(desks) = desks {
-        let _ = desks.await;
+    for side in [desks, operators].into_iter().flatten() {
+        let _ = side.await;
     }
     let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
     // Stopping: nothing new is accepted; what is in flight finishes (an accepted call records

@@ -205,6 +205,8 @@ pub struct Start {
     pub approvers: Option<ApproverListen>,
     /// Where new waiting calls are announced.
     pub webhooks: Vec<crate::notify::Webhook>,
+    /// Where the operator listener (metrics, health) listens, if anywhere.
+    pub operator: Option<SocketAddr>,
 }
 
 /// The approver listener, as the start rules accepted it.
@@ -329,6 +331,14 @@ pub enum StartError {
         "--approver-listen needs a certificate of its own: --approver-cert FILE --approver-key          FILE, or --tls-cert/--tls-key to share the server's"
     )]
     ApproversWithoutTls,
+    /// The operator listener on the agents' or the approvers' address.
+    #[error(
+        "--operator-listen {listen} must be a port of its own, not the agents' or the approvers'"
+    )]
+    OperatorSharesPort {
+        /// The address.
+        listen: SocketAddr,
+    },
 }
 
 impl StartError {
@@ -352,6 +362,7 @@ impl StartError {
             StartError::BadDb(_) => "bad_db",
             StartError::ApproversReadOnly => "approvers_read_only",
             StartError::ApproversWithoutTls => "approvers_without_tls",
+            StartError::OperatorSharesPort { .. } => "operator_shares_port",
         }
     }
 }
@@ -485,6 +496,18 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         }
         _ => None,
     };
+    if let Some(operator) = args.operator_listen {
+        let shared = |other: SocketAddr| {
+            other.port() != 0
+                && other.port() == operator.port()
+                && (other.ip() == operator.ip()
+                    || other.ip().is_unspecified()
+                    || operator.ip().is_unspecified())
+        };
+        if shared(args.listen) || args.approver_listen.is_some_and(shared) {
+            return Err(StartError::OperatorSharesPort { listen: operator });
+        }
+    }
     let mut webhooks = Vec::new();
     for url in &args.webhooks {
         https("--webhook", url)?;
@@ -499,6 +522,7 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         None => Upstreams::One(upstream(args, cwd)?),
     };
     Ok(Start {
+        operator: args.operator_listen,
         webhooks,
         approvers,
         listen: args.listen,
@@ -986,6 +1010,35 @@ mod tests {
         let mut kept = ro.to_vec();
         kept.extend(["--data-dir", "/var/lib/countersign"]);
         assert!(start(&kept, Given::default()).is_ok());
+    }
+
+    #[test]
+    fn the_operator_listener_gets_a_port_of_its_own() {
+        let with = |operator: &str| {
+            let mut extra = PLAIN.to_vec();
+            extra.extend(["--operator-listen", operator]);
+            let argv = ["countersign serve", "--listen", "127.0.0.1:8443"]
+                .into_iter()
+                .chain(extra)
+                .collect::<Vec<_>>();
+            check(
+                &Args::try_parse_from(argv).unwrap(),
+                writable(),
+                std::path::Path::new("/srv"),
+            )
+            .map(|s| s.operator)
+        };
+        assert_eq!(
+            with("127.0.0.1:9464"),
+            Ok(Some("127.0.0.1:9464".parse().unwrap()))
+        );
+        for shared in ["127.0.0.1:8443", "0.0.0.0:8443"] {
+            assert!(
+                matches!(with(shared), Err(StartError::OperatorSharesPort { .. })),
+                "{shared}"
+            );
+        }
+        assert_eq!(start(PLAIN, writable()).unwrap().operator, None);
     }
 
     proptest! {
