@@ -11,6 +11,7 @@ fn main() {
             "settings",
             "save_settings",
             "export_status",
+            "save_history",
             "rotate_secret",
             "status",
             "grant_offer",

@@ -497,6 +497,61 @@ async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the
     );
     assert_eq!(denied[6], json!(["not \\u{202e}now", "bidi non_ascii"]));
     assert_nothing_raw(&desk, "the history").await;
+
+    // History → Save: the same export as `countersign history --format jsonl`, in a new file of
+    // the desk's own, which `countersign history verify` checks offline.
+    desk.click("#save-jsonl").await;
+    desk.until("the export to be saved", |d| {
+        Box::pin(async move { d.text("#saved").await.starts_with("Saved 2 events to ") })
+    })
+    .await;
+    let saved = desk.text("#saved").await;
+    let path = saved.trim_start_matches("Saved 2 events to ").to_owned();
+    let export = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        export.lines().count(),
+        3,
+        "two events and the signed head: {export}"
+    );
+    assert!(
+        export.lines().last().unwrap().starts_with("{\"head\":"),
+        "{export}"
+    );
+    let verified = std::process::Command::new(bin("countersign"))
+        .args(["history", "verify", "--file", &path])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert!(
+        verified.status.success() && said.starts_with("history intact: events #1 to #2"),
+        "{said}"
+    );
+
+    // Settings → an OpenTelemetry collector: the history so far arrives there, and the History
+    // view says every event was sent.
+    let collector = countersign_tests::otlp::Collector::start().await;
+    desk.click("#tab-settings").await;
+    desk.until("the settings to load", |d| {
+        Box::pin(async move { !d.value("#s-minutes").await.is_empty() })
+    })
+    .await;
+    desk.set_value("#s-otlp", &collector.endpoint()).await;
+    desk.click("#s-save").await;
+    desk.until("the settings to be saved", |d| {
+        Box::pin(async move { d.text("#s-saved").await == "Saved." })
+    })
+    .await;
+    let sent = collector.wait_for(2, Duration::from_secs(30)).await;
+    assert_eq!(countersign_tests::otlp::seqs(&sent), [1, 2]);
+    desk.click("#tab-history").await;
+    desk.until("the collector's line", |d| {
+        Box::pin(async move {
+            d.text("#export-status").await.starts_with(
+                "Every event was sent to the OpenTelemetry collector at http://127.0.0.1:",
+            )
+        })
+    })
+    .await;
     desk.stop().await;
 }
 

@@ -659,7 +659,10 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
             ("CONFIRM_TTL_MS", "120000"),
             ("RUST_LOG", "trace"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &base),
-            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=collector-key-marker-77"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "api-key=collector-key-marker-77",
+            ),
         ],
     );
     let agent = agent(&server.url()).await;

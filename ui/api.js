@@ -18,6 +18,8 @@ export const deny = (id, note) => tauri.core.invoke("deny", { id, note: note || 
 export const history = (query) => tauri.core.invoke("history", { query });
 /** ExportView or null: how the OpenTelemetry collector of the settings fares. */
 export const exportStatus = () => tauri.core.invoke("export_status");
+/** SavedView { path, events }: every event saved as "jsonl" or "csv" in the desk's data folder. */
+export const saveHistory = (format) => tauri.core.invoke("save_history", { format });
 
 /** { settings: { token_minutes, approve_delay_ms, otlp_endpoint }, policy } */
 export const settings = () => tauri.core.invoke("settings");

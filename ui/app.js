@@ -250,6 +250,16 @@ async function loadExportStatus() {
   line.hidden = false;
 }
 
+async function saveHistory(format) {
+  text("saved", "");
+  try {
+    const saved = await api.saveHistory(format);
+    text("saved", `Saved ${saved.events} events to ${saved.path}`);
+  } catch (e) {
+    text("saved", e.message || String(e));
+  }
+}
+
 async function loadHistory() {
   loadExportStatus();
   const rows = await api.history({ server: $("f-server").value, tool: $("f-tool").value, kind: $("f-kind").value });
@@ -346,6 +356,8 @@ async function start() {
   });
   $("tab-settings").addEventListener("click", () => tab("settings"));
   for (const id of ["f-server", "f-tool", "f-kind"]) $(id).addEventListener("input", loadHistory);
+  $("save-jsonl").addEventListener("click", () => saveHistory("jsonl"));
+  $("save-csv").addEventListener("click", () => saveHistory("csv"));
   $("s-save").addEventListener("click", saveSettings);
   servers.start({ onClients: clients.loadClients });
   $("s-rotate").addEventListener("click", () => { $("s-rotate-now").hidden = false; });

@@ -9,7 +9,9 @@
 //! a disk; only `pending` and `status`, which read memory, stay plain.
 
 use countersign_core::policy::Policy;
-use countersign_store::HistoryFilter;
+use std::os::unix::fs::OpenOptionsExt;
+
+use countersign_store::{HistoryFilter, StoreOptions};
 use serde::{Deserialize, Serialize};
 use tauri::State;
 
@@ -155,6 +157,55 @@ pub fn settings(desk: State<'_, Desk>) -> SettingsView {
         settings: desk.settings.lock().unwrap().clone(),
         policy: desk.registry.accepted_text(countersign_registry::POLICY),
     }
+}
+
+/// Where History → Save put the export, and how many events it holds.
+#[derive(Debug, Serialize)]
+pub struct SavedView {
+    /// The file written (new, 0600, in the desk's own data folder).
+    pub path: String,
+    /// How many events it holds.
+    pub events: u64,
+}
+
+/// History → Save: every event, oldest first, as `format` (`jsonl` or `csv`), the same file
+/// `countersign history --format` writes, streamed into a new file in the desk's data folder
+/// (`exports/history-<time>.<format>`, private to the account); never over an existing file.
+#[tauri::command]
+pub async fn save_history(desk: State<'_, Desk>, format: String) -> Result<SavedView, UiError> {
+    use countersign_store::export::{ExportFormat, export};
+    let (format, extension) = match format.as_str() {
+        "jsonl" => (ExportFormat::Jsonl, "jsonl"),
+        "csv" => (ExportFormat::Csv, "csv"),
+        _ => return Err(UiError::new(UiCode::BadRequest, "save as jsonl or csv")),
+    };
+    let store = desk.dirs.store();
+    let folder = desk.dirs.data.join("exports");
+    let io = |e: std::io::Error| UiError::new(UiCode::Io, e.to_string());
+    tauri::async_runtime::spawn_blocking(move || {
+        crate::settings::private_dir(&folder).map_err(io)?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let path = folder.join(format!("history-{stamp}.{extension}"));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        let reader = countersign_store::HistoryReader::open(&store, &StoreOptions::default())
+            .map_err(|e| UiError::new(UiCode::StoreFailed, e.to_string()))?;
+        let events = export(&reader, format, None, None, file)
+            .map_err(|e| UiError::new(UiCode::Io, e.to_string()))?;
+        Ok(SavedView {
+            path: path.display().to_string(),
+            events,
+        })
+    })
+    .await
+    .map_err(|e| UiError::new(UiCode::Internal, e.to_string()))?
 }
 
 /// How the OpenTelemetry collector fares (`None`: none is set), for the History view.

@@ -555,6 +555,7 @@ fn run(
             commands::settings,
             commands::save_settings,
             commands::export_status,
+            commands::save_history,
             commands::rotate_secret,
             commands::status,
             grants::grant_offer,

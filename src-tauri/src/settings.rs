@@ -173,7 +173,7 @@ impl Settings {
 
 /// Creates `dir` (and missing parents) 0700, and takes group and other permissions away from an
 /// existing one of this account's.
-fn private_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

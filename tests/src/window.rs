@@ -341,6 +341,19 @@ impl Desk {
             .unwrap();
     }
 
+    /// A field's value (empty when there is no such field).
+    pub async fn value(&self, css: &str) -> String {
+        let v: Value = self
+            .browser
+            .execute(
+                "const el = document.querySelector(arguments[0]); return el ? el.value : '';",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap();
+        v.as_str().unwrap_or_default().to_owned()
+    }
+
     /// How many elements match `css`.
     pub async fn count(&self, css: &str) -> usize {
         let n: Value = self

@@ -1,178 +1,166 @@
-//! How far each telemetry sink (the OpenTelemetry collector) has acknowledged the history: the
-//! cursor that makes sending never lossy and never double.
+//! The desk's history handed over as a file a security team's tools take (`countersign history
+//! --format jsonl|csv`, and the desk's History → Save), streamed from the store one event at a time (a year of history is never held
+//! in memory), oldest first, optionally bounded by `--since` and `--until`.
 //!
-//! Events are not handed to an in-memory queue that a restart or a full buffer would lose: they
-//! stay in history, and a sender reads those after the sink's cursor, sends them, and moves the
-//! cursor only once the collector acknowledged them. A sender that dies between sending and
-//! moving the cursor sends that batch again (each record carries its chain number, so a
-//! collector can tell); nothing is ever skipped. One sender at a time per sink, by a lease (the
-//! replicas of a team's server share the records). The prune keeps every event a sink still
-//! waits for.
+//! JSON lines carry each event exactly as the store keeps it (the same objects as `--json`), with
+//! its place in the history's chain (`seq`, `prev`, `hash`); when the export reaches the newest
+//! event, its last line is the chain's signed head (`{"head": …}`), so `countersign history
+//! verify --file` can check the export offline. CSV has one header row and fixed columns, the
+//! chain's among them. Text an agent or an upstream chose (tool, target, tenant,
+//! note) is hostile: in CSV a cell of it that a spreadsheet would read as a formula (it starts
+//! with `=`, `+`, `-`, `@`, a tab or a carriage return) is written with a leading `'`, as OWASP
+//! advises; JSON lines are never altered.
 
-use rusqlite::{OptionalExtension, TransactionBehavior};
+use std::io::Write;
 
-use crate::error::{ms_from_sql, ms_to_sql};
-use crate::history::{Recorded, capped};
-use crate::{Store, StoreError};
+use crate::{Chained, HistoryReader, Recorded, StoreError};
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
 
-/// The OpenTelemetry collector's sink: the one sink an authority sends to.
-pub const OTLP_SINK: &str = "otlp";
-
-/// What a sink's cursor says: how far it got, and how it fares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExportStatus {
-    /// The newest chain number the sink acknowledged.
-    pub cursor: u64,
-    /// How many recorded events it has not acknowledged yet.
-    pub waiting: u64,
-    /// Since when sending fails (none while it works).
-    pub failing_since_ms: Option<u64>,
-    /// The last failure, as the sender said it.
-    pub last_error: Option<String>,
+/// What an export is written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// JSON lines, oldest first, every event in the range, streamed, ending with the signed head
+    /// when the export reaches it.
+    Jsonl,
+    /// CSV with a header row, oldest first, every event in the range, streamed.
+    Csv,
 }
 
-/// The longest error text kept.
-const MAX_ERROR_CHARS: usize = 300;
+/// The CSV columns, in order.
+pub const CSV_COLUMNS: [&str; 14] = [
+    "at_ms", "at", "kind", "code", "tool", "target", "tenant", "nonce", "plan", "note", "ok",
+    "seq", "prev", "hash",
+];
 
-fn seq_sql(seq: u64) -> Result<i64, StoreError> {
-    i64::try_from(seq).map_err(|_| StoreError::TimeOutOfRange(seq))
+/// Why an export stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The store could not be read.
+    #[error("cannot read history: {0}")]
+    Store(#[from] StoreError),
+    /// The output could not be written (a closed pipe, a full disk).
+    #[error("cannot write the export: {0}")]
+    Write(#[from] std::io::Error),
+    /// A row could not be encoded as CSV.
+    #[error("cannot write the export: {0}")]
+    Csv(#[from] csv::Error),
 }
 
-impl Store {
-    /// Takes (or keeps) the right to send to `sink` until `now_ms + lease_ms`, for `holder`;
-    /// creates the sink's cursor at the start of history when there is none. Answers the cursor
-    /// when `holder` holds the lease, `None` while another holder's lease runs.
-    pub fn export_claim(
-        &mut self,
-        sink: &str,
-        holder: &str,
-        now_ms: u64,
-        lease_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
-        let now = ms_to_sql(now_ms)?;
-        let until = ms_to_sql(now_ms.saturating_add(lease_ms))?;
-        self.with_connection(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute(
-                "INSERT INTO export_cursor (sink, seq) VALUES (?1, 0) ON CONFLICT (sink) DO NOTHING",
-                [sink],
-            )?;
-            let claimed = tx.execute(
-                "UPDATE export_cursor SET holder = ?2, lease_until_ms = ?3
-                 WHERE sink = ?1 AND (holder IS NULL OR holder = ?2 OR lease_until_ms < ?4)",
-                rusqlite::params![sink, holder, until, now],
-            )?;
-            let cursor: i64 = tx.query_row(
-                "SELECT seq FROM export_cursor WHERE sink = ?1",
-                [sink],
-                |r| r.get(0),
-            )?;
-            tx.commit()?;
-            Ok((claimed == 1).then(|| u64::try_from(cursor).unwrap_or_default()))
-        })
-    }
-
-    /// At most `limit` events after chain number `seq`, in chain order, with their places.
-    pub fn recorded_after(&mut self, seq: u64, limit: u32) -> Result<Vec<Recorded>, StoreError> {
-        let after = seq_sql(seq)?;
-        self.with_connection(|conn| crate::history::recorded_after(conn, after, limit))
-    }
-
-    /// Moves `sink`'s cursor from `from` to `to` once the sink acknowledged the events between,
-    /// if `holder` still holds the lease and nobody moved it meanwhile; clears the failure.
-    /// Answers whether it moved.
-    pub fn export_advance(
-        &mut self,
-        sink: &str,
-        holder: &str,
-        from: u64,
-        to: u64,
-    ) -> Result<bool, StoreError> {
-        let (from, to) = (seq_sql(from)?, seq_sql(to)?);
-        self.with_connection(|conn| {
-            Ok(conn.execute(
-                "UPDATE export_cursor SET seq = ?4, failing_since_ms = NULL, last_error = NULL
-                 WHERE sink = ?1 AND holder = ?2 AND seq = ?3",
-                rusqlite::params![sink, holder, from, to],
-            )? == 1)
-        })
-    }
-
-    /// Notes that sending to `sink` failed at `now_ms` with `error` (the first failure's time is
-    /// kept until a send succeeds).
-    pub fn export_failed(
-        &mut self,
-        sink: &str,
-        now_ms: u64,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        let now = ms_to_sql(now_ms)?;
-        let error = capped_error(error);
-        self.with_connection(|conn| {
-            conn.execute(
-                "UPDATE export_cursor
-                 SET failing_since_ms = coalesce(failing_since_ms, ?2), last_error = ?3
-                 WHERE sink = ?1",
-                rusqlite::params![sink, now, error],
-            )?;
-            Ok(())
-        })
-    }
-
-    /// `sink`'s cursor and how many events wait for it; `None` when it has none.
-    pub fn export_status(&mut self, sink: &str) -> Result<Option<ExportStatus>, StoreError> {
-        self.with_connection(|conn| status(conn, sink))
-    }
-
-    /// Forgets `sink` (no longer configured): its cursor no longer holds back the prune.
-    pub fn export_forget(&mut self, sink: &str) -> Result<(), StoreError> {
-        self.with_connection(|conn| {
-            conn.execute("DELETE FROM export_cursor WHERE sink = ?1", [sink])?;
-            Ok(())
-        })
+/// Writes every event of `reader` from `since` to `until` to `out` as `format` (JSON lines or
+/// CSV), oldest first; returns how many.
+pub fn export(
+    reader: &HistoryReader,
+    format: ExportFormat,
+    since: Option<u64>,
+    until: Option<u64>,
+    out: impl Write,
+) -> Result<u64, ExportError> {
+    match format {
+        ExportFormat::Csv => {
+            let mut csv = csv::Writer::from_writer(out);
+            csv.write_record(CSV_COLUMNS)?;
+            let (n, _) = reader.each_between(since, until, |recorded: Recorded| {
+                csv.write_record(csv_row(&recorded.event, recorded.chained))?;
+                Ok::<_, ExportError>(())
+            })?;
+            csv.flush()?;
+            Ok(n)
+        }
+        ExportFormat::Jsonl => {
+            let mut out = std::io::BufWriter::new(out);
+            let mut last = None;
+            let (n, heads) = reader.each_between(since, until, |recorded: Recorded| {
+                serde_json::to_writer(&mut out, &line(&recorded)).map_err(std::io::Error::from)?;
+                out.write_all(b"\n")?;
+                last = recorded.chained.map(|c| c.seq);
+                Ok::<_, ExportError>(())
+            })?;
+            // The head closes an export that reaches it: with it, the export is checked offline.
+            if let Some(head) = heads.head
+                && last == Some(head.head.seq)
+            {
+                serde_json::to_writer(&mut out, &serde_json::json!({ "head": head.to_json() }))
+                    .map_err(std::io::Error::from)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+            Ok(n)
+        }
     }
 }
 
-/// An error as kept: capped, one line.
-pub(crate) fn capped_error(error: &str) -> String {
-    let line: String = error
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let cut = capped(&line);
-    match cut.char_indices().nth(MAX_ERROR_CHARS) {
-        None => cut.into_owned(),
-        Some((end, _)) => format!("{}…", &cut[..end]),
+/// One event as a JSON line: the event's own fields, then its place in the chain.
+fn line(recorded: &Recorded) -> serde_json::Value {
+    let mut value = serde_json::to_value(&recorded.event).expect("events serialize");
+    if let (Some(object), Some(chained)) = (value.as_object_mut(), recorded.chained) {
+        object.insert("seq".into(), chained.seq.into());
+        object.insert("prev".into(), chained.prev.to_hex().into());
+        object.insert("hash".into(), chained.hash.to_hex().into());
     }
+    value
 }
 
-/// The status of `sink` on `conn` (also what the read-only reader answers).
-pub(crate) fn status(
-    conn: &rusqlite::Connection,
-    sink: &str,
-) -> Result<Option<ExportStatus>, StoreError> {
-    let row: Option<(i64, Option<i64>, Option<String>)> = conn
-        .query_row(
-            "SELECT seq, failing_since_ms, last_error FROM export_cursor WHERE sink = ?1",
-            [sink],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()?;
-    let Some((cursor, failing, error)) = row else {
-        return Ok(None);
+/// One event as the CSV columns ([`CSV_COLUMNS`]).
+fn csv_row(event: &ConfirmEvent, chained: Option<Chained>) -> [String; 14] {
+    let code = match event.kind {
+        EventKind::Refused { refusal } => refusal.code(),
+        EventKind::Rejected { reason } => reason.code(),
+        EventKind::Replay => countersign_core::Refusal::AlreadyUsed.code(),
+        _ => "",
     };
-    // Unchained rows (recorded before the chain, chained by the next event) wait too.
-    let waiting: i64 = conn.query_row(
-        "SELECT count(*) FROM history WHERE seq IS NULL OR seq > ?1",
-        [cursor],
-        |r| r.get(0),
-    )?;
-    Ok(Some(ExportStatus {
-        cursor: u64::try_from(cursor).unwrap_or_default(),
-        waiting: u64::try_from(waiting).unwrap_or_default(),
-        failing_since_ms: failing
-            .map(|ms| ms_from_sql(ms, "export_cursor"))
-            .transpose()?,
-        last_error: error,
-    }))
+    let ok = match event.kind {
+        EventKind::Executed { ok } => ok.to_string(),
+        _ => String::new(),
+    };
+    let at = i64::try_from(event.at_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    [
+        event.at_ms.to_string(),
+        at,
+        event.kind.code().to_owned(),
+        code.to_owned(),
+        cell(&event.tool),
+        event.target.as_deref().map(cell).unwrap_or_default(),
+        cell(&event.tenant),
+        event.nonce.map(|n| n.to_hex()).unwrap_or_default(),
+        event.plan.map(|p| p.to_hex()).unwrap_or_default(),
+        event.note.as_deref().map(cell).unwrap_or_default(),
+        ok,
+        chained.map(|c| c.seq.to_string()).unwrap_or_default(),
+        chained.map(|c| c.prev.to_hex()).unwrap_or_default(),
+        chained.map(|c| c.hash.to_hex()).unwrap_or_default(),
+    ]
+}
+
+/// Text someone else chose, as a CSV cell no spreadsheet runs as a formula.
+fn cell(text: &str) -> String {
+    match text.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{text}"),
+        _ => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cell_a_spreadsheet_would_run_as_a_formula_is_written_as_text() {
+        for formula in [
+            "=HYPERLINK(\"http://x\")",
+            "+1",
+            "-2+3",
+            "@SUM(A1)",
+            "\tx",
+            "\rx",
+        ] {
+            assert_eq!(cell(formula), format!("'{formula}"));
+        }
+        for plain in ["execute", "main.db", "", "a=b", "key:ci"] {
+            assert_eq!(cell(plain), plain);
+        }
+    }
 }

@@ -26,7 +26,8 @@ mod approval;
 mod connection;
 mod decision;
 mod error;
-mod export;
+#[cfg(feature = "export")]
+pub mod export;
 mod grant;
 mod history;
 mod ledger;
@@ -37,6 +38,7 @@ mod read;
 mod records;
 mod roster;
 mod schema;
+mod sink;
 pub(crate) mod waiting;
 
 use std::path::{Path, PathBuf};
@@ -50,7 +52,6 @@ pub use approval::Approval;
 pub use connection::StoreOptions;
 pub use decision::{DecisionRecord, MAX_DECISION_ROWS};
 pub use error::StoreError;
-pub use export::{ExportStatus, OTLP_SINK};
 pub use grant::{Grant, GrantEnd, GrantKind};
 pub use history::{Chained, Heads, HistoryFilter, MAX_STORED_CHARS, Recorded, StoredLink, capped};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
@@ -60,6 +61,7 @@ pub use read::HistoryReader;
 pub use records::{Records, Sqlite};
 pub use roster::{MAX_MEMBER_NAME_CHARS, Member, Roster, valid_member_name};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+pub use sink::{ExportStatus, OTLP_SINK};
 pub use waiting::{MAX_WAITING_ROWS, WaitingCall};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.

@@ -142,7 +142,7 @@ impl HistoryReader {
             .as_ref()
             .filter(|_| self.version >= EXPORT_VERSION)
         {
-            Some(conn) => crate::export::status(conn, sink),
+            Some(conn) => crate::sink::status(conn, sink),
             None => Ok(None),
         }
     }

@@ -484,7 +484,7 @@ impl Records for Postgres {
 
     async fn export_failed(&self, sink: &str, now_ms: u64, error: &str) -> Result<(), StoreError> {
         let now = ms_to_sql(now_ms)?;
-        let error = text(&crate::export::capped_error(error)).into_owned();
+        let error = text(&crate::sink::capped_error(error)).into_owned();
         on_connection!(self, |conn| conn.execute(
             "UPDATE export_cursor
              SET failing_since_ms = coalesce(failing_since_ms, $2), last_error = $3
