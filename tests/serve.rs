@@ -2225,7 +2225,6 @@ fn notes_in(db: &Path) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn the_control_database_down_between_approval_and_confirm_runs_nothing_until_it_is_back() {
-    use countersign_core::approver::Verdict;
     let postgres = countersign_tests::postgres::PrivateServer::start();
     let dsn = countersign_tests::postgres::fresh_database(&postgres.dsn()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -2255,28 +2254,10 @@ async fn the_control_database_down_between_approval_and_confirm_runs_nothing_unt
                 let agent = agent.clone();
                 tokio::spawn(async move { call(&agent, "execute", delete).await })
             };
-            let request = tokio::task::spawn_blocking(move || {
-                let alice = Desk::new(11);
-                let request = first_waiting(port, &trusted, &alice);
-                let body = alice.decide(
-                    &format!("https://localhost:{port}"),
-                    &request,
-                    Verdict::Approve,
-                    |_| {},
-                );
-                on_approver_listener(
-                    port,
-                    &trusted,
-                    Some(&alice),
-                    "POST",
-                    "/approver/v1/decisions",
-                    &[],
-                    &body.to_string(),
-                )
-                .unwrap()
-            })
-            .await
-            .unwrap();
+            let request =
+                tokio::task::spawn_blocking(move || Desk::new(11).approve_first(port, &trusted))
+                    .await
+                    .unwrap();
             assert_eq!(request.0, 200, "{request:?}");
             asking.await.unwrap().structured_content.unwrap()
         }
@@ -2349,7 +2330,6 @@ fn sample(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn the_operator_listener_counts_what_the_server_decided_and_serves_nothing_to_agents() {
-    use countersign_core::approver::Verdict;
     let dsn = shared_database().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, trusted) = self_signed(dir.path());
@@ -2398,28 +2378,9 @@ async fn the_operator_listener_counts_what_the_server_decided_and_serves_nothing
     };
     let decided = {
         let trusted = trusted.clone();
-        tokio::task::spawn_blocking(move || {
-            let alice = Desk::new(21);
-            let request = first_waiting(port, &trusted, &alice);
-            let body = alice.decide(
-                &format!("https://localhost:{port}"),
-                &request,
-                Verdict::Approve,
-                |_| {},
-            );
-            on_approver_listener(
-                port,
-                &trusted,
-                Some(&alice),
-                "POST",
-                "/approver/v1/decisions",
-                &[],
-                &body.to_string(),
-            )
+        tokio::task::spawn_blocking(move || Desk::new(21).approve_first(port, &trusted))
+            .await
             .unwrap()
-        })
-        .await
-        .unwrap()
     };
     assert_eq!(decided.0, 200, "{decided:?}");
     let content = asking.await.unwrap().structured_content.unwrap();

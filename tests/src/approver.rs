@@ -53,6 +53,24 @@ impl Desk {
         .unwrap()
     }
 
+    /// Approves the first call waiting on the approver listener at `port` (a server that names
+    /// itself `https://localhost:PORT`): the status and the answer.
+    pub fn approve_first(
+        &self,
+        port: u16,
+        trusted: &rustls::pki_types::CertificateDer<'static>,
+    ) -> (u16, Value) {
+        let request = first_waiting(port, trusted, self);
+        let server = format!("https://localhost:{port}");
+        let decision = self.decide(
+            &server,
+            &request,
+            countersign_core::approver::Verdict::Approve,
+            |_| {},
+        );
+        self.send(port, trusted, &decision)
+    }
+
     /// Its public key, as `countersign serve approver add` takes it.
     pub fn public_text(&self) -> String {
         countersign_core::approver::public_key_text(&self.key.public())
