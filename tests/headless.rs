@@ -29,6 +29,20 @@ fn headless(cmd: &mut tokio::process::Command, dir: &Path) {
         .env("RUST_LOG", "warn");
 }
 
+/// A desk with no display, an in-memory secret and its files in `dir`, once its socket answers.
+async fn start_desk(dir: &Path) -> tokio::process::Child {
+    let mut desk = tokio::process::Command::new(bin("countersign-desk"));
+    desk.arg("--in-memory-secret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    headless(&mut desk, dir);
+    let desk = desk.spawn().unwrap();
+    desk_process::wait_for_socket(&dir.join("desk.sock")).await;
+    desk
+}
+
 async fn agent(dir: &Path, launch: bool) -> RunningService<RoleClient, ClientConfig> {
     let mut cmd = tokio::process::Command::new(bin("countersign"));
     cmd.arg("mcp").arg("--db").arg(dir.join("app.sqlite"));
@@ -86,15 +100,7 @@ async fn open_works_and_gated_is_refused(agent: &RunningService<RoleClient, Clie
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_desk_without_a_display_serves_open_tools_and_refuses_gated_calls() {
     let dir = tempfile::tempdir().unwrap();
-    let mut desk = tokio::process::Command::new(bin("countersign-desk"));
-    desk.arg("--in-memory-secret")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    headless(&mut desk, dir.path());
-    let desk = desk.spawn().unwrap();
-    desk_process::wait_for_socket(&dir.path().join("desk.sock")).await;
+    let desk = start_desk(dir.path()).await;
     let agent = agent(dir.path(), false).await;
     open_works_and_gated_is_refused(&agent).await;
     agent.cancel().await.unwrap();
@@ -121,15 +127,7 @@ async fn a_desk_sends_its_confirm_events_to_the_collector_of_its_settings() {
         .unwrap(),
     )
     .unwrap();
-    let mut desk = tokio::process::Command::new(bin("countersign-desk"));
-    desk.arg("--in-memory-secret")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    headless(&mut desk, dir.path());
-    let desk = desk.spawn().unwrap();
-    desk_process::wait_for_socket(&dir.path().join("desk.sock")).await;
+    let desk = start_desk(dir.path()).await;
     let agent = agent(dir.path(), false).await;
     open_works_and_gated_is_refused(&agent).await;
     let forged = call(
