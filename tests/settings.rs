@@ -345,10 +345,30 @@ async fn protect_in_settings_rewrites_a_claude_desktop_config_and_restore_brings
     .replace("@TOKEN@", &token);
     serde_json::from_str::<Value>(&original).expect("the fixture is JSON");
     std::fs::write(&config, &original).unwrap();
+    // Another client whose only server uses a variable the client fills in itself: listed with
+    // why it is left as it is, and what to do instead.
+    let cursor = home.path().join(".cursor/mcp.json");
+    std::fs::create_dir_all(cursor.parent().unwrap()).unwrap();
+    let cursor_text = r#"{ "mcpServers": { "workspace-files": { "command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "${workspaceFolder}"] } } }
+"#;
+    std::fs::write(&cursor, cursor_text).unwrap();
     let desk =
         Desk::start_with(&[("COUNTERSIGN_CLIENTS_HOME", home.path().to_str().unwrap())]).await;
     desk.click("#tab-settings").await;
     desk.click("#st-clients").await;
+    let cursor_row = "#clients tr[data-client=\"cursor\"]";
+    desk.until(
+        "Cursor's entry left alone, with why and the next move",
+        |d| {
+            Box::pin(async move {
+                let left = d.text(&format!("{cursor_row} .cl-left")).await;
+                left.contains("workspace-files")
+                    && left.contains("fills in itself")
+                    && left.contains("register it with `countersign server add` instead")
+            })
+        },
+    )
+    .await;
     let row = "#clients tr[data-client=\"claude-desktop\"]";
     desk.until("Claude Desktop with two servers", |d| {
         Box::pin(async move {
@@ -381,6 +401,11 @@ async fn protect_in_settings_rewrites_a_claude_desktop_config_and_restore_brings
     );
     assert!(!summary.contains(&token), "{summary}");
     desk.screenshot("settings-clients.png").await;
+    assert_eq!(
+        std::fs::read_to_string(&cursor).unwrap(),
+        cursor_text,
+        "protecting one client leaves the others' files as they were"
+    );
 
     let rewritten: Value =
         serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
