@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use countersign_core::approver::Verdict;
-use countersign_core::chain::{Break, ChainKey};
+use countersign_core::chain::{Break, ChainKey, Walk};
 use countersign_core::telemetry::EventKind;
 use countersign_core::{GateClass, PlanHash, Refusal, SpendError};
 use countersign_store::test_support::{
@@ -326,7 +326,7 @@ async fn events_recorded_at_once_form_one_chain_under_a_signed_head(r: R) {
         task.await.unwrap().unwrap();
     }
     let intact = r
-        .verify_history(Some(chain_key().public()), &[])
+        .verify_history(Walk::new(Some(chain_key().public())))
         .await
         .unwrap()
         .unwrap();
@@ -334,7 +334,7 @@ async fn events_recorded_at_once_form_one_chain_under_a_signed_head(r: R) {
     assert_eq!(intact.head.unwrap().head.seq, 24);
     let other = ChainKey::from_seed(&[1; 32]).public();
     assert!(matches!(
-        r.verify_history(Some(other), &[]).await.unwrap(),
+        r.verify_history(Walk::new(Some(other))).await.unwrap(),
         Err(Break::WrongKey { seq: 24, .. })
     ));
 }
@@ -799,7 +799,7 @@ async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
         task.await.unwrap().unwrap();
     }
     let key = Some(chain_key().public());
-    let intact = b.verify_history(key, &[]).await.unwrap().unwrap();
+    let intact = b.verify_history(Walk::new(key)).await.unwrap().unwrap();
     assert_eq!((intact.first, intact.last), (Some(1), Some(30)));
     let admin = countersign_tests::postgres::admin(&dsn).await;
     admin
@@ -810,7 +810,7 @@ async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
         .await
         .unwrap();
     assert_eq!(
-        a.verify_history(key, &[]).await.unwrap(),
+        a.verify_history(Walk::new(key)).await.unwrap(),
         Err(Break::Edited { seq: 17 })
     );
     admin
@@ -818,7 +818,7 @@ async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
         .await
         .unwrap();
     assert_eq!(
-        a.verify_history(key, &[]).await.unwrap(),
+        a.verify_history(Walk::new(key)).await.unwrap(),
         Err(Break::TailCut { last: 16, head: 30 })
     );
 }

@@ -732,6 +732,24 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
         }),
         "{sent:?}"
     );
+    // What the collector holds checks the control database's chain: the last event it
+    // received must still be there, with that hash.
+    let last = sent.last().unwrap();
+    let seen = format!(
+        "{}:{}",
+        countersign_tests::otlp::attribute(last, "countersign.seq").unwrap(),
+        countersign_tests::otlp::attribute(last, "countersign.chain.hash").unwrap()
+    );
+    let (code, verdict, note) = roster_command(
+        "history",
+        &[("CONTROL_DSN", &dsn)],
+        &["--verify", "--seen", &seen],
+    );
+    assert_eq!(code, 0, "{verdict}{note}");
+    assert!(
+        verdict.starts_with("history intact: events #1 to #"),
+        "{verdict}"
+    );
     let written = server.stop();
     assert!(
         !written.contains("collector-key-marker"),

@@ -355,7 +355,7 @@ pub enum Break {
     },
     /// A signed head names an event beyond the last one there: the tail was cut off.
     #[error(
-        "the history ends at event #{last} but a head signed at event #{head} was seen: the events after #{last} were cut off"
+        "the history ends at event #{last} but event #{head} was seen before (under a signed head, or at a collector): the events after #{last} were cut off"
     )]
     TailCut {
         /// The last event there.
@@ -419,6 +419,8 @@ pub struct Walk {
     /// The last event's number and hash.
     last: Option<(u64, ChainHash)>,
     expected: Vec<SignedHead>,
+    /// Events seen elsewhere (a collector's records): number and hash, unsigned.
+    seen: Vec<(u64, ChainHash)>,
     /// A gap just seen: missing events, unless the next event is one of them (then reordered).
     gap: Option<(u64, u64, u64)>,
 }
@@ -455,6 +457,13 @@ impl Walk {
         Ok(())
     }
 
+    /// Holds the chain to an event seen elsewhere, unsigned: event `seq` with hash `hash`, as a
+    /// collector received it (`countersign.seq`, `countersign.chain.hash`). The event must be
+    /// there, with that hash: a tail cut off after the collector saw it is named.
+    pub fn expect_seen(&mut self, seq: u64, hash: ChainHash) {
+        self.seen.push((seq, hash));
+    }
+
     /// Checks the next event, whose stored hash is `stored`.
     pub fn step(&mut self, link: &Link<'_>, stored: ChainHash) -> Result<(), Break> {
         let seq = link.seq;
@@ -489,8 +498,9 @@ impl Walk {
             }
             self.first = Some((seq, link.prev));
         }
-        for head in &self.expected {
-            if head.head.seq == seq && head.head.hash != stored {
+        let points = self.expected.iter().map(|h| (h.head.seq, h.head.hash));
+        for (at, hash) in points.chain(self.seen.iter().copied()) {
+            if at == seq && hash != stored {
                 return Err(Break::NotTheHead { seq });
             }
         }
@@ -527,15 +537,16 @@ impl Walk {
             pruned_before = true;
         }
         let last = self.last.map(|(seq, _)| seq);
-        // A head kept elsewhere that names an event past the end: the tail was cut.
-        for kept in &self.expected {
+        // A head kept elsewhere, or an event seen elsewhere, past the end: the tail was cut.
+        let points = self.expected.iter().map(|h| h.head.seq);
+        for kept in points.chain(self.seen.iter().map(|(seq, _)| *seq)) {
             match last {
-                Some(last) if kept.head.seq <= last => {}
-                _ if kept.head.seq == 0 => {}
+                Some(last) if kept <= last => {}
+                _ if kept == 0 => {}
                 _ => {
                     return Err(Break::TailCut {
                         last: last.unwrap_or(0),
-                        head: kept.head.seq,
+                        head: kept,
                     });
                 }
             }
@@ -617,6 +628,21 @@ pub fn heads_in(text: &str) -> Result<Vec<SignedHead>, String> {
         return Err("holds no signed head".into());
     }
     Ok(heads)
+}
+
+/// An event seen elsewhere, written `SEQ:HASH` (a collector's `countersign.seq` and
+/// `countersign.chain.hash`), for [`Walk::expect_seen`].
+pub fn seen_in(text: &str) -> Result<(u64, ChainHash), String> {
+    let (seq, hash) = text
+        .split_once(':')
+        .ok_or_else(|| format!("--seen {text:?} is not SEQ:HASH"))?;
+    let seq = seq
+        .trim()
+        .parse()
+        .map_err(|_| format!("--seen {text:?}: {seq:?} is not an event number"))?;
+    let hash = ChainHash::from_hex(hash.trim())
+        .ok_or_else(|| format!("--seen {text:?}: {hash:?} is not a chain hash"))?;
+    Ok((seq, hash))
 }
 
 /// What a check found, in one line for people: `history intact: …` with the range, the head and
@@ -868,6 +894,38 @@ mod tests {
             walk_all(&mut walk, &borrowed),
             Err(Break::NotTheHead { seq: 2 })
         );
+    }
+
+    #[test]
+    fn an_event_a_collector_saw_catches_a_tail_cut_and_a_rewrite() {
+        let key = ChainKey::from_seed(&[7; 32]);
+        let (targets, hashes) = chain(5);
+        let all = rows(&targets, &hashes);
+        let run = |rows: &[(u64, String, ChainHash, ChainHash)], seen: (u64, ChainHash)| {
+            let mut walk = Walk::new(Some(key.public()));
+            walk.expect_seen(seen.0, seen.1);
+            let borrowed: Vec<_> = rows
+                .iter()
+                .map(|(s, t, p, h)| (*s, t.as_str(), *p, *h))
+                .collect();
+            walk_all(&mut walk, &borrowed)?;
+            let last = rows.last().unwrap();
+            walk.finish(
+                Some(key.sign(Head {
+                    seq: last.0,
+                    hash: last.3,
+                    at_ms: 9,
+                })),
+                None,
+                false,
+            )
+        };
+        assert!(run(&all, (5, hashes[4])).is_ok());
+        assert_eq!(
+            run(&all[..3], (5, hashes[4])),
+            Err(Break::TailCut { last: 3, head: 5 })
+        );
+        assert_eq!(run(&all, (4, hashes[0])), Err(Break::NotTheHead { seq: 4 }));
     }
 
     #[test]

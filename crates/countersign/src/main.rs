@@ -227,6 +227,11 @@ enum HistoryCheck {
         /// again. May be given more than once.
         #[arg(long)]
         head: Vec<PathBuf>,
+        /// An event seen elsewhere, `SEQ:HASH` (a collector's `countersign.seq` and
+        /// `countersign.chain.hash`): the history must still hold it, with that hash. Catches a
+        /// tail cut off after the collector received it. May be given more than once.
+        #[arg(long)]
+        seen: Vec<String>,
         /// The desk's SQLite file (default: the desk's own).
         #[arg(long, conflicts_with = "file")]
         db: Option<PathBuf>,
@@ -632,6 +637,7 @@ fn history_check(check: HistoryCheck) -> i32 {
             file,
             key,
             head,
+            seen,
             db,
         } => {
             let key = match key.as_deref().map(verify::read_key).transpose() {
@@ -641,19 +647,35 @@ fn history_check(check: HistoryCheck) -> i32 {
                     return 2;
                 }
             };
-            let mut kept = Vec::new();
+            let mut walk = countersign_core::chain::Walk::new(key);
             for path in &head {
                 match verify::read_heads(path) {
-                    Ok(heads) => kept.extend(heads),
+                    Ok(heads) => {
+                        for kept in heads {
+                            if let Err(broken) = walk.expect(kept) {
+                                println!("{}", verify::report(&Err(broken), key.is_some()).0);
+                                return 1;
+                            }
+                        }
+                    }
                     Err(e) => {
                         eprintln!("countersign: --head {e}");
                         return 2;
                     }
                 }
             }
+            for point in &seen {
+                match countersign_core::chain::seen_in(point) {
+                    Ok((seq, hash)) => walk.expect_seen(seq, hash),
+                    Err(e) => {
+                        eprintln!("countersign: {e}");
+                        return 2;
+                    }
+                }
+            }
             let result = match file {
                 Some(path) => match std::fs::File::open(&path) {
-                    Ok(input) => verify::verify_export(input, key, &kept),
+                    Ok(input) => verify::verify_export(input, walk),
                     Err(e) => {
                         eprintln!("countersign: {}: {e}", path.display());
                         return 2;
@@ -665,7 +687,7 @@ fn history_check(check: HistoryCheck) -> i32 {
                         Ok(store) => store,
                         Err(code) => return code.max(2),
                     };
-                    match store.verify(key, &kept) {
+                    match store.verify(walk) {
                         Ok(result) => result,
                         Err(err) => {
                             eprintln!("countersign: cannot read history: {err}");

@@ -60,19 +60,11 @@ struct EventLine {
     hash: String,
 }
 
-/// Checks the export read from `input` (JSON lines, as `history --format jsonl` wrote them)
-/// against `key` (or the key its head names) and the heads in `kept`. An export may begin
+/// Checks the export read from `input` (JSON lines, as `history --format jsonl` wrote them) with
+/// `walk` (its key, the heads kept and events seen elsewhere). An export may begin
 /// anywhere (`--since`); it must end with its signed head, or a head in `kept` must name its last
 /// event.
-pub fn verify_export(
-    input: impl Read,
-    key: Option<[u8; 32]>,
-    kept: &[SignedHead],
-) -> Result<Intact, Break> {
-    let mut walk = Walk::new(key);
-    for head in kept {
-        walk.expect(*head)?;
-    }
+pub fn verify_export(input: impl Read, mut walk: Walk) -> Result<Intact, Break> {
     let unreadable = |number: u64, reason: String| Break::Unreadable {
         at: format!("line {number}"),
         reason,

@@ -274,8 +274,15 @@ fn a_head_kept_from_before_catches_a_file_whose_tail_was_cut() {
     ]);
     assert_eq!(code, 0, "{text}");
 
-    // The last event and the head row go: what is left is a whole chain with no head.
+    // What a collector received of the last event: its number and hash.
     let conn = rusqlite::Connection::open(&db).unwrap();
+    let last: String = conn
+        .query_row("SELECT hash FROM history WHERE seq = 4", [], |r| r.get(0))
+        .unwrap();
+    let seen = format!("4:{last}");
+    let (code, text) = check(&["verify", "--db", db_arg, "--key", &key, "--seen", &seen]);
+    assert_eq!(code, 0, "{text}");
+    // The last event and the head row go: what is left is a whole chain with no head.
     conn.execute_batch("DELETE FROM history WHERE seq = 4; DELETE FROM history_head;")
         .unwrap();
     let (code, text) = check(&[
@@ -290,6 +297,12 @@ fn a_head_kept_from_before_catches_a_file_whose_tail_was_cut() {
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("(tail_cut)"), "{text}");
     assert!(text.contains("ends at event #3"), "{text}");
+    // The same cut, caught against what the collector saw.
+    let (code, text) = check(&["verify", "--db", db_arg, "--key", &key, "--seen", &seen]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(tail_cut)"), "{text}");
+    let (code, text) = check(&["verify", "--db", db_arg, "--seen", "4:nothex"]);
+    assert_eq!(code, 2, "{text}");
 }
 
 #[test]

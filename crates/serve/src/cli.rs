@@ -282,4 +282,9 @@ pub struct HistoryArgs {
     /// hold the event it signed. May be given more than once.
     #[arg(long, value_name = "FILE", requires = "verify")]
     pub head: Vec<PathBuf>,
+
+    /// With --verify: an event seen elsewhere, `SEQ:HASH` (the collector's `countersign.seq` and
+    /// `countersign.chain.hash`); the history must still hold it. May be given more than once.
+    #[arg(long, value_name = "SEQ:HASH", requires = "verify")]
+    pub seen: Vec<String>,
 }

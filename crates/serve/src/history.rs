@@ -28,22 +28,41 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    let mut kept = Vec::new();
+    let mut walk = countersign_core::chain::Walk::new(key);
     for path in &args.head {
-        match std::fs::read_to_string(path)
+        let heads = std::fs::read_to_string(path)
             .map_err(|e| e.to_string())
-            .and_then(|text| countersign_core::chain::heads_in(&text))
-        {
-            Ok(heads) => kept.extend(heads),
+            .and_then(|text| countersign_core::chain::heads_in(&text));
+        match heads {
+            Ok(heads) => {
+                for kept in heads {
+                    if let Err(broken) = walk.expect(kept) {
+                        println!(
+                            "{}",
+                            countersign_core::chain::describe(&Err(broken), key.is_some())
+                        );
+                        return 1;
+                    }
+                }
+            }
             Err(e) => {
                 eprintln!("{me}: --head {}: {e}", path.display());
                 return 2;
             }
         }
     }
+    for point in &args.seen {
+        match countersign_core::chain::seen_in(point) {
+            Ok((seq, hash)) => walk.expect_seen(seq, hash),
+            Err(e) => {
+                eprintln!("{me}: {e}");
+                return 2;
+            }
+        }
+    }
     with_records(me, args.data_dir.clone(), |records| async move {
         if args.verify {
-            return match records.verify_history(key, &kept).await {
+            return match records.verify_history(walk).await {
                 Ok(result) => {
                     println!(
                         "{}",

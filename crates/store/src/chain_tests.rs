@@ -43,9 +43,13 @@ fn numbered(i: u64) -> countersign_core::telemetry::ConfirmEvent {
 }
 
 fn verify(store: &Store, kept: &[SignedHead]) -> Result<countersign_core::chain::Intact, Break> {
+    let mut walk = countersign_core::chain::Walk::new(Some(key().public()));
+    for head in kept {
+        walk.expect(*head)?;
+    }
     HistoryReader::open(store.path(), &StoreOptions::default())
         .unwrap()
-        .verify(Some(key().public()), kept)
+        .verify(walk)
         .unwrap()
 }
 

@@ -293,12 +293,8 @@ impl Store {
     }
 
     /// Checks the history's chain: see [`HistoryReader::verify`](crate::HistoryReader::verify).
-    pub fn verify_history(
-        &mut self,
-        key: Option<[u8; 32]>,
-        kept: &[SignedHead],
-    ) -> Result<Result<Intact, Break>, StoreError> {
-        self.with_connection(|conn| verify(conn, key, kept))
+    pub fn verify_history(&mut self, walk: Walk) -> Result<Result<Intact, Break>, StoreError> {
+        self.with_connection(|conn| verify(conn, walk))
     }
 
     /// Recorded events that pass `filter`, newest first (by time, then by order of recording).
@@ -623,15 +619,8 @@ pub(crate) fn heads(conn: &rusqlite::Connection) -> Result<Heads, StoreError> {
 /// [`HistoryReader::verify`](crate::HistoryReader::verify).
 pub(crate) fn verify(
     conn: &rusqlite::Connection,
-    key: Option<[u8; 32]>,
-    kept: &[SignedHead],
+    mut walk: Walk,
 ) -> Result<Result<Intact, Break>, StoreError> {
-    let mut walk = Walk::new(key);
-    for head in kept {
-        if let Err(broken) = walk.expect(*head) {
-            return Ok(Err(broken));
-        }
-    }
     let snapshot = conn.unchecked_transaction()?;
     let mut broken = None;
     each_link(&snapshot, |stored: StoredLink| {
@@ -650,20 +639,6 @@ pub(crate) fn verify(
         return Ok(Err(b));
     }
     Ok(walk.finish(heads.head, heads.start, false))
-}
-
-/// The check of a history with no events and no heads (a file nothing was written to yet).
-pub(crate) fn verify_none(
-    key: Option<[u8; 32]>,
-    kept: &[SignedHead],
-) -> Result<Result<Intact, Break>, StoreError> {
-    let mut walk = Walk::new(key);
-    for head in kept {
-        if let Err(broken) = walk.expect(*head) {
-            return Ok(Err(broken));
-        }
-    }
-    Ok(walk.finish(None, None, false))
 }
 
 /// Hands `each` every row on `conn` in the order it was recorded, exactly as stored.

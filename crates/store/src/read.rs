@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use countersign_core::chain::{Break, Intact, SignedHead};
+use countersign_core::chain::{Break, Intact, Walk};
 use countersign_core::telemetry::ConfirmEvent;
 use rusqlite::{Connection, OpenFlags};
 
@@ -106,18 +106,15 @@ impl HistoryReader {
         Ok(heads)
     }
 
-    /// Checks the file's chain (see [`countersign_core::chain`]): every event against its hash and
-    /// the one before, the oldest against the start (or its signed prune mark), the newest
-    /// against the signed head, and the chain against every head in `kept` (heads exported or
-    /// sent earlier, which catch a tail cut off with the head signed again). Signatures are
-    /// checked against `key` when given, else against the key the file's head names. The outer
+    /// Checks the file's chain (see [`countersign_core::chain`]) with `walk`: every event against
+    /// its hash and the one before, the oldest against the start (or its signed prune mark), the
+    /// newest against the signed head, and the chain against what `walk` was told to expect
+    /// (heads exported earlier, events a collector saw: they catch a tail cut off with the head
+    /// signed again). Signatures are checked against the key `walk` was given, else against the
+    /// key the file's head names. The outer
     /// error is the store's (the file cannot be read); the inner one names the first event at
     /// which the chain breaks.
-    pub fn verify(
-        &self,
-        key: Option<[u8; 32]>,
-        kept: &[SignedHead],
-    ) -> Result<Result<Intact, Break>, StoreError> {
+    pub fn verify(&self, walk: Walk) -> Result<Result<Intact, Break>, StoreError> {
         if self.conn.is_some() && !self.is_chained() {
             return Ok(Err(Break::Unreadable {
                 at: "the file".into(),
@@ -129,8 +126,8 @@ impl HistoryReader {
             }));
         }
         match &self.conn {
-            Some(conn) => history::verify(conn, key, kept),
-            None => history::verify_none(key, kept),
+            Some(conn) => history::verify(conn, walk),
+            None => Ok(walk.finish(None, None, false)),
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use countersign_core::approver::Verdict;
-use countersign_core::chain::{Break, Intact, SignedHead};
+use countersign_core::chain::{Break, Intact, Walk};
 use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Ledger, Nonce, PlanHash, SpendError};
 
@@ -57,14 +57,10 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// Recorded events that pass `filter`, newest first (by time, then by order of recording).
     async fn history(&self, filter: &HistoryFilter) -> Result<Vec<ConfirmEvent>, StoreError>;
 
-    /// Checks the history's chain as one snapshot (see
+    /// Checks the history's chain with `walk`, as one snapshot (see
     /// [`HistoryReader::verify`](crate::HistoryReader::verify)): the outer error is the store's,
     /// the inner one names the first event at which the chain breaks.
-    async fn verify_history(
-        &self,
-        key: Option<[u8; 32]>,
-        kept: &[SignedHead],
-    ) -> Result<Result<Intact, Break>, StoreError>;
+    async fn verify_history(&self, walk: Walk) -> Result<Result<Intact, Break>, StoreError>;
 
     /// Takes (or keeps) the right to send history to telemetry `sink` until `now_ms +
     /// lease_ms`, for `holder`, creating the sink's cursor at the start of history when there is
@@ -319,13 +315,8 @@ impl Records for Sqlite {
         self.off(move |s| s.history(&filter)).await
     }
 
-    async fn verify_history(
-        &self,
-        key: Option<[u8; 32]>,
-        kept: &[SignedHead],
-    ) -> Result<Result<Intact, Break>, StoreError> {
-        let kept = kept.to_vec();
-        self.off(move |s| s.verify_history(key, &kept)).await
+    async fn verify_history(&self, walk: Walk) -> Result<Result<Intact, Break>, StoreError> {
+        self.off(move |s| s.verify_history(walk)).await
     }
 
     async fn prune(&self, now_ms: u64) -> Result<Pruned, StoreError> {

@@ -522,17 +522,7 @@ impl Records for Postgres {
         Ok(())
     }
 
-    async fn verify_history(
-        &self,
-        key: Option<[u8; 32]>,
-        kept: &[SignedHead],
-    ) -> Result<Result<Intact, Break>, StoreError> {
-        let mut walk = Walk::new(key);
-        for head in kept {
-            if let Err(broken) = walk.expect(*head) {
-                return Ok(Err(broken));
-            }
-        }
+    async fn verify_history(&self, mut walk: Walk) -> Result<Result<Intact, Break>, StoreError> {
         let pg = StoreError::Postgres;
         let mut conn = self.connection().await?;
         // One snapshot, read a page at a time by chain number: the rows and the heads of the same
