@@ -209,3 +209,37 @@ async fn two_senders_on_the_same_records_send_each_event_once() {
     stop_a.cancel();
     stop_b.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_refuses_gets_every_event_again_and_a_huge_answer_is_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = records(dir.path());
+    for e in session(1_000).into_iter().take(3) {
+        records.record(&e).await.unwrap();
+    }
+    // 503: nothing is acknowledged; the batch comes again, and the events wait.
+    let refusing = Collector::answering(503, b"busy".to_vec()).await;
+    let stop = sender(&records, &refusing, "desk-1");
+    let twice = refusing.wait_for(6, Duration::from_secs(30)).await;
+    assert_eq!(seqs(&twice)[..6], [1, 2, 3, 1, 2, 3]);
+    let status = records.export_status(SINK).await.unwrap().unwrap();
+    assert_eq!((status.cursor, status.waiting), (0, 3), "{status:?}");
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("answered 503"),
+        "{status:?}"
+    );
+    stop.cancel();
+    // 200 with a body far longer than any answer: taken as acknowledged, never read whole.
+    let huge = Collector::answering(200, vec![0xff; 8 * 1024 * 1024]).await;
+    let stop = sender(&records, &huge, "desk-1");
+    huge.wait_for(3, Duration::from_secs(30)).await;
+    until("the cursor reaches the head", || async {
+        records.export_status(SINK).await.unwrap().unwrap().waiting == 0
+    })
+    .await;
+    stop.cancel();
+}

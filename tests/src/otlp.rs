@@ -17,6 +17,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
+/// What the collector answers each request: a status and a body.
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+}
+
 /// What the collector received.
 #[derive(Default)]
 struct Received {
@@ -29,19 +35,32 @@ struct Received {
 pub struct Collector {
     addr: SocketAddr,
     received: Arc<Received>,
+    answer: Arc<Answer>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Collector {
-    /// A collector on a free port.
+    /// A collector on a free port that takes every request (`200`, an empty body).
     pub async fn start() -> Collector {
+        Collector::answering(200, Vec::new()).await
+    }
+
+    /// A collector on a free port that answers every request with `status` and `body` (a hostile
+    /// or failing one); what it decodes is kept all the same.
+    pub async fn answering(status: u16, body: Vec<u8>) -> Collector {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(Received::default());
-        let task = Some(tokio::spawn(serve(listener, received.clone())));
+        let answer = Arc::new(Answer { status, body });
+        let task = Some(tokio::spawn(serve(
+            listener,
+            received.clone(),
+            answer.clone(),
+        )));
         Collector {
             addr,
             received,
+            answer,
             task,
         }
     }
@@ -61,10 +80,15 @@ impl Collector {
     /// Listens again on the same port.
     pub async fn up(&mut self) {
         let listener = TcpListener::bind(self.addr).await.unwrap();
-        self.task = Some(tokio::spawn(serve(listener, self.received.clone())));
+        self.task = Some(tokio::spawn(serve(
+            listener,
+            self.received.clone(),
+            self.answer.clone(),
+        )));
     }
 
-    /// Every record acknowledged so far, in arrival order.
+    /// Every record received so far (acknowledged, unless the collector was told to refuse), in
+    /// arrival order.
     pub fn records(&self) -> Vec<LogRecord> {
         self.received.records.lock().unwrap().clone()
     }
@@ -131,14 +155,14 @@ pub fn seqs(records: &[LogRecord]) -> Vec<u64> {
         .collect()
 }
 
-async fn serve(listener: TcpListener, received: Arc<Received>) {
+async fn serve(listener: TcpListener, received: Arc<Received>, answer: Arc<Answer>) {
     // Aborting this task drops the set, which aborts every connection: down is down.
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        let received = received.clone();
+        let (received, answer) = (received.clone(), answer.clone());
         connections.spawn(async move {
             let mut stream = BufReader::new(stream);
             // One request after another on the connection (senders keep it alive).
@@ -178,11 +202,19 @@ async fn serve(listener: TcpListener, received: Arc<Received>) {
                     }
                     received.requests.lock().unwrap().push(request);
                 }
-                let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                if stream.get_mut().write_all(answer).await.is_err() {
+                // Kept before it is answered: a sender may leave without reading the answer.
+                received.arrived.notify_waiters();
+                let head = format!(
+                    "HTTP/1.1 {} X\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\n\r\n",
+                    answer.status,
+                    answer.body.len()
+                );
+                let out = stream.get_mut();
+                if out.write_all(head.as_bytes()).await.is_err()
+                    || out.write_all(&answer.body).await.is_err()
+                {
                     return;
                 }
-                received.arrived.notify_waiters();
             }
         });
     }

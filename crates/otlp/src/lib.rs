@@ -50,6 +50,21 @@ const IDLE: Duration = Duration::from_millis(250);
 const MIN_PAUSE: Duration = Duration::from_millis(250);
 const MAX_PAUSE: Duration = Duration::from_secs(5);
 
+/// The most of a collector's answer read (its partial-success message is small).
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// At most `limit` bytes of `answer`'s body, or none when it is longer (or breaks off).
+async fn first_bytes(mut answer: reqwest::Response, limit: usize) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    while let Some(chunk) = answer.chunk().await.ok()? {
+        if body.len() + chunk.len() > limit {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body)
+}
+
 /// How long one post may take.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -354,9 +369,10 @@ impl Sender {
             });
         }
         // A collector may take the request and still reject some records for good: retrying
-        // would not change that, so it is said, and the cursor moves on.
-        if let Ok(bytes) = answer.bytes().await
-            && let Ok(response) = ExportLogsServiceResponse::decode(bytes)
+        // would not change that, so it is said, and the cursor moves on. Only so much of its
+        // answer is read: an endless one must not fill the memory of the authority.
+        if let Some(bytes) = first_bytes(answer, MAX_ANSWER).await
+            && let Ok(response) = ExportLogsServiceResponse::decode(bytes.as_slice())
             && let Some(partial) = response.partial_success
             && partial.rejected_log_records > 0
         {
