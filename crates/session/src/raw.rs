@@ -28,6 +28,11 @@ use crate::children::{Children, Group};
 /// See the module documentation.
 pub struct RawPassthroughTransport<R, W> {
     reader: BufReader<R>,
+    /// The line being read. Kept here, not in `receive`: rmcp polls `receive` inside a `select!`
+    /// and drops it whenever another branch is ready first, and a line that arrived in pieces
+    /// must survive that (a local buffer would lose the part already read, and with it the
+    /// message).
+    line: Vec<u8>,
     writer: Arc<tokio::sync::Mutex<Option<W>>>,
     raw_ids: Arc<Mutex<HashSet<RequestId>>>,
     child: Option<tokio::process::Child>,
@@ -39,6 +44,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RawPassthroughTransport<R, W> 
     pub fn new(read: R, write: W) -> Self {
         Self {
             reader: BufReader::new(read),
+            line: Vec::new(),
             writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
             raw_ids: Default::default(),
             child: None,
@@ -131,13 +137,17 @@ where
     }
 
     async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
-        let mut line = String::new();
         loop {
-            line.clear();
-            if self.reader.read_line(&mut line).await.ok()? == 0 {
+            // Cancel safe: what `read_until` takes from the reader is appended to `self.line`
+            // before it waits for more, so a dropped `receive` loses nothing.
+            let read = self.reader.read_until(b'\n', &mut self.line).await.ok()?;
+            if read == 0 && self.line.is_empty() {
                 return None; // EOF
             }
-            let Ok(mut value) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+            // A whole line (or the last one, cut by EOF).
+            let line = std::mem::take(&mut self.line);
+            let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(line.trim_ascii())
+            else {
                 // Some servers print banners on stdout; they are not protocol.
                 tracing::debug!(target: "gateway", "ignored a non-JSON line from the upstream");
                 continue;
@@ -185,5 +195,54 @@ where
         // Whatever the server started and left behind goes with it.
         self.group.take();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_message_that_arrives_in_pieces_survives_a_receive_dropped_halfway() {
+        let (upstream, desk) = tokio::io::duplex(1024);
+        let (read, _write_half) = tokio::io::split(desk);
+        let (_, mut upstream_out) = tokio::io::split(upstream);
+        let mut transport = RawPassthroughTransport::new(read, tokio::io::sink());
+        let message = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
+        let (first, rest) = message.split_at(20);
+        upstream_out.write_all(first).await.unwrap();
+        // rmcp's loop drops `receive` when another branch is ready first: here, a timeout that
+        // fires once the first piece was read and the rest has not come.
+        let dropped = tokio::time::timeout(Duration::from_millis(100), transport.receive()).await;
+        assert!(dropped.is_err(), "nothing whole had arrived yet");
+        upstream_out.write_all(rest).await.unwrap();
+        upstream_out.write_all(b"\n").await.unwrap();
+        let received = tokio::time::timeout(Duration::from_secs(10), transport.receive())
+            .await
+            .expect("the message was lost with the dropped receive")
+            .expect("the whole message");
+        assert!(
+            matches!(received, JsonRpcMessage::Notification(_)),
+            "{received:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_last_line_without_its_newline_is_still_read_at_eof() {
+        let (upstream, desk) = tokio::io::duplex(1024);
+        let (read, _write_half) = tokio::io::split(desk);
+        let mut transport = RawPassthroughTransport::new(read, tokio::io::sink());
+        let (_, mut upstream_out) = tokio::io::split(upstream);
+        upstream_out
+            .write_all(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#)
+            .await
+            .unwrap();
+        drop(upstream_out);
+        assert!(transport.receive().await.is_some());
+        assert!(transport.receive().await.is_none());
     }
 }

@@ -461,11 +461,18 @@ impl Postgres {
         &self,
         op: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.statement_timeout, op).await {
+        Self::timed_for(self.statement_timeout, op).await
+    }
+
+    /// [`Postgres::timed`] with a bound of its own (the schema's migration, once per database,
+    /// whose DDL a busy server may take longer than one statement's bound over).
+    pub(crate) async fn timed_for<T>(
+        bound: Duration,
+        op: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(bound, op).await {
             Ok(result) => result.map_err(StoreError::Postgres),
-            Err(_) => Err(StoreError::PostgresTimeout {
-                after: self.statement_timeout,
-            }),
+            Err(_) => Err(StoreError::PostgresTimeout { after: bound }),
         }
     }
 

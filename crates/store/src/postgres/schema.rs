@@ -225,6 +225,11 @@ const STEPS: &[Step] = &[
 /// The PostgreSQL schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = STEPS.len() as i64;
 
+/// How long the migration's transaction may take: DDL on a busy server (many databases created
+/// at once, a distributed engine's schema changes) can take far longer than one statement's
+/// bound, and it runs once per database.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How many times a migration that lost a race with another replica looks again.
 const ATTEMPTS: u32 = 20;
 
@@ -262,45 +267,46 @@ pub(super) async fn migrate(conn: &mut Object, records: &Postgres) -> Result<(),
 }
 
 async fn migrate_once(conn: &mut Object, records: &Postgres) -> Result<(), StoreError> {
-    records
-        .timed(conn.batch_execute(
+    Postgres::timed_for(
+        MIGRATION_TIMEOUT,
+        conn.batch_execute(
             "CREATE TABLE IF NOT EXISTS countersign_schema (
                  version  BIGINT NOT NULL PRIMARY KEY,
                  purpose  TEXT   NOT NULL
              )",
-        ))
-        .await?;
+        ),
+    )
+    .await?;
     let found = newest(conn, records).await?;
     if found == SCHEMA_VERSION {
         return Ok(());
     }
-    records
-        .timed(async {
-            let tx = conn.transaction().await?;
-            // Again inside the transaction: another replica may have finished meanwhile.
-            let found: i64 = tx
-                .query_one(
-                    "SELECT COALESCE(max(version), 0) FROM countersign_schema",
-                    &[],
-                )
-                .await?
-                .try_get(0)?;
-            if found >= SCHEMA_VERSION {
-                return Ok(());
-            }
-            for (index, step) in STEPS.iter().enumerate().skip(found as usize) {
-                let version = index as i64 + 1;
-                tracing::info!(version, purpose = step.purpose, "records migration");
-                tx.batch_execute(step.sql).await?;
-                tx.execute(
-                    "INSERT INTO countersign_schema (version, purpose) VALUES ($1, $2)",
-                    &[&version, &step.purpose],
-                )
-                .await?;
-            }
-            tx.commit().await
-        })
-        .await?;
+    Postgres::timed_for(MIGRATION_TIMEOUT, async {
+        let tx = conn.transaction().await?;
+        // Again inside the transaction: another replica may have finished meanwhile.
+        let found: i64 = tx
+            .query_one(
+                "SELECT COALESCE(max(version), 0) FROM countersign_schema",
+                &[],
+            )
+            .await?
+            .try_get(0)?;
+        if found >= SCHEMA_VERSION {
+            return Ok(());
+        }
+        for (index, step) in STEPS.iter().enumerate().skip(found as usize) {
+            let version = index as i64 + 1;
+            tracing::info!(version, purpose = step.purpose, "records migration");
+            tx.batch_execute(step.sql).await?;
+            tx.execute(
+                "INSERT INTO countersign_schema (version, purpose) VALUES ($1, $2)",
+                &[&version, &step.purpose],
+            )
+            .await?;
+        }
+        tx.commit().await
+    })
+    .await?;
     // Checked once more after the transaction: the race may have been won by a newer build.
     newest(conn, records).await.map(|_| ())
 }
