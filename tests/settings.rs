@@ -361,7 +361,12 @@ async fn protect_in_settings_rewrites_a_claude_desktop_config_and_restore_brings
         "Cursor's entry left alone, with why and the next move",
         |d| {
             Box::pin(async move {
-                let left = d.text(&format!("{cursor_row} .cl-left")).await;
+                let list = format!("{cursor_row} .cl-left");
+                // The list may not be drawn yet: text() wants an element that is there.
+                if !d.exists(&list).await {
+                    return false;
+                }
+                let left = d.text(&list).await;
                 left.contains("workspace-files")
                     && left.contains("fills in itself")
                     && left.contains("register it with `countersign server add` instead")
