@@ -320,6 +320,10 @@ pub struct Sender {
     holder: String,
     now_ms: fn() -> u64,
     client: reqwest::Client,
+    /// The cursor and until when this sender holds the sink, as its last claim said: an idle
+    /// round then only reads (a claim is a write, durably committed), and the claim is renewed
+    /// once half the lease has gone.
+    held: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 impl Sender {
@@ -341,6 +345,7 @@ impl Sender {
             holder: holder.into(),
             now_ms,
             client,
+            held: std::sync::Mutex::new(None),
         }
     }
 
@@ -425,14 +430,23 @@ impl Sender {
     /// when there was nothing to send or another sender holds the sink.
     async fn once(&self) -> Result<bool, String> {
         let now = (self.now_ms)();
-        let cursor = match self
-            .records
-            .export_claim(SINK, &self.holder, now, LEASE_MS)
-            .await
-        {
-            Ok(Some(cursor)) => cursor,
-            Ok(None) => return Ok(false),
-            Err(e) => return Err(format!("the records cannot be read: {e}")),
+        let cursor = match self.still_held(now) {
+            Some(cursor) => cursor,
+            None => match self
+                .records
+                .export_claim(SINK, &self.holder, now, LEASE_MS)
+                .await
+            {
+                Ok(Some(cursor)) => {
+                    self.hold(Some((cursor, now.saturating_add(LEASE_MS))));
+                    cursor
+                }
+                Ok(None) => {
+                    self.hold(None);
+                    return Ok(false);
+                }
+                Err(e) => return Err(format!("the records cannot be read: {e}")),
+            },
         };
         let events = self
             .records
@@ -454,9 +468,33 @@ impl Sender {
             .export_advance(SINK, &self.holder, cursor, last)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(true) => {
+                self.hold(self.held_now().map(|(_, until)| (last, until)));
+                Ok(true)
+            }
+            // Another sender took the sink meanwhile (this one was away past its lease): claim
+            // again before sending more.
+            Ok(false) => {
+                self.hold(None);
+                Ok(true)
+            }
             Err(e) => Err(format!("the records cannot be written: {e}")),
         }
+    }
+
+    /// The cursor, while the last claim holds for more than half a lease.
+    fn still_held(&self, now: u64) -> Option<u64> {
+        self.held_now()
+            .filter(|(_, until)| until.saturating_sub(now) > LEASE_MS / 2)
+            .map(|(cursor, _)| cursor)
+    }
+
+    fn held_now(&self) -> Option<(u64, u64)> {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hold(&self, held: Option<(u64, u64)>) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
     }
 }
 
