@@ -377,6 +377,14 @@ fn verify_checks_an_export_offline_and_names_each_change_to_it() {
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("(unreadable): line 1"), "{text}");
 
+    // A value of the wrong type (a number written as text): unreadable, not guessed at.
+    let mut retyped = owned.clone();
+    retyped[2] = retyped[2].replacen("\"seq\":3", "\"seq\":\"3\"", 1);
+    assert_ne!(retyped[2], owned[2]);
+    let (code, text) = verify("retyped.jsonl", &retyped);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("(unreadable): line 3"), "{text}");
+
     // The CSV export carries the chain's columns too.
     let out = history(&db, &["--format", "csv"]);
     let csv = String::from_utf8(out.stdout).unwrap();
