@@ -1,8 +1,10 @@
 //! What `countersign mcp` and the desk behind it cost an agent on a read-only tool, which the
 //! desk forwards at once.
 //!
-//! One run measures the latency of the same trivial upstream tool (`echo`) four ways, interleaved
-//! in round-robin blocks so that machine noise hits all of them alike:
+//! One run measures the latency of the same trivial upstream tool (`echo`) four or five ways,
+//! interleaved in round-robin blocks so that machine noise hits all of them alike, each from a raw
+//! stdio client (one line written, one line read, blocking; protocol 2025-11-25), so that the
+//! figures are the arms' and not a client library's:
 //!
 //! - direct: the client talks to the upstream;
 //! - relay: through one process that copies bytes both ways and parses nothing (the floor for any
@@ -10,10 +12,15 @@
 //! - 2 relays: relay → relay → upstream (the floor for two processes in the middle);
 //! - pipe+desk: through `countersign mcp --no-launch --socket <sock> -- <upstream>`, the pipe, to
 //!   a desk that starts the upstream as its own child and runs the MCP session (routing, the gate
-//!   decision, re-serialization): two processes in the middle, like the two relays.
+//!   decision; an open call on the session's open lane): two processes in the middle, like the
+//!   two relays;
+//! - guardian: mcp-guardian's proxy (0.6) in its log-only profile, the peer to beat, when it is
+//!   installed (`COUNTERSIGN_BENCH_GUARDIAN`, the PATH, or `target/peers/bin`; it is not on
+//!   crates.io, so the bench prints how to build it when it is missing).
 //!
 //! Each arm prints median, p90 and p99, and the CPU time per call of its processes in the middle
-//! (for pipe+desk: the pipe's plus the desk's). Goal: pipe+desk median ≤ 1.10 × the two relays'.
+//! (for pipe+desk: the pipe's plus the desk's). Goals: pipe+desk median ≤ 1.10 × the two relays',
+//! its p99 ≤ 1.25 × theirs, and its median below mcp-guardian's.
 //!
 //! Then, for `countersign mcp`:
 //! - idle resident memory (VmRSS after `initialize`, `tools/list` and 1 s idle); goal ≤ 5 MiB;
@@ -58,7 +65,7 @@ use countersign_engine::{Engine, EngineConfig};
 use rmcp::model::*;
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 /// First argument that makes this program the trivial upstream server.
@@ -415,27 +422,6 @@ async fn within<F: std::future::Future>(deadline: Duration, what: &str, future: 
         .unwrap_or_else(|_| panic!("{what}: no answer within {} s", deadline.as_secs()))
 }
 
-fn echo_params(message: &str) -> CallToolRequestParams {
-    let arguments: Map<String, Value> = [("message".to_owned(), json!(message))]
-        .into_iter()
-        .collect();
-    CallToolRequestParams::new("echo").with_arguments(arguments)
-}
-
-/// One call, timed from just before the request is sent to the parsed response.
-/// (The deadline's timer is armed inside the timed span, alike for every arm: well under 1 µs.)
-async fn timed_call(client: &Client, params: CallToolRequestParams) -> Duration {
-    let (elapsed, result) = within(STEP_DEADLINE, "tools/call echo", async {
-        let started = Instant::now();
-        let result = client.peer().call_tool(params).await;
-        (started.elapsed(), result)
-    })
-    .await;
-    let result = result.expect("echo answers");
-    assert_ne!(result.is_error, Some(true), "echo failed: {result:?}");
-    elapsed
-}
-
 struct Stats {
     median: Duration,
     p90: Duration,
@@ -549,6 +535,8 @@ struct Arm {
     command: Vec<OsString>,
     /// The desk's pid, when the arm goes through it.
     desk: Option<u32>,
+    /// Variables the arm's process is started with (mcp-guardian's home for its files).
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Arm {
@@ -587,61 +575,228 @@ fn relayed(me: &Path, command: &[OsString]) -> Vec<OsString> {
     relay
 }
 
-/// The four ways to reach one upstream.
-fn arms(upstream: &[OsString], desk: &DeskProcess, me: &Path) -> [Arm; 4] {
+/// mcp-guardian's proxy, for the peer arm: `COUNTERSIGN_BENCH_GUARDIAN` (its path, or `0` to
+/// skip it), else `mcp-guardian-proxy` on the PATH, else under `target/peers/bin`.
+fn guardian() -> Option<PathBuf> {
+    match std::env::var_os("COUNTERSIGN_BENCH_GUARDIAN") {
+        Some(v) if v == "0" || v.is_empty() => return None,
+        Some(path) => return Some(PathBuf::from(path)),
+        None => {}
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("mcp-guardian-proxy"))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| {
+        let peers = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/peers/bin/mcp-guardian-proxy");
+        peers.is_file().then_some(peers)
+    })
+}
+
+/// How to get mcp-guardian when it is missing: it is not on crates.io, and its repository pins
+/// a toolchain of its own.
+const GUARDIAN_HOWTO: &str = "mcp-guardian (the peer arm) is not installed: to measure it, \
+    `git clone https://github.com/eqtylab/mcp-guardian && cd mcp-guardian && rm rust-toolchain && \
+    cargo build --release -p mcp-guardian-proxy`, then put target/release/mcp-guardian-proxy on \
+    the PATH, in target/peers/bin, or name it in COUNTERSIGN_BENCH_GUARDIAN";
+
+/// The ways to reach one upstream: direct, one relay, two relays, the pipe and the desk, and
+/// mcp-guardian's proxy in its log-only profile when it is installed (its files in `home`).
+fn arms(
+    upstream: &[OsString],
+    desk: &DeskProcess,
+    me: &Path,
+    guardian: Option<(&Path, &Path)>,
+) -> Vec<Arm> {
     let relay = relayed(me, upstream);
     let relays = relayed(me, &relay);
-    [
-        Arm {
-            name: "direct",
-            command: upstream.to_vec(),
-            desk: None,
-        },
-        Arm {
-            name: "relay",
-            command: relay,
-            desk: None,
-        },
-        Arm {
-            name: "2 relays",
-            command: relays,
-            desk: None,
-        },
+    let arm = |name, command| Arm {
+        name,
+        command,
+        desk: None,
+        env: Vec::new(),
+    };
+    let mut arms = vec![
+        arm("direct", upstream.to_vec()),
+        arm("relay", relay),
+        arm("2 relays", relays),
         Arm {
             name: "pipe+desk",
             command: pipe_command(&desk.socket, upstream),
             desk: Some(desk.pid()),
+            env: Vec::new(),
         },
-    ]
+    ];
+    if let Some((program, home)) = guardian {
+        let mut command: Vec<OsString> = vec![
+            program.into(),
+            "--name".into(),
+            "bench".into(),
+            "--guard-profile".into(),
+            "mcp-guardian.log-only".into(),
+            "--".into(),
+        ];
+        command.extend(upstream.iter().cloned());
+        arms.push(Arm {
+            name: "guardian",
+            command,
+            desk: None,
+            env: vec![("HOME".into(), home.into())],
+        });
+    }
+    arms
 }
+
+/// A raw stdio MCP client, as the agent's side of one arm: it writes each request as one line
+/// and reads lines until the answer with its id, parsing nothing else, so that the figures are
+/// the arm's and not a client library's. Blocking I/O on this thread: no runtime in the timing.
+struct RawClient {
+    child: std::process::Child,
+    to: std::process::ChildStdin,
+    from: io::BufReader<std::process::ChildStdout>,
+    next: u64,
+    line: String,
+}
+
+/// The revision the raw client asks for: the one most agents speak today.
+const CLIENT_REVISION: &str = "2025-11-25";
+
+impl RawClient {
+    fn start(arm: &Arm, quiet: bool) -> Self {
+        let command = &arm.command;
+        let mut child = std::process::Command::new(&command[0])
+            .args(&command[1..])
+            .envs(arm.env.iter().map(|(k, v)| (k, v)))
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(if quiet {
+                Stdio::null()
+            } else {
+                Stdio::inherit()
+            })
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", command[0]));
+        let to = child.stdin.take().expect("piped stdin");
+        let from = io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut client = Self {
+            child,
+            to,
+            from,
+            next: 0,
+            line: String::new(),
+        };
+        let init = client.request(
+            "initialize",
+            json!({"protocolVersion": CLIENT_REVISION, "capabilities": {}, "clientInfo": {"name": "bench-agent", "version": "1.0"}}),
+        );
+        assert!(init.get("result").is_some(), "{}: {init}", arm.name);
+        client.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string());
+        let tools = client.request("tools/list", json!({}));
+        let listed = tools["result"]["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["name"] == "echo"));
+        assert!(listed, "{}: no echo tool in {tools}", arm.name);
+        client
+    }
+
+    fn send(&mut self, line: &str) {
+        use std::io::Write as _;
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        self.to.write_all(&bytes).expect("the arm reads its stdin");
+    }
+
+    /// Sends a request and returns its answer (skipping notifications and anything else).
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string());
+        self.answer(id)
+    }
+
+    /// The next line that answers `id`, parsed.
+    fn answer(&mut self, id: u64) -> Value {
+        use std::io::BufRead as _;
+        loop {
+            self.line.clear();
+            let n = self.from.read_line(&mut self.line).expect("the arm's stdout");
+            assert!(n > 0, "the arm closed its stdout");
+            let value: Value = match serde_json::from_str(&self.line) {
+                Ok(v) => v,
+                Err(_) => continue,
+            };
+            if value.get("id") == Some(&json!(id)) && value.get("method").is_none() {
+                return value;
+            }
+        }
+    }
+
+    /// One `echo` call, timed from just before the request is written to its answer read.
+    fn call(&mut self) -> Duration {
+        use std::io::BufRead as _;
+        self.next += 1;
+        let id = self.next;
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"hello"}}}}}}"#
+        );
+        let started = Instant::now();
+        self.send(&line);
+        // Each line is parsed after the clock has read when it arrived: the answer's time is
+        // when its line was read, and notifications on the way (server-everything says its tool
+        // list changed) are skipped.
+        loop {
+            self.line.clear();
+            let n = self.from.read_line(&mut self.line).expect("the arm's stdout");
+            let elapsed = started.elapsed();
+            assert!(n > 0, "the arm closed its stdout");
+            let answer: Value = serde_json::from_str(&self.line).expect("a message in JSON");
+            if answer.get("method").is_some() {
+                continue;
+            }
+            assert_eq!(answer["id"], json!(id), "{answer}");
+            assert_eq!(
+                answer["result"]["content"][0]["text"],
+                json!("Echo: hello"),
+                "{answer}"
+            );
+            return elapsed;
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Closes the arm's stdin and waits (briefly) for it to exit.
+    fn stop(mut self) {
+        drop(self.to);
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// p99 of pipe+desk over the two relays' p99.
+const TAIL_GOAL_RATIO: f64 = 1.25;
 
 /// Latency of `echo` through each arm, interleaved in round-robin blocks; prints the figures and
 /// the pipe's and the desk's memory after the run.
-async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
+fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
     println!();
     println!(
-        "{title}: {} calls per arm, interleaved in blocks of {}",
+        "{title}: {} calls per arm, interleaved in blocks of {}; a raw stdio client on protocol {CLIENT_REVISION}",
         config.calls, config.block
     );
-    let mut running = Vec::new();
-    for arm in arms {
-        let r = Running::start_listed(&arm.command, quiet).await;
-        let check = within(
-            STEP_DEADLINE,
-            "tools/call echo",
-            r.client.peer().call_tool(echo_params("hello")),
-        )
-        .await
-        .expect("echo answers");
-        let text = check.content.first().and_then(|c| c.as_text());
-        assert_eq!(
-            text.map(|t| t.text.as_str()),
-            Some("Echo: hello"),
-            "{}: {check:?}",
-            arm.name
-        );
-        running.push(r);
-    }
+    let mut running: Vec<RawClient> = arms.iter().map(|arm| RawClient::start(arm, quiet)).collect();
     let middles: Vec<Vec<u32>> = arms
         .iter()
         .zip(&running)
@@ -651,9 +806,9 @@ async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
         |pids: &[u32]| -> Vec<Option<Duration>> { pids.iter().map(|&p| cpu_time(p)).collect() };
     // Warm-up, interleaved like the measurement.
     let warmup = (config.calls / 10).clamp(1, 500);
-    for r in &running {
+    for r in &mut running {
         for _ in 0..warmup {
-            timed_call(&r.client, echo_params("warm-up")).await;
+            r.call();
         }
     }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(config.calls); arms.len()];
@@ -666,7 +821,7 @@ async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
         for k in 0..arms.len() {
             let i = (b + k) % arms.len();
             for _ in 0..size {
-                let d = timed_call(&running[i].client, echo_params("hello")).await;
+                let d = running[i].call();
                 samples[i].push(d);
             }
         }
@@ -723,18 +878,33 @@ async fn latency(config: &Config, title: &str, arms: &[Arm; 4], quiet: bool) {
         ratio(relays, relay)
     );
     let pipe_over_relays = ratio(pipe, relays);
-    println!("  ratio pipe+desk/2 relays (median): {pipe_over_relays:.2}");
     println!(
         "  goal: pipe+desk median ≤ {LATENCY_GOAL_RATIO:.2} × 2 relays: {} ({pipe_over_relays:.2} ×; pipe+desk adds {:.1} µs over the two relays)",
         met(pipe_over_relays <= LATENCY_GOAL_RATIO),
         micros(pipe.median) - micros(relays.median)
     );
+    let tail = pipe.p99.as_secs_f64() / relays.p99.as_secs_f64();
+    println!(
+        "  goal: pipe+desk p99 ≤ {TAIL_GOAL_RATIO:.2} × 2 relays' p99: {} ({tail:.2} ×)",
+        met(tail <= TAIL_GOAL_RATIO)
+    );
+    match results.get(4) {
+        Some(guardian) => {
+            let over = ratio(pipe, guardian);
+            println!(
+                "  goal: pipe+desk faster than mcp-guardian (log-only) at the median: {} ({over:.2} × its median; p99 {:.2} × its p99)",
+                met(over < 1.0),
+                pipe.p99.as_secs_f64() / guardian.p99.as_secs_f64()
+            );
+        }
+        None => println!("  {GUARDIAN_HOWTO}"),
+    }
     println!("  pipe memory after the run: {}", memory(running[3].pid()));
     if let Some(desk) = arms[3].desk {
         println!("  desk memory after the run: {}", memory(desk));
     }
     for r in running {
-        r.stop().await;
+        r.stop();
     }
 }
 
@@ -813,7 +983,10 @@ async fn bench(config: Config) {
         }
     );
     let desk = DeskProcess::start(&me).await;
-    let ours = arms(&upstream, &desk, &me);
+    let guardian = guardian();
+    let guardian_home = tempfile::tempdir().expect("a temporary directory");
+    let guardian = guardian.as_deref().map(|p| (p, guardian_home.path()));
+    let ours = arms(&upstream, &desk, &me, guardian);
     let (relay, pipe) = (&ours[1].command, &ours[3].command);
 
     // Idle memory: initialize, tools/list, then 1 s of nothing.
@@ -850,20 +1023,19 @@ async fn bench(config: Config) {
         millis(pipe_start) - millis(relay_start)
     );
 
-    latency(&config, "trivial rmcp upstream (this bench)", &ours, false).await;
+    latency(&config, "trivial rmcp upstream (this bench)", &ours, false);
 
     desk_memory(&config, &me, &upstream).await;
 
     if let Some(index) = &config.everything {
         let upstream: Vec<OsString> = vec!["node".into(), index.into(), "stdio".into()];
-        let everything = arms(&upstream, &desk, &me);
+        let everything = arms(&upstream, &desk, &me, guardian);
         latency(
             &config,
             "@modelcontextprotocol/server-everything (node)",
             &everything,
             true,
-        )
-        .await;
+        );
     }
     desk.stop().await;
 }

@@ -399,6 +399,27 @@ impl Engine {
         }
     }
 
+    /// Whether an open tool's call may go to the upstream at once, with nothing to record: the
+    /// engine knows the connection, the tool is listed, classed `open` and its definition is the
+    /// pinned one. It counts nothing (see [`Engine::forwarded_open`]). When it says no, the call
+    /// takes the session's full path, where [`Engine::open_call`] refuses it on the record: the
+    /// session's open lane asks this before it writes a call to the upstream itself.
+    pub fn forwards_open(&self, tenant: &str, tool: &str) -> bool {
+        lock(&self.inner.state)
+            .connections
+            .get(tenant)
+            .and_then(|c| c.tools.get(tool))
+            .is_some_and(|l| l.pinned && l.rule.class == countersign_core::GateClass::Open)
+    }
+
+    /// Counts an open tool's call that [`Engine::forwards_open`] let go to the upstream.
+    pub fn forwarded_open(&self) {
+        self.tally_request(
+            Some(countersign_core::GateClass::Open),
+            Outcome::Forwarded,
+        );
+    }
+
     /// Whether a call of `tool` on connection `tenant` may run as listed now (the tool is listed
     /// and its definition is the pinned one): [`Engine::open_call`] without recording a refusal,
     /// for the desk's own calls (a preview reads through the upstream's tools).

@@ -59,6 +59,9 @@ pub struct Session {
     gates: Arc<Mutex<HashMap<String, Gate>>>,
     /// The agent's clientInfo as last shown to the person.
     client_info: Arc<Mutex<Option<Value>>>,
+    /// The revision the agent's `initialize` settled on is older than 2026-07-28: once it has
+    /// initialized, the open lane may take its calls (see [`crate::lane`]).
+    legacy_agent: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Session {
@@ -87,7 +90,37 @@ impl Session {
             wait,
             gates: Arc::default(),
             client_info: Arc::default(),
+            legacy_agent: Arc::default(),
         }
+    }
+
+    /// The open lane, when it may take a call of `tool` now (see [`crate::lane`]): the agent and
+    /// the upstream speak a revision before 2026-07-28, the tools were listed since the current
+    /// start began and since it last said they changed, this listing gates `tool` open, and the
+    /// engine agrees. `None` sends the call the full way.
+    pub(crate) fn lane_for(&self, tool: &str) -> Option<Arc<crate::lane::Lane>> {
+        if !self.shared.lane_armed.load(Ordering::Acquire)
+            || self.shared.tools_stale.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        if self.gates.lock().unwrap().get(tool) != Some(&Gate::Class(GateClass::Open)) {
+            return None;
+        }
+        let lane = self.upstream.lane()?;
+        self.engine
+            .forwards_open(&self.tenant, tool)
+            .then_some(lane)
+    }
+
+    /// The current start's open lane, if any, for the agent's cancels.
+    pub(crate) fn current_lane(&self) -> Option<Arc<crate::lane::Lane>> {
+        self.upstream.lane()
+    }
+
+    /// Counts an open call the lane forwarded, as the full path counts its own.
+    pub(crate) fn forwarded_open(&self) {
+        self.engine.forwarded_open();
     }
 
     /// The upstream, started again if it has exited; an agent-facing error when it cannot be.
@@ -517,12 +550,21 @@ impl ServerHandler for Session {
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
         self.note_client_info(serde_json::to_value(&request.client_info).unwrap_or_default());
-        self.negotiate_initialize(&request)
+        let result = self.negotiate_initialize(&request)?;
+        let legacy = |v: &ProtocolVersion| *v < ProtocolVersion::V_2026_07_28;
+        self.legacy_agent.store(
+            legacy(&result.protocol_version) && legacy(&self.upstream_version),
+            Ordering::Release,
+        );
+        Ok(result)
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Only now may requests go to the agent (roots, sampling, elicitation).
         self.shared.set_agent(context.peer.clone());
+        if self.legacy_agent.load(Ordering::Acquire) {
+            self.shared.lane_armed.store(true, Ordering::Release);
+        }
     }
 
     async fn call_tool(
@@ -677,7 +719,7 @@ fn approval_after(class: Option<GateClass>) -> &'static str {
 }
 
 /// A call the upstream took and never answered because it exited: whether it ran is unknown.
-fn call_lost(tool: &str, class: Option<GateClass>) -> CallToolResult {
+pub(crate) fn call_lost(tool: &str, class: Option<GateClass>) -> CallToolResult {
     gone_result(
         EXITED,
         format!(

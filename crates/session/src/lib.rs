@@ -11,6 +11,7 @@
 
 mod agent;
 mod children;
+mod lane;
 mod peer;
 mod preview;
 mod raw;
@@ -43,8 +44,10 @@ async fn run(
     wait: Duration,
     upstream: Arc<reach::Upstream>,
     agent: router::AgentTransport,
+    door: &lane::Door,
 ) {
     let session = Session::new(upstream.clone(), engine, tenant.clone(), wait);
+    door.open_to(session.clone());
     match RawTools(session).serve(agent).await {
         Ok(server) => {
             let r = server.waiting().await;

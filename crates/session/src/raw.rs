@@ -6,7 +6,8 @@
 //! typed `ListToolsResult`, which drops every tool field rmcp does not model. The gateway must pass
 //! tools on with every field the upstream sent, so it asks for `tools/list` as a custom request;
 //! this transport remembers those request ids and hands their results back raw. Everything else
-//! is rmcp's own typed handling.
+//! is rmcp's own typed handling, except what belongs to the session's open lane
+//! ([`crate::lane`]): answers and progress under the lane's ids go straight to the gateway.
 
 use std::{
     collections::HashSet,
@@ -24,36 +25,66 @@ use rmcp::{
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use crate::children::{Children, Group};
+use crate::lane::{Lane, SharedWriter, Upward};
 
 /// See the module documentation.
-pub struct RawPassthroughTransport<R, W> {
+pub struct RawPassthroughTransport<R> {
     reader: BufReader<R>,
     /// The line being read. Kept here, not in `receive`: rmcp polls `receive` inside a `select!`
     /// and drops it whenever another branch is ready first, and a line that arrived in pieces
     /// must survive that (a local buffer would lose the part already read, and with it the
     /// message).
     line: Vec<u8>,
-    writer: Arc<tokio::sync::Mutex<Option<W>>>,
+    writer: SharedWriter,
     raw_ids: Arc<Mutex<HashSet<RequestId>>>,
     child: Option<tokio::process::Child>,
     group: Option<Group>,
+    /// The session's open lane on this start, once opened.
+    lane: Option<Arc<Lane>>,
+    /// A lane frame taken from the upstream and not yet handed to the gateway's writer: kept
+    /// here across a dropped `receive`, as `line` is.
+    delivering: Option<Vec<u8>>,
 }
 
-impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RawPassthroughTransport<R, W> {
+impl<R: AsyncRead + Unpin> RawPassthroughTransport<R> {
     /// Wraps a reader and writer (an in-process pipe).
-    pub fn new(read: R, write: W) -> Self {
+    pub fn new(read: R, write: impl AsyncWrite + Unpin + Send + 'static) -> Self {
         Self {
             reader: BufReader::new(read),
             line: Vec::new(),
-            writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
+            writer: Arc::new(tokio::sync::Mutex::new(Some(Box::new(write)))),
             raw_ids: Default::default(),
             child: None,
             group: None,
+            lane: None,
+            delivering: None,
         }
     }
 }
 
-impl RawPassthroughTransport<tokio::process::ChildStdout, tokio::process::ChildStdin> {
+impl<R> RawPassthroughTransport<R> {
+    /// Opens the session's lane on this transport (see [`crate::lane`]): answers to the lane's
+    /// calls go to the gateway through `out`.
+    pub fn open_lane(
+        &mut self,
+        out: tokio::sync::mpsc::Sender<countersign_wire::Frame>,
+        shared: Arc<crate::upstream::Shared>,
+    ) -> Arc<Lane> {
+        let lane = Arc::new(Lane::new(self.writer.clone(), out, shared));
+        self.lane = Some(lane.clone());
+        lane
+    }
+}
+
+impl<R> Drop for RawPassthroughTransport<R> {
+    fn drop(&mut self) {
+        if let Some(lane) = &self.lane {
+            lane.close();
+        }
+    }
+}
+
+impl RawPassthroughTransport<tokio::process::ChildStdout> {
     /// Spawns `cmd` in a process group of its own with piped stdin/stdout/stderr and wraps it;
     /// `stderr` receives what it writes there. The whole group is killed when the transport
     /// closes or is dropped, so a server that started helpers (`npx` starting `node`) leaves none.
@@ -82,7 +113,7 @@ impl RawPassthroughTransport<tokio::process::ChildStdout, tokio::process::ChildS
     }
 }
 
-impl<R, W> RawPassthroughTransport<R, W> {
+impl<R> RawPassthroughTransport<R> {
     /// The process id of the upstream it started, if it started one.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(tokio::process::Child::id)
@@ -104,10 +135,9 @@ async fn pipe_stderr(
     }
 }
 
-impl<R, W> Transport<RoleClient> for RawPassthroughTransport<R, W>
+impl<R> Transport<RoleClient> for RawPassthroughTransport<R>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
 {
     type Error = std::io::Error;
 
@@ -138,11 +168,27 @@ where
 
     async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
         loop {
+            if self.delivering.is_some()
+                && let Some(lane) = &self.lane
+            {
+                // Cancel safe: the frame leaves `self.delivering` only once there is room for it.
+                match lane.out().reserve().await {
+                    Ok(room) => {
+                        let bytes = self.delivering.take().expect("checked above");
+                        room.send(countersign_wire::Frame::Mcp(bytes));
+                    }
+                    Err(_) => self.delivering = None, // the gateway is gone
+                }
+            }
             // Cancel safe: what `read_until` takes from the reader is appended to `self.line`
             // before it waits for more, so a dropped `receive` loses nothing.
-            let read = self.reader.read_until(b'\n', &mut self.line).await.ok()?;
-            if read == 0 && self.line.is_empty() {
-                return None; // EOF
+            let read = self.reader.read_until(b'\n', &mut self.line).await;
+            if read.is_err() || matches!(read, Ok(0) if self.line.is_empty()) {
+                // EOF: the lane's calls still waiting are answered as lost.
+                if let Some(lane) = &self.lane {
+                    lane.close();
+                }
+                return None;
             }
             // A whole line (or the last one, cut by EOF).
             let line = std::mem::take(&mut self.line);
@@ -152,6 +198,16 @@ where
                 tracing::debug!(target: "gateway", "ignored a non-JSON line from the upstream");
                 continue;
             };
+            if let Some(lane) = &self.lane {
+                match lane.from_upstream(&mut value) {
+                    Upward::Agent(bytes) => {
+                        self.delivering = Some(bytes);
+                        continue;
+                    }
+                    Upward::Dropped => continue,
+                    Upward::Session => {}
+                }
+            }
             // Raw path: a response to one of our CustomRequests.
             if value.get("result").is_some()
                 && let Some(id) = value
@@ -183,6 +239,9 @@ where
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
+        if let Some(lane) = &self.lane {
+            lane.close();
+        }
         // closing stdin lets a well-behaved stdio server exit
         self.writer.lock().await.take();
         if let Some(mut child) = self.child.take()

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::children::Children;
+use crate::lane::Lane;
 use crate::raw::RawPassthroughTransport;
 use crate::upstream::{Shared, UpstreamClient};
 
@@ -254,6 +255,9 @@ pub struct Upstream {
     /// What the first start said about itself: what the agent was offered.
     info: Arc<ServerPeerInfo>,
     running: tokio::sync::Mutex<Running>,
+    /// The open lane of the current start, while it runs: read by the connection's reader
+    /// without waiting on `running` (see [`crate::lane`]).
+    lane: std::sync::Mutex<Option<Arc<Lane>>>,
     /// Cancelled when the session ends: a start under way gives up.
     ended: CancellationToken,
 }
@@ -263,6 +267,8 @@ pub struct Upstream {
 struct Opened {
     service: RunningService<RoleClient, UpstreamClient>,
     pid: Option<u32>,
+    /// The open lane on this start, for a line-based upstream (see [`crate::lane`]).
+    lane: Option<Arc<Lane>>,
 }
 
 impl Opened {
@@ -375,6 +381,7 @@ impl Upstream {
             .peer()
             .peer_info()
             .expect("an initialized upstream has peer info");
+        let lane = std::sync::Mutex::new(opened.lane.clone());
         Ok(Self {
             target: std::sync::Mutex::new((reach, headers)),
             registered: None,
@@ -388,6 +395,7 @@ impl Upstream {
                 opened: Some(opened),
                 start: 1,
             }),
+            lane,
             ended: CancellationToken::new(),
         })
     }
@@ -439,6 +447,7 @@ impl Upstream {
         if self.ended.is_cancelled() {
             return Err(ended());
         }
+        self.set_lane(None);
         if let Some(old) = running.opened.take() {
             tracing::warn!(target: "session", start = running.start, "the upstream has exited; starting it again");
             // Ended already, or ending: this collects it (and kills what it left behind).
@@ -473,8 +482,24 @@ impl Upstream {
             peer: opened.service.peer().clone(),
             start: running.start,
         };
+        // The new start's lane stays unused until its tools are listed: they are stale now.
+        self.set_lane(opened.lane.clone());
         running.opened = Some(opened);
         Ok(live)
+    }
+
+    fn set_lane(&self, lane: Option<Arc<Lane>>) {
+        *self.lane.lock().unwrap_or_else(|p| p.into_inner()) = lane;
+    }
+
+    /// The open lane of the current start, unless the upstream's output has ended (see
+    /// [`crate::lane`]).
+    pub(crate) fn lane(&self) -> Option<Arc<Lane>> {
+        self.lane
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .filter(|lane| !lane.is_closed())
     }
 
     /// The current start's peer, if it is running; never starts one (for notifications, which a
@@ -501,6 +526,7 @@ impl Upstream {
         if running.start == live.start
             && let Some(opened) = running.opened.as_mut()
         {
+            self.set_lane(None);
             let _ = opened
                 .service
                 .close_with_timeout(Duration::from_secs(5))
@@ -512,6 +538,7 @@ impl Upstream {
     /// its process group is killed). A start under way gives up.
     pub async fn stop(&self) {
         self.ended.cancel();
+        self.set_lane(None);
         let opened = self.running.lock().await.opened.take();
         if let Some(opened) = opened {
             let _ = opened.service.cancel().await;
@@ -564,6 +591,7 @@ async fn open(
         )
     };
     let mut pid = None;
+    let mut lane = None;
     let upstream = match reach {
         Reach::Builtin { db } => {
             let path = Path::new(db);
@@ -583,8 +611,10 @@ async fn open(
                 their_write,
             ));
             let (read, write) = tokio::io::split(ours);
+            let mut transport = RawPassthroughTransport::new(read, write);
+            lane = Some(transport.open_lane(out.clone(), shared.clone()));
             client
-                .serve_with_lifecycle(RawPassthroughTransport::new(read, write), lifecycle)
+                .serve_with_lifecycle(transport, lifecycle)
                 .await
                 .map_err(|e| failed(&e))?
         }
@@ -625,7 +655,7 @@ async fn open(
             let stderr = move |chunk: Vec<u8>| {
                 let _ = sink.try_send(Frame::Stderr(credentials.redact(chunk)));
             };
-            let (transport, stderr_done) =
+            let (mut transport, stderr_done) =
                 RawPassthroughTransport::spawn(cmd, stderr, children.clone()).map_err(|e| {
                     unreached(
                         RefusedCode::UpstreamFailed,
@@ -633,6 +663,7 @@ async fn open(
                     )
                 })?;
             pid = transport.pid();
+            lane = Some(transport.open_lane(out.clone(), shared.clone()));
             match client.serve_with_lifecycle(transport, lifecycle).await {
                 Ok(upstream) => upstream,
                 Err(e) => {
@@ -659,6 +690,7 @@ async fn open(
     Ok(Opened {
         service: upstream,
         pid,
+        lane,
     })
 }
 

@@ -217,17 +217,39 @@ fn response(value: Value) -> Routed {
     Routed::Drop("neither a request, a notification nor a response".into())
 }
 
-/// The agent's side of a session as an rmcp transport: `M` frames in (already split off the
-/// socket by the connection), judged by [`route`]; typed messages out, as `M` frames.
+/// Judges one message from the agent with [`route`]: what passes, typed; a refusal is answered
+/// on `outbound` (a request) or logged (a notification), and `None` is returned.
+pub async fn judge(bytes: &[u8], outbound: &mpsc::Sender<Frame>) -> Option<ClientJsonRpcMessage> {
+    match route(bytes) {
+        Routed::Pass(message) => Some(*message),
+        Routed::Answer(reply) => {
+            tracing::warn!(target: "router", "refused a message from the agent: {}", reply["error"]["message"]);
+            let bytes = serde_json::to_vec(&reply).expect("a JSON value serializes");
+            let _ = outbound.send(Frame::Mcp(bytes)).await;
+            None
+        }
+        Routed::Drop(why) => {
+            tracing::warn!(target: "router", "dropped a message from the agent: {why}");
+            None
+        }
+    }
+}
+
+/// The agent's side of a session as an rmcp transport: messages [`judge`] let through (the
+/// connection's reader judges each frame as it arrives, see `socket`), typed; the session's
+/// messages out, as `M` frames.
 pub struct AgentTransport {
-    inbound: mpsc::Receiver<Vec<u8>>,
+    inbound: mpsc::Receiver<ClientJsonRpcMessage>,
     outbound: mpsc::Sender<Frame>,
     replayed: Option<ClientJsonRpcMessage>,
 }
 
 impl AgentTransport {
-    /// A transport reading the agent's messages from `inbound` and writing to `outbound`.
-    pub fn new(inbound: mpsc::Receiver<Vec<u8>>, outbound: mpsc::Sender<Frame>) -> Self {
+    /// A transport reading the agent's judged messages from `inbound` and writing to `outbound`.
+    pub fn new(
+        inbound: mpsc::Receiver<ClientJsonRpcMessage>,
+        outbound: mpsc::Sender<Frame>,
+    ) -> Self {
         Self {
             inbound,
             outbound,
@@ -235,8 +257,8 @@ impl AgentTransport {
         }
     }
 
-    /// The first message the router lets through (refusing or dropping what comes before it),
-    /// or `None` when the gateway goes away first. Hand it back with [`Self::replay`].
+    /// The first message the router let through, or `None` when the gateway goes away first.
+    /// Hand it back with [`Self::replay`].
     pub async fn first(&mut self) -> Option<ClientJsonRpcMessage> {
         self.next().await
     }
@@ -250,20 +272,7 @@ impl AgentTransport {
         if let Some(message) = self.replayed.take() {
             return Some(message);
         }
-        loop {
-            let bytes = self.inbound.recv().await?;
-            match route(&bytes) {
-                Routed::Pass(message) => return Some(*message),
-                Routed::Answer(reply) => {
-                    tracing::warn!(target: "router", "refused a message from the agent: {}", reply["error"]["message"]);
-                    let bytes = serde_json::to_vec(&reply).expect("a JSON value serializes");
-                    self.outbound.send(Frame::Mcp(bytes)).await.ok()?;
-                }
-                Routed::Drop(why) => {
-                    tracing::warn!(target: "router", "dropped a message from the agent: {why}")
-                }
-            }
-        }
+        self.inbound.recv().await
     }
 }
 
@@ -435,14 +444,30 @@ mod transport_tests {
     async fn a_replayed_first_message_is_received_again() {
         let (tx, rx) = mpsc::channel(4);
         let (out, _out_rx) = mpsc::channel(4);
-        let mut t = AgentTransport::new(rx, out);
-        tx.send(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#.to_vec())
+        let mut t = AgentTransport::new(rx, out.clone());
+        let ping = judge(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#, &out)
             .await
             .unwrap();
+        tx.send(ping).await.unwrap();
         let first = t.first().await.unwrap();
         t.replay(first);
         drop(tx);
         assert!(Transport::receive(&mut t).await.is_some());
         assert!(Transport::receive(&mut t).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_refused_request_is_answered_and_passes_nothing_on() {
+        let (out, mut out_rx) = mpsc::channel(4);
+        let refused = judge(br#"{"jsonrpc":"2.0","id":9,"method":"tools/execute"}"#, &out).await;
+        assert!(refused.is_none());
+        let Some(Frame::Mcp(reply)) = out_rx.recv().await else {
+            panic!("an answer");
+        };
+        let reply: Value = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(reply["id"], 9);
+        assert_eq!(reply["error"]["code"], METHOD_NOT_FOUND);
+        assert!(judge(br#"{"jsonrpc":"2.0","method":"x/y"}"#, &out).await.is_none());
+        assert!(out_rx.try_recv().is_err(), "a notification is not answered");
     }
 }

@@ -26,6 +26,7 @@ use countersign_wire::{
     Frame, FrameError, Hello, PROTOCOL_VERSION, RefusedCode, Welcome, read_frame_within,
     write_frame,
 };
+use rmcp::model::ClientJsonRpcMessage;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -500,29 +501,42 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         return;
     }
 
-    // The gateway's frames: MCP messages, to the router; anything else ends the connection.
-    let (inbound, inbox) = mpsc::channel::<Vec<u8>>(64);
+    // The gateway's frames: MCP messages, each judged by the router here, as it arrives; what
+    // passes goes to the open lane when it may take it (see `lane`), else to the session.
+    // Anything but an MCP frame ends the connection.
+    let (inbound, inbox) = mpsc::channel::<ClientJsonRpcMessage>(64);
+    let door = std::sync::Arc::new(crate::lane::Door::default());
     let frame_deadline = desk.options.frame_deadline;
-    let reading = tokio::spawn(async move {
-        loop {
-            match read_frame_within(&mut reader, Some(frame_deadline)).await {
-                Ok(Frame::Mcp(bytes)) => {
-                    if inbound.send(bytes).await.is_err() {
+    let reading = {
+        let door = door.clone();
+        let out = out.clone();
+        tokio::spawn(async move {
+            loop {
+                match read_frame_within(&mut reader, Some(frame_deadline)).await {
+                    Ok(Frame::Mcp(bytes)) => {
+                        let Some(message) = crate::router::judge(&bytes, &out).await else {
+                            continue;
+                        };
+                        let Some(message) = door.offer(message).await else {
+                            continue;
+                        };
+                        if inbound.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(other) => {
+                        tracing::warn!(target: "desk", "closing a connection that sent {other:?}");
+                        break;
+                    }
+                    Err(FrameError::Closed) => break,
+                    Err(err) => {
+                        tracing::warn!(target: "desk", error = %err, "closing a connection that sent a bad frame");
                         break;
                     }
                 }
-                Ok(other) => {
-                    tracing::warn!(target: "desk", "closing a connection that sent {other:?}");
-                    break;
-                }
-                Err(FrameError::Closed) => break,
-                Err(err) => {
-                    tracing::warn!(target: "desk", error = %err, "closing a connection that sent a bad frame");
-                    break;
-                }
             }
-        }
-    });
+        })
+    };
 
     let serve = async {
         // Inside the block: every way out of it drops the agent's side, and with it the last
@@ -564,7 +578,15 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         let wait = wait_ms
             .map_or(desk.options.default_wait, Duration::from_millis)
             .min(desk.options.max_wait);
-        crate::run(desk.engine.clone(), tenant.clone(), wait, upstream, agent).await;
+        crate::run(
+            desk.engine.clone(),
+            tenant.clone(),
+            wait,
+            upstream,
+            agent,
+            &door,
+        )
+        .await;
     };
     // The desk stopping ends every session at once: its gateway sees the connection close, and
     // answers the agent's requests still in flight itself.

@@ -107,6 +107,9 @@ pub struct Shared {
     pub progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
     /// Set when the upstream says its tool list changed: the next call or listing refreshes.
     pub tools_stale: std::sync::atomic::AtomicBool,
+    /// Set once the agent has initialized on a revision before 2026-07-28 and the upstream
+    /// speaks one too: the open lane may take calls (see [`crate::lane`]).
+    pub lane_armed: std::sync::atomic::AtomicBool,
     /// Set when no agent ever stands behind this upstream (a team's server answers each HTTP
     /// request on its own, for many callers): what the upstream asks of an agent (roots,
     /// sampling, elicitation) is refused at once, never sent to whichever caller came last.
