@@ -589,8 +589,8 @@ fn guardian() -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     on_path.or_else(|| {
-        let peers = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/peers/bin/mcp-guardian-proxy");
+        let peers =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/peers/bin/mcp-guardian-proxy");
         peers.is_file().then_some(peers)
     })
 }
@@ -714,7 +714,9 @@ impl RawClient {
     fn request(&mut self, method: &str, params: Value) -> Value {
         self.next += 1;
         let id = self.next;
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string());
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
         self.answer(id)
     }
 
@@ -723,7 +725,10 @@ impl RawClient {
         use std::io::BufRead as _;
         loop {
             self.line.clear();
-            let n = self.from.read_line(&mut self.line).expect("the arm's stdout");
+            let n = self
+                .from
+                .read_line(&mut self.line)
+                .expect("the arm's stdout");
             assert!(n > 0, "the arm closed its stdout");
             let value: Value = match serde_json::from_str(&self.line) {
                 Ok(v) => v,
@@ -750,7 +755,10 @@ impl RawClient {
         // list changed) are skipped.
         loop {
             self.line.clear();
-            let n = self.from.read_line(&mut self.line).expect("the arm's stdout");
+            let n = self
+                .from
+                .read_line(&mut self.line)
+                .expect("the arm's stdout");
             let elapsed = started.elapsed();
             assert!(n > 0, "the arm closed its stdout");
             let answer: Value = serde_json::from_str(&self.line).expect("a message in JSON");
@@ -796,7 +804,10 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
         "{title}: {} calls per arm, interleaved in blocks of {}; a raw stdio client on protocol {CLIENT_REVISION}",
         config.calls, config.block
     );
-    let mut running: Vec<RawClient> = arms.iter().map(|arm| RawClient::start(arm, quiet)).collect();
+    let mut running: Vec<RawClient> = arms
+        .iter()
+        .map(|arm| RawClient::start(arm, quiet))
+        .collect();
     let middles: Vec<Vec<u32>> = arms
         .iter()
         .zip(&running)

@@ -414,10 +414,7 @@ impl Engine {
 
     /// Counts an open tool's call that [`Engine::forwards_open`] let go to the upstream.
     pub fn forwarded_open(&self) {
-        self.tally_request(
-            Some(countersign_core::GateClass::Open),
-            Outcome::Forwarded,
-        );
+        self.tally_request(Some(countersign_core::GateClass::Open), Outcome::Forwarded);
     }
 
     /// Whether a call of `tool` on connection `tenant` may run as listed now (the tool is listed

@@ -303,7 +303,8 @@ impl Lane {
         let mut progress = ProgressNotificationParam::new(agent, params.progress);
         progress.total = params.total;
         progress.message = params.message;
-        let note = json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress});
+        let note =
+            json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress});
         Upward::Agent(note.to_string().into_bytes())
     }
 
@@ -456,7 +457,10 @@ mod tests {
         lane.send(&agent, &call("echo"), None).await.unwrap();
         let up = sent_line(&mut theirs).await;
         assert_eq!(up["method"], "tools/call");
-        assert_eq!(up["params"], json!({"name": "echo", "arguments": {"message": "hi"}}));
+        assert_eq!(
+            up["params"],
+            json!({"name": "echo", "arguments": {"message": "hi"}})
+        );
         let own = up["id"].as_str().unwrap().to_owned();
         assert!(own.starts_with(PREFIX));
         let mut reply = json!({"jsonrpc": "2.0", "id": own, "result": {"content": [], "resultType": "complete", "extra": 1}});
@@ -493,7 +497,10 @@ mod tests {
     async fn an_error_is_rebuilt_and_a_malformed_one_becomes_an_internal_error() {
         let (lane, _rx, mut theirs) = lane();
         for (i, (error, code)) in [
-            (json!({"code": -32602, "message": "bad", "data": {"x": 1}, "extra": true}), -32602),
+            (
+                json!({"code": -32602, "message": "bad", "data": {"x": 1}, "extra": true}),
+                -32602,
+            ),
             (json!({"code": "nope", "message": 5}), -32603),
         ]
         .into_iter()
@@ -560,7 +567,11 @@ mod tests {
         assert_eq!(a["result"]["structuredContent"]["error"], "upstream_exited");
         assert!(a["result"].get("resultType").is_none());
         assert!(lane.is_closed());
-        assert!(lane.send(&RequestId::Number(6), &call("echo"), None).await.is_err());
+        assert!(
+            lane.send(&RequestId::Number(6), &call("echo"), None)
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]
@@ -579,6 +590,10 @@ mod tests {
         let mut late = json!({"jsonrpc": "2.0", "id": own, "result": {}});
         assert_eq!(lane.from_upstream(&mut late), Upward::Dropped);
         drop(theirs);
-        assert!(lane.send(&RequestId::Number(2), &call("echo"), None).await.is_err());
+        assert!(
+            lane.send(&RequestId::Number(2), &call("echo"), None)
+                .await
+                .is_err()
+        );
     }
 }

@@ -459,7 +459,11 @@ mod transport_tests {
     #[tokio::test]
     async fn a_refused_request_is_answered_and_passes_nothing_on() {
         let (out, mut out_rx) = mpsc::channel(4);
-        let refused = judge(br#"{"jsonrpc":"2.0","id":9,"method":"tools/execute"}"#, &out).await;
+        let refused = judge(
+            br#"{"jsonrpc":"2.0","id":9,"method":"tools/execute"}"#,
+            &out,
+        )
+        .await;
         assert!(refused.is_none());
         let Some(Frame::Mcp(reply)) = out_rx.recv().await else {
             panic!("an answer");
@@ -467,7 +471,11 @@ mod transport_tests {
         let reply: Value = serde_json::from_slice(&reply).unwrap();
         assert_eq!(reply["id"], 9);
         assert_eq!(reply["error"]["code"], METHOD_NOT_FOUND);
-        assert!(judge(br#"{"jsonrpc":"2.0","method":"x/y"}"#, &out).await.is_none());
+        assert!(
+            judge(br#"{"jsonrpc":"2.0","method":"x/y"}"#, &out)
+                .await
+                .is_none()
+        );
         assert!(out_rx.try_recv().is_err(), "a notification is not answered");
     }
 }
