@@ -482,6 +482,67 @@ async fn open_tool_call_is_forwarded_serialized_by_the_desk() {
     );
 }
 
+/// The open lane (crates/session/src/lane.rs: an open call written to the upstream by the desk's
+/// connection reader, past both MCP sessions) takes a call only when every condition holds, and
+/// the full path takes every other. The upstream's log tells them apart: the lane's calls carry an
+/// id of the desk's own (`countersign-open-N`), the full path's are numbered by its MCP session.
+/// A call with metadata the lane does not carry, and the first call after the upstream said its
+/// tools changed, take the full path (which lists the tools again before the call goes on); the
+/// next plain call takes the lane again. Every answer comes back under the agent's own id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_else() {
+    let (_desk, mut agent) = hostile().await;
+    let read = |id: Value, path: &str, meta: Option<Value>| {
+        let mut params = json!({"name": "read", "arguments": {"path": path}});
+        if let Some(meta) = meta {
+            params["_meta"] = meta;
+        }
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}).to_string()
+    };
+    let steps = [
+        (json!(1), "plain", None),
+        (json!("two"), "traced", Some(json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}))),
+        (json!(3), "relist", None),
+        (json!(4), "after-the-change", None),
+        (json!("five"), "plain-again", Some(json!({"progressToken": "p5"}))),
+    ];
+    for (id, path, meta) in steps {
+        let reply = agent.request(&read(id.clone(), path, meta), id.clone()).await;
+        assert_eq!(reply["id"], id, "{reply}");
+        assert_eq!(reply["result"]["content"][0]["text"], json!("did it"), "{path}: {reply}");
+    }
+    let calls = agent.calls_at_upstream().await;
+    let id_of = |path: &str| -> Value {
+        let call = calls
+            .iter()
+            .find(|c| c["params"]["arguments"]["path"] == json!(path))
+            .unwrap_or_else(|| panic!("{path} did not reach the upstream: {calls:?}"));
+        let raw: Value = serde_json::from_str(call["raw"].as_str().unwrap()).unwrap();
+        raw["id"].clone()
+    };
+    let on_lane = |path: &str| {
+        id_of(path)
+            .as_str()
+            .is_some_and(|id| id.starts_with("countersign-open-"))
+    };
+    assert!(on_lane("plain"), "a plain open call: {:?}", id_of("plain"));
+    assert!(!on_lane("traced"), "other metadata: {:?}", id_of("traced"));
+    assert!(on_lane("relist"), "{:?}", id_of("relist"));
+    assert!(
+        !on_lane("after-the-change"),
+        "the first call after the list changed: {:?}",
+        id_of("after-the-change")
+    );
+    assert!(on_lane("plain-again"), "{:?}", id_of("plain-again"));
+    // The lane's own progress token, never the agent's, reached the upstream.
+    let again = calls
+        .iter()
+        .find(|c| c["params"]["arguments"]["path"] == json!("plain-again"))
+        .unwrap();
+    assert_eq!(again["params"]["_meta"]["progressToken"], id_of("plain-again"));
+    assert_eq!(calls.len(), 5, "{calls:?}");
+}
+
 /// The re-listing attack, by the upstream: `write` is listed as works-once, a person approves a
 /// call, then the upstream re-lists it as idempotent (reusable) and says its list changed. The
 /// approval keeps the class it was made under: the first confirm runs, the second is

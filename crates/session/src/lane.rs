@@ -390,7 +390,10 @@ impl Door {
                     return Some(message);
                 }
                 let progress = meta.get_progress_token();
-                let lane = session.lane_for(&params.name)?;
+                // Not for the lane: the full path decides (never `?` here: `None` means taken).
+                let Some(lane) = session.lane_for(&params.name) else {
+                    return Some(message);
+                };
                 match lane.send(&r.id, params, progress).await {
                     Ok(()) => {
                         session.forwarded_open();
