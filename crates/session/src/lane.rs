@@ -50,6 +50,10 @@ pub type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 /// the transport has closed it.
 pub type SharedWriter = Arc<tokio::sync::Mutex<Option<Writer>>>;
 
+/// The most calls waiting on one lane: beyond it a call takes the full path (whose own bounds
+/// apply), so an agent that never waits for answers cannot grow the lane's table without end.
+const MAX_WAITING: usize = 1024;
+
 /// How every id the lane gives a call begins. rmcp numbers its own requests, so a string of this
 /// shape is never one of the client session's.
 const PREFIX: &str = "countersign-open-";
@@ -166,7 +170,7 @@ impl Lane {
         {
             // Registered before it is written: the answer can come before `write_all` returns.
             let mut calls = lock(&self.calls);
-            if calls.closed {
+            if calls.closed || calls.waiting.len() >= MAX_WAITING {
                 return Err(NotSent);
             }
             let call = Call {
@@ -424,7 +428,7 @@ mod tests {
     use super::*;
 
     fn lane() -> (Lane, mpsc::Receiver<Frame>, tokio::io::DuplexStream) {
-        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
         let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(Some(Box::new(ours))));
         let (out, rx) = mpsc::channel(16);
         (Lane::new(writer, out, Arc::default()), rx, theirs)
@@ -575,6 +579,18 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn a_lane_full_of_unanswered_calls_sends_the_next_the_full_way() {
+        let (lane, _rx, _theirs) = lane();
+        for i in 0..MAX_WAITING {
+            lane.send(&RequestId::Number(i as i64), &call("echo"), None)
+                .await
+                .unwrap();
+        }
+        let next = RequestId::Number(MAX_WAITING as i64);
+        assert!(lane.send(&next, &call("echo"), None).await.is_err());
     }
 
     #[tokio::test]
