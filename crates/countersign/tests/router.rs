@@ -501,15 +501,29 @@ async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_
     };
     let steps = [
         (json!(1), "plain", None),
-        (json!("two"), "traced", Some(json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}))),
+        (
+            json!("two"),
+            "traced",
+            Some(json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})),
+        ),
         (json!(3), "relist", None),
         (json!(4), "after-the-change", None),
-        (json!("five"), "plain-again", Some(json!({"progressToken": "p5"}))),
+        (
+            json!("five"),
+            "plain-again",
+            Some(json!({"progressToken": "p5"})),
+        ),
     ];
     for (id, path, meta) in steps {
-        let reply = agent.request(&read(id.clone(), path, meta), id.clone()).await;
+        let reply = agent
+            .request(&read(id.clone(), path, meta), id.clone())
+            .await;
         assert_eq!(reply["id"], id, "{reply}");
-        assert_eq!(reply["result"]["content"][0]["text"], json!("did it"), "{path}: {reply}");
+        assert_eq!(
+            reply["result"]["content"][0]["text"],
+            json!("did it"),
+            "{path}: {reply}"
+        );
     }
     let calls = agent.calls_at_upstream().await;
     let id_of = |path: &str| -> Value {
@@ -539,7 +553,10 @@ async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_
         .iter()
         .find(|c| c["params"]["arguments"]["path"] == json!("plain-again"))
         .unwrap();
-    assert_eq!(again["params"]["_meta"]["progressToken"], id_of("plain-again"));
+    assert_eq!(
+        again["params"]["_meta"]["progressToken"],
+        id_of("plain-again")
+    );
     assert_eq!(calls.len(), 5, "{calls:?}");
 }
 

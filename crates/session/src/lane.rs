@@ -232,7 +232,7 @@ impl Lane {
     /// Takes what is the lane's of one message from the upstream: an answer or progress under a
     /// lane id. A tool list that changed stops the lane at once, before the client session has
     /// read the notification: no call goes by the old listing.
-    pub fn from_upstream(&self, message: &mut Value) -> Upward {
+    pub fn take_upstream(&self, message: &mut Value) -> Upward {
         let Some(object) = message.as_object_mut() else {
             return Upward::Session;
         };
@@ -471,7 +471,7 @@ mod tests {
         let own = up["id"].as_str().unwrap().to_owned();
         assert!(own.starts_with(PREFIX));
         let mut reply = json!({"jsonrpc": "2.0", "id": own, "result": {"content": [], "resultType": "complete", "extra": 1}});
-        let Upward::Agent(bytes) = lane.from_upstream(&mut reply) else {
+        let Upward::Agent(bytes) = lane.take_upstream(&mut reply) else {
             panic!("the lane's answer");
         };
         assert_eq!(
@@ -480,7 +480,7 @@ mod tests {
         );
         // Answered once: the same id again is nobody's.
         let mut again = json!({"jsonrpc": "2.0", "id": own, "result": {}});
-        assert_eq!(lane.from_upstream(&mut again), Upward::Dropped);
+        assert_eq!(lane.take_upstream(&mut again), Upward::Dropped);
     }
 
     #[tokio::test]
@@ -494,10 +494,10 @@ mod tests {
             json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 0, "progress": 1}}),
             json!([1]),
         ] {
-            assert_eq!(lane.from_upstream(&mut m), Upward::Session, "{m}");
+            assert_eq!(lane.take_upstream(&mut m), Upward::Session, "{m}");
         }
         let mut forged = json!({"jsonrpc": "2.0", "id": "countersign-open-99", "result": {}});
-        assert_eq!(lane.from_upstream(&mut forged), Upward::Dropped);
+        assert_eq!(lane.take_upstream(&mut forged), Upward::Dropped);
     }
 
     #[tokio::test]
@@ -517,7 +517,7 @@ mod tests {
             lane.send(&agent, &call("echo"), None).await.unwrap();
             let own = sent_line(&mut theirs).await["id"].clone();
             let mut reply = json!({"jsonrpc": "2.0", "id": own, "error": error});
-            let Upward::Agent(bytes) = lane.from_upstream(&mut reply) else {
+            let Upward::Agent(bytes) = lane.take_upstream(&mut reply) else {
                 panic!("the lane's answer");
             };
             let a = answer(&bytes);
@@ -537,7 +537,7 @@ mod tests {
         let own = up["id"].clone();
         assert_eq!(up["params"]["_meta"], json!({"progressToken": own}));
         let mut note = json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": own, "progress": 2, "total": 4, "message": "half", "junk": 1}});
-        let Upward::Agent(bytes) = lane.from_upstream(&mut note) else {
+        let Upward::Agent(bytes) = lane.take_upstream(&mut note) else {
             panic!("progress for the agent");
         };
         assert_eq!(
@@ -545,7 +545,7 @@ mod tests {
             json!({"progressToken": "mine", "progress": 2.0, "total": 4.0, "message": "half"})
         );
         let mut stray = json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": "countersign-open-42", "progress": 1}});
-        assert_eq!(lane.from_upstream(&mut stray), Upward::Dropped);
+        assert_eq!(lane.take_upstream(&mut stray), Upward::Dropped);
     }
 
     #[tokio::test]
@@ -553,7 +553,7 @@ mod tests {
         let (lane, _rx, _theirs) = lane();
         assert!(!lane.shared.tools_stale.load(Ordering::Acquire));
         let mut changed = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
-        assert_eq!(lane.from_upstream(&mut changed), Upward::Session);
+        assert_eq!(lane.take_upstream(&mut changed), Upward::Session);
         assert!(lane.shared.tools_stale.load(Ordering::Acquire));
     }
 
@@ -607,7 +607,7 @@ mod tests {
         assert!(!lane.cancel(&RequestId::Number(1)).await, "once");
         // Its late answer is nobody's.
         let mut late = json!({"jsonrpc": "2.0", "id": own, "result": {}});
-        assert_eq!(lane.from_upstream(&mut late), Upward::Dropped);
+        assert_eq!(lane.take_upstream(&mut late), Upward::Dropped);
         drop(theirs);
         assert!(
             lane.send(&RequestId::Number(2), &call("echo"), None)

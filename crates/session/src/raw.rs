@@ -199,7 +199,7 @@ where
                 continue;
             };
             if let Some(lane) = &self.lane {
-                match lane.from_upstream(&mut value) {
+                match lane.take_upstream(&mut value) {
                     Upward::Agent(bytes) => {
                         self.delivering = Some(bytes);
                         continue;
