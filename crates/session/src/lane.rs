@@ -84,6 +84,8 @@ pub struct Lane {
     /// The gateway's frames, as the session's own messages go.
     out: mpsc::Sender<Frame>,
     shared: Arc<Shared>,
+    /// The upstream's process, when the desk started one.
+    pid: Option<u32>,
 }
 
 /// A call the lane could not hand to the upstream: it never reached it, and takes the full path.
@@ -129,15 +131,27 @@ fn lock(calls: &Mutex<Calls>) -> std::sync::MutexGuard<'_, Calls> {
 }
 
 impl Lane {
-    /// The lane of a transport writing to `writer`; answers go to the gateway through `out`.
-    pub fn new(writer: SharedWriter, out: mpsc::Sender<Frame>, shared: Arc<Shared>) -> Self {
+    /// The lane of a transport writing to `writer` (to the process `pid`, when the desk started
+    /// one); answers go to the gateway through `out`.
+    pub fn new(
+        writer: SharedWriter,
+        out: mpsc::Sender<Frame>,
+        shared: Arc<Shared>,
+        pid: Option<u32>,
+    ) -> Self {
         Self {
             writer,
             calls: Mutex::default(),
             next: AtomicU64::new(1),
             out,
             shared,
+            pid,
         }
+    }
+
+    /// The upstream's process, when the desk started one.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
     }
 
     /// Whether the upstream's output has ended: the lane takes nothing more.
@@ -431,7 +445,7 @@ mod tests {
         let (ours, theirs) = tokio::io::duplex(1 << 20);
         let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(Some(Box::new(ours))));
         let (out, rx) = mpsc::channel(16);
-        (Lane::new(writer, out, Arc::default()), rx, theirs)
+        (Lane::new(writer, out, Arc::default(), None), rx, theirs)
     }
 
     /// The next line the lane wrote, read a byte at a time (nothing after it is taken).

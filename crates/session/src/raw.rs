@@ -70,7 +70,8 @@ impl<R> RawPassthroughTransport<R> {
         out: tokio::sync::mpsc::Sender<countersign_wire::Frame>,
         shared: Arc<crate::upstream::Shared>,
     ) -> Arc<Lane> {
-        let lane = Arc::new(Lane::new(self.writer.clone(), out, shared));
+        let pid = self.child.as_ref().and_then(tokio::process::Child::id);
+        let lane = Arc::new(Lane::new(self.writer.clone(), out, shared, pid));
         self.lane = Some(lane.clone());
         lane
     }

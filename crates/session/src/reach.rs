@@ -492,14 +492,15 @@ impl Upstream {
         *self.lane.lock().unwrap_or_else(|p| p.into_inner()) = lane;
     }
 
-    /// The open lane of the current start, unless the upstream's output has ended (see
-    /// [`crate::lane`]).
+    /// The open lane of the current start, unless the upstream's output has ended or its
+    /// process has exited (see [`crate::lane`]): as on the full path, a call is never handed to
+    /// a process known to be dead.
     pub(crate) fn lane(&self) -> Option<Arc<Lane>> {
         self.lane
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .filter(|lane| !lane.is_closed())
+            .filter(|lane| !lane.is_closed() && !lane.pid().is_some_and(has_exited))
     }
 
     /// The current start's peer, if it is running; never starts one (for notifications, which a
