@@ -349,19 +349,27 @@ struct Running {
     child: tokio::process::Child,
 }
 
+/// `command` with `env`, its stdin and stdout piped, its stderr shown unless `quiet`, logging
+/// errors only.
+fn piped(command: &[OsString], env: &[(OsString, OsString)], quiet: bool) -> std::process::Command {
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(if quiet {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        });
+    cmd
+}
+
 impl Running {
     async fn start(command: &[OsString], quiet: bool) -> Self {
-        let mut cmd = tokio::process::Command::new(&command[0]);
-        cmd.args(&command[1..])
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(if quiet {
-                Stdio::null()
-            } else {
-                Stdio::inherit()
-            })
-            .kill_on_drop(true);
+        let mut cmd = tokio::process::Command::from(piped(command, &[], quiet));
+        cmd.kill_on_drop(true);
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", command[0]));
@@ -666,17 +674,7 @@ const CLIENT_REVISION: &str = "2025-11-25";
 impl RawClient {
     fn start(arm: &Arm, quiet: bool) -> Self {
         let command = &arm.command;
-        let mut child = std::process::Command::new(&command[0])
-            .args(&command[1..])
-            .envs(arm.env.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(if quiet {
-                Stdio::null()
-            } else {
-                Stdio::inherit()
-            })
+        let mut child = piped(command, &arm.env, quiet)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", command[0]));
         let to = child.stdin.take().expect("piped stdin");
