@@ -59,6 +59,11 @@ pub struct Session {
     gates: Arc<Mutex<HashMap<String, Gate>>>,
     /// The agent's clientInfo as last shown to the person.
     client_info: Arc<Mutex<Option<Value>>>,
+    /// The value of [`Shared::tools_epoch`] the current `gates` were listed under (`u64::MAX`
+    /// before the first listing): the listing is current only while the two are equal.
+    ///
+    /// [`Shared::tools_epoch`]: crate::upstream::Shared::tools_epoch
+    listed_epoch: Arc<std::sync::atomic::AtomicU64>,
     /// The revision the agent's `initialize` settled on is older than 2026-07-28: once it has
     /// initialized, the open lane may take its calls (see [`crate::lane`]).
     legacy_agent: Arc<std::sync::atomic::AtomicBool>,
@@ -91,7 +96,15 @@ impl Session {
             gates: Arc::default(),
             client_info: Arc::default(),
             legacy_agent: Arc::default(),
+            listed_epoch: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
         }
+    }
+
+    /// Whether the last listing was taken under the upstream's current tools: since the start
+    /// that runs now began, and since it last said they changed. A listing that failed or has
+    /// not come back yet never counts.
+    fn listing_current(&self) -> bool {
+        self.listed_epoch.load(Ordering::Acquire) == self.shared.tools_epoch.load(Ordering::Acquire)
     }
 
     /// The open lane, when it may take a call of `tool` now (see [`crate::lane`]): the agent and
@@ -99,15 +112,18 @@ impl Session {
     /// start began and since it last said they changed, this listing gates `tool` open, and the
     /// engine agrees. `None` sends the call the full way.
     pub(crate) fn lane_for(&self, tool: &str) -> Option<Arc<crate::lane::Lane>> {
-        if !self.shared.lane_armed.load(Ordering::Acquire)
-            || self.shared.tools_stale.load(Ordering::Acquire)
+        if !self.shared.lane_armed.load(Ordering::Acquire) {
+            return None;
+        }
+        // The lane first, then the listing: a start that began meanwhile has moved the epoch
+        // on before its lane became the current one, so its lane never passes with an old
+        // listing.
+        let lane = self.upstream.lane()?;
+        if !self.listing_current()
+            || self.gates.lock().unwrap().get(tool) != Some(&Gate::Class(GateClass::Open))
         {
             return None;
         }
-        if self.gates.lock().unwrap().get(tool) != Some(&Gate::Class(GateClass::Open)) {
-            return None;
-        }
-        let lane = self.upstream.lane()?;
         self.engine
             .forwards_open(&self.tenant, tool)
             .then_some(lane)
@@ -239,7 +255,9 @@ impl Session {
         &self,
         context: &RequestContext<RoleServer>,
     ) -> Result<Vec<Value>, ErrorData> {
-        self.shared.tools_stale.store(false, Ordering::Release);
+        // The epoch this listing is taken under: should the tools change while it is fetched or
+        // registered, it is out of date at once.
+        let epoch = self.shared.tools_epoch.load(Ordering::Acquire);
         let tools = self.upstream_tools(context).await?;
         let mut held = HashMap::<String, Value>::new();
         let decided: HashMap<String, Gate> = match self
@@ -286,6 +304,7 @@ impl Session {
             }
         }
         *self.gates.lock().unwrap() = decided;
+        self.listed_epoch.store(epoch, Ordering::Release);
         Ok(listed)
     }
 
@@ -299,7 +318,7 @@ impl Session {
         for _ in 0..3 {
             let live = self.live().await?;
             let known = self.gates.lock().unwrap().get(tool).cloned();
-            if known.is_some() && !self.shared.tools_stale.load(Ordering::Acquire) {
+            if known.is_some() && self.listing_current() {
                 return Ok((known, live));
             }
             // A tool not in the last listing, a list that changed, or an upstream started again:
@@ -733,7 +752,7 @@ pub(crate) fn call_lost(tool: &str, class: Option<GateClass>) -> CallToolResult 
 }
 
 /// A confirmed call the upstream never received: it had exited just before.
-fn call_not_sent(tool: &str, class: Option<GateClass>) -> CallToolResult {
+pub(crate) fn call_not_sent(tool: &str, class: Option<GateClass>) -> CallToolResult {
     gone_result(
         EXITED,
         format!(

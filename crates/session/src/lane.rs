@@ -29,9 +29,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use countersign_wire::Frame;
+use rmcp::model::NumberOrString;
 use rmcp::model::{
     CallToolRequestParams, ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorData,
     GetMeta, JsonObject, JsonRpcMessage, ProgressNotificationParam, ProgressToken, RequestId,
@@ -54,6 +55,9 @@ pub type SharedWriter = Arc<tokio::sync::Mutex<Option<Writer>>>;
 /// apply), so an agent that never waits for answers cannot grow the lane's table without end.
 const MAX_WAITING: usize = 1024;
 
+/// The longest agent's id (a string) a lane call may carry: each waiting call keeps it.
+const MAX_ID: usize = 256;
+
 /// How every id the lane gives a call begins. rmcp numbers its own requests, so a string of this
 /// shape is never one of the client session's.
 const PREFIX: &str = "countersign-open-";
@@ -67,6 +71,8 @@ struct Call {
     progress: Option<ProgressToken>,
     /// The tool, for the answer when the upstream exits.
     tool: String,
+    /// Written whole to the upstream: if it exits now, whether the call ran is unknown.
+    written: bool,
 }
 
 #[derive(Debug, Default)]
@@ -74,11 +80,24 @@ struct Calls {
     waiting: HashMap<String, Call>,
     /// The upstream's output has ended (or its transport closed): nothing more is sent.
     closed: bool,
+    /// A write to the upstream failed: its input is broken, nothing more is sent.
+    broken: bool,
 }
+
+/// One line for the upstream's input, and the lane's call it carries, if any.
+struct Up {
+    line: Vec<u8>,
+    call: Option<String>,
+}
+
+/// How many lines may wait for the upstream's input: a full queue (an upstream that stopped
+/// reading) sends the next call the full way, and never holds up the connection's reader.
+const QUEUE: usize = 64;
 
 /// The lane of one start of a line-based upstream. See the module documentation.
 pub struct Lane {
-    writer: SharedWriter,
+    /// Lines for the writer task, which writes them in order.
+    queue: mpsc::Sender<Up>,
     calls: Mutex<Calls>,
     next: AtomicU64,
     /// The gateway's frames, as the session's own messages go.
@@ -132,21 +151,26 @@ fn lock(calls: &Mutex<Calls>) -> std::sync::MutexGuard<'_, Calls> {
 
 impl Lane {
     /// The lane of a transport writing to `writer` (to the process `pid`, when the desk started
-    /// one); answers go to the gateway through `out`.
-    pub fn new(
+    /// one); answers go to the gateway through `out`. Its lines are written by a task of their
+    /// own, so that the connection's reader never waits on the upstream. Must be called inside a
+    /// Tokio runtime.
+    pub fn open(
         writer: SharedWriter,
         out: mpsc::Sender<Frame>,
         shared: Arc<Shared>,
         pid: Option<u32>,
-    ) -> Self {
-        Self {
-            writer,
+    ) -> Arc<Self> {
+        let (queue, lines) = mpsc::channel(QUEUE);
+        let lane = Arc::new(Self {
+            queue,
             calls: Mutex::default(),
             next: AtomicU64::new(1),
             out,
             shared,
             pid,
-        }
+        });
+        tokio::spawn(write_up(Arc::downgrade(&lane), writer, lines));
+        lane
     }
 
     /// The upstream's process, when the desk started one.
@@ -154,13 +178,16 @@ impl Lane {
         self.pid
     }
 
-    /// Whether the upstream's output has ended: the lane takes nothing more.
+    /// Whether the upstream's output has ended or its input broke: the lane takes nothing more.
     pub fn is_closed(&self) -> bool {
-        lock(&self.calls).closed
+        let calls = lock(&self.calls);
+        calls.closed || calls.broken
     }
 
-    /// Writes the agent's call `id` to the upstream under an id of the lane's own.
-    pub async fn send(
+    /// Hands the agent's call `id` to the upstream under an id of the lane's own. `NotSent` when
+    /// the lane cannot take it now (closed, broken, too many waiting, the upstream not reading):
+    /// then it never reaches the upstream by the lane.
+    pub fn send(
         &self,
         id: &RequestId,
         params: &CallToolRequestParams,
@@ -181,40 +208,33 @@ impl Lane {
         };
         let mut line = serde_json::to_vec(&call).map_err(|_| NotSent)?;
         line.push(b'\n');
-        {
-            // Registered before it is written: the answer can come before `write_all` returns.
-            let mut calls = lock(&self.calls);
-            if calls.closed || calls.waiting.len() >= MAX_WAITING {
-                return Err(NotSent);
-            }
-            let call = Call {
-                agent: id.clone(),
-                progress,
-                tool: params.name.to_string(),
-            };
-            calls.waiting.insert(own.clone(), call);
-        }
-        let written = {
-            let mut writer = self.writer.lock().await;
-            match writer.as_mut() {
-                Some(w) => match w.write_all(&line).await {
-                    Ok(()) => w.flush().await,
-                    Err(e) => Err(e),
-                },
-                None => Err(std::io::ErrorKind::NotConnected.into()),
-            }
-        };
-        if written.is_err() && lock(&self.calls).waiting.remove(&own).is_some() {
-            // Not written whole, so the upstream cannot have read it as a call. (When it is no
-            // longer waiting, the upstream's end answered it already: it was lost, not unsent.)
+        // Registered before it is queued: the answer can come before the writer says it wrote.
+        let mut calls = lock(&self.calls);
+        if calls.closed || calls.broken || calls.waiting.len() >= MAX_WAITING {
             return Err(NotSent);
         }
+        let up = Up {
+            line,
+            call: Some(own.clone()),
+        };
+        // Queued under the lock, so that `close` and the writer see it registered.
+        if self.queue.try_send(up).is_err() {
+            return Err(NotSent);
+        }
+        let call = Call {
+            agent: id.clone(),
+            progress,
+            tool: params.name.to_string(),
+            written: false,
+        };
+        calls.waiting.insert(own, call);
         Ok(())
     }
 
     /// Cancels the agent's call `id` if it is the lane's: the upstream is told (under the lane's
-    /// id), and its answer, should it come, is dropped. `false` when the lane has no such call.
-    pub async fn cancel(&self, id: &RequestId) -> bool {
+    /// id, when its input takes it), and its answer, should it come, is dropped. `false` when
+    /// the lane has no such call.
+    pub fn cancel(&self, id: &RequestId) -> bool {
         let own = {
             let mut calls = lock(&self.calls);
             let Some(own) = calls
@@ -235,12 +255,28 @@ impl Lane {
         });
         let mut line = cancel.to_string().into_bytes();
         line.push(b'\n');
-        if let Some(w) = self.writer.lock().await.as_mut()
-            && w.write_all(&line).await.is_ok()
-        {
-            let _ = w.flush().await;
-        }
+        let _ = self.queue.try_send(Up { line, call: None });
         true
+    }
+
+    /// The writer wrote the call `own` whole.
+    fn written(&self, own: &str) {
+        if let Some(call) = lock(&self.calls).waiting.get_mut(own) {
+            call.written = true;
+        }
+    }
+
+    /// A write to the upstream failed: nothing more goes by the lane, and the call `own`, which
+    /// the upstream cannot have read whole, is answered as not sent (nothing was executed).
+    fn unsent(&self, own: Option<String>) {
+        let call = {
+            let mut calls = lock(&self.calls);
+            calls.broken = true;
+            own.and_then(|own| calls.waiting.remove(&own))
+        };
+        if let Some(call) = call {
+            self.answer(vec![call]);
+        }
     }
 
     /// Takes what is the lane's of one message from the upstream: an answer or progress under a
@@ -254,7 +290,7 @@ impl Lane {
             None => {}
             Some("notifications/progress") => return self.progress(object),
             Some("notifications/tools/list_changed") => {
-                self.shared.tools_stale.store(true, Ordering::Release);
+                self.shared.tools_changed();
                 return Upward::Session;
             }
             Some(_) => return Upward::Session,
@@ -327,22 +363,31 @@ impl Lane {
     }
 
     /// The upstream's output has ended, or its transport closed: every call still waiting is
-    /// answered `upstream_exited` (it was handed over, so whether it ran is unknown), and the
-    /// lane takes nothing more.
+    /// answered (`upstream_exited`: one written whole may have run, one not written did not),
+    /// and the lane takes nothing more.
     pub fn close(&self) {
         let waiting: Vec<Call> = {
             let mut calls = lock(&self.calls);
             calls.closed = true;
             calls.waiting.drain().map(|(_, c)| c).collect()
         };
-        if waiting.is_empty() {
+        self.answer(waiting);
+    }
+
+    /// Answers `calls` for an upstream that went away, as the full path does.
+    fn answer(&self, calls: Vec<Call>) {
+        if calls.is_empty() {
             return;
         }
-        let answers: Vec<Frame> = waiting
+        let answers: Vec<Frame> = calls
             .into_iter()
             .map(|call| {
-                let mut result = serde_json::to_value(crate::agent::call_lost(&call.tool, None))
-                    .unwrap_or_default();
+                let result = if call.written {
+                    crate::agent::call_lost(&call.tool, None)
+                } else {
+                    crate::agent::call_not_sent(&call.tool, None)
+                };
+                let mut result = serde_json::to_value(result).unwrap_or_default();
                 if let Some(r) = result.as_object_mut() {
                     r.remove("resultType");
                 }
@@ -372,6 +417,33 @@ impl Lane {
     /// Where the lane's answers go.
     pub fn out(&self) -> &mpsc::Sender<Frame> {
         &self.out
+    }
+}
+
+/// Writes the lane's lines to the upstream's input, in order, until the lane is gone. After a
+/// failed write, every line still queued is a call not sent.
+async fn write_up(lane: Weak<Lane>, writer: SharedWriter, mut lines: mpsc::Receiver<Up>) {
+    while let Some(up) = lines.recv().await {
+        let written = {
+            let mut writer = writer.lock().await;
+            match writer.as_mut() {
+                Some(w) => w.write_all(&up.line).await.is_ok() && w.flush().await.is_ok(),
+                None => false,
+            }
+        };
+        let Some(lane) = lane.upgrade() else {
+            return;
+        };
+        match (written, up.call) {
+            (true, Some(own)) => lane.written(&own),
+            (true, None) => {}
+            (false, own) => {
+                lane.unsent(own);
+                while let Ok(up) = lines.try_recv() {
+                    lane.unsent(up.call);
+                }
+            }
+        }
     }
 }
 
@@ -407,12 +479,16 @@ impl Door {
                 if !plain {
                     return Some(message);
                 }
+                // An id longer than any client uses is the full path's to keep, not the lane's.
+                if matches!(&r.id, NumberOrString::String(id) if id.len() > MAX_ID) {
+                    return Some(message);
+                }
                 let progress = meta.get_progress_token();
                 // Not for the lane: the full path decides (never `?` here: `None` means taken).
                 let Some(lane) = session.lane_for(&params.name) else {
                     return Some(message);
                 };
-                match lane.send(&r.id, params, progress).await {
+                match lane.send(&r.id, params, progress) {
                     Ok(()) => {
                         session.forwarded_open();
                         None
@@ -428,7 +504,7 @@ impl Door {
                     return Some(message);
                 };
                 match session.current_lane() {
-                    Some(lane) if lane.cancel(id).await => None,
+                    Some(lane) if lane.cancel(id) => None,
                     _ => Some(message),
                 }
             }
@@ -441,11 +517,11 @@ impl Door {
 mod tests {
     use super::*;
 
-    fn lane() -> (Lane, mpsc::Receiver<Frame>, tokio::io::DuplexStream) {
+    fn lane() -> (Arc<Lane>, mpsc::Receiver<Frame>, tokio::io::DuplexStream) {
         let (ours, theirs) = tokio::io::duplex(1 << 20);
         let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(Some(Box::new(ours))));
         let (out, rx) = mpsc::channel(16);
-        (Lane::new(writer, out, Arc::default(), None), rx, theirs)
+        (Lane::open(writer, out, Arc::default(), None), rx, theirs)
     }
 
     /// The next line the lane wrote, read a byte at a time (nothing after it is taken).
@@ -475,7 +551,7 @@ mod tests {
     async fn a_call_goes_up_under_the_lanes_id_and_its_result_comes_back_under_the_agents() {
         let (lane, _rx, mut theirs) = lane();
         let agent = RequestId::String("a-7".into());
-        lane.send(&agent, &call("echo"), None).await.unwrap();
+        lane.send(&agent, &call("echo"), None).unwrap();
         let up = sent_line(&mut theirs).await;
         assert_eq!(up["method"], "tools/call");
         assert_eq!(
@@ -528,7 +604,7 @@ mod tests {
         .enumerate()
         {
             let agent = RequestId::Number(i as i64);
-            lane.send(&agent, &call("echo"), None).await.unwrap();
+            lane.send(&agent, &call("echo"), None).unwrap();
             let own = sent_line(&mut theirs).await["id"].clone();
             let mut reply = json!({"jsonrpc": "2.0", "id": own, "error": error});
             let Upward::Agent(bytes) = lane.take_upstream(&mut reply) else {
@@ -546,7 +622,7 @@ mod tests {
         let (lane, _rx, mut theirs) = lane();
         let agent = RequestId::Number(1);
         let token = ProgressToken(rmcp::model::NumberOrString::String("mine".into()));
-        lane.send(&agent, &call("slow"), Some(token)).await.unwrap();
+        lane.send(&agent, &call("slow"), Some(token)).unwrap();
         let up = sent_line(&mut theirs).await;
         let own = up["id"].clone();
         assert_eq!(up["params"]["_meta"], json!({"progressToken": own}));
@@ -565,17 +641,16 @@ mod tests {
     #[tokio::test]
     async fn a_changed_tool_list_stops_the_lane_before_the_session_reads_it() {
         let (lane, _rx, _theirs) = lane();
-        assert!(!lane.shared.tools_stale.load(Ordering::Acquire));
+        let before = lane.shared.tools_epoch.load(Ordering::Acquire);
         let mut changed = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
         assert_eq!(lane.take_upstream(&mut changed), Upward::Session);
-        assert!(lane.shared.tools_stale.load(Ordering::Acquire));
+        assert_ne!(lane.shared.tools_epoch.load(Ordering::Acquire), before);
     }
 
     #[tokio::test]
     async fn calls_waiting_when_the_upstream_ends_are_answered_as_exited_and_no_more_are_sent() {
         let (lane, mut rx, mut theirs) = lane();
         lane.send(&RequestId::Number(5), &call("echo"), None)
-            .await
             .unwrap();
         let _ = sent_line(&mut theirs).await;
         lane.close();
@@ -590,7 +665,6 @@ mod tests {
         assert!(lane.is_closed());
         assert!(
             lane.send(&RequestId::Number(6), &call("echo"), None)
-                .await
                 .is_err()
         );
     }
@@ -600,32 +674,44 @@ mod tests {
         let (lane, _rx, _theirs) = lane();
         for i in 0..MAX_WAITING {
             lane.send(&RequestId::Number(i as i64), &call("echo"), None)
-                .await
                 .unwrap();
+            // The writer task takes each line as it comes (the queue holds few).
+            tokio::task::yield_now().await;
         }
         let next = RequestId::Number(MAX_WAITING as i64);
-        assert!(lane.send(&next, &call("echo"), None).await.is_err());
+        assert!(lane.send(&next, &call("echo"), None).is_err());
     }
 
     #[tokio::test]
     async fn a_call_that_cannot_be_written_is_not_sent_and_a_cancel_reaches_the_upstream() {
-        let (lane, _rx, mut theirs) = lane();
+        let (lane, mut rx, mut theirs) = lane();
         lane.send(&RequestId::Number(1), &call("echo"), None)
-            .await
             .unwrap();
         let own = sent_line(&mut theirs).await["id"].clone();
-        assert!(lane.cancel(&RequestId::Number(1)).await);
+        assert!(lane.cancel(&RequestId::Number(1)));
         let cancel = sent_line(&mut theirs).await;
         assert_eq!(cancel["method"], "notifications/cancelled");
         assert_eq!(cancel["params"]["requestId"], own);
-        assert!(!lane.cancel(&RequestId::Number(1)).await, "once");
+        assert!(!lane.cancel(&RequestId::Number(1)), "once");
         // Its late answer is nobody's.
         let mut late = json!({"jsonrpc": "2.0", "id": own, "result": {}});
         assert_eq!(lane.take_upstream(&mut late), Upward::Dropped);
+        // An upstream whose input is gone: the call was never read, and says so; the lane then
+        // takes nothing more.
         drop(theirs);
+        lane.send(&RequestId::Number(2), &call("echo"), None)
+            .unwrap();
+        let Some(Frame::Mcp(bytes)) = rx.recv().await else {
+            panic!("an answer for the call not sent");
+        };
+        let a = answer(&bytes);
+        assert_eq!(a["id"], 2);
+        assert_eq!(a["result"]["structuredContent"]["error"], "upstream_exited");
+        let said = a["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(said.contains("nothing was executed"), "{said}");
+        assert!(lane.is_closed());
         assert!(
-            lane.send(&RequestId::Number(2), &call("echo"), None)
-                .await
+            lane.send(&RequestId::Number(3), &call("echo"), None)
                 .is_err()
         );
     }

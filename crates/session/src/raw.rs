@@ -71,7 +71,7 @@ impl<R> RawPassthroughTransport<R> {
         shared: Arc<crate::upstream::Shared>,
     ) -> Arc<Lane> {
         let pid = self.child.as_ref().and_then(tokio::process::Child::id);
-        let lane = Arc::new(Lane::new(self.writer.clone(), out, shared, pid));
+        let lane = Lane::open(self.writer.clone(), out, shared, pid);
         self.lane = Some(lane.clone());
         lane
     }
@@ -80,6 +80,11 @@ impl<R> RawPassthroughTransport<R> {
 impl<R> Drop for RawPassthroughTransport<R> {
     fn drop(&mut self) {
         if let Some(lane) = &self.lane {
+            // An answer taken from the upstream and not yet handed to the gateway's writer is
+            // still the agent's (its call is no longer waiting, so `close` would not answer it).
+            if let Some(bytes) = self.delivering.take() {
+                let _ = lane.out().try_send(countersign_wire::Frame::Mcp(bytes));
+            }
             lane.close();
         }
     }

@@ -435,7 +435,7 @@ impl Upstream {
     }
 
     /// The upstream, running: the current start, or a new one when it has exited. A new start
-    /// marks the tools stale (see [`Shared::tools_stale`]).
+    /// marks every listing out of date (see [`Shared::tools_changed`]).
     pub async fn live(&self) -> Result<Live, Unreached> {
         let mut running = self.running.lock().await;
         if let Some(opened) = running.opened.as_ref().filter(|o| o.is_running()) {
@@ -473,9 +473,7 @@ impl Upstream {
         }
         // Whatever the old process listed, the engine learns the new one's tools before a call
         // reaches it.
-        self.shared
-            .tools_stale
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.shared.tools_changed();
         running.start += 1;
         tracing::info!(target: "session", start = running.start, "the upstream started again");
         let live = Live {

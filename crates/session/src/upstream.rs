@@ -105,8 +105,10 @@ pub struct Shared {
     pub agent_ready: tokio::sync::Notify,
     /// Upstream progress token (chosen by rmcp) to the agent's progress token.
     pub progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
-    /// Set when the upstream says its tool list changed: the next call or listing refreshes.
-    pub tools_stale: std::sync::atomic::AtomicBool,
+    /// Moves on whenever the upstream says its tool list changed, or starts again: a listing
+    /// counts only while this is still the value it was fetched under (see
+    /// [`Shared::tools_changed`]), so a call never goes by a listing older than the tools.
+    pub tools_epoch: std::sync::atomic::AtomicU64,
     /// Set once the agent has initialized on a revision before 2026-07-28 and the upstream
     /// speaks one too: the open lane may take calls (see [`crate::lane`]).
     pub lane_armed: std::sync::atomic::AtomicBool,
@@ -117,6 +119,13 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The upstream's tools may have changed (it said so, or it started again): every listing
+    /// taken so far is out of date.
+    pub fn tools_changed(&self) {
+        self.tools_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// Records the agent once it has initialized, and wakes whoever waits for it.
     pub fn set_agent(&self, peer: Peer<RoleServer>) {
         let _ = self.agent.set(peer);
@@ -314,9 +323,7 @@ impl ClientHandler for UpstreamClient {
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.shared
-            .tools_stale
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.shared.tools_changed();
         if let Ok(agent) = self.shared.agent() {
             let _ = agent.notify_tool_list_changed().await;
         }
