@@ -22,7 +22,7 @@ use rmcp::{
     },
     transport::Transport,
 };
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use crate::children::{Children, Group};
 use crate::lane::{Lane, SharedWriter, Upward};
@@ -44,7 +44,13 @@ pub struct RawPassthroughTransport<R> {
     /// A lane frame taken from the upstream and not yet handed to the gateway's writer: kept
     /// here across a dropped `receive`, as `line` is.
     delivering: Option<Vec<u8>>,
+    /// The rest of a line longer than [`MAX_LINE`] is being thrown away.
+    skipping: bool,
 }
+
+/// The longest line the upstream may send: no message longer than a frame could reach the agent,
+/// and a server that never ends its line must not fill the desk's memory.
+const MAX_LINE: usize = countersign_wire::MAX_FRAME;
 
 impl<R: AsyncRead + Unpin> RawPassthroughTransport<R> {
     /// Wraps a reader and writer (an in-process pipe).
@@ -58,6 +64,7 @@ impl<R: AsyncRead + Unpin> RawPassthroughTransport<R> {
             group: None,
             lane: None,
             delivering: None,
+            skipping: false,
         }
     }
 }
@@ -188,13 +195,30 @@ where
             }
             // Cancel safe: what `read_until` takes from the reader is appended to `self.line`
             // before it waits for more, so a dropped `receive` loses nothing.
-            let read = self.reader.read_until(b'\n', &mut self.line).await;
+            // At most what a line may still grow by: the rest of a longer one is thrown away.
+            let room = MAX_LINE.saturating_sub(self.line.len()).max(1) as u64;
+            let read = (&mut self.reader)
+                .take(room)
+                .read_until(b'\n', &mut self.line)
+                .await;
             if read.is_err() || matches!(read, Ok(0) if self.line.is_empty()) {
                 // EOF: the lane's calls still waiting are answered as lost.
                 if let Some(lane) = &self.lane {
                     lane.close();
                 }
                 return None;
+            }
+            let ended = self.line.last() == Some(&b'\n') || matches!(read, Ok(0));
+            if self.skipping || (!ended && self.line.len() >= MAX_LINE) {
+                if !self.skipping {
+                    tracing::warn!(target: "gateway", "dropped a line longer than {MAX_LINE} bytes from the upstream");
+                }
+                self.skipping = !ended;
+                self.line.clear();
+                continue;
+            }
+            if !ended {
+                continue; // more of this line to come
             }
             // A whole line (or the last one, cut by EOF).
             let line = std::mem::take(&mut self.line);
@@ -290,6 +314,47 @@ mod tests {
             .await
             .expect("the message was lost with the dropped receive")
             .expect("the whole message");
+        assert!(
+            matches!(received, JsonRpcMessage::Notification(_)),
+            "{received:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_line_longer_than_a_frame_is_dropped_without_being_kept_and_the_next_is_read() {
+        let (upstream, desk) = tokio::io::duplex(1 << 16);
+        let (read, _write_half) = tokio::io::split(desk);
+        let mut transport = RawPassthroughTransport::new(read, tokio::io::sink());
+        let (_, mut upstream_out) = tokio::io::split(upstream);
+        // A line with no end yet, a MiB longer than any frame.
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..=MAX_LINE / chunk.len() {
+                upstream_out.write_all(&chunk).await.unwrap();
+            }
+            upstream_out
+        });
+        while !writer.is_finished() {
+            let pending =
+                tokio::time::timeout(Duration::from_millis(20), transport.receive()).await;
+            assert!(pending.is_err(), "nothing whole has arrived");
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(20), transport.receive()).await;
+        assert!(
+            transport.line.len() <= MAX_LINE,
+            "the desk kept {} bytes of one line",
+            transport.line.len()
+        );
+        let mut upstream_out = writer.await.unwrap();
+        upstream_out.write_all(b"\n").await.unwrap();
+        upstream_out
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n")
+            .await
+            .unwrap();
+        let received = tokio::time::timeout(Duration::from_secs(60), transport.receive())
+            .await
+            .expect("the message after the long line")
+            .expect("a message");
         assert!(
             matches!(received, JsonRpcMessage::Notification(_)),
             "{received:?}"
