@@ -213,6 +213,13 @@ impl RawAgent {
             json!(false),
             "the barrier call of the open tool `read` did not reach the upstream: {reply}"
         );
+        self.logged()
+    }
+
+    /// Everything the upstream has logged so far, without a barrier: for a test whose upstream
+    /// can no longer take the barrier's call, and whose every call has been answered (the
+    /// upstream logs a call before it answers it, so one that reached it is in the log by then).
+    fn logged(&self) -> Vec<Value> {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         text.lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line ({e}): {l}")))
@@ -221,19 +228,7 @@ impl RawAgent {
 
     /// The `tools/call` messages that reached the upstream, barrier calls left out.
     async fn calls_at_upstream(&mut self) -> Vec<Value> {
-        self.upstream_log()
-            .await
-            .into_iter()
-            .filter(|entry| {
-                let call = entry["method"] == json!("tools/call")
-                    || (entry["unparsed"] == json!(true)
-                        && entry["raw"].as_str().unwrap_or("").contains("tools/call"));
-                let barrier = entry["params"]["name"] == json!("read")
-                    && entry["params"]["arguments"] == json!({"path": BARRIER_PATH})
-                    && entry.get("notification").is_none();
-                call && !barrier
-            })
-            .collect()
+        calls_in(self.upstream_log().await)
     }
 
     /// Asserts that no `tools/call` reached the upstream.
@@ -255,6 +250,21 @@ async fn hostile() -> (Desk, RawAgent) {
     let desk = desk().await;
     let agent = RawAgent::start(&desk, &["--wait", "1"]).await;
     (desk, agent)
+}
+
+/// The `tools/call` messages in the upstream's `log`, barrier calls left out.
+fn calls_in(log: Vec<Value>) -> Vec<Value> {
+    log.into_iter()
+        .filter(|entry| {
+            let call = entry["method"] == json!("tools/call")
+                || (entry["unparsed"] == json!(true)
+                    && entry["raw"].as_str().unwrap_or("").contains("tools/call"));
+            let barrier = entry["params"]["name"] == json!("read")
+                && entry["params"]["arguments"] == json!({"path": BARRIER_PATH})
+                && entry.get("notification").is_none();
+            call && !barrier
+        })
+        .collect()
 }
 
 /// Why `reply` is not a JSON-RPC error (or a batch response made only of errors) for the message
@@ -558,6 +568,47 @@ async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_
         id_of("plain-again")
     );
     assert_eq!(calls.len(), 5, "{calls:?}");
+}
+
+/// A listing counts only under the tools it was taken for. The upstream says its tools changed and
+/// from then on cannot list them: no call goes by the listing from before, on the lane or the
+/// full way, however many times the agent tries. (A flag cleared when a listing began once let
+/// the call after a failed listing go by the old one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_tools_changed_a_failed_listing_leaves_no_listing_in_force() {
+    let (_desk, mut agent) = hostile().await;
+    let read = |id: u64, path: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "read", "arguments": {"path": path}}})
+        .to_string()
+    };
+    for (id, path) in [(1, "listed"), (2, "unlistable")] {
+        let reply = agent.request(&read(id, path), json!(id)).await;
+        assert_eq!(
+            reply["result"]["content"][0]["text"],
+            json!("did it"),
+            "{path}: {reply}"
+        );
+    }
+    for id in 3..6 {
+        let reply = agent
+            .request(&read(id, "by-the-old-listing"), json!(id))
+            .await;
+        assert_eq!(reply["id"], json!(id), "{reply}");
+        assert_ne!(
+            reply["result"]["content"][0]["text"],
+            json!("did it"),
+            "call {id} went by the listing from before the change: {reply}"
+        );
+    }
+    // Every call has been answered, and the upstream can no longer list its tools (so it can
+    // take no barrier call): what it logged is all it will ever get.
+    let calls = calls_in(agent.logged());
+    let paths: Vec<&Value> = calls
+        .iter()
+        .map(|c| &c["params"]["arguments"]["path"])
+        .collect();
+    assert_eq!(paths, [&json!("listed"), &json!("unlistable")], "{calls:?}");
 }
 
 /// The re-listing attack, by the upstream: `write` is listed as works-once, a person approves a
