@@ -535,11 +535,14 @@ fn lock(link: &Shared) -> std::sync::MutexGuard<'_, Link> {
     link.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Writes one line to stdout (whole, so that the two threads' lines never interleave).
-fn to_stdout(line: &[u8]) -> std::io::Result<()> {
+/// Writes one message to stdout as a line, whole, so that the two threads' lines never
+/// interleave: the newline is added to the message's own buffer, so that a line goes out in one
+/// write (stdout's line buffer would send a message longer than its 1 KiB in one write and its
+/// newline in another, and the agent would wake twice for it).
+fn to_stdout(mut line: Vec<u8>) -> std::io::Result<()> {
+    line.push(b'\n');
     let mut out = std::io::stdout().lock();
-    out.write_all(line)?;
-    out.write_all(b"\n")?;
+    out.write_all(&line)?;
     out.flush()
 }
 
@@ -551,7 +554,7 @@ fn answer_error(id: &serde_json::Value, code: &str, message: &str) {
         "error": {"code": PIPE_ERROR, "message": message, "data": {"error": code}},
     });
     // The agent may be gone already; there is no one else to tell.
-    let _ = to_stdout(reply.to_string().as_bytes());
+    let _ = to_stdout(reply.to_string().into_bytes());
 }
 
 /// Runs the pipe until the agent closes stdin (or the desk refuses it).
@@ -655,7 +658,7 @@ fn relay(link: &Shared, from_desk: &mut BufReader<UnixStream>, generation: u64) 
                     }
                     Kind::Other { .. } => {}
                 }
-                if let Err(e) = to_stdout(&bytes) {
+                if let Err(e) = to_stdout(bytes) {
                     return Ended::Stdout(e);
                 }
             }
