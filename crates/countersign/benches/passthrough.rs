@@ -19,8 +19,10 @@
 //!   crates.io, so the bench prints how to build it when it is missing).
 //!
 //! Each arm prints median, p90 and p99, and the CPU time per call of its processes in the middle
-//! (for pipe+desk: the pipe's plus the desk's). Goals: pipe+desk median ≤ 1.10 × the two relays',
-//! its p99 ≤ 1.25 × theirs, and its median below mcp-guardian's.
+//! (for pipe+desk: the pipe's plus the desk's), then how often per call the scheduler put them on
+//! a CPU and how long they waited for one while runnable: on a machine with few cores that is
+//! where a middle's latency goes beyond its own CPU time. Goals: pipe+desk median ≤ 1.10 × the
+//! two relays', its p99 ≤ 1.25 × theirs, and its median below mcp-guardian's.
 //!
 //! Then, for `countersign mcp`:
 //! - idle resident memory (VmRSS after `initialize`, `tools/list` and 1 s idle); goal ≤ 5 MiB;
@@ -499,14 +501,39 @@ impl std::fmt::Display for Memory {
     }
 }
 
-/// CPU time a process has used so far, all its threads, from `/proc/<pid>/task/*/schedstat`.
-fn cpu_time(pid: u32) -> Option<Duration> {
-    let mut total = 0u64;
+/// What the scheduler has counted for a process so far, all its threads summed, from
+/// `/proc/<pid>/task/*/schedstat`: time on a CPU, time runnable but waiting for one, and how many
+/// times a thread was put on a CPU. On a machine with few cores the last two say where a
+/// middle's latency goes beyond its own CPU time: each wake-up is a context switch, and a thread
+/// woken while the cores are busy waits its turn.
+#[derive(Clone, Copy, Default)]
+struct Sched {
+    cpu: Duration,
+    waiting: Duration,
+    slices: u64,
+}
+
+impl std::ops::Sub for Sched {
+    type Output = Sched;
+    fn sub(self, before: Sched) -> Sched {
+        Sched {
+            cpu: self.cpu.saturating_sub(before.cpu),
+            waiting: self.waiting.saturating_sub(before.waiting),
+            slices: self.slices.saturating_sub(before.slices),
+        }
+    }
+}
+
+fn sched(pid: u32) -> Option<Sched> {
+    let mut total = Sched::default();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
-        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        let mut fields = stat.split_whitespace().map(str::parse::<u64>);
+        total.cpu += Duration::from_nanos(fields.next()?.ok()?);
+        total.waiting += Duration::from_nanos(fields.next()?.ok()?);
+        total.slices += fields.next()?.ok()?;
     }
-    Some(Duration::from_nanos(total))
+    Some(total)
 }
 
 /// The direct children of a process, any of its threads' (`/proc/<pid>/task/*/children`).
@@ -811,8 +838,8 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
         .zip(&running)
         .map(|(arm, r)| arm.middle(r.pid()))
         .collect();
-    let cpu_now =
-        |pids: &[u32]| -> Vec<Option<Duration>> { pids.iter().map(|&p| cpu_time(p)).collect() };
+    let sched_now =
+        |pids: &[u32]| -> Vec<Option<Sched>> { pids.iter().map(|&p| sched(p)).collect() };
     // Warm-up, interleaved like the measurement.
     let warmup = (config.calls / 10).clamp(1, 500);
     for r in &mut running {
@@ -822,7 +849,7 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
     }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(config.calls); arms.len()];
     // CPU of the processes in the middle (relays; the pipe and the desk) over the measured calls.
-    let cpu_before: Vec<_> = middles.iter().map(|m| cpu_now(m)).collect();
+    let sched_before: Vec<_> = middles.iter().map(|m| sched_now(m)).collect();
     let blocks = config.calls.div_ceil(config.block);
     for b in 0..blocks {
         let size = config.block.min(config.calls - b * config.block);
@@ -836,15 +863,23 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
         }
     }
     // Per process in the middle, in the order of `Arm::middle`.
-    let cpu_per_call: Vec<Option<Vec<Duration>>> = middles
+    // Totals over the measured calls, per process in the middle.
+    let sched_over_calls: Vec<Option<Vec<Sched>>> = middles
         .iter()
-        .zip(cpu_before)
+        .zip(sched_before)
         .map(|(m, before)| {
-            cpu_now(m)
+            sched_now(m)
                 .into_iter()
                 .zip(before)
-                .map(|(now, before)| Some((now? - before?) / config.calls as u32))
+                .map(|(now, before)| Some(now? - before?))
                 .collect()
+        })
+        .collect();
+    let cpu_per_call: Vec<Option<Vec<Duration>>> = sched_over_calls
+        .iter()
+        .map(|each| {
+            each.as_ref()
+                .map(|each| each.iter().map(|s| s.cpu / config.calls as u32).collect())
         })
         .collect();
     let results: Vec<Stats> = samples.iter_mut().map(|s| stats(s)).collect();
@@ -877,6 +912,28 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
             micros(s.p90),
             micros(s.p99),
             cpu
+        );
+    }
+    println!(
+        "  {:<10} {:>11} {:>11}   the processes in the middle, per call: times put on a CPU \
+         (each wake-up a context switch), µs runnable but waiting for a CPU",
+        "arm", "on a CPU", "waiting µs"
+    );
+    for (arm, each) in arms.iter().zip(&sched_over_calls) {
+        let Some(each) = each.as_deref().filter(|e| !e.is_empty()) else {
+            continue;
+        };
+        let total = each.iter().fold(Sched::default(), |a, s| Sched {
+            cpu: a.cpu + s.cpu,
+            waiting: a.waiting + s.waiting,
+            slices: a.slices + s.slices,
+        });
+        let calls = config.calls as f64;
+        println!(
+            "  {:<10} {:>11.2} {:>11.1}",
+            arm.name,
+            total.slices as f64 / calls,
+            micros(total.waiting) / calls
         );
     }
     let ratio = |a: &Stats, b: &Stats| a.median.as_secs_f64() / b.median.as_secs_f64();
