@@ -498,7 +498,8 @@ async fn open_tool_call_is_forwarded_serialized_by_the_desk() {
 /// id of the desk's own (`countersign-open-N`), the full path's are numbered by its MCP session.
 /// A call with metadata the lane does not carry, and the first call after the upstream said its
 /// tools changed, take the full path (which lists the tools again before the call goes on); the
-/// next plain call takes the lane again. Every answer comes back under the agent's own id.
+/// next plain call takes the lane again. A call whose id is a string over 256 bytes takes the full
+/// path (the lane keeps every waiting call's id). Every answer comes back under the agent's own id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_else() {
     let (_desk, mut agent) = hostile().await;
@@ -523,6 +524,7 @@ async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_
             "plain-again",
             Some(json!({"progressToken": "p5"})),
         ),
+        (json!("6".repeat(257)), "long-id", None),
     ];
     for (id, path, meta) in steps {
         let reply = agent
@@ -558,6 +560,11 @@ async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_
         id_of("after-the-change")
     );
     assert!(on_lane("plain-again"), "{:?}", id_of("plain-again"));
+    assert!(
+        !on_lane("long-id"),
+        "an id over 256 bytes: {:?}",
+        id_of("long-id")
+    );
     // The lane's own progress token, never the agent's, reached the upstream.
     let again = calls
         .iter()
@@ -567,7 +574,7 @@ async fn the_open_lane_takes_a_plain_open_call_of_a_current_listing_and_nothing_
         again["params"]["_meta"]["progressToken"],
         id_of("plain-again")
     );
-    assert_eq!(calls.len(), 5, "{calls:?}");
+    assert_eq!(calls.len(), 6, "{calls:?}");
 }
 
 /// A listing counts only under the tools it was taken for. The upstream says its tools changed and

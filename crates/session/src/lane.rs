@@ -715,4 +715,30 @@ mod tests {
                 .is_err()
         );
     }
+
+    #[tokio::test]
+    async fn an_upstream_that_stops_reading_fills_the_queue_and_the_next_calls_go_the_full_way() {
+        // An upstream input with room for one line, never read.
+        let (ours, _theirs) = tokio::io::duplex(64);
+        let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(Some(Box::new(ours))));
+        let (out, _rx) = mpsc::channel(16);
+        let lane = Lane::open(writer, out, Arc::default(), None);
+        let mut taken = 0;
+        let mut refused = 0;
+        for id in 0..(4 * QUEUE as i64) {
+            // The writer runs between calls, as it would between the reader's messages.
+            tokio::task::yield_now().await;
+            match lane.send(&RequestId::Number(id), &call("echo"), None) {
+                Ok(()) => taken += 1,
+                Err(NotSent) => refused += 1,
+            }
+        }
+        // The writer holds one line it cannot finish and the queue the next QUEUE; every call
+        // after them is refused at once (well below the lane's limit of waiting calls), and
+        // none of this waited on the upstream.
+        assert!(taken <= QUEUE + 1, "{taken} taken");
+        assert_eq!(taken + refused, 4 * QUEUE);
+        assert!(refused >= 3 * QUEUE - 1, "{refused} refused");
+        assert!(!lane.is_closed(), "a slow upstream is not a closed one");
+    }
 }
