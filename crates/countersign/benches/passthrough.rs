@@ -745,16 +745,23 @@ impl RawClient {
         self.answer(id)
     }
 
+    /// Reads the arm's next line into `self.line`; returns when it arrived.
+    fn next_line(&mut self) -> Instant {
+        use std::io::BufRead as _;
+        self.line.clear();
+        let n = self
+            .from
+            .read_line(&mut self.line)
+            .expect("the arm's stdout");
+        let arrived = Instant::now();
+        assert!(n > 0, "the arm closed its stdout");
+        arrived
+    }
+
     /// The next line that answers `id`, parsed.
     fn answer(&mut self, id: u64) -> Value {
-        use std::io::BufRead as _;
         loop {
-            self.line.clear();
-            let n = self
-                .from
-                .read_line(&mut self.line)
-                .expect("the arm's stdout");
-            assert!(n > 0, "the arm closed its stdout");
+            self.next_line();
             let value: Value = match serde_json::from_str(&self.line) {
                 Ok(v) => v,
                 Err(_) => continue,
@@ -767,7 +774,6 @@ impl RawClient {
 
     /// One `echo` call, timed from just before the request is written to its answer read.
     fn call(&mut self) -> Duration {
-        use std::io::BufRead as _;
         self.next += 1;
         let id = self.next;
         let line = format!(
@@ -779,13 +785,7 @@ impl RawClient {
         // when its line was read, and notifications on the way (server-everything says its tool
         // list changed) are skipped.
         loop {
-            self.line.clear();
-            let n = self
-                .from
-                .read_line(&mut self.line)
-                .expect("the arm's stdout");
-            let elapsed = started.elapsed();
-            assert!(n > 0, "the arm closed its stdout");
+            let elapsed = self.next_line() - started;
             let answer: Value = serde_json::from_str(&self.line).expect("a message in JSON");
             if answer.get("method").is_some() {
                 continue;
