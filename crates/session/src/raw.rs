@@ -326,31 +326,40 @@ mod tests {
         let (read, _write_half) = tokio::io::split(desk);
         let mut transport = RawPassthroughTransport::new(read, tokio::io::sink());
         let (_, mut upstream_out) = tokio::io::split(upstream);
-        // A line with no end yet, a MiB longer than any frame.
+        // A line with no end yet, a MiB longer than any frame (the frame's length, not the
+        // constant under test, so that a bound raised past it fails here).
         let writer = tokio::spawn(async move {
             let chunk = vec![b'x'; 1 << 20];
-            for _ in 0..=MAX_LINE / chunk.len() {
+            for _ in 0..=countersign_wire::MAX_FRAME / chunk.len() {
                 upstream_out.write_all(&chunk).await.unwrap();
             }
             upstream_out
         });
-        while !writer.is_finished() {
-            let pending =
-                tokio::time::timeout(Duration::from_millis(20), transport.receive()).await;
-            assert!(pending.is_err(), "nothing whole has arrived");
-        }
-        let _ = tokio::time::timeout(Duration::from_millis(20), transport.receive()).await;
+        // The transport reads (so that the writer never waits on a full pipe for long) until the
+        // whole unended line is written; `receive` is cancel safe, so dropping it loses nothing.
+        let mut writer = std::pin::pin!(writer);
+        let mut upstream_out = tokio::select! {
+            received = transport.receive() => panic!("nothing whole has arrived: {received:?}"),
+            written = &mut writer => written.unwrap(),
+        };
+        // Against the frame's length itself, not the constant under test.
         assert!(
-            transport.line.len() <= MAX_LINE,
+            transport.line.len() <= countersign_wire::MAX_FRAME,
             "the desk kept {} bytes of one line",
             transport.line.len()
         );
-        let mut upstream_out = writer.await.unwrap();
-        upstream_out.write_all(b"\n").await.unwrap();
-        upstream_out
-            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n")
-            .await
-            .unwrap();
+        // The line's end and a message after it, written while the transport reads (the pipe
+        // may still be full of the long line).
+        tokio::spawn(async move {
+            upstream_out.write_all(b"\n").await.unwrap();
+            upstream_out
+                .write_all(
+                    b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n",
+                )
+                .await
+                .unwrap();
+            upstream_out
+        });
         let received = tokio::time::timeout(Duration::from_secs(60), transport.receive())
             .await
             .expect("the message after the long line")
