@@ -351,6 +351,7 @@ fn debug_prints(
         label: Some("secrets-agent".into()),
         wait_ms: Some(40_000),
         pid: std::process::id(),
+        stdio: false,
     };
     add("Reach::Command", reach);
     add("Hello::Gateway", &hello);
@@ -359,6 +360,7 @@ fn debug_prints(
     let accepted = Welcome::Accepted {
         version: PROTOCOL_VERSION,
         tenant: "t-1".into(),
+        stdio: false,
     };
     add("Welcome::Accepted", &accepted);
     // The registry's requests and answers carry credentials and client config backups.

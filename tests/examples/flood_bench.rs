@@ -90,6 +90,7 @@ async fn main() {
             label: None,
             wait_ms: None,
             pid: std::process::id(),
+            stdio: false,
         },
     ))
     .unwrap();

@@ -72,6 +72,12 @@ enum Command {
         /// Do not start the desk when none is running.
         #[arg(long)]
         no_launch: bool,
+        /// Carry every message through this process, as frames on the desk's socket, instead of
+        /// handing the agent's stdin and stdout to the desk (Linux, when both are pipes or
+        /// sockets), which takes this process off the path of each message. Slower; decides
+        /// nothing differently.
+        #[arg(long)]
+        relay: bool,
         /// Reach the upstream over streamable HTTP at this URL instead of starting a command.
         #[arg(long, conflicts_with_all = ["upstream", "db"])]
         url: Option<String>,
@@ -273,6 +279,7 @@ fn main() {
             socket,
             desk_user,
             no_launch,
+            relay,
             url,
             upstream,
         } => {
@@ -321,6 +328,7 @@ fn main() {
                 socket_chosen_by,
                 launch_desk: !no_launch,
                 desk_uid,
+                relay,
             })
         }
         Command::Desk { args } => match launch::start_desk(&args) {

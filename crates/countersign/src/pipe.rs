@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use countersign_wire::message::{Asked, Kind, cancelled};
 use countersign_wire::{
     DeskError, Frame, FrameError, Hello, MAX_FRAME, PROTOCOL_VERSION, Reach, Welcome, decode,
     encode,
@@ -67,6 +68,8 @@ pub struct Options {
     /// The account the desk runs under: this one, or the one `--desk-user` names when the agent
     /// runs under an account of its own. Only a desk of that account is answered.
     pub desk_uid: u32,
+    /// Relay every message as a frame instead of handing the agent's stdio to the desk.
+    pub relay: bool,
 }
 
 /// The process exit code for a failure to talk to the desk.
@@ -260,10 +263,14 @@ const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(1);
 /// The JSON-RPC error code of the pipe's own answers (an implementation-defined server error).
 const PIPE_ERROR: i64 = -32000;
 
-/// A connection to the desk, welcomed: its two halves.
+/// A connection to the desk, welcomed: its two halves, and the desk's notes when it took the
+/// agent's stdio.
 struct Connection {
     to_desk: UnixStream,
     from_desk: BufReader<FromDesk>,
+    /// The file the desk notes the agent's requests in flight into, once the agent's stdin and
+    /// stdout are the desk's (see `countersign_wire::stdio`); `None` when this pipe relays.
+    notes: Option<std::fs::File>,
 }
 
 /// The read half of the connection to the desk, which waits in poll(2) before it reads.
@@ -297,23 +304,44 @@ impl Read for FromDesk {
 }
 
 /// Says hello on `stream` and reads the desk's welcome (the upstream's stderr may come first).
-fn handshake(stream: UnixStream, options: &Options) -> Result<Connection, DeskError> {
+/// With `offer`, the agent's stdio is offered to the desk, where it can be (see [`notes_file`]),
+/// and handed over when the desk takes it.
+fn handshake(stream: UnixStream, options: &Options, offer: bool) -> Result<Connection, DeskError> {
     let mut to_desk = stream.try_clone().map_err(lost)?;
     let mut from_desk = BufReader::with_capacity(64 * 1024, FromDesk(stream));
+    let mut notes = if offer { notes_file(options) } else { None };
     let hello = Frame::Hello(Hello::Gateway {
         version: PROTOCOL_VERSION,
         reach: options.reach.clone(),
         label: options.label.clone(),
         wait_ms: options.wait.map(|w| w.as_millis() as u64),
         pid: std::process::id(),
+        stdio: notes.is_some(),
     });
     write_frame(&mut to_desk, &hello).map_err(lost)?;
     loop {
         match read_frame(&mut from_desk).map_err(lost)? {
             Some(Frame::Stderr(bytes)) => to_stderr(&bytes),
-            Some(Frame::Welcome(Welcome::Accepted { tenant, .. })) => {
-                tracing::info!(target: "gateway", %tenant, "connected to the desk");
-                return Ok(Connection { to_desk, from_desk });
+            Some(Frame::Welcome(Welcome::Accepted { tenant, stdio, .. })) => {
+                tracing::info!(target: "gateway", %tenant, handed_over = stdio, "connected to the desk");
+                if !stdio {
+                    notes = None;
+                } else if let Some(notes) = &notes {
+                    // Right after the welcome: the desk sends nothing more until it has them.
+                    if !from_desk.buffer().is_empty() {
+                        return Err(lost(
+                            "the desk sent more than its welcome before taking the stdio",
+                        ));
+                    }
+                    hand_over(&to_desk, notes)?;
+                } else {
+                    return Err(lost("the desk took stdio the gateway did not offer"));
+                }
+                return Ok(Connection {
+                    to_desk,
+                    from_desk,
+                    notes,
+                });
             }
             Some(Frame::Welcome(Welcome::Refused { code, message })) => {
                 return Err(DeskError::Refused {
@@ -324,6 +352,128 @@ fn handshake(stream: UnixStream, options: &Options) -> Result<Connection, DeskEr
             Some(other) => return Err(lost(format!("unexpected {other:?}"))),
             None => return Err(lost("the desk closed the connection before answering")),
         }
+    }
+}
+
+/// The file for the desk's notes, when the agent's stdio may be handed over: on Linux, unless
+/// `--relay`, when stdin and stdout are both pipes or sockets (a terminal or a file stays here).
+fn notes_file(options: &Options) -> Option<std::fs::File> {
+    #[cfg(target_os = "linux")]
+    {
+        use countersign_wire::stdio::{may_hand_over, new_notes_file};
+        if options.relay || !may_hand_over(0) || !may_hand_over(1) {
+            return None;
+        }
+        match new_notes_file() {
+            Ok(file) => Some(file),
+            Err(e) => {
+                tracing::debug!(target: "gateway", error = %e, "no notes file: relaying");
+                None
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = options;
+        None
+    }
+}
+
+/// Sends the agent's stdin and stdout, and the notes file, to the desk.
+fn hand_over(to_desk: &UnixStream, notes: &std::fs::File) -> Result<(), DeskError> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        countersign_wire::stdio::send_descriptors(to_desk.as_raw_fd(), &[0, 1, notes.as_raw_fd()])
+            .map_err(|e| lost(format!("could not hand the agent's stdio to the desk: {e}")))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (to_desk, notes);
+        Err(lost("the desk took stdio the gateway did not offer"))
+    }
+}
+
+/// The connection the desk held the agent's stdio for is gone: the stdio is the pipe's again.
+/// Every request the desk noted as taken and not answered becomes the pipe's to answer, as if it
+/// had relayed it; what the desk read and never took is read again, before stdin; and the
+/// agent's opening is kept for the next desk. When the agent has closed
+/// stdin (the desk ended the session because the agent is done), the agent is marked done.
+fn take_back(link: &Shared, notes: &std::fs::File) {
+    #[cfg(target_os = "linux")]
+    {
+        // The desk made both non-blocking (the flag belongs to the descriptions the pipe shares
+        // with it); the pipe's own reads and writes block.
+        blocking(0);
+        blocking(1);
+        let back = countersign_wire::stdio::read_back(notes).unwrap_or_else(|e| {
+            eprintln!("countersign mcp: could not read the desk's notes back: {e}");
+            Default::default()
+        });
+        if back.mid_line {
+            // The desk died half-way through a line: end it, so that the agent's next line is whole.
+            let _ = to_stdout(Vec::new());
+        }
+        let mut state = lock(link);
+        let generation = state.generation;
+        for (key, asked) in back.in_flight {
+            state.outstanding.insert(key, (generation, asked));
+        }
+        if state.opening.is_none() {
+            state.opening = back.opening;
+            state.initialized = back.initialized;
+        }
+        // Never taken by the desk: the start of the pipe's stdin, to send to the next one.
+        state.agent_done |= back.unread.is_empty() && stdin_closed();
+        state.unread = back.unread;
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (link, notes);
+}
+
+/// Clears `O_NONBLOCK` on `fd`.
+#[cfg(target_os = "linux")]
+fn blocking(fd: libc::c_int) {
+    // SAFETY: fcntl on one of the process's standard descriptors; a failure leaves it as it was.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+}
+
+/// Whether the agent has closed stdin with nothing left to read in it.
+#[cfg(target_os = "linux")]
+fn stdin_closed() -> bool {
+    let mut wanted = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    if unsafe { libc::poll(&mut wanted, 1, 0) } <= 0 {
+        return false;
+    }
+    if wanted.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) == 0 {
+        return false;
+    }
+    // A socket says "readable" for its end as for data: a peek tells them apart. A pipe with no
+    // writer left says "hung up", and "readable" only while data is left in it.
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer that lives for the call; MSG_PEEK leaves the data where it is.
+    let peeked = unsafe {
+        libc::recv(
+            0,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match peeked {
+        0 => true,
+        n if n > 0 => false,
+        _ => wanted.revents & libc::POLLIN == 0,
     }
 }
 
@@ -340,7 +490,7 @@ fn reconnect(options: &Options) -> Result<Connection, DeskError> {
             pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
         }
         match dial(&options.socket, options.desk_uid) {
-            Ok(stream) => return handshake(stream, options),
+            Ok(stream) => return handshake(stream, options, false),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 return Err(DeskError::Unreachable(format!(
                     "{}: {e}",
@@ -357,7 +507,7 @@ fn reconnect(options: &Options) -> Result<Connection, DeskError> {
     );
     match options.socket_chosen_by {
         // Where the gateway starts desks, it starts one now, as it would at its own start.
-        None if options.launch_desk => handshake(connect(options)?, options),
+        None if options.launch_desk => handshake(connect(options)?, options, false),
         None => Err(DeskError::Unreachable(format!(
             "no desk answers at {} ({last}; {tried})",
             options.socket.display()
@@ -369,138 +519,34 @@ fn reconnect(options: &Options) -> Result<Connection, DeskError> {
     }
 }
 
-/// What the pipe reads of a JSON-RPC message to tell requests, notifications and responses
-/// apart (everything else in it is skipped, not kept).
-#[derive(serde::Deserialize)]
-struct Head {
-    #[serde(default)]
-    id: Option<serde_json::Value>,
-    #[serde(default)]
-    method: Option<String>,
-}
-
-/// What the pipe reads of a `tools/call`: the tool, and whether it is a confirm.
-#[derive(serde::Deserialize)]
-struct CallHead {
-    params: CallParams,
-}
-
-#[derive(serde::Deserialize)]
-struct CallParams {
-    name: String,
-    #[serde(default)]
-    arguments: Option<CallArguments>,
-}
-
-#[derive(serde::Deserialize)]
-struct CallArguments {
-    #[serde(default)]
-    confirm: Option<serde_json::Value>,
-}
-
-/// What the pipe reads of a `notifications/cancelled`: the request it cancels, which the desk
-/// will not answer.
-#[derive(serde::Deserialize)]
-struct CancelHead {
-    params: CancelParams,
-}
-
-#[derive(serde::Deserialize)]
-struct CancelParams {
-    #[serde(rename = "requestId")]
-    request_id: serde_json::Value,
-}
-
-/// One message, as far as the pipe needs to know it.
-#[derive(Debug, Clone, PartialEq)]
-enum Kind {
-    /// A request: its id and its method. Ids are compared as JSON text, so that `1` and `"1"`
-    /// stay apart.
-    Request {
-        id: serde_json::Value,
-        method: String,
-    },
-    /// A response or error, to the request with this id (as JSON text).
-    Response { key: String },
-    /// A notification (or anything the pipe cannot read: the desk judges it).
-    Other { method: Option<String> },
-}
-
-impl Kind {
-    fn of(bytes: &[u8]) -> Kind {
-        let Ok(head) = serde_json::from_slice::<Head>(bytes) else {
-            return Kind::Other { method: None };
-        };
-        match (head.id, head.method) {
-            (Some(id), Some(method)) => Kind::Request { id, method },
-            (Some(id), None) => Kind::Response {
-                key: id.to_string(),
-            },
-            (None, method) => Kind::Other { method },
-        }
-    }
-}
-
-/// What an agent's request was, for the answer the pipe gives it when the desk is lost.
-#[derive(Debug, Clone)]
-enum Asked {
-    /// A `tools/call`: the tool, and whether it was a confirm (`confirm: true`).
-    Call { tool: String, confirm: bool },
-    /// Anything else.
-    Other { method: String },
-}
-
-impl Asked {
-    fn of(method: &str, bytes: &[u8]) -> Asked {
-        if method != "tools/call" {
-            return Asked::Other {
-                method: method.to_owned(),
-            };
-        }
-        match serde_json::from_slice::<CallHead>(bytes) {
-            Ok(call) => Asked::Call {
-                tool: call.params.name,
-                confirm: call
-                    .params
-                    .arguments
-                    .and_then(|a| a.confirm)
-                    .is_some_and(|c| c == serde_json::Value::Bool(true)),
-            },
-            Err(_) => Asked::Other {
-                method: method.to_owned(),
-            },
-        }
-    }
-
-    /// What the agent is told about this request when the connection to the desk is lost while
-    /// it is in flight.
-    fn lost(&self) -> String {
-        let what = match self {
-            Asked::Call {
-                tool,
-                confirm: true,
-            } => format!(
-                " This was a confirm of `{tool}`: it may have been executed, in whole or in part, \
+/// What the agent is told about a request when the connection to the desk is lost while it is
+/// in flight.
+fn lost_message(asked: &Asked) -> String {
+    let what = match asked {
+        Asked::Call {
+            tool,
+            confirm: true,
+        } => format!(
+            " This was a confirm of `{tool}`: it may have been executed, in whole or in part, \
                  or not at all, and nothing more is known. Check whether its effect happened \
                  before doing it again."
-            ),
-            Asked::Call {
-                tool,
-                confirm: false,
-            } => format!(
-                " If `{tool}` is a gated tool, this was a preflight and nothing was executed; if \
+        ),
+        Asked::Call {
+            tool,
+            confirm: false,
+        } => format!(
+            " If `{tool}` is a gated tool, this was a preflight and nothing was executed; if \
                  it is an open tool, it may have run, and nothing more is known."
-            ),
-            Asked::Other { method } => format!(" Nothing more is known about `{method}`."),
-        };
-        format!(
-            "Countersign: the connection to the desk was lost while this request was in progress \
+        ),
+        Asked::Other { method } => format!(" Nothing more is known about `{method}`."),
+    };
+    format!(
+        "Countersign: the connection to the desk was lost while this request was in progress \
              (the desk stopped or restarted).{what} The gateway connects to the desk again on \
              the next request, and the desk gives this agent a new session: confirm tokens \
              issued before no longer work there (they are bound to the old session), so run the \
              preflight again for a new one."
-        )
-    }
+    )
 }
 
 /// What both threads know about the connection to the desk.
@@ -522,6 +568,8 @@ struct Link {
     /// `notifications/initialized`, replayed to a new connection.
     opening: Option<Vec<u8>>,
     initialized: Option<Vec<u8>>,
+    /// Input the desk read from the agent's stdin and never took: read before stdin itself.
+    unread: Vec<u8>,
     /// The agent closed stdin.
     agent_done: bool,
     /// Why the pipe must stop, found by the stdin thread.
@@ -548,9 +596,8 @@ impl Link {
             }
             // A cancelled request gets no answer: it is no longer in flight.
             Kind::Other { method: Some(m) } if m == "notifications/cancelled" => {
-                if let Ok(cancel) = serde_json::from_slice::<CancelHead>(message) {
-                    self.outstanding
-                        .remove(&cancel.params.request_id.to_string());
+                if let Some(key) = cancelled(message) {
+                    self.outstanding.remove(&key);
                 }
             }
             _ => {}
@@ -589,7 +636,11 @@ fn answer_error(id: &serde_json::Value, code: &str, message: &str) {
 
 /// Runs the pipe until the agent closes stdin (or the desk refuses it).
 pub fn run(options: Options) -> Result<(), DeskError> {
-    let Connection { to_desk, from_desk } = handshake(connect(&options)?, &options)?;
+    let Connection {
+        to_desk,
+        from_desk,
+        mut notes,
+    } = handshake(connect(&options)?, &options, true)?;
     let link: Shared = Arc::new(Mutex::new(Link {
         desk: Some(Arc::new(to_desk)),
         generation: 1,
@@ -600,9 +651,15 @@ pub fn run(options: Options) -> Result<(), DeskError> {
 
     // stdin → desk, on a thread of its own. When the agent closes stdin, our half of the socket
     // closes too: the desk ends the session and its upstream, then closes its half, which ends
-    // the loop below (given a few seconds at most).
+    // the loop below (given a few seconds at most). While the desk holds the agent's stdio, the
+    // thread waits until the loop below has taken it back.
+    let (give_back, taken_back) = std::sync::mpsc::channel::<()>();
+    let handed = notes.is_some();
     let stdin_link = link.clone();
     std::thread::spawn(move || {
+        if handed && taken_back.recv().is_err() {
+            return; // the pipe ends without taking stdin back
+        }
         let result = copy_stdin(&stdin_link, &options, &readers);
         let mut state = lock(&stdin_link);
         state.agent_done = true;
@@ -620,7 +677,11 @@ pub fn run(options: Options) -> Result<(), DeskError> {
     // desk → stdout and stderr, here.
     let (mut from_desk, mut generation) = (from_desk, 1);
     loop {
-        match relay(&link, &mut from_desk, generation) {
+        let ended = relay(&link, &mut from_desk, generation, notes.is_some());
+        if let Some(notes) = notes.take() {
+            take_back(&link, &notes);
+        }
+        match ended {
             Ended::Refused(e) => {
                 let message = e.to_string();
                 answer_lost(&link, generation, |_| message.clone());
@@ -629,13 +690,15 @@ pub fn run(options: Options) -> Result<(), DeskError> {
             Ended::Stdout(e) => return Err(DeskError::Lost(format!("stdout: {e}"))),
             Ended::Lost(why) => {
                 tracing::debug!(target: "gateway", "the connection to the desk ended: {why}");
-                if answer_lost(&link, generation, Asked::lost) {
+                if answer_lost(&link, generation, lost_message) {
                     return Ok(());
                 }
                 eprintln!(
                     "countersign mcp: the connection to the desk was lost ({why}); the gateway \
                      connects again on the agent's next request"
                 );
+                // Sent once, after the lost requests were answered; unheard when not handed.
+                let _ = give_back.send(());
                 match next_reader.recv() {
                     Ok((reader, g)) => (from_desk, generation) = (reader, g),
                     Err(_) => return lock(&link).fatal.take().map_or(Ok(()), Err),
@@ -655,10 +718,22 @@ enum Ended {
     Lost(String),
 }
 
-/// Copies the desk's frames of connection `generation` to stdout and stderr until it ends.
-fn relay(link: &Shared, from_desk: &mut BufReader<FromDesk>, generation: u64) -> Ended {
+/// Copies the desk's frames of connection `generation` to stdout and stderr until it ends. With
+/// the agent's stdio `handed` to the desk, an `M` frame is a desk out of order (the agent's
+/// output is the desk's to write then), and ends the connection.
+fn relay(
+    link: &Shared,
+    from_desk: &mut BufReader<FromDesk>,
+    generation: u64,
+    handed: bool,
+) -> Ended {
     loop {
         match read_frame(from_desk) {
+            Ok(Some(Frame::Mcp(_))) if handed => {
+                return Ended::Lost(
+                    "the desk sent a message on the socket after taking stdio".into(),
+                );
+            }
             Ok(Some(Frame::Mcp(bytes))) => {
                 match Kind::of(&bytes) {
                     Kind::Response { key } => {
@@ -741,7 +816,12 @@ fn copy_stdin(
     options: &Options,
     readers: &std::sync::mpsc::Sender<(BufReader<FromDesk>, u64)>,
 ) -> Result<(), DeskError> {
-    let mut stdin = BufReader::with_capacity(64 * 1024, std::io::stdin().lock());
+    // What the desk read from stdin and never took comes first (see `take_back`).
+    let unread = std::mem::take(&mut lock(link).unread);
+    let mut stdin = BufReader::with_capacity(
+        64 * 1024,
+        std::io::Cursor::new(unread).chain(std::io::stdin().lock()),
+    );
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -884,7 +964,9 @@ fn connect_again(
             return Ok(false);
         }
     };
-    let Connection { to_desk, from_desk } = connection;
+    let Connection {
+        to_desk, from_desk, ..
+    } = connection;
     let mut state = lock(link);
     state.generation += 1;
     let generation = state.generation;

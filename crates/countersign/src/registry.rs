@@ -63,6 +63,7 @@ impl Registrar for DeskAt {
             launch_desk: self.launch_desk,
             // SAFETY: getuid has no preconditions and cannot fail.
             desk_uid: unsafe { libc::getuid() },
+            relay: true,
         };
         let stream = pipe::connect(&options)?;
         let mut to_desk = stream.try_clone().map_err(pipe::lost)?;

@@ -521,6 +521,7 @@ async fn a_hello_of_another_version_is_refused_and_a_connection_without_one_is_c
         label: None,
         wait_ms: None,
         pid: 1,
+        stdio: false,
     });
     match raw_hello(&desk.socket, old).await {
         Some(Frame::Welcome(Welcome::Refused { code, message })) => {
@@ -541,6 +542,7 @@ async fn a_hello_of_another_version_is_refused_and_a_connection_without_one_is_c
         label: None,
         wait_ms: None,
         pid: 1,
+        stdio: false,
     });
     match raw_hello(&desk.socket, relative).await {
         Some(Frame::Welcome(Welcome::Refused { code, .. })) => {
@@ -587,6 +589,7 @@ fn builtin_hello(dir: &std::path::Path) -> countersign_wire::Frame {
         label: None,
         wait_ms: None,
         pid: 1,
+        stdio: false,
     })
 }
 

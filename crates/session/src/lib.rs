@@ -11,6 +11,8 @@
 
 mod agent;
 mod children;
+#[cfg(target_os = "linux")]
+mod handed;
 mod lane;
 mod peer;
 mod preview;

@@ -27,6 +27,7 @@ use countersign_wire::{
     write_frame,
 };
 use rmcp::model::ClientJsonRpcMessage;
+use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -307,6 +308,8 @@ struct Introduced {
     label: Option<String>,
     wait_ms: Option<u64>,
     pid: u32,
+    /// The gateway offered the agent's stdio (see `handed`).
+    stdio: bool,
 }
 
 /// A new connection, up to its hello: the peer's account, the per-account limit, the hello
@@ -396,6 +399,7 @@ async fn introduce(desk: Desk, mut stream: UnixStream) {
             label,
             wait_ms,
             pid,
+            stdio,
         } => {
             if desk.stopping.is_cancelled() {
                 // Said hello as the desk stopped: closed, as every open connection is.
@@ -408,6 +412,7 @@ async fn introduce(desk: Desk, mut stream: UnixStream) {
                 label,
                 wait_ms,
                 pid,
+                stdio,
             };
             on_its_own_thread(desk, stream, hello, slot);
         }
@@ -437,6 +442,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         label,
         wait_ms,
         pid,
+        stdio,
     } = hello;
     let (reader, mut writer) = stream.into_split();
     // Buffered: a frame is its length and its body, one read rather than two.
@@ -479,31 +485,82 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         }
     };
 
+    let tenant = desk.engine.connect(identity.clone());
+    tracing::info!(target: "desk", %tenant, server = %identity, label = label.as_deref().unwrap_or(""), pid, "gateway connected");
+    // Where the gateway offers the agent's stdio, the desk takes it (see `handed`): the welcome
+    // says so, and the descriptors must come next, before anything else is read or written.
+    #[cfg(target_os = "linux")]
+    let handed = if stdio {
+        let welcome = Frame::Welcome(Welcome::Accepted {
+            version: PROTOCOL_VERSION,
+            tenant: tenant.clone(),
+            stdio: true,
+        });
+        let taken = match write_frame(&mut writer, &welcome).await {
+            Ok(()) => {
+                crate::handed::take(reader.get_ref().as_ref(), desk.options.hello_deadline).await
+            }
+            Err(err) => Err(format!("could not welcome the gateway: {err}")),
+        };
+        match taken {
+            Ok(handed) => Some(handed),
+            Err(why) => {
+                tracing::warn!(target: "desk", %tenant, "closing a connection: {why}");
+                desk.engine.disconnect(&tenant).await;
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    #[cfg(not(target_os = "linux"))]
+    let _ = stdio;
+    #[cfg(target_os = "linux")]
+    let (mut lines, mut agent_out) = match handed {
+        Some(crate::handed::Handed { lines, output }) => (Some(lines), Some(output)),
+        None => (None, None),
+    };
+
     // Every frame to the gateway goes through one writer task, so the upstream's stderr, the
-    // welcome and the session's messages never interleave inside a frame.
+    // welcome and the session's messages never interleave inside a frame; with the agent's
+    // stdio handed over, the session's messages go there instead, each line whole.
     let (out, mut outbox) = mpsc::channel::<Frame>(1024);
     let writing = tokio::spawn(async move {
         while let Some(frame) = outbox.recv().await {
+            #[cfg(target_os = "linux")]
+            if let (Some(agent_out), Frame::Mcp(line)) = (agent_out.as_mut(), &frame) {
+                if let Err(err) = agent_out.send(line.clone()).await {
+                    tracing::debug!(target: "desk", error = %err, "could not write to an agent");
+                    break;
+                }
+                continue;
+            }
             if let Err(err) = write_frame(&mut writer, &frame).await {
                 tracing::debug!(target: "desk", error = %err, "could not write to a gateway");
                 break;
             }
         }
     });
-    let tenant = desk.engine.connect(identity.clone());
-    tracing::info!(target: "desk", %tenant, server = %identity, label = label.as_deref().unwrap_or(""), pid, "gateway connected");
-    let welcome = Frame::Welcome(Welcome::Accepted {
-        version: PROTOCOL_VERSION,
-        tenant: tenant.clone(),
-    });
-    if out.send(welcome).await.is_err() {
-        desk.engine.disconnect(&tenant).await;
-        return;
+    #[cfg(target_os = "linux")]
+    let welcomed = lines.is_some();
+    #[cfg(not(target_os = "linux"))]
+    let welcomed = false;
+    if !welcomed {
+        let welcome = Frame::Welcome(Welcome::Accepted {
+            version: PROTOCOL_VERSION,
+            tenant: tenant.clone(),
+            stdio: false,
+        });
+        if out.send(welcome).await.is_err() {
+            desk.engine.disconnect(&tenant).await;
+            return;
+        }
     }
 
-    // The gateway's frames: MCP messages, each judged by the router here, as it arrives; what
-    // passes goes to the open lane when it may take it (see `lane`), else to the session.
-    // Anything but an MCP frame ends the connection.
+    // The agent's messages, from `M` frames or from its stdin: each judged by the router here,
+    // as it arrives; what passes goes to the open lane when it may take it (see `lane`), else
+    // to the session. Anything but an MCP frame ends the connection; with the stdio handed over,
+    // so does anything at all on the socket, or its closing (the gateway is gone).
     let (inbound, inbox) = mpsc::channel::<ClientJsonRpcMessage>(64);
     let door = std::sync::Arc::new(crate::lane::Door::default());
     let frame_deadline = desk.options.frame_deadline;
@@ -511,16 +568,38 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         let door = door.clone();
         let out = out.clone();
         tokio::spawn(async move {
+            #[cfg(target_os = "linux")]
+            if let Some(lines) = lines.as_mut() {
+                let mut gateway = [0u8; 1];
+                let gone = reader.read(&mut gateway);
+                tokio::pin!(gone);
+                loop {
+                    let line = tokio::select! {
+                        line = lines.next(frame_deadline) => line,
+                        _ = &mut gone => {
+                            tracing::debug!(target: "desk", "the gateway of a handed-over connection closed or spoke");
+                            break;
+                        }
+                    };
+                    match line {
+                        Ok(Some(bytes)) => {
+                            if !take_in(&bytes, &out, &door, &inbound).await {
+                                break;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(err) => {
+                            tracing::warn!(target: "desk", error = %err, "closing a connection whose agent sent a bad line");
+                            break;
+                        }
+                    }
+                }
+                return;
+            }
             loop {
                 match read_frame_within(&mut reader, Some(frame_deadline)).await {
                     Ok(Frame::Mcp(bytes)) => {
-                        let Some(message) = crate::router::judge(&bytes, &out).await else {
-                            continue;
-                        };
-                        let Some(message) = door.offer(message).await else {
-                            continue;
-                        };
-                        if inbound.send(message).await.is_err() {
+                        if !take_in(&bytes, &out, &door, &inbound).await {
                             break;
                         }
                     }
@@ -610,6 +689,23 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
     // The writer ends once the session and the upstream's stderr have let go of it.
     let _ = tokio::time::timeout(Duration::from_secs(5), writing).await;
     tracing::info!(target: "desk", %tenant, "gateway disconnected");
+}
+
+/// One message of the agent's: judged by the router, then taken by the open lane or passed to
+/// the session. `false` once the session is gone.
+async fn take_in(
+    bytes: &[u8],
+    out: &mpsc::Sender<Frame>,
+    door: &crate::lane::Door,
+    inbound: &mpsc::Sender<ClientJsonRpcMessage>,
+) -> bool {
+    let Some(message) = crate::router::judge(bytes, out).await else {
+        return true;
+    };
+    let Some(message) = door.offer(message).await else {
+        return true;
+    };
+    inbound.send(message).await.is_ok()
 }
 
 /// The request a focus hello from `peer` may have the window show: only the desk's own account

@@ -31,6 +31,11 @@
 //! [`RegistryRequest`]): a proposal, which for anything but a new server waits for the person's
 //! click in the window.
 //!
+//! On Linux, a gateway whose stdin and stdout are pipes or sockets offers them in its hello, and
+//! a desk that takes them says so in its welcome: the gateway then sends them over the socket,
+//! and the agent's MCP lines go to and from the desk directly instead of as `M` frames (see
+//! [`stdio`]).
+//!
 //! There is no message that approves or denies, and none that carries policy, a class or an
 //! identity: the desk decides those itself. A name in the hello is a display label only.
 #![deny(missing_docs)]
@@ -43,10 +48,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 mod desk_error;
 #[cfg(unix)]
 mod focus;
+pub mod message;
 mod open;
 #[cfg(unix)]
 mod place;
 mod registry;
+#[cfg(target_os = "linux")]
+pub mod stdio;
 #[cfg(unix)]
 pub use place::{
     DESK_DIR_ENV, DeskDirs, SOCKET_ENV, account_home, account_uid, agents_socket_path,
@@ -141,6 +149,11 @@ pub enum Hello {
         wait_ms: Option<u64>,
         /// The gateway's process id, for the person's information.
         pid: u32,
+        /// Whether the gateway can hand the agent's stdin and stdout to the desk (see
+        /// `stdio`, Linux): it offers only when both are pipes or sockets. Absent on the wire
+        /// when false, and a desk that predates it ignores it, so a mixed pair relays as before.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdio: bool,
     },
     /// A second start of the desk, or `countersign open`: bring the running desk's window
     /// forward, showing `request` when one is named. Build it with [`Hello::focus`].
@@ -185,6 +198,10 @@ pub enum Welcome {
         version: u32,
         /// The tenant assigned to this connection.
         tenant: String,
+        /// The desk takes the stdio the gateway offered: the gateway sends it next (see
+        /// `stdio`). Only ever true when the hello offered it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdio: bool,
     },
     /// The desk will not serve this hello.
     Refused {
@@ -400,10 +417,12 @@ mod tests {
                 label: Some("files".into()),
                 wait_ms: Some(5),
                 pid: 9,
+                stdio: true,
             }),
             Frame::Welcome(Welcome::Accepted {
                 version: PROTOCOL_VERSION,
                 tenant: "t".into(),
+                stdio: true,
             }),
             Frame::Mcp(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_vec()),
             Frame::Stderr(b"warning\n".to_vec()),
@@ -460,11 +479,29 @@ mod tests {
             label: None,
             wait_ms: None,
             pid: 1,
+            stdio: false,
         };
+        // Without the offer, the hello is byte for byte what gateways before the field sent.
         assert_eq!(
             serde_json::to_value(&hello).unwrap(),
             json!({"type": "gateway", "version": 2, "reach": {"kind": "builtin", "db": "/d"},
                    "label": null, "wait_ms": null, "pid": 1})
+        );
+        let Hello::Gateway { stdio, .. } = serde_json::from_value(json!(
+            {"type": "gateway", "version": 2, "reach": {"kind": "builtin", "db": "/d"},
+             "label": null, "wait_ms": null, "pid": 1, "stdio": true}))
+        .unwrap() else {
+            unreachable!("a gateway hello reads as one");
+        };
+        assert!(stdio);
+        let accepted = Welcome::Accepted {
+            version: 2,
+            tenant: "t".into(),
+            stdio: false,
+        };
+        assert_eq!(
+            serde_json::to_value(&accepted).unwrap(),
+            json!({"type": "accepted", "version": 2, "tenant": "t"})
         );
         let refused = Welcome::Refused {
             code: RefusedCode::NoSuchServer,
