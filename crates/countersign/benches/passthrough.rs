@@ -12,8 +12,11 @@
 //! - 2 relays: relay → relay → upstream (the floor for two processes in the middle);
 //! - pipe+desk: through `countersign mcp --no-launch --socket <sock> -- <upstream>`, the pipe, to
 //!   a desk that starts the upstream as its own child and runs the MCP session (routing, the gate
-//!   decision; an open call on the session's open lane): two processes in the middle, like the
-//!   two relays;
+//!   decision; an open call on the session's open lane). The pipe hands the agent's stdio to the
+//!   desk (its stdin and stdout are pipes here), so only the desk is in the path of a call, though
+//!   the pipe process is there, as the two relays are;
+//! - pipe+desk --relay: the same with `--relay`, every message through the pipe and the socket
+//!   (the path before the hand-over, and still the path after a desk restarts);
 //! - guardian: mcp-guardian's proxy (0.6) in its log-only profile, the peer to beat, when it is
 //!   installed (`COUNTERSIGN_BENCH_GUARDIAN`, the PATH, or `target/peers/bin`; it is not on
 //!   crates.io, so the bench prints how to build it when it is missing).
@@ -589,16 +592,19 @@ impl Arm {
     }
 }
 
-/// `countersign mcp --no-launch --socket SOCKET -- UPSTREAM...`.
-fn pipe_command(socket: &Path, upstream: &[OsString]) -> Vec<OsString> {
+/// `countersign mcp --no-launch --socket SOCKET [--relay] -- UPSTREAM...`.
+fn pipe_command(socket: &Path, upstream: &[OsString], relay: bool) -> Vec<OsString> {
     let mut pipe: Vec<OsString> = vec![
         env!("CARGO_BIN_EXE_countersign").into(),
         "mcp".into(),
         "--no-launch".into(),
         "--socket".into(),
         socket.into(),
-        "--".into(),
     ];
+    if relay {
+        pipe.push("--relay".into());
+    }
+    pipe.push("--".into());
     pipe.extend(upstream.iter().cloned());
     pipe
 }
@@ -637,11 +643,12 @@ const GUARDIAN_HOWTO: &str = "mcp-guardian (the peer arm) is not installed: to m
     cargo build --release -p mcp-guardian-proxy`, then put target/release/mcp-guardian-proxy on \
     the PATH, in target/peers/bin, or name it in COUNTERSIGN_BENCH_GUARDIAN";
 
-/// The ways to reach one upstream: direct, one relay, two relays, the pipe and the desk, and
-/// mcp-guardian's proxy in its log-only profile when it is installed (its files in `home`).
+/// The ways to reach one upstream: direct, one relay, two relays, the pipe and the desk (handed
+/// over, and with `--relay` to `relay_desk`), and mcp-guardian's proxy in its log-only profile when it is installed (its files in `home`).
 fn arms(
     upstream: &[OsString],
     desk: &DeskProcess,
+    relay_desk: &DeskProcess,
     me: &Path,
     guardian: Option<(&Path, &Path)>,
 ) -> Vec<Arm> {
@@ -659,8 +666,14 @@ fn arms(
         arm("2 relays", relays),
         Arm {
             name: "pipe+desk",
-            command: pipe_command(&desk.socket, upstream),
+            command: pipe_command(&desk.socket, upstream, false),
             desk: Some(desk.pid()),
+            env: Vec::new(),
+        },
+        Arm {
+            name: "pipe+desk --relay",
+            command: pipe_command(&relay_desk.socket, upstream, true),
+            desk: Some(relay_desk.pid()),
             env: Vec::new(),
         },
     ];
@@ -884,7 +897,7 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
         .collect();
     let results: Vec<Stats> = samples.iter_mut().map(|s| stats(s)).collect();
     println!(
-        "  {:<10} {:>11} {:>11} {:>11}   CPU µs/call in the middle",
+        "  {:<17} {:>11} {:>11} {:>11}   CPU µs/call in the middle",
         "arm", "median µs", "p90 µs", "p99 µs"
     );
     for ((arm, s), cpu) in arms.iter().zip(&results).zip(&cpu_per_call) {
@@ -906,7 +919,7 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
             }
         };
         println!(
-            "  {:<10} {:>11.1} {:>11.1} {:>11.1}   {}",
+            "  {:<17} {:>11.1} {:>11.1} {:>11.1}   {}",
             arm.name,
             micros(s.median),
             micros(s.p90),
@@ -915,7 +928,7 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
         );
     }
     println!(
-        "  {:<10} {:>11} {:>11}   the processes in the middle, per call: times put on a CPU \
+        "  {:<17} {:>11} {:>11}   the processes in the middle, per call: times put on a CPU \
          (each wake-up a context switch), µs runnable but waiting for a CPU",
         "arm", "on a CPU", "waiting µs"
     );
@@ -930,14 +943,20 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
         });
         let calls = config.calls as f64;
         println!(
-            "  {:<10} {:>11.2} {:>11.1}",
+            "  {:<17} {:>11.2} {:>11.1}",
             arm.name,
             total.slices as f64 / calls,
             micros(total.waiting) / calls
         );
     }
     let ratio = |a: &Stats, b: &Stats| a.median.as_secs_f64() / b.median.as_secs_f64();
-    let (direct, relay, relays, pipe) = (&results[0], &results[1], &results[2], &results[3]);
+    let (direct, relay, relays, pipe, relayed) = (
+        &results[0],
+        &results[1],
+        &results[2],
+        &results[3],
+        &results[4],
+    );
     println!(
         "  ratio relay/direct (median): {:.2}; 2 relays/relay: {:.2}",
         ratio(relay, direct),
@@ -954,7 +973,12 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
         "  goal: pipe+desk p99 ≤ {TAIL_GOAL_RATIO:.2} × 2 relays' p99: {} ({tail:.2} ×)",
         met(tail <= TAIL_GOAL_RATIO)
     );
-    match results.get(4) {
+    println!(
+        "  pipe+desk with --relay (every message through the pipe and the socket): median {:.2} × 2 relays; pipe+desk handed over is {:.2} × it",
+        ratio(relayed, relays),
+        ratio(pipe, relayed)
+    );
+    match results.get(5) {
         Some(guardian) => {
             let over = ratio(pipe, guardian);
             println!(
@@ -979,7 +1003,7 @@ fn latency(config: &Config, title: &str, arms: &[Arm], quiet: bool) {
 async fn desk_memory(config: &Config, me: &Path, upstream: &[OsString]) {
     let desk = DeskProcess::start(me).await;
     let settle = Duration::from_millis(if config.full { 500 } else { 100 });
-    let command = pipe_command(&desk.socket, upstream);
+    let command = pipe_command(&desk.socket, upstream, false);
     tokio::time::sleep(settle).await;
     let idle = memory(desk.pid());
     println!();
@@ -1049,10 +1073,13 @@ async fn bench(config: Config) {
         }
     );
     let desk = DeskProcess::start(&me).await;
+    // A desk of its own for the --relay arm, so that each desk's CPU and scheduler figures are
+    // its arm's alone.
+    let relay_desk = DeskProcess::start(&me).await;
     let guardian = guardian();
     let guardian_home = tempfile::tempdir().expect("a temporary directory");
     let guardian = guardian.as_deref().map(|p| (p, guardian_home.path()));
-    let ours = arms(&upstream, &desk, &me, guardian);
+    let ours = arms(&upstream, &desk, &relay_desk, &me, guardian);
     let (relay, pipe) = (&ours[1].command, &ours[3].command);
 
     // Idle memory: initialize, tools/list, then 1 s of nothing.
@@ -1095,7 +1122,7 @@ async fn bench(config: Config) {
 
     if let Some(index) = &config.everything {
         let upstream: Vec<OsString> = vec!["node".into(), index.into(), "stdio".into()];
-        let everything = arms(&upstream, &desk, &me, guardian);
+        let everything = arms(&upstream, &desk, &relay_desk, &me, guardian);
         latency(
             &config,
             "@modelcontextprotocol/server-everything (node)",
@@ -1104,4 +1131,5 @@ async fn bench(config: Config) {
         );
     }
     desk.stop().await;
+    relay_desk.stop().await;
 }

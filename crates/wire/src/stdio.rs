@@ -69,9 +69,9 @@ const MID_LINE_AT: usize = 1;
 /// Bytes 8..12 and 12..16: the lengths of the opening and of `initialized` (0: none).
 const OPENING_LEN_AT: usize = 8;
 const INITIALIZED_LEN_AT: usize = 12;
-/// Bytes 16..24: how much of the agent's input (a count of bytes since the hand-over) the desk
-/// has taken out of the ring; the ring holds what came after, up to its first zero byte.
-const TAKEN_AT: usize = 16;
+/// Bytes 16..24: where in the ring the input the desk has not taken starts; it goes on up to the
+/// ring's first zero byte after it.
+const START_AT: usize = 16;
 const OPENING_AT: usize = 4096;
 const INITIALIZED_AT: usize = OPENING_AT + MAX_OPENING;
 const SLOTS_AT: usize = INITIALIZED_AT + MAX_INITIALIZED;
@@ -368,11 +368,11 @@ pub struct Notes {
     /// Slots never used yet start here.
     unused: usize,
     opening_kept: bool,
-    /// Bytes of input taken out of the ring, and read into it, since the hand-over.
-    taken: u64,
-    read: u64,
-    /// Input up to here has no line end in it.
-    scanned: u64,
+    /// Where in the ring the input not yet taken starts, and how many bytes of it there are.
+    start: usize,
+    held: usize,
+    /// How many of those bytes are known to hold no line end.
+    scanned: usize,
     /// Inside a line longer than a frame: dropped up to its end.
     skipping: bool,
 }
@@ -387,8 +387,8 @@ impl Notes {
             free: Vec::new(),
             unused: 0,
             opening_kept: false,
-            taken: 0,
-            read: 0,
+            start: 0,
+            held: 0,
             scanned: 0,
             skipping: false,
         })
@@ -397,20 +397,19 @@ impl Notes {
     /// Reads from the agent's stdin `fd` (non-blocking) into the ring: the bytes read, 0 at its
     /// end. A desk that dies right after leaves them in the ring for the gateway.
     pub fn read_input(&mut self, fd: RawFd) -> io::Result<usize> {
-        let held = (self.read - self.taken) as usize;
-        let at = (self.read % RING_SIZE as u64) as usize;
-        let room = (RING_SIZE - held).min(RING_SIZE - at).min(READ_CHUNK);
+        let at = (self.start + self.held) % RING_SIZE;
+        let room = (RING_SIZE - self.held).min(RING_SIZE - at).min(READ_CHUNK);
         debug_assert!(
             room > 0,
             "a line longer than a frame is dropped before the ring fills"
         );
         // SAFETY: `room` bytes from `RING_AT + at` are inside the mapping (at + room <= RING_SIZE)
-        // and hold nothing the desk still needs (they are past what it has read).
+        // and hold nothing the desk still needs (they are past what it holds).
         let n = unsafe { libc::read(fd, self.map.ptr.add(RING_AT + at).cast(), room) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        self.read += n as u64;
+        self.held += n as usize;
         Ok(n as usize)
     }
 
@@ -420,13 +419,13 @@ impl Notes {
     /// last line.
     pub fn next_line(&mut self, ended: bool) -> Taken {
         loop {
-            let end = match self.line_end() {
-                Some(end) => end,
-                None if ended && self.read > self.taken => self.read,
+            let len = match self.line_end() {
+                Some(len) => len,
+                None if ended && self.held > 0 => self.held,
                 None => {
-                    if self.read - self.taken >= crate::MAX_FRAME as u64 {
+                    if self.held >= crate::MAX_FRAME {
                         // No frame is this long: drop what came, and the rest up to its end.
-                        self.forget(self.read);
+                        self.forget(self.held);
                         let was = std::mem::replace(&mut self.skipping, true);
                         if !was {
                             return Taken::Dropped;
@@ -435,68 +434,80 @@ impl Notes {
                     return Taken::Wanting;
                 }
             };
-            let mut line = vec![0u8; (end - self.taken) as usize];
-            self.copy_out(self.taken, &mut line);
             if std::mem::replace(&mut self.skipping, false) {
-                self.forget(end);
+                self.forget(len);
                 continue;
             }
+            let mut line = vec![0u8; len];
+            self.copy_out(&mut line);
             while matches!(line.last(), Some(b'\n' | b'\r')) {
                 line.pop();
             }
             if line.iter().all(u8::is_ascii_whitespace) {
-                self.forget(end);
+                self.forget(len);
                 continue;
             }
             // Noted before it leaves the ring: at no moment is it in neither.
             self.took(&line);
-            self.forget(end);
+            self.forget(len);
             return Taken::Line(line);
         }
     }
 
-    /// Where the first line in the ring ends (just past its `\n`), if it has.
-    fn line_end(&mut self) -> Option<u64> {
-        while self.scanned < self.read {
-            let from = self.scanned.max(self.taken);
-            let at = (from % RING_SIZE as u64) as usize;
-            let len = ((self.read - from) as usize).min(RING_SIZE - at);
+    /// The length of the first line in the ring, its `\n` included, if it has ended.
+    fn line_end(&mut self) -> Option<usize> {
+        while self.scanned < self.held {
+            let at = (self.start + self.scanned) % RING_SIZE;
+            let len = (self.held - self.scanned).min(RING_SIZE - at);
             let mut chunk = vec![0u8; len];
             self.map.read(RING_AT + at, &mut chunk);
             match chunk.iter().position(|&b| b == b'\n') {
                 Some(i) => {
-                    self.scanned = from + i as u64;
-                    return Some(from + i as u64 + 1);
+                    self.scanned += i;
+                    return Some(self.scanned + 1);
                 }
-                None => self.scanned = from + len as u64,
+                None => self.scanned += len,
             }
         }
         None
     }
 
-    fn copy_out(&self, from: u64, out: &mut [u8]) {
-        let at = (from % RING_SIZE as u64) as usize;
-        let first = out.len().min(RING_SIZE - at);
-        self.map.read(RING_AT + at, &mut out[..first]);
+    /// Copies the first `out.len()` bytes the ring holds.
+    fn copy_out(&self, out: &mut [u8]) {
+        let first = out.len().min(RING_SIZE - self.start);
+        self.map.read(RING_AT + self.start, &mut out[..first]);
         let rest = out.len() - first;
         if rest > 0 {
             self.map.read(RING_AT, &mut out[first..]);
         }
     }
 
-    /// Takes input up to `end` out of the ring: the count first, then the bytes zeroed (a desk
-    /// that dies between the two leaves zeros where the gateway would look, never a line twice).
-    fn forget(&mut self, end: u64) {
-        let from = self.taken;
-        self.taken = end;
-        self.scanned = self.scanned.max(end);
-        self.map.write(TAKEN_AT, &end.to_le_bytes());
-        let at = (from % RING_SIZE as u64) as usize;
-        let len = (end - from) as usize;
-        let first = len.min(RING_SIZE - at);
-        self.map.zero(RING_AT + at, first);
-        if len > first {
-            self.map.zero(RING_AT, len - first);
+    /// Takes the first `len` bytes out of the ring and zeroes them. The ring starts over at its
+    /// beginning whenever it is left empty, so that a session's input keeps landing in the same
+    /// few pages. Ordered for a desk that may die between any two steps: where more input
+    /// follows, the new start is written before the bytes are zeroed (the gateway reads from
+    /// there); where none does, the bytes are zeroed first (the gateway finds nothing wherever
+    /// it looks). Never a line twice, never one lost.
+    fn forget(&mut self, len: usize) {
+        let from = self.start;
+        self.held -= len;
+        self.scanned = self.scanned.saturating_sub(len);
+        let first = len.min(RING_SIZE - from);
+        let zero = |map: &Mapping| {
+            map.zero(RING_AT + from, first);
+            if len > first {
+                map.zero(RING_AT, len - first);
+            }
+        };
+        if self.held == 0 {
+            zero(&self.map);
+            self.start = 0;
+            self.scanned = 0;
+            self.map.write(START_AT, &0u64.to_le_bytes());
+        } else {
+            self.start = (from + len) % RING_SIZE;
+            self.map.write(START_AT, &(self.start as u64).to_le_bytes());
+            zero(&self.map);
         }
     }
 
@@ -664,9 +675,9 @@ pub fn read_back(file: &File) -> io::Result<ReadBack> {
     }
     // The ring from where the desk stopped taking, up to its first zero byte (input is JSON
     // text, which has none; an agent that sends one only cuts its own input short here).
-    let taken = u64::from_le_bytes(head[TAKEN_AT..TAKEN_AT + 8].try_into().expect("8 bytes"));
+    let start = u64::from_le_bytes(head[START_AT..START_AT + 8].try_into().expect("8 bytes"));
     let mut unread = Vec::new();
-    let mut at = (taken % RING_SIZE as u64) as usize;
+    let mut at = (start % RING_SIZE as u64) as usize;
     while unread.len() < RING_SIZE {
         let len = READ_CHUNK.min(RING_SIZE - at);
         let mut chunk = vec![0u8; len];
@@ -809,25 +820,42 @@ mod tests {
     #[test]
     fn the_ring_wraps_and_what_is_read_back_stays_in_order() {
         let mut desk = desk();
-        // Fill the ring most of the way with lines taken at once, so the next read wraps.
-        let filler = format!("{}\n", "x".repeat(READ_CHUNK - 1));
-        let mut sent = 0;
-        while sent + filler.len() <= RING_SIZE - 100 {
-            desk.send(filler.as_bytes());
-            desk.lines();
-            sent += filler.len();
+        // Input that never leaves the ring empty (each read ends in half a line) walks the ring
+        // forward until it wraps.
+        desk.send(b"{");
+        let pad = "x".repeat(60_000);
+        let mut sent = 1;
+        while sent + pad.len() + 2 < RING_SIZE - 1000 {
+            desk.send(format!("{pad}\n{{").as_bytes());
+            assert_eq!(desk.lines().len(), 1);
+            sent += pad.len() + 2;
+        }
+        let pad = "x".repeat(1000);
+        while sent + pad.len() + 2 < RING_SIZE - 2000 {
+            desk.send(format!("{pad}\n{{").as_bytes());
+            assert_eq!(desk.lines().len(), 1);
+            sent += pad.len() + 2;
         }
         let tail = format!(
-            r#"{{"jsonrpc":"2.0","id":"w","method":"ping","params":{{"pad":"{}"}}}}"#,
-            "y".repeat(300)
+            r#""jsonrpc":"2.0","id":"w","method":"ping","params":{{"pad":"{}"}}}}"#,
+            "y".repeat(3000)
         );
-        desk.send(format!("{tail}\n{tail}").as_bytes());
+        desk.send(format!("{tail}\n{{{tail}").as_bytes());
+        assert!(
+            desk.notes.start + desk.notes.held > RING_SIZE,
+            "the ring did not wrap"
+        );
         let back = desk.back();
-        assert_eq!(back.unread, format!("{tail}\n{tail}").as_bytes());
-        assert_eq!(desk.lines(), vec![tail.clone()]);
-        assert_eq!(desk.back().unread, tail.as_bytes());
-        assert_eq!(desk.notes.next_line(true), Taken::Line(tail.into_bytes()));
+        assert_eq!(back.unread, format!("{{{tail}\n{{{tail}").as_bytes());
+        assert_eq!(desk.lines(), vec![format!("{{{tail}")]);
+        assert_eq!(desk.back().unread, format!("{{{tail}").as_bytes());
+        assert_eq!(
+            desk.notes.next_line(true),
+            Taken::Line(format!("{{{tail}").into_bytes())
+        );
+        // Empty again: the ring starts over at its beginning, and nothing is left to read back.
         assert!(desk.back().unread.is_empty());
+        assert_eq!(desk.notes.start, 0);
     }
 
     #[test]
