@@ -402,10 +402,6 @@ fn hand_over(to_desk: &UnixStream, notes: &std::fs::File) -> Result<(), DeskErro
 fn take_back(link: &Shared, notes: &std::fs::File) {
     #[cfg(target_os = "linux")]
     {
-        // The desk made both non-blocking (the flag belongs to the descriptions the pipe shares
-        // with it); the pipe's own reads and writes block.
-        blocking(0);
-        blocking(1);
         let back = countersign_wire::stdio::read_back(notes).unwrap_or_else(|e| {
             eprintln!("countersign mcp: could not read the desk's notes back: {e}");
             Default::default()
@@ -429,18 +425,6 @@ fn take_back(link: &Shared, notes: &std::fs::File) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (link, notes);
-}
-
-/// Clears `O_NONBLOCK` on `fd`.
-#[cfg(target_os = "linux")]
-fn blocking(fd: libc::c_int) {
-    // SAFETY: fcntl on one of the process's standard descriptors; a failure leaves it as it was.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
-    }
 }
 
 /// Whether the agent has closed stdin with nothing left to read in it.

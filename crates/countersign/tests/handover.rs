@@ -348,8 +348,6 @@ async fn handed_over_input_is_bounded_as_frames_are() {
         &[stdin.as_raw_fd(), stdout.as_raw_fd(), notes.as_raw_fd()],
     )
     .unwrap();
-    // The desk holds its own copies now.
-    drop((stdin, stdout));
     let mut agent_in = std::fs::File::from(std::mem::replace(&mut agent_in, pipe().0));
     let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
@@ -368,6 +366,17 @@ async fn handed_over_input_is_bounded_as_frames_are() {
     let back = read_back(&notes).unwrap();
     assert_eq!(back.opening, Some(initialize.to_string().into_bytes()));
     assert!(back.in_flight.is_empty(), "{back:?}");
+    // The gateway makes its stdin and stdout blocking again, as it may: the desk reads and
+    // writes through descriptions of its own, so it never waits inside a read (were it to share
+    // the flag, the half line below would hold its thread in read(2), past every deadline).
+    for fd in [stdin.as_raw_fd(), stdout.as_raw_fd()] {
+        // SAFETY: fcntl on descriptors this test owns.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    drop((stdin, stdout));
 
     // Half a line, then nothing: closed at the frame deadline, stdout too.
     agent_in.write_all(br#"{"jsonrpc":"2.0","id":1,"#).unwrap();

@@ -16,10 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use countersign_wire::MAX_FRAME;
-use countersign_wire::stdio::{
-    ATOMIC_LINE, HAND_OVER, Notes, Taken, may_hand_over, receive_descriptors,
-};
-use tokio::io::{AsyncWriteExt, Interest};
+use countersign_wire::stdio::{End, HAND_OVER, Notes, Taken, end_of, receive_descriptors};
+use tokio::io::Interest;
 use tokio::net::UnixStream;
 use tokio::net::unix::pipe;
 
@@ -53,8 +51,10 @@ pub(crate) async fn take(stream: &UnixStream, deadline: Duration) -> Result<Hand
     let (Some(input), Some(output), Some(notes)) = (input, output, notes) else {
         unreachable!("three descriptors were counted");
     };
-    let input = stream_end(input, false).map_err(|e| format!("the agent's stdin: {e}"))?;
-    let output = stream_end(output, true).map_err(|e| format!("the agent's stdout: {e}"))?;
+    let (input, input_end) =
+        stream_end(input, false).map_err(|e| format!("the agent's stdin: {e}"))?;
+    let (output, output_end) =
+        stream_end(output, true).map_err(|e| format!("the agent's stdout: {e}"))?;
     let notes = Notes::new(File::from(notes)).map_err(|e| format!("the gateway's notes: {e}"))?;
     let notes = Arc::new(Mutex::new(notes));
     Ok(Handed {
@@ -62,26 +62,33 @@ pub(crate) async fn take(stream: &UnixStream, deadline: Duration) -> Result<Hand
             // Any descriptor the runtime can wait on reads as a pipe's read end does.
             input: pipe::Receiver::from_owned_fd_unchecked(input)
                 .map_err(|e| format!("the agent's stdin: {e}"))?,
+            end: input_end,
             notes: notes.clone(),
             ended: false,
         },
         output: Output {
-            writer: pipe::Sender::from_owned_fd_unchecked(output).map_err(|e| e.to_string())?,
+            // As for stdin: any descriptor the runtime can wait on for room to write.
+            writer: pipe::Sender::from_owned_fd_unchecked(output)
+                .map_err(|e| format!("the agent's stdout: {e}"))?,
+            end: output_end,
             notes,
         },
     })
 }
 
-/// Checks that `fd` is a pipe or a socket open for reading (or, with `write`, for writing), and
-/// makes it non-blocking, as the runtime needs. The gateway clears the flag again when it takes
-/// its stdio back.
-fn stream_end(fd: OwnedFd, write: bool) -> io::Result<OwnedFd> {
-    if !may_hand_over(fd.as_raw_fd()) {
+/// Checks that `fd` is a pipe or a Unix stream socket open for reading (or, with `write`, for
+/// writing), and gives back the descriptor the desk uses. The desk never blocks on it and never
+/// changes a flag the gateway shares: `O_NONBLOCK` belongs to the open file description, which
+/// the gateway holds too and could clear again to wedge the desk's thread in a read or a write.
+/// So a pipe is opened anew (through `/proc/self/fd`, a description of the desk's own,
+/// non-blocking), and a socket is read and written with `MSG_DONTWAIT` whatever its flags say.
+fn stream_end(fd: OwnedFd, write: bool) -> io::Result<(OwnedFd, End)> {
+    let Some(end) = end_of(fd.as_raw_fd()) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "not a pipe or a socket",
+            "not a pipe or a Unix stream socket",
         ));
-    }
+    };
     // SAFETY: fcntl on a descriptor `fd` owns.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     if flags < 0 {
@@ -99,16 +106,33 @@ fn stream_end(fd: OwnedFd, write: bool) -> io::Result<OwnedFd> {
             "not open in the direction its place needs",
         ));
     }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
+    match end {
+        End::Socket => Ok((fd, end)),
+        End::Pipe => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let own = std::fs::OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+            // The new description must be the same pipe (a descriptor swapped under /proc is not).
+            let same = |a: &std::fs::Metadata, b: &std::fs::Metadata| {
+                use std::os::unix::fs::MetadataExt;
+                a.dev() == b.dev() && a.ino() == b.ino()
+            };
+            let theirs = std::fs::File::from(fd);
+            if !same(&own.metadata()?, &theirs.metadata()?) {
+                return Err(io::Error::other("the pipe changed while it was opened"));
+            }
+            Ok((own.into(), end))
+        }
     }
-    Ok(fd)
 }
 
 /// The agent's stdin, line by line, through the notes' ring.
 pub(crate) struct Lines {
     input: pipe::Receiver,
+    end: End,
     notes: Arc<Mutex<Notes>>,
     ended: bool,
 }
@@ -133,8 +157,8 @@ impl Lines {
             let read = async {
                 loop {
                     self.input.readable().await?;
-                    let fd = self.input.as_raw_fd();
-                    match self.input.try_io(|| lock(&self.notes).read_input(fd)) {
+                    let (fd, end) = (self.input.as_raw_fd(), self.end);
+                    match self.input.try_io(|| lock(&self.notes).read_input(fd, end)) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         read => return read,
                     }
@@ -166,6 +190,7 @@ impl Lines {
 /// The agent's stdout.
 pub(crate) struct Output {
     writer: pipe::Sender,
+    end: End,
     notes: Arc<Mutex<Notes>>,
 }
 
@@ -173,20 +198,52 @@ impl Output {
     /// Writes one message to the agent as a line, in one write, and notes an answer as given.
     pub(crate) async fn send(&mut self, mut line: Vec<u8>) -> io::Result<()> {
         line.push(b'\n');
-        // A line a pipe may take in pieces is marked while it is written: a desk that dies
+        // Marked while it is written (a store in memory, no system call): a desk that dies
         // half-way leaves the agent half a line, which the gateway ends before it writes.
-        let long = line.len() > ATOMIC_LINE;
-        if long {
-            lock(&self.notes).mid_line(true);
-        }
-        self.writer.write_all(&line).await?;
-        if long {
-            lock(&self.notes).mid_line(false);
-        }
+        lock(&self.notes).mid_line(true);
+        self.write_all(&line).await?;
+        lock(&self.notes).mid_line(false);
         line.pop();
         // After the write: a desk that dies between the two leaves the request noted, and the
         // agent gets a second answer it ignores rather than none.
         lock(&self.notes).answered(&line);
+        Ok(())
+    }
+}
+
+impl Output {
+    /// Writes all of `bytes`, waiting for room without ever blocking the thread.
+    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let mut sent = 0;
+        while sent < bytes.len() {
+            self.writer.writable().await?;
+            let (fd, end, rest) = (self.writer.as_raw_fd(), self.end, &bytes[sent..]);
+            let wrote = self.writer.try_io(|| {
+                // SAFETY: `rest` is valid for reads of its length for the call.
+                let n = unsafe {
+                    match end {
+                        End::Pipe => libc::write(fd, rest.as_ptr().cast(), rest.len()),
+                        End::Socket => libc::send(
+                            fd,
+                            rest.as_ptr().cast(),
+                            rest.len(),
+                            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                        ),
+                    }
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match wrote {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
         Ok(())
     }
 }

@@ -540,6 +540,13 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
                 break;
             }
         }
+        // With the stdio handed over, the gateway takes it back when the socket closes: the
+        // socket must not close (as dropping this half would, with a shutdown) while the reading
+        // task may still read the agent's stdin. It closes when that task's half is dropped too.
+        #[cfg(target_os = "linux")]
+        if agent_out.is_some() {
+            writer.forget();
+        }
     });
     #[cfg(target_os = "linux")]
     let welcomed = lines.is_some();

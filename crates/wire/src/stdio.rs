@@ -49,8 +49,10 @@ pub const HAND_OVER: u8 = b'S';
 pub const SLOTS: usize = 1024;
 /// The longest request id (as JSON text) the notes hold.
 pub const MAX_NOTED_ID: usize = 256;
-/// Bytes per noted request: an 8-byte head, the id, and the method or tool (cut to fit).
+/// Bytes per noted request: a 12-byte head (in use, kind, confirm, lengths, the line's number),
+/// the id, and the method or tool (cut to fit).
 const SLOT_SIZE: usize = 512;
+const SLOT_HEAD: usize = 12;
 /// The longest opening message (`initialize`, or `server/discover`) the notes keep.
 pub const MAX_OPENING: usize = 1024 * 1024;
 /// The longest `notifications/initialized` the notes keep.
@@ -64,14 +66,16 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Byte 0: the layout's version.
 const VERSION_AT: usize = 0;
 const LAYOUT_VERSION: u8 = 1;
-/// Byte 1: 1 while the desk writes a line to the agent that a pipe does not take in one piece.
+/// Byte 1: 1 while the desk writes a line to the agent (which may take it in pieces).
 const MID_LINE_AT: usize = 1;
 /// Bytes 8..12 and 12..16: the lengths of the opening and of `initialized` (0: none).
 const OPENING_LEN_AT: usize = 8;
 const INITIALIZED_LEN_AT: usize = 12;
-/// Bytes 16..24: where in the ring the input the desk has not taken starts; it goes on up to the
-/// ring's first zero byte after it.
-const START_AT: usize = 16;
+/// Bytes 16..24, the cursor, stored at once: in the low 32 bits where in the ring the input the
+/// desk has not taken starts (it goes on up to the ring's first zero byte after it); in the high
+/// 32 how many lines it has taken (a request noted under the next number was noted and not yet
+/// taken, so the gateway leaves its line out of what it reads again).
+const CURSOR_AT: usize = 16;
 const OPENING_AT: usize = 4096;
 const INITIALIZED_AT: usize = OPENING_AT + MAX_OPENING;
 const SLOTS_AT: usize = INITIALIZED_AT + MAX_INITIALIZED;
@@ -80,18 +84,53 @@ const _: () = assert!(SLOTS_AT + SLOTS * SLOT_SIZE <= RING_AT);
 /// The size the gateway gives the file.
 pub const NOTES_SIZE: u64 = (RING_AT + RING_SIZE) as u64;
 
-/// A line longer than this may reach a pipe in more than one piece (POSIX's `PIPE_BUF` on Linux).
-pub const ATOMIC_LINE: usize = 4096;
+/// What a descriptor the gateway may hand over is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// A pipe (or FIFO).
+    Pipe,
+    /// A Unix stream socket.
+    Socket,
+}
 
-/// Whether `fd` may be handed over: a pipe or a socket, the only kinds an agent gives a server it
-/// launches and the only kinds the desk takes (a terminal or a file is left with the gateway).
-pub fn may_hand_over(fd: RawFd) -> bool {
+/// What `fd` is, when it may be handed over: a pipe or a Unix stream socket, the only kinds an
+/// agent gives a server it launches and the only kinds the desk takes (a terminal, a file, a
+/// datagram or network socket is left with the gateway).
+pub fn end_of(fd: RawFd) -> Option<End> {
     // SAFETY: fstat writes into the zeroed struct it is given, for a descriptor the caller names.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(fd, &mut stat) } != 0 {
-        return false;
+        return None;
     }
-    matches!(stat.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFSOCK)
+    match stat.st_mode & libc::S_IFMT {
+        libc::S_IFIFO => Some(End::Pipe),
+        libc::S_IFSOCK => {
+            let option = |name| {
+                let mut value: libc::c_int = 0;
+                let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                // SAFETY: `value` and `len` are valid for writes of the sizes given.
+                let r = unsafe {
+                    libc::getsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        name,
+                        (&mut value as *mut libc::c_int).cast(),
+                        &mut len,
+                    )
+                };
+                (r == 0).then_some(value)
+            };
+            (option(libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+                && option(libc::SO_TYPE) == Some(libc::SOCK_STREAM))
+            .then_some(End::Socket)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `fd` may be handed over (see [`end_of`]).
+pub fn may_hand_over(fd: RawFd) -> bool {
+    end_of(fd).is_some()
 }
 
 /// A new, empty memory file of [`NOTES_SIZE`] for the desk's notes, which the desk may seal
@@ -254,6 +293,16 @@ impl Mapping {
                 ),
             ));
         }
+        // Only an ordinary memory file: one backed by huge pages could fault with no page to
+        // give (SIGBUS) after its owner punched a hole in it.
+        // SAFETY: fstatfs writes into the zeroed struct it is given.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatfs(fd, &mut fs) } != 0 || fs.f_type != libc::TMPFS_MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not an ordinary memory file",
+            ));
+        }
         // After the seal: nobody can make it smaller than this now.
         if file.metadata()?.len() < NOTES_SIZE {
             return Err(io::Error::new(
@@ -300,32 +349,43 @@ impl Mapping {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(at), out.as_mut_ptr(), out.len()) }
     }
 
+    /// Zeroes `len` bytes from `at`, giving back every whole page among them (a hole reads as
+    /// zeros), so that input the desk has taken costs it no memory however far it went. The
+    /// first byte is zeroed first: a desk that dies half-way leaves a zero where the gateway
+    /// starts to read.
     fn zero(&self, at: usize, len: usize) {
-        assert!(at + len <= NOTES_SIZE as usize, "a write past the notes");
-        // Large stretches give their pages back (a hole reads as zeros); the edges are zeroed.
         const PAGE: usize = 4096;
-        let (first, last) = (at.next_multiple_of(PAGE), (at + len) / PAGE * PAGE);
-        if len >= 1024 * 1024 && last > first {
-            // SAFETY: fallocate on the file this mapping maps, inside it.
-            let punched = unsafe {
-                libc::fallocate(
+        let end = at + len;
+        assert!(end <= NOTES_SIZE as usize, "a write past the notes");
+        let inner = at.next_multiple_of(PAGE).min(end);
+        let inner_end = (end / PAGE * PAGE).max(inner);
+        // SAFETY: every range below is inside [at, end), in bounds as checked above.
+        unsafe {
+            std::ptr::write_bytes(self.ptr.add(at), 0, inner - at);
+            if inner_end > inner {
+                let punched = libc::fallocate(
                     self.file.as_raw_fd(),
                     libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    first as libc::off_t,
-                    (last - first) as libc::off_t,
-                )
-            };
-            if punched == 0 {
-                // SAFETY: in bounds, as checked above.
-                unsafe {
-                    std::ptr::write_bytes(self.ptr.add(at), 0, first - at);
-                    std::ptr::write_bytes(self.ptr.add(last), 0, at + len - last);
+                    inner as libc::off_t,
+                    (inner_end - inner) as libc::off_t,
+                );
+                if punched != 0 {
+                    std::ptr::write_bytes(self.ptr.add(inner), 0, inner_end - inner);
                 }
-                return;
             }
+            std::ptr::write_bytes(self.ptr.add(inner_end), 0, end - inner_end);
         }
-        // SAFETY: in bounds, as checked above.
-        unsafe { std::ptr::write_bytes(self.ptr.add(at), 0, len) }
+    }
+
+    /// Stores `value` at `at` (8-aligned) in one store: a desk that dies leaves the old value or
+    /// the new one, never half of each.
+    fn store_u64(&self, at: usize, value: u64) {
+        assert!(
+            at % 8 == 0 && at + 8 <= NOTES_SIZE as usize,
+            "an unaligned store"
+        );
+        // SAFETY: aligned (the mapping is page-aligned) and in bounds, as checked above.
+        unsafe { std::ptr::write_volatile(self.ptr.add(at).cast::<u64>(), value.to_le()) }
     }
 }
 
@@ -373,6 +433,8 @@ pub struct Notes {
     held: usize,
     /// How many of those bytes are known to hold no line end.
     scanned: usize,
+    /// How many lines the desk has taken out of the ring (wrapping).
+    lines: u32,
     /// Inside a line longer than a frame: dropped up to its end.
     skipping: bool,
 }
@@ -390,13 +452,15 @@ impl Notes {
             start: 0,
             held: 0,
             scanned: 0,
+            lines: 0,
             skipping: false,
         })
     }
 
-    /// Reads from the agent's stdin `fd` (non-blocking) into the ring: the bytes read, 0 at its
-    /// end. A desk that dies right after leaves them in the ring for the gateway.
-    pub fn read_input(&mut self, fd: RawFd) -> io::Result<usize> {
+    /// Reads from the agent's stdin `fd`, a pipe opened non-blocking or a socket (read with
+    /// `MSG_DONTWAIT`, whatever its flags say), into the ring: the bytes read, 0 at its end. A
+    /// desk that dies right after leaves them in the ring for the gateway.
+    pub fn read_input(&mut self, fd: RawFd, end: End) -> io::Result<usize> {
         let at = (self.start + self.held) % RING_SIZE;
         let room = (RING_SIZE - self.held).min(RING_SIZE - at).min(READ_CHUNK);
         debug_assert!(
@@ -405,7 +469,13 @@ impl Notes {
         );
         // SAFETY: `room` bytes from `RING_AT + at` are inside the mapping (at + room <= RING_SIZE)
         // and hold nothing the desk still needs (they are past what it holds).
-        let n = unsafe { libc::read(fd, self.map.ptr.add(RING_AT + at).cast(), room) };
+        let n = unsafe {
+            let into = self.map.ptr.add(RING_AT + at).cast();
+            match end {
+                End::Pipe => libc::read(fd, into, room),
+                End::Socket => libc::recv(fd, into, room, libc::MSG_DONTWAIT),
+            }
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -447,8 +517,9 @@ impl Notes {
                 self.forget(len);
                 continue;
             }
-            // Noted before it leaves the ring: at no moment is it in neither.
-            self.took(&line);
+            // Noted before it leaves the ring, under the number it leaves with: at no moment is it
+            // in neither, and where it is in both the gateway reads the number and keeps one.
+            self.took(&line, self.lines.wrapping_add(1));
             self.forget(len);
             return Taken::Line(line);
         }
@@ -499,20 +570,22 @@ impl Notes {
                 map.zero(RING_AT, len - first);
             }
         };
+        self.lines = self.lines.wrapping_add(1);
         if self.held == 0 {
             zero(&self.map);
             self.start = 0;
             self.scanned = 0;
-            self.map.write(START_AT, &0u64.to_le_bytes());
+            self.map.store_u64(CURSOR_AT, cursor(self.lines, 0));
         } else {
             self.start = (from + len) % RING_SIZE;
-            self.map.write(START_AT, &(self.start as u64).to_le_bytes());
+            self.map
+                .store_u64(CURSOR_AT, cursor(self.lines, self.start));
             zero(&self.map);
         }
     }
 
-    /// Notes a message of the agent's, as taken.
-    fn took(&mut self, line: &[u8]) {
+    /// Notes a message of the agent's, as taken under the line number `seq`.
+    fn took(&mut self, line: &[u8], seq: u32) {
         match Kind::of(line) {
             Kind::Request { id, method } => {
                 if method == "initialize" || (method == "server/discover" && !self.opening_kept) {
@@ -523,7 +596,7 @@ impl Notes {
                     }
                 }
                 let asked = Asked::of(&method, line);
-                self.in_flight(id.to_string(), &asked);
+                self.in_flight(id.to_string(), &asked, seq);
             }
             Kind::Other { method: Some(m) } if m == "notifications/initialized" => {
                 self.keep(INITIALIZED_LEN_AT, INITIALIZED_AT, MAX_INITIALIZED, line);
@@ -562,7 +635,7 @@ impl Notes {
         self.map.write(len_at, &(line.len() as u32).to_le_bytes());
     }
 
-    fn in_flight(&mut self, key: String, asked: &Asked) {
+    fn in_flight(&mut self, key: String, asked: &Asked, seq: u32) {
         if key.len() > MAX_NOTED_ID {
             return;
         }
@@ -581,7 +654,7 @@ impl Notes {
             Asked::Call { tool, confirm } => (1u8, *confirm, tool.as_str()),
             Asked::Other { method } => (2u8, false, method.as_str()),
         };
-        let room = SLOT_SIZE - 8 - key.len();
+        let room = SLOT_SIZE - SLOT_HEAD - key.len();
         let mut cut = name.len().min(room);
         while !name.is_char_boundary(cut) {
             cut -= 1;
@@ -591,6 +664,7 @@ impl Notes {
         body.extend_from_slice(&[kind, u8::from(confirm), 0]);
         body.extend_from_slice(&(key.len() as u16).to_le_bytes());
         body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        body.extend_from_slice(&seq.to_le_bytes());
         body.extend_from_slice(key.as_bytes());
         body.extend_from_slice(name.as_bytes());
         self.slots.insert(key, slot);
@@ -606,6 +680,11 @@ impl Notes {
         self.free.push(slot);
         self.map.write(slot_at(slot), &[0]);
     }
+}
+
+/// The cursor's value: `lines` taken, the rest starting at `start`.
+fn cursor(lines: u32, start: usize) -> u64 {
+    (u64::from(lines) << 32) | start as u64
 }
 
 fn slot_at(slot: usize) -> usize {
@@ -646,6 +725,9 @@ pub fn read_back(file: &File) -> io::Result<ReadBack> {
     let initialized = kept(u32_at(INITIALIZED_LEN_AT), INITIALIZED_AT, MAX_INITIALIZED)?;
     let mut slots = vec![0u8; SLOTS * SLOT_SIZE];
     file.read_exact_at(&mut slots, SLOTS_AT as u64)?;
+    let cursor = u64::from_le_bytes(head[CURSOR_AT..CURSOR_AT + 8].try_into().expect("8 bytes"));
+    let (lines, start) = ((cursor >> 32) as u32, cursor & 0xffff_ffff);
+    let mut noted_not_taken = false;
     let mut in_flight = Vec::new();
     for slot in slots.chunks_exact(SLOT_SIZE) {
         if slot[0] != 1 {
@@ -653,12 +735,13 @@ pub fn read_back(file: &File) -> io::Result<ReadBack> {
         }
         let id_len = u16::from_le_bytes([slot[4], slot[5]]) as usize;
         let name_len = u16::from_le_bytes([slot[6], slot[7]]) as usize;
-        if 8 + id_len + name_len > SLOT_SIZE || id_len > MAX_NOTED_ID {
+        if SLOT_HEAD + id_len + name_len > SLOT_SIZE || id_len > MAX_NOTED_ID {
             continue;
         }
+        let seq = u32::from_le_bytes([slot[8], slot[9], slot[10], slot[11]]);
         let (Ok(key), Ok(name)) = (
-            std::str::from_utf8(&slot[8..8 + id_len]),
-            std::str::from_utf8(&slot[8 + id_len..8 + id_len + name_len]),
+            std::str::from_utf8(&slot[SLOT_HEAD..SLOT_HEAD + id_len]),
+            std::str::from_utf8(&slot[SLOT_HEAD + id_len..SLOT_HEAD + id_len + name_len]),
         ) else {
             continue;
         };
@@ -671,11 +754,13 @@ pub fn read_back(file: &File) -> io::Result<ReadBack> {
                 method: name.to_owned(),
             },
         };
+        if seq == lines.wrapping_add(1) {
+            noted_not_taken = true;
+        }
         in_flight.push((key.to_owned(), asked));
     }
     // The ring from where the desk stopped taking, up to its first zero byte (input is JSON
     // text, which has none; an agent that sends one only cuts its own input short here).
-    let start = u64::from_le_bytes(head[START_AT..START_AT + 8].try_into().expect("8 bytes"));
     let mut unread = Vec::new();
     let mut at = (start % RING_SIZE as u64) as usize;
     while unread.len() < RING_SIZE {
@@ -692,6 +777,15 @@ pub fn read_back(file: &File) -> io::Result<ReadBack> {
         at = (at + len) % RING_SIZE;
     }
     unread.truncate(RING_SIZE);
+    if noted_not_taken {
+        // The desk died between noting the first line there and taking it out: it is answered
+        // as noted, so it is not read again.
+        let first = unread
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(unread.len(), |i| i + 1);
+        unread.drain(..first);
+    }
     Ok(ReadBack {
         in_flight,
         opening,
@@ -719,7 +813,7 @@ mod tests {
     fn desk() -> Desk {
         let file = new_notes_file().unwrap();
         let (agent, stdin) = UnixStream::pair().unwrap();
-        stdin.set_nonblocking(true).unwrap();
+        // Left blocking, as a gateway may leave it: the desk reads sockets with MSG_DONTWAIT.
         Desk {
             notes: Notes::new(file.try_clone().unwrap()).unwrap(),
             file,
@@ -734,7 +828,10 @@ mod tests {
             self.agent.write_all(bytes).unwrap();
             let mut got = 0;
             while got < bytes.len() {
-                got += self.notes.read_input(self.stdin.as_raw_fd()).unwrap();
+                got += self
+                    .notes
+                    .read_input(self.stdin.as_raw_fd(), End::Socket)
+                    .unwrap();
             }
         }
 
@@ -883,13 +980,86 @@ mod tests {
                     };
                     // SAFETY: one valid pollfd.
                     unsafe { libc::poll(&mut ready, 1, 5000) };
-                    desk.notes.read_input(desk.stdin.as_raw_fd()).unwrap();
+                    desk.notes
+                        .read_input(desk.stdin.as_raw_fd(), End::Socket)
+                        .unwrap();
                 }
             }
         }
         writer.join().unwrap();
         assert_eq!(dropped, 1);
         assert_eq!(lines, vec![next.as_bytes().to_vec()]);
+    }
+
+    #[test]
+    fn a_blocking_socket_never_blocks_the_desk() {
+        let mut desk = desk();
+        let err = desk
+            .notes
+            .read_input(desk.stdin.as_raw_fd(), End::Socket)
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    fn a_request_noted_and_not_yet_taken_out_is_answered_once_and_not_read_again() {
+        let mut desk = desk();
+        let first = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write"}}"#;
+        let second = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+        desk.send(format!("{first}\n{second}\n").as_bytes());
+        // The desk dies after noting the first line and before taking it out of the ring.
+        let seq = desk.notes.lines.wrapping_add(1);
+        desk.notes.took(first.as_bytes(), seq);
+        let back = desk.back();
+        assert_eq!(back.in_flight.len(), 1);
+        assert_eq!(back.unread, format!("{second}\n").as_bytes());
+        // Taken out, the same: the line is in exactly one of the two.
+        desk.notes.forget(first.len() + 1);
+        let back = desk.back();
+        assert_eq!(back.in_flight.len(), 1);
+        assert_eq!(back.unread, format!("{second}\n").as_bytes());
+    }
+
+    #[test]
+    fn input_taken_out_gives_its_pages_back() {
+        let mut desk = desk();
+        let allocated = |file: &File| {
+            use std::os::unix::fs::MetadataExt;
+            file.metadata().unwrap().blocks() * 512
+        };
+        let before = allocated(&desk.file);
+        let writer = {
+            let mut agent = desk.agent.try_clone().unwrap();
+            std::thread::spawn(move || {
+                agent.write_all(&vec![b'a'; 4 * 1024 * 1024]).unwrap();
+                agent.write_all(b"\n").unwrap();
+            })
+        };
+        let mut taken = None;
+        while taken.is_none() {
+            match desk.notes.next_line(false) {
+                Taken::Line(line) => taken = Some(line.len()),
+                Taken::Dropped => panic!("a 4 MiB line is not too long"),
+                Taken::Wanting => {
+                    let mut ready = libc::pollfd {
+                        fd: desk.stdin.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut ready, 1, 5000) };
+                    let _ = desk.notes.read_input(desk.stdin.as_raw_fd(), End::Socket);
+                }
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(taken, Some(4 * 1024 * 1024));
+        let after = allocated(&desk.file);
+        assert!(
+            after <= before + 64 * 1024,
+            "the ring kept {} KiB after its input was taken",
+            (after - before) / 1024
+        );
     }
 
     #[test]
