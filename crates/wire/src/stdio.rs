@@ -381,7 +381,7 @@ impl Mapping {
     /// the new one, never half of each.
     fn store_u64(&self, at: usize, value: u64) {
         assert!(
-            at % 8 == 0 && at + 8 <= NOTES_SIZE as usize,
+            at.is_multiple_of(8) && at + 8 <= NOTES_SIZE as usize,
             "an unaligned store"
         );
         // SAFETY: aligned (the mapping is page-aligned) and in bounds, as checked above.
@@ -507,6 +507,11 @@ impl Notes {
             if std::mem::replace(&mut self.skipping, false) {
                 self.forget(len);
                 continue;
+            }
+            if len > crate::MAX_FRAME {
+                // Its end came in the read that took it past a frame's length.
+                self.forget(len);
+                return Taken::Dropped;
             }
             let mut line = vec![0u8; len];
             self.copy_out(&mut line);
