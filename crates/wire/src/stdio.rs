@@ -153,6 +153,23 @@ pub fn new_notes_file() -> io::Result<File> {
     Ok(file)
 }
 
+/// A message header for the one byte in `iov` and room for `fds` descriptors, in `control`
+/// (sized here). The header points into both: they must outlive its use.
+fn message(iov: &mut libc::iovec, control: &mut Vec<u8>, fds: usize) -> libc::msghdr {
+    let data_len = (fds * std::mem::size_of::<RawFd>()) as u32;
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+    control.clear();
+    control.resize(space, 0);
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    msg
+}
+
 /// Sends [`HAND_OVER`] with `fds` attached on the Unix socket `socket` (blocking).
 pub fn send_descriptors(socket: RawFd, fds: &[RawFd]) -> io::Result<()> {
     let payload = [HAND_OVER];
@@ -161,15 +178,8 @@ pub fn send_descriptors(socket: RawFd, fds: &[RawFd]) -> io::Result<()> {
         iov_len: 1,
     };
     let data_len = std::mem::size_of_val(fds) as u32;
-    // SAFETY: CMSG_SPACE is arithmetic.
-    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut control = Vec::new();
+    let msg = message(&mut iov, &mut control, fds.len());
     // SAFETY: `control` has room for one header of `data_len` bytes (CMSG_SPACE), so
     // CMSG_FIRSTHDR is not null and CMSG_DATA points inside it; `msg`, `iov` and `payload` live
     // for the whole call.
@@ -221,16 +231,8 @@ pub fn receive_descriptors(socket: RawFd, max: usize) -> io::Result<Received> {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    let data_len = (max * std::mem::size_of::<RawFd>()) as u32;
-    // SAFETY: CMSG_SPACE is arithmetic.
-    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut control = Vec::new();
+    let mut msg = message(&mut iov, &mut control, max);
     // SAFETY: `msg` points at `iov`, `byte` and `control`, all alive for the call.
     let got = unsafe {
         libc::recvmsg(
