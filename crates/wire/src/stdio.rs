@@ -851,6 +851,20 @@ mod tests {
             lines
         }
 
+        /// Waits (up to 5 s) for the agent's next bytes, and reads what came into the ring.
+        fn read_when_ready(&mut self) {
+            let mut ready = libc::pollfd {
+                fd: self.stdin.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut ready, 1, 5000) };
+            self.notes
+                .read_input(self.stdin.as_raw_fd(), End::Socket)
+                .unwrap();
+        }
+
         fn back(&self) -> ReadBack {
             read_back(&self.file).unwrap()
         }
@@ -979,18 +993,7 @@ mod tests {
             match desk.notes.next_line(false) {
                 Taken::Line(line) => lines.push(line),
                 Taken::Dropped => dropped += 1,
-                Taken::Wanting => {
-                    let mut ready = libc::pollfd {
-                        fd: desk.stdin.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut ready, 1, 5000) };
-                    desk.notes
-                        .read_input(desk.stdin.as_raw_fd(), End::Socket)
-                        .unwrap();
-                }
+                Taken::Wanting => desk.read_when_ready(),
             }
         }
         writer.join().unwrap();
@@ -1047,16 +1050,7 @@ mod tests {
             match desk.notes.next_line(false) {
                 Taken::Line(line) => taken = Some(line.len()),
                 Taken::Dropped => panic!("a 4 MiB line is not too long"),
-                Taken::Wanting => {
-                    let mut ready = libc::pollfd {
-                        fd: desk.stdin.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut ready, 1, 5000) };
-                    let _ = desk.notes.read_input(desk.stdin.as_raw_fd(), End::Socket);
-                }
+                Taken::Wanting => desk.read_when_ready(),
             }
         }
         writer.join().unwrap();
