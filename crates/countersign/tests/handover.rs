@@ -363,9 +363,9 @@ async fn handed_over_input_is_bounded_as_frames_are() {
         .unwrap()
         .unwrap();
     assert!(answer.contains("serverInfo"), "{answer}");
+    // Noted before the desk took it (whether its answer is marked yet is a race with this read).
     let back = read_back(&notes).unwrap();
     assert_eq!(back.opening, Some(initialize.to_string().into_bytes()));
-    assert!(back.in_flight.is_empty(), "{back:?}");
     // The gateway makes its stdin and stdout blocking again, as it may: the desk reads and
     // writes through descriptions of its own, so it never waits inside a read (were it to share
     // the flag, the half line below would hold its thread in read(2), past every deadline).
