@@ -528,13 +528,16 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
     let writing = tokio::spawn(async move {
         while let Some(frame) = outbox.recv().await {
             #[cfg(target_os = "linux")]
-            if let (Some(agent_out), Frame::Mcp(line)) = (agent_out.as_mut(), &frame) {
-                if let Err(err) = agent_out.send(line.clone()).await {
-                    tracing::debug!(target: "desk", error = %err, "could not write to an agent");
-                    break;
+            let frame = match (agent_out.as_mut(), frame) {
+                (Some(agent_out), Frame::Mcp(line)) => {
+                    if let Err(err) = agent_out.send(line).await {
+                        tracing::debug!(target: "desk", error = %err, "could not write to an agent");
+                        break;
+                    }
+                    continue;
                 }
-                continue;
-            }
+                (_, frame) => frame,
+            };
             if let Err(err) = write_frame(&mut writer, &frame).await {
                 tracing::debug!(target: "desk", error = %err, "could not write to a gateway");
                 break;
