@@ -286,7 +286,12 @@ fn not_an_error(reply: &Value, id: &Value, sent: &str) -> Option<String> {
 /// Sends each of `lines` (requests with id `id`), expecting a JSON-RPC error for each, then
 /// checks that no call reached the upstream; reports every case that went wrong at once.
 async fn each_is_an_error_and_nothing_reaches_the_upstream(lines: &[(&str, Value)]) {
-    let (_desk, mut agent) = hostile().await;
+    let (_desk, agent) = hostile().await;
+    each_is_an_error_on(agent, lines).await;
+}
+
+/// [`each_is_an_error_and_nothing_reaches_the_upstream`] on `agent`.
+async fn each_is_an_error_on(mut agent: RawAgent, lines: &[(&str, Value)]) {
     let mut problems = Vec::new();
     for (line, id) in lines {
         agent.send(line).await;
@@ -367,6 +372,50 @@ async fn duplicate_keys_anywhere_are_an_error_and_never_reach_the_upstream() {
             json!(10),
         ),
     ])
+    .await;
+}
+
+/// Every test here speaks to a gateway whose stdio is pipes, which it hands to the desk: the desk
+/// reads the agent's lines itself. With `--relay` the same lines reach the desk as frames
+/// through the gateway; they are judged by the same router, and this proves it for a sample of
+/// each kind: duplicate keys, a batch, malformed JSON, a wrong type, an unlisted tool, and a
+/// call sent as a notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_relay_the_same_hostile_lines_are_errors_and_never_reach_the_upstream() {
+    let desk = desk().await;
+    let mut agent = RawAgent::start(&desk, &["--wait", "1", "--relay"]).await;
+    agent
+        .send(r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"}}}"#)
+        .await;
+    agent.expect_silence().await;
+    let unlisted = agent
+        .request(
+            r#"{"jsonrpc":"2.0","id":40,"method":"tools/call","params":{"name":"hidden","arguments":{"path":"x"}}}"#,
+            json!(40),
+        )
+        .await;
+    assert_eq!(
+        unlisted["result"]["structuredContent"]["error"], "unlisted_tool",
+        "{unlisted}"
+    );
+    each_is_an_error_on(
+        agent,
+        &[
+            (
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read","name":"write","arguments":{"path":"a"}}}"#,
+                json!(7),
+            ),
+            (
+                r#"[{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"write","arguments":{"path":"x","text":"y"}}}]"#,
+                Value::Null,
+            ),
+            (r#"{"jsonrpc":"2.0","id":60,"#, Value::Null),
+            (
+                r#"{"jsonrpc":"2.0","id":30,"method":"tools/call","params":{"name":"write","arguments":"x"}}"#,
+                json!(30),
+            ),
+        ],
+    )
     .await;
 }
 
