@@ -437,6 +437,8 @@ pub struct Notes {
     scanned: usize,
     /// How many lines the desk has taken out of the ring (wrapping).
     lines: u32,
+    /// The bytes `line_end` looks through.
+    scan: Vec<u8>,
     /// Inside a line longer than a frame: dropped up to its end.
     skipping: bool,
 }
@@ -455,6 +457,7 @@ impl Notes {
             held: 0,
             scanned: 0,
             lines: 0,
+            scan: Vec::new(),
             skipping: false,
         })
     }
@@ -537,9 +540,10 @@ impl Notes {
         while self.scanned < self.held {
             let at = (self.start + self.scanned) % RING_SIZE;
             let len = (self.held - self.scanned).min(RING_SIZE - at);
-            let mut chunk = vec![0u8; len];
-            self.map.read(RING_AT + at, &mut chunk);
-            match chunk.iter().position(|&b| b == b'\n') {
+            // Scanned through a buffer kept for it: no allocation per line.
+            self.scan.resize(len, 0);
+            self.map.read(RING_AT + at, &mut self.scan);
+            match self.scan.iter().position(|&b| b == b'\n') {
                 Some(i) => {
                     self.scanned += i;
                     return Some(self.scanned + 1);
