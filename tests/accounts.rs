@@ -80,6 +80,11 @@ async fn desk(dir: &Path, agent_accounts: &[&str]) -> tokio::process::Child {
         .spawn()
         .unwrap();
     desk_process::wait_for_socket(&dir.join("run/desk.sock")).await;
+    // The desk binds the agents' socket after its own, and only then opens the directory to
+    // other accounts (0711): a listed account's gateway, or a look at the mode, waits for it.
+    if !agent_accounts.is_empty() {
+        desk_process::wait_for_socket(&dir.join("run/agents.sock")).await;
+    }
     child
 }
 

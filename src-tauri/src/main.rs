@@ -732,11 +732,6 @@ fn prune_on_a_schedule(engine: &Engine) {
     });
 }
 
-/// The second socket, for the accounts the settings list (`countersign_wire::agents_socket_path`):
-/// its directory 0711, the socket itself 0666, and each connection's account checked by the
-/// desk against the list (the kernel says which account connected). Refused for one of those
-/// accounts, a command or the built-in tools; a URL or a registered server is served. When it
-/// cannot be set up the desk says why and serves its own account only.
 /// How often the desk compares servers.json and policy.toml with what it accepted.
 const FILE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -754,6 +749,11 @@ fn check_files_on_a_schedule(registry: &Registry) {
     });
 }
 
+/// The second socket, for the accounts the settings list (`countersign_wire::agents_socket_path`):
+/// its directory 0711, the socket itself 0666, and each connection's account checked by the
+/// desk against the list (the kernel says which account connected). Refused for one of those
+/// accounts, a command or the built-in tools; a URL or a registered server is served. When it
+/// cannot be set up the desk says why and serves its own account only.
 fn serve_agents(engine: &Engine, registry: &Registry, uids: Vec<u32>) -> Option<socket::Served> {
     use std::os::unix::fs::PermissionsExt;
 
