@@ -1,5 +1,5 @@
-//! The release artifacts, as a user installs them: the .deb carries the desk, `countersign` and
-//! `countersign-demo`, the icon and a desktop entry; a release desk refuses a WebDriver session
+//! The release artifacts, as a user installs them: the .deb carries the desk, `countersign`,
+//! `countersign-demo` and `countersign-authority`, the icon and a desktop entry; a release desk refuses a WebDriver session
 //! even when the automation variable is set, cannot be read by other processes of its account (not
 //! dumpable), and opens no inspector port whatever its environment says, has no knob to shorten
 //! its idle release, and with its window closed keeps serving and releases its webview after its
@@ -57,6 +57,7 @@ fn the_deb_installs_the_desk_countersign_the_icon_and_a_desktop_entry() {
         "usr/bin/countersign-desk",
         "usr/bin/countersign",
         "usr/bin/countersign-demo",
+        "usr/bin/countersign-authority",
     ] {
         assert!(
             paths.contains(&needed),

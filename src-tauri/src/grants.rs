@@ -6,7 +6,7 @@
 //! grant holds came from an agent or an upstream (server, tool, target, prefix, summary) and
 //! reaches the screen through [`shown`]. Errors cross as [`UiError`] codes.
 
-use countersign_engine::{GrantError, GrantOffer, Widening};
+use countersign_engine::{GrantOffer, Widening};
 use countersign_store::{Grant, GrantKind};
 use serde::Serialize;
 use tauri::State;
@@ -14,15 +14,6 @@ use tauri::State;
 use crate::Desk;
 use crate::commands::off_the_ui;
 use crate::view::{Shown, UiCode, UiError, agent_name, shown};
-
-impl From<GrantError> for UiError {
-    fn from(e: GrantError) -> Self {
-        match e {
-            GrantError::Approve(e) => e.into(),
-            e => UiError::new(UiCode::from(&e), e.to_string()),
-        }
-    }
-}
 
 /// What the window may offer beside Approve for one request: the engine's [`GrantOffer`] (its
 /// fields inline), with the proposed prefix as shown.

@@ -29,13 +29,7 @@ use tauri::{AppHandle, Manager, WebviewWindowBuilder};
 
 /// The approval window's label (`tauri.conf.json`, `capabilities/approval.json`).
 pub const LABEL: &str = "main";
-/// How long the window stays hidden with nothing pending before its webview is released, unless
-/// the settings say otherwise.
-pub const RELEASE_AFTER_S: u64 = 60;
-/// The shortest release delay the settings may set, in seconds.
-pub const MIN_RELEASE_AFTER_S: u64 = 10;
-/// The longest release delay the settings may set, in seconds.
-pub const MAX_RELEASE_AFTER_S: u64 = 24 * 60 * 60;
+use countersign_authority::settings::RELEASE_AFTER_S;
 
 /// What the desk sees of its window at one look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -358,6 +352,7 @@ fn create(app: &AppHandle, show: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use countersign_authority::settings::MIN_RELEASE_AFTER_S;
 
     const AFTER: Duration = Duration::from_secs(60);
 

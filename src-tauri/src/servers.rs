@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use countersign_registry::{EditError, Registry};
+use countersign_registry::Registry;
 use countersign_wire::{SecretText, ServerSpec, Setting, Upstream};
 use serde::{Deserialize, Serialize};
 use tauri::State;
@@ -169,12 +169,6 @@ pub struct ServerForm {
 
 fn bad(message: impl Into<String>) -> UiError {
     UiError::new(UiCode::BadRequest, message)
-}
-
-impl From<EditError> for UiError {
-    fn from(e: EditError) -> Self {
-        UiError::new(UiCode::from(e.code), e.message)
-    }
 }
 
 /// The spec the form describes, and the secret values typed anew in it. `current` is the server

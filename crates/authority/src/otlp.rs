@@ -67,12 +67,12 @@ impl Export {
                 let shown = collector.endpoint_text();
                 // One holder name for the desk: a restarted desk takes its sink back at once.
                 let sender = Sender::new(self.records.clone(), collector, "desk", now_ms);
-                tauri::async_runtime::spawn(sender.run(stop.clone()));
+                tokio::spawn(sender.run(stop.clone()));
                 *running = Some((stop, shown));
             }
             None => {
                 let records = self.records.clone();
-                tauri::async_runtime::spawn(async move {
+                tokio::spawn(async move {
                     if let Err(e) = records.export_forget(SINK).await {
                         tracing::warn!(target: "desk", error = %e, "could not forget the collector's cursor");
                     }

@@ -273,7 +273,7 @@ impl Remote {
             next_id: Arc::new(std::sync::atomic::AtomicU64::new(REMOTE_IDS)),
         };
         let supervisor = remote.clone();
-        tauri::async_runtime::spawn(async move { supervisor.supervise(config).await });
+        tokio::spawn(async move { supervisor.supervise(config).await });
         Some(remote)
     }
 

@@ -17,6 +17,14 @@ use serde::{Deserialize, Serialize};
 /// window regains focus or the content changes does nothing.
 pub const MIN_APPROVE_DELAY_MS: u64 = 1000;
 
+/// How long the window stays hidden with nothing pending before its webview is released, unless
+/// the settings say otherwise.
+pub const RELEASE_AFTER_S: u64 = 60;
+/// The shortest release delay the settings may set, in seconds.
+pub const MIN_RELEASE_AFTER_S: u64 = 10;
+/// The longest release delay the settings may set, in seconds.
+pub const MAX_RELEASE_AFTER_S: u64 = 24 * 60 * 60;
+
 /// What the settings view edits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,12 +68,9 @@ impl Settings {
     pub fn sanitized(mut self) -> Self {
         self.approve_delay_ms = self.approve_delay_ms.clamp(MIN_APPROVE_DELAY_MS, 60_000);
         self.token_minutes = self.token_minutes.clamp(1, 24 * 60);
-        self.release_after_s = self.release_after_s.map(|s| {
-            s.clamp(
-                crate::idle::MIN_RELEASE_AFTER_S,
-                crate::idle::MAX_RELEASE_AFTER_S,
-            )
-        });
+        self.release_after_s = self
+            .release_after_s
+            .map(|s| s.clamp(MIN_RELEASE_AFTER_S, MAX_RELEASE_AFTER_S));
         self
     }
 }
@@ -173,7 +178,7 @@ impl Settings {
 
 /// Creates `dir` (and missing parents) 0700, and takes group and other permissions away from an
 /// existing one of this account's.
-pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -216,8 +221,8 @@ mod tests {
             .sanitized()
             .release_after_s
         };
-        assert_eq!(bounded(0), Some(crate::idle::MIN_RELEASE_AFTER_S));
-        assert_eq!(bounded(u64::MAX), Some(crate::idle::MAX_RELEASE_AFTER_S));
+        assert_eq!(bounded(0), Some(MIN_RELEASE_AFTER_S));
+        assert_eq!(bounded(u64::MAX), Some(MAX_RELEASE_AFTER_S));
         assert_eq!(bounded(120), Some(120));
         let dir = std::env::temp_dir().join(format!("cs-release-{}", std::process::id()));
         let dirs = Dirs {

@@ -230,7 +230,7 @@ impl From<&Change> for ChangeView {
     }
 }
 
-pub(crate) fn agent_name(client_info: &Value) -> String {
+pub fn agent_name(client_info: &Value) -> String {
     let name = client_info
         .get("name")
         .and_then(Value::as_str)
@@ -513,6 +513,21 @@ impl From<countersign_engine::ApproveError> for UiError {
     }
 }
 
+impl From<countersign_engine::GrantError> for UiError {
+    fn from(e: countersign_engine::GrantError) -> Self {
+        match e {
+            countersign_engine::GrantError::Approve(e) => e.into(),
+            e => UiError::new(UiCode::from(&e), e.to_string()),
+        }
+    }
+}
+
+impl From<countersign_registry::EditError> for UiError {
+    fn from(e: countersign_registry::EditError) -> Self {
+        UiError::new(UiCode::from(e.code), e.message)
+    }
+}
+
 impl From<crate::approver::RemoteError> for UiError {
     fn from(e: crate::approver::RemoteError) -> Self {
         use crate::approver::RemoteError as E;
@@ -580,21 +595,20 @@ impl From<countersign_wire::RegistryCode> for UiCode {
 }
 
 /// What the window's contract (`ui/contract.json`) says each view carries, for the tests that
-/// check the views against it.
-#[cfg(test)]
-pub(crate) mod contract {
+/// check the views against it (here and in the window's program).
+pub mod contract {
     use serde_json::Value;
 
     /// The keys of the object `v`, sorted.
-    pub(crate) fn keys(v: &Value) -> Vec<String> {
+    pub fn keys(v: &Value) -> Vec<String> {
         let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         k.sort();
         k
     }
 
     /// The fields the contract lists under `name`, sorted.
-    pub(crate) fn expected(name: &str) -> Vec<String> {
-        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
+    pub fn expected(name: &str) -> Vec<String> {
+        let contract: Value = serde_json::from_str(include_str!("../../../ui/contract.json"))
             .expect("contract.json parses");
         let mut k: Vec<String> = serde_json::from_value(contract[name].clone())
             .unwrap_or_else(|_| panic!("{name} is in contract.json"));
@@ -677,7 +691,7 @@ mod tests {
     #[test]
     fn every_error_code_the_window_may_receive_is_in_its_contract_and_the_window_branches_on_no_other()
      {
-        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
+        let contract: Value = serde_json::from_str(include_str!("../../../ui/contract.json"))
             .expect("contract.json parses");
         let listed: Vec<String> =
             serde_json::from_value(contract["UiCode"].clone()).expect("UiCode is in contract.json");
@@ -696,10 +710,10 @@ mod tests {
             "UiCode and ui/contract.json list the same codes"
         );
         for (name, js) in [
-            ("app.js", include_str!("../../ui/app.js")),
-            ("grants.js", include_str!("../../ui/grants.js")),
-            ("clients.js", include_str!("../../ui/clients.js")),
-            ("servers.js", include_str!("../../ui/servers.js")),
+            ("app.js", include_str!("../../../ui/app.js")),
+            ("grants.js", include_str!("../../../ui/grants.js")),
+            ("clients.js", include_str!("../../../ui/clients.js")),
+            ("servers.js", include_str!("../../../ui/servers.js")),
         ] {
             for code in codes_compared(js) {
                 assert!(
@@ -731,7 +745,7 @@ mod tests {
 
     #[test]
     fn the_window_receives_exactly_the_fields_of_its_contract() {
-        let contract: Value = serde_json::from_str(include_str!("../../ui/contract.json"))
+        let contract: Value = serde_json::from_str(include_str!("../../../ui/contract.json"))
             .expect("contract.json parses");
         let view = serde_json::to_value(RequestView::from(&request(
             plan("x", json!({"a": 1})),
