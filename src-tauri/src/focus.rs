@@ -4,7 +4,7 @@
 //! desktop entry hands it to the desk (`countersign-desk URL`, `%u`), and `countersign open URL`
 //! sends it too. A second desk passes it to the running one in its focus hello; a first start
 //! keeps it for the page it is about to load. Either way the page takes it once
-//! ([`take_focus`]) and selects that request if it still waits, or says it no longer does.
+//! (`countersign_authority::commands::take_focus`) and selects that request if it still waits, or says it no longer does.
 //!
 //! The URL is read strictly (`countersign_wire::parse_request_url`): anything that is not exactly
 //! such a URL is refused with a sentence and the desk does nothing. It only chooses what is shown:
@@ -12,33 +12,14 @@
 //! window can show the request (as for any focus), so a click aimed at what was on screen before
 //! lands on nothing.
 
-use std::sync::Mutex;
-
-use tauri::{AppHandle, Emitter, Manager, State};
-
-/// The request a URL last asked the window to show, until the page takes it.
-#[derive(Default)]
-pub struct Wanted(Mutex<Option<u64>>);
-
-impl Wanted {
-    /// Wanted from the start (a first start of the desk with a URL).
-    pub fn new(request: Option<u64>) -> Self {
-        Wanted(Mutex::new(request))
-    }
-}
+use countersign_authority::Desk;
+use tauri::{AppHandle, Emitter, Manager};
 
 /// A URL asked for request `id`: approvals are held first (the engine's delay starts again),
 /// then the page is told to take it and select it.
 pub fn asked(app: &AppHandle, id: u64) {
     tracing::info!(target: "desk", request = id, "a request URL was opened");
     crate::hold_approvals(app);
-    *app.state::<Wanted>().0.lock().unwrap() = Some(id);
+    *app.state::<Desk>().wanted.lock().unwrap() = Some(id);
     let _ = app.emit("queue://focus", ());
-}
-
-/// The request a URL asked the window to show, once, as its decimal id (a string: a JavaScript
-/// number is exact only to 2^53): the page asks when it loads and when told (`queue://focus`).
-#[tauri::command]
-pub fn take_focus(wanted: State<'_, Wanted>) -> Option<String> {
-    wanted.0.lock().unwrap().take().map(|id| id.to_string())
 }

@@ -18,29 +18,46 @@
 //! on a second socket they can reach, for agents that run under accounts of their own.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
-mod clients;
-mod commands;
 mod focus;
-mod grants;
 mod idle;
 mod pace;
-mod servers;
 
-use countersign_authority::{Desk, approver, desk, harden, otlp, settings, view};
+use countersign_authority::{Desk, commands, desk, harden, view};
 use countersign_engine::{Engine, QueueChange};
 use tauri::menu::{Menu, MenuItem};
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, Emitter, Manager};
 
-/// Asks the keychain whether it still answers ([`Desk::check_keychain`]) and, when that changed,
-/// tells the window (`secret://status`): its banner follows.
-pub(crate) async fn check_keychain(app: &AppHandle) -> Option<String> {
-    let desk = app.state::<Desk>();
-    let answer = desk.check_keychain().await;
-    if answer.changed {
-        let _ = app.emit("secret://status", desk.secret_problem());
+/// The window as the desk's commands see it: events go to its page.
+struct Page(AppHandle);
+
+impl commands::Window for Page {
+    fn emit(&self, event: &str, payload: serde_json::Value) {
+        let _ = self.0.emit(event, payload);
     }
-    answer.problem
+}
+
+/// Every command the page invokes, by name ([`commands::invoke`]). Tauri has already checked the
+/// name against the window's capability (`capabilities/approval.json`, granted to the approval
+/// window's label alone) before this runs.
+fn invoke(invoke: tauri::ipc::Invoke) -> bool {
+    let app = invoke.message.webview().app_handle().clone();
+    let command = invoke.message.command().to_owned();
+    let arguments = match invoke.message.payload() {
+        tauri::ipc::InvokeBody::Json(arguments) => Ok(arguments.clone()),
+        tauri::ipc::InvokeBody::Raw(_) => Err(view::UiError::new(
+            view::UiCode::BadRequest,
+            "the desk's commands take JSON arguments",
+        )),
+    };
+    invoke.resolver.respond_async(async move {
+        let arguments = arguments.map_err(tauri::ipc::InvokeError::from)?;
+        let desk = app.state::<Desk>();
+        commands::invoke(&desk, &Page(app.clone()), &command, arguments)
+            .await
+            .map_err(tauri::ipc::InvokeError::from)
+    });
+    true
 }
 
 /// The window was just shown or regained focus: the engine accepts no approve until the approve
@@ -179,30 +196,7 @@ fn run(begun: desk::Begun) {
         .plugin(tauri_plugin_notification::init())
         .manage(desk)
         .manage(idle::Lifecycle::new(release_after))
-        .manage(focus::Wanted::new(open))
-        .invoke_handler(tauri::generate_handler![
-            commands::pending,
-            commands::approve,
-            commands::deny,
-            commands::history,
-            commands::settings,
-            commands::save_settings,
-            commands::export_status,
-            commands::save_history,
-            commands::rotate_secret,
-            commands::status,
-            grants::grant_offer,
-            grants::approve_widening,
-            grants::grants,
-            grants::revoke_grant,
-            servers::servers,
-            servers::save_server,
-            servers::remove_server,
-            clients::clients,
-            clients::protect_client,
-            clients::restore_client,
-            focus::take_focus,
-        ])
+        .invoke_handler(invoke)
         .on_window_event(|window, event| {
             match event {
                 tauri::WindowEvent::Focused(true) => hold_approvals(window.app_handle()),
@@ -247,7 +241,8 @@ fn run(begun: desk::Begun) {
                 let mut every = tokio::time::interval(desk::KEYCHAIN_CHECK_EVERY);
                 loop {
                     every.tick().await;
-                    check_keychain(&asking).await;
+                    let desk = asking.state::<Desk>();
+                    commands::check_keychain(&desk, &Page(asking.clone())).await;
                 }
             });
             // Queue changes reach the window as events: it never polls. Changes that arrive

@@ -40,6 +40,8 @@ pub struct Desk {
     pub remote: Option<approver::Remote>,
     /// Confirm events sent to the OpenTelemetry collector of the settings, if any.
     pub export: otlp::Export,
+    /// The request a URL last asked the window to show, until the page takes it.
+    pub wanted: Mutex<Option<u64>>,
 }
 
 impl Desk {
@@ -457,6 +459,7 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
         registry,
         served,
         agents,
+        wanted: Mutex::new(open),
     }
 }
 

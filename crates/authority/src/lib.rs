@@ -9,12 +9,16 @@
 //! window on, so that a desk without one never maps WebKit at all.
 
 pub mod approver;
+pub mod clients;
+pub mod commands;
 pub mod desk;
+pub mod grants;
 pub mod harden;
 pub mod log_file;
 pub mod otlp;
 pub mod request_url;
 pub mod seed;
+pub mod servers;
 pub mod settings;
 pub mod view;
 

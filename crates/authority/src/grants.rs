@@ -9,10 +9,9 @@
 use countersign_engine::{GrantOffer, Widening};
 use countersign_store::{Grant, GrantKind};
 use serde::Serialize;
-use tauri::State;
 
 use crate::Desk;
-use crate::commands::off_the_ui;
+use crate::commands::{Window, off_the_ui};
 use crate::view::{Shown, UiCode, UiError, agent_name, shown};
 
 /// What the window may offer beside Approve for one request: the engine's [`GrantOffer`] (its
@@ -104,24 +103,22 @@ async fn rows(engine: &countersign_engine::Engine) -> Result<Vec<GrantRow>, UiEr
 }
 
 /// What may be offered beside Approve for request `id` (`None`: it no longer waits).
-#[tauri::command]
-pub async fn grant_offer(desk: State<'_, Desk>, id: u64) -> Result<Option<OfferView>, UiError> {
+pub async fn grant_offer(desk: &Desk, id: u64) -> Result<Option<OfferView>, UiError> {
     let engine = desk.engine.clone();
     off_the_ui(move || Ok(engine.grant_offer(id).map(OfferView::from))).await
 }
 
 /// A person clicked Approve with a widening chosen (after the delay, with the target typed where
 /// policy asks): the request is approved and the grant made; answers its number.
-#[tauri::command]
 pub async fn approve_widening(
-    app: tauri::AppHandle,
-    desk: State<'_, Desk>,
+    window: &dyn Window,
+    desk: &Desk,
     id: u64,
     typed_target: Option<String>,
     widening: Widening,
 ) -> Result<u64, UiError> {
     // Mint only while the keychain answers, as `approve` does.
-    if let Some(why) = crate::check_keychain(&app).await {
+    if let Some(why) = crate::commands::check_keychain(desk, window).await {
         return Err(UiError::new(
             UiCode::NoSecret,
             format!("Nothing can be approved: {why}."),
@@ -134,14 +131,12 @@ pub async fn approve_widening(
 }
 
 /// The live grants, oldest first.
-#[tauri::command]
-pub async fn grants(desk: State<'_, Desk>) -> Result<Vec<GrantRow>, UiError> {
+pub async fn grants(desk: &Desk) -> Result<Vec<GrantRow>, UiError> {
     rows(&desk.engine).await
 }
 
 /// A person clicked Revoke on grant `id`; answers the live grants left.
-#[tauri::command]
-pub async fn revoke_grant(desk: State<'_, Desk>, id: u64) -> Result<Vec<GrantRow>, UiError> {
+pub async fn revoke_grant(desk: &Desk, id: u64) -> Result<Vec<GrantRow>, UiError> {
     desk.engine.revoke_grant(id).await?;
     rows(&desk.engine).await
 }

@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use countersign_registry::Registry;
 use countersign_wire::{SecretText, ServerSpec, Setting, Upstream};
 use serde::{Deserialize, Serialize};
-use tauri::State;
 
 use crate::Desk;
 use crate::commands::off_the_ui;
@@ -269,30 +268,21 @@ async fn save(registry: &Registry, form: ServerForm) -> Result<(), UiError> {
 }
 
 /// The registered servers.
-#[tauri::command]
-pub async fn servers(desk: State<'_, Desk>) -> Result<Vec<ServerView>, UiError> {
+pub async fn servers(desk: &Desk) -> Result<Vec<ServerView>, UiError> {
     let registry = desk.registry.clone();
     off_the_ui(move || Ok(list(&registry))).await
 }
 
 /// Adds or changes a server (the person's own edit: it applies at once and is recorded in
 /// history); answers with the servers as they are then.
-#[tauri::command]
-pub async fn save_server(
-    desk: State<'_, Desk>,
-    form: ServerForm,
-) -> Result<Vec<ServerView>, UiError> {
+pub async fn save_server(desk: &Desk, form: ServerForm) -> Result<Vec<ServerView>, UiError> {
     let registry = desk.registry.clone();
     save(&registry, form).await?;
     off_the_ui(move || Ok(list(&registry))).await
 }
 
 /// Removes a server and its secrets (the person's own edit); answers with the servers left.
-#[tauri::command]
-pub async fn remove_server(
-    desk: State<'_, Desk>,
-    name: String,
-) -> Result<Vec<ServerView>, UiError> {
+pub async fn remove_server(desk: &Desk, name: String) -> Result<Vec<ServerView>, UiError> {
     let registry = desk.registry.clone();
     registry.remove_directly(&name).await?;
     tracing::info!(target: "desk", server = %name, "server removed in the settings view");

@@ -22,7 +22,6 @@ use countersign_clients::{
 use countersign_registry::Registry;
 use countersign_wire::{DeskError, RegistryAnswer, RegistryRequest};
 use serde::Serialize;
-use tauri::State;
 
 use crate::Desk;
 use crate::commands::off_the_ui;
@@ -177,12 +176,15 @@ impl Registrar for InDesk {
     ) -> Result<RegistryAnswer, DeskError> {
         // On the blocking pool (see `off_the_ui`): a change to a registered server waits here
         // for the person's click in the window.
-        let answer =
-            tauri::async_runtime::block_on(self.registry.handle(request, &self.origin, |answer| {
+        let answer = tokio::runtime::Handle::current().block_on(self.registry.handle(
+            request,
+            &self.origin,
+            |answer| {
                 if let RegistryAnswer::Waiting { message } = &answer {
                     waiting(message);
                 }
-            }));
+            },
+        ));
         Ok(answer)
     }
 }
@@ -277,7 +279,6 @@ fn run(registry: &Registry, id: &str, step: Step) -> Result<ClientAction, UiErro
 }
 
 /// The clients found on this account.
-#[tauri::command]
 pub async fn clients() -> Result<Vec<ClientView>, UiError> {
     off_the_ui(list).await
 }
@@ -285,20 +286,14 @@ pub async fn clients() -> Result<Vec<ClientView>, UiError> {
 /// Protect: registers each of the client's servers in the desk (their environment values and
 /// headers into the keychain), keeps the original file in the keychain, and rewrites each entry
 /// to `countersign mcp --server NAME`.
-#[tauri::command]
-pub async fn protect_client(desk: State<'_, Desk>, id: String) -> Result<ClientAction, UiError> {
+pub async fn protect_client(desk: &Desk, id: String) -> Result<ClientAction, UiError> {
     let registry = desk.registry.clone();
     off_the_ui(move || run(&registry, &id, Step::Protect)).await
 }
 
 /// Restore: the client's file as it was before Protect, byte for byte (`force`: even when it
 /// was edited since, losing those edits). The servers stay registered.
-#[tauri::command]
-pub async fn restore_client(
-    desk: State<'_, Desk>,
-    id: String,
-    force: bool,
-) -> Result<ClientAction, UiError> {
+pub async fn restore_client(desk: &Desk, id: String, force: bool) -> Result<ClientAction, UiError> {
     let registry = desk.registry.clone();
     off_the_ui(move || run(&registry, &id, Step::Restore { force })).await
 }
