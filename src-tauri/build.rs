@@ -1,31 +1,14 @@
 //! Generates the desk's Tauri context, and the permissions of its own commands so that
 //! capabilities can grant them per window.
 
+/// The commands the page may invoke: the desk runs them (`countersign_authority::commands`).
+const NAMES: [&str; 21] = include!("../crates/authority/src/command_names.in");
+
 fn main() {
-    tauri_build::try_build(tauri_build::Attributes::new().app_manifest(
-        tauri_build::AppManifest::new().commands(&[
-            "pending",
-            "approve",
-            "deny",
-            "history",
-            "settings",
-            "save_settings",
-            "export_status",
-            "save_history",
-            "rotate_secret",
-            "status",
-            "grant_offer",
-            "approve_widening",
-            "grants",
-            "revoke_grant",
-            "servers",
-            "save_server",
-            "remove_server",
-            "clients",
-            "protect_client",
-            "restore_client",
-            "take_focus",
-        ]),
-    ))
+    println!("cargo::rerun-if-changed=../crates/authority/src/command_names.in");
+    tauri_build::try_build(
+        tauri_build::Attributes::new()
+            .app_manifest(tauri_build::AppManifest::new().commands(&NAMES)),
+    )
     .expect("tauri build script");
 }

@@ -75,7 +75,7 @@ async fn clicking_approve_mints_the_token_and_the_confirm_executes() {
     desk.screenshot("approval-irreversible.png").await;
     // execute is destructive: the target must be typed first.
     let target = desk.text("#d-target").await;
-    desk.browser
+    desk.browser()
         .find(Locator::Css("#typed-target"))
         .await
         .unwrap()
@@ -108,7 +108,7 @@ async fn deny_with_a_note_reaches_the_agent() {
     let pending = call(&agent, "create_backup", json!({"name": "nightly"}));
     desk.wait_for_request().await;
     desk.screenshot("approval-reversible.png").await;
-    desk.browser
+    desk.browser()
         .find(Locator::Css("#deny-note"))
         .await
         .unwrap()
@@ -139,7 +139,7 @@ async fn a_click_in_the_first_second_and_enter_do_nothing() {
     // Straight away: the button is still disabled, and a click does nothing.
     assert!(!desk.approve_enabled().await, "Approve must start disabled");
     let _ = desk
-        .browser
+        .browser()
         .find(Locator::Css("#approve"))
         .await
         .unwrap()
@@ -158,8 +158,8 @@ async fn a_click_in_the_first_second_and_enter_do_nothing() {
     // Once enabled, Enter on the focused button does nothing either.
     desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
         .await;
-    let button = desk.browser.find(Locator::Css("#approve")).await.unwrap();
-    desk.browser
+    let button = desk.browser().find(Locator::Css("#approve")).await.unwrap();
+    desk.browser()
         .execute("document.getElementById('approve').focus()", vec![])
         .await
         .unwrap();
@@ -185,11 +185,11 @@ async fn space_on_the_focused_approve_button_does_not_approve() {
     desk.wait_for_request().await;
     desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
         .await;
-    desk.browser
+    desk.browser()
         .execute("document.getElementById('approve').focus()", vec![])
         .await
         .unwrap();
-    let button = desk.browser.find(Locator::Css("#approve")).await.unwrap();
+    let button = desk.browser().find(Locator::Css("#approve")).await.unwrap();
     button.send_keys(" ").await.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(1500), &mut pending)
@@ -273,7 +273,7 @@ async fn a_destructive_request_needs_the_typed_target() {
         "Approve is enabled without the typed target"
     );
     let input = desk
-        .browser
+        .browser()
         .find(Locator::Css("#typed-target"))
         .await
         .unwrap();
@@ -299,7 +299,7 @@ async fn two_gateways_show_two_requests_in_one_queue_and_the_title_counts_them()
     desk.until("two requests", |d| {
         Box::pin(async move {
             let n: Value = d
-                .browser
+                .browser()
                 .execute(
                     "return document.querySelectorAll('#queue li').length",
                     vec![],
@@ -311,11 +311,11 @@ async fn two_gateways_show_two_requests_in_one_queue_and_the_title_counts_them()
     })
     .await;
     desk.until("the title to count two", |d| {
-        Box::pin(async move { d.browser.title().await.unwrap().contains("(2 pending)") })
+        Box::pin(async move { d.browser().title().await.unwrap().contains("(2 pending)") })
     })
     .await;
     let who: Value = desk
-        .browser
+        .browser()
         .execute("return [...document.querySelectorAll('#queue li small')].map(e => e.textContent).join('|')", vec![])
         .await
         .unwrap();
@@ -406,7 +406,7 @@ async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the
     })
     .await;
     // As tall as the test screen, so the picture shows the buttons too.
-    desk.browser.set_window_size(960, 800).await.unwrap();
+    desk.browser().set_window_size(960, 800).await.unwrap();
     desk.readme_picture("approval").await;
 
     // The second request: its agent and server are flagged, and a target that says "Details:"
@@ -423,7 +423,7 @@ async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the
         ["bidi", "non_ascii"]
     );
     let details: Value = desk
-        .browser
+        .browser()
         .execute(
             "return document.getElementById('d-details').textContent",
             vec![],
@@ -460,7 +460,7 @@ async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the
     desk.until("the issued and denied rows", |d| {
         Box::pin(async move {
             let kinds: Value = d
-                .browser
+                .browser()
                 .execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent)", vec![])
                 .await
                 .unwrap();
@@ -470,7 +470,7 @@ async fn bidi_and_invisible_characters_from_agents_and_upstreams_never_reach_the
     })
     .await;
     let cells: Value = desk
-        .browser
+        .browser()
         .execute(
             "return [...document.querySelectorAll('#history tr')].map(r => \
                [...r.children].map(c => [c.firstChild ? c.firstChild.textContent : '', \
@@ -566,7 +566,7 @@ async fn agent_text_is_never_interpreted_as_html() {
     );
     desk.wait_for_request().await;
     let images: Value = desk
-        .browser
+        .browser()
         .execute(
             "return document.querySelectorAll('#detail img, #queue img, b').length",
             vec![],
@@ -575,7 +575,7 @@ async fn agent_text_is_never_interpreted_as_html() {
         .unwrap();
     assert_eq!(images, json!(0));
     assert!(desk.text("#d-agent").await.contains("<b>bold</b>"));
-    assert!(!desk.browser.title().await.unwrap().contains("pwned"));
+    assert!(!desk.browser().title().await.unwrap().contains("pwned"));
     desk.click("#deny").await;
     let _ = pending.await;
     desk.stop().await;
@@ -603,7 +603,7 @@ async fn history_lists_what_happened() {
     desk.until("history rows", |d| {
         Box::pin(async move {
             let kinds: Value = d
-                .browser
+                .browser()
                 .execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent + ':' + r.children[2].textContent)", vec![])
                 .await
                 .unwrap();
@@ -614,10 +614,10 @@ async fn history_lists_what_happened() {
     .await;
     desk.screenshot("history.png").await;
     // Filtering by outcome narrows the list.
-    desk.browser.execute("const s = document.getElementById('f-kind'); s.value = 'refused'; s.dispatchEvent(new Event('input'));", vec![]).await.unwrap();
+    desk.browser().execute("const s = document.getElementById('f-kind'); s.value = 'refused'; s.dispatchEvent(new Event('input'));", vec![]).await.unwrap();
     desk.until("only refusals", |d| {
         Box::pin(async move {
-            let kinds: Value = d.browser.execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent)", vec![]).await.unwrap();
+            let kinds: Value = d.browser().execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent)", vec![]).await.unwrap();
             kinds == json!(["refused"])
         })
     })
@@ -643,20 +643,20 @@ async fn the_demo_runs_through_when_a_person_approves_each_request() {
     for _ in 0..3 {
         desk.wait_for_request().await;
         let typed: Value = desk
-            .browser
+            .browser()
             .execute("return !document.getElementById('typed').hidden", vec![])
             .await
             .unwrap();
         if typed == json!(true) {
             let target: Value = desk
-                .browser
+                .browser()
                 .execute(
                     "return document.getElementById('d-target').textContent",
                     vec![],
                 )
                 .await
                 .unwrap();
-            desk.browser
+            desk.browser()
                 .find(Locator::Css("#typed-target"))
                 .await
                 .unwrap()
@@ -706,7 +706,7 @@ async fn without_a_keychain_the_desk_says_so_and_mints_nothing() {
     desk.until("the banner", |d| {
         Box::pin(async move {
             let hidden: Value = d
-                .browser
+                .browser()
                 .execute("return document.getElementById('banner').hidden", vec![])
                 .await
                 .unwrap();
@@ -847,7 +847,7 @@ async fn a_changed_tool_is_refused_until_the_person_accepts_the_difference_in_th
     desk.until("the change request", |d| {
         Box::pin(async move {
             let hidden: Value = d
-                .browser
+                .browser()
                 .execute("return document.getElementById('change').hidden", vec![])
                 .await
                 .unwrap();
@@ -901,7 +901,7 @@ async fn a_changed_tool_is_refused_until_the_person_accepts_the_difference_in_th
     desk.until("the change and the refusals in history", |d| {
         Box::pin(async move {
             let rows: Value = d
-                .browser
+                .browser()
                 .execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent + ':' + r.children[2].textContent + ':' + r.children[4].textContent)", vec![])
                 .await
                 .unwrap();
@@ -1202,7 +1202,7 @@ async fn deny_by_script(desk: &Desk) {
     let pending = desk.invoke("pending", json!({})).await.unwrap();
     let id = pending[0]["id"].clone();
     let _ = desk
-        .browser
+        .browser()
         .execute(
             "window.__TAURI__.core.invoke('deny', { id: arguments[0], note: null })",
             vec![id],
@@ -1217,7 +1217,7 @@ async fn until_shown(desk: &Desk, name: &str) {
     loop {
         desk.follow_window().await;
         let shown = desk
-            .browser
+            .browser()
             .execute(
                 "const d = document.getElementById('detail'); \
                  return !d.hidden && document.getElementById('d-target').textContent",
@@ -1255,7 +1255,7 @@ async fn a_second_start_brings_a_released_window_back() {
     desk.follow_window().await;
     desk.until("the window to be on screen", |d| {
         Box::pin(async move {
-            d.browser
+            d.browser()
                 .execute("return document.visibilityState", vec![])
                 .await
                 .is_ok_and(|v| v == json!("visible"))
@@ -1450,5 +1450,49 @@ async fn a_call_whose_server_died_unanswered_is_shown_as_unknown_when_it_asks_ag
     assert_eq!(refusal(&again.await.unwrap()).as_deref(), Some("denied"));
     let history = desk.invoke("history", json!({"query": {}})).await.unwrap();
     assert!(history.to_string().contains("outcome_unknown"), "{history}");
+    desk.stop().await;
+}
+
+/// The window's channel is a socket pair the desk hands to the process it starts: nothing else
+/// reaches it. What the window would send, sent by another process of the same account on the
+/// desk's own socket (an approve, after the delay, for a request that waits), is not a hello: the
+/// connection is closed and nothing is approved. The page's own approve, which crosses the
+/// channel, still works afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_window_sends_approves_nothing_from_anywhere_but_its_channel() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let desk = Desk::start().await;
+    let agent = desk.agent("channel-prober").await;
+    let waiting = call(&agent, "create_backup", json!({"name": "probed"}));
+    desk.wait_for_request().await;
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    let pending = desk.invoke("pending", json!({})).await.unwrap();
+    let id = pending[0]["id"].clone();
+    let invoke = json!({"type": "invoke", "id": 1, "command": "approve",
+                        "args": {"id": id, "typedTarget": null}});
+    let mut stream = tokio::net::UnixStream::connect(desk.socket())
+        .await
+        .unwrap();
+    stream
+        .write_all(format!("{invoke}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+        .await
+        .expect("the desk closes a connection that sends no hello");
+    assert!(read.is_ok() || answer.is_empty());
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("\"ok\""),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(!waiting.is_finished(), "the request was decided");
+    let still = desk.invoke("pending", json!({})).await.unwrap();
+    assert_eq!(still[0]["id"], id, "{still}");
+    desk.click("#approve").await;
+    let approved = waiting.await.unwrap();
+    assert_ne!(approved.is_error, Some(true), "{approved:?}");
     desk.stop().await;
 }

@@ -19,7 +19,7 @@ fn approved(r: &CallToolResult) -> bool {
 
 async fn hidden(desk: &Desk, id: &str) -> bool {
     let hidden: Value = desk
-        .browser
+        .browser()
         .execute(
             "const el = document.getElementById(arguments[0]); return !el || el.hidden",
             vec![json!(id)],
@@ -155,7 +155,7 @@ async fn a_grant_on_a_destructive_tool_is_refused() {
     })
     .await;
     let offered: Value = desk
-        .browser
+        .browser()
         .execute(
             "return [...document.querySelectorAll('#widen-kind option')].filter(o => o.value && !o.disabled).length",
             vec![],
@@ -235,7 +235,7 @@ async fn a_prefix_grant_covers_this_sessions_targets_under_it_and_nothing_beside
         let root = root.clone();
         Box::pin(async move {
             let proposed: Value = d
-                .browser
+                .browser()
                 .execute(
                     "return [document.getElementById('widen-kind').value, \
                      document.getElementById('widen-prefix').value]",

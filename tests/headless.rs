@@ -384,3 +384,67 @@ async fn a_desk_refuses_a_socket_directory_someone_else_controls() {
     std::os::unix::fs::chown(&shared, Some(65534), Some(65534)).unwrap();
     run("it belongs to uid 65534");
 }
+
+/// The window's program takes its channel only from the desk that started it: started by anyone
+/// else with descriptor 3 open on something (nothing, a file, a socket whose other end another
+/// process holds), it refuses it before reading a byte and exits 2, without a window. It needs
+/// no display to say so: the check comes before GTK.
+#[test]
+fn the_windows_program_refuses_a_channel_that_is_not_its_parent_desks() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+
+    let window = |fd3: Option<i32>, through_a_shell: bool| {
+        let mut cmd = if through_a_shell {
+            // A shell between: the program's parent is the shell, the socket's peer this test.
+            let mut sh = std::process::Command::new("sh");
+            sh.arg("-c").arg(format!(
+                "{} --window-of-desk; exit $?",
+                bin("countersign-desk").display()
+            ));
+            sh
+        } else {
+            let mut cmd = std::process::Command::new(bin("countersign-desk"));
+            cmd.arg("--window-of-desk");
+            cmd
+        };
+        cmd.env_remove("DISPLAY")
+            .env_remove("WAYLAND_DISPLAY")
+            .stdin(Stdio::null());
+        if let Some(fd) = fd3 {
+            // SAFETY: dup2 between fork and exec, async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::dup2(fd, 3) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = window(None, false);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("not the desk's channel"), "{stderr}");
+    let file = tempfile::tempfile().unwrap();
+    let (code, stderr) = window(Some(file.as_raw_fd()), false);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("not the desk's channel"), "{stderr}");
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let (code, stderr) = window(Some(theirs.as_raw_fd()), true);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not the desk that started this window"),
+        "{stderr}"
+    );
+    // Nothing was read from it, and nothing written.
+    ours.set_nonblocking(true).unwrap();
+    drop(theirs);
+    let mut buf = [0u8; 16];
+    assert_eq!(std::io::Read::read(&mut &ours, &mut buf).unwrap(), 0);
+}

@@ -159,10 +159,13 @@ fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_
         .expect("curl");
     let _ = driver.kill();
     let _ = driver.wait();
-    let _ = Command::new("pkill")
-        .arg("-f")
-        .arg(desk.display().to_string())
-        .status();
+    // The desk it started (now `countersign-authority`, with its window under it).
+    for program in [desk.clone(), desk.with_file_name("countersign-authority")] {
+        let _ = Command::new("pkill")
+            .arg("-f")
+            .arg(program.display().to_string())
+            .status();
+    }
     let text = String::from_utf8_lossy(&answer.stdout);
     assert!(
         !text.contains("\"sessionId\""),
@@ -357,41 +360,39 @@ fn a_release_desk_opens_no_inspector_port_whatever_its_environment_says() {
     }
 }
 
-/// The direct children of `pid` whose name starts with "WebKit": (pid, name).
+/// The processes under `pid` (its window's process, and WebKit's under that) whose name starts
+/// with "WebKit": (pid, name).
 fn webkit_children(pid: u32) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let name = &stat[open + 1..close];
-        let ppid = stat[close + 1..].split_whitespace().nth(1);
-        if name.starts_with("WebKit") && ppid == Some(&pid.to_string()) {
-            found.push((child, name.to_owned()));
-        }
-    }
-    found
+    countersign_tests::measure::descendants(pid)
+        .into_iter()
+        .filter_map(|child| {
+            let name = std::fs::read_to_string(format!("/proc/{child}/comm")).ok()?;
+            let name = name.trim();
+            name.starts_with("WebKit").then(|| (child, name.to_owned()))
+        })
+        .collect()
 }
 
 /// The debug desk's knob that shortens the idle release (for its tests and bench) is compiled
-/// out of a release desk: its name is nowhere in the binary.
+/// out of a release desk: its name is nowhere in its programs.
 #[test]
 #[ignore = "needs the release build from .ci/release (run by the test command)"]
 fn a_release_desk_has_no_knob_to_shorten_the_idle_release() {
-    let bytes = std::fs::read(release_desk()).unwrap();
-    let knob = b"COUNTERSIGN_DEBUG_RELEASE_AFTER_MS";
-    assert!(!bytes.windows(knob.len()).any(|w| w == knob));
+    let desk = release_desk();
+    for program in [desk.clone(), desk.with_file_name("countersign-authority")] {
+        let bytes = std::fs::read(&program).unwrap();
+        let knob = b"COUNTERSIGN_DEBUG_RELEASE_AFTER_MS";
+        assert!(
+            !bytes.windows(knob.len()).any(|w| w == knob),
+            "{}",
+            program.display()
+        );
+    }
 }
 
 /// A release desk whose window is closed goes on serving and, after the release delay its
-/// settings give (10 s, the least), lets its web process go.
+/// settings give (10 s, the least), ends its window's process, and WebKit's with it; the desk
+/// itself maps neither GTK nor WebKit.
 #[test]
 #[ignore = "needs the release build from .ci/release and a display (run by the test command)"]
 fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settings_delay() {
@@ -449,6 +450,22 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
         "released before its delay"
     );
     assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+    // The window's whole process went, GTK and WebKit with it: the desk maps neither.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !countersign_tests::measure::descendants(pid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the window's process outlived its release"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Readable as root (as CI runs); a release desk is not dumpable to its own account.
+    if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        assert!(
+            !maps.contains("libwebkit2gtk") && !maps.contains("libgtk-3"),
+            "{maps}"
+        );
+    }
     // SAFETY: ends only the group this test started.
     unsafe {
         libc::killpg(pid as i32, libc::SIGKILL);

@@ -114,7 +114,7 @@ fn rows(db: &Path) -> Vec<String> {
 /// Types the target where the window asks for it, waits out the approve delay, clicks Approve.
 async fn approve_in_the_window(desk: &Desk) {
     desk.wait_for_request().await;
-    let typed = desk.browser.find(Locator::Css("#typed-target")).await;
+    let typed = desk.browser().find(Locator::Css("#typed-target")).await;
     if let Ok(field) = typed
         && field.is_displayed().await.unwrap_or(false)
     {
@@ -204,7 +204,7 @@ async fn a_2026_07_28_client_confirms_by_its_own_retry_after_the_click_and_an_ol
     desk.until("both calls issued, accepted and executed in history", |d| {
         Box::pin(async move {
             let rows: Value = d
-                .browser
+                .browser()
                 .execute("return [...document.querySelectorAll('#history tr')].map(r => r.children[1].textContent + ':' + r.children[2].textContent + ':' + r.children[4].textContent)", vec![])
                 .await
                 .unwrap();
@@ -243,7 +243,7 @@ async fn code_and_stderr(mut cmd: tokio::process::Command, exits: &str) -> (Opti
 /// The target of the request the window shows, and how many requests it lists as selected.
 async fn shown_target(desk: &Desk) -> (String, usize) {
     let selected: Value = desk
-        .browser
+        .browser()
         .execute(
             "return document.querySelectorAll('#queue li.selected').length",
             vec![],
@@ -291,7 +291,7 @@ async fn opening_a_request_url_shows_that_request_and_approves_nothing() {
     let id: u64 = countersign_wire::parse_request_url(&url).unwrap();
     desk.until("both requests listed", |d| {
         Box::pin(async move {
-            d.browser
+            d.browser()
                 .execute(
                     "return document.querySelectorAll('#queue li').length",
                     vec![],

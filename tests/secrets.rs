@@ -622,7 +622,7 @@ async fn the_secret_tokens_and_an_upstream_credential_reach_no_file_no_stderr_an
     desk.until("the settings to load", |d| {
         Box::pin(async move {
             let v: Value = d
-                .browser
+                .browser()
                 .execute("return document.getElementById('s-minutes').value", vec![])
                 .await
                 .unwrap();

@@ -85,7 +85,7 @@ async fn open_servers(desk: &Desk) {
 
 /// Types `text` into the element `css` as a person would.
 async fn type_into(desk: &Desk, css: &str, text: &str) {
-    desk.browser
+    desk.browser()
         .find(Locator::Css(css))
         .await
         .unwrap()
@@ -97,7 +97,7 @@ async fn type_into(desk: &Desk, css: &str, text: &str) {
 /// The text of the Servers list row of `name` (empty when there is none).
 async fn row_text(desk: &Desk, name: &str) -> String {
     let text: Value = desk
-        .browser
+        .browser()
         .execute(
             "const row = document.querySelector(`#servers tr[data-server=\"${arguments[0]}\"]`); \
              return row ? row.innerText : '';",
@@ -139,7 +139,7 @@ async fn a_server_added_in_settings_is_listed_with_its_secret_masked_and_its_val
     type_into(&desk, ".sv-setting:nth-child(1) .sv-key", "GITHUB_TOKEN").await;
     desk.click(".sv-setting:nth-child(1) .sv-secret").await;
     let kind: Value = desk
-        .browser
+        .browser()
         .execute(
             "return document.querySelector('.sv-setting:nth-child(1) .sv-value').type",
             vec![],
@@ -184,7 +184,7 @@ async fn a_server_added_in_settings_is_listed_with_its_secret_masked_and_its_val
     desk.click(&format!("#servers tr[data-server=\"{name}\"] .sv-edit"))
         .await;
     let filled: Value = desk
-        .browser
+        .browser()
         .execute(
             "return [...document.querySelectorAll('.sv-setting .sv-value')].map(v => v.value)",
             vec![],
@@ -276,7 +276,7 @@ async fn a_server_registered_from_the_command_line_is_listed_escaped_and_an_edit
     desk.click(&format!("#servers tr[data-server=\"{name}\"] .sv-edit"))
         .await;
     let form: Value = desk
-        .browser
+        .browser()
         .execute(
             "return [document.getElementById('sv-command').value, \
                      document.getElementById('sv-command').placeholder]",

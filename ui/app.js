@@ -106,7 +106,23 @@ function select(id) {
   renderDetail(changed);
 }
 
+/** The moment each request first stands on screen (the page visible, its detail shown), as a
+ *  performance mark `countersign:shown:<id>` on the page's own clock: what the desk's bench reads
+ *  for a window the desk has just started, which no watcher can be inside before it exists. */
+const markedShown = new Set();
+function markShown() {
+  if (document.visibilityState !== "visible" || !selected || $("detail").hidden) return;
+  if (markedShown.has(selected.id)) return;
+  markedShown.add(selected.id);
+  performance.mark(`countersign:shown:${selected.id}`);
+}
+
 function renderDetail(changed) {
+  renderDetailOnly(changed);
+  markShown();
+}
+
+function renderDetailOnly(changed) {
   $("empty").hidden = !!selected;
   $("detail").hidden = !selected;
   if (!selected) {
@@ -343,7 +359,7 @@ async function start() {
     }, true);
   }
   window.addEventListener("focus", holdApprove);
-  document.addEventListener("visibilitychange", () => { if (!document.hidden) holdApprove(); });
+  document.addEventListener("visibilitychange", () => { if (!document.hidden) { holdApprove(); markShown(); } });
   $("tab-queue").addEventListener("click", () => tab("queue"));
   $("tab-history").addEventListener("click", () => tab("history"));
   $("tab-grants").addEventListener("click", () => tab("grants"));

@@ -50,7 +50,7 @@ async fn window_round_trips(desk: &Desk, n: usize) -> Vec<Duration> {
     for _ in 0..n {
         let started = Instant::now();
         let _: Value = desk
-            .browser
+            .browser()
             .execute(
                 "return document.getElementById('queue').children.length",
                 vec![],
@@ -148,7 +148,7 @@ async fn main() {
         desk_pss_mb(group)
     );
     let queued: Value = desk
-        .browser
+        .browser()
         .execute(
             "return document.getElementById('queue').children.length",
             vec![],

@@ -1,6 +1,9 @@
-//! The desk's window under test: a desk in its own directories, started through tauri-driver
-//! (which starts WebKitWebDriver, which starts the desk), with a WebDriver session on its window,
-//! and real MCP clients connected to it through `countersign mcp`.
+//! The desk's window under test: a desk in its own directories, started as a person starts it
+//! (its window is a process the desk starts), a WebDriver session attached to that window through
+//! tauri-driver and WebKitWebDriver (debug builds only: the window's WebKit then serves its
+//! inspector on a port the test chose, and allows automation), and real MCP clients connected to
+//! it through `countersign mcp`. When the desk ends its window and starts another, the test
+//! attaches a new session to the new one ([`Desk::follow_window`]).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -55,13 +58,17 @@ pub fn screenshots() -> PathBuf {
     dir
 }
 
-/// A desk in its own directories, started through tauri-driver, with a WebDriver session on its window.
+/// A desk in its own directories, with a WebDriver session on its window.
 pub struct Desk {
     /// Its data, config and socket.
     pub dir: tempfile::TempDir,
+    /// The desk, leading a process group of its own (its window and WebKit's processes in it).
+    desk: tokio::process::Child,
     driver: tokio::process::Child,
-    /// The WebDriver session.
-    pub browser: Client,
+    /// tauri-driver's port.
+    port: u16,
+    /// The WebDriver session on the window that runs now.
+    browser: std::sync::Mutex<Client>,
     /// The screen of its own it runs on, unless the test gave it one (`DISPLAY` in its env).
     display: Option<OwnDisplay>,
 }
@@ -130,14 +137,14 @@ impl Desk {
 
     /// Whether an element matches.
     pub async fn exists(&self, css: &str) -> bool {
-        self.browser.find(Locator::Css(css)).await.is_ok()
+        self.browser().find(Locator::Css(css)).await.is_ok()
     }
 
     /// An element's text. An element the window replaced between finding it and reading it
     /// (a view re-rendered on an update) is found again.
     pub async fn text(&self, css: &str) -> String {
         for _ in 0..20 {
-            let element = self.browser.find(Locator::Css(css)).await.unwrap();
+            let element = self.browser().find(Locator::Css(css)).await.unwrap();
             match element.text().await {
                 Ok(text) => return text,
                 Err(fantoccini::error::CmdError::Standard(e))
@@ -154,7 +161,7 @@ impl Desk {
     /// Whether a request is shown.
     pub async fn visible_request(&self) -> bool {
         let hidden: Value = self
-            .browser
+            .browser()
             .execute("return document.getElementById('detail').hidden", vec![])
             .await
             .unwrap();
@@ -187,7 +194,7 @@ impl Desk {
     /// Whether the element `css` selects (a button, an option) is enabled.
     pub async fn enabled(&self, css: &str) -> bool {
         let disabled: Value = self
-            .browser
+            .browser()
             .execute(
                 "return document.querySelector(arguments[0]).disabled",
                 vec![json!(css)],
@@ -199,7 +206,7 @@ impl Desk {
 
     /// Clicks an element.
     pub async fn click(&self, css: &str) {
-        self.browser
+        self.browser()
             .find(Locator::Css(css))
             .await
             .unwrap()
@@ -248,7 +255,7 @@ impl Desk {
     /// every run would dirty the tree.
     pub async fn readme_picture(&self, name: &str) {
         let text: Value = self
-            .browser
+            .browser()
             .execute("return document.body.innerText", vec![])
             .await
             .unwrap();
@@ -270,7 +277,7 @@ impl Desk {
             record.push_str(&format!("ui/{file} sha256:{}\n", digest.to_hex()));
         }
         record.push_str(&format!("\n{}\n", text.trim_end()));
-        let rect = self.browser.get_window_rect().await.unwrap();
+        let rect = self.browser().get_window_rect().await.unwrap();
         let shot = self.shoot(&format!("{name}.png"), Some(rect)).await;
         std::fs::write(screenshots().join(format!("{name}.txt")), &record).unwrap();
         let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("readme");
@@ -294,7 +301,7 @@ impl Desk {
     /// `Ok(value)` or `Err(the UiError)`.
     pub async fn invoke(&self, command: &str, args: Value) -> Result<Value, Value> {
         let answer: Value = self
-            .browser
+            .browser()
             .execute_async(
                 "const [command, args, done] = arguments; \
                  window.__TAURI__.core.invoke(command, args).then( \
@@ -313,7 +320,7 @@ impl Desk {
     /// attribute, and every field's value.
     pub async fn page_text(&self) -> String {
         let text: Value = self
-            .browser
+            .browser()
             .execute(
                 "const parts = [document.title, document.body.innerText, \
                    document.documentElement.textContent]; \
@@ -331,7 +338,7 @@ impl Desk {
 
     /// Sets a field's value as a person typing (or pasting) it would, `input` event included.
     pub async fn set_value(&self, css: &str, value: &str) {
-        self.browser
+        self.browser()
             .execute(
                 "const [css, value] = arguments; const el = document.querySelector(css); \
                  el.value = value; el.dispatchEvent(new Event('input'));",
@@ -344,7 +351,7 @@ impl Desk {
     /// A field's value (empty when there is no such field).
     pub async fn value(&self, css: &str) -> String {
         let v: Value = self
-            .browser
+            .browser()
             .execute(
                 "const el = document.querySelector(arguments[0]); return el ? el.value : '';",
                 vec![json!(css)],
@@ -357,7 +364,7 @@ impl Desk {
     /// How many elements match `css`.
     pub async fn count(&self, css: &str) -> usize {
         let n: Value = self
-            .browser
+            .browser()
             .execute(
                 "return document.querySelectorAll(arguments[0]).length",
                 vec![json!(css)],
@@ -370,7 +377,7 @@ impl Desk {
     /// The `data-flag`s of the elements matching `css`.
     pub async fn flags(&self, css: &str) -> Vec<String> {
         let flags: Value = self
-            .browser
+            .browser()
             .execute(
                 "return [...document.querySelectorAll(arguments[0])].map(e => e.dataset.flag)",
                 vec![json!(css)],
@@ -382,15 +389,15 @@ impl Desk {
 
     /// Ends the session (the process group ends on drop).
     pub async fn stop(self) {
-        let _ = self.browser.clone().close().await;
+        let _ = self.browser().clone().close().await;
     }
 }
 
 impl Drop for Desk {
     fn drop(&mut self) {
-        // tauri-driver does not always end what it started: end the whole group.
-        if let Some(pid) = self.driver.id() {
-            // SAFETY: killpg only sends a signal to the group we created.
+        // The drivers, and the desk with its window and WebKit's processes: each group whole.
+        for pid in [self.driver.id(), self.desk.id()].into_iter().flatten() {
+            // SAFETY: killpg only sends a signal to a group we created.
             unsafe {
                 libc::killpg(pid as i32, libc::SIGKILL);
             }
@@ -398,10 +405,37 @@ impl Drop for Desk {
     }
 }
 
+/// A WebDriver session, through tauri-driver on `port`, on the desk's window: tried until the
+/// window's process serves its inspector (up to 30 s).
+async fn attach(port: u16) -> Client {
+    let mut caps = Map::new();
+    caps.insert("browserName".into(), json!("wry"));
+    // tauri-driver wants an application; with a target to attach to, WebKitWebDriver starts none.
+    caps.insert(
+        "tauri:options".into(),
+        json!({ "application": bin("countersign-desk"), "args": [] }),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match ClientBuilder::native()
+            .capabilities(caps.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(browser) => return browser,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no WebDriver session: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
 impl Desk {
-    /// The process group of the driver, the desk and its web processes.
+    /// The process group of the desk, its window and WebKit's processes.
     pub fn process_group(&self) -> Option<u32> {
-        self.driver.id()
+        self.desk.id()
     }
 }
 
@@ -437,20 +471,17 @@ impl Desk {
             .collect()
     }
 
-    /// After the desk created its window again (it released the old one while idle), points the
-    /// WebDriver session at the new one and waits (up to 30 s) until its page has loaded.
+    /// After the desk started its window again (it ended the old one while idle), attaches a new
+    /// WebDriver session to the new one and waits (up to 30 s) until its page has loaded. A
+    /// session on a window that still runs is kept.
     pub async fn follow_window(&self) {
+        if self.loaded().await {
+            return;
+        }
+        let _ = self.browser().close().await;
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(handles) = self.browser.windows().await {
-                for handle in handles {
-                    if self.browser.switch_to_window(handle).await.is_ok()
-                        && (self.exists("#empty").await || self.exists("#detail").await)
-                    {
-                        return;
-                    }
-                }
-            }
+        *self.browser.lock().unwrap() = attach(self.port).await;
+        while !self.loaded().await {
             assert!(
                 Instant::now() < deadline,
                 "no window of the desk's to drive"
@@ -458,13 +489,21 @@ impl Desk {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+
+    /// Whether the session's window shows the desk's page.
+    async fn loaded(&self) -> bool {
+        self.exists("#empty").await || self.exists("#detail").await
+    }
+
+    /// The WebDriver session on the window that runs now.
+    pub fn browser(&self) -> Client {
+        self.browser.lock().unwrap().clone()
+    }
 }
 
 impl Desk {
     /// Starts a desk whose files are all under `dir` (its `COUNTERSIGN_DESK_DIR` and socket),
-    /// with extra environment, writing tauri-driver's stderr to `stderr`. WebKitWebDriver
-    /// inherits that stderr from tauri-driver, and the desk from WebKitWebDriver, so the file
-    /// also holds everything the desk writes to its stderr.
+    /// with extra environment, writing its stderr (and its window's) to `stderr`.
     pub async fn start_recording(
         dir: tempfile::TempDir,
         env: &[(&str, &str)],
@@ -473,9 +512,9 @@ impl Desk {
         Desk::launch(dir, env, None, stderr.into()).await
     }
 
-    /// Starts a desk through tauri-driver with its files under `dir`, extra environment, the
-    /// settings file holding `settings` when given, and tauri-driver's stderr (so the desk's)
-    /// going to `stderr`; waits until its window has loaded.
+    /// Starts a desk with its files under `dir`, extra environment, the settings file holding
+    /// `settings` when given, and its stderr going to `stderr`; attaches a WebDriver session to its
+    /// window and waits until the window has loaded.
     async fn launch(
         dir: tempfile::TempDir,
         env: &[(&str, &str)],
@@ -494,6 +533,26 @@ impl Desk {
             let file = dir.path().join("config/settings.json");
             std::fs::write(file, settings.to_string()).unwrap();
         }
+        // The window's WebKit serves its inspector here (debug builds read these; release builds
+        // remove them), and WebKitWebDriver attaches to it instead of starting a browser.
+        let inspector = format!("127.0.0.1:{}", free_port());
+        let desk = tokio::process::Command::new(bin("countersign-desk"))
+            .env("COUNTERSIGN_DESK_DIR", dir.path())
+            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
+            .env("RUST_LOG", "warn")
+            .env("WEBKIT_INSPECTOR_SERVER", &inspector)
+            .env("TAURI_WEBVIEW_AUTOMATION", "true")
+            .envs(env.iter().copied())
+            .envs(own_display.clone())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            // Its own process group: its window and WebKit's processes end with it.
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        crate::desk_process::wait_for_socket(&dir.path().join("desk.sock")).await;
         let port = free_port();
         let native = free_port();
         let driver = tokio::process::Command::new(tauri_driver())
@@ -503,14 +562,10 @@ impl Desk {
                 "--native-port",
                 &native.to_string(),
             ])
-            .env("COUNTERSIGN_DESK_DIR", dir.path())
-            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
+            .env("WEBDRIVER_TARGET_ADDR", &inspector)
             .envs(own_display)
             .stdout(Stdio::null())
-            .stderr(stderr)
-            // Its own process group: the native driver and the desk it starts end with it.
+            .stderr(Stdio::null())
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
@@ -523,41 +578,13 @@ impl Desk {
             assert!(Instant::now() < deadline, "tauri-driver did not listen");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let mut caps = Map::new();
-        caps.insert("browserName".into(), json!("wry"));
-        caps.insert(
-            "tauri:options".into(),
-            json!({ "application": bin("countersign-desk"), "args": [] }),
-        );
-        let url = format!("http://127.0.0.1:{port}");
-        let mut attempts = 0;
-        let browser = loop {
-            match ClientBuilder::native()
-                .capabilities(caps.clone())
-                .connect(&url)
-                .await
-            {
-                Ok(browser) => break browser,
-                // tauri-driver now and then drops the first request while its native driver
-                // starts (seen as an incomplete HTTP message). Try again, but only while no desk
-                // answers: a desk already started would make a retry start a second one.
-                Err(e)
-                    if attempts < 3
-                        && tokio::net::UnixStream::connect(dir.path().join("desk.sock"))
-                            .await
-                            .is_err() =>
-                {
-                    attempts += 1;
-                    eprintln!("no WebDriver session yet ({e}); trying again");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(e) => panic!("no WebDriver session: {e}"),
-            }
-        };
+        let browser = attach(port).await;
         let desk = Desk {
             dir,
+            desk,
             driver,
-            browser,
+            port,
+            browser: std::sync::Mutex::new(browser),
             display,
         };
         desk.until("the window to load", |d| {

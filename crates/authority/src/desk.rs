@@ -338,21 +338,23 @@ pub fn begin(hardened: &crate::harden::Hardened) -> Begun {
 /// A secret store that is not there: every operation says why.
 struct Unavailable(String);
 
+impl Unavailable {
+    fn error(&self) -> SecretError {
+        SecretError::NoKeychain {
+            detail: self.0.clone(),
+        }
+    }
+}
+
 impl SecretStore for Unavailable {
     fn load(&self) -> Result<Option<HmacSecret>, SecretError> {
-        Err(SecretError::NoKeychain {
-            detail: self.0.clone(),
-        })
+        Err(self.error())
     }
     fn save(&self, _: &HmacSecret) -> Result<(), SecretError> {
-        Err(SecretError::NoKeychain {
-            detail: self.0.clone(),
-        })
+        Err(self.error())
     }
     fn delete(&self) -> Result<bool, SecretError> {
-        Err(SecretError::NoKeychain {
-            detail: self.0.clone(),
-        })
+        Err(self.error())
     }
 }
 

@@ -9,17 +9,21 @@
 //! window on, so that a desk without one never maps WebKit at all.
 
 pub mod approver;
+pub mod channel;
 pub mod clients;
 pub mod commands;
 pub mod desk;
 pub mod grants;
 pub mod harden;
+pub mod idle;
 pub mod log_file;
 pub mod otlp;
+pub mod pace;
 pub mod request_url;
 pub mod seed;
 pub mod servers;
 pub mod settings;
 pub mod view;
+pub mod window;
 
 pub use desk::Desk;

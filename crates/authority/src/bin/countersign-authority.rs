@@ -1,9 +1,11 @@
-//! `countersign-authority`: the desk with no window, in a program that links no GUI toolkit.
+//! `countersign-authority`: the desk, in a program that links no GUI toolkit.
 //!
-//! `countersign-desk` execs it, with the same arguments and environment, when no display is
-//! named: the sockets and the sessions serve as in any desk, open tools work, and calls that need
-//! approval are refused `desk_unavailable` (nothing here can show a request, so nothing here can
-//! approve one). It can be run directly to the same effect.
+//! `countersign-desk` execs it, with the same arguments and environment, whenever it is started as
+//! anything but the desk's window. With a display named it runs the desk with its tray and starts
+//! its window's process when there is something to show (`countersign_authority::window`); with
+//! none, the sockets and the sessions serve as in any desk, open tools work, and calls that need
+//! approval are refused `desk_unavailable` (nothing could show a request, so nothing can approve
+//! one).
 
 use countersign_authority::desk;
 
@@ -21,6 +23,15 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let opened = desk::open(begun, false, rt.handle());
-    desk::headless(opened, rt.handle());
+    let window = desk::has_display();
+    let in_tray = begun.in_tray;
+    let release_after = countersign_authority::idle::release_after(begun.settings.release_after_s);
+    let opened = desk::open(begun, window, rt.handle());
+    if window {
+        countersign_authority::window::run(opened, in_tray, release_after, rt.handle());
+    } else {
+        desk::headless(opened, rt.handle());
+    }
+    // Work still on the blocking pool (a keychain that does not answer) does not hold the exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
 }

@@ -1,44 +1,35 @@
-//! A light idle desk: the window's webview is released while nobody needs it.
+//! A light idle desk: the window, and WebKit with it, exists only while somebody may need it.
 //!
-//! The window costs most of the desk's memory: WebKit runs the page in a web process of its own
-//! (about 150 MB with the desk's page). Closing the window hides it (the desk keeps serving, its
-//! tray and sockets stay); once it has been hidden with nothing pending for the release delay
-//! (`settings.json`'s `release_after_s`, 60 s unless set, 10 s to 24 h), the desk destroys it and
-//! the web process exits. The next request, a second start asking for the window, or the tray's
-//! Show creates it again from the same entry of `tauri.conf.json` (the label `main`, so the
-//! approval capability, which is bound to that label, is the new window's and no other's; the same
-//! URL, CSP and settings). Nothing is lost: the queue and history live in the engine and the
-//! store, and the page reads them when it loads. WebKitGTK keeps its network process for the
-//! application's whole life (wry keeps the web context so the next webview can use it): that one
-//! stays.
+//! The window costs most of the desk's memory: GTK and WebKit, and the web and network processes
+//! WebKit starts (about 150 MB with the desk's page). So it lives in a process of its own, which
+//! the desk starts when there is something to show (`window`) and ends once the window has been
+//! closed (hidden) with nothing pending for the release delay (`settings.json`'s
+//! `release_after_s`, 60 s unless set, 10 s to 24 h): WebKit's processes end with it, and the desk
+//! goes back to what it weighs without a window. The next request, a second start asking for the
+//! window, or the tray's Show starts it again. Nothing is lost: the queue and history live in the
+//! engine and the store, and the page reads them when it loads.
 //!
-//! A recreated window never has an early Approve: the engine holds approvals when the window is
-//! shown, when it gains focus and when its page has loaded (see `main.rs`), and the page holds its
-//! button for the delay from when it renders a request.
+//! A new window never has an early Approve: the engine holds approvals when the window is shown,
+//! when it gains focus and when its page has loaded, and the page holds its button for the delay
+//! from when it renders a request.
 //!
-//! Creating and destroying both happen on the main thread, each decided from [`Life`] there, so a
-//! request arriving while the window is being destroyed waits for the destruction to finish and
-//! then creates the window; it never finds half a window. The timing ([`IdleClock`]) and the
-//! transitions ([`Life`]) are plain functions of what they are told, tested without a clock or a
-//! display.
+//! Starting and ending are decided from [`Life`] under one lock, so a request arriving while the
+//! window's process is ending waits for it to be gone and then starts a new one; it never finds
+//! half a window. The timing ([`IdleClock`]) and the transitions ([`Life`]) are plain functions
+//! of what they are told, tested without a clock or a display.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tauri::{AppHandle, Manager, WebviewWindowBuilder};
-
-/// The approval window's label (`tauri.conf.json`, `capabilities/approval.json`).
-pub const LABEL: &str = "main";
-use countersign_authority::settings::RELEASE_AFTER_S;
+use crate::settings::RELEASE_AFTER_S;
 
 /// What the desk sees of its window at one look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Seen {
     /// On screen (or minimized): a person may be looking at it.
     Shown,
-    /// Closed by the person (hidden); the webview still runs.
+    /// Closed by the person (hidden); its process still runs.
     Hidden,
-    /// No window: released, or being created again.
+    /// No window: released, or being started again.
     Absent,
 }
 
@@ -146,23 +137,6 @@ impl Life {
     }
 }
 
-/// The window's life and idle clock, in the app's state.
-pub struct Lifecycle {
-    life: Mutex<Life>,
-    clock: Mutex<IdleClock>,
-}
-
-impl Lifecycle {
-    /// No window yet (`tauri.conf.json` creates none: the desk does, at start unless it starts
-    /// in the tray, see `main.rs`), released after `after` idle.
-    pub fn new(after: Duration) -> Self {
-        Lifecycle {
-            life: Mutex::new(Life::Released),
-            clock: Mutex::new(IdleClock::new(after)),
-        }
-    }
-}
-
 /// The release delay: `release_after_s` from the settings (already bounded), else the default.
 /// Debug builds also read `COUNTERSIGN_DEBUG_RELEASE_AFTER_MS` (at least 100 ms), so the tests
 /// and the bench need not wait a minute; it only changes when the webview is released.
@@ -177,182 +151,10 @@ pub fn release_after(settings_s: Option<u64>) -> Duration {
     Duration::from_secs(settings_s.unwrap_or(RELEASE_AFTER_S))
 }
 
-/// Looks at the window every [`IdleClock::look_every`] and releases its webview when the clock
-/// says so. Runs for the desk's life.
-pub fn watch(app: &AppHandle) {
-    let app = app.clone();
-    tauri::async_runtime::spawn(async move {
-        let every = app.state::<Lifecycle>().clock.lock().unwrap().look_every();
-        let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let main = app.clone();
-            let _ = app.run_on_main_thread(move || look(&main));
-        }
-    });
-}
-
-/// The queue changed: the idle wait starts over (see [`IdleClock::touch`]).
-pub fn touch(app: &AppHandle) {
-    if let Some(lifecycle) = app.try_state::<Lifecycle>() {
-        lifecycle.clock.lock().unwrap().touch();
-    }
-}
-
-/// The window is wanted (a request came, the tray's Show, a second start): shown, or only there.
-pub fn want(app: &AppHandle, show: bool) {
-    let main = app.clone();
-    let _ = app.run_on_main_thread(move || {
-        let lifecycle = main.state::<Lifecycle>();
-        let (life, act) = {
-            let mut life = lifecycle.life.lock().unwrap();
-            let (next, act) = life.wanted(show);
-            *life = next;
-            (next, act)
-        };
-        tracing::debug!(target: "desk", ?life, ?act, "window wanted");
-        act_on(&main, act);
-    });
-}
-
-/// Called for every event of the run loop: the window's destruction (after Tauri has let go of
-/// its label), and the exit Tauri asks for when the last window is gone, which the desk refuses
-/// (it goes on serving; the tray's Quit exits with a code and is not refused).
-pub fn on_run_event(app: &AppHandle, event: &tauri::RunEvent) {
-    match event {
-        tauri::RunEvent::WindowEvent {
-            label,
-            event: tauri::WindowEvent::Destroyed,
-            ..
-        } if label == LABEL => {
-            let lifecycle = app.state::<Lifecycle>();
-            let act = {
-                let mut life = lifecycle.life.lock().unwrap();
-                let (next, act) = life.destroyed();
-                *life = next;
-                act
-            };
-            tracing::info!(target: "desk", "window released: its web process ends");
-            act_on(app, act);
-            give_back_freed_memory();
-        }
-        tauri::RunEvent::ExitRequested {
-            code: None, api, ..
-        } => api.prevent_exit(),
-        _ => {}
-    }
-}
-
-/// Once the window's teardown has settled, hands the heap the window used and freed back to the
-/// system (glibc keeps freed memory in its arenas otherwise): a few MB of the idle desk.
-fn give_back_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tauri::async_runtime::spawn(async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let _ = tauri::async_runtime::spawn_blocking(|| {
-            // SAFETY: malloc_trim has no preconditions; it only returns free memory to the OS.
-            unsafe { libc::malloc_trim(0) };
-        })
-        .await;
-    });
-}
-
-/// One look, on the main thread.
-fn look(app: &AppHandle) {
-    let Some(desk) = app.try_state::<crate::Desk>() else {
-        return;
-    };
-    let window = app.get_webview_window(LABEL);
-    let seen = match &window {
-        None => Seen::Absent,
-        Some(w) if w.is_visible().unwrap_or(true) => Seen::Shown,
-        Some(_) => Seen::Hidden,
-    };
-    let pending = desk.pending().len();
-    let lifecycle = app.state::<Lifecycle>();
-    if !lifecycle
-        .clock
-        .lock()
-        .unwrap()
-        .should_release(Instant::now(), seen, pending)
-    {
-        return;
-    }
-    let act = {
-        let mut life = lifecycle.life.lock().unwrap();
-        let (next, act) = life.release();
-        *life = next;
-        act
-    };
-    act_on(app, act);
-}
-
-/// Does `act`, on the main thread.
-fn act_on(app: &AppHandle, act: Act) {
-    match act {
-        Act::Nothing => {}
-        Act::Show => {
-            if let Some(window) = app.get_webview_window(LABEL) {
-                let _ = window.show();
-                let _ = window.unminimize();
-                let _ = window.set_focus();
-            }
-        }
-        Act::Destroy => {
-            if let Some(window) = app.get_webview_window(LABEL) {
-                tracing::info!(target: "desk", "window idle: releasing its webview");
-                if let Err(e) = window.destroy() {
-                    tracing::warn!(target: "desk", "could not release the window: {e}");
-                }
-            }
-        }
-        Act::Create(show) => create(app, show),
-    }
-}
-
-/// Creates the window again from its entry in `tauri.conf.json`.
-fn create(app: &AppHandle, show: bool) {
-    if app.get_webview_window(LABEL).is_some() {
-        // Not released after all (a destruction that failed): the one there is the window.
-        act_on(app, if show { Act::Show } else { Act::Nothing });
-        return;
-    }
-    let Some(config) = app
-        .config()
-        .app
-        .windows
-        .iter()
-        .find(|w| w.label == LABEL)
-        .cloned()
-    else {
-        tracing::error!(target: "desk", "no window {LABEL:?} in the configuration");
-        return;
-    };
-    let built = WebviewWindowBuilder::from_config(app, &config)
-        .and_then(|b| b.visible(show).focused(show).build());
-    match built {
-        Ok(window) => {
-            tracing::info!(target: "desk", shown = show, "window created");
-            if let Some(desk) = app.try_state::<crate::Desk>() {
-                crate::update_count(app, &desk.engine);
-            }
-            if show {
-                let _ = window.set_focus();
-            }
-        }
-        Err(e) => {
-            // The next request or Show tries again.
-            tracing::error!(target: "desk", "could not create the window again: {e}");
-            *app.state::<Lifecycle>().life.lock().unwrap() = Life::Released;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use countersign_authority::settings::MIN_RELEASE_AFTER_S;
+    use crate::settings::MIN_RELEASE_AFTER_S;
 
     const AFTER: Duration = Duration::from_secs(60);
 

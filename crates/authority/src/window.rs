@@ -1,0 +1,643 @@
+//! The desk with a display: its window in a process of its own, started when there is something
+//! to show and ended when idle (`idle`), over a channel only the desk holds (`channel`); its tray;
+//! its desktop notifications; and the loop that turns queue changes into all of those.
+//!
+//! The desk itself links no GUI toolkit: the window's process (`countersign-desk` started with
+//! [`WINDOW_FLAG`]) is the only one that maps GTK and WebKit, and WebKit's processes are its
+//! children, so they all end with it. The tray is a StatusNotifierItem spoken over D-Bus
+//! (`ksni`), and notifications go over D-Bus too (`notify-rust`): neither needs GTK.
+//!
+//! The window's process runs no command itself: each invoke crosses the channel and runs here
+//! ([`commands::invoke`]), with the engine's checks (an approve sooner than the delay since the
+//! window was shown, focused or loaded is refused whatever the page does).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use countersign_engine::{PendingRequest, QueueChange};
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Notify, mpsc};
+
+use crate::channel::{self, CHANNEL_FD, FromWindow, ToWindow, WINDOW_FLAG};
+use crate::commands;
+use crate::desk::Desk;
+use crate::idle::{Act, IdleClock, Life, Seen};
+use crate::{pace, view};
+
+/// How long a window's process may take to end once its channel is closed, before it is killed.
+const END_WITHIN: Duration = Duration::from_secs(5);
+
+/// The desk's window, as the desk drives it.
+pub struct Windowed {
+    desk: Arc<Desk>,
+    /// `countersign-desk`, beside this program.
+    program: PathBuf,
+    state: Mutex<State>,
+    tray: Mutex<Option<ksni::Handle<Tray>>>,
+    /// The tray's Quit.
+    pub quit: Notify,
+}
+
+struct State {
+    life: Life,
+    clock: IdleClock,
+    running: Option<Running>,
+    /// Counts the processes started, so that the end of an old one is not taken for the new one's.
+    started: u64,
+}
+
+/// The window's process while it runs.
+struct Running {
+    number: u64,
+    pid: u32,
+    to: mpsc::UnboundedSender<ToWindow>,
+    visible: bool,
+    focused: bool,
+}
+
+/// The page's side of the commands: events go down the channel to whichever window runs.
+struct Page(Arc<Windowed>);
+
+impl commands::Window for Page {
+    fn emit(&self, event: &str, payload: Value) {
+        self.0.emit(event, payload);
+    }
+}
+
+impl Windowed {
+    /// The desk's window, none yet, released after `release_after` idle.
+    pub fn new(desk: Arc<Desk>, release_after: Duration) -> Arc<Windowed> {
+        let program = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join("countersign-desk")))
+            .unwrap_or_else(|| PathBuf::from("countersign-desk"));
+        Arc::new(Windowed {
+            desk,
+            program,
+            state: Mutex::new(State {
+                life: Life::Released,
+                clock: IdleClock::new(release_after),
+                running: None,
+                started: 0,
+            }),
+            tray: Mutex::new(None),
+            quit: Notify::new(),
+        })
+    }
+
+    /// Sends `event` to the page, when a window runs.
+    pub fn emit(&self, event: &str, payload: Value) {
+        self.send(ToWindow::Emit {
+            event: event.to_owned(),
+            payload,
+        });
+    }
+
+    fn send(&self, message: ToWindow) {
+        if let Some(running) = &self.state.lock().unwrap().running {
+            let _ = running.to.send(message);
+        }
+    }
+
+    /// The window was just shown or regained focus, or its page loaded: the engine accepts no
+    /// approve until the approve delay has passed again, and the page disables Approve for as
+    /// long. The engine holds first, so the page's own wait always ends after the engine's.
+    pub fn hold_approvals(&self) {
+        self.desk.engine.hold_approvals();
+        self.emit("approvals://held", Value::Null);
+    }
+
+    /// Brings the window forward (starting its process when there is none); the engine holds
+    /// approvals for the delay first.
+    pub fn show(self: &Arc<Self>) {
+        self.hold_approvals();
+        self.want(true);
+    }
+
+    /// The window is wanted: shown, or only there with the queue loaded.
+    pub fn want(self: &Arc<Self>, show: bool) {
+        let mut state = self.state.lock().unwrap();
+        let (life, act) = state.life.wanted(show);
+        state.life = life;
+        tracing::debug!(target: "desk", ?life, ?act, "window wanted");
+        self.act_on(&mut state, act);
+    }
+
+    /// The queue changed: the idle wait starts over.
+    pub fn touch(&self) {
+        self.state.lock().unwrap().clock.touch();
+    }
+
+    fn act_on(self: &Arc<Self>, state: &mut State, act: Act) {
+        match act {
+            Act::Nothing => {}
+            Act::Show => {
+                if let Some(running) = &state.running {
+                    let _ = running.to.send(ToWindow::Show {});
+                }
+            }
+            // Closing the channel ends the process; `ended` follows when it has.
+            Act::Destroy => {
+                if let Some(running) = &mut state.running {
+                    tracing::info!(target: "desk", "window idle: ending its process");
+                    let (closed, _) = mpsc::unbounded_channel();
+                    running.to = closed;
+                }
+            }
+            Act::Create(show) => {
+                if let Err(e) = self.start(state, show) {
+                    // The next request or Show tries again.
+                    tracing::error!(target: "desk", "could not start the window: {e}");
+                    state.life = Life::Released;
+                }
+            }
+        }
+    }
+
+    /// Starts the window's process with its end of a new channel, shown when `show`.
+    fn start(self: &Arc<Self>, state: &mut State, show: bool) -> std::io::Result<()> {
+        use std::os::unix::process::CommandExt;
+
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let theirs = OwnedFd::from(theirs);
+        let fd = theirs.as_raw_fd();
+        let mut command = std::process::Command::new(&self.program);
+        command.arg(WINDOW_FLAG).stdin(std::process::Stdio::null());
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2 (which also clears
+        // close-on-exec on the copy) and fcntl.
+        unsafe {
+            command.pre_exec(move || {
+                if fd == CHANNEL_FD {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, CHANNEL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = tokio::process::Command::from(command).spawn()?;
+        drop(theirs);
+        ours.set_nonblocking(true)?;
+        let stream = tokio::net::UnixStream::from_std(ours)?;
+        let (reader, mut writer) = stream.into_split();
+        let (to, mut outbox) = mpsc::unbounded_channel::<ToWindow>();
+        state.started += 1;
+        let number = state.started;
+        if show {
+            let _ = to.send(ToWindow::Show {});
+        }
+        let _ = to.send(ToWindow::Title {
+            title: self.title(),
+        });
+        state.running = Some(Running {
+            number,
+            pid: child.id().unwrap_or(0),
+            to,
+            visible: false,
+            focused: false,
+        });
+        tracing::info!(target: "desk", shown = show, pid = child.id(), "window started");
+        tokio::spawn(async move {
+            while let Some(message) = outbox.recv().await {
+                if writer.write_all(&channel::line(&message)).await.is_err() {
+                    break;
+                }
+            }
+            // The sender was dropped (release, or the desk ending): the window's process sees
+            // the channel close and ends.
+            let _ = writer.shutdown().await;
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::new(reader);
+            let mut line = Vec::new();
+            loop {
+                match channel::read::<FromWindow, _>(&mut reader, &mut line).await {
+                    Ok(message) => me.heard(number, message),
+                    Err(channel::ChannelError::Malformed(e)) => {
+                        tracing::warn!(target: "desk", "the window sent something else: {e}");
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            // It stops talking: it is ended, at once or after a grace.
+            me.end(number);
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            tracing::info!(target: "desk", ?status, "window ended");
+            me.ended(number);
+        });
+        Ok(())
+    }
+
+    /// Closes window `number`'s channel, and kills its process if it has not ended within
+    /// [`END_WITHIN`].
+    fn end(self: &Arc<Self>, number: u64) {
+        {
+            let mut state = self.state.lock().unwrap();
+            match &mut state.running {
+                Some(running) if running.number == number => {
+                    let (closed, _) = mpsc::unbounded_channel();
+                    running.to = closed;
+                }
+                _ => return,
+            }
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(END_WITHIN).await;
+            let still = matches!(&me.state.lock().unwrap().running, Some(r) if r.number == number);
+            if still {
+                tracing::warn!(target: "desk", "the window did not end: ending the desk's children");
+                me.kill_window();
+            }
+        });
+    }
+
+    /// Ends the window's process now (the desk is stopping, or it would not end). WebKit's
+    /// processes end when their parent does.
+    pub fn kill_window(&self) {
+        if let Some(running) = &mut self.state.lock().unwrap().running {
+            let (closed, _) = mpsc::unbounded_channel();
+            running.to = closed;
+            // Still our child, not yet reaped (`ended` clears `running` after the reap), so the
+            // pid is its own.
+            if running.pid > 0 {
+                // SAFETY: kill has no memory preconditions.
+                unsafe { libc::kill(running.pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+
+    /// Window `number`'s process has ended.
+    fn ended(self: &Arc<Self>, number: u64) {
+        let mut state = self.state.lock().unwrap();
+        if !matches!(&state.running, Some(r) if r.number == number) {
+            return;
+        }
+        state.running = None;
+        let (life, act) = state.life.destroyed();
+        state.life = life;
+        self.act_on(&mut state, act);
+        drop(state);
+        give_back_freed_memory();
+    }
+
+    /// A message from window `number`.
+    fn heard(self: &Arc<Self>, number: u64, message: FromWindow) {
+        match message {
+            FromWindow::Invoke { id, command, args } => {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let page = Page(me.clone());
+                    let answer = match commands::invoke(&me.desk, &page, &command, args).await {
+                        Ok(ok) => ToWindow::Answer { id, ok, err: None },
+                        Err(e) => ToWindow::Answer {
+                            id,
+                            ok: Value::Null,
+                            err: Some(serde_json::to_value(e).unwrap_or(Value::Null)),
+                        },
+                    };
+                    let state = me.state.lock().unwrap();
+                    if let Some(running) = state.running.as_ref().filter(|r| r.number == number) {
+                        let _ = running.to.send(answer);
+                    }
+                });
+            }
+            FromWindow::Seen { visible, focused } => {
+                let hold = {
+                    let mut state = self.state.lock().unwrap();
+                    let Some(running) = state.running.as_mut().filter(|r| r.number == number)
+                    else {
+                        return;
+                    };
+                    let hold = (focused && !running.focused) || (visible && !running.visible);
+                    running.visible = visible;
+                    running.focused = focused;
+                    hold
+                };
+                if hold {
+                    self.hold_approvals();
+                }
+            }
+            // A page that has loaded (a new window's, too) holds approvals: the delay runs from
+            // when the request can be on screen.
+            FromWindow::Loaded {} => self.hold_approvals(),
+        }
+    }
+
+    /// One look at the window: ended once hidden with nothing pending for the release delay.
+    fn look(self: &Arc<Self>) {
+        let pending = self.desk.pending().len();
+        let mut state = self.state.lock().unwrap();
+        let seen = match &state.running {
+            None => Seen::Absent,
+            Some(r) if r.visible => Seen::Shown,
+            Some(_) => Seen::Hidden,
+        };
+        if !state.clock.should_release(Instant::now(), seen, pending) {
+            return;
+        }
+        let (life, act) = state.life.release();
+        state.life = life;
+        self.act_on(&mut state, act);
+    }
+
+    /// "Countersign", with the count of waiting requests when there are any.
+    fn title(&self) -> String {
+        match self.desk.pending().len() {
+            0 => "Countersign".to_owned(),
+            n => format!("Countersign ({n} pending)"),
+        }
+    }
+
+    /// The window's title and the tray's say how many requests wait.
+    fn update_count(&self) {
+        let title = self.title();
+        self.send(ToWindow::Title {
+            title: title.clone(),
+        });
+        let tray = self.tray.lock().unwrap().clone();
+        if let Some(tray) = tray {
+            tokio::spawn(async move {
+                tray.update(|t| t.title = title).await;
+            });
+        }
+    }
+
+    /// Sends the whole queue to the page (it is small), and updates the counts.
+    fn publish_queue(&self) {
+        let views: Vec<view::RequestView> = self
+            .desk
+            .pending()
+            .iter()
+            .map(view::RequestView::from)
+            .collect();
+        self.emit(
+            "queue://changed",
+            serde_json::to_value(&views).unwrap_or(Value::Null),
+        );
+        self.update_count();
+    }
+
+    /// A desktop notification for new requests (the newest, and how many more came with it),
+    /// when the window is not on screen with the focus.
+    fn notify_if_unseen(&self, request: &PendingRequest, more: usize) {
+        let seen = matches!(&self.state.lock().unwrap().running, Some(r) if r.visible && r.focused);
+        if seen {
+            return;
+        }
+        // Freedesktop notification servers may render the body as markup.
+        let mut body = view::notification_body(request, true);
+        if more > 0 {
+            body.push_str(&format!(" (and {more} more)"));
+        }
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = notify_rust::Notification::new()
+                .summary("Countersign: approval needed")
+                .body(&body)
+                .appname("Countersign")
+                .show()
+            {
+                tracing::debug!(target: "desk", "no desktop notification: {e}");
+            }
+        });
+    }
+
+    /// A request URL asked for request `id`: approvals are held first (the engine's delay starts
+    /// again), then the page is told to take it and select it.
+    fn asked(self: &Arc<Self>, id: u64) {
+        tracing::info!(target: "desk", request = id, "a request URL was opened");
+        self.hold_approvals();
+        *self.desk.wanted.lock().unwrap() = Some(id);
+        self.emit("queue://focus", Value::Null);
+    }
+}
+
+/// Once the window's teardown has settled, hands the heap the desk freed back to the system
+/// (glibc keeps freed memory in its arenas otherwise).
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::spawn(async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let _ = tokio::task::spawn_blocking(|| {
+            // SAFETY: malloc_trim has no preconditions; it only returns free memory to the OS.
+            unsafe { libc::malloc_trim(0) };
+        })
+        .await;
+    });
+}
+
+/// The tray: the count of waiting requests, Show and Quit.
+pub struct Tray {
+    title: String,
+    windowed: std::sync::Weak<Windowed>,
+    /// The tray runs on a thread of its own; what it asks for runs on the desk's runtime.
+    rt: tokio::runtime::Handle,
+}
+
+impl Tray {
+    fn show(&self) {
+        if let Some(windowed) = self.windowed.upgrade() {
+            self.rt.spawn(async move { windowed.show() });
+        }
+    }
+}
+
+impl ksni::Tray for Tray {
+    fn id(&self) -> String {
+        "countersign".into()
+    }
+    fn title(&self) -> String {
+        self.title.clone()
+    }
+    fn icon_name(&self) -> String {
+        "countersign-desk".into()
+    }
+    fn tool_tip(&self) -> ksni::ToolTip {
+        ksni::ToolTip {
+            title: self.title.clone(),
+            ..Default::default()
+        }
+    }
+    fn activate(&mut self, _x: i32, _y: i32) {
+        self.show();
+    }
+    fn menu(&self) -> Vec<ksni::MenuItem<Self>> {
+        use ksni::menu::StandardItem;
+        vec![
+            StandardItem {
+                label: "Show".into(),
+                activate: Box::new(|tray: &mut Tray| tray.show()),
+                ..Default::default()
+            }
+            .into(),
+            StandardItem {
+                label: "Quit Countersign".into(),
+                activate: Box::new(|tray: &mut Tray| {
+                    if let Some(windowed) = tray.windowed.upgrade() {
+                        windowed.quit.notify_one();
+                    }
+                }),
+                ..Default::default()
+            }
+            .into(),
+        ]
+    }
+    // No tray host (a bare X server, a desktop without one): the desk works without a tray.
+    fn watcher_offline(&self, reason: ksni::OfflineReason) -> bool {
+        tracing::debug!(target: "desk", ?reason, "no tray host");
+        true
+    }
+}
+
+/// The desk with a display, until SIGTERM, SIGINT or the tray's Quit: the tray, the idle watch,
+/// the queue loop, and the window at start unless the desk started in the tray (`in_tray`, by a
+/// gateway, for an agent, with nothing to decide: the first request brings it) and no URL asks
+/// for one. Ends the upstreams and the window before returning.
+pub fn run(desk: Desk, in_tray: bool, release_after: Duration, rt: &tokio::runtime::Handle) {
+    let _entered = rt.enter();
+    let desk = Arc::new(desk);
+    let windowed = Windowed::new(desk.clone(), release_after);
+    rt.block_on(async {
+        let tray = Tray {
+            title: windowed.title(),
+            windowed: Arc::downgrade(&windowed),
+            rt: rt.clone(),
+        };
+        match ksni::TrayMethods::spawn(tray).await {
+            Ok(handle) => *windowed.tray.lock().unwrap() = Some(handle),
+            Err(e) => tracing::info!(target: "desk", "no tray icon: {e}"),
+        }
+    });
+    // The idle watch.
+    let watching = windowed.clone();
+    rt.spawn(async move {
+        let every = watching.state.lock().unwrap().clock.look_every();
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            watching.look();
+        }
+    });
+    // Whether the keychain still answers, now and then: the banner follows it.
+    let asking = windowed.clone();
+    rt.spawn(async move {
+        let mut every = tokio::time::interval(crate::desk::KEYCHAIN_CHECK_EVERY);
+        loop {
+            every.tick().await;
+            commands::check_keychain(&asking.desk, &Page(asking.clone())).await;
+        }
+    });
+    // Queue changes reach the page as events: it never polls. The socket serves before this
+    // runs, so a request may be waiting already (queued before the subscription, it brings no
+    // event): then the window comes for it.
+    let changes = desk.engine.subscribe();
+    let windowed_now =
+        !in_tray || desk.wanted.lock().unwrap().is_some() || !desk.pending().is_empty();
+    if windowed_now {
+        windowed.want(true);
+    }
+    tracing::info!(target: "desk", in_tray = !windowed_now, "ready");
+    rt.spawn(queue_loop(windowed.clone(), changes));
+    rt.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            windowed.quit.notified().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = windowed.quit.notified() => {}
+        }
+    });
+    tracing::info!(target: "desk", "stopping");
+    windowed.kill_window();
+    desk.served.children().kill_all();
+    if let Some(agents) = &desk.agents {
+        agents.children().kill_all();
+    }
+}
+
+/// Turns queue changes into page updates, window raises and notifications. Changes that arrive
+/// together go out as one update, and raising the window or notifying is paced (`pace`), so a
+/// flood of requests cannot turn into a flood of interruptions.
+async fn queue_loop(
+    windowed: Arc<Windowed>,
+    mut changes: tokio::sync::broadcast::Receiver<QueueChange>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut interruptions = pace::Interruptions::default();
+    'changes: loop {
+        let mut batch = pace::Batch::default();
+        let mut newest = None;
+        let mut absorb = |change: QueueChange, batch: &mut pace::Batch| match change {
+            QueueChange::Added { request } => {
+                batch.added += 1;
+                newest = Some(request);
+            }
+            QueueChange::Focus { request } => {
+                batch.focus = true;
+                if let Some(id) = request {
+                    windowed.asked(id);
+                }
+            }
+            QueueChange::Removed { .. } | QueueChange::Updated { .. } => {}
+        };
+        match changes.recv().await {
+            Ok(change) => absorb(change, &mut batch),
+            // Missed some changes: the whole queue is sent anyway.
+            Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => break,
+        }
+        // The first change goes out at once (a person deciding one request sees the next
+        // without delay); whatever follows within `GATHER` goes out together.
+        windowed.publish_queue();
+        windowed.touch();
+        if batch.added > 0 {
+            // A released window starts coming back at once, hidden until the raise below shows
+            // it (when the pace allows one).
+            windowed.want(false);
+        }
+        let until = tokio::time::Instant::now() + pace::GATHER;
+        let mut more = false;
+        loop {
+            match tokio::time::timeout_at(until, changes.recv()).await {
+                Ok(Ok(change)) => {
+                    absorb(change, &mut batch);
+                    more = true;
+                }
+                Ok(Err(RecvError::Lagged(_))) => more = true,
+                Ok(Err(RecvError::Closed)) => break 'changes,
+                Err(_) => break,
+            }
+        }
+        if more {
+            windowed.publish_queue();
+        }
+        let actions = interruptions.decide(&batch, std::time::Instant::now());
+        if let (Some(added), Some(request)) = (actions.notify, &newest) {
+            windowed.notify_if_unseen(request, added.saturating_sub(1));
+        }
+        if actions.raise {
+            windowed.show();
+        } else if batch.added > 0 {
+            // Released while idle: the window comes back, loaded, for the tray.
+            windowed.want(false);
+        }
+    }
+}
