@@ -247,7 +247,8 @@ async fn call(
 }
 
 /// Ends the upstream's process, then calls `env` for `var`: again while the call reached the
-/// exiting process (answered "exited while running"), so that what answers is a new start.
+/// exiting process or was about to be sent to it (answered "exited while running" or "exited
+/// just before"), so that what answers is a new start.
 async fn exit_then_env(
     agent: &RunningService<RoleClient, ClientConfig>,
     var: &str,
@@ -255,7 +256,8 @@ async fn exit_then_env(
     let _ = call(agent, "exit", json!({})).await;
     for _ in 0..50 {
         match call(agent, "env", json!({"name": var})).await {
-            Err(e) if e.contains("exited (it crashed or was killed) while") => {
+            // The old process's exit, seen while a call was running or just before one was sent.
+            Err(e) if e.contains("exited (it crashed or was killed)") => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             other => return other,

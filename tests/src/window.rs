@@ -671,6 +671,18 @@ impl OwnDisplay {
 
 impl Drop for OwnDisplay {
     fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: Xvfb then removes its lock file and socket. One killed outright
+        // leaves them, and two servers starting at once may both take the stale number, the
+        // second unlinking the first's socket (seen once: a test's own display "cannot open").
+        // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
+        unsafe { libc::kill(self.server.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.server.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.server.kill();
         let _ = self.server.wait();
     }
