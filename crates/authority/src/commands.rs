@@ -560,7 +560,7 @@ mod tests {
             "approve ",
             "Approve",
             "plugin:approve",
-            "approve_all",
+            "approve_everything",
             "mint",
         ] {
             assert_eq!(
