@@ -641,31 +641,50 @@ impl OwnDisplay {
     /// Starts Xvfb on a free display number (Xvfb picks it) and waits until it accepts clients.
     pub fn start() -> OwnDisplay {
         use std::io::BufRead;
-        let mut server = std::process::Command::new("Xvfb")
-            .args([
-                "-displayfd",
-                "1",
-                "-screen",
-                "0",
-                "1280x800x24",
-                "-nolisten",
-                "tcp",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("Xvfb (installed by .ci/setup)");
-        let mut number = String::new();
-        std::io::BufReader::new(server.stdout.take().unwrap())
-            .read_line(&mut number)
-            .unwrap();
-        let number = number.trim();
-        assert!(!number.is_empty(), "Xvfb did not say which display it took");
-        OwnDisplay {
-            server,
-            name: format!(":{number}"),
+        // A number of its own, drawn from a wide range, rather than the first free one: tests
+        // start and end displays side by side, and two servers reaching for the same low number
+        // as a third lets it go can leave one of them without its socket ("cannot open display").
+        // Xvfb refuses a number whose lock another holds: then another number.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as u64
+            ^ (u64::from(std::process::id()) << 20);
+        for attempt in 0..20u64 {
+            let number = 1000
+                + (seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(attempt * 7919))
+                    % 29000;
+            let mut server = std::process::Command::new("Xvfb")
+                .args([
+                    &format!(":{number}"),
+                    "-displayfd",
+                    "1",
+                    "-screen",
+                    "0",
+                    "1280x800x24",
+                    "-nolisten",
+                    "tcp",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("Xvfb (installed by .ci/setup)");
+            let mut said = String::new();
+            let _ = std::io::BufReader::new(server.stdout.take().unwrap()).read_line(&mut said);
+            if said.trim() == number.to_string() {
+                return OwnDisplay {
+                    server,
+                    name: format!(":{number}"),
+                };
+            }
+            // It did not take the number (in use): it has exited, or ends now.
+            let _ = server.kill();
+            let _ = server.wait();
         }
+        panic!("Xvfb took none of 20 display numbers");
     }
 }
 
