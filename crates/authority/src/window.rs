@@ -33,8 +33,9 @@ const END_WITHIN: Duration = Duration::from_secs(5);
 /// The desk's window, as the desk drives it.
 pub struct Windowed {
     desk: Arc<Desk>,
-    /// `countersign-desk`, beside this program.
-    program: PathBuf,
+    /// `countersign-desk`, beside this program; `None` when this program cannot tell where it is
+    /// (never looked up in `PATH`: whatever answers there would be handed the channel).
+    program: Option<PathBuf>,
     state: Mutex<State>,
     tray: Mutex<Option<ksni::Handle<Tray>>>,
     /// The tray's Quit.
@@ -58,6 +59,13 @@ struct Running {
     focused: bool,
 }
 
+impl Running {
+    /// Drops the sender: the writer ends, the channel closes, and the window's process with it.
+    fn close(&mut self) {
+        self.to = mpsc::unbounded_channel().0;
+    }
+}
+
 /// The page's side of the commands: events go down the channel to whichever window runs.
 struct Page(Arc<Windowed>);
 
@@ -72,8 +80,7 @@ impl Windowed {
     pub fn new(desk: Arc<Desk>, release_after: Duration) -> Arc<Windowed> {
         let program = std::env::current_exe()
             .ok()
-            .and_then(|exe| Some(exe.parent()?.join("countersign-desk")))
-            .unwrap_or_else(|| PathBuf::from("countersign-desk"));
+            .and_then(|exe| Some(exe.parent()?.join("countersign-desk")));
         Arc::new(Windowed {
             desk,
             program,
@@ -143,8 +150,7 @@ impl Windowed {
             Act::Destroy => {
                 if let Some(running) = &mut state.running {
                     tracing::info!(target: "desk", "window idle: ending its process");
-                    let (closed, _) = mpsc::unbounded_channel();
-                    running.to = closed;
+                    running.close();
                 }
             }
             Act::Create(show) => {
@@ -164,7 +170,13 @@ impl Windowed {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         let theirs = OwnedFd::from(theirs);
         let fd = theirs.as_raw_fd();
-        let mut command = std::process::Command::new(&self.program);
+        let program = self.program.as_ref().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "cannot tell where this program is, so not where the window's is",
+            )
+        })?;
+        let mut command = std::process::Command::new(program);
         command.arg(WINDOW_FLAG).stdin(std::process::Stdio::null());
         // SAFETY: between fork and exec only async-signal-safe calls: dup2 (which also clears
         // close-on-exec on the copy) and fcntl.
@@ -246,8 +258,7 @@ impl Windowed {
             let mut state = self.state.lock().unwrap();
             match &mut state.running {
                 Some(running) if running.number == number => {
-                    let (closed, _) = mpsc::unbounded_channel();
-                    running.to = closed;
+                    running.close();
                 }
                 _ => return,
             }
@@ -267,8 +278,7 @@ impl Windowed {
     /// processes end when their parent does.
     pub fn kill_window(&self) {
         if let Some(running) = &mut self.state.lock().unwrap().running {
-            let (closed, _) = mpsc::unbounded_channel();
-            running.to = closed;
+            running.close();
             // Still our child, not yet reaped (`ended` clears `running` after the reap), so the
             // pid is its own.
             if running.pid > 0 {
@@ -288,8 +298,6 @@ impl Windowed {
         let (life, act) = state.life.destroyed();
         state.life = life;
         self.act_on(&mut state, act);
-        drop(state);
-        give_back_freed_memory();
     }
 
     /// A message from window `number`.
@@ -421,20 +429,6 @@ impl Windowed {
         *self.desk.wanted.lock().unwrap() = Some(id);
         self.emit("queue://focus", Value::Null);
     }
-}
-
-/// Once the window's teardown has settled, hands the heap the desk freed back to the system
-/// (glibc keeps freed memory in its arenas otherwise).
-fn give_back_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::spawn(async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let _ = tokio::task::spawn_blocking(|| {
-            // SAFETY: malloc_trim has no preconditions; it only returns free memory to the OS.
-            unsafe { libc::malloc_trim(0) };
-        })
-        .await;
-    });
 }
 
 /// The tray: the count of waiting requests, Show and Quit.
