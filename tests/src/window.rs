@@ -633,6 +633,9 @@ impl Desk {
 /// so the focus, with the windows of desk tests running beside it. Ends with it.
 pub struct OwnDisplay {
     server: std::process::Child,
+    /// Xvfb's stdout, kept open: it writes its display number there again each time it resets
+    /// (its last client gone), and a closed pipe would kill it with SIGPIPE.
+    _said: std::io::BufReader<std::process::ChildStdout>,
     /// The `DISPLAY` value, e.g. `:42`.
     pub name: String,
 }
@@ -666,6 +669,9 @@ impl OwnDisplay {
                     "1280x800x24",
                     "-nolisten",
                     "tcp",
+                    // No reset when the last client leaves: a test's look (one connection, then
+                    // none) must not restart the server under the desk's window.
+                    "-noreset",
                 ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -673,10 +679,12 @@ impl OwnDisplay {
                 .spawn()
                 .expect("Xvfb (installed by .ci/setup)");
             let mut said = String::new();
-            let _ = std::io::BufReader::new(server.stdout.take().unwrap()).read_line(&mut said);
+            let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
+            let _ = out.read_line(&mut said);
             if said.trim() == number.to_string() {
                 return OwnDisplay {
                     server,
+                    _said: out,
                     name: format!(":{number}"),
                 };
             }
