@@ -433,6 +433,11 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
             asked = countersign_tests::xwindow::close_by_title(&display, "Countersign");
         }
     }
+    // The window's process: the one under the desk that is not WebKit's.
+    let window = countersign_tests::measure::descendants(pid)
+        .into_iter()
+        .find(|p| !webkit_children(pid).iter().any(|(w, _)| w == p))
+        .expect("the window's process");
     let closed = Instant::now();
     while web(pid) > 0 {
         assert!(
@@ -450,15 +455,37 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
         "released before its delay"
     );
     assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
-    // The window's whole process went, GTK and WebKit with it: the desk maps neither.
+    // The window's whole process went, GTK and WebKit with it: the desk maps neither. What may
+    // stay under it is one spare window's process, which makes no window and starts no WebKit
+    // process until the desk has something to show.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !countersign_tests::measure::descendants(pid).is_empty() {
+    while countersign_tests::measure::descendants(pid).contains(&window) {
         assert!(
             Instant::now() < deadline,
             "the window's process outlived its release"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    std::thread::sleep(Duration::from_secs(1));
+    let under = countersign_tests::measure::descendants(pid);
+    assert!(under.len() <= 1, "more than a spare under the desk: {under:?}");
+    for spare in &under {
+        let args = std::fs::read(format!("/proc/{spare}/cmdline")).unwrap_or_default();
+        assert!(
+            args.split(|b| *b == 0).any(|a| a == b"--window-of-desk"),
+            "not a window's process under the desk: {}",
+            String::from_utf8_lossy(&args)
+        );
+    }
+    assert!(webkit_children(pid).is_empty(), "WebKit runs after the release");
+    assert_eq!(
+        countersign_tests::xwindow::titles(&display)
+            .iter()
+            .filter(|t| t.starts_with("Countersign"))
+            .count(),
+        0,
+        "a window after the release"
+    );
     // Readable as root (as CI runs); a release desk is not dumpable to its own account.
     if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
         assert!(

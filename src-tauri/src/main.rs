@@ -214,21 +214,10 @@ fn window() {
                     .send(FromWindow::Loaded {});
             }
         })
+        // No window yet: the desk may have started this process ahead of need, and a web view
+        // (WebKit's web and network processes with it) is made only when the desk says `open`.
         .setup(move |app| {
-            let handle = app.handle().clone();
-            let config = app
-                .config()
-                .app
-                .windows
-                .iter()
-                .find(|w| w.label == LABEL)
-                .cloned()
-                .ok_or("no window \"main\" in the configuration")?;
-            WebviewWindowBuilder::from_config(&handle, &config)?
-                .visible(false)
-                .focused(false)
-                .build()?;
-            tauri::async_runtime::spawn(talk(handle, stream, outbox));
+            tauri::async_runtime::spawn(talk(app.handle().clone(), stream, outbox));
             Ok(())
         })
         .build(tauri::generate_context!())
@@ -242,6 +231,25 @@ fn window() {
                 api.prevent_exit();
             }
         });
+}
+
+/// The window, made (hidden, unfocused, its page loading) when it is not made yet.
+fn open(app: &AppHandle) -> Result<tauri::WebviewWindow, Box<dyn std::error::Error>> {
+    if let Some(window) = app.get_webview_window(LABEL) {
+        return Ok(window);
+    }
+    let config = app
+        .config()
+        .app
+        .windows
+        .iter()
+        .find(|w| w.label == LABEL)
+        .cloned()
+        .ok_or("no window \"main\" in the configuration")?;
+    Ok(WebviewWindowBuilder::from_config(app, &config)?
+        .visible(false)
+        .focused(false)
+        .build()?)
 }
 
 /// Carries messages both ways until the channel closes; then the window's process exits.
@@ -290,14 +298,24 @@ async fn talk(
             ToWindow::Emit { event, payload } => {
                 let _ = app.emit(&event, payload);
             }
-            ToWindow::Show {} => {
-                if let Some(window) = app.get_webview_window(LABEL) {
+            ToWindow::Open {} => {
+                if let Err(e) = open(&app) {
+                    eprintln!("countersign-desk: the window: {e}");
+                    break;
+                }
+            }
+            ToWindow::Show {} => match open(&app) {
+                Ok(window) => {
                     let _ = window.show();
                     let _ = window.unminimize();
                     let _ = window.set_focus();
                     link.seen(Some(true), None);
                 }
-            }
+                Err(e) => {
+                    eprintln!("countersign-desk: the window: {e}");
+                    break;
+                }
+            },
             ToWindow::Title { title } => {
                 if let Some(window) = app.get_webview_window(LABEL) {
                     let _ = window.set_title(&title);

@@ -94,8 +94,8 @@ async fn poll_shown(desk: &Desk, name: &str) {
 }
 
 /// Starts a `create_backup` preflight named `name`; it ends when the person decides.
-fn preflight(
-    agent: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>,
+fn preflight<S: rmcp::service::Service<rmcp::RoleClient>>(
+    agent: &rmcp::service::RunningService<rmcp::RoleClient, S>,
     name: &str,
 ) -> tokio::task::JoinHandle<()> {
     let peer = agent.peer().clone();
@@ -217,6 +217,7 @@ async fn main() {
     desk.stop().await;
     release_memory().await;
     tray_memory().await;
+    release_latency().await;
 }
 
 /// Closes the window and waits (up to 30 s) until the desk has released it (its web process
@@ -329,15 +330,165 @@ fn start_release_desk(
     dir: &std::path::Path,
     args: &[&str],
 ) -> std::process::Child {
+    start_release_desk_logging(desk, dir, args, std::process::Stdio::null())
+}
+
+/// [`start_release_desk`], its stderr (and its window's) to `stderr`, logging what the page asks
+/// for and when the window is seen (`desk::page` at debug).
+fn start_release_desk_logging(
+    desk: &std::path::Path,
+    dir: &std::path::Path,
+    args: &[&str],
+    stderr: std::process::Stdio,
+) -> std::process::Child {
     std::process::Command::new(desk)
         .args(args)
         .env("COUNTERSIGN_DESK_DIR", dir)
         .env("COUNTERSIGN_SOCKET", dir.join("desk.sock"))
+        .env("RUST_LOG", "info,desk::page=debug")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .process_group(0)
         .spawn()
         .unwrap()
+}
+
+/// Preflight → visible on the release desk, from the light state: started in the tray, then
+/// after each release. A release desk refuses WebDriver, so the figure is read from its log:
+/// the later of the page's first answered `pending` (the queue it renders, the request in it)
+/// and the window first seen visible, after the call, on the same wall clock as this process.
+/// Rendering the answer is not in it: on the debug desk, where the page's own mark can be read,
+/// that is a few milliseconds. Each request is withdrawn by ending its agent, the window closed
+/// through the X server, and the next request waits for the release (10 s, the settings' least)
+/// and the raise gap.
+async fn release_latency() {
+    use rmcp::ServiceExt;
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release");
+    let (desk, gateway) = (root.join("countersign-desk"), root.join("countersign"));
+    if !desk.exists() || !gateway.exists() {
+        println!("release desk, preflight → visible from the light state: not measured (run .ci/release)");
+        return;
+    }
+    let display = std::env::var("DISPLAY").expect("DISPLAY");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/settings.json"),
+        r#"{"token_minutes": 10, "approve_delay_ms": 1000, "release_after_s": 10}"#,
+    )
+    .unwrap();
+    let log = dir.path().join("stderr.log");
+    let mut child = start_release_desk_logging(
+        &desk,
+        dir.path(),
+        &[countersign_wire::DESK_IN_TRAY],
+        std::fs::File::create(&log).unwrap().into(),
+    );
+    let pid = child.id();
+    let read_log = || strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !read_log().contains("ready in_tray=true") {
+        assert!(Instant::now() < deadline, "the release desk never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut samples = Vec::new();
+    let mut last_raise = Instant::now();
+    for i in 0..12 {
+        // Settled in the light state: released (no web process), the raise gap passed, and a
+        // moment for the spare window process the desk starts after a release.
+        wait_for_release(pid, Duration::from_secs(60)).await;
+        tokio::time::sleep(RAISE_GAP.saturating_sub(last_raise.elapsed())).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut cmd = tokio::process::Command::new(&gateway);
+        cmd.args(["mcp", "--no-launch", "--socket"])
+            .arg(dir.path().join("desk.sock"))
+            .arg("--db")
+            .arg(dir.path().join("app.sqlite"))
+            .env("RUST_LOG", "warn");
+        let agent = ().serve(rmcp::transport::TokioChildProcess::new(cmd).unwrap())
+            .await
+            .expect("an agent of the release desk");
+        agent.list_all_tools().await.unwrap();
+        let from = read_log().len();
+        let started_wall = wall_ms();
+        last_raise = Instant::now();
+        let call = preflight(&agent, &format!("light-{i}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let at = loop {
+            let text = read_log();
+            let since = &text[from.min(text.len())..];
+            let answered = first_at(since, "answered command=\"pending\"");
+            let visible = first_at(since, "seen visible=true");
+            if let (Some(a), Some(v)) = (answered, visible) {
+                break a.max(v);
+            }
+            assert!(Instant::now() < deadline, "request {i} was never shown");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        samples.push(at - started_wall);
+        // Withdrawn with its agent; then the window closed, as a person would.
+        call.abort();
+        let _ = agent.cancel().await;
+        while countersign_tests::xwindow::close_by_title(&display, "Countersign") == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let (p50, p95) = percentiles(&mut samples);
+    let each: Vec<String> = samples.iter().map(|ms| format!("{ms:.0}")).collect();
+    println!("  each, in ms: {}", each.join(" "));
+    println!(
+        "release desk, preflight call → request visible from the light state (in the tray, and after each release; by its log: queue answered to the new page and window visible): p50 {p50:.1} ms, p95 {p95:.1} ms (n = {}; goal p95 ≤ 500 ms)",
+        samples.len()
+    );
+    wait_for_release(pid, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!("release desk after those releases (a spare window process ready):");
+    let idle = print_tree_memory(pid);
+    println!("  total {idle:.1} MB (goal ≤ 60 MB)");
+    end_release_desk(&mut child);
+}
+
+/// `text` without ANSI colour sequences.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The wall-clock time (ms since the epoch) of the first log line in `text` containing `what`.
+fn first_at(text: &str, what: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.contains(what))?;
+    let stamp = line.split_whitespace().next()?;
+    utc_ms(stamp)
+}
+
+/// `2026-12-02T23:10:01.123456Z` (tracing's timestamp, always UTC) as ms since the epoch.
+fn utc_ms(stamp: &str) -> Option<f64> {
+    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
+    let mut ymd = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, d) = (ymd.next()?.ok()?, ymd.next()?.ok()?, ymd.next()?.ok()?);
+    let mut hms = time.split(':');
+    let (h, min) = (hms.next()?.parse::<f64>().ok()?, hms.next()?.parse::<f64>().ok()?);
+    let sec = hms.next()?.parse::<f64>().ok()?;
+    // Days from the civil date (Howard Hinnant's `days_from_civil`).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days as f64 * 24.0 + h) * 60.0 + min) * 60_000.0 + sec * 1e3)
 }
 
 /// Ends a desk [`start_release_desk`] started, with everything in its group.

@@ -70,7 +70,11 @@ pub enum ToWindow {
         /// Its payload.
         payload: Value,
     },
-    /// Show the window, bring it forward and focus it.
+    /// Make the window (hidden) and load its page, when it is not made yet. A window's process
+    /// makes no window until told: the desk starts one ahead of need (a spare, with GTK up and
+    /// no web view, see `window`) and sends this when there is something to show.
+    Open {},
+    /// Show the window (made first if it is not), bring it forward and focus it.
     Show {},
     /// The window's title.
     Title {
@@ -184,6 +188,7 @@ mod tests {
                 event: "queue://changed".into(),
                 payload: json!([]),
             },
+            ToWindow::Open {},
             ToWindow::Show {},
             ToWindow::Title {
                 title: "Countersign (1 pending)".into(),

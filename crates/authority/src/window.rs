@@ -45,7 +45,10 @@ pub struct Windowed {
 struct State {
     life: Life,
     clock: IdleClock,
+    /// The process whose window is open (shown or hidden).
     running: Option<Running>,
+    /// A window's process started ahead of need, GTK up, no window made (see [`Windowed::spare`]).
+    spare: Option<Running>,
     /// Counts the processes started, so that the end of an old one is not taken for the new one's.
     started: u64,
 }
@@ -63,6 +66,28 @@ impl Running {
     /// Drops the sender: the writer ends, the channel closes, and the window's process with it.
     fn close(&mut self) {
         self.to = mpsc::unbounded_channel().0;
+    }
+
+    /// Closes the channel and kills the process.
+    fn kill(&mut self) {
+        self.close();
+        // Still our child, not yet reaped (`ended` forgets it after the reap), so the pid is its
+        // own.
+        if self.pid > 0 {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+impl State {
+    /// Window process `number`, the open window's or the spare.
+    fn process(&mut self, number: u64) -> Option<&mut Running> {
+        let State { running, spare, .. } = self;
+        [running, spare]
+            .into_iter()
+            .flatten()
+            .find(|r| r.number == number)
     }
 }
 
@@ -88,6 +113,7 @@ impl Windowed {
                 life: Life::Released,
                 clock: IdleClock::new(release_after),
                 running: None,
+                spare: None,
                 started: 0,
             }),
             tray: Mutex::new(None),
@@ -163,8 +189,45 @@ impl Windowed {
         }
     }
 
-    /// Starts the window's process with its end of a new channel, shown when `show`.
+    /// Opens the window, shown when `show`, in the spare process when there is one, else in a
+    /// new one.
     fn start(self: &Arc<Self>, state: &mut State, show: bool) -> std::io::Result<()> {
+        let running = match state.spare.take() {
+            Some(spare) => spare,
+            None => self.spawn(state)?,
+        };
+        let _ = running.to.send(ToWindow::Open {});
+        if show {
+            let _ = running.to.send(ToWindow::Show {});
+        }
+        let _ = running.to.send(ToWindow::Title {
+            title: self.title(),
+        });
+        tracing::info!(target: "desk", shown = show, pid = running.pid, "window opened");
+        state.running = Some(running);
+        Ok(())
+    }
+
+    /// Starts a spare window's process, when there is none: the next window opens in it, without
+    /// waiting for a process to start and GTK to come up (about half of the time a request takes
+    /// to show from a released window). It makes no window and no web view until told, so it
+    /// costs a fraction of a window. A spare that ends by itself is not replaced until a window
+    /// has been opened and released again, so a display that is gone costs one start, not a loop.
+    fn spare(self: &Arc<Self>, state: &mut State) {
+        if state.spare.is_some() {
+            return;
+        }
+        match self.spawn(state) {
+            Ok(spare) => {
+                tracing::debug!(target: "desk", pid = spare.pid, "spare window process started");
+                state.spare = Some(spare);
+            }
+            Err(e) => tracing::warn!(target: "desk", "could not start a spare window process: {e}"),
+        }
+    }
+
+    /// Starts a window's process with its end of a new channel; it makes no window until told.
+    fn spawn(self: &Arc<Self>, state: &mut State) -> std::io::Result<Running> {
         use std::os::unix::process::CommandExt;
 
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
@@ -201,20 +264,14 @@ impl Windowed {
         let (to, mut outbox) = mpsc::unbounded_channel::<ToWindow>();
         state.started += 1;
         let number = state.started;
-        if show {
-            let _ = to.send(ToWindow::Show {});
-        }
-        let _ = to.send(ToWindow::Title {
-            title: self.title(),
-        });
-        state.running = Some(Running {
+        let running = Running {
             number,
             pid: child.id().unwrap_or(0),
             to,
             visible: false,
             focused: false,
-        });
-        tracing::info!(target: "desk", shown = show, pid = child.id(), "window started");
+        };
+        tracing::info!(target: "desk", pid = running.pid, "window's process started");
         tokio::spawn(async move {
             while let Some(message) = outbox.recv().await {
                 if writer.write_all(&channel::line(&message)).await.is_err() {
@@ -245,10 +302,10 @@ impl Windowed {
         let me = self.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
-            tracing::info!(target: "desk", ?status, "window ended");
+            tracing::info!(target: "desk", ?status, "window's process ended");
             me.ended(number);
         });
-        Ok(())
+        Ok(running)
     }
 
     /// Closes window `number`'s channel, and kills its process if it has not ended within
@@ -256,58 +313,79 @@ impl Windowed {
     fn end(self: &Arc<Self>, number: u64) {
         {
             let mut state = self.state.lock().unwrap();
-            match &mut state.running {
-                Some(running) if running.number == number => {
-                    running.close();
-                }
-                _ => return,
+            match state.process(number) {
+                Some(running) => running.close(),
+                None => return,
             }
         }
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(END_WITHIN).await;
-            let still = matches!(&me.state.lock().unwrap().running, Some(r) if r.number == number);
-            if still {
-                tracing::warn!(target: "desk", "the window did not end: ending the desk's children");
-                me.kill_window();
+            let mut state = me.state.lock().unwrap();
+            if let Some(running) = state.process(number) {
+                tracing::warn!(target: "desk", "a window's process did not end: killing it");
+                running.kill();
             }
         });
     }
 
-    /// Ends the window's process now (the desk is stopping, or it would not end). WebKit's
-    /// processes end when their parent does.
+    /// Ends the window's processes now (the desk is stopping). WebKit's processes end when
+    /// their parent does.
     pub fn kill_window(&self) {
-        if let Some(running) = &mut self.state.lock().unwrap().running {
-            running.close();
-            // Still our child, not yet reaped (`ended` clears `running` after the reap), so the
-            // pid is its own.
-            if running.pid > 0 {
-                // SAFETY: kill has no memory preconditions.
-                unsafe { libc::kill(running.pid as i32, libc::SIGKILL) };
-            }
+        let mut state = self.state.lock().unwrap();
+        let State { running, spare, .. } = &mut *state;
+        for process in [running, spare].into_iter().flatten() {
+            process.kill();
         }
     }
 
     /// Window `number`'s process has ended.
     fn ended(self: &Arc<Self>, number: u64) {
         let mut state = self.state.lock().unwrap();
+        if state.spare.as_ref().is_some_and(|s| s.number == number) {
+            // Not replaced until the next release (see `spare`).
+            tracing::info!(target: "desk", "the spare window process ended");
+            state.spare = None;
+            return;
+        }
         if !matches!(&state.running, Some(r) if r.number == number) {
             return;
         }
         state.running = None;
+        let released = matches!(state.life, Life::Releasing { .. });
         let (life, act) = state.life.destroyed();
         state.life = life;
         self.act_on(&mut state, act);
+        // Released by the desk, with nothing asked for since: the next window opens in a spare.
+        // (A window that ended by itself, crashed or its display gone, gets none.)
+        if released && state.life == Life::Released {
+            self.spare(&mut state);
+        }
     }
 
     /// A message from window `number`.
     fn heard(self: &Arc<Self>, number: u64, message: FromWindow) {
+        let spare = {
+            let state = self.state.lock().unwrap();
+            state.spare.as_ref().is_some_and(|s| s.number == number)
+        };
+        if spare {
+            // A spare has no window and no page: it has nothing to say.
+            tracing::warn!(target: "desk", "the spare window process spoke: ending it");
+            self.end(number);
+            return;
+        }
         match message {
             FromWindow::Invoke { id, command, args } => {
                 let me = self.clone();
                 tokio::spawn(async move {
                     let page = Page(me.clone());
-                    let answer = match commands::invoke(&me.desk, &page, &command, args).await {
+                    let answer = commands::invoke(&me.desk, &page, &command, args).await;
+                    // The command's name only (one of ours, or not): its arguments may carry
+                    // what a person typed.
+                    let known = commands::NAMES.iter().find(|n| **n == command);
+                    tracing::debug!(target: "desk::page", command = known.unwrap_or(&"(unknown)"), ok = answer.is_ok(), "answered");
+                    let answer = match answer {
                         Ok(ok) => ToWindow::Answer { id, ok, err: None },
                         Err(e) => ToWindow::Answer {
                             id,
@@ -328,6 +406,7 @@ impl Windowed {
                     else {
                         return;
                     };
+                    tracing::debug!(target: "desk::page", visible, focused, "seen");
                     let hold = (focused && !running.focused) || (visible && !running.visible);
                     running.visible = visible;
                     running.focused = focused;
@@ -339,7 +418,10 @@ impl Windowed {
             }
             // A page that has loaded (a new window's, too) holds approvals: the delay runs from
             // when the request can be on screen.
-            FromWindow::Loaded {} => self.hold_approvals(),
+            FromWindow::Loaded {} => {
+                tracing::debug!(target: "desk::page", "loaded");
+                self.hold_approvals();
+            }
         }
     }
 
@@ -541,6 +623,9 @@ pub fn run(desk: Desk, in_tray: bool, release_after: Duration, rt: &tokio::runti
         !in_tray || desk.wanted.lock().unwrap().is_some() || !desk.pending().is_empty();
     if windowed_now {
         windowed.want(true);
+    } else {
+        // In the tray: the first request's window opens in a spare.
+        windowed.spare(&mut windowed.state.lock().unwrap());
     }
     tracing::info!(target: "desk", in_tray = !windowed_now, "ready");
     rt.spawn(queue_loop(windowed.clone(), changes));
