@@ -926,10 +926,9 @@ async fn an_idle_closed_window_is_released_and_the_next_request_brings_it_back()
     )
     .await;
     let pid = desk.pid().await;
-    assert!(
-        !Desk::web_processes(pid).is_empty(),
-        "a live window has a web process"
-    );
+    let web = Desk::web_processes(pid);
+    assert!(!web.is_empty(), "a live window has a web process");
+    let old = Desk::parent_of(web[0]).unwrap();
     desk.close_window().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !Desk::web_processes(pid).is_empty() {
@@ -939,6 +938,19 @@ async fn an_idle_closed_window_is_released_and_the_next_request_brings_it_back()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The old window's process ends; a spare one takes its place, with no window of its own.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spare = loop {
+        let windows = Desk::window_processes(pid);
+        if windows.len() == 1 && windows[0] != old {
+            break windows[0];
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no spare window process after the release: {windows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     // Released, still serving: a real client's preflight reaches the queue and the window.
     let agent = desk.agent("after-release").await;
     let create = json!({"name": "after-release"});
@@ -947,9 +959,12 @@ async fn an_idle_closed_window_is_released_and_the_next_request_brings_it_back()
     desk.wait_for_request().await;
     assert_eq!(desk.text("#d-target").await, "after-release");
     assert_eq!(desk.pid().await, pid, "the same desk, not a new one");
-    assert!(
-        !Desk::web_processes(pid).is_empty(),
-        "the window's web process is back"
+    let web = Desk::web_processes(pid);
+    assert!(!web.is_empty(), "the window's web process is back");
+    assert_eq!(
+        Desk::parent_of(web[0]),
+        Some(spare),
+        "the window came back in the spare"
     );
     // The new page holds Approve, and the engine refuses an approve sooner than the delay.
     let held = approve_by_script(&desk).await;
@@ -1311,64 +1326,104 @@ async fn requests_around_the_release_always_find_a_window_and_a_waiting_one_keep
     desk.stop().await;
 }
 
+/// A desk started in the tray (`--tray`, as a gateway starts it) on `display`, its files in a
+/// new directory; waits until it says it is ready in the tray.
+struct InTray {
+    started: tokio::process::Child,
+    pid: u32,
+    dir: tempfile::TempDir,
+    socket: std::path::PathBuf,
+}
+
+impl InTray {
+    async fn start(display: &str) -> InTray {
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["data", "config"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let socket = dir.path().join("desk.sock");
+        let started = tokio::process::Command::new(bin("countersign-desk"))
+            .arg(countersign_wire::DESK_IN_TRAY)
+            .env("COUNTERSIGN_DESK_DIR", dir.path())
+            .env("COUNTERSIGN_SOCKET", &socket)
+            .env("DISPLAY", display)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = started.id().unwrap();
+        let desk = InTray {
+            started,
+            pid,
+            dir,
+            socket,
+        };
+        desk.until_logged("ready in_tray=true").await;
+        desk
+    }
+
+    /// Waits (up to 30 s) until the desk's log file has `line`.
+    async fn until_logged(&self, line: &str) {
+        let log = self.dir.path().join("state/desk.log");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains(line)) {
+            assert!(Instant::now() < deadline, "the desk never logged {line:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A real MCP client through a gateway, on the built-in tools.
+    async fn agent(&self) -> RunningService<RoleClient, ClientConfig> {
+        use rmcp::ServiceExt;
+        let mut cmd = tokio::process::Command::new(bin("countersign"));
+        cmd.args(["mcp", "--no-launch", "--wait", "40", "--socket"])
+            .arg(&self.socket)
+            .arg("--db")
+            .arg(self.dir.path().join("app.sqlite"))
+            .env("RUST_LOG", "warn");
+        let info = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("tray-agent", "1.0"),
+        );
+        info.serve(rmcp::transport::TokioChildProcess::new(cmd).unwrap())
+            .await
+            .unwrap()
+    }
+}
+
+/// Waits (up to 30 s) until `display` shows a window titled `title`.
+async fn until_titled(display: &str, title: &str) {
+    use countersign_tests::xwindow::titles;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = titles(display);
+        if shown.iter().any(|t| t == title) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no window {title:?}: {shown:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Issue 18, item 3: a desk started in the tray (as a gateway starts it, for an agent, with
 /// nothing to decide) makes no window and runs no WebKit while agents connect, list and use open
-/// tools; the first request brings the window, showing it, with one web process.
+/// tools; the first request brings the window, showing it, with one web process. The window opens
+/// in the spare window's process the desk started ahead of need (item 2: a request from the light
+/// state does not wait for a process and GTK to start).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_desk_started_in_the_tray_makes_no_window_until_the_first_request_brings_it() {
     use countersign_tests::window::OwnDisplay;
     use countersign_tests::xwindow::titles;
-    use rmcp::ServiceExt;
     let display = OwnDisplay::start();
-    let dir = tempfile::tempdir().unwrap();
-    for sub in ["data", "config"] {
-        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
-    }
-    let socket = dir.path().join("desk.sock");
-    let mut started = tokio::process::Command::new(bin("countersign-desk"))
-        .arg(countersign_wire::DESK_IN_TRAY)
-        .env("COUNTERSIGN_DESK_DIR", dir.path())
-        .env("COUNTERSIGN_SOCKET", &socket)
-        .env("DISPLAY", &display.name)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let pid = started.id().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::UnixStream::connect(&socket).await.is_err() {
-        assert!(Instant::now() < deadline, "the desk did not listen");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut cmd = tokio::process::Command::new(bin("countersign"));
-    cmd.args(["mcp", "--no-launch", "--wait", "40", "--socket"])
-        .arg(&socket)
-        .arg("--db")
-        .arg(dir.path().join("app.sqlite"))
-        .env("RUST_LOG", "warn");
-    let info = ClientConfig::new(
-        ClientCapabilities::default(),
-        Implementation::new("tray-agent", "1.0"),
-    );
-    let agent = info
-        .serve(rmcp::transport::TokioChildProcess::new(cmd).unwrap())
-        .await
-        .unwrap();
+    let mut desk = InTray::start(&display.name).await;
+    let pid = desk.pid;
+    let agent = desk.agent().await;
     agent.list_all_tools().await.unwrap();
     let read = call(&agent, "list_tables", json!({})).await.unwrap();
     assert_ne!(read.is_error, Some(true), "{read:?}");
-    // Past its start (it logs `ready`, in the tray), and a moment more: still no window.
-    let log = dir.path().join("state/desk.log");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ready in_tray=true")) {
-        assert!(
-            Instant::now() < deadline,
-            "the desk never said it was ready in the tray"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Past its start, and a moment more: still no window, no WebKit; one spare window process.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         Desk::web_processes(pid).is_empty(),
@@ -1381,24 +1436,55 @@ async fn a_desk_started_in_the_tray_makes_no_window_until_the_first_request_brin
         "a window with nothing to decide: {:?}",
         titles(&display.name)
     );
-    // The first request: the window comes, on screen, saying so.
+    let spare = Desk::window_processes(pid);
+    assert_eq!(spare.len(), 1, "one spare window process: {spare:?}");
+    // The first request: the window comes, on screen, saying so, in the spare.
     let pending = call(&agent, "create_backup", json!({"name": "first"}));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let shown = titles(&display.name);
-        if shown.iter().any(|t| t == "Countersign (1 pending)") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no window came for the request: {shown:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_titled(&display.name, "Countersign (1 pending)").await;
+    let web = Desk::web_processes(pid);
+    assert_eq!(web.len(), 1, "one web process");
+    assert_eq!(
+        Desk::parent_of(web[0]),
+        Some(spare[0]),
+        "the window opened in the spare"
+    );
+    assert_eq!(Desk::window_processes(pid), spare, "no other window process");
+    assert!(!pending.is_finished(), "it waits for a person");
+    drop(agent);
+    desk.started.kill().await.unwrap();
+}
+
+/// A spare window process that ends by itself (killed here; a display gone, in life) is not
+/// started again, so a desk whose spare cannot live does not start one in a loop; the next
+/// request still brings a window, in a process started for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_window_process_that_dies_is_not_restarted_and_the_next_request_still_gets_a_window()
+{
+    use countersign_tests::window::OwnDisplay;
+    let display = OwnDisplay::start();
+    let mut desk = InTray::start(&display.name).await;
+    let pid = desk.pid;
+    let spare = Desk::window_processes(pid);
+    assert_eq!(spare.len(), 1, "one spare window process: {spare:?}");
+    // SAFETY: kill has no memory preconditions; the pid is the desk's child, not yet reaped.
+    unsafe { libc::kill(spare[0] as i32, libc::SIGKILL) };
+    desk.until_logged("the spare window process ended").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        Desk::window_processes(pid).is_empty(),
+        "the spare was started again: {:?}",
+        Desk::window_processes(pid)
+    );
+    let agent = desk.agent().await;
+    let pending = call(&agent, "create_backup", json!({"name": "after-spare"}));
+    until_titled(&display.name, "Countersign (1 pending)").await;
+    let windows = Desk::window_processes(pid);
+    assert_eq!(windows.len(), 1, "{windows:?}");
+    assert_ne!(windows[0], spare[0]);
     assert_eq!(Desk::web_processes(pid).len(), 1, "one web process");
     assert!(!pending.is_finished(), "it waits for a person");
     drop(agent);
-    started.kill().await.unwrap();
+    desk.started.kill().await.unwrap();
 }
 
 /// Issue 19, item 4: a confirm whose server died before answering tells the agent it may have

@@ -6,8 +6,10 @@
 //! their sessions, and links no GUI toolkit (`countersign_authority`).
 //!
 //! Started by that desk with [`WINDOW_FLAG`] and one end of a socket pair on [`CHANNEL_FD`], it is
-//! the desk's window: the only process that maps GTK and WebKit, started when there is something
-//! to show and ended when idle, so that the desk weighs little while nobody needs it. It runs no
+//! the desk's window: the only process that maps GTK and WebKit, ended when idle, so that the desk
+//! weighs little while nobody needs it. It brings GTK up at once but makes its window (and
+//! with it WebKit's processes) only when the desk says `open`: the desk starts one ahead of need,
+//! as a spare, so that a window opens without waiting for a process to start and GTK to come up. It runs no
 //! command itself: each command the page invokes (Tauri has checked the window's capability
 //! first) crosses the channel and runs in the desk, and the desk sends back the answer, the events
 //! the page listens for, and when to show the window. It tells the desk when the window is shown,

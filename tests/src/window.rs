@@ -460,6 +460,25 @@ impl Desk {
         crate::desk_process::pid_at(&self.socket()).await as u32
     }
 
+    /// The desk's window processes (`countersign-desk --window-of-desk`): the open window's and
+    /// the spare's.
+    pub fn window_processes(desk_pid: u32) -> Vec<u32> {
+        crate::measure::descendants(desk_pid)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|a| a.split(|b| *b == 0).any(|a| a == b"--window-of-desk"))
+            })
+            .collect()
+    }
+
+    /// The parent of process `pid`, from `/proc`.
+    pub fn parent_of(pid: u32) -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name in parentheses: the state, then the parent's pid.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    }
+
     /// The desk's web processes now (WebKit's web processes among its descendants).
     pub fn web_processes(desk_pid: u32) -> Vec<u32> {
         crate::measure::descendants(desk_pid)

@@ -5,8 +5,9 @@
 //! the desk starts when there is something to show (`window`) and ends once the window has been
 //! closed (hidden) with nothing pending for the release delay (`settings.json`'s
 //! `release_after_s`, 60 s unless set, 10 s to 24 h): WebKit's processes end with it, and the desk
-//! goes back to what it weighs without a window. The next request, a second start asking for the
-//! window, or the tray's Show starts it again. Nothing is lost: the queue and history live in the
+//! goes back to what it weighs without a window (and a spare window's process, GTK up, no window,
+//! see `window`). The next request, a second start asking for the window, or the tray's Show
+//! opens it again. Nothing is lost: the queue and history live in the
 //! engine and the store, and the page reads them when it loads.
 //!
 //! A new window never has an early Approve: the engine holds approvals when the window is shown,

@@ -4,7 +4,10 @@
 //!
 //! The desk itself links no GUI toolkit: the window's process (`countersign-desk` started with
 //! [`WINDOW_FLAG`]) is the only one that maps GTK and WebKit, and WebKit's processes are its
-//! children, so they all end with it. The tray is a StatusNotifierItem spoken over D-Bus
+//! children, so they all end with it. Such a process makes its window only when the desk says
+//! `open`: after each release, and in the tray, the desk keeps one spare, started and with GTK
+//! up but no window and no WebKit process (a fraction of a window's memory), so that a request
+//! from the light state waits for the web view and its page, not for a process and GTK too. The tray is a StatusNotifierItem spoken over D-Bus
 //! (`ksni`), and notifications go over D-Bus too (`notify-rust`): neither needs GTK.
 //!
 //! The window's process runs no command itself: each invoke crosses the channel and runs here
