@@ -1448,7 +1448,11 @@ async fn a_desk_started_in_the_tray_makes_no_window_until_the_first_request_brin
         Some(spare[0]),
         "the window opened in the spare"
     );
-    assert_eq!(Desk::window_processes(pid), spare, "no other window process");
+    assert_eq!(
+        Desk::window_processes(pid),
+        spare,
+        "no other window process"
+    );
     assert!(!pending.is_finished(), "it waits for a person");
     drop(agent);
     desk.started.kill().await.unwrap();
@@ -1459,7 +1463,7 @@ async fn a_desk_started_in_the_tray_makes_no_window_until_the_first_request_brin
 /// request still brings a window, in a process started for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spare_window_process_that_dies_is_not_restarted_and_the_next_request_still_gets_a_window()
-{
+ {
     use countersign_tests::window::OwnDisplay;
     let display = OwnDisplay::start();
     let mut desk = InTray::start(&display.name).await;

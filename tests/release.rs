@@ -468,7 +468,10 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
     }
     std::thread::sleep(Duration::from_secs(1));
     let under = countersign_tests::measure::descendants(pid);
-    assert!(under.len() <= 1, "more than a spare under the desk: {under:?}");
+    assert!(
+        under.len() <= 1,
+        "more than a spare under the desk: {under:?}"
+    );
     for spare in &under {
         let args = std::fs::read(format!("/proc/{spare}/cmdline")).unwrap_or_default();
         assert!(
@@ -477,7 +480,10 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
             String::from_utf8_lossy(&args)
         );
     }
-    assert!(webkit_children(pid).is_empty(), "WebKit runs after the release");
+    assert!(
+        webkit_children(pid).is_empty(),
+        "WebKit runs after the release"
+    );
     assert_eq!(
         countersign_tests::xwindow::titles(&display)
             .iter()

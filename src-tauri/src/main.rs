@@ -171,10 +171,18 @@ fn forward(invoke: tauri::ipc::Invoke) -> bool {
 fn window() {
     // A text-only window needs no accelerated compositing, and without it WebKit's web process
     // idles at about 60 MB less (measured under Xvfb). A user's own setting wins.
-    if std::env::var_os("WEBKIT_DISABLE_COMPOSITING_MODE").is_none() {
-        // SAFETY: still single-threaded: no other thread reads the environment yet.
-        unsafe {
-            std::env::set_var("WEBKIT_DISABLE_COMPOSITING_MODE", "1");
+    // Nor does GTK need OpenGL here: without this, GDK loads the GL driver (Mesa and its LLVM,
+    // about 30 MB) as it opens the display, only to pick visuals for GL. Both: a user's own
+    // setting wins.
+    for (name, value) in [
+        ("WEBKIT_DISABLE_COMPOSITING_MODE", "1"),
+        ("GDK_GL", "disable"),
+    ] {
+        if std::env::var_os(name).is_none() {
+            // SAFETY: still single-threaded: no other thread reads the environment yet.
+            unsafe {
+                std::env::set_var(name, value);
+            }
         }
     }
     let stream = match take_channel() {
@@ -233,6 +241,57 @@ fn window() {
                 api.prevent_exit();
             }
         });
+}
+
+/// A spare with nothing to show gives back the pages of the files it read to start: most of
+/// what it holds is the code and tables of GTK and WebKit that the dynamic linker and GTK's start
+/// touched, clean copies of files, which it alone maps. Each read-only file mapping that holds no
+/// private copy of a page (nothing written to it, so nothing there differs from the file) is
+/// dropped with `MADV_DONTNEED`; the kernel maps the pages again from the file, most likely still
+/// in the page cache, when they are next used. Writable mappings, and read-only ones with
+/// private copies (relocated tables, made read-only after relocation), are left as they are:
+/// dropping those would lose what was written. (Android does the same to the processes it keeps
+/// cached.) A failure changes nothing but the figure.
+fn rest() {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return;
+    };
+    // (start, end, whether it may be dropped), of the mapping whose fields are being read.
+    let mut mapping: Option<(usize, usize, bool)> = None;
+    let flush = |mapping: Option<(usize, usize, bool)>| {
+        if let Some((start, end, true)) = mapping {
+            // SAFETY: a whole mapping of this process, read-only and file-backed with no private
+            // page (its smaps fields said so): after MADV_DONTNEED its pages read the same from
+            // the file. A failure leaves it as it was.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    };
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            )
+        {
+            flush(mapping.take());
+            let perms = fields.next().unwrap_or("");
+            let inode = fields.nth(2).unwrap_or("0");
+            let file = inode != "0" && fields.next().is_some_and(|p| p.starts_with('/'));
+            mapping = Some((
+                start,
+                end,
+                file && perms.starts_with('r') && !perms.contains('w'),
+            ));
+        } else if matches!(first, "Anonymous:" | "Private_Dirty:")
+            && fields.next() != Some("0")
+            && let Some(m) = &mut mapping
+        {
+            m.2 = false;
+        }
+    }
+    flush(mapping.take());
 }
 
 /// The window, made (hidden, unfocused, its page loading) when it is not made yet.
@@ -306,6 +365,7 @@ async fn talk(
                     break;
                 }
             }
+            ToWindow::Rest {} => rest(),
             ToWindow::Show {} => match open(&app) {
                 Ok(window) => {
                     let _ = window.show();

@@ -366,7 +366,9 @@ async fn release_latency() {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release");
     let (desk, gateway) = (root.join("countersign-desk"), root.join("countersign"));
     if !desk.exists() || !gateway.exists() {
-        println!("release desk, preflight → visible from the light state: not measured (run .ci/release)");
+        println!(
+            "release desk, preflight → visible from the light state: not measured (run .ci/release)"
+        );
         return;
     }
     let display = std::env::var("DISPLAY").expect("DISPLAY");
@@ -388,7 +390,10 @@ async fn release_latency() {
     let read_log = || strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
     let deadline = Instant::now() + Duration::from_secs(30);
     while !read_log().contains("ready in_tray=true") {
-        assert!(Instant::now() < deadline, "the release desk never became ready");
+        assert!(
+            Instant::now() < deadline,
+            "the release desk never became ready"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut samples = Vec::new();
@@ -405,9 +410,10 @@ async fn release_latency() {
             .arg("--db")
             .arg(dir.path().join("app.sqlite"))
             .env("RUST_LOG", "warn");
-        let agent = ().serve(rmcp::transport::TokioChildProcess::new(cmd).unwrap())
-            .await
-            .expect("an agent of the release desk");
+        let agent =
+            ().serve(rmcp::transport::TokioChildProcess::new(cmd).unwrap())
+                .await
+                .expect("an agent of the release desk");
         agent.list_all_tools().await.unwrap();
         let from = read_log().len();
         let started_wall = wall_ms();
@@ -479,7 +485,10 @@ fn utc_ms(stamp: &str) -> Option<f64> {
     let mut ymd = date.split('-').map(|p| p.parse::<i64>());
     let (y, m, d) = (ymd.next()?.ok()?, ymd.next()?.ok()?, ymd.next()?.ok()?);
     let mut hms = time.split(':');
-    let (h, min) = (hms.next()?.parse::<f64>().ok()?, hms.next()?.parse::<f64>().ok()?);
+    let (h, min) = (
+        hms.next()?.parse::<f64>().ok()?,
+        hms.next()?.parse::<f64>().ok()?,
+    );
     let sec = hms.next()?.parse::<f64>().ok()?;
     // Days from the civil date (Howard Hinnant's `days_from_civil`).
     let y = if m <= 2 { y - 1 } else { y };

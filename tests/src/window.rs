@@ -476,7 +476,12 @@ impl Desk {
     pub fn parent_of(pid: u32) -> Option<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // After the command name in parentheses: the state, then the parent's pid.
-        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
     }
 
     /// The desk's web processes now (WebKit's web processes among its descendants).

@@ -74,6 +74,8 @@ pub enum ToWindow {
     /// makes no window until told: the desk starts one ahead of need (a spare, with GTK up and
     /// no web view, see `window`) and sends this when there is something to show.
     Open {},
+    /// Nothing to show for now: a spare gives back the pages it read to start (see `window`).
+    Rest {},
     /// Show the window (made first if it is not), bring it forward and focus it.
     Show {},
     /// The window's title.
@@ -189,6 +191,7 @@ mod tests {
                 payload: json!([]),
             },
             ToWindow::Open {},
+            ToWindow::Rest {},
             ToWindow::Show {},
             ToWindow::Title {
                 title: "Countersign (1 pending)".into(),

@@ -7,8 +7,10 @@
 //! children, so they all end with it. Such a process makes its window only when the desk says
 //! `open`: after each release, and in the tray, the desk keeps one spare, started and with GTK
 //! up but no window and no WebKit process (a fraction of a window's memory), so that a request
-//! from the light state waits for the web view and its page, not for a process and GTK too. The tray is a StatusNotifierItem spoken over D-Bus
-//! (`ksni`), and notifications go over D-Bus too (`notify-rust`): neither needs GTK.
+//! from the light state waits for the web view and its page, not for a process and GTK too.
+//!
+//! The tray is a StatusNotifierItem spoken over D-Bus (`ksni`), and notifications go over D-Bus
+//! too (`notify-rust`): neither needs GTK.
 //!
 //! The window's process runs no command itself: each invoke crosses the channel and runs here
 //! ([`commands::invoke`]), with the engine's checks (an approve sooner than the delay since the
@@ -63,6 +65,9 @@ struct Running {
     to: mpsc::UnboundedSender<ToWindow>,
     visible: bool,
     focused: bool,
+    /// Opened in what was a spare, shown when `Some(true)`, its page not loaded yet: a spare may
+    /// have ended just as it was taken, and then the window is opened once more, in a new process.
+    from_spare: Option<bool>,
 }
 
 impl Running {
@@ -196,7 +201,10 @@ impl Windowed {
     /// new one.
     fn start(self: &Arc<Self>, state: &mut State, show: bool) -> std::io::Result<()> {
         let running = match state.spare.take() {
-            Some(spare) => spare,
+            Some(spare) => Running {
+                from_spare: Some(show),
+                ..spare
+            },
             None => self.spawn(state)?,
         };
         let _ = running.to.send(ToWindow::Open {});
@@ -223,6 +231,7 @@ impl Windowed {
         match self.spawn(state) {
             Ok(spare) => {
                 tracing::debug!(target: "desk", pid = spare.pid, "spare window process started");
+                let _ = spare.to.send(ToWindow::Rest {});
                 state.spare = Some(spare);
             }
             Err(e) => tracing::warn!(target: "desk", "could not start a spare window process: {e}"),
@@ -273,6 +282,7 @@ impl Windowed {
             to,
             visible: false,
             focused: false,
+            from_spare: None,
         };
         tracing::info!(target: "desk", pid = running.pid, "window's process started");
         tokio::spawn(async move {
@@ -351,10 +361,16 @@ impl Windowed {
             state.spare = None;
             return;
         }
-        if !matches!(&state.running, Some(r) if r.number == number) {
+        let Some(gone) = state.running.take_if(|r| r.number == number) else {
+            return;
+        };
+        if let (Some(show), Life::Live) = (gone.from_spare, state.life) {
+            // The spare ended as it was taken (its end not yet seen): once more, in a new one.
+            tracing::warn!(target: "desk", "the spare window process was gone: starting another");
+            let act = Act::Create(show);
+            self.act_on(&mut state, act);
             return;
         }
-        state.running = None;
         let released = matches!(state.life, Life::Releasing { .. });
         let (life, act) = state.life.destroyed();
         state.life = life;
@@ -423,6 +439,10 @@ impl Windowed {
             // when the request can be on screen.
             FromWindow::Loaded {} => {
                 tracing::debug!(target: "desk::page", "loaded");
+                // A window now, whatever it was started as (see `Running::from_spare`).
+                if let Some(running) = self.state.lock().unwrap().process(number) {
+                    running.from_spare = None;
+                }
                 self.hold_approvals();
             }
         }
