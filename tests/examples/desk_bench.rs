@@ -247,13 +247,7 @@ async fn release_memory() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(
-        dir.path().join("config/settings.json"),
-        r#"{"token_minutes": 10, "approve_delay_ms": 1000, "release_after_s": 10}"#,
-    )
-    .unwrap();
+    let dir = release_dir();
     let mut child = start_release_desk(&desk, dir.path(), &[]);
     // Its window up (a web process under it), then 5 s idle.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -372,13 +366,7 @@ async fn release_latency() {
         return;
     }
     let display = std::env::var("DISPLAY").expect("DISPLAY");
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(
-        dir.path().join("config/settings.json"),
-        r#"{"token_minutes": 10, "approve_delay_ms": 1000, "release_after_s": 10}"#,
-    )
-    .unwrap();
+    let dir = release_dir();
     let log = dir.path().join("stderr.log");
     let mut child = start_release_desk_logging(
         &desk,
@@ -452,6 +440,18 @@ async fn release_latency() {
     let idle = print_tree_memory(pid);
     println!("  total {idle:.1} MB (goal ≤ 60 MB)");
     end_release_desk(&mut child);
+}
+
+/// A release desk's directory, its settings releasing the window after 10 s (their least).
+fn release_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/settings.json"),
+        r#"{"token_minutes": 10, "approve_delay_ms": 1000, "release_after_s": 10}"#,
+    )
+    .unwrap();
+    dir
 }
 
 /// `text` without ANSI colour sequences.
