@@ -9,7 +9,8 @@
 //! the desk's window: the only process that maps GTK and WebKit, ended when idle, so that the desk
 //! weighs little while nobody needs it. It brings GTK up at once but makes its window (and
 //! with it WebKit's processes) only when the desk says `open`: the desk starts one ahead of need,
-//! as a spare, so that a window opens without waiting for a process to start and GTK to come up. It runs no
+//! as a spare, so that a window opens without waiting for a process to start and GTK to come up.
+//! It runs no
 //! command itself: each command the page invokes (Tauri has checked the window's capability
 //! first) crosses the channel and runs in the desk, and the desk sends back the answer, the events
 //! the page listens for, and when to show the window. It tells the desk when the window is shown,
@@ -172,8 +173,8 @@ fn window() {
     // A text-only window needs no accelerated compositing, and without it WebKit's web process
     // idles at about 60 MB less (measured under Xvfb). A user's own setting wins.
     // Nor does GTK need OpenGL here: without this, GDK loads the GL driver (Mesa and its LLVM,
-    // about 30 MB) as it opens the display, only to pick visuals for GL. Both: a user's own
-    // setting wins.
+    // about 30 MB) as it opens the display, only to pick visuals for GL. For both, a user's
+    // own setting wins.
     for (name, value) in [
         ("WEBKIT_DISABLE_COMPOSITING_MODE", "1"),
         ("GDK_GL", "disable"),
@@ -250,8 +251,8 @@ fn window() {
 /// dropped with `MADV_DONTNEED`; the kernel maps the pages again from the file, most likely still
 /// in the page cache, when they are next used. Writable mappings, and read-only ones with
 /// private copies (relocated tables, made read-only after relocation), are left as they are:
-/// dropping those would lose what was written. (Android does the same to the processes it keeps
-/// cached.) A failure changes nothing but the figure.
+/// dropping those would lose what was written. (Android likewise reclaims the pages of the processes
+/// it keeps cached, with `MADV_PAGEOUT`.) A failure changes nothing but the figure.
 fn rest() {
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return;
