@@ -10,9 +10,8 @@
 //! weighs little while nobody needs it. It brings GTK up at once but makes its window (and
 //! with it WebKit's processes) only when the desk says `open`: the desk starts one ahead of need,
 //! as a spare, so that a window opens without waiting for a process to start and GTK to come up.
-//! It runs no
-//! command itself: each command the page invokes (Tauri has checked the window's capability
-//! first) crosses the channel and runs in the desk, and the desk sends back the answer, the events
+//! It runs no command itself: each command the page invokes (Tauri has checked the window's
+//! capability first) crosses the channel and runs in the desk, and the desk sends back the answer, the events
 //! the page listens for, and when to show the window. It tells the desk when the window is shown,
 //! focused, closed or loaded (the desk holds approvals then). When the channel closes (the desk
 //! ended it, or the desk is gone) it exits: a window never outlives its desk.
