@@ -139,6 +139,17 @@ struct UpParams<'a> {
     meta: Option<UpMeta<'a>>,
 }
 
+/// An answer for the agent, serialized straight from what it holds (no JSON value built).
+#[derive(Serialize)]
+struct ToAgent<'a> {
+    jsonrpc: &'static str,
+    id: &'a RequestId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a ErrorData>,
+}
+
 #[derive(Serialize)]
 struct UpMeta<'a> {
     #[serde(rename = "progressToken")]
@@ -313,7 +324,12 @@ impl Lane {
             {
                 r.remove("resultType");
             }
-            json!({"jsonrpc": "2.0", "id": call.agent, "result": result})
+            serde_json::to_vec(&ToAgent {
+                jsonrpc: "2.0",
+                id: &call.agent,
+                result: Some(&result),
+                error: None,
+            })
         } else if let Some(error) = object.get("error") {
             let error = serde_json::from_value::<ErrorData>(error.clone()).unwrap_or_else(|_| {
                 ErrorData::internal_error(
@@ -321,13 +337,22 @@ impl Lane {
                     None,
                 )
             });
-            json!({"jsonrpc": "2.0", "id": call.agent, "error": error})
+            serde_json::to_vec(&ToAgent {
+                jsonrpc: "2.0",
+                id: &call.agent,
+                result: None,
+                error: Some(&error),
+            })
         } else {
             // Neither a result nor an error: not an answer (the full path ignores it too).
             lock(&self.calls).waiting.insert(own, call);
             return Upward::Dropped;
         };
-        Upward::Agent(answer.to_string().into_bytes())
+        match answer {
+            Ok(bytes) => Upward::Agent(bytes),
+            // Not reached: a JSON value, an id and rmcp's error type always serialize.
+            Err(_) => Upward::Dropped,
+        }
     }
 
     /// Progress of a lane call, under the agent's own token; progress under a lane token nobody
