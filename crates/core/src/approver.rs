@@ -65,8 +65,16 @@ pub struct Decision<'a> {
 }
 
 impl Decision<'_> {
-    /// The bytes signed: [`DOMAIN`], then the decision as RFC 8785 canonical JSON.
+    /// The bytes signed: [`DOMAIN`], then the decision as RFC 8785 canonical JSON. A decision
+    /// with no canonical form (an integer beyond 2^53 − 1 that no IEEE double holds) is the
+    /// domain label alone, which [`verify`] never accepts.
     pub fn signed_bytes(&self) -> Vec<u8> {
+        self.canonical_bytes()
+            .unwrap_or_else(|| DOMAIN.as_bytes().to_vec())
+    }
+
+    /// [`Decision::signed_bytes`], if the decision has a canonical form.
+    fn canonical_bytes(&self) -> Option<Vec<u8>> {
         let value = json!({
             "server": self.server,
             "request": self.request,
@@ -78,9 +86,8 @@ impl Decision<'_> {
             "class": self.class.code(),
             "expiresAtMs": self.expires_at_ms,
         });
-        // Strings, integers within the safe range and a fixed shape: always canonical.
-        let text = canonical::to_string(&value).unwrap_or_default();
-        [DOMAIN.as_bytes(), text.as_bytes()].concat()
+        let text = canonical::to_string(&value).ok()?;
+        Some([DOMAIN.as_bytes(), text.as_bytes()].concat())
     }
 }
 
@@ -190,7 +197,12 @@ pub fn verify(
     if key.is_weak() {
         return Err(BadDecision::BadKey);
     }
-    key.verify_strict(&decision.signed_bytes(), &Signature::from_bytes(signature))
+    // Without a canonical form the signed bytes would be the domain label alone, the same for
+    // every such decision: a signature over them is worth nothing for any.
+    let signed = decision
+        .canonical_bytes()
+        .ok_or(BadDecision::BadSignature)?;
+    key.verify_strict(&signed, &Signature::from_bytes(signature))
         .map_err(|_| BadDecision::BadSignature)?;
     if now_ms >= decision.expires_at_ms {
         return Err(BadDecision::Expired);
@@ -291,6 +303,44 @@ mod tests {
         let mut identity = [0u8; 32];
         identity[0] = 1;
         assert_eq!(verify(&identity, &d, &sig, 0), Err(BadDecision::BadKey));
+    }
+
+    #[test]
+    fn a_signature_over_the_domain_label_alone_is_worth_nothing_for_a_decision_beyond_2_53() {
+        let key = ApproverKey::from_seed(&[1; 32]);
+        let p = plan(9);
+        let d = decision(&p);
+        let bare = key.0.sign(DOMAIN.as_bytes()).to_bytes();
+        // 2^53 + 1: no IEEE double holds it, so it has no canonical spelling.
+        let beyond = canonical::MAX_SAFE_INTEGER + 2;
+        for c in [
+            Decision {
+                request: beyond,
+                ..d
+            },
+            Decision {
+                expires_at_ms: beyond,
+                ..d
+            },
+        ] {
+            assert_eq!(c.signed_bytes(), DOMAIN.as_bytes(), "{c:?}");
+            assert_eq!(
+                verify(&key.public(), &c, &bare, 0),
+                Err(BadDecision::BadSignature),
+                "{c:?}"
+            );
+            assert_eq!(
+                verify(&key.public(), &c, &key.sign(&c), 0),
+                Err(BadDecision::BadSignature),
+                "{c:?}"
+            );
+        }
+        // At the limit a decision is still one.
+        let at = Decision {
+            request: canonical::MAX_SAFE_INTEGER,
+            ..d
+        };
+        assert_eq!(verify(&key.public(), &at, &key.sign(&at), 0), Ok(()));
     }
 
     #[test]
