@@ -7,9 +7,13 @@
 //! (`env_vars`, `bearer_token_env_var`, `env_http_headers`) are left as they are: the desk does
 //! not have that environment.
 
-use toml_edit::{Array, DocumentMut, Item, TableLike, Value};
+use std::ops::Range;
+
+use serde_json::json;
+use toml_edit::{Array, Document, DocumentMut, Item, Table, TableLike, Value};
 
 use super::{Client, EntryAt, Found, Reach, gateway_args, is_wrapped, server_of};
+use crate::undo::Piece;
 
 const SERVERS: &str = "mcp_servers";
 
@@ -174,4 +178,164 @@ pub(super) fn rewrite(
         }
     }
     Ok(doc.to_string())
+}
+
+fn parse_spanned(text: &str) -> Result<Document<&str>, String> {
+    Document::parse(text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        match line {
+            Some(line) => format!("{} (line {line})", e.message().trim_end()),
+            None => e.message().trim_end().to_owned(),
+        }
+    })
+}
+
+/// Every table header of `table` and below: where its text starts (the comments and blank
+/// lines above it, which `toml_edit` keeps with it) and its path.
+fn headers(table: &Table, path: &[String], out: &mut Vec<(usize, Vec<String>)>) {
+    for (key, item) in table.iter() {
+        let mut here = path.to_vec();
+        here.push(key.to_owned());
+        let header = |t: &Table, here: Vec<String>, out: &mut Vec<(usize, Vec<String>)>| {
+            if !t.is_implicit()
+                && !t.is_dotted()
+                && let Some(span) = t.span()
+            {
+                let start = t
+                    .decor()
+                    .prefix()
+                    .and_then(|p| p.span())
+                    .map_or(span.start, |p| p.start.min(span.start));
+                out.push((start, here.clone()));
+            }
+            headers(t, &here, out);
+        };
+        match item {
+            Item::Table(t) => header(t, here, out),
+            Item::ArrayOfTables(tables) => {
+                for (i, t) in tables.iter().enumerate() {
+                    let mut one = here.clone();
+                    one.push(format!("[{i}]"));
+                    header(t, one, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where each entry's text is, for uninstall: each table of the entry (from the comments above
+/// its header to the next table's), or its `key = { ... }` when it is an inline table. An entry
+/// written with dotted keys has no pieces, and is restored only with the whole file.
+pub(super) fn pieces(text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, String> {
+    let doc = parse_spanned(text)?;
+    let mut starts = Vec::new();
+    headers(doc.as_table(), &[], &mut starts);
+    starts.sort();
+    let end_of_tables = doc
+        .trailing()
+        .span()
+        .map_or(text.len(), |s| s.start)
+        .max(starts.last().map_or(0, |(s, _)| *s));
+    let sections: Vec<(Range<usize>, &Vec<String>)> = starts
+        .iter()
+        .enumerate()
+        .map(|(i, (start, path))| {
+            let end = starts.get(i + 1).map_or(end_of_tables, |(next, _)| *next);
+            (*start..end, path)
+        })
+        .collect();
+    let Some(servers) = doc.get(SERVERS).and_then(Item::as_table_like) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for (key, item) in servers.iter() {
+        let at = EntryAt {
+            parents: vec![SERVERS.to_owned()],
+            key: key.to_owned(),
+        };
+        let pieces = match item {
+            Item::Table(t) if !t.is_dotted() => sections
+                .iter()
+                .filter(|(_, path)| path.len() >= 2 && path[0] == SERVERS && path[1] == key)
+                .map(|(range, path)| Piece {
+                    id: path.join("\u{0}"),
+                    range: range.clone(),
+                })
+                .collect(),
+            Item::Value(value) => match (servers.key(key).and_then(|k| k.span()), value.span()) {
+                (Some(k), Some(v)) if k.start <= v.end => vec![Piece {
+                    id: "=".into(),
+                    range: k.start..v.end,
+                }],
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        out.push((at, pieces));
+    }
+    Ok(out)
+}
+
+fn plain_value(value: &Value) -> serde_json::Value {
+    match value {
+        Value::String(s) => json!(s.value()),
+        Value::Integer(i) => json!(i.value()),
+        Value::Float(f) => json!({"$float": f.value().to_string()}),
+        Value::Boolean(b) => json!(b.value()),
+        Value::Datetime(d) => json!({"$datetime": d.value().to_string()}),
+        Value::Array(a) => a.iter().map(plain_value).collect(),
+        Value::InlineTable(t) => t
+            .iter()
+            .map(|(k, v)| (k.to_owned(), plain_value(v)))
+            .collect(),
+    }
+}
+
+fn plain_item(item: &Item) -> serde_json::Value {
+    match item {
+        Item::None => serde_json::Value::Null,
+        Item::Value(v) => plain_value(v),
+        Item::Table(t) => t
+            .iter()
+            .map(|(k, v)| (k.to_owned(), plain_item(v)))
+            .collect(),
+        Item::ArrayOfTables(a) => a
+            .iter()
+            .map(|t| {
+                let map: serde_json::Map<String, serde_json::Value> = t
+                    .iter()
+                    .map(|(k, v)| (k.to_owned(), plain_item(v)))
+                    .collect();
+                serde_json::Value::Object(map)
+            })
+            .collect(),
+    }
+}
+
+/// The file as data, for uninstall to compare.
+pub(super) fn plain(text: &str) -> Result<serde_json::Value, String> {
+    Ok(plain_item(parse_spanned(text)?.as_item()))
+}
+
+/// `text` with the original tables of a gone entry added at its end; an entry that was an
+/// inline table is not put back (it would land in whichever table ends the file).
+pub(super) fn place(text: &str, pieces: &[(String, &str)]) -> Result<String, String> {
+    if pieces.iter().any(|(id, _)| id == "=") {
+        return Err(
+            "it is gone from the file, and it was written inside another table; add it back by \
+             hand"
+                .into(),
+        );
+    }
+    let mut out = text.to_owned();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    for (_, piece) in pieces {
+        out.push_str(piece);
+    }
+    Ok(out)
 }

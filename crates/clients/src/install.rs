@@ -1,14 +1,21 @@
 //! What `countersign install` and `countersign uninstall` do, in the order that loses nothing:
 //! the original file goes into the keychain first (it holds the credentials, so never into a
 //! file under the home), then every server is registered, and only when all of them are does
-//! the file change, atomically, keeping its mode. Uninstall writes the original back byte for
-//! byte, but refuses (unless forced) when the file was edited since install wrote it, because
-//! those edits would be lost.
+//! the file change, atomically, keeping its mode. Uninstall puts back the entries install
+//! rewrote, each byte for byte as it was, and keeps every other byte of the file as it is now:
+//! clients write their own files all the time (Claude Code on every start), and those writes
+//! are not install's to undo. It refuses, naming them, when one of those entries was changed
+//! since install wrote it, unless forced ([`crate::undo`] says how).
 //!
 //! The backup kept under [`backup_key`] is one small JSON document: the client, the file, and a
 //! step per install that changed the file (its original, the SHA-256 of what install wrote, the
-//! servers it registered). A second install after the person added a server pushes a step
-//! rather than overwriting the first original, which holds the first servers' credentials.
+//! servers it registered, and `rewritten`: the file as install wrote it and the place of each
+//! entry it rewrote). From the original and the written file uninstall finds each entry's text
+//! before and after install, so neither is kept twice. A second install after the person added a
+//! server pushes a step rather than overwriting the first original, which holds the first
+//! servers' credentials. A step written before `rewritten` existed is restored as then: the
+//! whole original when the file is as install wrote it, a refusal otherwise (`--force`: the
+//! whole original anyway).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -24,6 +31,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Client, EntryAt, Found, Leave, name_from_key, read_entries, rewrite};
 use crate::Registrar;
+use crate::undo::{self, Undo};
 
 /// What to install into (or restore), and how.
 #[derive(Debug, Clone)]
@@ -36,7 +44,7 @@ pub struct Options {
     pub program: String,
     /// Install: say what would change and change nothing.
     pub dry_run: bool,
-    /// Uninstall: restore even when the file was edited since install wrote it.
+    /// Uninstall: put the entries install rewrote back even when one was changed since.
     pub force: bool,
 }
 
@@ -126,14 +134,37 @@ pub enum InstallError {
         /// The file.
         path: PathBuf,
     },
-    /// The file was edited after install wrote it.
-    #[error(
-        "{path} was changed since `countersign install` wrote it; restoring the original would \
-         lose those changes. `countersign uninstall --client {client} --force` restores it anyway"
-    )]
+    /// Entries install rewrote were changed after install wrote them (or, for an install made
+    /// before the entries were recorded, the file was).
+    #[error("{}", edited_since(.client, .path, .entries))]
     EditedSinceInstall {
         /// The client's name.
         client: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The changed entries, by place (`mcpServers.github`); empty for an install made
+        /// before they were recorded, which only the whole file can undo.
+        entries: Vec<String>,
+    },
+    /// An entry install rewrote cannot be put back alone, and why; nothing was written.
+    #[error(
+        "{path}: the entry {entry} cannot be put back: {why}; the file was left as it was. \
+         The original is in the keychain; `countersign server list` shows the server it became"
+    )]
+    CannotPutBack {
+        /// The file.
+        path: PathBuf,
+        /// The entry, by place.
+        entry: String,
+        /// Why (never a value of the file).
+        why: String,
+    },
+    /// The file kept changing while uninstall was putting the entries back.
+    #[error(
+        "{path} kept changing while its entries were being put back (the client may be \
+         writing it); it was left as it was: run uninstall again"
+    )]
+    ChangedWhileRestoring {
         /// The file.
         path: PathBuf,
     },
@@ -145,6 +176,28 @@ pub enum InstallError {
         /// Why.
         message: String,
     },
+}
+
+fn edited_since(client: &str, path: &Path, entries: &[String]) -> String {
+    if entries.is_empty() {
+        return format!(
+            "{} was changed since `countersign install` wrote it, and that install (by an \
+             earlier countersign) kept only the whole file, so restoring it would lose those \
+             changes. `countersign uninstall --client {client} --force` restores it anyway",
+            path.display()
+        );
+    }
+    let (them, were) = match entries.len() {
+        1 => ("it", "was"),
+        _ => ("them", "were"),
+    };
+    format!(
+        "{}: {} {were} changed since `countersign install` rewrote {them}; putting back the \
+         original would lose those changes. `countersign uninstall --client {client} --force` \
+         puts {them} back anyway (the rest of the file stays as it is)",
+        path.display(),
+        entries.join(", "),
+    )
 }
 
 /// A server install registers.
@@ -275,7 +328,7 @@ struct Backup {
     steps: Vec<Step>,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Step {
     /// The file before this install.
     original: String,
@@ -283,6 +336,30 @@ struct Step {
     installed_sha256: String,
     /// The servers this install registered.
     servers: Vec<String>,
+    /// What uninstall needs to put back only the rewritten entries; absent in a step written by
+    /// an earlier countersign, or when the entries cannot be put back alone (then the whole
+    /// file is restored, as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rewritten: Option<Rewritten>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+struct Rewritten {
+    /// The file as this install wrote it.
+    installed: String,
+    /// Each entry it rewrote.
+    entries: Vec<EntryAt>,
+}
+
+/// The record of `plan`'s entries, when putting them back alone into the very file install
+/// writes gives back `original` byte for byte (else uninstall goes by the whole file).
+fn rewritten(client: Client, original: &str, plan: &Installation) -> Option<Rewritten> {
+    let entries: Vec<EntryAt> = plan.registrations.iter().map(|r| r.at.clone()).collect();
+    let back = undo::undo(client, original, &plan.text, &plan.text, &entries, false).ok()?;
+    (back == original).then(|| Rewritten {
+        installed: plan.text.clone(),
+        entries,
+    })
 }
 
 const BACKUP_FORMAT: u32 = 1;
@@ -543,21 +620,14 @@ pub fn install(
         original: text.clone(),
         installed_sha256: sha256(plan.text.as_bytes()),
         servers: plan.registrations.iter().map(|r| r.name.clone()).collect(),
+        rewritten: rewritten(client, &text, &plan),
     };
     let mut backup = match &previous {
         Some(previous) => Backup {
             format: BACKUP_FORMAT,
             client: previous.client.clone(),
             path: previous.path.clone(),
-            steps: previous
-                .steps
-                .iter()
-                .map(|s| Step {
-                    original: s.original.clone(),
-                    installed_sha256: s.installed_sha256.clone(),
-                    servers: s.servers.clone(),
-                })
-                .collect(),
+            steps: previous.steps.clone(),
         },
         None => Backup {
             format: BACKUP_FORMAT,
@@ -669,9 +739,105 @@ fn restore_backup(
     }
 }
 
-/// Restores the client's configuration at `options.path` to what the last install found there,
-/// byte for byte, unless it was edited since (or `options.force`); the servers stay registered.
-/// Says what it did on `out`.
+/// What uninstall writes, and how it came to be.
+enum Restored {
+    /// The whole original: the file was as install wrote it (or an earlier install's step, or
+    /// forced).
+    Whole(String),
+    /// Today's file with the rewritten entries put back; those forced back although changed.
+    Entries(String, Vec<EntryAt>),
+}
+
+/// What to write for `step` over the file as it is now (`None`: there is none).
+fn restored(
+    client: Client,
+    step: &Step,
+    current: Option<&[u8]>,
+    options: &Options,
+) -> Result<Restored, InstallError> {
+    let shown = &options.path;
+    let whole = || Restored::Whole(step.original.clone());
+    let edited = |entries: Vec<String>| InstallError::EditedSinceInstall {
+        client: client.id(),
+        path: shown.clone(),
+        entries,
+    };
+    let Some(current) = current else {
+        // No file: nothing of the client's to keep.
+        return match &step.rewritten {
+            _ if options.force => Ok(whole()),
+            Some(r) => Err(edited(r.entries.iter().map(ToString::to_string).collect())),
+            None => Err(edited(Vec::new())),
+        };
+    };
+    if sha256(current) == step.installed_sha256 {
+        return Ok(whole());
+    }
+    let Some(record) = &step.rewritten else {
+        return if options.force {
+            Ok(whole())
+        } else {
+            Err(edited(Vec::new()))
+        };
+    };
+    let text = std::str::from_utf8(current).map_err(|e| InstallError::Parse {
+        path: shown.clone(),
+        message: format!("it is not UTF-8 (at byte {})", e.valid_up_to()),
+    })?;
+    let bad_backup = |message: String| InstallError::BadBackup {
+        path: shown.clone(),
+        message,
+    };
+    let forced = if options.force {
+        undo::changed(client, &record.installed, text, &record.entries).map_err(|e| match e {
+            Undo::Unreadable("current", message) => InstallError::Parse {
+                path: shown.clone(),
+                message,
+            },
+            _ => bad_backup("what install wrote cannot be read".into()),
+        })?
+    } else {
+        Vec::new()
+    };
+    match undo::undo(
+        client,
+        &step.original,
+        &record.installed,
+        text,
+        &record.entries,
+        options.force,
+    ) {
+        Ok(out) => Ok(Restored::Entries(out, forced)),
+        Err(Undo::Changed(entries)) => {
+            Err(edited(entries.iter().map(ToString::to_string).collect()))
+        }
+        Err(Undo::Unplaced(at, why)) => Err(InstallError::CannotPutBack {
+            path: shown.clone(),
+            entry: at.to_string(),
+            why,
+        }),
+        Err(Undo::Unreadable("current", message)) => Err(InstallError::Parse {
+            path: shown.clone(),
+            message,
+        }),
+        Err(Undo::Unreadable(which, message)) => Err(bad_backup(format!(
+            "the file as {} cannot be read: {message}",
+            if which == "original" {
+                "it was before install"
+            } else {
+                "install wrote it"
+            }
+        ))),
+    }
+}
+
+/// How many times uninstall reads the file again when the client wrote it meanwhile.
+const TRIES: usize = 5;
+
+/// Restores what the last install of the client's configuration at `options.path` rewrote: each
+/// entry as it was, byte for byte, and every other byte as the file is now. Refuses, naming
+/// them, when one of those entries was changed since, unless `options.force`; the servers stay
+/// registered. Says what it did on `out`.
 pub fn uninstall(
     registrar: &mut dyn Registrar,
     options: &Options,
@@ -697,59 +863,94 @@ pub fn uninstall(
             path: shown.clone(),
         });
     };
-    let (current, mode) = match fs::read(&path) {
+    let read_now = || match fs::read(&path) {
         Ok(bytes) => {
             let mode = fs::metadata(&path)
                 .map(|m| m.permissions().mode() & 0o7777)
                 .unwrap_or(0o600);
-            (Some(bytes), mode)
+            Ok((Some(bytes), mode))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => (None, 0o600),
-        Err(source) => {
-            return Err(InstallError::Read {
-                path: shown.clone(),
-                source,
-            });
-        }
-    };
-    let as_installed = current
-        .as_deref()
-        .is_some_and(|bytes| sha256(bytes) == step.installed_sha256);
-    if !as_installed && !options.force {
-        return Err(InstallError::EditedSinceInstall {
-            client: client.id(),
-            path: shown.clone(),
-        });
-    }
-    write_atomically(&path, step.original.as_bytes(), mode).map_err(|source| {
-        InstallError::Write {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok((None, 0o600)),
+        Err(source) => Err(InstallError::Read {
             path: shown.clone(),
             source,
+        }),
+    };
+    // The client may write the file between the read and the write: read it again just
+    // before, and start over when it did, so that its write is kept too.
+    let mut written = None;
+    for _ in 0..TRIES {
+        let (current, mode) = read_now()?;
+        let result = restored(client, &step, current.as_deref(), options)?;
+        if read_now()?.0 != current {
+            continue;
         }
-    })?;
+        let bytes = match &result {
+            Restored::Whole(text) | Restored::Entries(text, _) => text.as_bytes(),
+        };
+        write_atomically(&path, bytes, mode).map_err(|source| InstallError::Write {
+            path: shown.clone(),
+            source,
+        })?;
+        written = Some(result);
+        break;
+    }
+    let Some(result) = written else {
+        return Err(InstallError::ChangedWhileRestoring {
+            path: shown.clone(),
+        });
+    };
     let _ = writeln!(out, "{}: {}", client.title(), shown.display());
-    let _ = writeln!(
-        out,
-        "  restored the file as it was before `countersign install`"
-    );
+    let now = match &result {
+        Restored::Whole(text) => {
+            let _ = writeln!(
+                out,
+                "  restored the file as it was before `countersign install`"
+            );
+            text
+        }
+        Restored::Entries(text, forced) => {
+            let entries = step.rewritten.as_ref().map_or(&[][..], |r| &r.entries[..]);
+            let names: Vec<String> = entries.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                out,
+                "  put back the entries `countersign install` rewrote, as they were: {}; the \
+                 rest of the file is as {} left it",
+                names.join(", "),
+                client.title()
+            );
+            if !forced.is_empty() {
+                let names: Vec<String> = forced.iter().map(ToString::to_string).collect();
+                let _ = writeln!(
+                    out,
+                    "  (--force: put back although changed since install: {})",
+                    names.join(", ")
+                );
+            }
+            text
+        }
+    };
     let restored = "the file was restored";
     if backup.steps.is_empty() {
         put_backup(registrar, &key, None, &path, out, restored)?;
     } else {
         put_backup(registrar, &key, Some(&backup), &path, out, restored)?;
-        let clean = backup
-            .steps
-            .last()
-            .is_some_and(|earlier| sha256(step.original.as_bytes()) == earlier.installed_sha256);
+        let clean = backup.steps.last().is_some_and(|earlier| {
+            sha256(now.as_bytes()) == earlier.installed_sha256
+                || earlier.rewritten.as_ref().is_some_and(|r| {
+                    undo::changed(client, &r.installed, now, &r.entries)
+                        .is_ok_and(|changed| changed.is_empty())
+                })
+        });
         let _ = writeln!(
             out,
             "  an earlier install of this file is kept too: `countersign uninstall --client \
-             {client}` again restores the file as it was before that one{}",
+             {client}` again undoes that one{}",
             if clean {
                 ""
             } else {
-                " (with --force: the file was edited after that install, and those edits would \
-                 be lost)"
+                " (with --force: what it rewrote was changed after that install, and those \
+                 changes would be lost)"
             }
         );
     }

@@ -13,13 +13,15 @@
 //! settings decide only whether the client asks its own user; Countersign never reads them, and
 //! a gated tool still needs the click in the desk whatever the client's config says.
 
-use jsonc_parser::ParseOptions;
+use jsonc_parser::common::Ranged;
 use jsonc_parser::cst::{CstInputValue, CstObject, CstObjectProp, CstRootNode};
+use jsonc_parser::{CollectOptions, ParseOptions, ast};
 use serde_json::{Map, Value};
 
 use super::{
     Client, EntryAt, FIX_BY_HAND, Found, Leave, Reach, gateway_args, is_wrapped, server_of,
 };
+use crate::undo::Piece;
 
 /// Keys that say how a client reaches a server: the rewritten entry loses them (the desk has
 /// them now), except `command`, `args` and `type`, which are set.
@@ -382,6 +384,89 @@ fn set_or_insert(
         }
         None => object.insert(index, key, value),
     }
+}
+
+/// Where each entry's value is in `text`, for uninstall: one piece per entry.
+pub(super) fn pieces(client: Client, text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, String> {
+    let parsed =
+        jsonc_parser::parse_to_ast(text, &CollectOptions::default(), &ParseOptions::default())
+            .map_err(|e| {
+                format!(
+                    "{} (line {}, column {})",
+                    e.kind(),
+                    e.line_display(),
+                    e.column_display()
+                )
+            })?;
+    let mut out = Vec::new();
+    let Some(ast::Value::Object(top)) = parsed.value else {
+        return Ok(out);
+    };
+    let patterns = client.spec().servers_at;
+    for pattern in patterns {
+        let mut level: Vec<(Vec<String>, &ast::Object)> = vec![(Vec::new(), &top)];
+        for segment in *pattern {
+            let mut next = Vec::new();
+            for (path, object) in level {
+                for prop in &object.properties {
+                    let name = prop.name.as_str();
+                    if let ast::Value::Object(inner) = &prop.value
+                        && (*segment == "*" || *segment == name)
+                    {
+                        let mut p = path.clone();
+                        p.push(name.to_owned());
+                        next.push((p, inner));
+                    }
+                }
+            }
+            level = next;
+        }
+        for (parents, object) in level {
+            for prop in &object.properties {
+                let key = prop.name.as_str();
+                if holds_entries(patterns, &parents, key) {
+                    continue;
+                }
+                let at = EntryAt {
+                    parents: parents.clone(),
+                    key: key.to_owned(),
+                };
+                let range = prop.value.range();
+                out.push((
+                    at,
+                    vec![Piece {
+                        id: String::new(),
+                        range: range.start..range.end,
+                    }],
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The file as data, for uninstall to compare.
+pub(super) fn plain(text: &str) -> Result<Value, String> {
+    Ok(parse(text)?
+        .value()
+        .and_then(|v| v.to_serde_value())
+        .unwrap_or(Value::Null))
+}
+
+/// `text` with the gone entry `at` back as `null` at the end of its object of entries, for
+/// uninstall to put the original's text in; an error when that object is gone too.
+pub(super) fn place(client: Client, text: &str, at: &EntryAt) -> Result<String, String> {
+    let root = parse(text)?;
+    let object = server_objects(client, &root)
+        .into_iter()
+        .find(|(path, _)| *path == at.parents)
+        .map(|(_, object)| object)
+        .ok_or_else(|| {
+            "it is gone from the file, and so is the object it was in; add it back by hand"
+                .to_owned()
+        })?;
+    object.append(&at.key, CstInputValue::Null);
+    Ok(root.to_string())
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ mod json;
 mod registrar;
 mod survey;
 pub mod table;
+mod undo;
 mod yaml;
 
 use std::collections::BTreeMap;
@@ -233,7 +234,7 @@ impl fmt::Display for Client {
 }
 
 /// Where an entry is in its file: the keys down to the object of entries, and its own key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct EntryAt {
     /// The keys from the top of the file to the object holding the entry.
     pub parents: Vec<String>,

@@ -30,6 +30,7 @@ use super::{
     Client, EntryAt, FIX_BY_HAND, Found, Leave, Reach, gateway_args, is_wrapped, server_of,
 };
 use crate::json::SSE_NEXT;
+use crate::undo::Piece;
 
 /// Keys that say how a client reaches a server: the rewritten entry loses them (besides the
 /// client's own environment key).
@@ -454,6 +455,62 @@ fn rewrite_entry(client: Client, entry: &Mapping, program: &str, args: &[String]
         None if shape.needs_type => entry.set("type", shape.stdio[0]),
         None => {}
     }
+}
+
+/// Where each entry's value is in `text`, for uninstall: one piece per entry.
+pub(super) fn pieces(client: Client, text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, String> {
+    let file = parse(text)?;
+    Ok(each_entry(client, &file)
+        .into_iter()
+        .map(|(at, node, _)| {
+            let range = node.byte_range();
+            let piece = Piece {
+                id: String::new(),
+                range: range.start as usize..range.end as usize,
+            };
+            (at, vec![piece])
+        })
+        .collect())
+}
+
+/// A node as data, for uninstall to compare: an alias or a tagged node as its text.
+fn value_of(text: &str, node: &YamlNode) -> serde_json::Value {
+    match node {
+        YamlNode::Scalar(s) if s.is_null() => serde_json::Value::Null,
+        YamlNode::Scalar(s) => serde_json::Value::String(s.as_string()),
+        YamlNode::Mapping(m) => m
+            .iter()
+            .map(|(k, v)| {
+                let key = match &k {
+                    YamlNode::Scalar(s) => s.as_string(),
+                    other => format!("$yaml {}", source(text, other)),
+                };
+                (key, value_of(text, &v))
+            })
+            .collect(),
+        YamlNode::Sequence(s) => s.values().map(|v| value_of(text, &v)).collect(),
+        YamlNode::Alias(_) | YamlNode::TaggedNode(_) => {
+            serde_json::json!({ "$yaml": source(text, node) })
+        }
+    }
+}
+
+fn source<'a>(text: &'a str, node: &YamlNode) -> &'a str {
+    let range = node.byte_range();
+    text.get(range.start as usize..range.end as usize)
+        .unwrap_or_default()
+}
+
+/// The file as data, for uninstall to compare.
+pub(super) fn plain_value(text: &str) -> Result<serde_json::Value, String> {
+    let file = parse(text)?;
+    let Some(doc) = file.documents().next() else {
+        return Ok(serde_json::Value::Null);
+    };
+    Ok(match doc.as_mapping() {
+        Some(map) => value_of(text, &YamlNode::Mapping(map)),
+        None => serde_json::json!({ "$yaml": text }),
+    })
 }
 
 #[cfg(test)]

@@ -138,7 +138,8 @@ enum Command {
     /// desk (every environment value and header into the keychain) and rewrite each entry to
     /// `countersign mcp --server NAME`, keeping everything else of the file as it was.
     ///
-    /// The original file is kept in the keychain first; `countersign uninstall` restores it.
+    /// The original file is kept in the keychain first; `countersign uninstall` puts back the
+    /// entries it rewrote.
     ///
     /// Examples:
     ///   countersign install --client claude-desktop --dry-run
@@ -162,15 +163,20 @@ enum Command {
     /// is protected, which entries go through Countersign, which `install` would protect, and
     /// which it leaves alone (why, and what to do). Reads only; asks no desk.
     Clients,
-    /// Restore a client's configuration as it was before `countersign install`, byte for byte.
+    /// Undo `countersign install` of a client's configuration: each entry install rewrote is
+    /// put back as it was, byte for byte, and the rest of the file stays as it is now (what the
+    /// client wrote since is kept).
     ///
+    /// Refused, naming them, when one of those entries was changed since install wrote it. An
+    /// install made by an earlier countersign is undone as then: the whole file, when unchanged.
     /// The servers install registered stay registered in the desk (`countersign server remove
     /// NAME` removes one).
     Uninstall {
         /// Which client's configuration.
         #[arg(long, value_enum)]
         client: countersign_clients::Client,
-        /// Restore it even if the file was edited since install wrote it (those edits are lost).
+        /// Put the entries back even if one was changed since install wrote it (that change is
+        /// lost; the rest of the file is still kept).
         #[arg(long)]
         force: bool,
         #[command(flatten)]
