@@ -506,21 +506,28 @@ fn a_denied_server_leaves_the_file_and_the_backup_as_they_were() {
 }
 
 #[test]
-fn uninstall_refuses_to_lose_edits_made_after_install_unless_forced() {
+fn uninstall_refuses_to_lose_an_edit_of_a_rewritten_entry_unless_forced() {
     let s = setup("cursor", "json", "mcp.json");
     let mut desk = FakeDesk::default();
     let opts = options(Client::Cursor, &s.path);
     run(clients::install, &mut desk, &opts).0.unwrap();
+    // The person points the protected entry elsewhere, and adds a key of their own.
     let edited = fs::read_to_string(&s.path)
         .unwrap()
+        .replacen(
+            &format!("\"command\": \"{PROGRAM}\""),
+            "\"command\": \"elsewhere\"",
+            1,
+        )
         .replace("\n}", ",\n  \"x\": 1\n}");
     fs::write(&s.path, &edited).unwrap();
 
     let err = run(clients::uninstall, &mut desk, &opts).0.unwrap_err();
-    assert!(
-        matches!(err, InstallError::EditedSinceInstall { .. }),
-        "{err}"
-    );
+    let InstallError::EditedSinceInstall { entries, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(entries, &["mcpServers.stripe"], "{err}");
+    assert!(err.to_string().contains("mcpServers.stripe"), "{err}");
     assert!(err.to_string().contains("--force"));
     assert_eq!(fs::read_to_string(&s.path).unwrap(), edited);
 
@@ -529,31 +536,55 @@ fn uninstall_refuses_to_lose_edits_made_after_install_unless_forced() {
         ..opts
     };
     run(clients::uninstall, &mut desk, &forced).0.unwrap();
-    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+    // Every entry as it was; the person's own key stays.
+    assert_eq!(
+        fs::read_to_string(&s.path).unwrap(),
+        s.before.replace("\n}", ",\n  \"x\": 1\n}")
+    );
 }
 
 #[test]
-fn uninstall_of_an_edited_yaml_file_refuses_unless_forced() {
+fn uninstall_of_a_yaml_file_keeps_a_comment_added_since_and_refuses_an_edited_entry() {
     let s = setup("goose", "yaml", "config.yaml");
     let mut desk = FakeDesk::default();
     let opts = options(Client::Goose, &s.path);
     run(clients::install, &mut desk, &opts).0.unwrap();
-    let edited = format!("{}# edited by hand\n", fs::read_to_string(&s.path).unwrap());
+    let installed = fs::read_to_string(&s.path).unwrap();
+    let edited = format!("{installed}# edited by hand\n").replacen(
+        "GOOSE_MODE: smart_approve",
+        "GOOSE_MODE: auto",
+        1,
+    );
     fs::write(&s.path, &edited).unwrap();
+    // The person also turns the protected GitHub entry off.
+    let github = installed.find("  github:").unwrap();
+    let off = installed[github..].find("enabled: true").unwrap() + github;
+    let touched = format!(
+        "{}enabled: false{}",
+        &edited[..off],
+        &edited[off + "enabled: true".len()..]
+    );
+    fs::write(&s.path, &touched).unwrap();
 
     let err = run(clients::uninstall, &mut desk, &opts).0.unwrap_err();
-    assert!(
-        matches!(err, InstallError::EditedSinceInstall { .. }),
-        "{err}"
-    );
-    assert!(err.to_string().contains("--force"), "{err}");
-    assert_eq!(fs::read_to_string(&s.path).unwrap(), edited);
+    let InstallError::EditedSinceInstall { entries, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(entries, &["extensions.github"], "{err}");
+    assert_eq!(fs::read_to_string(&s.path).unwrap(), touched);
     let forced = Options {
         force: true,
         ..opts
     };
     run(clients::uninstall, &mut desk, &forced).0.unwrap();
-    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
+    assert_eq!(
+        fs::read_to_string(&s.path).unwrap(),
+        format!("{}# edited by hand\n", s.before).replacen(
+            "GOOSE_MODE: smart_approve",
+            "GOOSE_MODE: auto",
+            1
+        )
+    );
 }
 
 #[test]
@@ -585,19 +616,17 @@ fn a_second_install_keeps_the_first_original_for_uninstall_to_reach() {
     result.unwrap();
     assert_eq!(fs::read_to_string(&s.path).unwrap(), added);
     assert!(report.contains("an earlier install"), "{report}");
-    assert!(report.contains("--force"), "{report}");
-    // Going further back loses the server added by hand: only when forced.
-    let err = run(clients::uninstall, &mut desk, &opts).0.unwrap_err();
-    assert!(
-        matches!(err, InstallError::EditedSinceInstall { .. }),
-        "{err}"
+    assert!(!report.contains("--force"), "{report}");
+    // Going further back puts the first install's entries back and keeps the one added by hand.
+    run(clients::uninstall, &mut desk, &opts).0.unwrap();
+    assert_eq!(
+        fs::read_to_string(&s.path).unwrap(),
+        s.before.replacen(
+            "\"mcpServers\": {",
+            "\"mcpServers\": {\n    \"slack\": {\"command\": \"slack-mcp\", \"env\": {\"SLACK_TOKEN\": \"xoxb-second0001\"}},",
+            1,
+        )
     );
-    let forced = Options {
-        force: true,
-        ..opts
-    };
-    run(clients::uninstall, &mut desk, &forced).0.unwrap();
-    assert_eq!(fs::read_to_string(&s.path).unwrap(), s.before);
     assert!(desk.backups.is_empty());
 }
 
