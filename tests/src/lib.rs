@@ -17,6 +17,8 @@ pub mod measure;
 pub mod otlp;
 pub mod postgres;
 pub mod proxy;
+pub mod real_clients;
+pub mod scripted_model;
 pub mod window;
 pub mod xwindow;
 

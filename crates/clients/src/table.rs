@@ -864,17 +864,27 @@ pub(crate) static TABLE: [Spec; 31] = [
     },
 ];
 
+/// The clients whose own program the tests run through Countersign (tests/install.rs), by
+/// `--client` name, at the version `.ci/setup tests` pins: `countersign install`, the client's
+/// listing of the tools, open calls, a gated call that runs once after the click in the window,
+/// `countersign uninstall`. Change a version here with the one in `.ci/setup`.
+pub const RUN_IN_TESTS: [(&str, &str); 2] = [("claude-code", "2.1.332"), ("codex", "0.171.0")];
+
 /// The README's table of clients, rendered from [`TABLE`] (a test keeps the README's copy equal
 /// to it), and beneath it what could not be confirmed in each client's own documentation.
 pub fn readme_table() -> String {
     let mut out = String::from(
-        "| Client | `--client` | Linux | macOS | Windows | Format | Servers at | Source | Confirmed there |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| Client | `--client` | Linux | macOS | Windows | Format | Servers at | Source | Confirmed there | Its program in the tests |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for spec in &TABLE {
         let (linux, mac) = spec.unix_paths();
+        let run = match RUN_IN_TESTS.iter().find(|(id, _)| *id == spec.id) {
+            Some((_, version)) => format!("yes ({version})"),
+            None => "no".to_owned(),
+        };
         out.push_str(&format!(
-            "| {} | `{}` | `{linux}` | `{mac}` | `{}` | {} | `{}` | [docs]({}) | {} |\n",
+            "| {} | `{}` | `{linux}` | `{mac}` | `{}` | {} | `{}` | [docs]({}) | {} | {run} |\n",
             spec.title,
             spec.id,
             spec.windows,

@@ -478,6 +478,17 @@ fn the_readme_lists_every_client_as_the_table_does() {
         table == expected,
         "README.md's table of clients differs from crates/clients/src/table.rs:\n{expected}"
     );
+    // A client the table says the tests run is one of the table's, at the version the test
+    // setup installs (tests/install.rs checks the program it runs against the same pin).
+    let setup =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/setup")).unwrap();
+    for (id, version) in clients::table::RUN_IN_TESTS {
+        assert!(Client::from_id(id).is_some(), "{id} is not in the table");
+        assert!(
+            setup.contains(&format!("@{version}")),
+            ".ci/setup pins no {id} at {version}"
+        );
+    }
 }
 
 #[test]
