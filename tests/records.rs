@@ -114,6 +114,7 @@ suite!(
     a_member_name_that_could_pass_for_something_else_is_refused,
     decisions_are_kept_whole_in_order_and_read_back_newest_last,
     a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_reads_the_verdict,
+    a_row_stays_in_sight_while_any_replica_keeps_it_and_a_decided_one_is_not_moved,
 );
 
 type R = Arc<dyn Records>;
@@ -988,4 +989,46 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
         r.approved_by(server, b, &plan).await.unwrap(),
         ["alice", "bob"]
     );
+}
+
+/// Issue 29: a call asked again on replica B after replica A (which wrote its row) died is kept
+/// in desks' sight by B, by its number; a row whose verdict is in keeps the expiry the verdict
+/// gave it; a row nobody keeps lapses.
+async fn a_row_stays_in_sight_while_any_replica_keeps_it_and_a_decided_one_is_not_moved(r: R) {
+    let server = "https://approvers.example.com";
+    let ids = |rows: Vec<WaitingCall>| rows.into_iter().map(|w| w.id).collect::<Vec<_>>();
+    // Written by A, which then dies: nobody refreshes its rows by name any more.
+    let held = r.put_waiting(&waiting_call("a", 1, 10_000)).await.unwrap();
+    let lapsing = r.put_waiting(&waiting_call("a", 2, 10_000)).await.unwrap();
+    let decided = r.put_waiting(&waiting_call("a", 3, 10_000)).await.unwrap();
+    assert!(
+        r.decide_waiting(decided, Verdict::Approve, None, 12_000)
+            .await
+            .unwrap()
+    );
+    // B holds the first call (its agent asked again there) and keeps it, even after it lapsed.
+    assert!(ids(r.waiting_calls(server, 11_000).await.unwrap()).is_empty());
+    r.keep_waiting(&[held, decided, 9_999], 25_000)
+        .await
+        .unwrap();
+    assert_eq!(ids(r.waiting_calls(server, 20_000).await.unwrap()), [held]);
+    assert_eq!(
+        r.waiting_call(lapsing)
+            .await
+            .unwrap()
+            .unwrap()
+            .expires_at_ms,
+        10_000
+    );
+    assert_eq!(
+        r.waiting_call(decided)
+            .await
+            .unwrap()
+            .unwrap()
+            .expires_at_ms,
+        12_000,
+        "a decided row keeps the expiry its verdict set"
+    );
+    r.keep_waiting(&[], 30_000).await.unwrap();
+    assert!(ids(r.waiting_calls(server, 26_000).await.unwrap()).is_empty());
 }

@@ -91,6 +91,7 @@ function renderQueue() {
     const target = shownNode("span", { text: head(r.target_shown.text, 40), flags: r.target_shown.flags });
     const who = document.createElement("small");
     who.append(shownNode("span", r.agent), " · ", shownNode("span", r.server));
+    if (typeof r.stopped_waiting_at_ms === "number") who.append(" · the agent stopped waiting");
     li.append(tool, target, who);
   }
   text("count", requests.length ? `(${requests.length})` : "");
@@ -135,7 +136,10 @@ function renderDetailOnly(changed) {
   $("change").hidden = !r.change;
   $("call").hidden = !!r.change;
   $("reversibility").hidden = !!r.change;
-  if (r.change) $("d-unknown").hidden = true;
+  if (r.change) {
+    $("d-unknown").hidden = true;
+    $("d-stopped").hidden = true;
+  }
   text("deny-note-label", r.change ? "Note for whoever proposed it (optional, sent with Deny):" : "Note for the agent (optional, sent with Deny):");
   if (r.change) renderChange(r.change);
   else renderCall(r);
@@ -177,6 +181,13 @@ function renderCall(r) {
   $("d-unknown").hidden = !unknown;
   text("d-unknown", unknown
     ? `The last identical call, at ${new Date(r.last_unknown_at_ms).toLocaleString()}, was handed to its server and never answered: whether it ran is not known. Check before approving it again.`
+    : "");
+  // The agent stopped waiting (its cancel, or its client's own timeout): the request stays for a
+  // while, and an approval is collected when the agent asks the same call again.
+  const stopped = typeof r.stopped_waiting_at_ms === "number";
+  $("d-stopped").hidden = !stopped;
+  text("d-stopped", stopped
+    ? `The agent stopped waiting for this call; it will collect the approval if it asks again. The request leaves the queue at ${new Date(r.leaves_at_ms).toLocaleTimeString()}.`
     : "");
   shown("d-agent", r.agent);
   shown("d-server", r.server);
@@ -222,12 +233,18 @@ async function onDeny() {
   }
 }
 
+/** What a request asks, for telling whether it changed: whether its agent still waits is not part
+ *  of it (the agent stopping and coming back does not hold Approve again). */
+function asked(r) {
+  return r ? JSON.stringify({ ...r, stopped_waiting_at_ms: null, leaves_at_ms: null }) : null;
+}
+
 function onQueue(list) {
-  const before = selected ? JSON.stringify(selected) : null;
+  const before = asked(selected);
   requests = list;
   const still = selected && requests.find((r) => r.id === selected.id);
   selected = still || requests[0] || null;
-  const changed = !selected || JSON.stringify(selected) !== before;
+  const changed = !selected || asked(selected) !== before;
   renderQueue();
   renderDetail(changed);
   if (!$("view-history").hidden) loadHistory();

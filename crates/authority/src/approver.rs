@@ -618,6 +618,7 @@ fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Plan, String)>
         token_ttl_ms: asks["token_ttl_ms"].as_u64()?,
         why: asks["why"].as_str().unwrap_or_default().to_owned(),
         last_unknown_at_ms: asks["last_unknown_at_ms"].as_u64(),
+        stopped_waiting_at_ms: asks["stopped_waiting_at_ms"].as_u64(),
     };
     // The plan shown must be the plan hashed: a server that sends another is not believed.
     if plan.hash().ok()? != call.plan_hash {

@@ -164,6 +164,12 @@ pub struct RequestView {
     /// When the last call of this same plan was handed to its server and never answered (it may
     /// have run), if it was, in ms since the epoch.
     pub last_unknown_at_ms: Option<u64>,
+    /// When the agent stopped waiting for it (it cancelled, or its client's own timeout gave
+    /// up), ms since the epoch; `None` while an agent waits. An approval given now is collected
+    /// when the agent asks again, until the request leaves at `leaves_at_ms`.
+    pub stopped_waiting_at_ms: Option<u64>,
+    /// When a request the agent stopped waiting for leaves the queue, ms since the epoch.
+    pub leaves_at_ms: Option<u64>,
 }
 
 /// A change to the desk, as the approval view shows it.
@@ -270,6 +276,10 @@ impl From<&PendingRequest> for RequestView {
             why: shown(call.map_or("", |c| c.why.as_str())),
             preview: r.preview.as_ref().map(PreviewView::from),
             last_unknown_at_ms: call.and_then(|c| c.last_unknown_at_ms),
+            stopped_waiting_at_ms: call.and_then(|c| c.stopped_waiting_at_ms),
+            leaves_at_ms: call
+                .and_then(|c| c.stopped_waiting_at_ms)
+                .map(|at| at.saturating_add(countersign_engine::STOPPED_WAITING_GRACE_MS)),
         }
     }
 }
@@ -639,6 +649,7 @@ mod tests {
                 token_ttl_ms: 600_000,
                 why: "annotations destructiveHint: true".into(),
                 last_unknown_at_ms: None,
+                stopped_waiting_at_ms: None,
             }),
             plan,
             arrived_at_ms: 0,

@@ -213,6 +213,17 @@ impl Engine {
         self.withdraw_planned(tenant, tool, planned)
     }
 
+    /// [`Engine::stop_waiting`] from async code: described off the async workers.
+    pub async fn stop_waiting_aside(
+        &self,
+        tenant: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<(), Stopped> {
+        let planned = self.plan_aside(tenant, tool, arguments).await;
+        self.stop_waiting_planned(tenant, tool, planned)
+    }
+
     /// [`Engine::queued`] from async code: described off the async workers.
     pub async fn queued_aside(
         &self,

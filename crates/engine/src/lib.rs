@@ -21,7 +21,7 @@
 //! | `listing` | connections, their tools' classes, pins against changed definitions |
 //! | `planning` | a gated call turned into the plan a person approves |
 //! | `describing` | the built-in `execute` named by what it writes; previews on waiting requests |
-//! | `queue` | preflights waiting for a person, re-attaching, withdrawing |
+//! | `queue` | preflights waiting for a person, re-attaching, an agent that stopped waiting, withdrawing |
 //! | `approve` | approve (the only place a token is minted) and deny |
 //! | `confirm` | the verification chain, the ledger spend, outcomes |
 //! | `change` | requests to change the desk itself |
@@ -65,7 +65,8 @@ pub use grants::{
 pub use listing::{MAX_ATTACHED, READ_ONLY};
 pub use queue::{
     Asks, CallRequest, ChangeRequest, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION,
-    PendingRequest, QueueChange, Queued, Removal, TAKEN_ELSEWHERE, Ticket,
+    PendingRequest, QueueChange, Queued, Removal, STOPPED_WAITING_GRACE_MS, TAKEN_ELSEWHERE,
+    Ticket,
 };
 pub use rounds::{MAX_SPENT_STATES, Resumed, SharedFate, SharedRequests, Unsealed};
 pub use tally::{Outcome, Spend, Tallied, Tally};

@@ -6,7 +6,15 @@
 //! already gave up waiting stays collectable until its token expires. Changes to the queue go out
 //! on a broadcast channel, so the window never polls. The queue is bounded per connection and in
 //! all: a flood is refused with a next move, never dropped silently.
+//!
+//! An agent that stops waiting (it cancels, or its client's own tool timeout gives up on the call)
+//! does not take its request off the queue: the request stays, marked, for
+//! [`STOPPED_WAITING_GRACE_MS`], so that a person still reading it can approve it, and the same
+//! call asked again re-attaches to it and collects that approval. Only after the grace does it
+//! leave. A gateway that disconnects takes its requests with it: its tenant is gone, and no token
+//! could be used by anyone after it.
 
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use countersign_core::{GateClass, Plan, PlanHash, Refusal, render};
@@ -18,7 +26,7 @@ use crate::answer::{Approved, ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, refused};
 use crate::change::Change;
 use crate::planning::Call;
-use crate::state::{Decision, Entry, Holds, State};
+use crate::state::{Decision, Entry, Holds, Inner, State};
 use crate::tally::{Outcome, Tallied};
 
 /// What [`Engine::queue_preflight`] did with a call it did not refuse.
@@ -68,6 +76,12 @@ pub const MAX_PENDING_PER_CONNECTION: usize = 16;
 
 /// The most requests waiting for a person at once, from every connection together.
 pub const MAX_PENDING: usize = 128;
+
+/// How long a request whose agent stopped waiting for it (a cancel, or the client's own tool
+/// timeout) stays in the queue for the same call to re-attach to, in ms: long enough for a
+/// person to read, wait out the approve delay, type the target and click, and for the agent's
+/// retry to come.
+pub const STOPPED_WAITING_GRACE_MS: u64 = 2 * 60 * 1_000;
 
 /// A request waiting for a person, as the window shows it: a tool call, or a change to the desk
 /// itself. What both have is here; what only one has is in [`Asks`].
@@ -126,6 +140,12 @@ pub struct CallRequest {
     /// came (its outcome is unknown: it may have run), if the history holds one: the person
     /// should know before approving it again.
     pub last_unknown_at_ms: Option<u64>,
+    /// When the agent stopped waiting for this request (it cancelled the call, or its client's
+    /// own timeout gave up on it), ms since the epoch; `None` while an agent waits, or since it
+    /// asked again. A marked request stays [`STOPPED_WAITING_GRACE_MS`] from then: an approval
+    /// given meanwhile is collected when the agent asks the same call again.
+    #[serde(default)]
+    pub stopped_waiting_at_ms: Option<u64>,
 }
 
 /// A change to the desk waiting for a person.
@@ -200,7 +220,9 @@ pub enum QueueChange {
         /// The request to show, if one was named.
         request: Option<u64>,
     },
-    /// What a waiting request shows changed (a preview arrived): the approve delay starts again.
+    /// What a waiting request shows changed: a preview arrived (the approve delay starts
+    /// again), or its agent stopped waiting for it or came back to it (what is approved is the
+    /// same: the delay goes on as it was).
     Updated {
         /// It, as it is now.
         request: Box<PendingRequest>,
@@ -220,13 +242,15 @@ impl Engine {
         self.inner.changes.subscribe()
     }
 
-    /// Every request waiting for a person, oldest first.
+    /// Every request waiting for a person, oldest first (one whose agent stopped waiting, marked,
+    /// until its grace ends).
     pub fn pending(&self) -> Vec<PendingRequest> {
+        let now = self.now();
         let state = lock(&self.inner.state);
         state
             .requests
             .values()
-            .filter(|e| e.decision.borrow().is_none())
+            .filter(|e| e.decision.borrow().is_none() && !e.grace_over(now))
             .map(|e| e.view.clone())
             .collect()
     }
@@ -345,11 +369,18 @@ impl Engine {
             });
         }
         // A live grant a person's click made covers it: approved at once, a token of its own.
-        if let Some(approved) = self.granted(tenant, &plan, hash, &args).await {
+        // Grants that cannot be read refuse the call (an outage), never queue it as ungranted.
+        let granted = match self.granted(tenant, &plan, hash, &args).await {
+            Ok(granted) => granted,
+            Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
+        };
+        if let Some(approved) = granted {
             self.tally_request(Some(rule.class), Outcome::Approved);
             return Ok(Queued::Granted(approved));
         }
         let last_unknown = self.last_unknown(tool, &hash).await;
+        // A request whose grace ended leaves first: asked again after it, the call is new.
+        self.expire_stopped();
         let now = self.now();
         let ttl = self.token_ttl_ms();
         let queued = 'queued: {
@@ -357,10 +388,22 @@ impl Engine {
             Self::sweep(&mut state, now, ttl);
             let existing = state
                 .requests
-                .iter()
+                .iter_mut()
                 .find(|(_, e)| e.is_call(tenant, tool, hash));
             match existing {
-                Some((id, entry)) => Ok((*id, entry.decision.subscribe(), false)),
+                Some((id, entry)) => {
+                    let (id, decision) = (*id, entry.decision.subscribe());
+                    // The agent is back: the mark goes, and the approve delay runs on as it was.
+                    let back = entry.is_waiting() && entry.set_stopped_waiting(None);
+                    let view = back.then(|| entry.view.clone());
+                    drop(state);
+                    if let Some(view) = view {
+                        self.publish(QueueChange::Updated {
+                            request: Box::new(view),
+                        });
+                    }
+                    Ok((id, decision, false))
+                }
                 None => {
                     if let Some(full) = Self::queue_full(&state, tenant) {
                         break 'queued Err(full);
@@ -384,6 +427,7 @@ impl Engine {
                             token_ttl_ms: ttl,
                             why: rule.why.clone(),
                             last_unknown_at_ms: last_unknown,
+                            stopped_waiting_at_ms: None,
                         }),
                     };
                     let (sender, receiver) = watch::channel(None);
@@ -509,6 +553,91 @@ impl Engine {
             });
         }
         Ok(())
+    }
+
+    /// The agent stopped waiting for this preflight (it cancelled the call, or its client's own
+    /// timeout gave up on it): its request stays in the queue, marked, for
+    /// [`STOPPED_WAITING_GRACE_MS`], for the same call asked again to re-attach to (and collect an
+    /// approval given meanwhile); then it leaves. A request another preflight of the same call
+    /// still waits on is left as it is.
+    pub fn stop_waiting(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<(), Stopped> {
+        self.stop_waiting_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
+    }
+
+    /// [`Self::stop_waiting`] of a call planned already. A call that cannot be described just
+    /// now marks nothing and says so (its request waits as it was).
+    pub(crate) fn stop_waiting_planned(
+        &self,
+        tenant: &str,
+        tool: &str,
+        planned: Result<Call, Stopped>,
+    ) -> Result<(), Stopped> {
+        let hash = match planned {
+            Ok(Call { hash, .. }) => hash,
+            Err(busy) if busy.failure() == Some(ErrorCode::Busy) => return Err(busy),
+            Err(_) => return Ok(()),
+        };
+        let now = self.now();
+        let mut state = lock(&self.inner.state);
+        let marked = state
+            .requests
+            .values_mut()
+            .find(|e| e.is_call(tenant, tool, hash) && e.is_waiting())
+            // The one stopping still holds its receiver: anyone beyond it still waits.
+            .filter(|e| e.decision.receiver_count() <= 1)
+            .and_then(|e| e.set_stopped_waiting(Some(now)).then(|| e.view.clone()));
+        drop(state);
+        if let Some(view) = marked {
+            self.publish(QueueChange::Updated {
+                request: Box::new(view),
+            });
+            self.expire_stopped_later(STOPPED_WAITING_GRACE_MS);
+        }
+        Ok(())
+    }
+
+    /// Takes off the queue every undecided request whose agent stopped waiting for it
+    /// [`STOPPED_WAITING_GRACE_MS`] ago or more, as withdrawn: how many. The engine does this
+    /// itself when a grace ends (and before queueing a preflight); a host may call it too.
+    pub fn expire_stopped(&self) -> usize {
+        let now = self.now();
+        let mut state = lock(&self.inner.state);
+        let over: Vec<u64> = state
+            .requests
+            .iter()
+            .filter(|(_, e)| e.is_waiting() && e.grace_over(now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &over {
+            state.requests.remove(id);
+            state.rearmed.remove(id);
+        }
+        drop(state);
+        for id in &over {
+            self.publish(QueueChange::Removed {
+                id: *id,
+                reason: Removal::Withdrawn,
+            });
+        }
+        over.len()
+    }
+
+    /// Runs [`Self::expire_stopped`] once `after_ms` have passed (by the runtime's timer; what
+    /// is over is still decided by the engine's clock), if there is a runtime to run it on. The
+    /// task holds no engine alive.
+    fn expire_stopped_later(&self, after_ms: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        // From now, not from whenever the task first runs.
+        let at = tokio::time::Instant::now() + Duration::from_millis(after_ms);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            if let Some(inner) = inner.upgrade() {
+                Engine { inner }.expire_stopped();
+            }
+        });
     }
 
     /// For the 2026-07-28 flow: the plan hash of this call of `tenant`'s, and the id of its

@@ -68,6 +68,26 @@ impl Entry {
         self.decision.borrow().is_none()
     }
 
+    /// Marks (`Some(at)`) or unmarks (`None`) a call's request as one its agent stopped waiting
+    /// for: whether that changed anything.
+    pub(crate) fn set_stopped_waiting(&mut self, at: Option<u64>) -> bool {
+        match &mut self.view.asks {
+            crate::queue::Asks::Call(call) if call.stopped_waiting_at_ms != at => {
+                call.stopped_waiting_at_ms = at;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether its agent stopped waiting for it long enough ago that its grace is over at `now`.
+    pub(crate) fn grace_over(&self, now: u64) -> bool {
+        self.view
+            .call()
+            .and_then(|c| c.stopped_waiting_at_ms)
+            .is_some_and(|at| at.saturating_add(crate::queue::STOPPED_WAITING_GRACE_MS) <= now)
+    }
+
     /// The connection that asked, for a call.
     pub(crate) fn tenant(&self) -> Option<&str> {
         self.view.call().map(|c| c.tenant.as_str())

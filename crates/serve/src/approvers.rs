@@ -28,7 +28,9 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use countersign_core::approver::{self, BadDecision, Decision, Verdict};
 use countersign_core::{GateClass, PlanHash};
-use countersign_engine::{Engine, PendingRequest, QueueChange, SharedFate, SharedRequests};
+use countersign_engine::{
+    Engine, PendingRequest, QueueChange, Removal, SharedFate, SharedRequests,
+};
 use countersign_store::{
     DecisionRecord, MAX_WAITING_ROWS, Records, Roster, StoreError, WaitingCall,
 };
@@ -186,6 +188,12 @@ pub const LIVENESS: Duration = Duration::from_secs(10);
 /// How long a call that left desks' sight stays on record before it is pruned.
 pub const PRUNE_AFTER: Duration = Duration::from_secs(3600);
 
+/// How long after a call's row left desks' sight (its replica died) the same call asked again on
+/// another replica still finds that row, and brings it back under its number: as long as a
+/// request whose agent stopped waiting stays in a queue.
+pub const ADOPT_WITHIN: Duration =
+    Duration::from_millis(countersign_engine::STOPPED_WAITING_GRACE_MS);
+
 /// How often a replica reads the decisions on its calls (made on any replica).
 pub const DECISIONS_EVERY: Duration = Duration::from_millis(200);
 
@@ -269,10 +277,15 @@ impl Approvers {
                     Ok(QueueChange::Added { request }) => {
                         self.share(&request, &mut *self.links.lock().await).await;
                     }
-                    Ok(QueueChange::Removed { id, .. }) => {
+                    Ok(QueueChange::Removed { id, reason }) => {
                         let gone = self.links.lock().await.remove(&id);
+                        // Withdrawn (its agent's grace ran out here, or it declined): the agent
+                        // may be waiting for the same call on another replica, which keeps the
+                        // row in sight; unkept, it lapses within LIVENESS. Anything else that
+                        // leaves here was decided: its row goes.
                         if let Some(link) = gone
                             && link.owned
+                            && reason != Removal::Withdrawn
                             && let Err(e) = self.records.remove_waiting(&self.replica, id).await
                         {
                             tracing::warn!(target: "approvers", error = %e, "a call that left still shows to desks until it expires");
@@ -290,9 +303,21 @@ impl Approvers {
                 },
                 _ = decisions.tick() => self.carry_out().await,
                 _ = alive.tick() => {
+                    // Every row a call here is linked to, this replica's or another's (whose
+                    // replica may have died while its agent asked again here): while a live
+                    // replica holds a call, desks see it.
+                    let rows: Vec<u64> = {
+                        let links = self.links.lock().await;
+                        let mut rows: Vec<u64> = links.values().map(|link| link.row).collect();
+                        rows.sort_unstable();
+                        rows.dedup();
+                        rows
+                    };
                     let until = self.engine.now_ms().saturating_add(LIVENESS.as_millis() as u64);
-                    if let Err(e) = self.records.refresh_waiting(&self.replica, until).await {
-                        tracing::warn!(target: "approvers", error = %e, "cannot keep this replica's calls in sight");
+                    for chunk in rows.chunks(MAX_WAITING_ROWS) {
+                        if let Err(e) = self.records.keep_waiting(chunk, until).await {
+                            tracing::warn!(target: "approvers", error = %e, "cannot keep this replica's calls in sight");
+                        }
                     }
                     // Calls out of sight for an hour (decided, or their replica gone) go.
                     let before = self.engine.now_ms().saturating_sub(PRUNE_AFTER.as_millis() as u64);
@@ -306,18 +331,27 @@ impl Approvers {
 
     /// Links `request` (a call) to a shared row, once: one already shared by another replica for
     /// the same tenant and plan (the agent asked again here), or a new one of this replica.
+    ///
+    /// The other replica may have died meanwhile (the reason its agent asked again here): its
+    /// row is found even if it lapsed from desks' sight within [`ADOPT_WITHIN`], under the same
+    /// number, and kept in sight from now on by this replica, which holds the call.
     async fn share(&self, request: &PendingRequest, links: &mut HashMap<u64, Link>) {
         let Some(call) = request.call() else { return };
         if links.contains_key(&request.id) {
             return;
         }
         let now = self.engine.now_ms();
+        let since = now.saturating_sub(ADOPT_WITHIN.as_millis() as u64);
         match self
             .records
-            .waiting_for(&self.server, &call.tenant, &call.plan_hash, now)
+            .waiting_for(&self.server, &call.tenant, &call.plan_hash, since)
             .await
         {
             Ok(Some(row)) => {
+                let until = now.saturating_add(LIVENESS.as_millis() as u64);
+                if let Err(e) = self.records.keep_waiting(&[row.id], until).await {
+                    tracing::warn!(target: "approvers", error = %e, "cannot keep a call asked again here in sight");
+                }
                 links.insert(
                     request.id,
                     Link {

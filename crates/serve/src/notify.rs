@@ -161,6 +161,7 @@ mod tests {
                 token_ttl_ms: 600_000,
                 why: "annotations".into(),
                 last_unknown_at_ms: None,
+                stopped_waiting_at_ms: None,
             }),
         }
     }

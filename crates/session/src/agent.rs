@@ -436,7 +436,8 @@ impl Session {
     }
 
     /// A preflight of this call, waiting up to `wait` for the person's decision, with progress to
-    /// the agent every few seconds. An agent that cancels withdraws the request.
+    /// the agent every few seconds. An agent that cancels leaves the request in the queue, marked,
+    /// for [`countersign_engine::STOPPED_WAITING_GRACE_MS`].
     async fn preflight(
         &self,
         tool: &str,
@@ -475,8 +476,10 @@ impl Session {
             tokio::select! {
                 answer = &mut preflight => return Ok(answer),
                 _ = context.ct.cancelled() => {
-                    // The agent gave up: take the request off the person's queue.
-                    let _ = self.engine.withdraw_aside(&self.tenant, tool, arguments).await;
+                    // The agent stopped waiting (its cancel, or its client's own timeout): the
+                    // request stays, marked, for the grace, and the same call asked again
+                    // re-attaches to it and collects an approval given meanwhile.
+                    let _ = self.engine.stop_waiting_aside(&self.tenant, tool, arguments).await;
                     return Err(ErrorData::internal_error("request cancelled", None));
                 }
                 _ = tick.tick() => {

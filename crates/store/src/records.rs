@@ -219,6 +219,10 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// `replica` lives: its undecided calls stay visible until `until`.
     async fn refresh_waiting(&self, replica: &str, until: u64) -> Result<(), StoreError>;
 
+    /// The undecided calls among `ids` (at most [`crate::MAX_WAITING_ROWS`]) stay visible until
+    /// `until`: a live replica holds each of them, whichever replica wrote its row.
+    async fn keep_waiting(&self, ids: &[u64], until: u64) -> Result<(), StoreError>;
+
     /// The distinct approvers whose kept decisions approve `request` of `server` over `plan`.
     async fn approved_by(
         &self,
@@ -527,6 +531,11 @@ impl Records for Sqlite {
     async fn refresh_waiting(&self, replica: &str, until: u64) -> Result<(), StoreError> {
         let replica = replica.to_owned();
         self.off(move |s| s.refresh_waiting(&replica, until)).await
+    }
+
+    async fn keep_waiting(&self, ids: &[u64], until: u64) -> Result<(), StoreError> {
+        let ids = ids.to_vec();
+        self.off(move |s| s.keep_waiting(&ids, until)).await
     }
 
     async fn approved_by(

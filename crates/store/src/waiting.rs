@@ -5,8 +5,10 @@
 //! call is also written here, as the desks see it, under a number every replica agrees on; a
 //! desk's decision on any replica is recorded on that row (once: the first verdict stands), and
 //! the replica holding the call reads its decided rows and mints (or denies) there. A replica
-//! keeps its rows' expiry moving while it lives; the rows of a replica that died expire on
-//! their own and no desk sees them after that.
+//! keeps the expiry of every row it holds a call of moving while it lives (its own, and another
+//! replica's that its agent asked again for), so a row stays in sight while any live replica
+//! holds its call, whichever replica wrote it; a row no live replica holds expires on its own and
+//! no desk sees it after that.
 
 use countersign_core::PlanHash;
 use countersign_core::approver::Verdict;
@@ -292,6 +294,29 @@ impl Store {
                 "UPDATE waiting_call SET expires_at_ms = ?2 WHERE replica = ?1 AND verdict IS NULL",
             )?
             .execute(rusqlite::params![replica, until])?;
+            Ok(())
+        })
+    }
+
+    /// The undecided rows among `ids` (at most [`MAX_WAITING_ROWS`]; the rest are not kept)
+    /// stay visible until `until`: a replica holds their calls, whichever replica wrote them.
+    pub fn keep_waiting(&mut self, ids: &[u64], until: u64) -> Result<(), StoreError> {
+        let until = ms_to_sql(until)?;
+        let ids = ids
+            .iter()
+            .take(MAX_WAITING_ROWS)
+            .map(|id| ms_to_sql(*id))
+            .collect::<Result<Vec<i64>, _>>()?;
+        let list = format!(
+            "[{}]",
+            ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+        );
+        self.with_connection(|conn| {
+            conn.prepare_cached(
+                "UPDATE waiting_call SET expires_at_ms = ?2
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND verdict IS NULL",
+            )?
+            .execute(rusqlite::params![list, until])?;
             Ok(())
         })
     }

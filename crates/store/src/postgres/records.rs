@@ -1152,6 +1152,20 @@ impl Records for Postgres {
         .map(|_| ())
     }
 
+    async fn keep_waiting(&self, ids: &[u64], until: u64) -> Result<(), StoreError> {
+        let until = ms_to_sql(until)?;
+        let ids = ids
+            .iter()
+            .take(MAX_WAITING_ROWS)
+            .map(|id| ms_to_sql(*id))
+            .collect::<Result<Vec<i64>, _>>()?;
+        on_connection!(self, |conn| conn.execute(
+            "UPDATE waiting_call SET expires_at_ms = $2 WHERE id = ANY($1) AND verdict IS NULL",
+            &[&ids, &until],
+        ))
+        .map(|_| ())
+    }
+
     async fn approved_by(
         &self,
         server: &str,
