@@ -46,6 +46,23 @@ pub(crate) fn refused(refusal: Refusal) -> Stopped {
     }
 }
 
+/// What an agent is told when a call could not be checked because the records (the desk's file,
+/// a team server's control database) could not be read: an outage, never a statement about the
+/// tools, the pins or the grants.
+pub const RECORDS_UNREADABLE: &str = "Refused: Countersign cannot read the records it checks \
+    every call against (the control database, or the desk's records file) right now. This is an \
+    outage, not a change to the tools. Nothing was executed. Retry shortly.";
+
+/// The refusal of a call whose records could not be read: `ledger_unreachable`, with
+/// [`RECORDS_UNREADABLE`]. Every failed read of a record on a call's way ends here, never in a
+/// `None`, an empty list or a "not pinned".
+pub(crate) fn outage() -> Stopped {
+    Stopped::Refused {
+        refusal: Refusal::LedgerUnreachable,
+        message: RECORDS_UNREADABLE.to_owned(),
+    }
+}
+
 pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Stopped {
     Stopped::Failed {
         code,
@@ -208,6 +225,15 @@ impl Engine {
     pub(crate) async fn rejected(&self, tenant: &str, tool: &str, stopped: Stopped) -> Stopped {
         if stopped.refusal() == Some(Refusal::ToolChanged) {
             return self.tool_changed(tenant, tool).await;
+        }
+        if stopped.refusal() == Some(Refusal::LedgerUnreachable) {
+            // Its history write fails too, most likely: the event still reaches `tracing` and the
+            // counts, so an outage shows in the metrics as the refusals it caused.
+            let kind = EventKind::Refused {
+                refusal: Refusal::LedgerUnreachable,
+            };
+            self.record(self.unplanned(kind, tenant, tool, None)).await;
+            return stopped;
         }
         if let Stopped::Failed { code, message } = &stopped
             && let Some(reason) = code.rejection()

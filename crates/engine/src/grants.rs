@@ -38,9 +38,9 @@ use countersign_core::{GateClass, Plan, PlanHash, binding, render};
 use countersign_store::{Grant, GrantEnd, GrantKind, StoreError};
 use serde_json::{Map, Value};
 
-use crate::answer::Approved;
+use crate::answer::{Approved, Stopped};
 use crate::approve::{ApproveError, issued};
-use crate::authority::{Engine, lock};
+use crate::authority::{Engine, lock, outage};
 use crate::queue::{CallRequest, PendingRequest};
 
 /// The longest a grant lives: eight hours.
@@ -736,18 +736,26 @@ impl Engine {
     }
 
     /// The answer to a preflight a live grant covers (a token minted for this call alone), or
-    /// `None`: it waits for a click as usual. Any doubt (the store unreadable, no secret, a MAC
-    /// that does not match) is `None`.
+    /// `Ok(None)`: it waits for a click as usual. Any doubt about a grant (no secret, a MAC that
+    /// does not match, a mint that failed) is `Ok(None)`. Grants that cannot be read are an
+    /// outage, never "no grant": refused `ledger_unreachable`, the call neither approved nor
+    /// queued (the person would be asked for what a grant of theirs may cover).
     pub(crate) async fn granted(
         &self,
         tenant: &str,
         plan: &Plan,
         hash: PlanHash,
         arguments: &Map<String, Value>,
-    ) -> Option<Approved> {
-        let (rule, definition, server) = self.listed_rule(tenant, &plan.tool)?;
-        grantable(&rule).ok()?;
-        let key = self.key().ok()?;
+    ) -> Result<Option<Approved>, Stopped> {
+        let Some((rule, definition, server)) = self.listed_rule(tenant, &plan.tool) else {
+            return Ok(None);
+        };
+        if grantable(&rule).is_err() {
+            return Ok(None);
+        }
+        let Ok(key) = self.key() else {
+            return Ok(None);
+        };
         let now = self.now();
         let call = Covered {
             server: &server,
@@ -766,19 +774,22 @@ impl Engine {
         let live = match self.records().live_grants(now).await {
             Ok(live) => live,
             Err(e) => {
-                tracing::warn!(target: "desk", error = %e, "grants unreadable: the call waits for a click");
-                return None;
+                tracing::warn!(target: "desk", error = %e, "grants unreadable: the call is refused ledger_unreachable");
+                return Err(outage());
             }
         };
-        let grant = live.into_iter().find(|g| {
-            covers(g, &call) && binding::grant_mac_matches(&key, &scope_text(g), &g.mac)
-        })?;
+        let Some(grant) = live
+            .into_iter()
+            .find(|g| covers(g, &call) && binding::grant_mac_matches(&key, &scope_text(g), &g.mac))
+        else {
+            return Ok(None);
+        };
         // Its connection must still be here (a session grant outliving it covers nothing), and
         // the tokens it keeps minted are bounded.
         {
             let mut state = lock(&self.inner.state);
             if grant.tenant.is_some() && !state.connections.contains_key(tenant) {
-                return None;
+                return Ok(None);
             }
             if state.grant_tokens.len() > MAX_LIVE_GRANTS {
                 state.grant_tokens.retain(|_, minted| {
@@ -790,7 +801,7 @@ impl Engine {
             minted.retain(|(_, exp)| *exp > now);
             if minted.len() >= MAX_GRANT_TOKENS {
                 tracing::warn!(target: "desk", grant = grant.id, "a grant has {MAX_GRANT_TOKENS} unexpired tokens: the call waits for a click");
-                return None;
+                return Ok(None);
             }
         }
         let minted = self
@@ -800,7 +811,7 @@ impl Engine {
             Ok(minted) => minted,
             Err(e) => {
                 tracing::warn!(target: "desk", error = %e, "a grant's call could not be approved: it waits for a click");
-                return None;
+                return Ok(None);
             }
         };
         if let Err(e) = self.records().grant_used(grant.id).await {
@@ -819,7 +830,7 @@ impl Engine {
             utc(grant.granted_at_ms)
         );
         self.record(issued(claims, now, Some(note))).await;
-        Some(answer)
+        Ok(Some(answer))
     }
 }
 

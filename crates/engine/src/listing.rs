@@ -15,7 +15,7 @@ use countersign_store::ToolPin;
 use serde_json::Value;
 
 use crate::answer::{ErrorCode, Stopped, ToolDecision};
-use crate::authority::{Engine, error, lock, refused};
+use crate::authority::{Engine, error, lock, outage, refused};
 use crate::change::{self, Change, ChangeKind};
 use crate::queue::{QueueChange, Removal};
 use crate::state::{Connection, Listed, State};
@@ -181,6 +181,10 @@ impl Engine {
     /// to a server already pinned, keeps being listed, but its calls are refused `tool_changed`
     /// and the change is queued for the person (once: the same definition proposed again
     /// re-attaches). A tool no longer listed just goes; its pin stays.
+    ///
+    /// Pins that cannot be read (the records unreachable) are an outage, never "nothing pinned":
+    /// the listing is refused `ledger_unreachable`, and so is every call of the connection until
+    /// a later listing is compared with its pins.
     pub async fn register_tools(
         &self,
         tenant: &str,
@@ -224,12 +228,19 @@ impl Engine {
             })
             .collect();
         let candidates: Vec<ToolPin> = listed.iter().map(|(_, pin)| pin.clone()).collect();
-        let (pins, store_failed) = match self.records().pin_first_seen(&candidates).await {
-            Ok(pins) => (pins, false),
+        let pins = match self.records().pin_first_seen(&candidates).await {
+            Ok(pins) => pins,
             Err(e) => {
-                // Deny by default: with no pin to compare with, no tool counts as unchanged.
-                tracing::error!(target: "desk", server = %server, error = %e, "could not read the pinned tool definitions: every tool is held back");
-                (Vec::new(), true)
+                // An outage, not a fact about the tools: with no pin to compare with, no tool is
+                // known to be unchanged, nor changed. Nothing of this listing is offered, and
+                // every call of the connection is refused `ledger_unreachable` until a listing
+                // is compared again.
+                tracing::error!(target: "desk", server = %server, error = %e, "could not read the pinned tool definitions: the listing and every call are refused ledger_unreachable until they can be read");
+                if let Some(conn) = lock(&self.inner.state).connections.get_mut(tenant) {
+                    conn.tools.clear();
+                    conn.pins_unread = true;
+                }
+                return Err(outage());
             }
         };
         let pinned: HashMap<&str, &ToolPin> = pins.iter().map(|p| (p.tool.as_str(), p)).collect();
@@ -240,6 +251,7 @@ impl Engine {
             return Err(error(ErrorCode::NotIntroduced, "unknown connection"));
         };
         conn.tools.clear();
+        conn.pins_unread = false;
         for tool in &tools {
             // A tool without a string name cannot be called by name: it is not offered.
             let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
@@ -299,11 +311,6 @@ impl Engine {
             }
         }
         for (before, pin) in held_back {
-            // With the pins unreadable there is nothing to accept against: the tool stays held
-            // back until they can be read.
-            if store_failed {
-                continue;
-            }
             // A definition the window would cut cannot be accepted: the person would approve
             // text they never saw (an injection past the cut). It stays held back.
             if pin
@@ -373,15 +380,21 @@ impl Engine {
 
     /// Whether an open tool's call may go to the upstream: the engine knows the connection, the
     /// tool is listed, and its definition is the pinned one. `Ok` when it may; a
-    /// refusal or an error (recorded in history) when it may not. The session asks before every
-    /// open call it forwards.
+    /// refusal or an error (recorded in history) when it may not: `ledger_unreachable` while the
+    /// connection's pins could not be read. The session asks before every open call it forwards.
     pub async fn open_call(&self, tenant: &str, tool: &str) -> Result<(), Stopped> {
         let found = {
             let state = lock(&self.inner.state);
-            state
-                .connections
-                .get(tenant)
-                .map(|c| c.tools.get(tool).map(|l| (l.pinned, l.rule.class)))
+            state.connections.get(tenant).map(|c| {
+                (
+                    c.pins_unread,
+                    c.tools.get(tool).map(|l| (l.pinned, l.rule.class)),
+                )
+            })
+        };
+        let found = match found {
+            Some((true, _)) => return Err(self.rejected(tenant, tool, outage()).await),
+            found => found.map(|(_, listed)| listed),
         };
         match found {
             None => Err(error(ErrorCode::NotIntroduced, "unknown connection")),
@@ -408,6 +421,7 @@ impl Engine {
         lock(&self.inner.state)
             .connections
             .get(tenant)
+            .filter(|c| !c.pins_unread)
             .and_then(|c| c.tools.get(tool))
             .is_some_and(|l| l.pinned && l.rule.class == countersign_core::GateClass::Open)
     }
@@ -424,6 +438,7 @@ impl Engine {
         lock(&self.inner.state)
             .connections
             .get(tenant)
+            .filter(|c| !c.pins_unread)
             .and_then(|c| c.tools.get(tool))
             .is_some_and(|l| l.pinned)
     }

@@ -11,7 +11,7 @@ use countersign_core::{Plan, PlanHash, Refusal};
 use serde_json::{Map, Value};
 
 use crate::answer::{ErrorCode, Stopped};
-use crate::authority::{Engine, error, lock, refused};
+use crate::authority::{Engine, error, lock, outage, refused};
 use crate::describing;
 use crate::state::Listed;
 
@@ -54,6 +54,10 @@ impl Engine {
                 .connections
                 .get(tenant)
                 .ok_or_else(|| error(ErrorCode::NotIntroduced, "unknown connection"))?;
+            if conn.pins_unread {
+                // Its listing could not be compared with the pins: an outage, said as one.
+                return Err(outage());
+            }
             match conn.tools.get(tool) {
                 // Recorded by the caller that refuses the call (a withdraw refuses nothing).
                 Some(listed) if !listed.pinned => return Err(refused(Refusal::ToolChanged)),

@@ -134,6 +134,10 @@ pub(crate) struct Connection {
     /// Its key (`ServerId::key`): what policy, pins and grants are keyed by.
     pub(crate) server: String,
     pub(crate) tools: HashMap<String, Listed>,
+    /// The pins its last listing was to be compared with could not be read (an outage of the
+    /// records): nothing of it is known to be pinned or changed, so every call of it is refused
+    /// `ledger_unreachable` until a listing is compared again.
+    pub(crate) pins_unread: bool,
     /// This connection's one turn to describe SQL, taken before one of the desk's: one agent
     /// holds at most one of [`crate::describing::MAX_DESCRIBING`], and leaves the others to the rest.
     pub(crate) own_turn: Arc<tokio::sync::Semaphore>,
@@ -152,6 +156,7 @@ impl Connection {
             server: id.key(),
             id,
             tools: HashMap::new(),
+            pins_unread: false,
             own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
             attached_at_ms,
         }

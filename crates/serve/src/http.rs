@@ -28,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use countersign_core::ServerId;
 use countersign_engine::Engine;
 use countersign_session::reach::Upstream;
-use countersign_session::router::{Routed, route};
+use countersign_session::router::{NOTIFICATIONS, Routed, route};
 use countersign_session::{RawTools, Session};
 use rmcp::RoleServer;
 use rmcp::model::{
@@ -315,16 +315,64 @@ pub async fn post(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Re
     answer(&endpoint, parts, bytes).await
 }
 
+/// The answer to a message the router let no further (`why`) that needs no JSON-RPC answer: a
+/// notification or a response. The streamable HTTP transport keeps `202 Accepted` for input the
+/// server accepts, so only a notification (a method under `notifications/`, known or not: a
+/// notification is never answered, and one this server does not know is ignored) gets it. A
+/// request's method sent without an id (`tools/call`, `ping`, `initialize`...), which its sender
+/// waits on and which can never be answered, is `400` with a JSON-RPC error without an id; so is
+/// a notification of a method this server knows in the wrong shape, and a response, which a
+/// stateless server never asked for (it sends no requests of its own).
+fn not_a_request(bytes: &[u8], why: &str) -> Response {
+    // The router parsed it strictly before it dropped it: this reads the same object again.
+    let value: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    let message = match value.get("method").and_then(Value::as_str) {
+        // One it knows, dropped: its params are not of the shape MCP defines.
+        Some(method) if NOTIFICATIONS.contains(&method) => {
+            format!("notification `{method}` has the wrong shape ({why})")
+        }
+        Some(method) if method.starts_with(NOTIFICATION_PREFIX) => {
+            return StatusCode::ACCEPTED.into_response();
+        }
+        Some(method) => format!(
+            "`{method}` is a request: send it with an id to be answered. Nothing was executed."
+        ),
+        None => format!(
+            "this server sends no requests of its own, so it takes no responses ({why}). \
+             Nothing was executed."
+        ),
+    };
+    bad_notification(&message)
+}
+
+/// What every method of a notification begins with.
+const NOTIFICATION_PREFIX: &str = "notifications/";
+
+/// `400` with a JSON-RPC error that has no id (there is none to answer): invalid request.
+fn bad_notification(message: &str) -> Response {
+    json_response(
+        StatusCode::BAD_REQUEST,
+        &json!({
+            "jsonrpc": "2.0",
+            "error": { "code": -32600, "message": message },
+        }),
+    )
+}
+
 async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: Bytes) -> Response {
     let message = match route(&bytes) {
         Routed::Pass(message) => *message,
         // Judged and refused: the agent gets its error, nothing goes further.
         Routed::Answer(error) => return json_body(&error),
-        Routed::Drop(_) => return StatusCode::ACCEPTED.into_response(),
+        Routed::Drop(why) => return not_a_request(&bytes, &why),
     };
-    // Notifications and responses: a stateless server has no session they could belong to.
-    let ClientJsonRpcMessage::Request(mut request) = message else {
-        return StatusCode::ACCEPTED.into_response();
+    let mut request = match message {
+        ClientJsonRpcMessage::Request(request) => request,
+        // A notification: accepted, and it goes nowhere (a stateless server has no session it
+        // could belong to).
+        ClientJsonRpcMessage::Notification(_) => return StatusCode::ACCEPTED.into_response(),
+        // A response: to nothing, since this server never asks the client anything.
+        _ => return not_a_request(&bytes, "a response"),
     };
     let spoken = ProtocolVersion::known_up_to(&endpoint.upstream.info().protocol_version);
     let Some(version) = revision(&request.request, &parts.headers, spoken) else {

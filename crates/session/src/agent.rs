@@ -254,7 +254,7 @@ impl Session {
     async fn refresh_tools(
         &self,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Vec<Value>, ErrorData> {
+    ) -> Result<Vec<Value>, Unlisted> {
         // The epoch this listing is taken under: should the tools change while it is fetched or
         // registered, it is out of date at once.
         let epoch = self.shared.tools_epoch.load(Ordering::Acquire);
@@ -278,10 +278,10 @@ impl Session {
                 })
                 .collect(),
             Err(stopped) => {
-                return Err(ErrorData::internal_error(
-                    format!("the desk could not class the tools: {stopped}"),
-                    None,
-                ));
+                // No listing of this session is current any more: the engine knows none (its
+                // records could not be read), so the next call lists again, once they can be.
+                self.listed_epoch.store(u64::MAX, Ordering::Release);
+                return Err(Unlisted::Engine(stopped));
             }
         };
         let mut listed = Vec::with_capacity(tools.len());
@@ -314,7 +314,7 @@ impl Session {
         &self,
         tool: &str,
         context: &RequestContext<RoleServer>,
-    ) -> Result<(Option<Gate>, Live), ErrorData> {
+    ) -> Result<(Option<Gate>, Live), Unlisted> {
         for _ in 0..3 {
             let live = self.live().await?;
             let known = self.gates.lock().unwrap().get(tool).cloned();
@@ -329,7 +329,7 @@ impl Session {
                 return Ok((self.gates.lock().unwrap().get(tool).cloned(), live));
             }
         }
-        Err(unavailable(Unreached::keeps_exiting()))
+        Err(unavailable(Unreached::keeps_exiting()).into())
     }
 
     async fn forward_call(
@@ -766,6 +766,39 @@ pub(crate) fn call_not_sent(tool: &str, class: Option<GateClass>) -> CallToolRes
     )
 }
 
+/// Why the tools could not be listed for the agent: typed, so that a call hears the engine's
+/// refusal as a tool result and a listing hears it as a JSON-RPC error.
+enum Unlisted {
+    /// The upstream could not be reached or answered with an error.
+    Upstream(ErrorData),
+    /// The engine could not class the tools: its records could not be read
+    /// (`ledger_unreachable`, an outage and never a statement about the tools), or it no longer
+    /// knows the connection.
+    Engine(Stopped),
+}
+
+impl From<ErrorData> for Unlisted {
+    fn from(e: ErrorData) -> Self {
+        Unlisted::Upstream(e)
+    }
+}
+
+impl Unlisted {
+    /// As the answer to `tools/list`: a JSON-RPC error. For the engine's refusal, an internal
+    /// error whose `data.error` is its code (`ledger_unreachable`) and whose message is its text
+    /// (an outage: retry shortly). An error, not a listing: a client caches a listing, and an
+    /// empty or held-back one would say something untrue about the tools until it lists again.
+    fn into_error(self) -> ErrorData {
+        match self {
+            Unlisted::Upstream(e) => e,
+            Unlisted::Engine(stopped) => ErrorData::internal_error(
+                stopped.message().to_owned(),
+                Some(json!({ "error": stopped.code() })),
+            ),
+        }
+    }
+}
+
 /// `e` as a call's result when it says the upstream is gone (so that an agent reads it where it
 /// reads tool errors); any other error stays a JSON-RPC error.
 fn upstream_gone(e: ErrorData) -> Result<CallToolResult, ErrorData> {
@@ -820,7 +853,11 @@ impl Service<RoleServer> for RawTools {
         }
         match request {
             ClientRequest::ListToolsRequest(_) => {
-                let tools = self.0.refresh_tools(&context).await?;
+                let tools = self
+                    .0
+                    .refresh_tools(&context)
+                    .await
+                    .map_err(Unlisted::into_error)?;
                 let mut raw = json!({ "tools": tools });
                 fit_result_type(&mut raw, &context);
                 if is_modern(&context) {
@@ -838,7 +875,16 @@ impl Service<RoleServer> for RawTools {
                 for _ in 0..3 {
                     let (gate, live) = match self.0.gate_of(&req.params.name, &context).await {
                         Ok(decided) => decided,
-                        Err(e) => return upstream_gone(e).map(ServerResult::CallToolResult),
+                        Err(Unlisted::Upstream(e)) => {
+                            return upstream_gone(e).map(ServerResult::CallToolResult);
+                        }
+                        // The engine could not class the tools (its records unreadable): its
+                        // refusal, `ledger_unreachable`, as the call's result.
+                        Err(Unlisted::Engine(stopped)) => {
+                            let mut refused = stopped_result(stopped);
+                            refused.result_type.get_or_insert(ResultType::COMPLETE);
+                            return Ok(ServerResult::CallToolResult(refused));
+                        }
                     };
                     if gate != Some(Gate::Class(GateClass::Open)) {
                         // Gated, withheld or unlisted: decided here, answered by the typed
