@@ -4142,9 +4142,13 @@ fn a_request_sent_as_a_notification_is_refused_and_genuine_notifications_are_acc
         assert_eq!(status, 202, "{message}: {body}");
         assert_eq!(body, Value::Null, "no body: {body}");
     }
-    // The same requests with their ids are answered as usual.
+    // The same requests with their ids are answered as usual (the listing once the upstream is
+    // up, so that stopping never cuts its start short).
     let (status, _, answer) = post(port, &[], r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#);
     assert_eq!((status, &answer["id"]), (200, &json!(9)), "{answer}");
+    let (status, _, answer) = post(port, &[], r#"{"jsonrpc":"2.0","id":10,"method":"tools/list"}"#);
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["result"]["tools"].is_array(), "{answer}");
     let log = server.stop();
     assert!(!log.contains("ERROR"), "{log}");
 }
