@@ -476,6 +476,11 @@ fn debug_prints(
             .collect();
         let answer = countersign_engine::Approved {
             text,
+            next_step: s["nextStep"].as_str().unwrap().to_owned(),
+            action: s["action"].as_str().unwrap().to_owned(),
+            summary: s["summary"].as_str().unwrap().to_owned(),
+            reversible: s["reversible"].as_bool().unwrap(),
+            expires_in: s["expiresIn"].as_str().unwrap().to_owned(),
             token: tokens[i].clone(),
             target: s["confirmTarget"].as_str().unwrap().to_owned(),
             expires_at_ms: 0,

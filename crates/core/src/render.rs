@@ -190,21 +190,37 @@ pub fn lifetime_text(remaining_ms: u64) -> String {
     }
 }
 
-/// The whole approved preflight an agent receives: the plan, then how to proceed, then the token.
-pub fn preflight(plan: &Plan, token: &Token, remaining_ms: u64, class: GateClass) -> String {
-    let uses = if class.is_single_use() {
+/// How an approved preflight is confirmed, for a plan whose target is `target`: the sentence the
+/// preflight's text ends with before its token line, and what an agent also finds alone under
+/// `structuredContent.nextStep`. It names where the token is, never the token.
+pub fn instruction(target: &str) -> String {
+    format!(
+        "To proceed, call this tool again with confirm: true, confirmTarget: {}, and confirmToken \
+         from this response.",
+        quoted(target)
+    )
+}
+
+/// How long a token works, as the preflight's token line says it: "works once" or "works until
+/// it expires".
+pub fn uses_text(class: GateClass) -> &'static str {
+    if class.is_single_use() {
         "works once"
     } else {
         "works until it expires"
-    };
+    }
+}
+
+/// The whole approved preflight an agent receives: the plan, then how to proceed, then the token.
+pub fn preflight(plan: &Plan, token: &Token, remaining_ms: u64, class: GateClass) -> String {
     format!(
-        "Approved at the Countersign desk. This is what will run:\n{}\nTo proceed, call this tool \
-         again with confirm: true, confirmTarget: {}, and confirmToken from this response.\n\
-         confirmToken: {} (expires in {}, {uses})",
+        "Approved at the Countersign desk. This is what will run:\n{}\n{}\nconfirmToken: {} \
+         (expires in {}, {})",
         plan_text(plan),
-        quoted(&plan.target),
+        instruction(&plan.target),
         token.expose(),
         lifetime_text(remaining_ms),
+        uses_text(class),
     )
 }
 
@@ -346,6 +362,8 @@ mod tests {
                 token.expose()
             )
         );
+        assert_eq!(tail[1], instruction("prod-db"));
+        assert!(!instruction("prod-db").contains(token.expose()));
         let reusable = preflight(&plan(json!({})), &token, 60_000, GateClass::Token);
         assert!(reusable.ends_with("(expires in 1 minute, works until it expires)"));
     }

@@ -27,11 +27,23 @@ pub struct ToolDecision {
     pub listed_as: Option<Value>,
 }
 
-/// A preflight a person approved (or a grant a click made covered): the token and what it binds.
+/// A preflight a person approved (or a grant a click made covered): the token and what it binds,
+/// and the parts of its text an agent whose client reads only `structuredContent` needs.
 #[derive(Clone, PartialEq)]
 pub struct Approved {
     /// The rendered preflight, ending with how to confirm and the token line.
     pub text: String,
+    /// How to confirm, word for word as the text says it
+    /// ([`countersign_core::render::instruction`]): never the token itself.
+    pub next_step: String,
+    /// The plan's action.
+    pub action: String,
+    /// The plan's summary (from templates and the plan, never from the agent's text).
+    pub summary: String,
+    /// Whether the plan says the operation can be undone.
+    pub reversible: bool,
+    /// The token's lifetime as the text says it ("10 minutes").
+    pub expires_in: String,
     /// The token.
     pub token: String,
     /// The resolved target the token is bound to.
@@ -126,7 +138,34 @@ impl Stopped {
             Stopped::Refused { message, .. } | Stopped::Failed { message, .. } => message,
         }
     }
+
+    /// What the text says to do next, word for word: for a refusal always (its own step, or the
+    /// text's `Next: `, see [`Refusal::next_step_in`]), for a failure where its text names one.
+    pub fn next_step(&self) -> Option<&str> {
+        match self {
+            Stopped::Refused { refusal, message } => Some(refusal.next_step_in(message)),
+            Stopped::Failed { message, .. } => countersign_core::refusal::next_step_said(message),
+        }
+    }
+
+    /// The note the person left with a denial, if any: what the text gives after
+    /// [`DENIAL_NOTE`].
+    pub fn note(&self) -> Option<&str> {
+        match self {
+            Stopped::Refused {
+                refusal: Refusal::Denied,
+                message,
+            } => message
+                .split_once(DENIAL_NOTE)
+                .map(|(_, note)| note)
+                .filter(|note| !note.is_empty()),
+            _ => None,
+        }
+    }
 }
+
+/// What comes between a denial's sentence and the person's note in the text an agent is told.
+pub const DENIAL_NOTE: &str = " Their note: ";
 
 /// Failures that are not refusals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +220,11 @@ mod tests {
     fn debug_of_an_approval_does_not_leak_the_token() {
         let a = Approved {
             text: "confirmToken: cs1.secret".into(),
+            next_step: "To proceed".into(),
+            action: "a".into(),
+            summary: "s".into(),
+            reversible: false,
+            expires_in: "10 minutes".into(),
             token: "cs1.secret".into(),
             target: "t".into(),
             expires_at_ms: 1,
@@ -213,5 +257,63 @@ mod tests {
         assert_eq!(refused.refusal(), Some(Refusal::Denied));
         assert_eq!(failed.failure(), Some(ErrorCode::Busy));
         assert_eq!(failed.to_string(), "later");
+    }
+
+    #[test]
+    fn a_denial_gives_its_next_step_and_the_persons_note_apart() {
+        let noted = crate::queue::denied(Some("not on a Friday. Next: do it anyway".into()));
+        assert_eq!(noted.next_step(), Some(Refusal::Denied.next_step()));
+        assert_eq!(noted.note(), Some("not on a Friday. Next: do it anyway"));
+        assert!(noted.message().contains(noted.next_step().unwrap()));
+        assert!(noted.message().ends_with(noted.note().unwrap()));
+        let bare = crate::queue::denied(None);
+        assert_eq!(bare.next_step(), Some(Refusal::Denied.next_step()));
+        assert_eq!(bare.note(), None);
+    }
+
+    #[test]
+    fn every_refusal_the_engine_writes_carries_its_next_step_in_its_text() {
+        let mut said: Vec<Stopped> = Refusal::ALL
+            .into_iter()
+            .map(crate::authority::refused)
+            .collect();
+        said.push(Stopped::Refused {
+            refusal: Refusal::DeskUnavailable,
+            message: crate::queue::HEADLESS.into(),
+        });
+        said.push(crate::queue::denied(Some("not now".into())));
+        for stopped in said {
+            let step = stopped.next_step().expect("a refusal always has one");
+            assert!(!step.is_empty());
+            assert!(stopped.message().contains(step), "{stopped:?}");
+            assert!(
+                step.len() < stopped.message().len(),
+                "{stopped:?}: the step is the whole text"
+            );
+        }
+    }
+
+    #[test]
+    fn a_text_with_no_step_of_its_own_is_its_own_next_step() {
+        let taken = Stopped::Refused {
+            refusal: Refusal::AlreadyUsed,
+            message: crate::queue::TAKEN_ELSEWHERE.into(),
+        };
+        assert_eq!(taken.next_step(), Some(crate::queue::TAKEN_ELSEWHERE));
+    }
+
+    #[test]
+    fn a_failure_names_a_next_step_only_where_its_text_says_one() {
+        let busy = Stopped::Failed {
+            code: ErrorCode::Busy,
+            message: "Too many requests wait. Nothing ran. Next: wait for the person.".into(),
+        };
+        assert_eq!(busy.next_step(), Some("wait for the person."));
+        let bare = Stopped::Failed {
+            code: ErrorCode::BadArguments,
+            message: "a confirm is not a preflight".into(),
+        };
+        assert_eq!(bare.next_step(), None);
+        assert_eq!(bare.note(), None);
     }
 }

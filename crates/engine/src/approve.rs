@@ -245,6 +245,11 @@ impl Engine {
         let text = render::preflight(plan, &token, ttl_ms, class);
         let answer = Approved {
             text,
+            next_step: render::instruction(&plan.target),
+            action: plan.action.clone(),
+            summary: plan.summary.clone(),
+            reversible: plan.reversible,
+            expires_in: render::lifetime_text(ttl_ms),
             token: token.expose().to_owned(),
             target: claims.target.clone(),
             expires_at_ms: claims.exp,

@@ -495,10 +495,39 @@ impl Session {
     }
 }
 
-/// A refusal as the agent receives it: an error result whose `structuredContent.refusal` is the code.
+/// A refusal as the agent receives it: an error result whose text is `message`, and whose
+/// `structuredContent` says the same to a client that shows its model only that (Claude Code and
+/// Codex do): `refusal` (the code), `message` (the whole text) and `nextStep` (the part of the
+/// text that says what to do next, word for word). README's table lists them.
 fn refusal(refusal: Refusal, message: &str) -> CallToolResult {
+    refused(refusal, message, None)
+}
+
+/// [`refusal`], with the note the person left with a denial as `note`.
+fn refused(refusal: Refusal, message: &str, note: Option<&str>) -> CallToolResult {
     let mut r = CallToolResult::error(vec![ContentBlock::text(message)]);
-    r.structured_content = Some(json!({ "refusal": refusal.code(), "message": message }));
+    let mut said = json!({
+        "refusal": refusal.code(),
+        "message": message,
+        "nextStep": refusal.next_step_in(message),
+    });
+    if let Some(note) = note {
+        said["note"] = json!(note);
+    }
+    r.structured_content = Some(said);
+    r
+}
+
+/// An error that is not a refusal, as the agent receives it: the text, and in
+/// `structuredContent` the code under `error`, the text as `message`, and `nextStep` where the
+/// text says one (its `Next: `).
+pub(crate) fn failed(code: &str, message: String) -> CallToolResult {
+    let mut said = json!({ "error": code, "message": message });
+    if let Some(step) = countersign_core::refusal::next_step_said(&message) {
+        said["nextStep"] = json!(step);
+    }
+    let mut r = CallToolResult::error(vec![ContentBlock::text(message)]);
+    r.structured_content = Some(said);
     r
 }
 
@@ -510,11 +539,18 @@ fn from_desk(answer: Result<Approved, Stopped>) -> CallToolResult {
     }
 }
 
-/// An approval as the agent receives it: the preflight text, and the token in
-/// `structuredContent` for clients that read it.
+/// An approval as the agent receives it: the preflight text, and in `structuredContent` what a
+/// model that reads only that needs to confirm: how (`nextStep`, the text's own sentence), what
+/// was approved (`action`, `summary`, `reversible`), and the token with its target, lifetime and
+/// uses. README's table lists them.
 fn approved_result(
     Approved {
         text,
+        next_step,
+        action,
+        summary,
+        reversible,
+        expires_in,
         token,
         target,
         expires_at_ms,
@@ -524,8 +560,13 @@ fn approved_result(
     let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
     r.structured_content = Some(json!({
         "approved": true,
-        "confirmToken": token,
+        "nextStep": next_step,
+        "summary": summary,
+        "action": action,
+        "reversible": reversible,
         "confirmTarget": target,
+        "confirmToken": token,
+        "expiresIn": expires_in,
         "expiresAtMs": expires_at_ms,
         "worksOnce": class.is_single_use(),
     }));
@@ -534,25 +575,26 @@ fn approved_result(
 
 /// Why the desk did not do what a call asked, as a tool result: a refusal's code, or an error's.
 fn stopped_result(stopped: Stopped) -> CallToolResult {
-    match stopped {
-        Stopped::Refused {
-            refusal: code,
-            message,
-        } => refusal(code, &message),
+    match &stopped {
+        Stopped::Refused { refusal, .. } => refused(*refusal, stopped.message(), stopped.note()),
         Stopped::Failed {
             code: ErrorCode::NoSecret,
             message,
-        } => refusal(
-            Refusal::DeskUnavailable,
-            &format!("Refused: the Countersign desk cannot sign approvals right now: {message}"),
-        ),
+        } => refusal(Refusal::DeskUnavailable, &no_secret(message)),
         // A code the agent can branch on, as for refusals and unlisted tools; the text for people.
-        Stopped::Failed { code, message } => {
-            let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
-            r.structured_content = Some(json!({ "error": code.code(), "message": message }));
-            r
-        }
+        Stopped::Failed { code, message } => failed(code.code(), message.clone()),
     }
+}
+
+/// What an agent is told when the desk cannot sign approvals (`why`: its keychain), with the
+/// next move.
+fn no_secret(why: &str) -> String {
+    format!(
+        "Refused: the Countersign desk cannot sign approvals right now: {}. Nothing was \
+         executed. Next: ask the user to fix this in the Countersign desk, then call this tool \
+         again.",
+        why.trim_end_matches('.')
+    )
 }
 
 impl ServerHandler for Session {
@@ -625,11 +667,15 @@ impl ServerHandler for Session {
                 self.gated(request.clone(), class, &live, &context).await?
             }
             Some(Gate::Withheld(reason)) => {
-                let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
-                    "Countersign does not offer `{}`: {reason}.",
+                let message = format!(
+                    "Countersign does not offer `{}`: {reason}. Nothing was executed. Next: use \
+                     another tool, or ask the user to change this one's definition upstream.",
                     request.name
-                ))]);
-                r.structured_content = Some(json!({ "error": "withheld", "reason": reason }));
+                );
+                let mut r = failed("withheld", message);
+                if let Some(said) = r.structured_content.as_mut() {
+                    said["reason"] = json!(reason);
+                }
                 r
             }
         };
@@ -675,9 +721,7 @@ fn unlisted(name: &str) -> CallToolResult {
          what it does and does not pass it on. Nothing was executed. Next: list the tools and \
          call one of them."
     );
-    let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
-    r.structured_content = Some(json!({ "error": "unlisted_tool", "message": message }));
-    r
+    failed("unlisted_tool", message)
 }
 
 /// The code of an agent-facing error for an upstream that has exited and could not be started
@@ -720,8 +764,7 @@ fn lost_request(e: ForwardError, method: &str) -> ErrorData {
 /// A call answered for an upstream that went away: an error result, with a code the agent can
 /// branch on.
 fn gone_result(code: &str, message: String) -> CallToolResult {
-    let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
-    r.structured_content = Some(json!({ "error": code, "message": message }));
+    let mut r = failed(code, message);
     r.result_type.get_or_insert(ResultType::COMPLETE);
     r
 }
@@ -960,5 +1003,140 @@ impl Service<RoleServer> for RawTools {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         ServerHandler::supported_protocol_versions(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use countersign_core::request_state::{StateError, StateRefusal};
+
+    use super::*;
+
+    fn said(r: &CallToolResult) -> &Value {
+        r.structured_content.as_ref().expect("structuredContent")
+    }
+
+    fn text(r: &CallToolResult) -> String {
+        r.content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn every_refusal_kind_carries_its_next_step_as_its_text_says_it() {
+        for kind in Refusal::ALL {
+            let r = stopped_result(Stopped::Refused {
+                refusal: kind,
+                message: kind.next_move().to_owned(),
+            });
+            let s = said(&r);
+            assert_eq!(r.is_error, Some(true));
+            assert_eq!(s["refusal"], kind.code());
+            assert_eq!(s["message"], text(&r).as_str());
+            assert_eq!(s["nextStep"], kind.next_step(), "{kind}");
+            assert!(text(&r).ends_with(kind.next_step()), "{kind}");
+            assert!(s.get("note").is_none());
+        }
+    }
+
+    #[test]
+    fn every_refused_request_state_carries_a_next_step_from_its_text() {
+        let states = [
+            StateRefusal::Expired,
+            StateRefusal::NotOurs(StateError::BadSignature),
+            StateRefusal::WrongTenant,
+            StateRefusal::WrongTool,
+            StateRefusal::Used,
+            StateRefusal::PlanChanged,
+            StateRefusal::RequestGone,
+            StateRefusal::Unreachable,
+        ];
+        for state in states {
+            let r = refusal(state.refusal(), &state.message());
+            let s = said(&r);
+            let step = s["nextStep"].as_str().unwrap();
+            assert_eq!(s["refusal"], state.refusal().code());
+            assert!(text(&r).contains(step), "{state:?}");
+            assert!(
+                step.len() < text(&r).len(),
+                "{state:?}: the step is all it says"
+            );
+        }
+    }
+
+    #[test]
+    fn a_desk_that_cannot_sign_says_desk_unavailable_with_a_next_step() {
+        let r = stopped_result(Stopped::Failed {
+            code: ErrorCode::NoSecret,
+            message: "the OS keychain did not answer within 5 s (locked?)".into(),
+        });
+        let s = said(&r);
+        assert_eq!(s["refusal"], "desk_unavailable");
+        assert_eq!(
+            s["nextStep"],
+            "ask the user to fix this in the Countersign desk, then call this tool again."
+        );
+        assert!(
+            text(&r).contains("(locked?). Nothing was executed."),
+            "{}",
+            text(&r)
+        );
+    }
+
+    #[test]
+    fn an_error_carries_a_next_step_only_where_its_text_says_one() {
+        let busy = stopped_result(Stopped::Failed {
+            code: ErrorCode::Busy,
+            message: "Refused: too many wait. Next: wait for the person.".into(),
+        });
+        assert_eq!(said(&busy)["error"], "busy");
+        assert_eq!(said(&busy)["nextStep"], "wait for the person.");
+        let bare = stopped_result(Stopped::Failed {
+            code: ErrorCode::BadArguments,
+            message: "a confirm is not a preflight".into(),
+        });
+        assert!(said(&bare).get("nextStep").is_none());
+        let lost = call_lost("execute", Some(GateClass::Once));
+        assert_eq!(said(&lost)["error"], EXITED);
+        assert!(text(&lost).ends_with(said(&lost)["nextStep"].as_str().unwrap()));
+    }
+
+    #[test]
+    fn an_approval_says_how_to_confirm_apart_from_its_token() {
+        let r = approved_result(Approved {
+            text: "Approved ...\nTo proceed, call this tool again with confirm: true, \
+                   confirmTarget: \"t\", and confirmToken from this response.\nconfirmToken: \
+                   cs1.payload.tag (expires in 10 minutes, works once)"
+                .into(),
+            next_step: countersign_core::render::instruction("t"),
+            action: "drop".into(),
+            summary: "Drop t".into(),
+            reversible: false,
+            expires_in: "10 minutes".into(),
+            token: "cs1.payload.tag".into(),
+            target: "t".into(),
+            expires_at_ms: 7,
+            class: GateClass::Once,
+        });
+        let s = said(&r);
+        let step = s["nextStep"].as_str().unwrap();
+        assert!(text(&r).lines().any(|l| l == step));
+        assert!(!step.contains("cs1."));
+        assert_eq!(
+            s,
+            &json!({
+                "approved": true,
+                "nextStep": step,
+                "summary": "Drop t",
+                "action": "drop",
+                "reversible": false,
+                "confirmTarget": "t",
+                "confirmToken": "cs1.payload.tag",
+                "expiresIn": "10 minutes",
+                "expiresAtMs": 7,
+                "worksOnce": true,
+            })
+        );
     }
 }

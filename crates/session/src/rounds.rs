@@ -176,9 +176,7 @@ impl Session {
                  `{tool}` left the person's queue. Nothing was executed. Next: call the tool \
                  again if it must run."
             );
-            let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
-            r.structured_content = Some(json!({ "error": "withdrawn", "message": message }));
-            return Ok(complete(r));
+            return Ok(complete(failed("withdrawn", message)));
         }
         let answer = self.preflight(tool, arguments, self.wait, context).await?;
         self.after_wait(
