@@ -3,14 +3,16 @@
 //! even when the automation variable is set, cannot be read by other processes of its account (not
 //! dumpable), and opens no inspector port whatever its environment says, has no knob to shorten
 //! its idle release, and with its window closed keeps serving and releases its webview after its
-//! settings' delay. They need `.ci/release` to have run (the test command runs it).
+//! settings' delay. They need `.ci/release` to have run (the test command runs it). Every process
+//! they start leads a process group that ends with the test, passed or failed (`group::Group`),
+//! the desks WebKitWebDriver starts included.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use countersign_tests::account::{self, Account};
+use countersign_tests::group::{self, Group, SessionBus};
 
 fn target() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target")
@@ -116,6 +118,9 @@ fn the_deb_installs_the_desk_countersign_the_icon_and_a_desktop_entry() {
     assert!(fields.contains("libwebkit2gtk-4.1"), "{fields}");
 }
 
+/// WebKitWebDriver, asked for a session on a release desk with the automation variable set,
+/// gets none; the desk it started for the attempt ends with the test (it was left running,
+/// a child of nobody, when only the driver was killed).
 #[test]
 #[ignore = "needs the release build from .ci/release and a display (run by the test command)"]
 fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_set() {
@@ -130,17 +135,25 @@ fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_
         .local_addr()
         .unwrap()
         .port();
-    // WebKitWebDriver directly, with the variable set, exactly as tauri-driver would start it.
-    let mut driver = Command::new("WebKitWebDriver")
-        .arg(format!("--port={port}"))
-        .env("TAURI_WEBVIEW_AUTOMATION", "true")
-        .env("COUNTERSIGN_DESK_DIR", dir.path())
-        .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("WebKitWebDriver");
-    std::thread::sleep(Duration::from_secs(1));
+    let bus = SessionBus::unless_given();
+    // WebKitWebDriver directly, with the variable set, exactly as tauri-driver would start it,
+    // leading a process group of its own: the desk it starts for the session joins it.
+    let mut driver = Group::spawn(
+        Command::new("WebKitWebDriver")
+            .arg(format!("--port={port}"))
+            .env("TAURI_WEBVIEW_AUTOMATION", "true")
+            .env("COUNTERSIGN_DESK_DIR", dir.path())
+            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
+            .envs(bus_env(&bus))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("WebKitWebDriver");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "WebKitWebDriver did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let body = serde_json::json!({"capabilities": {"alwaysMatch": {"webkitgtk:browserOptions": {"binary": desk, "args": ["--in-memory-secret"]}}}});
     let answer = Command::new("curl")
         .args([
@@ -157,25 +170,53 @@ fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_
         .arg(format!("http://127.0.0.1:{port}/session"))
         .output()
         .expect("curl");
-    let _ = driver.kill();
-    let _ = driver.wait();
-    // The desk it started (now `countersign-authority`, with its window under it).
-    for program in [desk.clone(), desk.with_file_name("countersign-authority")] {
-        let _ = Command::new("pkill")
-            .arg("-f")
-            .arg(program.display().to_string())
-            .status();
-    }
+    // What the attempt left running: the driver, and the desk it started (now
+    // `countersign-authority`, with its spare window's process under it).
+    let started: Vec<(u32, String)> = driver
+        .members()
+        .into_iter()
+        .map(|pid| {
+            let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            (pid, name.trim().to_owned())
+        })
+        .collect();
     let text = String::from_utf8_lossy(&answer.stdout);
     assert!(
         !text.contains("\"sessionId\""),
         "a release desk accepted a WebDriver session: {text}"
     );
+    // The check below can fail: the desk was started, in the driver's group.
+    assert!(
+        started
+            .iter()
+            .any(|(_, name)| name.starts_with("countersign-aut")),
+        "no desk in the driver's group: {started:?}"
+    );
+    // Ending the driver's group ends the desk with it: nothing of this test runs on.
+    let group = driver.id();
+    driver.end();
+    let left: Vec<&(u32, String)> = started
+        .iter()
+        .filter(|(pid, _)| group::runs(*pid))
+        .collect();
+    assert!(left.is_empty(), "left running after the test: {left:?}");
+    assert!(group::members_of(group).is_empty());
+    // Nor anything that left the group: every process started for this test carries its
+    // directory in its environment.
+    let dir_value = dir.path().display().to_string();
+    let escaped = group::carrying("COUNTERSIGN_DESK_DIR", &dir_value);
+    assert!(escaped.is_empty(), "left the group and ran on: {escaped:?}");
+}
+
+/// What a program this test starts is given to reach the test's own session bus, if it has one.
+fn bus_env(bus: &Option<SessionBus>) -> Option<(&'static str, String)> {
+    bus.as_ref()
+        .map(|b| ("DBUS_SESSION_BUS_ADDRESS", b.address().to_owned()))
 }
 
 /// The desk at `program`, headless, in its own directory, as `account` when given (else as
-/// this process's account).
-fn start_headless(program: &Path, dir: &Path, account: Option<&Account>) -> std::process::Child {
+/// this process's account), leading a process group that ends with the guard.
+fn start_headless(program: &Path, dir: &Path, account: Option<&Account>) -> Group {
     let mut cmd = match account {
         Some(account) => account.std_command(program),
         None => Command::new(program),
@@ -187,9 +228,8 @@ fn start_headless(program: &Path, dir: &Path, account: Option<&Account>) -> std:
         .env("COUNTERSIGN_SOCKET", dir.join("desk.sock"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the desk")
+        .stderr(Stdio::null());
+    Group::spawn(&mut cmd).expect("the desk")
 }
 
 fn wait_for_socket(socket: &Path) {
@@ -249,8 +289,7 @@ fn a_release_desk_is_not_dumpable_so_its_own_account_cannot_read_it() {
             .unwrap()
             .to_owned();
         let environ_readable = readable_by(account.as_ref(), &environ);
-        let _ = desk.kill();
-        let _ = desk.wait();
+        desk.end();
         let what = program.display();
         assert_eq!(environ_readable, dumpable, "{what}: /proc/PID/environ");
         if !dumpable {
@@ -269,22 +308,24 @@ struct Inspected {
 
 /// Starts `cmd` in a process group of its own with `var` naming a free local port, waits until
 /// it has started a WebKit web process (its web view exists; WebKit starts the inspector server
-/// with the web context, before that process) and 2 s more, looks, and ends the group.
+/// with the web context, before that process) and 2 s more, looks, and ends the group (which
+/// also ends if the look fails).
 fn inspect(mut cmd: Command, var: &str) -> Inspected {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let mut child = cmd
-        .env(var, format!("127.0.0.1:{port}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("the program");
-    let pid = child.id();
+    let bus = SessionBus::unless_given();
+    let mut group = Group::spawn(
+        cmd.env(var, format!("127.0.0.1:{port}"))
+            .envs(bus_env(&bus))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("the program");
+    let pid = group.id();
     let deadline = Instant::now() + Duration::from_secs(30);
     let web = loop {
         let web = webkit_children(pid);
@@ -294,12 +335,7 @@ fn inspect(mut cmd: Command, var: &str) -> Inspected {
         {
             break web;
         }
-        if Instant::now() > deadline {
-            // SAFETY: ends only the process group this test started.
-            unsafe { libc::killpg(pid as i32, libc::SIGKILL) };
-            let _ = child.wait();
-            panic!("no WebKit web process started");
-        }
+        assert!(Instant::now() < deadline, "no WebKit web process started");
         std::thread::sleep(Duration::from_millis(100));
     };
     std::thread::sleep(Duration::from_secs(2));
@@ -313,9 +349,7 @@ fn inspect(mut cmd: Command, var: &str) -> Inspected {
         })
         .map(|(_, name)| name.clone())
         .collect();
-    // SAFETY: ends only the process group this test started.
-    unsafe { libc::killpg(pid as i32, libc::SIGKILL) };
-    let _ = child.wait();
+    group.end();
     Inspected { port_open, leaked }
 }
 
@@ -406,17 +440,19 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
     )
     .unwrap();
     let socket = dir.path().join("desk.sock");
-    let mut child = Command::new(&desk)
-        .arg("--in-memory-secret")
-        .env("COUNTERSIGN_DESK_DIR", dir.path())
-        .env("COUNTERSIGN_SOCKET", &socket)
-        .env("DISPLAY", &display)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let bus = SessionBus::unless_given();
+    let mut group = Group::spawn(
+        Command::new(&desk)
+            .arg("--in-memory-secret")
+            .env("COUNTERSIGN_DESK_DIR", dir.path())
+            .env("COUNTERSIGN_SOCKET", &socket)
+            .env("DISPLAY", &display)
+            .envs(bus_env(&bus))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .unwrap();
+    let pid = group.id();
     wait_for_socket(&socket);
     let web = |pid| {
         webkit_children(pid)
@@ -499,9 +535,5 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
             "{maps}"
         );
     }
-    // SAFETY: ends only the group this test started.
-    unsafe {
-        libc::killpg(pid as i32, libc::SIGKILL);
-    }
-    let _ = child.wait();
+    group.end();
 }

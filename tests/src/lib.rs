@@ -12,6 +12,7 @@ pub mod approver;
 pub mod calls;
 pub mod desk_process;
 pub mod files;
+pub mod group;
 pub mod keyring;
 pub mod measure;
 pub mod otlp;
@@ -143,11 +144,20 @@ impl LedgerChild {
         }
         let status = self.child.wait().expect("reap the child");
         Finished {
-            first_line: self.first_line,
+            first_line: std::mem::take(&mut self.first_line),
             lines,
             stderr,
             status,
         }
+    }
+}
+
+impl Drop for LedgerChild {
+    // A test that fails before it reaps a child does not leave it running (a child reaped
+    // already is not signalled again).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

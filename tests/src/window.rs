@@ -71,6 +71,9 @@ pub struct Desk {
     browser: std::sync::Mutex<Client>,
     /// The screen of its own it runs on, unless the test gave it one (`DISPLAY` in its env).
     display: Option<OwnDisplay>,
+    /// The session bus of its own its window uses, unless the test runs under one or gave it
+    /// one: without it GTK starts a bus that outlives every process group.
+    _bus: Option<crate::group::SessionBus>,
 }
 
 impl Desk {
@@ -550,6 +553,12 @@ impl Desk {
         // test could wait for Approve until it timed out.
         let display = (!env.iter().any(|(k, _)| *k == "DISPLAY")).then(OwnDisplay::start);
         let own_display = display.as_ref().map(|d| ("DISPLAY", d.name.clone()));
+        let bus = (!env.iter().any(|(k, _)| *k == "DBUS_SESSION_BUS_ADDRESS"))
+            .then(crate::group::SessionBus::unless_given)
+            .flatten();
+        let own_bus = bus
+            .as_ref()
+            .map(|b| ("DBUS_SESSION_BUS_ADDRESS", b.address().to_owned()));
         for sub in ["data", "config"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         }
@@ -568,6 +577,7 @@ impl Desk {
             .env("TAURI_WEBVIEW_AUTOMATION", "true")
             .envs(env.iter().copied())
             .envs(own_display.clone())
+            .envs(own_bus.clone())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -588,6 +598,7 @@ impl Desk {
             ])
             .env("WEBDRIVER_TARGET_ADDR", &inspector)
             .envs(own_display)
+            .envs(own_bus)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0)
@@ -610,6 +621,7 @@ impl Desk {
             port,
             browser: std::sync::Mutex::new(browser),
             display,
+            _bus: bus,
         };
         desk.until("the window to load", |d| {
             Box::pin(async move { d.exists("#empty").await })
