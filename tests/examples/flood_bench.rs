@@ -1,10 +1,13 @@
 //! The desk under a flood, measured and printed (not asserted: the machines are shared and
 //! noisy). One account opens 1,500 connections that never finish introducing themselves or
 //! never finish a frame (500 silent, 500 with half a hello, 500 with a hello and then half a
-//! message), and one agent sends 2,000 preflights that nobody answers. Meanwhile a normal agent's
-//! open calls are timed (goal: each within 1 s), the window's responsiveness is timed through
-//! WebDriver, and the desk's memory (PSS over its processes) is printed before, during and after.
-//! `make bench` runs it under Xvfb with the keychain.
+//! message), one agent sends 2,000 preflights that nobody answers, and another sends 2,000 more
+//! and never reads a byte of its answers. Meanwhile a fresh agent's first answer (its gateway
+//! spawned, `initialize`, `tools/list`, one open call; goal: within 1 s) is timed before, as the
+//! preflights arrive, 2 s on and after; a normal agent's open calls are timed (goal: each within
+//! 1 s), the window's responsiveness is timed through WebDriver, and the desk's memory (PSS over
+//! its processes) is printed before, during and after. `make bench` runs it under Xvfb with the
+//! keychain.
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +47,26 @@ async fn open_calls(agent: &rmcp::Peer<rmcp::RoleClient>, n: usize) -> Vec<Durat
     samples
 }
 
+/// Times a fresh agent: its gateway spawned, `initialize`, `tools/list` and one open call
+/// answered (goal: within 1 s, during a flood and after it).
+async fn fresh_agent(desk: &Desk, name: &str) -> Duration {
+    let started = Instant::now();
+    let agent = desk.agent(name).await;
+    let initialized = started.elapsed();
+    let listed = agent
+        .peer()
+        .list_all_tools()
+        .await
+        .expect("a fresh agent's listing");
+    assert!(!listed.is_empty(), "the fresh agent was listed no tools");
+    let listed = started.elapsed();
+    let _ = open_calls(agent.peer(), 1).await;
+    let took = started.elapsed();
+    eprintln!("{name}: initialized {initialized:?}, listed {listed:?}, called {took:?}");
+    drop(agent);
+    took
+}
+
 /// Times `n` WebDriver round trips that read the queue from the page.
 async fn window_round_trips(desk: &Desk, n: usize) -> Vec<Duration> {
     let mut samples = Vec::new();
@@ -71,6 +94,10 @@ async fn main() {
     let flood = desk.agent("flooding-agent").await;
     let _ = open_calls(normal.peer(), 5).await;
     println!("flood bench");
+    println!(
+        "before: a fresh agent's first answer in {:.0} ms",
+        fresh_agent(&desk, "fresh-agent-before").await.as_secs_f64() * 1e3
+    );
     println!(
         "before: open call {}; window round trip {}; desk memory {:.1} MB",
         percentiles(open_calls(normal.peer(), 50).await),
@@ -140,7 +167,53 @@ async fn main() {
                 .unwrap_or_else(|| "none".into())
         }));
     }
+    // And an agent that sends 2,000 preflights and never reads a byte of what it is answered: a
+    // gateway whose stdout nobody reads.
+    let mut deaf = tokio::process::Command::new(countersign_tests::window::bin("countersign"))
+        .args(["mcp", "--no-launch", "--socket"])
+        .arg(desk.socket())
+        .arg("--db")
+        .arg(desk.dir.path().join("app.sqlite"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("a gateway for the agent that never reads");
+    let mut deaf_in = deaf.stdin.take().expect("its stdin");
+    let _deaf_out = deaf.stdout.take().expect("its stdout, never read");
+    let deaf_writer = tokio::spawn(async move {
+        let mut lines = String::from(concat!(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"deaf-agent","version":"1"}}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            "\n"
+        ));
+        for n in 1..=2000 {
+            lines.push_str(&format!(
+                r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"execute","arguments":{{"sql":"DELETE FROM t WHERE id = {n}"}}}}}}"#
+            ));
+            lines.push('\n');
+        }
+        // Blocks once the desk stops reading (its answers fill the pipe nobody reads).
+        let _ = deaf_in.write_all(lines.as_bytes()).await;
+        deaf_in
+    });
+
+    // A fresh agent while the preflights arrive, and another once they have all been taken in.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    println!(
+        "during: a fresh agent's first answer (spawn, initialize, tools/list, one open call) in {:.0} ms; goal ≤ 1000 ms",
+        fresh_agent(&desk, "fresh-agent-during").await.as_secs_f64() * 1e3
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
+    println!(
+        "during, 2 s on: a fresh agent's first answer in {:.0} ms; goal ≤ 1000 ms",
+        fresh_agent(&desk, "fresh-agent-during-later")
+            .await
+            .as_secs_f64()
+            * 1e3
+    );
     println!(
         "during: open call {}; window round trip {}; desk memory {:.1} MB",
         percentiles(open_calls(normal.peer(), 50).await),
@@ -194,6 +267,10 @@ async fn main() {
     println!("the 2,000 preflights ended as: {codes:?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
+        "after: a fresh agent's first answer in {:.0} ms; goal ≤ 1000 ms",
+        fresh_agent(&desk, "fresh-agent-after").await.as_secs_f64() * 1e3
+    );
+    println!(
         "after: open call {}; window round trip {}; desk memory {:.1} MB",
         percentiles(open_calls(normal.peer(), 50).await),
         percentiles(window_round_trips(&desk, 20).await),
@@ -201,5 +278,7 @@ async fn main() {
     );
     drop(normal);
     drop(flood);
+    deaf_writer.abort();
+    drop(deaf);
     desk.stop().await;
 }
