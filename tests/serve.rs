@@ -3188,7 +3188,10 @@ mod approver_protocol {
     /// `real` has exactly the shape of the document's example `name`.
     fn shaped_like(doc: &str, name: &str, real: &Value) {
         let mark = "<!-- free-form:";
-        let at = doc.find(mark).expect("the document marks the free-form members") + mark.len();
+        let at = doc
+            .find(mark)
+            .expect("the document marks the free-form members")
+            + mark.len();
         let free_line = doc[at..].lines().next().unwrap_or_default();
         let free: Vec<&str> = free_line
             .trim_end_matches("-->")
@@ -3942,7 +3945,8 @@ mod approver_protocol {
 
         let listed: std::collections::BTreeSet<String> = statuses.keys().cloned().collect();
         assert_eq!(
-            answered.into_inner(), listed,
+            answered.into_inner(),
+            listed,
             "each code the document lists, and only those"
         );
         drop(server);
@@ -4005,7 +4009,10 @@ async fn the_control_database_down_is_an_outage_to_every_call_and_the_same_serve
     let content = asking.await.unwrap().structured_content.unwrap();
     assert_eq!(content["approved"], true, "{content}");
     let query = json!({"sql": "SELECT count(*) FROM notes"});
-    assert_ne!(call(&agent, "query", query.clone()).await.is_error, Some(true));
+    assert_ne!(
+        call(&agent, "query", query.clone()).await.is_error,
+        Some(true)
+    );
 
     postgres.stop_immediately();
     assert_eq!(operator_get(operator, "/readyz", &[]).0, 503);
@@ -4047,7 +4054,9 @@ async fn the_control_database_down_is_an_outage_to_every_call_and_the_same_serve
     }
     assert_eq!(notes_in(&db), 1, "nothing ran while the records were down");
     assert!(
-        !server.log().contains("tool definition differs from its pin"),
+        !server
+            .log()
+            .contains("tool definition differs from its pin"),
         "an outage is never taken for a changed tool: {}",
         server.log()
     );
@@ -4146,7 +4155,11 @@ fn a_request_sent_as_a_notification_is_refused_and_genuine_notifications_are_acc
     // up, so that stopping never cuts its start short).
     let (status, _, answer) = post(port, &[], r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#);
     assert_eq!((status, &answer["id"]), (200, &json!(9)), "{answer}");
-    let (status, _, answer) = post(port, &[], r#"{"jsonrpc":"2.0","id":10,"method":"tools/list"}"#);
+    let (status, _, answer) = post(
+        port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":10,"method":"tools/list"}"#,
+    );
     assert_eq!(status, 200, "{answer}");
     assert!(answer["result"]["tools"].is_array(), "{answer}");
     let log = server.stop();
