@@ -1,6 +1,6 @@
-//! Issue 29, item 1: a replica of a team's server killed while a call waits never strands the
-//! call. Real `countersign-serve` processes on a real PostgreSQL database (run under
-//! `.ci/with-postgres`), the built-in tools on one SQLite file, an agent over streamable HTTP
+//! A replica of a team's server killed while a call waits never strands the call. Real
+//! `countersign-serve` processes on a real PostgreSQL database (run under `.ci/with-postgres`),
+//! the built-in tools on one SQLite file, an agent over streamable HTTP
 //! and a desk signing its decision on the approver listener. The call is asked on replica A, A
 //! is killed (`SIGKILL`), the agent asks again on B at once, A comes back, B is killed, the
 //! agent asks on the new A; the person decides 30 s after the first ask, three times the time a
@@ -8,7 +8,6 @@
 //! under one number, is approved, and runs exactly once. About 40 s.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -23,14 +22,7 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
 use serde_json::{Value, json};
 
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use super::free_port;
 
 /// A running replica, killed when dropped.
 struct Replica {
@@ -84,6 +76,8 @@ impl Replica {
 
     /// Killed at once, as a crash or an OOM kill does: nothing of it runs after this.
     fn kill(mut self) {
+        // SAFETY: kill(2) on the pid of a child this value owns and has not reaped yet, so the
+        // pid cannot have been reused by another process.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
         let _ = self.child.wait();
     }

@@ -3065,6 +3065,9 @@ async fn a_2026_07_28_client_approved_on_one_replica_gets_its_result_from_anothe
 /// document says (its examples and tables, read here; never the crates' own types) is accepted and
 /// the agent's call runs; each refusal the document lists is what the server answers, with the
 /// status it gives.
+/// Replicas killed and restarted while a call waits for its person.
+mod replicas;
+
 mod approver_protocol {
     use super::*;
     use countersign_core::approver::ApproverKey;

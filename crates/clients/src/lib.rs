@@ -21,6 +21,8 @@ mod codex;
 mod install;
 mod json;
 mod registrar;
+#[cfg(feature = "test-support")]
+pub mod stand_in;
 mod survey;
 pub mod table;
 mod undo;

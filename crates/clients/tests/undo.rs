@@ -5,57 +5,15 @@
 //! rewritten entries put back; an entry changed since is named and nothing written, unless
 //! forced. The desk is a stand-in held in memory (its registry and its keychain of backups).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use countersign_clients::{self as clients, Client, InstallError, Options, Registrar};
-use countersign_wire::{DeskError, RegistryAnswer, RegistryCode, RegistryRequest, SecretText};
+use countersign_clients::{self as clients, Client, InstallError, Options};
 use serde_json::{Value, json};
 
 const PROGRAM: &str = "/usr/local/bin/countersign";
 
-/// The desk, as far as install and uninstall are concerned.
-#[derive(Default)]
-struct Desk {
-    servers: BTreeMap<String, countersign_wire::ServerSpec>,
-    backups: BTreeMap<String, String>,
-}
-
-impl Registrar for Desk {
-    fn ask(
-        &mut self,
-        request: RegistryRequest,
-        _waiting: &mut dyn FnMut(&str),
-    ) -> Result<RegistryAnswer, DeskError> {
-        Ok(match request {
-            RegistryRequest::List => RegistryAnswer::Servers {
-                servers: self.servers.clone(),
-            },
-            RegistryRequest::Put { name, spec, .. } => {
-                self.servers.insert(name, spec);
-                RegistryAnswer::Done {
-                    message: "done".into(),
-                }
-            }
-            RegistryRequest::KeepBackup { key, text } => {
-                self.backups.insert(key, text.expose().to_owned());
-                RegistryAnswer::Backup { text: None }
-            }
-            RegistryRequest::TakeBackup { key } => RegistryAnswer::Backup {
-                text: self.backups.get(&key).map(|t| SecretText::new(t.clone())),
-            },
-            RegistryRequest::DropBackup { key } => {
-                self.backups.remove(&key);
-                RegistryAnswer::Backup { text: None }
-            }
-            _ => RegistryAnswer::Refused {
-                code: RegistryCode::BadRequest,
-                message: "not in this stand-in".into(),
-            },
-        })
-    }
-}
+type Desk = countersign_clients::stand_in::StandInDesk;
 
 struct File {
     _dir: tempfile::TempDir,

@@ -141,54 +141,12 @@ pub fn install_all(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::path::Path;
-
-    use countersign_wire::{DeskError, RegistryAnswer, RegistryRequest};
 
     use super::*;
 
     /// The desk as far as install is concerned: a registry that takes every server, and backups.
-    #[derive(Default)]
-    struct Desk {
-        servers: BTreeMap<String, countersign_wire::ServerSpec>,
-        backups: BTreeMap<String, String>,
-    }
-
-    impl Registrar for Desk {
-        fn ask(
-            &mut self,
-            request: RegistryRequest,
-            _waiting: &mut dyn FnMut(&str),
-        ) -> Result<RegistryAnswer, DeskError> {
-            Ok(match request {
-                RegistryRequest::List => RegistryAnswer::Servers {
-                    servers: self.servers.clone(),
-                },
-                RegistryRequest::Put { name, spec, .. } => {
-                    self.servers.insert(name, spec);
-                    RegistryAnswer::Done {
-                        message: "done".into(),
-                    }
-                }
-                RegistryRequest::KeepBackup { key, text } => {
-                    self.backups.insert(key, text.expose().to_owned());
-                    RegistryAnswer::Backup { text: None }
-                }
-                RegistryRequest::TakeBackup { key } => RegistryAnswer::Backup {
-                    text: self
-                        .backups
-                        .get(&key)
-                        .map(|t| countersign_wire::SecretText::new(t.clone())),
-                },
-                RegistryRequest::DropBackup { key } => {
-                    self.backups.remove(&key);
-                    RegistryAnswer::Backup { text: None }
-                }
-                _ => panic!("not asked by install"),
-            })
-        }
-    }
+    type Desk = countersign_clients::stand_in::StandInDesk;
 
     fn home() -> (tempfile::TempDir, Places) {
         let dir = tempfile::tempdir().unwrap();

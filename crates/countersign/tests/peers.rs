@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use countersign_engine::{QueueChange, Removal};
+use countersign_engine::{PendingRequest, QueueChange};
 use rmcp::model::*;
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, RunningService};
 use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
@@ -1095,10 +1095,35 @@ async fn filesystem_changed_content_is_refused_and_nothing_is_written() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Withdrawal: the agent cancels a preflight while the desk is still waiting for a person.
+// A cancel: the agent cancels a preflight while the desk is still waiting for a person.
+
+/// The next `Updated` change whose request is marked as its agent having stopped waiting
+/// (`stopped`), or no longer marked (`!stopped`).
+async fn next_marking(
+    changes: &mut tokio::sync::broadcast::Receiver<QueueChange>,
+    stopped: bool,
+) -> PendingRequest {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match changes.recv().await {
+                Ok(QueueChange::Updated { request })
+                    if request
+                        .call()
+                        .is_some_and(|c| c.stopped_waiting_at_ms.is_some() == stopped) =>
+                {
+                    return *request;
+                }
+                Ok(_) => {}
+                Err(e) => panic!("the desk's queue closed: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the request's mark did not change within 30 s")
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_preflight_is_withdrawn_from_the_desk() {
+async fn a_cancelled_preflight_stays_marked_and_the_same_call_asked_again_takes_the_decision() {
     let desk = desk().await;
     let (_dir, dir) = workdir();
     let agent = filesystem_agent(&desk, &dir).await;
@@ -1114,8 +1139,24 @@ async fn cancelled_preflight_is_withdrawn_from_the_desk() {
         .await
         .unwrap();
 
-    let (id, reason) = next_removal(&mut changes).await;
-    assert_eq!((id, reason), (request.id, Removal::Withdrawn));
+    // Still in the person's queue, marked: the agent stopped waiting, and will collect the
+    // decision if it asks again.
+    let marked = next_marking(&mut changes, true).await;
+    assert_eq!(marked.id, request.id);
+    let pending = desk.engine.pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].id, request.id);
+    assert!(!file.exists());
+
+    // The same preflight again is the same request, no longer marked; the person's decision
+    // reaches it.
+    let again = send_call(&agent, "write_file", args.clone()).await;
+    let reattached = next_marking(&mut changes, false).await;
+    assert_eq!(reattached.id, request.id);
+    assert_eq!(desk.engine.pending().len(), 1);
+    desk.engine.deny(request.id, None).await.unwrap();
+    let r = tool_result(again).await;
+    assert_eq!(refusal(&r).as_deref(), Some("denied"), "{r:?}");
     assert!(desk.engine.pending().is_empty());
     assert!(matches!(
         desk.engine
@@ -1124,12 +1165,13 @@ async fn cancelled_preflight_is_withdrawn_from_the_desk() {
         Err(countersign_engine::ApproveError::NotPending)
     ));
 
-    // The gateway goes on: the same preflight again is a new request, not the withdrawn one.
-    let again = send_call(&agent, "write_file", args).await;
+    // Another plan is a request of its own, never the decided one.
+    let other = json!({"path": s(&file), "content": "nor this"});
+    let third = send_call(&agent, "write_file", other).await;
     let next = next_request(&mut changes).await;
     assert_ne!(next.id, request.id);
     desk.engine.deny(next.id, None).await.unwrap();
-    let r = tool_result(again).await;
+    let r = tool_result(third).await;
     assert_eq!(refusal(&r).as_deref(), Some("denied"), "{r:?}");
     assert!(!file.exists());
 }
