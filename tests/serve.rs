@@ -1548,6 +1548,40 @@ fn a_call_posing_as_a_notification_or_a_response_never_reaches_the_upstream() {
 }
 
 /// `countersign serve ROSTER ARGS` with `env`: its exit code, stdout and stderr.
+/// Registers each desk's key as an approver of the roster in `env`'s control database.
+fn add_approvers(env: &[(&str, &str)], desks: &[(&str, &Desk)]) {
+    for (name, desk) in desks {
+        let (code, _, note) = roster_command("approver", env, &["add", name, &desk.public_text()]);
+        assert_eq!(code, 0, "{note}");
+    }
+}
+
+/// A policy file in `dir` asking two distinct approvers for the built-in `execute` on `db`.
+fn two_approvers_for_execute(dir: &Path, db: &Path) -> PathBuf {
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[servers.\"builtin:{}\".tools.execute]\napprovers = 2\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    policy
+}
+
+/// An agent of the server at `url`, presenting the agent key `key`.
+async fn agent_with_key(
+    url: String,
+    key: &str,
+) -> Arc<rmcp::service::RunningService<rmcp::RoleClient, ()>> {
+    let transport = StreamableHttpClientTransport::from_config(
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url)
+            .auth_header(key.to_owned()),
+    );
+    Arc::new(().serve(transport).await.unwrap())
+}
+
 fn roster_command(roster: &str, env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let mut all = vec![roster];
     all.extend_from_slice(args);
@@ -1570,21 +1604,10 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     let (cert, key, trusted) = self_signed(dir.path());
     let db = tools_db(dir.path());
     // Two distinct people must approve a delete.
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[servers.\"builtin:{}\".tools.execute]\napprovers = 2\n",
-            db.display()
-        ),
-    )
-    .unwrap();
+    let policy = two_approvers_for_execute(dir.path(), &db);
     let env = [("CONTROL_DSN", dsn.as_str())];
     let (alice, bob, carol, mallory) = (Desk::new(1), Desk::new(2), Desk::new(3), Desk::new(4));
-    for (name, desk) in [("alice", &alice), ("bob", &bob), ("carol", &carol)] {
-        let (code, _, note) = roster_command("approver", &env, &["add", name, &desk.public_text()]);
-        assert_eq!(code, 0, "{note}");
-    }
+    add_approvers(&env, &[("alice", &alice), ("bob", &bob), ("carol", &carol)]);
     for bad in ["ed25519:AAAA", "not-a-key", &alice.public_text()] {
         let (code, _, note) = roster_command("approver", &env, &["add", "eve", bad]);
         assert_eq!(code, 2, "{bad}: {note}");
@@ -1637,13 +1660,7 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
     let listener = Arc::new(listener);
 
     // The agent asks; its preflight waits for people.
-    let transport = StreamableHttpClientTransport::from_config(
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            server.url(),
-        )
-        .auth_header(agent_key.clone()),
-    );
-    let agent = Arc::new(().serve(transport).await.unwrap());
+    let agent = agent_with_key(server.url(), &agent_key).await;
     let asking = {
         let agent = agent.clone();
         tokio::spawn(
@@ -2376,13 +2393,7 @@ async fn the_operator_listener_counts_what_the_server_decided_and_serves_nothing
         ],
         Some(&[]),
     );
-    let transport = StreamableHttpClientTransport::from_config(
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            server.url(),
-        )
-        .auth_header(agent_key.clone()),
-    );
-    let agent = Arc::new(().serve(transport).await.unwrap());
+    let agent = agent_with_key(server.url(), &agent_key).await;
 
     // Two open calls, forwarded.
     for _ in 0..2 {
@@ -3522,22 +3533,10 @@ mod approver_protocol {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key, trusted) = self_signed(dir.path());
         let db = tools_db(dir.path());
-        let policy = dir.path().join("policy.toml");
-        std::fs::write(
-            &policy,
-            format!(
-                "[servers.\"builtin:{}\".tools.execute]\napprovers = 2\n",
-                db.display()
-            ),
-        )
-        .unwrap();
+        let policy = two_approvers_for_execute(dir.path(), &db);
         let env = [("CONTROL_DSN", dsn.as_str())];
         let (alice, bob) = (Desk::new(61), Desk::new(62));
-        for (name, desk) in [("alice", &alice), ("bob", &bob)] {
-            let (code, _, note) =
-                roster_command("approver", &env, &["add", name, &desk.public_text()]);
-            assert_eq!(code, 0, "{note}");
-        }
+        add_approvers(&env, &[("alice", &alice), ("bob", &bob)]);
         let (code, agent_key, note) = roster_command("agent", &env, &["add", "ci"]);
         assert_eq!(code, 0, "{note}");
         let port = free_port();
@@ -3552,13 +3551,7 @@ mod approver_protocol {
             ],
             Some(&[]),
         );
-        let transport = StreamableHttpClientTransport::from_config(
-            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                server.url(),
-            )
-            .auth_header(agent_key.trim().to_owned()),
-        );
-        let agent = Arc::new(().serve(transport).await.unwrap());
+        let agent = agent_with_key(server.url(), agent_key.trim()).await;
         let delete = json!({"sql": "DELETE FROM notes"});
         let asking = ask(&agent, "DELETE FROM notes");
 
@@ -3672,11 +3665,7 @@ mod approver_protocol {
         let db = tools_db(dir.path());
         let env = [("CONTROL_DSN", dsn.as_str())];
         let (alice, bob, carol) = (Desk::new(71), Desk::new(72), Desk::new(73));
-        for (name, desk) in [("alice", &alice), ("bob", &bob), ("carol", &carol)] {
-            let (code, _, note) =
-                roster_command("approver", &env, &["add", name, &desk.public_text()]);
-            assert_eq!(code, 0, "{note}");
-        }
+        add_approvers(&env, &[("alice", &alice), ("bob", &bob), ("carol", &carol)]);
         let port = free_port();
         let url = format!("https://localhost:{port}");
         let args = approver_args("--unauthenticated", &db, port, &url, &cert, &key);
