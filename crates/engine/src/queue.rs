@@ -532,11 +532,9 @@ impl Engine {
         tool: &str,
         planned: Result<Call, Stopped>,
     ) -> Result<(), Stopped> {
-        let hash = match planned {
-            Ok(Call { hash, .. }) => hash,
-            Err(busy) if busy.failure() == Some(ErrorCode::Busy) => return Err(busy),
-            // Nothing to withdraw from a call that could not have been queued.
-            Err(_) => return Ok(()),
+        // Nothing to withdraw from a call that could not have been queued.
+        let Some(hash) = queued_hash(planned)? else {
+            return Ok(());
         };
         let mut state = lock(&self.inner.state);
         let found = state
@@ -572,10 +570,8 @@ impl Engine {
         tool: &str,
         planned: Result<Call, Stopped>,
     ) -> Result<(), Stopped> {
-        let hash = match planned {
-            Ok(Call { hash, .. }) => hash,
-            Err(busy) if busy.failure() == Some(ErrorCode::Busy) => return Err(busy),
-            Err(_) => return Ok(()),
+        let Some(hash) = queued_hash(planned)? else {
+            return Ok(());
         };
         let now = self.now();
         let mut state = lock(&self.inner.state);
@@ -685,5 +681,16 @@ pub(crate) fn denied(note: Option<String>) -> Stopped {
     Stopped::Refused {
         refusal: Refusal::Denied,
         message,
+    }
+}
+
+/// The plan hash a request of `planned` would be queued under: `None` for a call that could not
+/// have been queued, and the refusal itself for one that cannot be described just now (its SQL
+/// met a lock or a time limit), which may still be waiting.
+fn queued_hash(planned: Result<Call, Stopped>) -> Result<Option<PlanHash>, Stopped> {
+    match planned {
+        Ok(Call { hash, .. }) => Ok(Some(hash)),
+        Err(busy) if busy.failure() == Some(ErrorCode::Busy) => Err(busy),
+        Err(_) => Ok(None),
     }
 }

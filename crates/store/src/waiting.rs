@@ -187,15 +187,7 @@ impl Store {
     /// The waiting calls among `ids` that are on record, decided or not, in one read (at most
     /// [`MAX_WAITING_ROWS`] ids; the rest are not read).
     pub fn waiting_calls_by_id(&mut self, ids: &[u64]) -> Result<Vec<WaitingCall>, StoreError> {
-        let ids = ids
-            .iter()
-            .take(MAX_WAITING_ROWS)
-            .map(|id| ms_to_sql(*id))
-            .collect::<Result<Vec<i64>, _>>()?;
-        let list = format!(
-            "[{}]",
-            ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-        );
+        let list = id_list(ids)?;
         self.waiting_rows("id IN (SELECT value FROM json_each(?1))", [list])
     }
 
@@ -302,15 +294,7 @@ impl Store {
     /// stay visible until `until`: a replica holds their calls, whichever replica wrote them.
     pub fn keep_waiting(&mut self, ids: &[u64], until: u64) -> Result<(), StoreError> {
         let until = ms_to_sql(until)?;
-        let ids = ids
-            .iter()
-            .take(MAX_WAITING_ROWS)
-            .map(|id| ms_to_sql(*id))
-            .collect::<Result<Vec<i64>, _>>()?;
-        let list = format!(
-            "[{}]",
-            ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-        );
+        let list = id_list(ids)?;
         self.with_connection(|conn| {
             conn.prepare_cached(
                 "UPDATE waiting_call SET expires_at_ms = ?2
@@ -344,4 +328,18 @@ impl Store {
             Ok(names)
         })
     }
+}
+
+/// At most [`MAX_WAITING_ROWS`] of `ids` as a JSON array, for `json_each` (the rest are left
+/// out): one statement for many rows, its text the same whatever their number.
+fn id_list(ids: &[u64]) -> Result<String, StoreError> {
+    let ids = ids
+        .iter()
+        .take(MAX_WAITING_ROWS)
+        .map(|id| ms_to_sql(*id))
+        .collect::<Result<Vec<i64>, _>>()?;
+    Ok(format!(
+        "[{}]",
+        ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+    ))
 }
