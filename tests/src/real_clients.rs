@@ -139,9 +139,6 @@ impl RealClient {
         .env("RUST_LOG", "warn")
         .current_dir(self.home.path())
         .stdin(Stdio::null())
-        // A group of its own: the client, the gateways it starts and their children end with it
-        // (see `Ended`), not only `unshare`.
-        .process_group(0)
         .kill_on_drop(true);
         cmd
     }
@@ -195,7 +192,6 @@ impl RealClient {
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let child = cmd.spawn().unwrap();
-        let _ended = Ended(child.id().expect("a running client") as i32);
         tokio::time::timeout(Duration::from_secs(100), child.wait_with_output())
             .await
             .unwrap_or_else(|_| panic!("{:?} did not end within 100 s", self.kind))
@@ -273,17 +269,5 @@ impl Kind {
             Kind::ClaudeCode => "claude-code",
             Kind::Codex => "codex",
         }
-    }
-}
-
-/// Kills the process group `0` names when dropped: whatever a client run left (its gateways, a
-/// client killed at its timeout, a test that panicked) ends with the run.
-struct Ended(i32);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on a process group this run's client leads (it was started with
-        // `process_group(0)`); a group already empty answers ESRCH and nothing happens.
-        unsafe { libc::kill(-self.0, libc::SIGKILL) };
     }
 }
