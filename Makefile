@@ -1,4 +1,4 @@
-# The two commands README.md opens with, plus the slower checks it documents.
+# The two commands README.md opens with, plus the slower checks docs/commands.md documents.
 .PHONY: run test bench fuzz
 
 run: ## Set up, build, and run the demo: the desk's window plus a scripted agent on the built-in tools.

@@ -34,6 +34,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::seed::SeedError;
+
 /// The keychain item that holds the approver key's 32 secret bytes (base64).
 pub const KEY_ITEM: &str = "approver-key";
 
@@ -72,28 +74,40 @@ pub struct Enrollments {
     pub servers: BTreeMap<String, Enrolled>,
 }
 
+/// Why `approvers.json` could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnrollmentsError {
+    /// The file is there but cannot be read.
+    #[error("{FILE}: {0}")]
+    Read(#[source] std::io::Error),
+    /// The file is not a list of enrollments.
+    #[error("{FILE}: {0}")]
+    Parse(#[source] serde_json::Error),
+}
+
 impl Enrollments {
     /// The enrollments in `config` (none when the file is missing).
-    pub fn load(config: &Path) -> Result<Enrollments, String> {
+    pub fn load(config: &Path) -> Result<Enrollments, EnrollmentsError> {
         match std::fs::read_to_string(config.join(FILE)) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| format!("{FILE}: {e}")),
+            Ok(text) => serde_json::from_str(&text).map_err(EnrollmentsError::Parse),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Enrollments::default()),
-            Err(e) => Err(format!("{FILE}: {e}")),
+            Err(e) => Err(EnrollmentsError::Read(e)),
         }
     }
 
-    fn save(&self, config: &Path) -> Result<(), String> {
-        std::fs::create_dir_all(config).map_err(|e| e.to_string())?;
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+    fn save(&self, config: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(config)?;
+        let text = serde_json::to_string_pretty(self)?;
         let temporary = config.join(format!("{FILE}.tmp"));
-        std::fs::write(&temporary, text + "\n").map_err(|e| e.to_string())?;
-        std::fs::rename(&temporary, config.join(FILE)).map_err(|e| e.to_string())
+        std::fs::write(&temporary, text + "\n")?;
+        std::fs::rename(&temporary, config.join(FILE))
     }
 }
 
 /// The desk's approver key from the keychain; made and stored first when `create` and there is
 /// none.
-pub fn key(items: &dyn Items, create: bool) -> Result<Option<ApproverKey>, String> {
+pub fn key(items: &dyn Items, create: bool) -> Result<Option<ApproverKey>, SeedError> {
     Ok(
         crate::seed::stored(items, KEY_ITEM, "approver key", create)?
             .map(|seed| ApproverKey::from_seed(&seed)),
@@ -228,14 +242,55 @@ pub enum RemoteError {
         /// How long until it does.
         wait_ms: u64,
     },
-    /// The server refused the decision, or could not be reached: nothing was decided.
+    /// The server refused the decision: nothing was decided.
     #[error("the team server did not take the decision ({code}): {message}")]
     Refused {
-        /// The server's code, or `unreachable`.
+        /// The server's code.
         code: String,
         /// Its message.
         message: String,
     },
+    /// The server could not be reached, or did not answer: nothing was decided.
+    #[error("the team server did not take the decision (unreachable): {0}")]
+    Unreachable(#[source] ExchangeError),
+}
+
+/// Why this desk could not make its TLS client for a team server.
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    /// The certificate authority, or this desk's key as a client certificate, was refused.
+    #[error("{0}")]
+    Tls(#[from] rustls::Error),
+    /// The self-signed certificate of the approver key could not be made.
+    #[error("{0}")]
+    Certificate(#[from] rcgen::Error),
+}
+
+/// Why one exchange with a team server's approver listener did not come back with an answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// The URL with the path after it is not a URI.
+    #[error("{0}")]
+    Uri(#[source] hyper::http::uri::InvalidUri),
+    /// The URL names no host.
+    #[error("no host")]
+    NoHost,
+    /// The TCP connection, or the TLS handshake over it, failed.
+    #[error("{0}")]
+    Connect(#[source] std::io::Error),
+    /// The host is not a name TLS can check a certificate against.
+    #[error("{0}")]
+    ServerName(#[source] rustls::pki_types::InvalidDnsNameError),
+    /// The request could not be made.
+    #[error("{0}")]
+    Request(#[source] hyper::http::Error),
+    /// HTTP failed: the handshake, the request or reading the answer.
+    #[error("{0}")]
+    Http(#[source] hyper::Error),
+    /// No answer within the exchange's time.
+    #[error("no answer in time")]
+    Timeout,
 }
 
 impl Remote {
@@ -317,27 +372,23 @@ impl Remote {
 
     /// The TLS client for `server`: its CA as the only root, this desk's key as its client
     /// certificate.
-    fn client(&self, server: &Enrolled) -> Result<Arc<rustls::ClientConfig>, String> {
+    fn client(&self, server: &Enrolled) -> Result<Arc<rustls::ClientConfig>, ClientError> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()).flatten() {
-            roots.add(cert).map_err(|e| e.to_string())?;
+            roots.add(cert)?;
         }
         let pkcs8 = self.key.pkcs8_der();
-        let pair = rcgen::KeyPair::try_from(pkcs8.as_slice()).map_err(|e| e.to_string())?;
-        let cert = rcgen::CertificateParams::new(vec!["countersign-approver".to_owned()])
-            .map_err(|e| e.to_string())?
-            .self_signed(&pair)
-            .map_err(|e| e.to_string())?;
+        let pair = rcgen::KeyPair::try_from(pkcs8.as_slice())?;
+        let cert = rcgen::CertificateParams::new(vec!["countersign-approver".to_owned()])?
+            .self_signed(&pair)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_client_auth_cert(
                 vec![cert.der().clone()],
                 PrivateKeyDer::Pkcs8(pkcs8.to_vec().into()),
-            )
-            .map_err(|e| e.to_string())?;
+            )?;
         Ok(Arc::new(config))
     }
 
@@ -348,25 +399,25 @@ impl Remote {
         method: &str,
         path: &str,
         body: Option<Value>,
-    ) -> Result<(u16, Value), String> {
+    ) -> Result<(u16, Value), ExchangeError> {
         let uri: hyper::Uri = format!("{}{path}", url.trim_end_matches('/'))
             .parse()
-            .map_err(|e| format!("{e}"))?;
-        let host = uri.host().ok_or("no host")?.to_owned();
+            .map_err(ExchangeError::Uri)?;
+        let host = uri.host().ok_or(ExchangeError::NoHost)?.to_owned();
         let port = uri.port_u16().unwrap_or(443);
         let work = async {
             let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
                 .await
-                .map_err(|e| e.to_string())?;
-            let name = ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+                .map_err(ExchangeError::Connect)?;
+            let name = ServerName::try_from(host.clone()).map_err(ExchangeError::ServerName)?;
             let tls = tokio_rustls::TlsConnector::from(client)
                 .connect(name, tcp)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(ExchangeError::Connect)?;
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(ExchangeError::Http)?;
             tokio::spawn(connection);
             let bytes = body.map(|b| b.to_string()).unwrap_or_default();
             let request = hyper::Request::builder()
@@ -375,23 +426,23 @@ impl Remote {
                 .header(hyper::header::HOST, format!("{host}:{port}"))
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .body(Full::new(Bytes::from(bytes)))
-                .map_err(|e| e.to_string())?;
+                .map_err(ExchangeError::Request)?;
             let response = sender
                 .send_request(request)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(ExchangeError::Http)?;
             let status = response.status().as_u16();
             let body = response
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(ExchangeError::Http)?
                 .to_bytes();
-            Ok::<_, String>((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+            Ok::<_, ExchangeError>((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
         };
         tokio::time::timeout(EXCHANGE, work)
             .await
-            .map_err(|_| "no answer in time".to_owned())?
+            .map_err(|_| ExchangeError::Timeout)?
     }
 
     /// Reads `url`'s waiting calls for as long as the desk runs, waiting on the server for
@@ -588,10 +639,7 @@ impl Remote {
                 code: body["error"].as_str().unwrap_or("refused").to_owned(),
                 message: body["message"].as_str().unwrap_or_default().to_owned(),
             }),
-            Err(e) => Err(RemoteError::Refused {
-                code: "unreachable".into(),
-                message: e,
-            }),
+            Err(e) => Err(RemoteError::Unreachable(e)),
         }
     }
 }

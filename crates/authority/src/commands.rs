@@ -432,14 +432,15 @@ pub async fn export_status(desk: &Desk) -> Result<Option<crate::otlp::ExportView
     desk.export
         .view()
         .await
-        .map_err(|e| UiError::new(UiCode::StoreFailed, e))
+        .map_err(|e| UiError::new(UiCode::StoreFailed, e.to_string()))
 }
 
 pub async fn save_settings(desk: &Desk, view: SettingsView) -> Result<SettingsView, UiError> {
     let settings = view.settings.sanitized();
     // The person's own edit applies directly; an unchanged policy is not saved (nor recorded).
     if view.policy != desk.registry.accepted_text(countersign_registry::POLICY) {
-        Policy::from_toml(&view.policy).map_err(|e| UiError::new(UiCode::BadPolicy, e))?;
+        Policy::from_toml(&view.policy)
+            .map_err(|e| UiError::new(UiCode::BadPolicy, e.to_string()))?;
         desk.registry
             .save_policy_directly(&view.policy)
             .await
@@ -468,7 +469,7 @@ pub async fn save_settings(desk: &Desk, view: SettingsView) -> Result<SettingsVi
     if settings.otlp_endpoint != before {
         desk.export
             .apply(settings.otlp_endpoint.as_deref())
-            .map_err(|e| UiError::new(UiCode::BadRequest, e))?;
+            .map_err(|e| UiError::new(UiCode::BadRequest, e.to_string()))?;
     }
     desk.engine
         .set_token_ttl_ms(settings.token_minutes * 60_000);
@@ -483,7 +484,7 @@ pub async fn save_settings(desk: &Desk, view: SettingsView) -> Result<SettingsVi
 /// Replaces the secret: every outstanding token stops working.
 pub fn rotate_secret(desk: &Desk) -> Result<(), UiError> {
     desk.rotate_secret()
-        .map_err(|e| UiError::new(UiCode::NoSecret, e))
+        .map_err(|e| UiError::new(UiCode::from(&e), e.to_string()))
 }
 
 /// Whether the desk can mint, and what to tell the person if not.

@@ -46,8 +46,8 @@ pub struct Desk {
 
 impl Desk {
     /// Rotates the secret and gives the engine the new key.
-    pub fn rotate_secret(&self) -> Result<(), String> {
-        let secret = self.secret.rotate().map_err(|e| e.to_string())?;
+    pub fn rotate_secret(&self) -> Result<(), SecretError> {
+        let secret = self.secret.rotate()?;
         self.engine.set_key(Ok(secret.signing_key()));
         tracing::warn!(target: "desk", "secret rotated: every outstanding token stopped working");
         Ok(())
@@ -160,7 +160,7 @@ pub fn subcommand(args: &[String]) -> Option<i32> {
         // `countersign history key`: the public half of the chain key, made on first need.
         Some("history-key") => Some(
             match KeychainItems::open_default()
-                .map_err(|e| e.to_string())
+                .map_err(seed::SeedError::from)
                 .and_then(|items| seed::chain_key(&items))
             {
                 Ok(key) => {
@@ -378,7 +378,7 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
     match items
         .as_ref()
         .map_err(|e| e.to_string())
-        .and_then(|i| seed::chain_key(i.as_ref()))
+        .and_then(|i| seed::chain_key(i.as_ref()).map_err(|e| e.to_string()))
     {
         Ok(key) => {
             config.store_options = config.store_options.with_chain_key(Arc::new(key));

@@ -8,8 +8,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use countersign_otlp::{Collector, SINK, Sender};
-use countersign_store::{Records, Sqlite, Store, StoreOptions};
+use countersign_otlp::{Collector, CollectorError, SINK, Sender};
+use countersign_store::{Records, Sqlite, Store, StoreError, StoreOptions};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -53,9 +53,9 @@ impl Export {
 
     /// Sends to `endpoint` from now on (the sender before it stops), or, with none, stops sending
     /// and forgets the sink's cursor, so the history it held back may be pruned again.
-    pub fn apply(&self, endpoint: Option<&str>) -> Result<(), String> {
+    pub fn apply(&self, endpoint: Option<&str>) -> Result<(), CollectorError> {
         let collector = endpoint
-            .map(|e| Collector::new(e, "countersign-desk", "desk").map_err(|e| e.to_string()))
+            .map(|e| Collector::new(e, "countersign-desk", "desk"))
             .transpose()?;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((stop, _)) = running.take() {
@@ -83,16 +83,12 @@ impl Export {
     }
 
     /// How the collector fares, for the History view.
-    pub async fn view(&self) -> Result<Option<ExportView>, String> {
+    pub async fn view(&self) -> Result<Option<ExportView>, StoreError> {
         let endpoint = match &*self.running.lock().unwrap_or_else(|p| p.into_inner()) {
             Some((_, shown)) => shown.clone(),
             None => return Ok(None),
         };
-        let status = self
-            .records
-            .export_status(SINK)
-            .await
-            .map_err(|e| e.to_string())?;
+        let status = self.records.export_status(SINK).await?;
         Ok(Some(match status {
             Some(s) => ExportView {
                 endpoint,

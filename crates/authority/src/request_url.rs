@@ -1,24 +1,34 @@
 //! A request URL on the desk's command line (`countersign://request/<id>`, from the desktop entry
 //! or `countersign open`): read strictly before anything starts; anything else does nothing.
 
+/// Why the desk's command line names no request it can open: the desk then starts nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestUrlError {
+    /// More than one argument that is not an option.
+    #[error("at most one countersign://request/<id> URL may be opened at a time")]
+    MoreThanOne,
+    /// The argument is not a request URL, read strictly.
+    #[error(
+        "not a request URL ({0}); it opens nothing. A request URL is exactly \
+         countersign://request/<id>"
+    )]
+    NotARequestUrl(#[source] countersign_wire::BadRequestUrl),
+}
+
 /// The request a URL on the desk's command line names, if any. The arguments that are not
 /// options (not starting with `-`) are read as one request URL: at most one, read strictly.
-pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Option<u64>, String> {
+pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Option<u64>, RequestUrlError> {
     let mut urls = args.into_iter().filter(|a| !a.starts_with('-'));
     let Some(url) = urls.next() else {
         return Ok(None);
     };
     if urls.next().is_some() {
-        return Err("at most one countersign://request/<id> URL may be opened at a time".into());
+        return Err(RequestUrlError::MoreThanOne);
     }
     countersign_wire::parse_request_url(&url)
         .map(Some)
-        .map_err(|e| {
-            format!(
-                "not a request URL ({e}); it opens nothing. A request URL is exactly \
-                 countersign://request/<id>"
-            )
-        })
+        .map_err(RequestUrlError::NotARequestUrl)
 }
 
 #[cfg(test)]
@@ -50,7 +60,7 @@ mod tests {
             &["countersign://request/1", "countersign://request/2"],
             &[""],
         ] {
-            let refused = from_args(args(bad)).unwrap_err();
+            let refused = from_args(args(bad)).unwrap_err().to_string();
             assert!(refused.contains("countersign://request/<id>"), "{refused}");
         }
     }

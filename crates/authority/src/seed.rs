@@ -3,11 +3,27 @@
 //! keychain item in base64, made on first need and never written anywhere else.
 
 use base64::Engine as _;
-use countersign_secret::Items;
+use countersign_secret::{Items, SecretError};
 use zeroize::Zeroizing;
 
 /// The keychain item that holds the chain key's 32 secret bytes (base64).
 pub const CHAIN_ITEM: &str = "history-chain-key";
+
+/// Why a key kept in the keychain could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeedError {
+    /// The keychain could not be read or written (missing, locked, or failing).
+    #[error("{0}")]
+    Keychain(#[from] SecretError),
+    /// The item holds something else than 32 bytes in base64. It is left in place: replacing it
+    /// would make a new key, which the servers (or the history's head) do not know.
+    #[error("the {what} in the keychain is damaged")]
+    Damaged {
+        /// The key, as errors name it.
+        what: String,
+    },
+}
 
 /// The 32 secret bytes kept in `item`; made from the OS RNG and stored first when `create` and
 /// there are none. `what` names the key in errors.
@@ -16,29 +32,46 @@ pub fn stored(
     item: &str,
     what: &str,
     create: bool,
-) -> Result<Option<Zeroizing<[u8; 32]>>, String> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    match items.get(item).map_err(|e| e.to_string())? {
-        Some(text) => {
-            let damaged = || format!("the {what} in the keychain is damaged");
-            let bytes = Zeroizing::new(b64.decode(text.trim()).map_err(|_| damaged())?);
-            let seed: [u8; 32] = bytes.as_slice().try_into().map_err(|_| damaged())?;
-            Ok(Some(Zeroizing::new(seed)))
-        }
-        None if create => {
-            let seed = Zeroizing::new(rand::random::<[u8; 32]>());
-            let text = Zeroizing::new(b64.encode(seed.as_slice()));
-            items.set(item, &text).map_err(|e| e.to_string())?;
-            Ok(Some(seed))
-        }
+) -> Result<Option<Zeroizing<[u8; 32]>>, SeedError> {
+    match read(items, item, what)? {
+        Some(seed) => Ok(Some(seed)),
+        None if create => make(items, item).map(Some),
         None => Ok(None),
     }
 }
 
+/// The 32 secret bytes kept in `item`, if there are any.
+fn read(
+    items: &dyn Items,
+    item: &str,
+    what: &str,
+) -> Result<Option<Zeroizing<[u8; 32]>>, SeedError> {
+    let Some(text) = items.get(item)? else {
+        return Ok(None);
+    };
+    let damaged = || SeedError::Damaged {
+        what: what.to_owned(),
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let bytes = Zeroizing::new(b64.decode(text.trim()).map_err(|_| damaged())?);
+    let seed: [u8; 32] = bytes.as_slice().try_into().map_err(|_| damaged())?;
+    Ok(Some(Zeroizing::new(seed)))
+}
+
+/// 32 new secret bytes from the OS RNG, stored in `item` before they are returned.
+fn make(items: &dyn Items, item: &str) -> Result<Zeroizing<[u8; 32]>, SeedError> {
+    let seed = Zeroizing::new(rand::random::<[u8; 32]>());
+    let text = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(seed.as_slice()));
+    items.set(item, &text)?;
+    Ok(seed)
+}
+
 /// The desk's chain key, made on first need.
-pub fn chain_key(items: &dyn Items) -> Result<countersign_core::chain::ChainKey, String> {
-    let seed = stored(items, CHAIN_ITEM, "history's chain key", true)?
-        .ok_or_else(|| "no chain key".to_owned())?;
+pub fn chain_key(items: &dyn Items) -> Result<countersign_core::chain::ChainKey, SeedError> {
+    let seed = match read(items, CHAIN_ITEM, "history's chain key")? {
+        Some(seed) => seed,
+        None => make(items, CHAIN_ITEM)?,
+    };
     Ok(countersign_core::chain::ChainKey::from_seed(&seed))
 }
 
@@ -62,7 +95,9 @@ mod tests {
     fn a_damaged_item_is_said_so_and_not_replaced() {
         let items = MemoryItems::new();
         items.set("k", "not base64!").unwrap();
-        let err = stored(&items, "k", "test key", true).unwrap_err();
+        let err = stored(&items, "k", "test key", true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("test key in the keychain is damaged"), "{err}");
         assert_eq!(
             items.get("k").unwrap().as_deref().map(|t| t.as_str()),

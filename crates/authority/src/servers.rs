@@ -1,5 +1,5 @@
 //! Settings → Servers: the servers registered in the desk as the window lists them, and the
-//! person's own edits (add, change, remove), which apply directly (DESIGN.md, "Servers and
+//! person's own edits (add, change, remove), which apply directly (docs/design.md, "Servers and
 //! credentials": what the person does in the desk's own settings view is theirs).
 //!
 //! A registered server's command, working directory, URL and values may have come from a file

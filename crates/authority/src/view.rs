@@ -546,11 +546,24 @@ impl From<crate::approver::RemoteError> for UiError {
             E::TargetNotTyped => (UiCode::TargetNotTyped, None),
             E::TooSoon { wait_ms } => (UiCode::TooSoon, Some(*wait_ms)),
             // The team server refused or was not reached: nothing was decided, say why.
-            E::Refused { .. } => (UiCode::Failed, None),
+            E::Refused { .. } | E::Unreachable(_) => (UiCode::Failed, None),
         };
         UiError {
             wait_ms,
             ..UiError::new(code, e.to_string())
+        }
+    }
+}
+
+impl From<&countersign_secret::SecretError> for UiCode {
+    /// A keychain that is not there is said as one; a stored secret that is damaged leaves the
+    /// desk with no secret; a keychain or RNG that failed otherwise is the desk's own failure.
+    fn from(e: &countersign_secret::SecretError) -> Self {
+        use countersign_secret::SecretError as E;
+        match e {
+            E::NoKeychain { .. } => UiCode::NoKeychain,
+            E::WrongLength { .. } | E::Malformed { .. } => UiCode::NoSecret,
+            _ => UiCode::Internal,
         }
     }
 }

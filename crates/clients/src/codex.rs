@@ -13,6 +13,7 @@ use serde_json::json;
 use toml_edit::{Array, Document, DocumentMut, Item, Table, TableLike, Value};
 
 use super::{Client, EntryAt, Found, Reach, gateway_args, is_wrapped, server_of};
+use crate::error::{EditError, ParseError, PutBackError};
 use crate::undo::Piece;
 
 const SERVERS: &str = "mcp_servers";
@@ -23,18 +24,19 @@ const REACH_KEYS: [&str; 4] = ["env", "cwd", "url", "http_headers"];
 /// Keys whose values come from Codex's environment.
 const FROM_CODEX_ENV: [&str; 3] = ["env_vars", "bearer_token_env_var", "env_http_headers"];
 
-fn parse(text: &str) -> Result<DocumentMut, String> {
-    text.parse::<DocumentMut>().map_err(|e| {
-        // The message and the line only: toml_edit's own rendering quotes the line, which could
-        // hold a secret.
-        let line = e
+/// The message and the line of a TOML error only: toml_edit's own rendering quotes the line,
+/// which could hold a secret.
+fn reduced(text: &str, e: &toml_edit::TomlError) -> ParseError {
+    ParseError::Toml {
+        why: e.message().trim_end().to_owned(),
+        line: e
             .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-        match line {
-            Some(line) => format!("{} (line {line})", e.message().trim_end()),
-            None => e.message().trim_end().to_owned(),
-        }
-    })
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1),
+    }
+}
+
+fn parse(text: &str) -> Result<DocumentMut, ParseError> {
+    text.parse::<DocumentMut>().map_err(|e| reduced(text, &e))
 }
 
 fn text_of(value: &Value) -> Option<String> {
@@ -65,7 +67,7 @@ fn pairs(item: Option<&Item>) -> Option<Vec<(String, String)>> {
 }
 
 /// Every entry of the file and what it is.
-pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
+pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, ParseError> {
     let doc = parse(text)?;
     let Some(servers) = doc.get(SERVERS).and_then(Item::as_table_like) else {
         return Ok(Vec::new());
@@ -161,7 +163,7 @@ pub(super) fn rewrite(
     text: &str,
     names: &[(EntryAt, String)],
     program: &str,
-) -> Result<String, String> {
+) -> Result<String, EditError> {
     let mut doc = parse(text)?;
     for (at, name) in names {
         let entry = doc
@@ -169,7 +171,7 @@ pub(super) fn rewrite(
             .and_then(Item::as_table_like_mut)
             .and_then(|servers| servers.get_mut(&at.key))
             .and_then(Item::as_table_like_mut)
-            .ok_or_else(|| format!("the entry {at} is gone from the file"))?;
+            .ok_or_else(|| EditError::Gone { at: at.clone() })?;
         set_keeping_decor(entry, "command", Value::from(program));
         let args: Array = gateway_args(name).into_iter().collect();
         set_keeping_decor(entry, "args", Value::Array(args));
@@ -180,16 +182,8 @@ pub(super) fn rewrite(
     Ok(doc.to_string())
 }
 
-fn parse_spanned(text: &str) -> Result<Document<&str>, String> {
-    Document::parse(text).map_err(|e| {
-        let line = e
-            .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-        match line {
-            Some(line) => format!("{} (line {line})", e.message().trim_end()),
-            None => e.message().trim_end().to_owned(),
-        }
-    })
+fn parse_spanned(text: &str) -> Result<Document<&str>, ParseError> {
+    Document::parse(text).map_err(|e| reduced(text, &e))
 }
 
 /// Every table header of `table` and below: where its text starts (the comments and blank
@@ -229,7 +223,7 @@ fn headers(table: &Table, path: &[String], out: &mut Vec<(usize, Vec<String>)>) 
 /// Where each entry's text is, for uninstall: each table of the entry (from the comments above
 /// its header to the next table's), or its `key = { ... }` when it is an inline table. An entry
 /// written with dotted keys has no pieces, and is restored only with the whole file.
-pub(super) fn pieces(text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, String> {
+pub(super) fn pieces(text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, ParseError> {
     let doc = parse_spanned(text)?;
     let mut starts = Vec::new();
     headers(doc.as_table(), &[], &mut starts);
@@ -316,19 +310,15 @@ fn plain_item(item: &Item) -> serde_json::Value {
 }
 
 /// The file as data, for uninstall to compare.
-pub(super) fn plain(text: &str) -> Result<serde_json::Value, String> {
+pub(super) fn plain(text: &str) -> Result<serde_json::Value, ParseError> {
     Ok(plain_item(parse_spanned(text)?.as_item()))
 }
 
 /// `text` with the original tables of a gone entry added at its end; an entry that was an
 /// inline table is not put back (it would land in whichever table ends the file).
-pub(super) fn place(text: &str, pieces: &[(String, &str)]) -> Result<String, String> {
+pub(super) fn place(text: &str, pieces: &[(String, &str)]) -> Result<String, PutBackError> {
     if pieces.iter().any(|(id, _)| id == "=") {
-        return Err(
-            "it is gone from the file, and it was written inside another table; add it back by \
-             hand"
-                .into(),
-        );
+        return Err(PutBackError::GoneInsideTable);
     }
     let mut out = text.to_owned();
     if !out.is_empty() && !out.ends_with('\n') {

@@ -31,7 +31,8 @@ use sha2::{Digest, Sha256};
 
 use super::{Client, EntryAt, Found, Leave, name_from_key, read_entries, rewrite};
 use crate::Registrar;
-use crate::undo::{self, Undo};
+use crate::error::{BackupError, EditError, ParseError, PutBackError};
+use crate::undo::{self, Text, Undo};
 
 /// What to install into (or restore), and how.
 #[derive(Debug, Clone)]
@@ -69,12 +70,13 @@ pub enum InstallError {
         source: io::Error,
     },
     /// The file is not what the client reads.
-    #[error("{path} is not a configuration Countersign can read: {message}")]
+    #[error("{path} is not a configuration Countersign can read: {source}")]
     Parse {
         /// The file.
         path: PathBuf,
         /// Where and what (never the text itself).
-        message: String,
+        #[source]
+        source: EditError,
     },
     /// The file could not be written.
     #[error("cannot write {path}: {source}")]
@@ -157,7 +159,8 @@ pub enum InstallError {
         /// The entry, by place.
         entry: String,
         /// Why (never a value of the file).
-        why: String,
+        #[source]
+        why: PutBackError,
     },
     /// The file kept changing while uninstall was putting the entries back.
     #[error(
@@ -169,12 +172,13 @@ pub enum InstallError {
         path: PathBuf,
     },
     /// The backup in the keychain is not one install wrote.
-    #[error("the backup of {path} in the keychain cannot be read: {message}")]
+    #[error("the backup of {path} in the keychain cannot be read: {source}")]
     BadBackup {
         /// The file.
         path: PathBuf,
         /// Why.
-        message: String,
+        #[source]
+        source: BackupError,
     },
 }
 
@@ -234,7 +238,7 @@ pub fn plan(
     text: &str,
     registered: &BTreeMap<String, ServerSpec>,
     program: &str,
-) -> Result<Installation, String> {
+) -> Result<Installation, EditError> {
     let mut registrations: Vec<Registration> = Vec::new();
     let mut wrapped = Vec::new();
     let mut left = Vec::new();
@@ -289,10 +293,7 @@ pub fn plan(
             .map(|(at, _)| at)
             .collect();
         if let Some((at, _)) = names.iter().find(|(at, _)| !wrapped.contains(at)) {
-            return Err(format!(
-                "the entry {at} would not read back as `countersign mcp` after the edit; the file \
-                 was left as it was"
-            ));
+            return Err(EditError::NotWrapped { at: at.clone() });
         }
     }
     Ok(Installation {
@@ -370,17 +371,18 @@ impl Backup {
     }
 
     fn from_secret(text: &SecretText, path: &Path) -> Result<Backup, InstallError> {
-        let bad = |message: String| InstallError::BadBackup {
+        let bad = |source| InstallError::BadBackup {
             path: path.to_owned(),
-            message,
+            source,
         };
         // serde_json's message names a place, never the text.
-        let backup: Backup = serde_json::from_str(text.expose()).map_err(|e| bad(e.to_string()))?;
+        let backup: Backup =
+            serde_json::from_str(text.expose()).map_err(|e| bad(BackupError::Json(e)))?;
         if backup.format != BACKUP_FORMAT {
-            return Err(bad(format!(
-                "it is of format {}, and this countersign reads {BACKUP_FORMAT}",
-                backup.format
-            )));
+            return Err(bad(BackupError::Format {
+                found: backup.format,
+                reads: BACKUP_FORMAT,
+            }));
         }
         Ok(backup)
     }
@@ -541,7 +543,7 @@ fn read_config(client: Client, path: &Path) -> Result<(String, u32), InstallErro
     let mode = fs::metadata(path).map_err(read)?.permissions().mode() & 0o7777;
     let text = String::from_utf8(bytes).map_err(|e| InstallError::Parse {
         path: path.to_owned(),
-        message: format!("it is not UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
+        source: ParseError::NotUtf8(e.utf8_error()).into(),
     })?;
     Ok((text, mode))
 }
@@ -581,10 +583,10 @@ pub fn install(
             });
         }
     };
-    let plan = plan(client, &text, &registered, &options.program).map_err(|message| {
+    let plan = plan(client, &text, &registered, &options.program).map_err(|source| {
         InstallError::Parse {
             path: shown.clone(),
-            message,
+            source,
         }
     })?;
     let _ = writeln!(out, "{}: {}", client.title(), shown.display());
@@ -782,20 +784,24 @@ fn restored(
     };
     let text = std::str::from_utf8(current).map_err(|e| InstallError::Parse {
         path: shown.clone(),
-        message: format!("it is not UTF-8 (at byte {})", e.valid_up_to()),
+        source: ParseError::NotUtf8(e).into(),
     })?;
-    let bad_backup = |message: String| InstallError::BadBackup {
+    let unparsed = |source: EditError| InstallError::Parse {
         path: shown.clone(),
-        message,
+        source,
+    };
+    let bad_backup = |source| InstallError::BadBackup {
+        path: shown.clone(),
+        source,
+    };
+    let unreadable = |which: Text, e: ParseError| match which {
+        Text::Current => unparsed(e.into()),
+        Text::Original => bad_backup(BackupError::Original(e)),
+        Text::Installed => bad_backup(BackupError::Installed(e)),
     };
     let forced = if options.force {
-        undo::changed(client, &record.installed, text, &record.entries).map_err(|e| match e {
-            Undo::Unreadable("current", message) => InstallError::Parse {
-                path: shown.clone(),
-                message,
-            },
-            _ => bad_backup("what install wrote cannot be read".into()),
-        })?
+        undo::changed(client, &record.installed, text, &record.entries)
+            .map_err(|(which, e)| unreadable(which, e))?
     } else {
         Vec::new()
     };
@@ -816,18 +822,8 @@ fn restored(
             entry: at.to_string(),
             why,
         }),
-        Err(Undo::Unreadable("current", message)) => Err(InstallError::Parse {
-            path: shown.clone(),
-            message,
-        }),
-        Err(Undo::Unreadable(which, message)) => Err(bad_backup(format!(
-            "the file as {} cannot be read: {message}",
-            if which == "original" {
-                "it was before install"
-            } else {
-                "install wrote it"
-            }
-        ))),
+        Err(Undo::Unreadable(which, e)) => Err(unreadable(which, e)),
+        Err(Undo::Overlap) => Err(unparsed(EditError::Overlap)),
     }
 }
 

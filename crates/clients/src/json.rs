@@ -21,6 +21,7 @@ use serde_json::{Map, Value};
 use super::{
     Client, EntryAt, FIX_BY_HAND, Found, Leave, Reach, gateway_args, is_wrapped, server_of,
 };
+use crate::error::{EditError, ParseError, PutBackError};
 use crate::undo::Piece;
 
 /// Keys that say how a client reaches a server: the rewritten entry loses them (the desk has
@@ -47,16 +48,9 @@ pub(crate) const SSE_NEXT: &str = "if the server also has a streamable HTTP addr
 pub(crate) const SIGN_IN_NEXT: &str = "keep it as it is, or register the server with \
      `countersign server add` and a token header if it accepts one";
 
-fn parse(text: &str) -> Result<CstRootNode, String> {
-    CstRootNode::parse(text, &ParseOptions::default()).map_err(|e| {
-        // The kind and the place only: a message quoting the text could quote a secret.
-        format!(
-            "{} (line {}, column {})",
-            e.kind(),
-            e.line_display(),
-            e.column_display()
-        )
-    })
+fn parse(text: &str) -> Result<CstRootNode, ParseError> {
+    // Its error says the kind and the place only, never the text (which could hold a secret).
+    CstRootNode::parse(text, &ParseOptions::default()).map_err(ParseError::Json)
 }
 
 /// The objects of entries in the file, with the keys leading to each.
@@ -94,7 +88,7 @@ fn server_objects(client: Client, root: &CstRootNode) -> Vec<(Vec<String>, CstOb
 }
 
 /// Every entry of the file and what it is.
-pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
+pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, ParseError> {
     let root = parse(text)?;
     let mut out = Vec::new();
     let patterns = client.spec().servers_at;
@@ -302,11 +296,11 @@ pub(super) fn rewrite(
     text: &str,
     names: &[(EntryAt, String)],
     program: &str,
-) -> Result<String, String> {
+) -> Result<String, EditError> {
     let root = parse(text)?;
     for (at, name) in names {
-        let entry = entry_object(client, &root, at)
-            .ok_or_else(|| format!("the entry {at} is gone from the file"))?;
+        let entry =
+            entry_object(client, &root, at).ok_or_else(|| EditError::Gone { at: at.clone() })?;
         rewrite_entry(client, &entry, program, &gateway_args(name));
     }
     Ok(root.to_string())
@@ -387,17 +381,10 @@ fn set_or_insert(
 }
 
 /// Where each entry's value is in `text`, for uninstall: one piece per entry.
-pub(super) fn pieces(client: Client, text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, String> {
+pub(super) fn pieces(client: Client, text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, ParseError> {
     let parsed =
         jsonc_parser::parse_to_ast(text, &CollectOptions::default(), &ParseOptions::default())
-            .map_err(|e| {
-                format!(
-                    "{} (line {}, column {})",
-                    e.kind(),
-                    e.line_display(),
-                    e.column_display()
-                )
-            })?;
+            .map_err(ParseError::Json)?;
     let mut out = Vec::new();
     let Some(ast::Value::Object(top)) = parsed.value else {
         return Ok(out);
@@ -446,7 +433,7 @@ pub(super) fn pieces(client: Client, text: &str) -> Result<Vec<(EntryAt, Vec<Pie
 }
 
 /// The file as data, for uninstall to compare.
-pub(super) fn plain(text: &str) -> Result<Value, String> {
+pub(super) fn plain(text: &str) -> Result<Value, ParseError> {
     Ok(parse(text)?
         .value()
         .and_then(|v| v.to_serde_value())
@@ -455,16 +442,13 @@ pub(super) fn plain(text: &str) -> Result<Value, String> {
 
 /// `text` with the gone entry `at` back as `null` at the end of its object of entries, for
 /// uninstall to put the original's text in; an error when that object is gone too.
-pub(super) fn place(client: Client, text: &str, at: &EntryAt) -> Result<String, String> {
-    let root = parse(text)?;
+pub(super) fn place(client: Client, text: &str, at: &EntryAt) -> Result<String, PutBackError> {
+    let root = parse(text).map_err(PutBackError::Parse)?;
     let object = server_objects(client, &root)
         .into_iter()
         .find(|(path, _)| *path == at.parents)
         .map(|(_, object)| object)
-        .ok_or_else(|| {
-            "it is gone from the file, and so is the object it was in; add it back by hand"
-                .to_owned()
-        })?;
+        .ok_or(PutBackError::GoneWithItsObject)?;
     object.append(&at.key, CstInputValue::Null);
     Ok(root.to_string())
 }

@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 
 mod codex;
+mod error;
 mod install;
 mod json;
 mod registrar;
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 use countersign_wire::{SecretText, ServerSpec, Setting, Upstream};
 
+pub use error::{BackupError, EditError, ParseError, PutBackError};
 pub use install::{
     InstallError, Installation, Options, Registration, backup_key, install, plan, uninstall,
 };
@@ -462,7 +464,10 @@ pub fn name_from_key(key: &str) -> String {
 }
 
 /// Reads every entry of `client`'s file.
-pub(crate) fn read_entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
+pub(crate) fn read_entries(
+    client: Client,
+    text: &str,
+) -> Result<Vec<(EntryAt, Found)>, ParseError> {
     match client.spec().format {
         Format::Toml => codex::entries(client, text),
         Format::Json => json::entries(client, text),
@@ -476,7 +481,7 @@ pub(crate) fn rewrite(
     text: &str,
     names: &[(EntryAt, String)],
     program: &str,
-) -> Result<String, String> {
+) -> Result<String, EditError> {
     match client.spec().format {
         Format::Toml => codex::rewrite(text, names, program),
         Format::Json => json::rewrite(client, text, names, program),

@@ -89,6 +89,6 @@ fn state_of(client: Client, path: &std::path::Path) -> ClientState {
             to_protect: plan.registrations.into_iter().map(|r| r.at).collect(),
             left: plan.left,
         }),
-        Err(message) => ClientState::Unreadable(message),
+        Err(e) => ClientState::Unreadable(e.to_string()),
     }
 }

@@ -4,8 +4,8 @@
 //! `environment`, which `type` a command entry has) is data here, taken from each client's own
 //! documentation or source (`source`), so that adding a client is adding a row.
 //!
-//! Countersign runs on Linux and macOS; the Windows path of each client is kept for the README's
-//! table of clients, so a person on Windows can still find the file the client reads.
+//! Countersign runs on Linux and macOS; the Windows path of each client is kept for the table of
+//! clients in docs/clients.md, so a person on Windows can still find the file the client reads.
 
 use crate::Client;
 
@@ -21,7 +21,7 @@ pub enum Format {
 }
 
 impl Format {
-    /// How the format is named in the README's table.
+    /// How the format is named in the table of clients (docs/clients.md).
     pub fn name(self) -> &'static str {
         match self {
             Format::Json => "JSON",
@@ -138,7 +138,7 @@ pub enum Checked {
 }
 
 impl Checked {
-    /// How the README's table says it.
+    /// How the table of clients (docs/clients.md) says it.
     pub fn cell(self) -> &'static str {
         match self {
             Checked::Own | Checked::OwnAnd(_) => "yes",
@@ -177,7 +177,7 @@ pub struct Spec {
     pub note: Option<&'static str>,
     /// The user's configuration file on Linux and macOS.
     pub(crate) file: (Base, &'static str),
-    /// The same file on Windows (for the README; Countersign does not run there).
+    /// The same file on Windows (for docs/clients.md; Countersign does not run there).
     pub windows: &'static str,
     /// A project's configuration file, relative to the project, for the clients that read one.
     pub(crate) project: Option<&'static str>,
@@ -195,7 +195,7 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// The user's file on Linux and macOS as the README shows it (`~/...`).
+    /// The user's file on Linux and macOS as docs/clients.md shows it (`~/...`).
     pub fn unix_paths(&self) -> (String, String) {
         let (base, rel) = self.file;
         let linux = match base {
@@ -210,7 +210,7 @@ impl Spec {
         (linux, mac)
     }
 
-    /// Where the servers are in the file, as the README shows it.
+    /// Where the servers are in the file, as docs/clients.md shows it.
     pub fn servers_key(&self) -> String {
         let paths: Vec<String> = self
             .servers_at
@@ -870,8 +870,8 @@ pub(crate) static TABLE: [Spec; 31] = [
 /// `countersign uninstall`. Change a version here with the one in `.ci/setup`.
 pub const RUN_IN_TESTS: [(&str, &str); 2] = [("claude-code", "2.1.332"), ("codex", "0.171.0")];
 
-/// The README's table of clients, rendered from [`TABLE`] (a test keeps the README's copy equal
-/// to it), and beneath it what could not be confirmed in each client's own documentation.
+/// The table of clients in docs/clients.md, rendered from [`TABLE`] (a test keeps that copy
+/// equal to it), and beneath it what could not be confirmed in each client's own documentation.
 pub fn readme_table() -> String {
     let mut out = String::from(
         "| Client | `--client` | Linux | macOS | Windows | Format | Servers at | Source | Confirmed there | Its program in the tests |\n\

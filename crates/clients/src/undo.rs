@@ -23,6 +23,7 @@ use std::ops::Range;
 
 use serde_json::Value;
 
+use crate::error::{ParseError, PutBackError};
 use crate::table::{Format, Layout};
 use crate::{Client, EntryAt, codex, json, yaml};
 
@@ -34,20 +35,33 @@ pub(crate) struct Piece {
     pub(crate) range: Range<usize>,
 }
 
+/// One of the three texts uninstall reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Text {
+    /// The file before install.
+    Original,
+    /// The file as install wrote it.
+    Installed,
+    /// The file today.
+    Current,
+}
+
 /// Why an entry cannot be put back.
 #[derive(Debug)]
 pub(crate) enum Undo {
     /// These entries hold something else than what install wrote (or are gone).
     Changed(Vec<EntryAt>),
     /// This entry cannot be put back in place, and why.
-    Unplaced(EntryAt, String),
+    Unplaced(EntryAt, PutBackError),
     /// One of the three texts cannot be read: which, and why (never its text).
-    Unreadable(&'static str, String),
+    Unreadable(Text, ParseError),
+    /// Today's file cannot be edited as it is: the texts of two entries overlap.
+    Overlap,
 }
 
 /// Every entry's pieces in `text`; an entry found twice has none (which one is meant is not
 /// clear).
-fn pieces(client: Client, text: &str) -> Result<BTreeMap<EntryAt, Vec<Piece>>, String> {
+fn pieces(client: Client, text: &str) -> Result<BTreeMap<EntryAt, Vec<Piece>>, ParseError> {
     let found = match client.spec().format {
         Format::Json => json::pieces(client, text)?,
         Format::Toml => codex::pieces(text)?,
@@ -63,7 +77,7 @@ fn pieces(client: Client, text: &str) -> Result<BTreeMap<EntryAt, Vec<Piece>>, S
 }
 
 /// The whole file as data: what is compared, never written.
-fn plain(client: Client, text: &str) -> Result<Value, String> {
+fn plain(client: Client, text: &str) -> Result<Value, ParseError> {
     match client.spec().format {
         Format::Json => json::plain(text),
         Format::Toml => codex::plain(text),
@@ -135,9 +149,9 @@ pub(crate) fn changed(
     installed: &str,
     current: &str,
     entries: &[EntryAt],
-) -> Result<Vec<EntryAt>, Undo> {
-    let installed = plain(client, installed).map_err(|e| Undo::Unreadable("installed", e))?;
-    let current = plain(client, current).map_err(|e| Undo::Unreadable("current", e))?;
+) -> Result<Vec<EntryAt>, (Text, ParseError)> {
+    let installed = plain(client, installed).map_err(|e| (Text::Installed, e))?;
+    let current = plain(client, current).map_err(|e| (Text::Current, e))?;
     Ok(entries
         .iter()
         .filter(|at| {
@@ -160,23 +174,21 @@ pub(crate) fn undo(
     entries: &[EntryAt],
     force: bool,
 ) -> Result<String, Undo> {
-    let changed = changed(client, installed, current, entries)?;
+    let changed = changed(client, installed, current, entries)
+        .map_err(|(which, e)| Undo::Unreadable(which, e))?;
     if !changed.is_empty() && !force {
         return Err(Undo::Changed(changed));
     }
-    let original_pieces = pieces(client, original).map_err(|e| Undo::Unreadable("original", e))?;
-    let original_plain = plain(client, original).map_err(|e| Undo::Unreadable("original", e))?;
-    let current_plain = plain(client, current).map_err(|e| Undo::Unreadable("current", e))?;
+    let original_pieces =
+        pieces(client, original).map_err(|e| Undo::Unreadable(Text::Original, e))?;
+    let original_plain =
+        plain(client, original).map_err(|e| Undo::Unreadable(Text::Original, e))?;
+    let current_plain = plain(client, current).map_err(|e| Undo::Unreadable(Text::Current, e))?;
     let originals = |at: &EntryAt| -> Result<Vec<(String, &str)>, Undo> {
         let pieces = original_pieces
             .get(at)
             .filter(|p| !p.is_empty())
-            .ok_or_else(|| {
-                Undo::Unplaced(
-                    at.clone(),
-                    "the original file has it in no form that can be put back alone".into(),
-                )
-            })?;
+            .ok_or_else(|| Undo::Unplaced(at.clone(), PutBackError::NotAloneInOriginal))?;
         Ok(pieces
             .iter()
             .map(|p| (p.id.clone(), &original[p.range.clone()]))
@@ -193,16 +205,14 @@ pub(crate) fn undo(
         }
     }
 
-    let now = pieces(client, &text).map_err(|e| Undo::Unreadable("current", e))?;
+    let now = pieces(client, &text).map_err(|e| Undo::Unreadable(Text::Current, e))?;
     let mut edits: Vec<(Range<usize>, &str)> = Vec::new();
     for at in entries {
         let originals = originals(at)?;
-        let here = now.get(at).filter(|p| !p.is_empty()).ok_or_else(|| {
-            Undo::Unplaced(
-                at.clone(),
-                "it is not in the file once, in a form that can be replaced alone".into(),
-            )
-        })?;
+        let here = now
+            .get(at)
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| Undo::Unplaced(at.clone(), PutBackError::NotAloneNow))?;
         // Each original piece where today's of the same id is; one today lacks, after the piece
         // before it; one only today has, removed.
         let mut after = here[0].range.start;
@@ -227,10 +237,7 @@ pub(crate) fn undo(
     let mut at = 0;
     for (range, replacement) in &edits {
         if range.start < at {
-            return Err(Undo::Unreadable(
-                "current",
-                "two entries overlap in the file".into(),
-            ));
+            return Err(Undo::Overlap);
         }
         out.push_str(&text[at..range.start]);
         out.push_str(replacement);
@@ -239,24 +246,17 @@ pub(crate) fn undo(
     out.push_str(&text[at..]);
 
     // The result must read as today's file with the original entries.
-    let restored = plain(client, &out).map_err(|e| {
-        Undo::Unplaced(
-            entries[0].clone(),
-            format!("the file would not read back after putting it back: {e}"),
-        )
-    })?;
+    let restored = plain(client, &out)
+        .map_err(|e| Undo::Unplaced(entries[0].clone(), PutBackError::NotReadBack(e)))?;
     for at in entries {
         if entry_value(client, &restored, at) != entry_value(client, &original_plain, at) {
-            return Err(Undo::Unplaced(
-                at.clone(),
-                "it would not read back as it was before install".into(),
-            ));
+            return Err(Undo::Unplaced(at.clone(), PutBackError::NotAsBefore));
         }
     }
     if without(client, restored, entries) != without(client, current_plain, entries) {
         return Err(Undo::Unplaced(
             entries[0].clone(),
-            "putting the entries back would change something else in the file".into(),
+            PutBackError::ChangesElse,
         ));
     }
     Ok(out)
@@ -268,14 +268,10 @@ fn place(
     text: &str,
     at: &EntryAt,
     pieces: &[(String, &str)],
-) -> Result<String, String> {
+) -> Result<String, PutBackError> {
     match client.spec().format {
         Format::Json => json::place(client, text, at),
         Format::Toml => codex::place(text, pieces),
-        Format::Yaml => Err(
-            "it is gone from the file, and a YAML entry is put back only where it still is; \
-             add it back by hand"
-                .into(),
-        ),
+        Format::Yaml => Err(PutBackError::GoneFromYaml),
     }
 }

@@ -29,6 +29,7 @@ use super::table::Layout;
 use super::{
     Client, EntryAt, FIX_BY_HAND, Found, Leave, Reach, gateway_args, is_wrapped, server_of,
 };
+use crate::error::{EditError, ParseError};
 use crate::json::SSE_NEXT;
 use crate::undo::Piece;
 
@@ -110,22 +111,16 @@ fn plain(node: &YamlNode) -> Plain {
 /// once for every entry rewritten.
 const MAX_BYTES: usize = 1 << 20;
 
-fn parse(text: &str) -> Result<YamlFile, String> {
+fn parse(text: &str) -> Result<YamlFile, ParseError> {
     if text.len() > MAX_BYTES {
-        return Err(format!(
-            "it is larger than {} KiB, more than any client's configuration, so it is not edited",
-            MAX_BYTES >> 10
-        ));
+        return Err(ParseError::YamlTooLarge { limit: MAX_BYTES });
     }
     // YAML forbids tabs in indentation; the tree reads such a file anyway, and an entry
     // rewritten beside tab-indented lines would be indented differently from its neighbours.
     if let Some(line) = text.lines().position(|l| {
         l.starts_with([' ', '\t']) && l[..l.len() - l.trim_start().len()].contains('\t')
     }) {
-        return Err(format!(
-            "line {} is indented with a tab, which YAML does not allow, so it is not edited",
-            line + 1
-        ));
+        return Err(ParseError::YamlTab { line: line + 1 });
     }
     let parsed = YamlFile::parse(text);
     if let Some(e) = parsed.positioned_errors().first() {
@@ -136,23 +131,15 @@ fn parse(text: &str) -> Result<YamlFile, String> {
             .filter(|b| **b == b'\n')
             .count()
             + 1;
-        return Err(format!(
-            "it is not YAML that Countersign can read (line {line})"
-        ));
+        return Err(ParseError::Yaml { line });
     }
     let file = parsed.tree();
     if file.to_string() != text {
-        return Err(
-            "Countersign's YAML reader would not keep this file byte for byte, so it is not \
-             edited"
-                .into(),
-        );
+        return Err(ParseError::YamlNotKept);
     }
     match file.documents().count() {
         0 | 1 => Ok(file),
-        n => Err(format!(
-            "it holds {n} YAML documents, and a client reads a file of one"
-        )),
+        documents => Err(ParseError::YamlDocuments { documents }),
     }
 }
 
@@ -234,7 +221,7 @@ fn anchored(text: &str, before: usize, value: &YamlNode) -> bool {
 }
 
 /// Every entry of the file and what it is.
-pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, String> {
+pub(super) fn entries(client: Client, text: &str) -> Result<Vec<(EntryAt, Found)>, ParseError> {
     let file = parse(text)?;
     let shared = container_anchored(client, text, &file);
     let mut seen = BTreeMap::new();
@@ -407,7 +394,7 @@ pub(super) fn rewrite(
     text: &str,
     names: &[(EntryAt, String)],
     program: &str,
-) -> Result<String, String> {
+) -> Result<String, EditError> {
     let mut text = text.to_owned();
     for (at, name) in names {
         let file = parse(&text)?;
@@ -415,9 +402,9 @@ pub(super) fn rewrite(
             .into_iter()
             .find(|(found, _, _)| found == at)
             .map(|(_, node, _)| node)
-            .ok_or_else(|| format!("the entry {at} is gone from the file"))?;
+            .ok_or_else(|| EditError::Gone { at: at.clone() })?;
         let Some(entry) = node.as_mapping() else {
-            return Err(format!("the entry {at} is not a mapping"));
+            return Err(EditError::NotAMapping { at: at.clone() });
         };
         let range = node.byte_range();
         rewrite_entry(client, entry, program, &gateway_args(name));
@@ -427,9 +414,7 @@ pub(super) fn rewrite(
             && edited.starts_with(&text[..start])
             && edited.ends_with(&text[end..]);
         if !kept {
-            return Err(format!(
-                "rewriting {at} would change the file outside that entry, so it was not edited"
-            ));
+            return Err(EditError::Outside { at: at.clone() });
         }
         text = edited;
     }
@@ -458,7 +443,7 @@ fn rewrite_entry(client: Client, entry: &Mapping, program: &str, args: &[String]
 }
 
 /// Where each entry's value is in `text`, for uninstall: one piece per entry.
-pub(super) fn pieces(client: Client, text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, String> {
+pub(super) fn pieces(client: Client, text: &str) -> Result<Vec<(EntryAt, Vec<Piece>)>, ParseError> {
     let file = parse(text)?;
     Ok(each_entry(client, &file)
         .into_iter()
@@ -502,7 +487,7 @@ fn source<'a>(text: &'a str, node: &YamlNode) -> &'a str {
 }
 
 /// The file as data, for uninstall to compare.
-pub(super) fn plain_value(text: &str) -> Result<serde_json::Value, String> {
+pub(super) fn plain_value(text: &str) -> Result<serde_json::Value, ParseError> {
     let file = parse(text)?;
     let Some(doc) = file.documents().next() else {
         return Ok(serde_json::Value::Null);
@@ -602,6 +587,7 @@ other: *shared
         ) else {
             panic!("an unterminated flow mapping was read")
         };
+        let err = err.to_string();
         assert!(!err.contains("sk_yamlUnit0002"), "{err}");
     }
 
@@ -610,6 +596,7 @@ other: *shared
         let Err(err) = entries(Client::Goose, "a: 1\n---\nb: 2\n") else {
             panic!("two documents were read")
         };
+        let err = err.to_string();
         assert!(err.contains("2 YAML documents"), "{err}");
     }
 
@@ -662,6 +649,7 @@ other: *shared
         let Err(err) = entries(Client::Goose, "extensions:\n\tgithub:\n\t\tcmd: npx\n") else {
             panic!("a tab-indented file was read")
         };
+        let err = err.to_string();
         assert!(err.contains("line 2") && err.contains("tab"), "{err}");
         // A tab after a key is not indentation.
         let out = rewritten(
@@ -750,6 +738,7 @@ other: *shared
         let Err(err) = entries(Client::Goose, &text) else {
             panic!("5000 levels were read")
         };
+        let err = err.to_string();
         assert!(!err.contains("sk_hostile7"), "{err}");
     }
 
@@ -762,6 +751,7 @@ other: *shared
         let Err(err) = entries(Client::Goose, &text) else {
             panic!("a huge file was read")
         };
+        let err = err.to_string();
         assert!(err.contains("KiB"), "{err}");
     }
 }

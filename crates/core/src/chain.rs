@@ -608,40 +608,86 @@ impl Walk {
     }
 }
 
+/// Why a text gives no signed heads ([`heads_in`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeadsError {
+    /// A line says it is a head (`{"head": …}`) and is not one.
+    #[error("line {line}: not a signed head")]
+    NotAHead {
+        /// The line's number, counted from 1.
+        line: usize,
+    },
+    /// No line of the text holds a signed head.
+    #[error("holds no signed head")]
+    NoHead,
+}
+
 /// Every signed head in `text` (`{"head": …}` lines: what `countersign history head` prints and
 /// what an export ends with), in order; other lines are passed over. `Err` names the first line
 /// that says it is a head and is not one, or says there is none.
-pub fn heads_in(text: &str) -> Result<Vec<SignedHead>, String> {
+pub fn heads_in(text: &str) -> Result<Vec<SignedHead>, HeadsError> {
     let mut heads = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
         if let Some(head) = value.get("head") {
-            heads.push(
-                SignedHead::from_json(head)
-                    .ok_or_else(|| format!("line {}: not a signed head", i + 1))?,
-            );
+            heads.push(SignedHead::from_json(head).ok_or(HeadsError::NotAHead { line: i + 1 })?);
         }
     }
     if heads.is_empty() {
-        return Err("holds no signed head".into());
+        return Err(HeadsError::NoHead);
     }
     Ok(heads)
 }
 
+/// Why a `--seen` point is not an event seen elsewhere ([`seen_in`]). Each names the text given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeenError {
+    /// The text has no `:` between an event number and a hash.
+    #[error("--seen {text:?} is not SEQ:HASH")]
+    NotSeqHash {
+        /// The text given.
+        text: String,
+    },
+    /// What comes before the `:` is not an event number.
+    #[error("--seen {text:?}: {seq:?} is not an event number")]
+    NotASeq {
+        /// The text given.
+        text: String,
+        /// What stands where the event number should.
+        seq: String,
+        /// Why it does not parse as one.
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// What comes after the `:` is not a chain hash (64 lowercase hex digits).
+    #[error("--seen {text:?}: {hash:?} is not a chain hash")]
+    NotAHash {
+        /// The text given.
+        text: String,
+        /// What stands where the hash should.
+        hash: String,
+    },
+}
+
 /// An event seen elsewhere, written `SEQ:HASH` (a collector's `countersign.seq` and
 /// `countersign.chain.hash`), for [`Walk::expect_seen`].
-pub fn seen_in(text: &str) -> Result<(u64, ChainHash), String> {
-    let (seq, hash) = text
-        .split_once(':')
-        .ok_or_else(|| format!("--seen {text:?} is not SEQ:HASH"))?;
-    let seq = seq
-        .trim()
-        .parse()
-        .map_err(|_| format!("--seen {text:?}: {seq:?} is not an event number"))?;
-    let hash = ChainHash::from_hex(hash.trim())
-        .ok_or_else(|| format!("--seen {text:?}: {hash:?} is not a chain hash"))?;
+pub fn seen_in(text: &str) -> Result<(u64, ChainHash), SeenError> {
+    let (seq, hash) = text.split_once(':').ok_or_else(|| SeenError::NotSeqHash {
+        text: text.to_owned(),
+    })?;
+    let seq = seq.trim().parse().map_err(|source| SeenError::NotASeq {
+        text: text.to_owned(),
+        seq: seq.to_owned(),
+        source,
+    })?;
+    let hash = ChainHash::from_hex(hash.trim()).ok_or_else(|| SeenError::NotAHash {
+        text: text.to_owned(),
+        hash: hash.to_owned(),
+    })?;
     Ok((seq, hash))
 }
 

@@ -21,7 +21,7 @@ pub enum GateClass {
 }
 
 impl GateClass {
-    /// The class MCP annotations call for (DESIGN.md, "Gate classes and plans"):
+    /// The class MCP annotations call for (docs/design.md, "Gate classes and plans"):
     /// `readOnlyHint: true` is [`GateClass::Open`]; `readOnlyHint: false` (or absent) with
     /// `destructiveHint: false` and `idempotentHint: true` is [`GateClass::Token`]; everything
     /// else, including no annotations at all, is [`GateClass::Once`].

@@ -21,8 +21,8 @@ use crate::canonical::{self, CanonicalError};
 use crate::gate::{self, GateClass};
 use crate::plan::Plan;
 
-/// Argument names tried, in order, for a call's default target (DESIGN.md, "Gate classes and
-/// plans"); only those the tool's `inputSchema` declares are considered.
+/// Argument names tried, in order, for a call's default target (docs/design.md, "Gate classes
+/// and plans"); only those the tool's `inputSchema` declares are considered.
 pub const TARGET_KEYS: &[&str] = &[
     "path",
     "source",
@@ -220,11 +220,29 @@ fn one() -> u8 {
     1
 }
 
+/// Why a policy's text was refused ([`Policy::from_toml`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The text is not TOML, or not in a policy's shape (an unknown key, a value of the wrong
+    /// type); the message says where.
+    #[error("{0}")]
+    Toml(#[source] toml::de::Error),
+    /// A rule asks for a number of approvers out of 1 to [`MAX_APPROVERS`].
+    #[error("[{table}] approvers = {approvers}: it must be 1 to {MAX_APPROVERS}")]
+    Approvers {
+        /// The rule's table, e.g. `servers.db.all`.
+        table: String,
+        /// The number it asks for.
+        approvers: u8,
+    },
+}
+
 impl Policy {
     /// Parses the TOML text of a policy file. An `approvers` count out of 1 to
     /// [`MAX_APPROVERS`] is refused, naming where it is.
-    pub fn from_toml(text: &str) -> Result<Policy, String> {
-        let policy: Policy = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn from_toml(text: &str) -> Result<Policy, PolicyError> {
+        let policy: Policy = toml::from_str(text).map_err(PolicyError::Toml)?;
         for (server, rules) in &policy.servers {
             let named = std::iter::once(("all".to_owned(), &rules.all)).chain(
                 rules
@@ -236,10 +254,10 @@ impl Policy {
                 if let Some(n) = rule.approvers
                     && !(1..=MAX_APPROVERS).contains(&n)
                 {
-                    return Err(format!(
-                        "[servers.{}.{place}] approvers = {n}: it must be 1 to {MAX_APPROVERS}",
-                        toml_key(server)
-                    ));
+                    return Err(PolicyError::Approvers {
+                        table: format!("servers.{}.{place}", toml_key(server)),
+                        approvers: n,
+                    });
                 }
             }
         }
@@ -732,7 +750,7 @@ mod tests {
             "[servers.db.all]\napprovers = -1",
             "[servers.db.all]\napprovers = 300",
         ] {
-            let err = Policy::from_toml(bad).unwrap_err();
+            let err = Policy::from_toml(bad).unwrap_err().to_string();
             assert!(
                 err.contains("approvers") || err.contains("invalid"),
                 "{bad}: {err}"
@@ -741,6 +759,7 @@ mod tests {
         assert!(
             Policy::from_toml("[servers.db.tools.\"a b\"]\napprovers = 10")
                 .unwrap_err()
+                .to_string()
                 .contains("[servers.db.tools.\"a b\"]")
         );
     }

@@ -27,13 +27,44 @@ pub enum Format {
     Csv,
 }
 
+/// Why a text is not a time bound ([`parse_time`]). Each names the text given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TimeError {
+    /// All digits, and more milliseconds than fit in 64 bits.
+    #[error("{text:?}: too large for milliseconds since the epoch")]
+    TooLarge {
+        /// The text given.
+        text: String,
+        /// Why it does not parse as a number of milliseconds.
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// Neither milliseconds, nor an RFC 3339 time, nor a day.
+    #[error(
+        "{text:?} is not a time: give milliseconds since the epoch, an RFC 3339 time \
+         (2026-12-01T09:30:00Z) or a day (2026-12-01)"
+    )]
+    NotATime {
+        /// The text given.
+        text: String,
+    },
+    /// A time before the epoch, which history cannot hold.
+    #[error("{text:?} is before 1970")]
+    Before1970 {
+        /// The text given.
+        text: String,
+    },
+}
+
 /// A time bound given as milliseconds since the epoch, an RFC 3339 time
 /// (`2026-12-01T09:30:00Z`) or a day (`2026-12-01`, midnight UTC).
-pub fn parse_time(text: &str) -> Result<u64, String> {
+pub fn parse_time(text: &str) -> Result<u64, TimeError> {
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        return text
-            .parse::<u64>()
-            .map_err(|_| format!("{text:?}: too large for milliseconds since the epoch"));
+        return text.parse::<u64>().map_err(|source| TimeError::TooLarge {
+            text: text.to_owned(),
+            source,
+        });
     }
     let stamp = match text.parse::<jiff::Timestamp>() {
         Ok(stamp) => stamp,
@@ -45,14 +76,13 @@ pub fn parse_time(text: &str) -> Result<u64, String> {
                     .to_timestamp(day.to_datetime(jiff::civil::Time::midnight()))
                     .ok()
             })
-            .ok_or_else(|| {
-                format!(
-                    "{text:?} is not a time: give milliseconds since the epoch, an RFC 3339 time \
-                     (2026-12-01T09:30:00Z) or a day (2026-12-01)"
-                )
+            .ok_or_else(|| TimeError::NotATime {
+                text: text.to_owned(),
             })?,
     };
-    u64::try_from(stamp.as_millisecond()).map_err(|_| format!("{text:?} is before 1970"))
+    u64::try_from(stamp.as_millisecond()).map_err(|_| TimeError::Before1970 {
+        text: text.to_owned(),
+    })
 }
 
 /// Writes every event of `reader` from `since` to `until` to `out` as `format` (JSON lines or

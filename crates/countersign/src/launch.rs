@@ -85,18 +85,40 @@ pub enum Opened {
     Started(u32),
 }
 
+/// Why `countersign open URL` showed nothing ([`open_request`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL is not a request URL: nothing was sent or started.
+    #[error("not a request URL ({0}); a request URL is exactly countersign://request/<id>")]
+    NotARequestUrl(#[source] countersign_wire::BadRequestUrl),
+    /// The runtime that asks the desk could not be made.
+    #[error("cannot ask the desk: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// No desk answers at the socket, and none could be started.
+    #[error("no desk answers and none could be started: {0}")]
+    NotStarted(#[source] std::io::Error),
+    /// Something is at the socket, but it did not take the request.
+    #[error("the desk at {} did not answer: {source}", socket.display())]
+    NoAnswer {
+        /// The desk's socket.
+        socket: PathBuf,
+        /// What connecting or writing said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// `countersign open URL`: the running desk at `socket` comes forward showing the request the
 /// URL names (a focus hello, nothing else: no message approves or denies), or, when none answers
 /// there, a desk is started with the URL. The URL is read strictly first; anything else is an
 /// error and nothing is sent or started.
-pub fn open_request(url: &str, socket: &std::path::Path) -> Result<Opened, String> {
-    let id = countersign_wire::parse_request_url(url).map_err(|e| {
-        format!("not a request URL ({e}); a request URL is exactly countersign://request/<id>")
-    })?;
+pub fn open_request(url: &str, socket: &std::path::Path) -> Result<Opened, OpenError> {
+    let id = countersign_wire::parse_request_url(url).map_err(OpenError::NotARequestUrl)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(OpenError::Runtime)?;
     let asked = runtime.block_on(countersign_wire::focus_desk(socket, Some(id)));
     match asked {
         Ok(()) => Ok(Opened::Running),
@@ -108,12 +130,12 @@ pub fn open_request(url: &str, socket: &std::path::Path) -> Result<Opened, Strin
         {
             start_desk(&[countersign_wire::request_url(id)])
                 .map(Opened::Started)
-                .map_err(|e| format!("no desk answers and none could be started: {e}"))
+                .map_err(OpenError::NotStarted)
         }
-        Err(e) => Err(format!(
-            "the desk at {} did not answer: {e}",
-            socket.display()
-        )),
+        Err(source) => Err(OpenError::NoAnswer {
+            socket: socket.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -133,7 +155,7 @@ mod tests {
             "COUNTERSIGN://request/1",
             "https://example.com/",
         ] {
-            let refused = open_request(url, &socket).unwrap_err();
+            let refused = open_request(url, &socket).unwrap_err().to_string();
             assert!(refused.contains("countersign://request/<id>"), "{refused}");
         }
         assert!(listener.accept().is_err(), "nothing connected");

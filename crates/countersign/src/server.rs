@@ -168,6 +168,23 @@ fn report(answer: Result<RegistryAnswer, DeskError>, out: &mut dyn Write) -> i32
     }
 }
 
+/// Why the flags of `countersign server add` describe no server.
+#[derive(Debug, thiserror::Error)]
+enum SpecError {
+    /// A setting is not split by `=` (or, for a header, `:`).
+    #[error("{0:?} is not KEY=VALUE (or, for a header, NAME: VALUE)")]
+    NotAPair(String),
+    /// A key is given twice (plain or secret).
+    #[error("{0} is given twice")]
+    Twice(String),
+    /// Neither a command nor a URL is given.
+    #[error("give the server's command after `--`, or --url URL")]
+    NoUpstream,
+    /// The spec is not one the desk would run or send.
+    #[error("{0}")]
+    Invalid(#[source] countersign_wire::Invalid),
+}
+
 /// The spec the flags describe, and the secret keys whose values must be asked for (in order).
 fn spec_of(
     env: Vec<String>,
@@ -177,7 +194,7 @@ fn spec_of(
     header: Vec<String>,
     secret_header: Vec<String>,
     command: Vec<String>,
-) -> Result<(ServerSpec, Vec<String>), String> {
+) -> Result<(ServerSpec, Vec<String>), SpecError> {
     let mut settings = BTreeMap::new();
     /// Splits `NAME: VALUE` (a header) or `KEY=VALUE` (an environment variable).
     type Split = fn(&str) -> Option<(&str, &str)>;
@@ -189,18 +206,17 @@ fn spec_of(
         (env, secret_env, |e| e.split_once('='))
     };
     for item in &plain {
-        let (key, value) = split(item)
-            .ok_or_else(|| format!("{item:?} is not KEY=VALUE (or, for a header, NAME: VALUE)"))?;
+        let (key, value) = split(item).ok_or_else(|| SpecError::NotAPair(item.clone()))?;
         if settings
             .insert(key.to_owned(), Setting::Plain(value.to_owned()))
             .is_some()
         {
-            return Err(format!("{key} is given twice"));
+            return Err(SpecError::Twice(key.to_owned()));
         }
     }
     for key in &secret {
         if settings.insert(key.clone(), Setting::Secret).is_some() {
-            return Err(format!("{key} is given twice"));
+            return Err(SpecError::Twice(key.clone()));
         }
     }
     let upstream = match url {
@@ -209,7 +225,7 @@ fn spec_of(
             headers: settings,
         },
         None if command.is_empty() => {
-            return Err("give the server's command after `--`, or --url URL".into());
+            return Err(SpecError::NoUpstream);
         }
         None => Upstream::Stdio {
             command,
@@ -218,7 +234,7 @@ fn spec_of(
         },
     };
     let spec = ServerSpec { upstream };
-    spec.check().map_err(|e| e.0)?;
+    spec.check().map_err(SpecError::Invalid)?;
     Ok((spec, secret))
 }
 

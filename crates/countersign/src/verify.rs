@@ -13,12 +13,12 @@
 //! the desk writes is refused rather than read.
 
 use std::io::{BufRead, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use countersign_core::approver::parse_public_key;
 use countersign_core::canonical::parse_strict;
 use countersign_core::chain::{
-    Break, ChainHash, Intact, Link, SignedHead, Walk, describe, heads_in,
+    Break, ChainHash, HeadsError, Intact, Link, SignedHead, Walk, describe, heads_in,
 };
 use countersign_core::telemetry::ConfirmEvent;
 use serde::Deserialize;
@@ -27,27 +27,81 @@ use serde::Deserialize;
 /// characters each), far below what could exhaust memory.
 const MAX_LINE: u64 = 256 * 1024;
 
+/// Why `--key` gave no key to check signatures against ([`read_key`]). Each names the text given.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The text is not a key, and no file of that name can be read.
+    #[error("--key {text:?}: neither a key (ed25519:…) nor a readable file: {source}")]
+    Unreadable {
+        /// The text given.
+        text: String,
+        /// Why it could not be read as a file.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text names a file, which does not hold a key.
+    #[error("--key {text:?}: the file does not hold a key (ed25519:…)")]
+    NotAKey {
+        /// The text given.
+        text: String,
+    },
+}
+
 /// The key to check signatures against: `ed25519:…` as `countersign history key` printed it,
 /// or a file holding that text.
-pub fn read_key(text: &str) -> Result<[u8; 32], String> {
+pub fn read_key(text: &str) -> Result<[u8; 32], KeyError> {
     if let Some(key) = parse_public_key(text) {
         return Ok(key);
     }
-    let from_file = std::fs::read_to_string(text).map_err(|e| {
-        format!("--key {text:?}: neither a key (ed25519:…) nor a readable file: {e}")
+    let from_file = std::fs::read_to_string(text).map_err(|source| KeyError::Unreadable {
+        text: text.to_owned(),
+        source,
     })?;
-    parse_public_key(&from_file)
-        .ok_or_else(|| format!("--key {text:?}: the file does not hold a key (ed25519:…)"))
+    parse_public_key(&from_file).ok_or_else(|| KeyError::NotAKey {
+        text: text.to_owned(),
+    })
+}
+
+/// Why a file of kept heads gave none ([`read_heads`]). Each names the file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeadFileError {
+    /// The file could not be opened or read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file holds no signed head, or a line that says it is one and is not.
+    #[error("{}: {source}", path.display())]
+    Heads {
+        /// The file.
+        path: PathBuf,
+        /// Which line, or that there is none.
+        #[source]
+        source: HeadsError,
+    },
 }
 
 /// Every signed head in the file at `path` (see [`countersign_core::chain::heads_in`]).
-pub fn read_heads(path: &Path) -> Result<Vec<SignedHead>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read_heads(path: &Path) -> Result<Vec<SignedHead>, HeadFileError> {
+    let read = |source| HeadFileError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read)?;
     let mut text = String::new();
     file.take(64 * MAX_LINE)
         .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    heads_in(&text).map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(read)?;
+    heads_in(&text).map_err(|source| HeadFileError::Heads {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// An export's event line: the event, and its place in the chain.

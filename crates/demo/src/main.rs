@@ -64,7 +64,43 @@ async fn desk_is_up(socket: &Path) -> bool {
     tokio::net::UnixStream::connect(socket).await.is_ok()
 }
 
-async fn call(agent: &Agent, tool: &str, args: Value) -> Result<CallToolResult, String> {
+/// Why the demo stopped before its end.
+#[derive(Debug, thiserror::Error)]
+enum DemoError {
+    /// The gateway (`countersign mcp`) could not be started.
+    #[error("cannot start the gateway {}: {source}", program.display())]
+    Gateway {
+        /// The program started.
+        program: PathBuf,
+        /// Why it did not start.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gateway started, but no MCP session came up with it.
+    #[error("no MCP session with the gateway: {0}")]
+    // Boxed: the client's initialize error is many times larger than every other variant.
+    Session(#[source] Box<rmcp::service::ClientInitializeError>),
+    /// The gateway did not list its tools.
+    #[error("listing the tools failed: {0}")]
+    ListTools(#[source] rmcp::ServiceError),
+    /// A tool call got no answer (the MCP request itself failed).
+    #[error("calling {tool} failed: {source}")]
+    Call {
+        /// The tool called.
+        tool: String,
+        /// Why the call failed.
+        #[source]
+        source: rmcp::ServiceError,
+    },
+    /// A preflight was refused with a code other than `pending`.
+    #[error("the preflight was refused ({0})")]
+    Refused(String),
+    /// A preflight's answer carries no structured content (so no token).
+    #[error("no structured content")]
+    NoStructuredContent,
+}
+
+async fn call(agent: &Agent, tool: &str, args: Value) -> Result<CallToolResult, DemoError> {
     said(tool, &args);
     let params = CallToolRequestParams::new(tool.to_owned())
         .with_arguments(args.as_object().cloned().unwrap_or_default());
@@ -72,13 +108,16 @@ async fn call(agent: &Agent, tool: &str, args: Value) -> Result<CallToolResult, 
         .peer()
         .call_tool(params)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| DemoError::Call {
+            tool: tool.to_owned(),
+            source,
+        })?;
     heard(&r);
     Ok(r)
 }
 
 /// A preflight the person must approve; asks again (re-attaching) while it is pending.
-async fn preflight(agent: &Agent, tool: &str, args: Value) -> Result<Value, String> {
+async fn preflight(agent: &Agent, tool: &str, args: Value) -> Result<Value, DemoError> {
     println!("   (look at the Countersign window: read the request, then click Approve)");
     loop {
         let r = call(agent, tool, args.clone()).await?;
@@ -89,10 +128,10 @@ async fn preflight(agent: &Agent, tool: &str, args: Value) -> Result<Value, Stri
             .and_then(Value::as_str);
         match refusal {
             Some("pending") => continue,
-            Some(other) => return Err(format!("the preflight was refused ({other})")),
+            Some(other) => return Err(DemoError::Refused(other.to_owned())),
             None => {}
         }
-        let s = r.structured_content.ok_or("no structured content")?;
+        let s = r.structured_content.ok_or(DemoError::NoStructuredContent)?;
         let mut confirm = args;
         confirm["confirm"] = json!(true);
         confirm["confirmTarget"] = s["confirmTarget"].clone();
@@ -183,8 +222,9 @@ fn main() {
     std::process::exit(code);
 }
 
-async fn script(socket: &Path, db: &Path) -> Result<(), String> {
-    let mut cmd = tokio::process::Command::new(gateway_program());
+async fn script(socket: &Path, db: &Path) -> Result<(), DemoError> {
+    let program = gateway_program();
+    let mut cmd = tokio::process::Command::new(&program);
     cmd.arg("mcp")
         .arg("--name")
         .arg("demo")
@@ -194,19 +234,23 @@ async fn script(socket: &Path, db: &Path) -> Result<(), String> {
         .arg(socket)
         .arg("--db")
         .arg(db);
-    let transport = TokioChildProcess::new(cmd).map_err(|e| e.to_string())?;
+    let transport =
+        TokioChildProcess::new(cmd).map_err(|source| DemoError::Gateway { program, source })?;
     let info = ClientConfig::new(
         ClientCapabilities::default(),
         Implementation::new("countersign-demo-agent", env!("CARGO_PKG_VERSION")),
     );
-    let agent: Agent = info.serve(transport).await.map_err(|e| e.to_string())?;
+    let agent: Agent = info
+        .serve(transport)
+        .await
+        .map_err(|e| DemoError::Session(Box::new(e)))?;
 
     step(1, "The tools the agent sees");
     let tools = agent
         .peer()
         .list_all_tools()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(DemoError::ListTools)?;
     for t in &tools {
         let gated = t
             .input_schema

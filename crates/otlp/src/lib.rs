@@ -313,6 +313,20 @@ pub enum SendError {
     },
 }
 
+/// Why a round of a [`Sender`] sent nothing: said in the log, and the round is tried again.
+#[derive(Debug, thiserror::Error)]
+enum RoundError {
+    /// The records could not be read (the sink's claim, or the events after its cursor).
+    #[error("the records cannot be read: {0}")]
+    Read(#[source] countersign_store::StoreError),
+    /// The collector did not acknowledge the batch.
+    #[error(transparent)]
+    Send(SendError),
+    /// The records could not be written (the sink's cursor).
+    #[error("the records cannot be written: {0}")]
+    Write(#[source] countersign_store::StoreError),
+}
+
 /// Sends the history's events to a collector, from the sink's cursor on, until stopped.
 pub struct Sender {
     records: Arc<dyn Records>,
@@ -428,7 +442,7 @@ impl Sender {
 
     /// One round: `Ok(true)` when a batch was acknowledged (look again at once), `Ok(false)`
     /// when there was nothing to send or another sender holds the sink.
-    async fn once(&self) -> Result<bool, String> {
+    async fn once(&self) -> Result<bool, RoundError> {
         let now = (self.now_ms)();
         let cursor = match self.still_held(now) {
             Some(cursor) => cursor,
@@ -445,14 +459,14 @@ impl Sender {
                     self.hold(None);
                     return Ok(false);
                 }
-                Err(e) => return Err(format!("the records cannot be read: {e}")),
+                Err(e) => return Err(RoundError::Read(e)),
             },
         };
         let events = self
             .records
             .recorded_after(cursor, BATCH)
             .await
-            .map_err(|e| format!("the records cannot be read: {e}"))?;
+            .map_err(RoundError::Read)?;
         let Some(last) = events.last().and_then(|e| e.chained).map(|c| c.seq) else {
             return Ok(false);
         };
@@ -461,7 +475,7 @@ impl Sender {
             if let Err(store) = self.records.export_failed(SINK, now, &reason).await {
                 tracing::warn!(target: "confirm", error = %store, "could not note the collector's failure");
             }
-            return Err(reason);
+            return Err(RoundError::Send(e));
         }
         match self
             .records
@@ -478,7 +492,7 @@ impl Sender {
                 self.hold(None);
                 Ok(true)
             }
-            Err(e) => Err(format!("the records cannot be written: {e}")),
+            Err(e) => Err(RoundError::Write(e)),
         }
     }
 

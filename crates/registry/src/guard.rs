@@ -47,9 +47,9 @@ pub const POLICY: Guarded = Guarded {
     check: |text| {
         Policy::from_toml(text)
             .map(drop)
-            .map_err(|reason| RegistryError::Invalid {
+            .map_err(|e| RegistryError::Invalid {
                 file: "policy.toml",
-                reason,
+                reason: e.to_string(),
             })
     },
 };

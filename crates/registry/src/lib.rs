@@ -6,7 +6,7 @@
 //! an environment (or, for a URL, headers) whose secret values live in the OS keychain, one item
 //! per value, never in a file, never in history, never sent to a gateway.
 //!
-//! Who may change what (DESIGN.md, "Servers and credentials"):
+//! Who may change what (docs/design.md, "Servers and credentials"):
 //! * a new name takes effect at once (it reaches no existing secret) and is recorded;
 //! * changing or removing an existing server, from the command line or by editing `servers.json`
 //!   behind the desk's back, is a change shown in the window ([`Engine::propose`]) that takes
@@ -682,9 +682,9 @@ impl Registry {
 
     /// The person saved the policy in the desk's settings view: checked, accepted and applied.
     pub async fn save_policy_directly(&self, text: &str) -> Result<Policy, RegistryError> {
-        let policy = Policy::from_toml(text).map_err(|reason| RegistryError::Invalid {
+        let policy = Policy::from_toml(text).map_err(|e| RegistryError::Invalid {
             file: POLICY.name,
-            reason,
+            reason: e.to_string(),
         })?;
         self.write(POLICY, text)?;
         self.inner.engine.set_policy(policy.clone());

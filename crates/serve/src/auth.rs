@@ -225,17 +225,35 @@ impl Keys {
     }
 }
 
-async fn fetch(client: &reqwest::Client, url: &str) -> Result<JwkSet, String> {
-    let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+/// Why the issuer's keys could not be fetched: said in the log (requests are then judged with the
+/// keys fetched before, if any).
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    /// The request failed: not sent, or no answer read.
+    #[error("{0}")]
+    Request(#[source] reqwest::Error),
+    /// The issuer answered with an error status.
+    #[error("HTTP {0}")]
+    Status(reqwest::StatusCode),
+    /// The answer is larger than a key set is.
+    #[error("the key set is larger than 1 MiB")]
+    TooLarge,
+    /// The answer is not a JWK set.
+    #[error("not a JWK set: {0}")]
+    NotJwks(#[source] serde_json::Error),
+}
+
+async fn fetch(client: &reqwest::Client, url: &str) -> Result<JwkSet, FetchError> {
+    let response = client.get(url).send().await.map_err(FetchError::Request)?;
     if !response.status().is_success() {
-        return Err(format!("HTTP {}", response.status()));
+        return Err(FetchError::Status(response.status()));
     }
     // A key set is small: a huge answer is not one.
-    let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+    let bytes = response.bytes().await.map_err(FetchError::Request)?;
     if bytes.len() > 1024 * 1024 {
-        return Err("the key set is larger than 1 MiB".into());
+        return Err(FetchError::TooLarge);
     }
-    serde_json::from_slice(&bytes).map_err(|e| format!("not a JWK set: {e}"))
+    serde_json::from_slice(&bytes).map_err(FetchError::NotJwks)
 }
 
 /// How this server authenticates its callers.

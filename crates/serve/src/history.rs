@@ -10,6 +10,17 @@ use countersign_store::{HistoryFilter, MAX_DECISION_ROWS, Roster};
 
 use crate::roster::with_records;
 
+/// Why a `--head` file gave no signed heads.
+#[derive(Debug, thiserror::Error)]
+enum HeadFileError {
+    /// The file could not be read.
+    #[error("{0}")]
+    Read(#[source] std::io::Error),
+    /// The file holds no signed head, or a line that says it is one and is not.
+    #[error("{0}")]
+    Heads(#[source] countersign_core::chain::HeadsError),
+}
+
 /// Runs the command; answers the exit code.
 pub fn main() -> i32 {
     let args = HistoryArgs::parse_from(
@@ -17,22 +28,23 @@ pub fn main() -> i32 {
             .chain(std::env::args_os().skip(2)),
     );
     let me = "countersign serve history";
-    let key = match args.key.as_deref().map(|text| {
-        countersign_core::approver::parse_public_key(text)
-            .ok_or_else(|| format!("--key {text:?} is not a key (ed25519:…)"))
-    }) {
+    let key = match args.key.as_deref() {
         None => None,
-        Some(Ok(key)) => Some(key),
-        Some(Err(e)) => {
-            eprintln!("{me}: {e}");
-            return 2;
-        }
+        Some(text) => match countersign_core::approver::parse_public_key(text) {
+            Some(key) => Some(key),
+            None => {
+                eprintln!("{me}: --key {text:?} is not a key (ed25519:…)");
+                return 2;
+            }
+        },
     };
     let mut walk = countersign_core::chain::Walk::new(key);
     for path in &args.head {
         let heads = std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|text| countersign_core::chain::heads_in(&text));
+            .map_err(HeadFileError::Read)
+            .and_then(|text| {
+                countersign_core::chain::heads_in(&text).map_err(HeadFileError::Heads)
+            });
         match heads {
             Ok(heads) => {
                 for kept in heads {

@@ -498,7 +498,8 @@ impl Session {
 /// A refusal as the agent receives it: an error result whose text is `message`, and whose
 /// `structuredContent` says the same to a client that shows its model only that (Claude Code and
 /// Codex do): `refusal` (the code), `message` (the whole text) and `nextStep` (the part of the
-/// text that says what to do next, word for word). README's table lists them.
+/// text that says what to do next, word for word). The table in docs/clients.md, "What an agent
+/// sees", lists them.
 fn refusal(refusal: Refusal, message: &str) -> CallToolResult {
     refused(refusal, message, None)
 }
@@ -542,7 +543,7 @@ fn from_desk(answer: Result<Approved, Stopped>) -> CallToolResult {
 /// An approval as the agent receives it: the preflight text, and in `structuredContent` what a
 /// model that reads only that needs to confirm: how (`nextStep`, the text's own sentence), what
 /// was approved (`action`, `summary`, `reversible`), and the token with its target, lifetime and
-/// uses. README's table lists them.
+/// uses. The table in docs/clients.md, "What an agent sees", lists them.
 fn approved_result(
     Approved {
         text,

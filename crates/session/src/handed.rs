@@ -27,49 +27,86 @@ pub(crate) struct Handed {
     pub(crate) output: Output,
 }
 
+/// Why the agent's stdio was not taken from the gateway: the connection is closed, and this is
+/// said in the log.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HandOverError {
+    /// The welcome that says the desk takes the stdio could not be written.
+    #[error("could not welcome the gateway: {0}")]
+    Welcome(#[source] countersign_wire::FrameError),
+    /// Nothing came within the deadline.
+    #[error("the gateway sent no stdio within {0:?}")]
+    Late(Duration),
+    /// Receiving the descriptors failed.
+    #[error("could not receive the gateway's stdio: {0}")]
+    Receive(#[source] io::Error),
+    /// Something else came than [`HAND_OVER`] with three descriptors.
+    #[error(
+        "the gateway sent {byte:?} with {count} descriptors{} instead of its stdio",
+        and_more(.truncated)
+    )]
+    NotStdio {
+        /// The byte sent with the descriptors, if any.
+        byte: Option<u8>,
+        /// How many descriptors came.
+        count: usize,
+        /// Whether more descriptors (or other control data) were sent than were asked for.
+        truncated: bool,
+    },
+    /// The first descriptor is not usable as the agent's stdin.
+    #[error("the agent's stdin: {0}")]
+    Stdin(#[source] io::Error),
+    /// The second descriptor is not usable as the agent's stdout.
+    #[error("the agent's stdout: {0}")]
+    Stdout(#[source] io::Error),
+    /// The third descriptor is not a memory file the notes can live in.
+    #[error("the gateway's notes: {0}")]
+    Notes(#[source] io::Error),
+}
+
+/// What [`HandOverError::NotStdio`] adds when more descriptors were sent than taken.
+fn and_more(truncated: &bool) -> &'static str {
+    if *truncated { " and more" } else { "" }
+}
+
 /// Takes the descriptors the gateway sends after a welcome that said the desk would, within
 /// `deadline`. The error says why, for the log.
-pub(crate) async fn take(stream: &UnixStream, deadline: Duration) -> Result<Handed, String> {
+pub(crate) async fn take(stream: &UnixStream, deadline: Duration) -> Result<Handed, HandOverError> {
     let fd = stream.as_raw_fd();
     let received = tokio::time::timeout(
         deadline,
         stream.async_io(Interest::READABLE, || receive_descriptors(fd, 3)),
     )
     .await
-    .map_err(|_| format!("the gateway sent no stdio within {deadline:?}"))?
-    .map_err(|e| format!("could not receive the gateway's stdio: {e}"))?;
+    .map_err(|_| HandOverError::Late(deadline))?
+    .map_err(HandOverError::Receive)?;
     if received.byte != Some(HAND_OVER) || received.truncated || received.fds.len() != 3 {
-        return Err(format!(
-            "the gateway sent {:?} with {} descriptors{} instead of its stdio",
-            received.byte,
-            received.fds.len(),
-            if received.truncated { " and more" } else { "" }
-        ));
+        return Err(HandOverError::NotStdio {
+            byte: received.byte,
+            count: received.fds.len(),
+            truncated: received.truncated,
+        });
     }
     let mut fds = received.fds.into_iter();
     let (input, output, notes) = (fds.next(), fds.next(), fds.next());
     let (Some(input), Some(output), Some(notes)) = (input, output, notes) else {
         unreachable!("three descriptors were counted");
     };
-    let (input, input_end) =
-        stream_end(input, false).map_err(|e| format!("the agent's stdin: {e}"))?;
-    let (output, output_end) =
-        stream_end(output, true).map_err(|e| format!("the agent's stdout: {e}"))?;
-    let notes = Notes::new(File::from(notes)).map_err(|e| format!("the gateway's notes: {e}"))?;
+    let (input, input_end) = stream_end(input, false).map_err(HandOverError::Stdin)?;
+    let (output, output_end) = stream_end(output, true).map_err(HandOverError::Stdout)?;
+    let notes = Notes::new(File::from(notes)).map_err(HandOverError::Notes)?;
     let notes = Arc::new(Mutex::new(notes));
     Ok(Handed {
         lines: Lines {
             // Any descriptor the runtime can wait on reads as a pipe's read end does.
-            input: pipe::Receiver::from_owned_fd_unchecked(input)
-                .map_err(|e| format!("the agent's stdin: {e}"))?,
+            input: pipe::Receiver::from_owned_fd_unchecked(input).map_err(HandOverError::Stdin)?,
             end: input_end,
             notes: notes.clone(),
             ended: false,
         },
         output: Output {
             // As for stdin: any descriptor the runtime can wait on for room to write.
-            writer: pipe::Sender::from_owned_fd_unchecked(output)
-                .map_err(|e| format!("the agent's stdout: {e}"))?,
+            writer: pipe::Sender::from_owned_fd_unchecked(output).map_err(HandOverError::Stdout)?,
             end: output_end,
             notes,
         },

@@ -500,7 +500,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
             Ok(()) => {
                 crate::handed::take(reader.get_ref().as_ref(), desk.options.hello_deadline).await
             }
-            Err(err) => Err(format!("could not welcome the gateway: {err}")),
+            Err(err) => Err(crate::handed::HandOverError::Welcome(err)),
         };
         match taken {
             Ok(handed) => Some(handed),

@@ -70,11 +70,32 @@ impl HistoryFilter {
     }
 }
 
+/// Why a stored row's kind columns name no event kind.
+#[derive(Debug, thiserror::Error)]
+enum BadKind {
+    /// A refused event names a refusal code this build does not know.
+    #[error("unknown refusal code {0:?}")]
+    Refusal(String),
+    /// A rejected event names a rejection code this build does not know.
+    #[error("unknown rejection code {0:?}")]
+    Rejection(String),
+    /// The kind, refusal and outcome columns do not go together.
+    #[error("kind {code:?} with refusal {refusal:?} and ok {ok:?}")]
+    Mismatched {
+        /// The kind column.
+        code: String,
+        /// The refusal column.
+        refusal: Option<String>,
+        /// The outcome column.
+        ok: Option<bool>,
+    },
+}
+
 fn kind_from_columns(
     code: &str,
     refusal: Option<&str>,
     ok: Option<bool>,
-) -> Result<EventKind, String> {
+) -> Result<EventKind, BadKind> {
     let kind = match (code, refusal, ok) {
         ("issued", None, None) => EventKind::Issued,
         ("accepted", None, None) => EventKind::Accepted,
@@ -84,17 +105,19 @@ fn kind_from_columns(
         ("outcome_unknown", None, None) => EventKind::OutcomeUnknown,
         ("refused", Some(refusal), None) => EventKind::Refused {
             refusal: Refusal::from_code(refusal)
-                .ok_or_else(|| format!("unknown refusal code {refusal:?}"))?,
+                .ok_or_else(|| BadKind::Refusal(refusal.to_owned()))?,
         },
         ("executed", None, Some(ok)) => EventKind::Executed { ok },
         ("rejected", Some(reason), None) => EventKind::Rejected {
             reason: Rejection::from_code(reason)
-                .ok_or_else(|| format!("unknown rejection code {reason:?}"))?,
+                .ok_or_else(|| BadKind::Rejection(reason.to_owned()))?,
         },
         _ => {
-            return Err(format!(
-                "kind {code:?} with refusal {refusal:?} and ok {ok:?}"
-            ));
+            return Err(BadKind::Mismatched {
+                code: code.to_owned(),
+                refusal: refusal.map(str::to_owned),
+                ok,
+            });
         }
     };
     Ok(kind)
@@ -221,7 +244,7 @@ impl Row {
         Ok(ConfirmEvent {
             at_ms: ms_from_sql(self.at_ms, TABLE)?,
             kind: kind_from_columns(&self.kind, self.refusal.as_deref(), self.ok)
-                .map_err(invalid)?,
+                .map_err(|bad| invalid(bad.to_string()))?,
             tool: self.tool,
             target: self.target,
             tenant: self.tenant,

@@ -1,0 +1,88 @@
+//! What every engine test file shares: the engine on a real SQLite file, built one way, and
+//! waiting for the queue by its events, never by polling.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::token::SigningKey;
+use countersign_engine::{Engine, EngineConfig, ManualClock, NoKey};
+use tokio::sync::broadcast::error::RecvError;
+
+/// The key every engine test signs with.
+pub fn key() -> SigningKey {
+    SigningKey::new(&[7; 32]).unwrap()
+}
+
+/// The configuration every engine test starts from: its records in `desk.sqlite` under `dir`,
+/// and no person's delay to wait out (approvals below the window come right after the
+/// preflight).
+pub fn config(dir: &Path) -> EngineConfig {
+    let mut config = EngineConfig::new(dir.join("desk.sqlite"));
+    config.approve_delay_ms = 0;
+    config
+}
+
+/// Makes `config`'s time a manual clock, returned for the test to move instead of sleeping.
+pub fn manual_clock(config: &mut EngineConfig) -> ManualClock {
+    let clock = ManualClock::starting_now();
+    config.clock = Arc::new(clock.clone());
+    clock
+}
+
+/// An engine on a real SQLite file in a directory of its own, signing with [`key`], its time a
+/// [`ManualClock`] the test moves.
+pub struct Desk {
+    pub engine: Engine,
+    /// The engine's time: tests move it instead of sleeping.
+    pub clock: ManualClock,
+    /// The engine's file.
+    pub path: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Desk {
+    /// The engine of [`config`], changed by `configure`.
+    pub fn new(configure: impl FnOnce(&mut EngineConfig)) -> Desk {
+        Desk::with_key(Ok(key()), configure)
+    }
+
+    /// The same with `key` as the engine's (or its lack).
+    pub fn with_key(
+        key: Result<SigningKey, NoKey>,
+        configure: impl FnOnce(&mut EngineConfig),
+    ) -> Desk {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(dir.path());
+        let clock = manual_clock(&mut config);
+        configure(&mut config);
+        Desk {
+            clock,
+            path: config.store_path.clone(),
+            engine: Engine::new(config, key).unwrap(),
+            dir,
+        }
+    }
+
+    /// Another engine on this desk's file, as the desk started again: `configure` changes
+    /// [`config`].
+    pub fn again(&self, configure: impl FnOnce(&mut EngineConfig)) -> Engine {
+        let mut config = config(self.dir.path());
+        configure(&mut config);
+        Engine::new(config, Ok(key())).unwrap()
+    }
+}
+
+/// Waits until `done` holds, checking it again after each change the engine publishes (never on
+/// a timer). Panics after 10 s: what the test waits for never happened.
+pub async fn until(engine: &Engine, done: impl Fn() -> bool) {
+    let mut changes = engine.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        match tokio::time::timeout_at(deadline, changes.recv()).await {
+            Ok(Ok(_) | Err(RecvError::Lagged(_))) => {}
+            Ok(Err(RecvError::Closed)) => panic!("the engine is gone"),
+            Err(_) => panic!("what the test waits for never happened within 10 s"),
+        }
+    }
+}
