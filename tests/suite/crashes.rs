@@ -37,7 +37,7 @@ fn key() -> SigningKey {
 
 fn obedient_server() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../crates/countersign/tests/peers/obedient_server.py")
+        .join("peers/obedient_server.py")
 }
 
 fn countersign() -> PathBuf {

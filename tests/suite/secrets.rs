@@ -52,7 +52,7 @@ const RUST_LOG: &str = "trace";
 
 fn obedient_server() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../crates/countersign/tests/peers/obedient_server.py")
+        .join("peers/obedient_server.py")
 }
 
 type Agent = RunningService<RoleClient, ClientConfig>;
