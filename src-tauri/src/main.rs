@@ -71,14 +71,28 @@ fn become_authority() {
     std::process::exit(1);
 }
 
+/// Why this window's process has no channel to its desk: it then exits, showing nothing.
+#[derive(Debug, thiserror::Error)]
+enum ChannelError {
+    /// The descriptor is closed or not a socket: this program was not started by a desk.
+    #[error("descriptor {CHANNEL_FD} is not the desk's channel")]
+    NotASocket,
+    /// The socket's peer is another process, or another account's.
+    #[error("the peer on the channel is not the desk that started this window")]
+    NotTheDesk,
+    /// The socket could not be made non-blocking.
+    #[error("the desk's channel: {0}")]
+    Io(#[source] std::io::Error),
+}
+
 /// The channel on [`CHANNEL_FD`], if it is a Unix socket whose peer is this process's parent.
-fn take_channel() -> Result<std::os::unix::net::UnixStream, String> {
+fn take_channel() -> Result<std::os::unix::net::UnixStream, ChannelError> {
     // SAFETY: fstat on a descriptor number only reads its status; a closed one fails.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(CHANNEL_FD, &mut stat) } != 0
         || stat.st_mode & libc::S_IFMT != libc::S_IFSOCK
     {
-        return Err(format!("descriptor {CHANNEL_FD} is not the desk's channel"));
+        return Err(ChannelError::NotASocket);
     }
     // SAFETY: the descriptor is open (fstat said so) and nothing else in this process owns it.
     let stream = std::os::unix::net::UnixStream::from(unsafe { OwnedFd::from_raw_fd(CHANNEL_FD) });
@@ -97,7 +111,7 @@ fn take_channel() -> Result<std::os::unix::net::UnixStream, String> {
     // SAFETY: getppid and geteuid have no preconditions.
     let (parent, me) = unsafe { (libc::getppid(), libc::geteuid()) };
     if got != 0 || cred.pid != parent || cred.uid != me {
-        return Err("the peer on the channel is not the desk that started this window".into());
+        return Err(ChannelError::NotTheDesk);
     }
     // Set close-on-exec: WebKit's processes must not inherit the channel.
     // SAFETY: fcntl on our own open descriptor.
@@ -105,7 +119,7 @@ fn take_channel() -> Result<std::os::unix::net::UnixStream, String> {
         let flags = libc::fcntl(CHANNEL_FD, libc::F_GETFD);
         libc::fcntl(CHANNEL_FD, libc::F_SETFD, flags | libc::FD_CLOEXEC);
     }
-    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    stream.set_nonblocking(true).map_err(ChannelError::Io)?;
     Ok(stream)
 }
 

@@ -36,8 +36,7 @@ fn key() -> SigningKey {
 }
 
 fn obedient_server() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("peers/obedient_server.py")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("peers/obedient_server.py")
 }
 
 fn countersign() -> PathBuf {

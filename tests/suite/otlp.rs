@@ -15,13 +15,6 @@ use countersign_store::{Records, Sqlite, Store, StoreOptions};
 use countersign_tests::otlp::{Collector, attribute, seqs};
 use tokio_util::sync::CancellationToken;
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
 fn records(dir: &std::path::Path) -> Arc<dyn Records> {
     let options = StoreOptions::default().with_chain_key(Arc::new(ChainKey::from_seed(&[4; 32])));
     Arc::new(Sqlite::new(
@@ -67,7 +60,12 @@ fn sender(records: &Arc<dyn Records>, collector: &Collector, holder: &str) -> Ca
         countersign_otlp::Collector::new(&collector.endpoint(), "countersign-desk", holder)
             .unwrap();
     let stop = CancellationToken::new();
-    let sender = Sender::new(records.clone(), target, holder, now_ms);
+    let sender = Sender::new(
+        records.clone(),
+        target,
+        holder,
+        std::sync::Arc::new(countersign_engine::SystemClock),
+    );
     tokio::spawn(sender.run(stop.clone()));
     stop
 }

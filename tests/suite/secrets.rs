@@ -51,8 +51,7 @@ use serde_json::{Value, json};
 const RUST_LOG: &str = "trace";
 
 fn obedient_server() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("peers/obedient_server.py")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("peers/obedient_server.py")
 }
 
 type Agent = RunningService<RoleClient, ClientConfig>;

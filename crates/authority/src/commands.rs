@@ -400,13 +400,11 @@ pub async fn save_history(desk: &Desk, format: String) -> Result<SavedView, UiEr
     };
     let store = desk.dirs.store();
     let folder = desk.dirs.data.join("exports");
+    // The engine's clock, which stamps the events the file holds, names it.
+    let stamp = desk.engine.now_ms();
     let io = |e: std::io::Error| UiError::new(UiCode::Io, e.to_string());
     tokio::task::spawn_blocking(move || {
         crate::settings::private_dir(&folder).map_err(io)?;
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or_default();
         let path = folder.join(format!("history-{stamp}.{extension}"));
         let file = std::fs::OpenOptions::new()
             .write(true)

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use countersign_core::token::SigningKey;
-use countersign_engine::{Engine, EngineConfig, PendingRequest};
+use countersign_engine::{Engine, EngineConfig, NoKey, PendingRequest};
 use countersign_registry::Registry;
 use countersign_secret::{
     HmacSecret, Items, KeychainItems, KeychainStore, MemoryItems, MemoryStore, SecretError,
@@ -241,7 +241,7 @@ pub struct Begun {
     pub dirs: Dirs,
     pub settings: Settings,
     pub secret: Arc<dyn SecretStore>,
-    pub key: Result<SigningKey, String>,
+    pub key: Result<SigningKey, SecretError>,
     pub items: Result<Arc<dyn Items>, SecretError>,
     /// The request a URL on the command line asks to show.
     pub open: Option<u64>,
@@ -303,7 +303,7 @@ pub fn begin(hardened: &crate::harden::Hardened) -> Begun {
                     dirs,
                     settings,
                     secret: Arc::new(Unavailable(e.to_string())),
-                    key: Err(e.to_string()),
+                    key: Err(e.clone()),
                     items: Err(e),
                     open,
                     in_tray,
@@ -311,10 +311,7 @@ pub fn begin(hardened: &crate::harden::Hardened) -> Begun {
             }
         }
     };
-    let key = secret
-        .load_or_create()
-        .map(|s| s.signing_key())
-        .map_err(|e| e.to_string());
+    let key = secret.load_or_create().map(|s| s.signing_key());
     if let Err(e) = &key {
         eprintln!("countersign-desk: {e}");
     }
@@ -389,7 +386,7 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
     config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;
     config.describer = Some(Arc::new(countersign_session::SqlDescriber));
-    let engine = match Engine::new(config, key.map_err(Into::into)) {
+    let engine = match Engine::new(config, key.map_err(|e| NoKey::from(e.to_string()))) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("countersign-desk: {e}");

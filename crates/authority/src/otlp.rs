@@ -32,13 +32,6 @@ pub struct Export {
     running: Mutex<Option<(CancellationToken, String)>>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or_default()
-}
-
 impl Export {
     /// The sender for the desk's file at `store`; nothing is sent until [`Export::apply`].
     pub fn new(store: std::path::PathBuf) -> Export {
@@ -66,7 +59,12 @@ impl Export {
                 let stop = CancellationToken::new();
                 let shown = collector.endpoint_text();
                 // One holder name for the desk: a restarted desk takes its sink back at once.
-                let sender = Sender::new(self.records.clone(), collector, "desk", now_ms);
+                let sender = Sender::new(
+                    self.records.clone(),
+                    collector,
+                    "desk",
+                    Arc::new(countersign_engine::SystemClock),
+                );
                 tokio::spawn(sender.run(stop.clone()));
                 *running = Some((stop, shown));
             }

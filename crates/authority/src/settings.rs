@@ -86,19 +86,40 @@ pub struct Dirs {
     pub state: PathBuf,
 }
 
+/// Why the desk's directories could not be had: the desk then does not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirsError {
+    /// Where they are could not be told (no home in the password database).
+    #[error("cannot tell where the desk's directories are: {0}")]
+    Locate(#[source] std::io::Error),
+    /// One could not be created, or made private to this account.
+    #[error("cannot set up {}: {source}", dir.display())]
+    SetUp {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 impl Dirs {
     /// This account's directories for the desk, created 0700 (see
     /// `countersign_wire::DeskDirs::locate`: `$COUNTERSIGN_DESK_DIR`, else the platform's places
     /// in the home the password database records).
-    pub fn new() -> Result<Self, String> {
-        let located = countersign_wire::DeskDirs::locate().map_err(|e| e.to_string())?;
+    pub fn new() -> Result<Self, DirsError> {
+        let located = countersign_wire::DeskDirs::locate().map_err(DirsError::Locate)?;
         let dirs = Dirs {
             data: located.data,
             config: located.config,
             state: located.state,
         };
         for dir in [&dirs.config, &dirs.data, &dirs.state] {
-            private_dir(dir).map_err(|e| format!("cannot set up {}: {e}", dir.display()))?;
+            private_dir(dir).map_err(|source| DirsError::SetUp {
+                dir: dir.clone(),
+                source,
+            })?;
         }
         Ok(dirs)
     }

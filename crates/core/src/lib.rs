@@ -15,6 +15,7 @@ pub mod approver;
 pub mod binding;
 pub mod canonical;
 pub mod chain;
+pub mod clock;
 pub mod describe;
 pub mod diff;
 pub mod gate;

@@ -10,11 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Where the engine reads the time, in milliseconds since the Unix epoch.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// Now, in ms since the epoch.
-    fn now_ms(&self) -> u64;
-}
+pub use countersign_core::clock::Clock;
 
 /// The system's wall clock.
 #[derive(Debug, Clone, Copy, Default)]

@@ -20,6 +20,7 @@
 //! `countersign.chain.prev`, `countersign.chain.hash`). Never a token (an event has none), a
 //! secret, or an argument: events hold no arguments.
 
+use countersign_core::clock::Clock;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -332,7 +333,7 @@ pub struct Sender {
     records: Arc<dyn Records>,
     collector: Collector,
     holder: String,
-    now_ms: fn() -> u64,
+    clock: Arc<dyn Clock>,
     client: reqwest::Client,
     /// The cursor and until when this sender holds the sink, as its last claim said: an idle
     /// round then only reads (a claim is a write, durably committed), and the claim is renewed
@@ -342,12 +343,12 @@ pub struct Sender {
 
 impl Sender {
     /// A sender of `records`' history to `collector`, as `holder` (this process, unique among
-    /// the replicas sharing the records), reading the time from `now_ms`.
+    /// the replicas sharing the records), reading the time from `clock`.
     pub fn new(
         records: Arc<dyn Records>,
         collector: Collector,
         holder: impl Into<String>,
-        now_ms: fn() -> u64,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         let client = reqwest::Client::builder()
             .timeout(POST_TIMEOUT)
@@ -357,7 +358,7 @@ impl Sender {
             records,
             collector,
             holder: holder.into(),
-            now_ms,
+            clock,
             client,
             held: std::sync::Mutex::new(None),
         }
@@ -365,7 +366,7 @@ impl Sender {
 
     /// Posts `events`; `Ok` once the collector acknowledged them (any 2xx).
     pub async fn post(&self, events: &[Recorded]) -> Result<(), SendError> {
-        let body = request(&self.collector, events, (self.now_ms)()).encode_to_vec();
+        let body = request(&self.collector, events, self.clock.now_ms()).encode_to_vec();
         let endpoint = self.collector.endpoint_text();
         let answer = self
             .client
@@ -443,7 +444,7 @@ impl Sender {
     /// One round: `Ok(true)` when a batch was acknowledged (look again at once), `Ok(false)`
     /// when there was nothing to send or another sender holds the sink.
     async fn once(&self) -> Result<bool, RoundError> {
-        let now = (self.now_ms)();
+        let now = self.clock.now_ms();
         let cursor = match self.still_held(now) {
             Some(cursor) => cursor,
             None => match self

@@ -107,12 +107,13 @@ pub(crate) fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    // A name nobody could have prepared, created new: a link planted at a predictable name
-    // would otherwise have this write through it.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let temp = dir.join(format!(".{name}.{}.{nanos:09}.tmp", std::process::id()));
+    // A name nobody could have prepared (random, not the time), created new: a link planted at
+    // a predictable name would otherwise have this write through it.
+    let unguessable: u64 = rand::random();
+    let temp = dir.join(format!(
+        ".{name}.{}.{unguessable:016x}.tmp",
+        std::process::id()
+    ));
     let result = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)

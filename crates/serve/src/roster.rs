@@ -13,11 +13,10 @@ use countersign_serve::run::open_records;
 use countersign_serve::start::Dsn;
 use countersign_store::{MAX_MEMBER_NAME_CHARS, Member, Records, Roster, valid_member_name};
 
+/// Now, as the system's clock says: when a member was added or revoked.
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    use countersign_engine::Clock as _;
+    countersign_engine::SystemClock.now_ms()
 }
 
 /// What one command does, whichever roster it is about.

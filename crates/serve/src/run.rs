@@ -176,15 +176,6 @@ async fn records(dsn: &Dsn, chain: Option<Arc<ChainKey>>) -> Result<Arc<dyn Reco
     Ok(Arc::new(Postgres::connect(dsn.expose(), options).await?))
 }
 
-/// Now, in ms since the epoch: for the collector's sender, which stamps what it sends and leases
-/// the sink.
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or_default()
-}
-
 /// Where a started server listens.
 #[derive(Debug, Clone, Copy)]
 pub struct Bound {
@@ -246,7 +237,12 @@ pub async fn run(
     if let Some(collector) = start.otlp.clone() {
         let holder: [u8; 8] = rand::random();
         let holder: String = holder.iter().map(|b| format!("{b:02x}")).collect();
-        let sender = countersign_otlp::Sender::new(records.clone(), collector, holder, now_ms);
+        let sender = countersign_otlp::Sender::new(
+            records.clone(),
+            collector,
+            holder,
+            Arc::new(countersign_engine::SystemClock),
+        );
         tokio::spawn(sender.run(stop.child_token()));
     }
     if matches!(
