@@ -585,6 +585,67 @@ mod tests {
         assert_eq!(c.scopes(), HashSet::from(["read", "mcp:tools", "x"]));
     }
 
+    /// An issuer's key endpoint on loopback that answers each connection with the next of
+    /// `answers` (status line and body), then closes it.
+    async fn issuer(answers: Vec<(&'static str, Vec<u8>)>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jwks", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            for (status, body) in answers {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(&body).await;
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn an_issuer_that_answers_an_error_a_huge_body_or_no_key_set_gives_no_keys_and_admits_nobody()
+     {
+        let client = reqwest::Client::new();
+        let url = issuer(vec![
+            ("500 Internal Server Error", b"{}".to_vec()),
+            ("200 OK", vec![b' '; 1024 * 1024 + 1]),
+            ("200 OK", b"{\"keys\": \"not a list\"}".to_vec()),
+            ("200 OK", b"{\"keys\": [], \"keys\": []".to_vec()),
+        ])
+        .await;
+        assert!(matches!(
+            fetch(&client, &url).await,
+            Err(FetchError::Status(s)) if s.as_u16() == 500
+        ));
+        assert!(matches!(
+            fetch(&client, &url).await,
+            Err(FetchError::TooLarge)
+        ));
+        assert!(matches!(
+            fetch(&client, &url).await,
+            Err(FetchError::NotJwks(_))
+        ));
+        assert!(matches!(
+            fetch(&client, &url).await,
+            Err(FetchError::NotJwks(_))
+        ));
+        // A server whose issuer answers nothing usable refuses every token as keys unavailable
+        // (never as valid, never by falling back to anything).
+        let url = issuer(vec![("200 OK", b"<html>".to_vec())]).await;
+        let keys = Keys::jwks(url);
+        assert_eq!(
+            keys.key_for(Some("k1"), Algorithm::RS256).await.err(),
+            Some(Denied::KeysUnavailable)
+        );
+    }
+
     #[tokio::test]
     async fn shared_secret_and_unsigned_tokens_are_refused_before_any_key_is_looked_for() {
         let o = oauth("https://mcp.example.com/mcp");
