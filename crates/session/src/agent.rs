@@ -67,7 +67,18 @@ pub struct Session {
     /// The revision the agent's `initialize` settled on is older than 2026-07-28: once it has
     /// initialized, the open lane may take its calls (see [`crate::lane`]).
     legacy_agent: Arc<std::sync::atomic::AtomicBool>,
+    /// This agent's turns at the desk's records (see [`DESK_TURNS`]).
+    turns: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many of one agent's gated calls may be planned, checked, queued or confirmed at once.
+/// Each of those steps reads or writes the desk's records on the blocking pool, one statement at
+/// a time behind one connection; without a bound, an agent that sends thousands of calls at
+/// once fills that queue, and every other agent's listing and calls wait behind all of them
+/// (seen: a fresh agent's `tools/list` took 5 s while two agents sent 2,000 preflights each). A
+/// call waiting for the person holds no turn, and the semaphore is fair (first come, first
+/// served), so the agent's own calls keep their order.
+pub const DESK_TURNS: usize = 4;
 
 impl Session {
     /// Mirrors the upstream's `InitializeResult` (capabilities, serverInfo, instructions), as
@@ -97,7 +108,15 @@ impl Session {
             client_info: Arc::default(),
             legacy_agent: Arc::default(),
             listed_epoch: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
+            turns: Arc::new(tokio::sync::Semaphore::new(DESK_TURNS)),
         }
+    }
+
+    /// Waits for one of this agent's turns at the desk's records ([`DESK_TURNS`]), held until the
+    /// permit is dropped.
+    pub(crate) async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        // The semaphore is never closed; `None` would only let the call go on unbounded.
+        self.turns.acquire().await.ok()
     }
 
     /// Whether the last listing was taken under the upstream's current tools: since the start
@@ -374,10 +393,12 @@ impl Session {
         let tool = request.name.to_string();
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
         if arguments.get("confirm") == Some(&Value::Bool(true)) {
+            let turn = self.turn().await;
             let accepted = self
                 .engine
                 .confirm_aside(&self.tenant, &tool, &arguments)
                 .await;
+            drop(turn);
             return match accepted {
                 Ok(accepted) => {
                     self.run_accepted(request, accepted, class, live, context)
@@ -445,11 +466,13 @@ impl Session {
         wait: Duration,
         context: &RequestContext<RoleServer>,
     ) -> Result<Result<Approved, Stopped>, ErrorData> {
-        let ticket = match self
+        let turn = self.turn().await;
+        let queued = self
             .engine
             .queue_preflight(&self.tenant, tool, arguments)
-            .await
-        {
+            .await;
+        drop(turn);
+        let ticket = match queued {
             Ok(Queued::Waiting(ticket)) => ticket,
             Ok(Queued::Granted(approved)) => return Ok(Ok(approved)),
             Err(stopped) => return Ok(Err(stopped)),
@@ -655,6 +678,7 @@ impl ServerHandler for Session {
             // Not in the upstream's listing, even after listing again: no annotations, no
             // schema, nothing a person could judge. Refused, never sent on ungated.
             None => {
+                let _turn = self.turn().await;
                 self.engine
                     .record_unlisted(&self.tenant, &request.name)
                     .await;

@@ -213,11 +213,13 @@ impl Session {
                 confirm["confirm"] = json!(true);
                 confirm["confirmTarget"] = json!(target);
                 confirm["confirmToken"] = json!(token);
-                match self
+                let turn = self.turn().await;
+                let accepted = self
                     .engine
                     .confirm_aside(&self.tenant, tool, &confirm)
-                    .await
-                {
+                    .await;
+                drop(turn);
+                match accepted {
                     Ok(accepted) => {
                         let result = self
                             .run_accepted(request.clone(), accepted, class, live, context)

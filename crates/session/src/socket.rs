@@ -10,8 +10,9 @@
 //! gateway goes away (an upstream that exits is started again by the next request) or the desk
 //! stops serving, which closes every connection at once.
 //!
-//! Everything is bounded, since the peer may be hostile: until its hello a connection is a task
-//! (not a thread) and has [`Options::hello_deadline`] to say it; an account holds at most
+//! Everything is bounded, since the peer may be hostile: until its first message (or its agent's
+//! stdio handed over) a connection is a task, not a thread, and it has
+//! [`Options::hello_deadline`] to say hello; an account holds at most
 //! [`Options::max_connections`]; a frame that has begun must complete within
 //! [`Options::frame_deadline`], and a frame's memory follows the bytes that arrived. A malformed,
 //! oversized or stalled frame closes that connection only.
@@ -202,8 +203,8 @@ pub async fn serve_with(
     let task = tokio::spawn(async move {
         loop {
             match listener.accept().await {
-                // Until its hello, a connection is a task here, not a thread: a crowd of silent
-                // or half-sent connections costs little, and each meets the hello deadline.
+                // Until its first message, a connection is a task here, not a thread: a crowd of
+                // silent or half-sent connections costs little, and each meets its deadline.
                 Ok((stream, _)) => {
                     tokio::spawn(introduce(desk.clone(), stream));
                 }
@@ -227,7 +228,16 @@ pub async fn serve_with(
 /// hand every message to each other, and on one thread those hand-offs are plain polls instead of
 /// wake-ups across threads, which cost most of a call's time in the desk when measured. The engine
 /// is shared across threads as before; its channels do not care which runtime waits on them.
-fn on_its_own_thread(desk: Desk, stream: UnixStream, hello: Introduced, slot: Slot) {
+///
+/// A thread and its runtime cost far more than a task (about half a megabyte in a debug build,
+/// measured), so a connection gets one only once it has something to serve: its first message,
+/// or the agent's stdio handed over. Until then it waits as a task, and a crowd of connections
+/// that said hello and then stalled costs what a crowd of silent ones does.
+fn on_its_own_thread<F, Fut>(stream: UnixStream, slot: Slot, serve: F)
+where
+    F: FnOnce(UnixStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
     let stream = match stream.into_std() {
         Ok(stream) => stream,
         Err(err) => {
@@ -251,7 +261,7 @@ fn on_its_own_thread(desk: Desk, stream: UnixStream, hello: Introduced, slot: Sl
             };
             runtime.block_on(async move {
                 match UnixStream::from_std(stream) {
-                    Ok(stream) => connection(desk, stream, hello).await,
+                    Ok(stream) => serve(stream).await,
                     Err(err) => {
                         tracing::warn!(target: "desk", error = %err, "could not serve a connection")
                     }
@@ -308,8 +318,24 @@ struct Introduced {
     label: Option<String>,
     wait_ms: Option<u64>,
     pid: u32,
-    /// The gateway offered the agent's stdio (see `handed`).
-    stdio: bool,
+}
+
+/// A gateway the desk admitted: what it reaches (resolved, with the registry's secrets when it
+/// names a registered server), and the tenant the engine gave it.
+struct Admitted {
+    tenant: String,
+    reach: countersign_wire::Reach,
+    headers: reach::Headers,
+    registered: Option<(countersign_registry::Registry, String)>,
+    wait_ms: Option<u64>,
+}
+
+/// Where a connection's first message comes from.
+enum First {
+    /// The gateway hands over the agent's stdio: the welcome says so, and the messages come on it.
+    HandOver,
+    /// The gateway was welcomed and sent this message on the socket, whole.
+    Message(Vec<u8>),
 }
 
 /// A new connection, up to its hello: the peer's account, the per-account limit, the hello
@@ -412,9 +438,32 @@ async fn introduce(desk: Desk, mut stream: UnixStream) {
                 label,
                 wait_ms,
                 pid,
-                stdio,
             };
-            on_its_own_thread(desk, stream, hello, slot);
+            #[cfg(not(target_os = "linux"))]
+            let stdio = false;
+            if stdio {
+                // The agent's stdio comes next, and its messages on it: taken on the session's
+                // thread, where its pipes are read.
+                on_its_own_thread(stream, slot, move |mut stream| async move {
+                    if let Some(admitted) = admit(&desk, &mut stream, hello).await {
+                        connection(desk, stream, admitted, First::HandOver).await;
+                    }
+                });
+                return;
+            }
+            let Some(admitted) = admit(&desk, &mut stream, hello).await else {
+                return;
+            };
+            let first = tokio::select! {
+                first = welcome_and_first(&mut stream, &admitted.tenant, desk.options.frame_deadline) => first,
+                () = desk.stopping.cancelled() => None,
+            };
+            match first {
+                Some(first) => on_its_own_thread(stream, slot, move |stream| {
+                    connection(desk, stream, admitted, First::Message(first))
+                }),
+                None => desk.engine.disconnect(&admitted.tenant).await,
+            }
         }
         other => {
             tracing::warn!(target: "desk", "a hello this desk does not know: {other:?}");
@@ -433,8 +482,9 @@ struct Desk {
     stopping: CancellationToken,
 }
 
-/// Serves one introduced connection: reaching the upstream, then the MCP session.
-async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
+/// Checks a gateway's hello (its protocol version, what its account may reach, what it names)
+/// and connects it to the engine; `None` once it has been told why not.
+async fn admit(desk: &Desk, stream: &mut UnixStream, hello: Introduced) -> Option<Admitted> {
     let Introduced {
         peer,
         version,
@@ -442,11 +492,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         label,
         wait_ms,
         pid,
-        stdio,
     } = hello;
-    let (reader, mut writer) = stream.into_split();
-    // Buffered: a frame is its length and its body, one read rather than two.
-    let mut reader = tokio::io::BufReader::with_capacity(64 * 1024, reader);
     let refuse =
         |code: RefusedCode, message: String| Frame::Welcome(Welcome::Refused { code, message });
     if version != PROTOCOL_VERSION {
@@ -455,14 +501,14 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
              update Countersign so that both come from the same release, and restart the desk"
         );
         tracing::warn!(target: "desk", "{message}");
-        let _ = write_frame(&mut writer, &refuse(RefusedCode::VersionMismatch, message)).await;
-        return;
+        let _ = write_frame(stream, &refuse(RefusedCode::VersionMismatch, message)).await;
+        return None;
     }
 
     if let Err(refusal) = peer.may_reach(&reach) {
         tracing::warn!(target: "desk", ?peer, ?reach, "{}", refusal.message);
-        let _ = write_frame(&mut writer, &refuse(refusal.code, refusal.message)).await;
-        return;
+        let _ = write_frame(stream, &refuse(refusal.code, refusal.message)).await;
+        return None;
     }
 
     // What to reach is checked before anything starts: a name the desk does not know, or a
@@ -480,13 +526,76 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
         Ok(resolved) => resolved,
         Err(refusal) => {
             tracing::warn!(target: "desk", "{}", refusal.message);
-            let _ = write_frame(&mut writer, &refuse(refusal.code, refusal.message)).await;
-            return;
+            let _ = write_frame(stream, &refuse(refusal.code, refusal.message)).await;
+            return None;
         }
     };
 
     let tenant = desk.engine.connect(identity.clone());
     tracing::info!(target: "desk", %tenant, server = %identity, label = label.as_deref().unwrap_or(""), pid, "gateway connected");
+    Some(Admitted {
+        tenant,
+        reach,
+        headers,
+        registered,
+        wait_ms,
+    })
+}
+
+/// Welcomes an admitted gateway that keeps its agent's stdio, and waits (as a task, without a
+/// thread) for its first message: `None` when the connection ends first or sends anything else.
+/// Waiting for a frame to begin has no limit (an agent may be slow to say `initialize`); once
+/// begun, it has `frame_deadline`. Read unbuffered, so no byte past the frame is taken from
+/// the session that follows.
+async fn welcome_and_first(
+    stream: &mut UnixStream,
+    tenant: &str,
+    frame_deadline: Duration,
+) -> Option<Vec<u8>> {
+    let welcome = Frame::Welcome(Welcome::Accepted {
+        version: PROTOCOL_VERSION,
+        tenant: tenant.to_owned(),
+        stdio: false,
+    });
+    if let Err(err) = write_frame(&mut *stream, &welcome).await {
+        tracing::debug!(target: "desk", %tenant, error = %err, "could not welcome a gateway");
+        return None;
+    }
+    match read_frame_within(stream, Some(frame_deadline)).await {
+        Ok(Frame::Mcp(bytes)) => Some(bytes),
+        Ok(other) => {
+            tracing::warn!(target: "desk", %tenant, "closing a connection that sent {other:?}");
+            None
+        }
+        Err(FrameError::Closed) => {
+            tracing::info!(target: "desk", %tenant, "gateway disconnected before its first message");
+            None
+        }
+        Err(err) => {
+            tracing::warn!(target: "desk", %tenant, error = %err, "closing a connection that sent a bad frame");
+            None
+        }
+    }
+}
+
+/// Serves one admitted connection: reaching the upstream, then the MCP session.
+async fn connection(desk: Desk, stream: UnixStream, admitted: Admitted, first: First) {
+    let Admitted {
+        tenant,
+        reach,
+        headers,
+        registered,
+        wait_ms,
+    } = admitted;
+    let (reader, mut writer) = stream.into_split();
+    // Buffered: a frame is its length and its body, one read rather than two.
+    let mut reader = tokio::io::BufReader::with_capacity(64 * 1024, reader);
+    let refuse =
+        |code: RefusedCode, message: String| Frame::Welcome(Welcome::Refused { code, message });
+    let (stdio, mut first) = match first {
+        First::HandOver => (true, None),
+        First::Message(bytes) => (false, Some(bytes)),
+    };
     // Where the gateway offers the agent's stdio, the desk takes it (see `handed`): the welcome
     // says so, and the descriptors must come next, before anything else is read or written.
     #[cfg(target_os = "linux")]
@@ -551,21 +660,7 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
             writer.forget();
         }
     });
-    #[cfg(target_os = "linux")]
-    let welcomed = lines.is_some();
-    #[cfg(not(target_os = "linux"))]
-    let welcomed = false;
-    if !welcomed {
-        let welcome = Frame::Welcome(Welcome::Accepted {
-            version: PROTOCOL_VERSION,
-            tenant: tenant.clone(),
-            stdio: false,
-        });
-        if out.send(welcome).await.is_err() {
-            desk.engine.disconnect(&tenant).await;
-            return;
-        }
-    }
+    // The welcome went out already: before the first message, or with the stdio handed over.
 
     // The agent's messages, from `M` frames or from its stdin: each judged by the router here,
     // as it arrives; what passes goes to the open lane when it may take it (see `lane`), else
@@ -604,6 +699,12 @@ async fn connection(desk: Desk, stream: UnixStream, hello: Introduced) {
                         }
                     }
                 }
+                return;
+            }
+            // The message that earned the connection its thread, read before it came here.
+            if let Some(bytes) = first.take()
+                && !take_in(&bytes, &out, &door, &inbound).await
+            {
                 return;
             }
             loop {

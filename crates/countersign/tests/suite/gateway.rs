@@ -712,7 +712,7 @@ async fn a_flood_of_preflights_through_the_desk_is_refused_busy_beyond_the_cap()
 /// call) is answered while every one of them is still open: it waited for none of their
 /// deadlines (set far beyond the test's own timeout here). Then the flood ends and the next
 /// fresh agent is answered too. How long each took is printed; `flood_bench` measures the same
-/// with the window, against the 1 s goal.
+/// with the window, against the 1 s goal. The stalled connections hold no thread each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_agent_is_answered_while_a_flood_of_stalled_connections_and_an_agent_that_never_reads_hold_the_desk()
  {
@@ -729,6 +729,8 @@ async fn a_fresh_agent_is_answered_while_a_flood_of_stalled_connections_and_an_a
         .await
         .unwrap();
     let db = desk.dir.path().join("app.sqlite");
+    let threads = || std::fs::read_dir("/proc/self/task").unwrap().count();
+    let threads_before = threads();
 
     let mut stalled = Vec::new();
     for n in 0..1_500 {
@@ -814,6 +816,17 @@ async fn a_fresh_agent_is_answered_while_a_flood_of_stalled_connections_and_an_a
         }
     };
     fresh("during the flood").await;
+    // A connection earns a thread with its first whole message: 500 that said hello and stalled
+    // mid-frame wait as tasks (a thread each cost about half a megabyte of the desk's memory).
+    // What grew is the deaf agent's session, the fresh agent's, and the blocking pool's few: an
+    // agent has a few turns at the records at once (`DESK_TURNS`), or its 2,000 calls would
+    // each wait there on a thread of the blocking pool, up to its 512, ahead of everyone else.
+    let grown = threads().saturating_sub(threads_before);
+    eprintln!("threads gained during the flood: {grown}");
+    assert!(
+        grown < 100,
+        "the desk gained {grown} threads for 1,500 stalled connections and two agents"
+    );
 
     // Every stalled connection is still open: the answer came while the flood held the desk,
     // not after some deadline cleared it.
