@@ -324,15 +324,23 @@ impl Upstream {
     /// Starts or connects what `reach` names and opens the MCP session with it (`lifecycle`),
     /// within `deadline`. The upstream's stderr goes to `out` as `E` frames (dropped, not queued
     /// without bound, when the gateway is slow).
+    ///
+    /// `declared`: what the agent's `initialize` declared, when its first message was one; the
+    /// upstream is offered that of roots, sampling and elicitation (see [`Shared::agent_declared`]).
     pub async fn start(
         reach: Reach,
         headers: Headers,
         lifecycle: ClientLifecycleMode,
+        declared: Option<rmcp::model::ClientCapabilities>,
         out: mpsc::Sender<Frame>,
         children: Children,
         deadline: Duration,
     ) -> Result<Self, Unreached> {
-        let shared = Arc::new(Shared::default());
+        let shared = Shared::default();
+        if let Some(declared) = declared {
+            let _ = shared.agent_declared.set(declared);
+        }
+        let shared = Arc::new(shared);
         Self::open(shared, reach, headers, lifecycle, out, children, deadline).await
     }
 

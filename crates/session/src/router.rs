@@ -377,6 +377,19 @@ pub fn probes_modern(message: &ClientJsonRpcMessage) -> bool {
     matches!(message, JsonRpcMessage::Request(r) if matches!(r.request, ClientRequest::DiscoverRequest(_)))
 }
 
+/// What an agent's `initialize` declares it can answer, if `message` is one.
+pub fn declared_capabilities(
+    message: &ClientJsonRpcMessage,
+) -> Option<rmcp::model::ClientCapabilities> {
+    match message {
+        JsonRpcMessage::Request(r) => match &r.request {
+            ClientRequest::InitializeRequest(init) => Some(init.params.capabilities.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A JSON-RPC error answering `message`, if it is a request.
 pub fn error_reply(message: &ClientJsonRpcMessage, text: &str) -> Option<Vec<u8>> {
     let JsonRpcMessage::Request(r) = message else {

@@ -742,6 +742,7 @@ async fn connection(desk: Desk, stream: UnixStream, admitted: Admitted, first: F
             reach.clone(),
             headers,
             lifecycle,
+            crate::router::declared_capabilities(&first),
             out.clone(),
             desk.children.clone(),
             desk.options.upstream_deadline,

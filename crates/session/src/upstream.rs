@@ -116,6 +116,11 @@ pub struct Shared {
     /// request on its own, for many callers): what the upstream asks of an agent (roots,
     /// sampling, elicitation) is refused at once, never sent to whichever caller came last.
     pub without_agent: std::sync::atomic::AtomicBool,
+    /// What the agent declared in its `initialize` (roots, sampling, elicitation), when its first
+    /// message was one: the upstream is offered that and nothing more, as it would be reached
+    /// directly. Unknown (the agent opened with `server/discover`), all three are offered, and
+    /// each request is checked against the agent's declaration when it comes.
+    pub agent_declared: OnceLock<ClientCapabilities>,
 }
 
 impl Shared {
@@ -171,11 +176,21 @@ pub struct UpstreamClient {
 }
 
 impl UpstreamClient {
-    /// A client that offers the upstream roots, sampling and elicitation, all answered by the agent.
+    /// A client that offers the upstream what the agent declared of roots, sampling and
+    /// elicitation (all three while that is not known), each answered by the agent.
     pub fn new(shared: Arc<Shared>) -> Self {
         // Without an agent behind it, nothing is offered that only an agent could answer.
         let capabilities = if shared.without_agent.load(Ordering::Acquire) {
             ClientCapabilities::default()
+        } else if let Some(declared) = shared.agent_declared.get() {
+            // An upstream offered more than the agent has registers tools for it (the reference
+            // server adds three, each with a `tools/list_changed`, before the first listing) that
+            // could only fail.
+            let mut offered = ClientCapabilities::default();
+            offered.roots = declared.roots.clone();
+            offered.sampling = declared.sampling.clone();
+            offered.elicitation = declared.elicitation.clone();
+            offered
         } else {
             ClientCapabilities::builder()
                 .enable_roots()
@@ -195,8 +210,8 @@ impl UpstreamClient {
     }
 
     /// Passes a request on to the agent, if the agent declared the capability it needs: the
-    /// upstream was offered every capability before the agent connected, so the agent's own
-    /// declaration is checked here, and an undeclared one is answered "method not found".
+    /// upstream may have been offered every capability before the agent's declaration was known,
+    /// so it is checked here, and an undeclared one is answered "method not found".
     async fn to_agent(
         &self,
         req: ServerRequest,
@@ -367,5 +382,55 @@ impl ClientHandler for UpstreamClient {
         _context: NotificationContext<RoleClient>,
     ) {
         tracing::debug!(target: "session", method = %notification.method, "dropped an upstream notification MCP does not define");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offered(declared: Option<ClientCapabilities>) -> ClientCapabilities {
+        let shared = Shared::default();
+        if let Some(declared) = declared {
+            shared.agent_declared.set(declared).unwrap();
+        }
+        UpstreamClient::new(Arc::new(shared))
+            .get_info()
+            .capabilities
+    }
+
+    #[test]
+    fn the_upstream_is_offered_what_the_agent_declared_and_nothing_more() {
+        let nothing = offered(Some(ClientCapabilities::default()));
+        assert!(nothing.roots.is_none() && nothing.sampling.is_none());
+        assert!(nothing.elicitation.is_none());
+
+        let roots = ClientCapabilities::builder().enable_roots().build();
+        let only_roots = offered(Some(roots.clone()));
+        assert_eq!(only_roots.roots, roots.roots);
+        assert!(only_roots.sampling.is_none() && only_roots.elicitation.is_none());
+
+        // Not known (an agent that opened with `server/discover`): all three, each checked
+        // against the agent's declaration when the upstream asks.
+        let unknown = offered(None);
+        assert!(unknown.roots.is_some() && unknown.sampling.is_some());
+        assert!(unknown.elicitation.is_some());
+    }
+
+    #[test]
+    fn an_upstream_with_no_agent_behind_it_is_offered_nothing() {
+        let shared = Shared::default();
+        shared.without_agent.store(true, Ordering::Release);
+        let all = ClientCapabilities::builder()
+            .enable_roots()
+            .enable_sampling()
+            .enable_elicitation()
+            .build();
+        shared.agent_declared.set(all).unwrap();
+        let offered = UpstreamClient::new(Arc::new(shared))
+            .get_info()
+            .capabilities;
+        assert!(offered.roots.is_none() && offered.sampling.is_none());
+        assert!(offered.elicitation.is_none());
     }
 }
