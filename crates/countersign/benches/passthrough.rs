@@ -55,7 +55,9 @@
 //! The upstream is this program in upstream mode: an rmcp server with one read-only `echo` tool,
 //! so the benchmark needs nothing installed. The relay is this program in relay mode too.
 //! When the pinned `@modelcontextprotocol/server-everything` is installed under `target/peers`
-//! (`.ci/setup tests` puts it there), its `echo` is measured the same four ways afterwards.
+//! (`.ci/setup tests` puts it there), its `echo` is measured the same four ways afterwards, and
+//! its start time; so is the start time of `@modelcontextprotocol/server-filesystem` beside it,
+//! serving a temporary folder (the two real upstreams whose start the clients saw slowed).
 //!
 //! `cargo bench -p countersign --bench passthrough [-- CALLS]`; environment:
 //! `COUNTERSIGN_BENCH_CALLS` (default 10000 per arm), `COUNTERSIGN_BENCH_BLOCK` (calls per block,
@@ -398,8 +400,8 @@ impl Running {
         Self { client, child }
     }
 
-    /// Starts `command`, and asks for its tools: it must list `echo`.
-    async fn start_listed(command: &[OsString], quiet: bool) -> Self {
+    /// Starts `command`, and asks for its tools: it must list `tool`.
+    async fn start_listed(command: &[OsString], quiet: bool, tool: &str) -> Self {
         let r = Self::start(command, quiet).await;
         let tools = within(
             STEP_DEADLINE,
@@ -409,8 +411,8 @@ impl Running {
         .await
         .expect("tools/list");
         assert!(
-            tools.iter().any(|t| t.name == "echo"),
-            "{:?}: no echo tool in {tools:?}",
+            tools.iter().any(|t| t.name == tool),
+            "{:?}: no {tool} tool in {tools:?}",
             command[0]
         );
         r
@@ -1062,7 +1064,7 @@ async fn desk_memory(config: &Config, me: &Path, upstream: &[OsString]) {
     let mut previous = (0usize, idle.rss);
     for &count in &config.agents {
         while agents.len() < count {
-            agents.push(Running::start_listed(&command, true).await);
+            agents.push(Running::start_listed(&command, true, "echo").await);
         }
         tokio::time::sleep(settle).await;
         let now = memory(desk.pid());
@@ -1099,15 +1101,16 @@ fn desk_children_count(pid: u32) -> usize {
 }
 
 /// Start to the first `tools/list` answer, one relay alternating with the pipe (desk running):
-/// medians of `config.starts` each, and the difference beside its goal.
-async fn starts(config: &Config, upstream: &str, arms: &[Arm]) {
+/// medians of `config.starts` each, and the difference beside its goal. Each start must list
+/// `tool`.
+async fn starts(config: &Config, upstream: &str, arms: &[Arm], tool: &str) {
     let (relay, pipe) = (&arms[1].command, &arms[3].command);
     let mut pipe_starts = Vec::new();
     let mut relay_starts = Vec::new();
     for _ in 0..config.starts {
         for (command, into) in [(pipe, &mut pipe_starts), (relay, &mut relay_starts)] {
             let started = Instant::now();
-            let r = Running::start_listed(command, false).await;
+            let r = Running::start_listed(command, false, tool).await;
             into.push(started.elapsed());
             r.stop().await;
         }
@@ -1148,7 +1151,7 @@ async fn bench(config: Config) {
     let pipe = &ours[3].command;
 
     // Idle memory: initialize, tools/list, then 1 s of nothing.
-    let idle = Running::start_listed(pipe, false).await;
+    let idle = Running::start_listed(pipe, false, "echo").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_memory = memory(idle.pid());
     println!(
@@ -1158,7 +1161,7 @@ async fn bench(config: Config) {
     );
     idle.stop().await;
 
-    starts(&config, "trivial rmcp upstream (this bench)", &ours).await;
+    starts(&config, "trivial rmcp upstream (this bench)", &ours, "echo").await;
 
     latency(&config, "trivial rmcp upstream (this bench)", &ours, false);
 
@@ -1171,6 +1174,7 @@ async fn bench(config: Config) {
             &config,
             "@modelcontextprotocol/server-everything (node)",
             &everything,
+            "echo",
         )
         .await;
         latency(
@@ -1179,6 +1183,30 @@ async fn bench(config: Config) {
             &everything,
             true,
         );
+    }
+    // The filesystem server beside it (same install): its start only, as clients start it.
+    if let Some(index) = config.everything.as_ref().and_then(|everything| {
+        let filesystem = everything
+            .parent()?
+            .parent()?
+            .parent()?
+            .join("server-filesystem/dist/index.js");
+        filesystem.is_file().then_some(filesystem)
+    }) {
+        let served = tempfile::tempdir().expect("a folder to serve");
+        let upstream: Vec<OsString> = vec![
+            "node".into(),
+            index.into(),
+            served.path().as_os_str().to_owned(),
+        ];
+        let filesystem = arms(&upstream, &desk, &relay_desk, &me, guardian);
+        starts(
+            &config,
+            "@modelcontextprotocol/server-filesystem (node)",
+            &filesystem,
+            "read_text_file",
+        )
+        .await;
     }
     desk.stop().await;
     relay_desk.stop().await;
