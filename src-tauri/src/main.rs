@@ -1,9 +1,9 @@
 //! `countersign-desk`: the desk's entry point, and its window.
 //!
 //! Started any way but one (`countersign desk`, the desktop entry, a gateway, a request URL), it
-//! becomes `countersign-authority` (exec, same arguments, same process): the desk, which reads
+//! becomes `countersign-headless-desk` (exec, same arguments, same process): the desk, which reads
 //! the secret from the keychain, owns the policy, serves gateways on the local socket and runs
-//! their sessions, and links no GUI toolkit (`countersign_authority`).
+//! their sessions, and links no GUI toolkit (`countersign_headless_desk`).
 //!
 //! Started by that desk with [`WINDOW_FLAG`] and one end of a socket pair on [`CHANNEL_FD`], it is
 //! the desk's window: the only process that maps GTK and WebKit, ended when idle, so that the desk
@@ -18,7 +18,7 @@
 //!
 //! Its peer on the channel must be its parent (the kernel's word, `SO_PEERCRED`): a process started
 //! any other way with something on descriptor 3 refuses it and exits. Inspector and code-loading
-//! switches are scrubbed first thing (`countersign_authority::harden`); webview automation and
+//! switches are scrubbed first thing (`countersign_headless_desk::start::harden`); webview automation and
 //! devtools exist only in debug builds, and a release build is not dumpable.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
@@ -27,8 +27,10 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use countersign_authority::channel::{self, CHANNEL_FD, FromWindow, ToWindow, WINDOW_FLAG};
-use countersign_authority::harden;
+use countersign_headless_desk::start::harden;
+use countersign_headless_desk::window::channel::{
+    self, CHANNEL_FD, FromWindow, ToWindow, WINDOW_FLAG,
+};
 use serde_json::{Value, json};
 use tauri::{AppHandle, Emitter, Manager, WebviewWindowBuilder};
 use tokio::io::AsyncWriteExt;
@@ -49,14 +51,14 @@ fn main() {
     become_authority();
 }
 
-/// Replaces this process with `countersign-authority` from this program's own directory (never
+/// Replaces this process with `countersign-headless-desk` from this program's own directory (never
 /// from `PATH`), with the same arguments and environment.
 fn become_authority() {
     use std::os::unix::process::CommandExt;
 
     let authority = std::env::current_exe()
         .ok()
-        .and_then(|exe| Some(exe.parent()?.join("countersign-authority")));
+        .and_then(|exe| Some(exe.parent()?.join("countersign-headless-desk")));
     let Some(authority) = authority else {
         eprintln!("countersign-desk: cannot tell where this program is");
         std::process::exit(1);

@@ -5,7 +5,7 @@
 //!   when a MutationObserver saw the request's target in the detail view of a visible page (the
 //!   page and this process read the same wall clock), and, as an upper bound, when WebDriver's
 //!   polling saw it (one round trip more).
-//! - Preflight → visible from released (`crates/authority/src/idle.rs`): the window closed and
+//! - Preflight → visible from released (`crates/desk/src/window/idle.rs`): the window closed and
 //!   its process ended (its web process gone with it), then a request, over 20 requests, p50 and
 //!   p95 (goal p95 ≤ 500 ms). There is no page to watch before the desk starts it: the page marks
 //!   when a request first stands on screen (a performance mark, on its own clock), and WebDriver,

@@ -470,7 +470,7 @@ fn heading_anchors_are_the_slugs_github_gives_them() {
 
 #[test]
 fn a_citation_wrapped_over_comment_lines_names_its_section() {
-    let file = root().join("crates/authority/src/servers.rs");
+    let file = root().join("crates/desk/src/commands/servers.rs");
     let joined: Vec<(String, Option<String>)> = comments(&file)
         .iter()
         .flat_map(|c| citations(&c.text))

@@ -1,5 +1,5 @@
 //! The desk where there is no display (a server, a container, an SSH session): it runs without a
-//! window, as `countersign-authority` (which maps no GUI toolkit), open tools work through it, and every gated call is refused `desk_unavailable` with the
+//! window, as `countersign-headless-desk` (which maps no GUI toolkit), open tools work through it, and every gated call is refused `desk_unavailable` with the
 //! next move, because nobody could approve it. A gateway with no display starts the desk that way,
 //! in the account's own directories whatever the agent's environment says, and starts none for a
 //! socket the environment chose. The desk logs to a file in its state directory, keeps its
@@ -101,14 +101,18 @@ async fn open_works_and_gated_is_refused(agent: &RunningService<RoleClient, Clie
 async fn a_desk_without_a_display_serves_open_tools_and_refuses_gated_calls() {
     let dir = tempfile::tempdir().unwrap();
     let desk = start_desk(dir.path()).await;
-    // What answers is the same process, now `countersign-authority`: no GUI toolkit mapped.
+    // What answers is the same process, now `countersign-headless-desk`: no GUI toolkit mapped.
     let pid = desk.id().unwrap() as i32;
     assert_eq!(
         desk_process::pid_at(&dir.path().join("desk.sock")).await,
         pid
     );
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
-    assert!(exe.ends_with("countersign-authority"), "{}", exe.display());
+    assert!(
+        exe.ends_with("countersign-headless-desk"),
+        "{}",
+        exe.display()
+    );
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     for toolkit in [
         "libwebkit2gtk",

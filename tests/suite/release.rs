@@ -1,5 +1,5 @@
 //! The release artifacts, as a user installs them: the .deb carries the desk, `countersign`,
-//! `countersign-demo` and `countersign-authority`, the icon and a desktop entry; a release desk refuses a WebDriver session
+//! `countersign-demo` and `countersign-headless-desk`, the icon and a desktop entry; a release desk refuses a WebDriver session
 //! even when the automation variable is set, cannot be read by other processes of its account (not
 //! dumpable), and opens no inspector port whatever its environment says, has no knob to shorten
 //! its idle release, and with its window closed keeps serving and releases its webview after its
@@ -59,7 +59,7 @@ fn the_deb_installs_the_desk_countersign_the_icon_and_a_desktop_entry() {
         "usr/bin/countersign-desk",
         "usr/bin/countersign",
         "usr/bin/countersign-demo",
-        "usr/bin/countersign-authority",
+        "usr/bin/countersign-headless-desk",
     ] {
         assert!(
             paths.contains(&needed),
@@ -171,7 +171,7 @@ fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_
         .output()
         .expect("curl");
     // What the attempt left running: the driver, and the desk it started (now
-    // `countersign-authority`, with its spare window's process under it).
+    // `countersign-headless-desk`, with its spare window's process under it).
     let started: Vec<(u32, String)> = driver
         .members()
         .into_iter()
@@ -413,7 +413,10 @@ fn webkit_children(pid: u32) -> Vec<(u32, String)> {
 #[ignore = "needs the release build from .ci/release (run by the test command)"]
 fn a_release_desk_has_no_knob_to_shorten_the_idle_release() {
     let desk = release_desk();
-    for program in [desk.clone(), desk.with_file_name("countersign-authority")] {
+    for program in [
+        desk.clone(),
+        desk.with_file_name("countersign-headless-desk"),
+    ] {
         let bytes = std::fs::read(&program).unwrap();
         let knob = b"COUNTERSIGN_DEBUG_RELEASE_AFTER_MS";
         assert!(

@@ -263,7 +263,7 @@ mod tests {
     fn a_release_never_comes_sooner_than_the_least_gap_between_two_raises() {
         // So the first request after a release may always raise the window it creates: a
         // release follows at least this long after the window was hidden, so after any raise.
-        assert!(Duration::from_secs(MIN_RELEASE_AFTER_S) >= crate::pace::RAISE_GAP);
+        assert!(Duration::from_secs(MIN_RELEASE_AFTER_S) >= super::super::pace::RAISE_GAP);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! too (`notify-rust`): neither needs GTK.
 //!
 //! The window's process runs no command itself: each invoke crosses the channel and runs here
-//! ([`commands::invoke`]), with the engine's checks (an approve sooner than the delay since the
+//! ([`commands::run`]), with the engine's checks (an approve sooner than the delay since the
 //! window was shown, focused or loaded is refused whatever the page does).
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -26,11 +26,18 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, mpsc};
 
-use crate::channel::{self, CHANNEL_FD, FromWindow, ToWindow, WINDOW_FLAG};
-use crate::commands;
+pub mod channel;
+pub mod idle;
+pub mod pace;
+mod tray;
+
+use channel::{CHANNEL_FD, FromWindow, ToWindow, WINDOW_FLAG};
+use idle::{Act, IdleClock, Life, Seen};
+pub use tray::Tray;
+
+use crate::commands::{self, Command};
 use crate::desk::Desk;
-use crate::idle::{Act, IdleClock, Life, Seen};
-use crate::{pace, view};
+use crate::view;
 
 /// How long a window's process may take to end once its channel is closed, before it is killed.
 const END_WITHIN: Duration = Duration::from_secs(5);
@@ -96,15 +103,6 @@ impl State {
             .into_iter()
             .flatten()
             .find(|r| r.number == number)
-    }
-}
-
-/// The page's side of the commands: events go down the channel to whichever window runs.
-struct Page(Arc<Windowed>);
-
-impl commands::Window for Page {
-    fn emit(&self, event: &str, payload: Value) {
-        self.0.emit(event, payload);
     }
 }
 
@@ -398,12 +396,15 @@ impl Windowed {
             FromWindow::Invoke { id, command, args } => {
                 let me = self.clone();
                 tokio::spawn(async move {
-                    let page = Page(me.clone());
-                    let answer = commands::invoke(&me.desk, &page, &command, args).await;
+                    let (name, answer) = match Command::parse(&command, args) {
+                        Ok(command) => {
+                            (command.name(), commands::run(&me.desk, &me, command).await)
+                        }
+                        Err(e) => ("(unknown)", Err(e)),
+                    };
                     // The command's name only (one of ours, or not): its arguments may carry
                     // what a person typed.
-                    let known = commands::NAMES.iter().find(|n| **n == command);
-                    tracing::debug!(target: "desk::page", command = known.unwrap_or(&"(unknown)"), ok = answer.is_ok(), "answered");
+                    tracing::debug!(target: "desk::page", command = name, ok = answer.is_ok(), "answered");
                     let answer = match answer {
                         Ok(ok) => ToWindow::Answer { id, ok, err: None },
                         Err(e) => ToWindow::Answer {
@@ -536,69 +537,6 @@ impl Windowed {
     }
 }
 
-/// The tray: the count of waiting requests, Show and Quit.
-pub struct Tray {
-    title: String,
-    windowed: std::sync::Weak<Windowed>,
-    /// The tray runs on a thread of its own; what it asks for runs on the desk's runtime.
-    rt: tokio::runtime::Handle,
-}
-
-impl Tray {
-    fn show(&self) {
-        if let Some(windowed) = self.windowed.upgrade() {
-            self.rt.spawn(async move { windowed.show() });
-        }
-    }
-}
-
-impl ksni::Tray for Tray {
-    fn id(&self) -> String {
-        "countersign".into()
-    }
-    fn title(&self) -> String {
-        self.title.clone()
-    }
-    fn icon_name(&self) -> String {
-        "countersign-desk".into()
-    }
-    fn tool_tip(&self) -> ksni::ToolTip {
-        ksni::ToolTip {
-            title: self.title.clone(),
-            ..Default::default()
-        }
-    }
-    fn activate(&mut self, _x: i32, _y: i32) {
-        self.show();
-    }
-    fn menu(&self) -> Vec<ksni::MenuItem<Self>> {
-        use ksni::menu::StandardItem;
-        vec![
-            StandardItem {
-                label: "Show".into(),
-                activate: Box::new(|tray: &mut Tray| tray.show()),
-                ..Default::default()
-            }
-            .into(),
-            StandardItem {
-                label: "Quit Countersign".into(),
-                activate: Box::new(|tray: &mut Tray| {
-                    if let Some(windowed) = tray.windowed.upgrade() {
-                        windowed.quit.notify_one();
-                    }
-                }),
-                ..Default::default()
-            }
-            .into(),
-        ]
-    }
-    // No tray host (a bare X server, a desktop without one): the desk works without a tray.
-    fn watcher_offline(&self, reason: ksni::OfflineReason) -> bool {
-        tracing::debug!(target: "desk", ?reason, "no tray host");
-        true
-    }
-}
-
 /// The desk with a display, until SIGTERM, SIGINT or the tray's Quit: the tray, the idle watch,
 /// the queue loop, and the window at start unless the desk started in the tray (`in_tray`, by a
 /// gateway, for an agent, with nothing to decide: the first request brings it) and no URL asks
@@ -635,7 +573,7 @@ pub fn run(desk: Desk, in_tray: bool, release_after: Duration, rt: &tokio::runti
         let mut every = tokio::time::interval(crate::desk::KEYCHAIN_CHECK_EVERY);
         loop {
             every.tick().await;
-            commands::check_keychain(&asking.desk, &Page(asking.clone())).await;
+            commands::queue::check_keychain(&asking.desk, &asking).await;
         }
     });
     // Queue changes reach the page as events: it never polls. The socket serves before this

@@ -11,8 +11,11 @@ use countersign_store::{Grant, GrantKind};
 use serde::Serialize;
 
 use crate::Desk;
-use crate::commands::{Window, off_the_ui};
-use crate::view::{Shown, UiCode, UiError, agent_name, shown};
+use crate::commands::off_the_ui;
+use crate::commands::queue::check_keychain;
+use crate::ui_code::{UiCode, UiError};
+use crate::view::{Shown, agent_name, shown};
+use crate::window::Windowed;
 
 /// What the window may offer beside Approve for one request: the engine's [`GrantOffer`] (its
 /// fields inline), with the proposed prefix as shown.
@@ -111,14 +114,14 @@ pub async fn grant_offer(desk: &Desk, id: u64) -> Result<Option<OfferView>, UiEr
 /// A person clicked Approve with a widening chosen (after the delay, with the target typed where
 /// policy asks): the request is approved and the grant made; answers its number.
 pub async fn approve_widening(
-    window: &dyn Window,
+    window: &Windowed,
     desk: &Desk,
     id: u64,
     typed_target: Option<String>,
     widening: Widening,
 ) -> Result<u64, UiError> {
     // Mint only while the keychain answers, as `approve` does.
-    if let Some(why) = crate::commands::check_keychain(desk, window).await {
+    if let Some(why) = check_keychain(desk, window).await {
         return Err(UiError::new(
             UiCode::NoSecret,
             format!("Nothing can be approved: {why}."),

@@ -1,18 +1,22 @@
-//! The desk's start, and the state its window's commands share: everything `countersign-desk` does
-//! before and besides its window, in a form both of its programs run (the window's, and
-//! `countersign-authority` alone when there is no window to make).
+//! The desk's start: everything `countersign-desk` does before and besides its window, in a form
+//! both of its programs run (the window's, and `countersign-headless-desk` alone when there is no
+//! window to make).
 //!
-//! The order matters and is kept here once: harden the process, answer the one-shot subcommands,
-//! read the request URL strictly, find the account's directories, log, read the secret from the
-//! keychain (or say why not and start anyway, minting nothing), open the engine and the registry,
-//! bind the socket (whose bind is the single-instance lock), then the agents' socket and the
-//! schedules.
+//! The order matters and is kept here once: harden the process ([`harden`]), answer the one-shot
+//! subcommands, read the request URL strictly ([`request_url`]), find the account's directories,
+//! log ([`log_file`]), read the secret from the keychain (or say why not and start anyway, minting
+//! nothing), open the engine and the registry, bind the socket (whose bind is the
+//! single-instance lock), then the agents' socket and the schedules.
+
+pub mod harden;
+pub mod log_file;
+pub mod request_url;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use countersign_core::token::SigningKey;
-use countersign_engine::{Engine, EngineConfig, NoKey, PendingRequest};
+use countersign_engine::{Engine, EngineConfig, NoKey};
 use countersign_registry::Registry;
 use countersign_secret::{
     HmacSecret, Items, KeychainItems, KeychainStore, MemoryItems, MemoryStore, SecretError,
@@ -21,121 +25,9 @@ use countersign_secret::{
 use countersign_session as socket;
 use tokio::runtime::Handle;
 
+use crate::Desk;
 use crate::settings::{Dirs, Settings};
-use crate::{approver, log_file, otlp, seed};
-
-/// The desk's state, shared with its window's commands.
-pub struct Desk {
-    pub engine: Engine,
-    pub dirs: Dirs,
-    pub settings: Mutex<Settings>,
-    pub secret: Arc<dyn SecretStore>,
-    /// Why the keychain could not be read when last asked (`None`: it could).
-    pub keychain_problem: Mutex<Option<String>>,
-    /// Registered servers, and the guard on servers.json and policy.toml.
-    pub registry: Registry,
-    pub served: socket::Served,
-    pub agents: Option<socket::Served>,
-    /// The team servers this desk approves for, when it is enrolled with any.
-    pub remote: Option<approver::Remote>,
-    /// Confirm events sent to the OpenTelemetry collector of the settings, if any.
-    pub export: otlp::Export,
-    /// The request a URL last asked the window to show, until the page takes it.
-    pub wanted: Mutex<Option<u64>>,
-}
-
-impl Desk {
-    /// Rotates the secret and gives the engine the new key.
-    pub fn rotate_secret(&self) -> Result<(), SecretError> {
-        let secret = self.secret.rotate()?;
-        self.engine.set_key(Ok(secret.signing_key()));
-        tracing::warn!(target: "desk", "secret rotated: every outstanding token stopped working");
-        Ok(())
-    }
-
-    /// Every request waiting for this person: the desk's own, then team servers'.
-    pub fn pending(&self) -> Vec<PendingRequest> {
-        pending_of(&self.engine, self.remote.as_ref())
-    }
-
-    /// Why nothing can be approved right now, if so: no key at all, or a keychain that stopped
-    /// answering since.
-    pub fn secret_problem(&self) -> Option<String> {
-        self.engine
-            .secret_problem()
-            .or_else(|| self.keychain_problem.lock().unwrap().clone())
-    }
-
-    /// Asks the keychain for the secret, on the blocking pool, and records whether it answered;
-    /// `Some` when what it says changed since last asked. The desk mints only while the keychain
-    /// answers: a keychain that was locked or whose service went away means the person's secrets
-    /// are not to be used, so Approve stops with a banner. Verifying tokens already minted goes on
-    /// with the key read at start: those approvals were given while the keychain was there, and
-    /// refusing them would only strand work the person already allowed; they still expire.
-    pub async fn check_keychain(&self) -> KeychainAnswer {
-        // No key at all (the keychain was missing at start): that is the problem to show, as it
-        // was said then.
-        if let Some(problem) = self.engine.secret_problem() {
-            return KeychainAnswer {
-                problem: Some(problem),
-                changed: false,
-            };
-        }
-        let secret = self.secret.clone();
-        let asked = tokio::task::spawn_blocking(move || match secret.load() {
-            Ok(Some(_)) => None,
-            Ok(None) => Some("the secret is no longer in the OS keychain".to_owned()),
-            Err(e) => Some(e.to_string()),
-        });
-        let problem = match tokio::time::timeout(KEYCHAIN_ANSWER, asked).await {
-            Ok(Ok(problem)) => problem,
-            Ok(Err(e)) => Some(format!("asking the keychain failed: {e}")),
-            Err(_) => Some(format!(
-                "the OS keychain did not answer within {} s (locked?)",
-                KEYCHAIN_ANSWER.as_secs()
-            )),
-        };
-        let changed = {
-            let mut last = self.keychain_problem.lock().unwrap();
-            let changed = *last != problem;
-            *last = problem.clone();
-            changed
-        };
-        if changed {
-            match &problem {
-                Some(why) => tracing::error!(target: "desk", "minting stopped: {why}"),
-                None => {
-                    tracing::warn!(target: "desk", "the keychain answers again: minting resumed")
-                }
-            }
-        }
-        KeychainAnswer { problem, changed }
-    }
-}
-
-/// What [`Desk::check_keychain`] heard.
-pub struct KeychainAnswer {
-    /// Why the keychain cannot be used now, if so.
-    pub problem: Option<String>,
-    /// Whether that differs from the last answer (the window's banner is to follow).
-    pub changed: bool,
-}
-
-/// How long the keychain may take to answer before the desk counts it as unavailable (a locked
-/// keychain may wait for a prompt nobody answers).
-const KEYCHAIN_ANSWER: Duration = Duration::from_secs(5);
-
-/// How often the desk asks the keychain whether it is still there, to show or clear the banner.
-pub const KEYCHAIN_CHECK_EVERY: Duration = Duration::from_secs(30);
-
-/// The desk's own waiting requests, then those of the team servers it approves for.
-pub fn pending_of(engine: &Engine, remote: Option<&approver::Remote>) -> Vec<PendingRequest> {
-    let mut pending = engine.pending();
-    if let Some(remote) = remote {
-        pending.extend(remote.pending());
-    }
-    pending
-}
+use crate::{approver, otlp, seed};
 
 /// Starts the desk in the tray, without its window (and so without WebKit) until something is to
 /// be decided: what a gateway passes when it starts the desk for an agent. `countersign desk`
@@ -238,10 +130,15 @@ pub fn init_logging(state: &std::path::Path) {
 /// What a start read before opening anything: the directories, the settings, the secret and the
 /// keychain's items, and the request URL on the command line.
 pub struct Begun {
+    /// The account's directories.
     pub dirs: Dirs,
+    /// The settings as saved.
     pub settings: Settings,
+    /// Where the secret is kept.
     pub secret: Arc<dyn SecretStore>,
+    /// The signing key read from it, or why it could not be.
     pub key: Result<SigningKey, SecretError>,
+    /// The keychain's items (the desk's other keys), or why they cannot be reached.
     pub items: Result<Arc<dyn Items>, SecretError>,
     /// The request a URL on the command line asks to show.
     pub open: Option<u64>,
@@ -251,13 +148,13 @@ pub struct Begun {
 
 /// Everything before the engine: the subcommands (which end the process), the request URL (a bad
 /// one ends it with 2), the directories, the log, the settings and the secret. Call first thing
-/// in `main`, after [`crate::harden::harden`].
-pub fn begin(hardened: &crate::harden::Hardened) -> Begun {
+/// in `main`, after [`harden::harden`].
+pub fn begin(hardened: &harden::Hardened) -> Begun {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(code) = subcommand(&args) {
         std::process::exit(code);
     }
-    let open = match crate::request_url::from_args(args.iter().cloned()) {
+    let open = match request_url::from_args(args.iter().cloned()) {
         Ok(open) => open,
         Err(e) => {
             eprintln!("countersign-desk: {e}");

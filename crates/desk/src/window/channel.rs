@@ -5,7 +5,7 @@
 //!
 //! One JSON message per line, each way, at most [`MAX_LINE`] bytes. The window sends what the page
 //! invoked and how the window stands; the desk sends answers, the events the page listens for, and
-//! what to do with the window. The page's commands run in the desk ([`crate::commands::invoke`]);
+//! what to do with the window. The page's commands run in the desk ([`crate::commands::run`]);
 //! the window's process runs none itself.
 
 use serde::{Deserialize, Serialize};

@@ -14,112 +14,19 @@
 //! (`countersign_core::diff`), each line escaped and flagged by [`shown`] like every other string,
 //! so the window lays out rows and never compares or interprets text.
 
-#[path = "preview_view.rs"]
-mod preview_view;
+mod notification;
+mod preview;
+mod shown;
 
-pub use preview_view::PreviewView;
+pub use notification::notification_body;
+pub use preview::PreviewView;
+pub use shown::{Flag, Shown, shown, shown_details};
 
 use countersign_core::diff::{self, RowKind};
-use countersign_core::render;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_engine::{Change, PendingRequest};
 use serde::Serialize;
 use serde_json::Value;
-
-/// Why a string deserves a second look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Flag {
-    /// It holds characters that change the direction of the text around them (shown escaped).
-    Bidi,
-    /// It holds invisible characters: zero-width, joiners, the byte order mark... (shown escaped).
-    Invisible,
-    /// It holds characters beyond ASCII, which may look like others (`а` for `a`).
-    NonAscii,
-}
-
-/// A string from an agent or an upstream, as the window shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Shown {
-    /// The text to put on screen: JSON's escapes (a backslash doubled, a quote and control
-    /// characters escaped) and every invisible or direction-changing character as `\u{...}`.
-    pub text: String,
-    /// Why the original deserves a second look; empty when it is plain ASCII.
-    pub flags: Vec<Flag>,
-}
-
-fn is_bidi(c: char) -> bool {
-    matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
-fn add_flags(flags: &mut Vec<Flag>, s: &str) {
-    let mut add = |flag| {
-        if !flags.contains(&flag) {
-            flags.push(flag);
-        }
-    };
-    if s.chars().any(is_bidi) {
-        add(Flag::Bidi);
-    }
-    if s.chars().any(|c| render::is_deceptive(c) && !is_bidi(c)) {
-        add(Flag::Invisible);
-    }
-    if !s.is_ascii() {
-        add(Flag::NonAscii);
-    }
-    flags.sort();
-}
-
-/// The one way a string from an agent or an upstream reaches the screen: escaped as the preflight
-/// text escapes it, and flagged.
-pub fn shown(s: &str) -> Shown {
-    let mut flags = Vec::new();
-    add_flags(&mut flags, s);
-    Shown {
-        text: render::escaped(s),
-        flags,
-    }
-}
-
-/// The plan's details as shown: the lines the preflight text shows under `Details:`, each string
-/// in them escaped by the same rule as [`shown`], flagged for every key and string inside.
-pub fn shown_details(details: &Value) -> Shown {
-    fn walk(flags: &mut Vec<Flag>, value: &Value) {
-        match value {
-            Value::String(s) => add_flags(flags, s),
-            Value::Array(items) => items.iter().for_each(|v| walk(flags, v)),
-            Value::Object(map) => map.iter().for_each(|(k, v)| {
-                add_flags(flags, k);
-                walk(flags, v);
-            }),
-            _ => {}
-        }
-    }
-    let mut flags = Vec::new();
-    walk(&mut flags, details);
-    Shown {
-        text: render::details_text(details),
-        flags,
-    }
-}
-
-impl Shown {
-    /// The text for a surface that reads markup (a desktop notification's body, which a
-    /// freedesktop notification server may render as HTML-like markup): `&`, `<` and `>` as
-    /// entities on top of the escaping already done.
-    pub fn markup(&self) -> String {
-        let mut out = String::with_capacity(self.text.len());
-        for c in self.text.chars() {
-            match c {
-                '&' => out.push_str("&amp;"),
-                '<' => out.push_str("&lt;"),
-                '>' => out.push_str("&gt;"),
-                c => out.push(c),
-            }
-        }
-        out
-    }
-}
 
 /// A request in the queue, as the approval view shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -236,6 +143,7 @@ impl From<&Change> for ChangeView {
     }
 }
 
+/// The agent as it names itself in `clientInfo`: its name and version, or `unknown agent`.
 pub fn agent_name(client_info: &Value) -> String {
     let name = client_info
         .get("name")
@@ -282,45 +190,6 @@ impl From<&PendingRequest> for RequestView {
                 .map(|at| at.saturating_add(countersign_engine::STOPPED_WAITING_GRACE_MS)),
         }
     }
-}
-
-/// The body of the desktop notification for a new request. `markup`: whether the platform's
-/// notification server may read markup (freedesktop servers may; macOS and Windows show text).
-pub fn notification_body(r: &PendingRequest, markup: bool) -> String {
-    if let Some(change) = r.change() {
-        let subject = shown(&change.subject);
-        let warning = if subject.flags.is_empty() {
-            ""
-        } else {
-            " (⚠ unusual characters, shown escaped)"
-        };
-        let subject = if markup {
-            subject.markup()
-        } else {
-            subject.text
-        };
-        return format!(
-            "A change to the desk waits for you: {} {subject}{warning}",
-            change.kind.code()
-        );
-    }
-    let parts = [
-        shown(&agent_name(
-            r.call().map_or(&Value::Null, |c| &c.client_info),
-        )),
-        shown(&r.plan.tool),
-        shown(&r.plan.target),
-    ];
-    let mut flags: Vec<Flag> = parts.iter().flat_map(|p| p.flags.clone()).collect();
-    flags.sort();
-    let warning = match flags.first() {
-        Some(Flag::Bidi) => " (⚠ direction-changing characters, shown escaped)",
-        Some(Flag::Invisible) => " (⚠ invisible characters, shown escaped)",
-        Some(Flag::NonAscii) => " (⚠ non-ASCII characters that may look like others)",
-        None => "",
-    };
-    let [agent, tool, target] = parts.map(|p| if markup { p.markup() } else { p.text });
-    format!("{agent} asks to run {tool} on {target}{warning}")
 }
 
 /// An event as the history view shows it.
@@ -377,248 +246,9 @@ impl HistoryRow {
     }
 }
 
-/// Every code the window may receive in a [`UiError`], and the one place they are spelled:
-/// `ui/contract.json` lists them under `UiCode` (a test checks the two agree), so the window
-/// branches on codes this enum has, never on message text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UiCode {
-    /// No request waits under this id (decided, withdrawn, or never there).
-    NotPending,
-    /// Policy asks for the target typed, and what was typed differs.
-    TargetNotTyped,
-    /// Approve came before the approve delay ended (`wait_ms` says how long is left).
-    TooSoon,
-    /// There is no secret (the keychain is missing or locked): nothing can be minted.
-    NoSecret,
-    /// The records could not be read or written.
-    StoreFailed,
-    /// A change to the desk cannot be widened into a grant.
-    ChangeNotGrantable,
-    /// The tool is destructive (or unannotated): no grant unless policy allows it.
-    Destructive,
-    /// Policy asks for the target typed: no grant unless policy allows it.
-    TypedTarget,
-    /// The tool's definition or class changed since the request was shown.
-    ToolChanged,
-    /// A grant's duration is zero or longer than the most allowed.
-    BadDuration,
-    /// A grant's path prefix is too short or has odd segments.
-    BadPrefix,
-    /// The target is not a path a prefix grant can cover.
-    BadTarget,
-    /// The target, or another path argument, is not under the prefix.
-    NotUnderPrefix,
-    /// As many grants as allowed are live already.
-    TooManyGrants,
-    /// The grant could not be stored.
-    GrantNotStored,
-    /// No live grant has this number.
-    NoSuchGrant,
-    /// The policy text does not parse.
-    BadPolicy,
-    /// A file or directory could not be read or written.
-    Io,
-    /// Anything else on the desk's side.
-    Internal,
-    /// What was asked is malformed or not allowed as asked.
-    BadRequest,
-    /// Add of a server name registered already.
-    Exists,
-    /// No server is registered under this name.
-    NoSuchServer,
-    /// The keychain holding servers' secrets is unavailable.
-    NoKeychain,
-    /// The asking account may not change the registry.
-    AccountNotAllowed,
-    /// The registry could not do it.
-    Failed,
-    /// The client has no configuration file to protect.
-    NoConfig,
-    /// The client's configuration file does not parse.
-    BadConfig,
-    /// The person denied the change.
-    Denied,
-    /// The client's file changed while the change was under way.
-    ChangedMeanwhile,
-    /// No original of the client's file is kept to restore.
-    NoBackup,
-    /// The client's file was edited since it was protected: restoring needs force.
-    EditedSinceInstall,
-    /// The kept original of the client's file is damaged.
-    BadBackup,
-}
-
-#[cfg(test)]
-impl UiCode {
-    /// Every code, in the order of the contract.
-    pub const ALL: [UiCode; 32] = [
-        UiCode::NotPending,
-        UiCode::TargetNotTyped,
-        UiCode::TooSoon,
-        UiCode::NoSecret,
-        UiCode::StoreFailed,
-        UiCode::ChangeNotGrantable,
-        UiCode::Destructive,
-        UiCode::TypedTarget,
-        UiCode::ToolChanged,
-        UiCode::BadDuration,
-        UiCode::BadPrefix,
-        UiCode::BadTarget,
-        UiCode::NotUnderPrefix,
-        UiCode::TooManyGrants,
-        UiCode::GrantNotStored,
-        UiCode::NoSuchGrant,
-        UiCode::BadPolicy,
-        UiCode::Io,
-        UiCode::Internal,
-        UiCode::BadRequest,
-        UiCode::Exists,
-        UiCode::NoSuchServer,
-        UiCode::NoKeychain,
-        UiCode::AccountNotAllowed,
-        UiCode::Failed,
-        UiCode::NoConfig,
-        UiCode::BadConfig,
-        UiCode::Denied,
-        UiCode::ChangedMeanwhile,
-        UiCode::NoBackup,
-        UiCode::EditedSinceInstall,
-        UiCode::BadBackup,
-    ];
-}
-
-/// An error as the window receives it: a stable code to branch on, and a sentence to show.
-#[derive(Debug, Clone, Serialize)]
-pub struct UiError {
-    /// Stable: one of [`UiCode`].
-    pub code: UiCode,
-    /// For the person.
-    pub message: String,
-    /// For `too_soon`: how long until the engine accepts an approval, in ms.
-    pub wait_ms: Option<u64>,
-}
-
-impl UiError {
-    /// An error with a code and a message.
-    pub fn new(code: UiCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            wait_ms: None,
-        }
-    }
-}
-
-impl From<countersign_engine::ApproveError> for UiError {
-    fn from(e: countersign_engine::ApproveError) -> Self {
-        let wait_ms = match e {
-            countersign_engine::ApproveError::TooSoon { wait_ms } => Some(wait_ms),
-            _ => None,
-        };
-        UiError {
-            wait_ms,
-            ..UiError::new(UiCode::from(&e), e.to_string())
-        }
-    }
-}
-
-impl From<countersign_engine::GrantError> for UiError {
-    fn from(e: countersign_engine::GrantError) -> Self {
-        match e {
-            countersign_engine::GrantError::Approve(e) => e.into(),
-            e => UiError::new(UiCode::from(&e), e.to_string()),
-        }
-    }
-}
-
-impl From<countersign_registry::EditError> for UiError {
-    fn from(e: countersign_registry::EditError) -> Self {
-        UiError::new(UiCode::from(e.code), e.message)
-    }
-}
-
-impl From<crate::approver::RemoteError> for UiError {
-    fn from(e: crate::approver::RemoteError) -> Self {
-        use crate::approver::RemoteError as E;
-        let (code, wait_ms) = match &e {
-            E::NotPending => (UiCode::NotPending, None),
-            E::TargetNotTyped => (UiCode::TargetNotTyped, None),
-            E::TooSoon { wait_ms } => (UiCode::TooSoon, Some(*wait_ms)),
-            // The team server refused or was not reached: nothing was decided, say why.
-            E::Refused { .. } | E::Unreachable(_) => (UiCode::Failed, None),
-        };
-        UiError {
-            wait_ms,
-            ..UiError::new(code, e.to_string())
-        }
-    }
-}
-
-impl From<&countersign_secret::SecretError> for UiCode {
-    /// A keychain that is not there is said as one; a stored secret that is damaged leaves the
-    /// desk with no secret; a keychain or RNG that failed otherwise is the desk's own failure.
-    fn from(e: &countersign_secret::SecretError) -> Self {
-        use countersign_secret::SecretError as E;
-        match e {
-            E::NoKeychain { .. } => UiCode::NoKeychain,
-            E::WrongLength { .. } | E::Malformed { .. } => UiCode::NoSecret,
-            _ => UiCode::Internal,
-        }
-    }
-}
-
-impl From<&countersign_engine::ApproveError> for UiCode {
-    fn from(e: &countersign_engine::ApproveError) -> Self {
-        use countersign_engine::ApproveError as E;
-        match e {
-            E::NotPending => UiCode::NotPending,
-            E::TargetNotTyped => UiCode::TargetNotTyped,
-            E::NoSecret(_) => UiCode::NoSecret,
-            E::Store(_) => UiCode::StoreFailed,
-            E::TooSoon { .. } => UiCode::TooSoon,
-            _ => UiCode::Internal,
-        }
-    }
-}
-
-impl From<&countersign_engine::GrantError> for UiCode {
-    fn from(e: &countersign_engine::GrantError) -> Self {
-        use countersign_engine::GrantError as E;
-        match e {
-            E::Approve(e) => UiCode::from(e),
-            E::Change => UiCode::ChangeNotGrantable,
-            E::Destructive => UiCode::Destructive,
-            E::TypedTarget => UiCode::TypedTarget,
-            E::ToolChanged => UiCode::ToolChanged,
-            E::Duration => UiCode::BadDuration,
-            E::Prefix(_) => UiCode::BadPrefix,
-            E::Target(_) => UiCode::BadTarget,
-            E::NotUnder => UiCode::NotUnderPrefix,
-            E::TooMany => UiCode::TooManyGrants,
-            E::NotStored(_) => UiCode::GrantNotStored,
-            E::NoSuchGrant => UiCode::NoSuchGrant,
-            _ => UiCode::Internal,
-        }
-    }
-}
-
-impl From<countersign_wire::RegistryCode> for UiCode {
-    fn from(code: countersign_wire::RegistryCode) -> Self {
-        use countersign_wire::RegistryCode as C;
-        match code {
-            C::NoSuchServer => UiCode::NoSuchServer,
-            C::BadRequest => UiCode::BadRequest,
-            C::NoKeychain => UiCode::NoKeychain,
-            C::AccountNotAllowed => UiCode::AccountNotAllowed,
-            C::Failed => UiCode::Failed,
-            _ => UiCode::Internal,
-        }
-    }
-}
-
 /// What the window's contract (`ui/contract.json`) says each view carries, for the tests that
 /// check the views against it (here and in the window's program).
+#[cfg(test)]
 pub mod contract {
     use serde_json::Value;
 
@@ -631,7 +261,7 @@ pub mod contract {
 
     /// The fields the contract lists under `name`, sorted.
     pub fn expected(name: &str) -> Vec<String> {
-        let contract: Value = serde_json::from_str(include_str!("../../../ui/contract.json"))
+        let contract: Value = serde_json::from_str(include_str!("../../../../ui/contract.json"))
             .expect("contract.json parses");
         let mut k: Vec<String> = serde_json::from_value(contract[name].clone())
             .unwrap_or_else(|_| panic!("{name} is in contract.json"));
@@ -643,6 +273,8 @@ pub mod contract {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ui_code::{UiCode, UiError};
+    use countersign_core::render;
     use countersign_core::{GateClass, Plan};
     use countersign_engine::{Asks, CallRequest, ChangeRequest};
     use serde_json::json;
@@ -715,7 +347,7 @@ mod tests {
     #[test]
     fn every_error_code_the_window_may_receive_is_in_its_contract_and_the_window_branches_on_no_other()
      {
-        let contract: Value = serde_json::from_str(include_str!("../../../ui/contract.json"))
+        let contract: Value = serde_json::from_str(include_str!("../../../../ui/contract.json"))
             .expect("contract.json parses");
         let listed: Vec<String> =
             serde_json::from_value(contract["UiCode"].clone()).expect("UiCode is in contract.json");
@@ -734,10 +366,10 @@ mod tests {
             "UiCode and ui/contract.json list the same codes"
         );
         for (name, js) in [
-            ("app.js", include_str!("../../../ui/app.js")),
-            ("grants.js", include_str!("../../../ui/grants.js")),
-            ("clients.js", include_str!("../../../ui/clients.js")),
-            ("servers.js", include_str!("../../../ui/servers.js")),
+            ("app.js", include_str!("../../../../ui/app.js")),
+            ("grants.js", include_str!("../../../../ui/grants.js")),
+            ("clients.js", include_str!("../../../../ui/clients.js")),
+            ("servers.js", include_str!("../../../../ui/servers.js")),
         ] {
             for code in codes_compared(js) {
                 assert!(
@@ -769,7 +401,7 @@ mod tests {
 
     #[test]
     fn the_window_receives_exactly_the_fields_of_its_contract() {
-        let contract: Value = serde_json::from_str(include_str!("../../../ui/contract.json"))
+        let contract: Value = serde_json::from_str(include_str!("../../../../ui/contract.json"))
             .expect("contract.json parses");
         let view = serde_json::to_value(RequestView::from(&request(
             plan("x", json!({"a": 1})),

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::Desk;
 use crate::commands::off_the_ui;
-use crate::view::{Shown, UiCode, UiError, shown};
+use crate::ui_code::{UiCode, UiError};
+use crate::view::{Shown, shown};
 
 /// A string of a registered server, as the window shows it and, when that is safe, as the edit
 /// form is filled with it.

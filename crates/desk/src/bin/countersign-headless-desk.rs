@@ -1,18 +1,19 @@
-//! `countersign-authority`: the desk, in a program that links no GUI toolkit.
+//! `countersign-headless-desk`: the desk, in a program that links no GUI toolkit.
 //!
 //! `countersign-desk` execs it, with the same arguments and environment, whenever it is started as
 //! anything but the desk's window. With a display named it runs the desk with its tray and starts
-//! its window's process when there is something to show (`countersign_authority::window`); with
+//! its window's process when there is something to show (`countersign_headless_desk::window`); with
 //! none, the sockets and the sessions serve as in any desk, open tools work, and calls that need
 //! approval are refused `desk_unavailable` (nothing could show a request, so nothing can approve
 //! one).
 
-use countersign_authority::desk;
+use countersign_headless_desk::start;
+use countersign_headless_desk::window;
 
 fn main() {
     // SAFETY: first statement of main: no other thread exists yet to read the environment.
-    let hardened = unsafe { countersign_authority::harden::harden() };
-    let begun = desk::begin(&hardened);
+    let hardened = unsafe { start::harden::harden() };
+    let begun = start::begin(&hardened);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -23,14 +24,14 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let window = desk::has_display();
+    let window = start::has_display();
     let in_tray = begun.in_tray;
-    let release_after = countersign_authority::idle::release_after(begun.settings.release_after_s);
-    let opened = desk::open(begun, window, rt.handle());
+    let release_after = window::idle::release_after(begun.settings.release_after_s);
+    let opened = start::open(begun, window, rt.handle());
     if window {
-        countersign_authority::window::run(opened, in_tray, release_after, rt.handle());
+        window::run(opened, in_tray, release_after, rt.handle());
     } else {
-        desk::headless(opened, rt.handle());
+        start::headless(opened, rt.handle());
     }
     // Work still on the blocking pool (a keychain that does not answer) does not hold the exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(2));

@@ -25,7 +25,8 @@ use serde::Serialize;
 
 use crate::Desk;
 use crate::commands::off_the_ui;
-use crate::view::{Shown, UiCode, UiError, shown};
+use crate::ui_code::{UiCode, UiError};
+use crate::view::{Shown, shown};
 
 /// In debug builds only: the home directory the desk looks for clients' configurations under,
 /// instead of the account's own (tests point it at a fake home). Absent from release builds.

@@ -1,29 +1,13 @@
-//! This desk as an approver of team servers (`countersign serve`).
-//!
-//! A person enrolls the desk with a server once: `countersign approver enroll URL --ca FILE`
-//! makes the desk's approver key (Ed25519, kept in the OS keychain like the desk's own secret;
-//! one key per desk, whatever the number of servers), remembers the server and the certificate
-//! authority its listener's certificate comes from (`approvers.json` in the desk's configuration
-//! folder; nothing secret), and prints the line the team runs to register the key:
-//! `countersign serve approver add NAME ed25519:…`.
-//!
-//! The desk's certificate is not issued by anyone: the desk makes a self-signed certificate of
-//! the approver key itself, and the server lets in exactly the keys it registered (pinning). So
-//! nothing is to be requested, renewed or revoked at a certificate authority; revoking the
-//! approver on the server is enough.
-//!
-//! While the desk runs, it reads each enrolled server's waiting calls over mutual TLS and puts
-//! them in its own queue, marked with the server, beside local ones ([`Remote`]). Approve and
-//! Deny on such a request sign the decision with the approver key and send it to the server,
-//! which checks it before anything is minted there. This desk never mints for them.
+//! The enrolled servers' waiting calls in this desk's queue ([`Remote`]): read over mutual TLS,
+//! taken only when the plan shown is the plan hashed, and decided by a signed decision sent back.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use countersign_core::approver::{self, ApproverKey, Decision, Verdict};
+use countersign_core::approver::{ApproverKey, Decision, Verdict};
 use countersign_core::{GateClass, Plan, PlanHash};
 use countersign_engine::{Asks, CallRequest, Engine, PendingRequest, QueueChange, Removal};
 use countersign_secret::Items;
@@ -31,16 +15,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::seed::SeedError;
-
-/// The keychain item that holds the approver key's 32 secret bytes (base64).
-pub const KEY_ITEM: &str = "approver-key";
-
-/// The file, in the desk's configuration folder, that lists the servers this desk approves for.
-pub const FILE: &str = "approvers.json";
+use super::enroll::{Enrolled, Enrollments, key};
 
 /// Where a remote request's id starts: above every id the local queue will ever give, and
 /// within what the window's JavaScript holds exactly (2^53).
@@ -55,156 +32,6 @@ const WAIT_S: u64 = 25;
 
 /// How long one exchange with a server may take, beyond [`WAIT_S`].
 const EXCHANGE: Duration = Duration::from_secs(WAIT_S + 10);
-
-/// One server this desk approves for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Enrolled {
-    /// The approver listener's URL, exactly as the server names itself (`--approver-url`).
-    pub url: String,
-    /// The certificate authority (PEM) that issued the listener's certificate.
-    pub ca_pem: String,
-}
-
-/// `approvers.json`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Enrollments {
-    /// By URL.
-    pub servers: BTreeMap<String, Enrolled>,
-}
-
-/// Why `approvers.json` could not be read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum EnrollmentsError {
-    /// The file is there but cannot be read.
-    #[error("{FILE}: {0}")]
-    Read(#[source] std::io::Error),
-    /// The file is not a list of enrollments.
-    #[error("{FILE}: {0}")]
-    Parse(#[source] serde_json::Error),
-}
-
-impl Enrollments {
-    /// The enrollments in `config` (none when the file is missing).
-    pub fn load(config: &Path) -> Result<Enrollments, EnrollmentsError> {
-        match std::fs::read_to_string(config.join(FILE)) {
-            Ok(text) => serde_json::from_str(&text).map_err(EnrollmentsError::Parse),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Enrollments::default()),
-            Err(e) => Err(EnrollmentsError::Read(e)),
-        }
-    }
-
-    fn save(&self, config: &Path) -> std::io::Result<()> {
-        std::fs::create_dir_all(config)?;
-        let text = serde_json::to_string_pretty(self)?;
-        let temporary = config.join(format!("{FILE}.tmp"));
-        std::fs::write(&temporary, text + "\n")?;
-        std::fs::rename(&temporary, config.join(FILE))
-    }
-}
-
-/// The desk's approver key from the keychain; made and stored first when `create` and there is
-/// none.
-pub fn key(items: &dyn Items, create: bool) -> Result<Option<ApproverKey>, SeedError> {
-    Ok(
-        crate::seed::stored(items, KEY_ITEM, "approver key", create)?
-            .map(|seed| ApproverKey::from_seed(&seed)),
-    )
-}
-
-/// `countersign approver enroll URL --ca FILE` and `countersign approver list|forget URL`, run by
-/// the desk's program before any window: answers the exit code.
-pub fn command(config: &Path, items: &dyn Items, args: &[String]) -> i32 {
-    let me = "countersign approver";
-    let usage = format!(
-        "usage: {me} enroll URL --ca FILE | {me} list | {me} forget URL\n  enroll: approve the \
-         calls of the team server whose approver listener is URL (https://…; FILE: the PEM \
-         certificate authority of its certificate)"
-    );
-    let mut enrollments = match Enrollments::load(config) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("{me}: {e}");
-            return 1;
-        }
-    };
-    match args {
-        [verb, url, ca_flag, ca] if verb == "enroll" && ca_flag == "--ca" => {
-            if !url.starts_with("https://") || url.len() <= 8 || url.contains(char::is_whitespace) {
-                eprintln!("{me}: refused (not_https): the approver listener's URL is https://…");
-                return 2;
-            }
-            let ca_pem = match std::fs::read_to_string(ca) {
-                Ok(text) if CertificateDer::pem_slice_iter(text.as_bytes()).any(|c| c.is_ok()) => {
-                    text
-                }
-                _ => {
-                    eprintln!("{me}: refused (bad_ca): {ca} holds no PEM certificate");
-                    return 2;
-                }
-            };
-            let key = match key(items, true) {
-                Ok(Some(key)) => key,
-                Ok(None) | Err(_) => {
-                    eprintln!(
-                        "{me}: refused (no_keychain): the approver key cannot be kept in the OS \
-                         keychain; unlock it (or start its service) and enroll again"
-                    );
-                    return 3;
-                }
-            };
-            enrollments.servers.insert(
-                url.clone(),
-                Enrolled {
-                    url: url.clone(),
-                    ca_pem,
-                },
-            );
-            if let Err(e) = enrollments.save(config) {
-                eprintln!("{me}: cannot write {FILE}: {e}");
-                return 1;
-            }
-            let public = approver::public_key_text(&key.public());
-            println!("countersign serve approver add NAME {public}");
-            eprintln!(
-                "{me}: enrolled with {url}. Ask the team that runs it to register this desk with \
-                 the line above (NAME: yours). The desk connects to it from now on, and shows its \
-                 waiting calls beside your own."
-            );
-            0
-        }
-        [verb] if verb == "list" => {
-            let public = match key(items, false) {
-                Ok(Some(key)) => approver::public_key_text(&key.public()),
-                Ok(None) => "(no approver key yet)".into(),
-                Err(e) => format!("(the keychain: {e})"),
-            };
-            println!("key\t{public}");
-            for url in enrollments.servers.keys() {
-                println!("server\t{url}");
-            }
-            0
-        }
-        [verb, url] if verb == "forget" => {
-            if enrollments.servers.remove(url).is_none() {
-                eprintln!("{me}: refused (not_found): this desk is not enrolled with {url}");
-                return 2;
-            }
-            if let Err(e) = enrollments.save(config) {
-                eprintln!("{me}: cannot write {FILE}: {e}");
-                return 1;
-            }
-            eprintln!("{me}: {url} forgotten (the key stays: other servers may know it)");
-            0
-        }
-        _ => {
-            eprintln!("{usage}");
-            2
-        }
-    }
-}
 
 /// A request waiting on a team server, as this desk holds it.
 #[derive(Debug, Clone)]
@@ -645,7 +472,7 @@ impl Remote {
 }
 
 /// The call a server listed, if it is one: its id there, and the request as the queue holds it.
-fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Plan, String)> {
+pub(super) fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Plan, String)> {
     let id = request["id"].as_u64()?;
     let plan: Plan = serde_json::from_value(request["plan"].clone()).ok()?;
     let text = request["text"].as_str()?.to_owned();
@@ -676,7 +503,7 @@ fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Plan, String)>
 }
 
 /// The request as this desk's queue holds it, under `id`; it arrived at `now`.
-fn shown(
+pub(super) fn shown(
     id: u64,
     (_, call, plan, text): (u64, CallRequest, Plan, String),
     now: u64,
@@ -688,136 +515,5 @@ fn shown(
         text,
         preview: None,
         asks: Asks::Call(call),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use countersign_secret::MemoryItems;
-
-    fn listed(plan: &Plan, hash: &PlanHash) -> Value {
-        json!({
-            "id": 7,
-            "plan": plan,
-            "text": "the plan",
-            "arrived_at_ms": 1,
-            "preview": null,
-            "asks": {"kind": "call", "tenant": "key:ci@server:db", "client_info": {"name": "ci"},
-                     "server": "server:db", "plan_hash": hash.to_hex(), "class": "once",
-                     "type_target": true, "approvers": 2, "token_ttl_ms": 600000, "why": "policy"},
-        })
-    }
-
-    fn plan() -> Plan {
-        Plan {
-            tool: "execute".into(),
-            target: "notes".into(),
-            action: "execute".into(),
-            summary: "DELETE from notes".into(),
-            details: json!({"sql": "DELETE FROM notes"}),
-            reversible: false,
-        }
-    }
-
-    #[test]
-    fn a_listed_call_is_taken_only_when_its_plan_hashes_to_its_hash() {
-        let plan = plan();
-        let hash = plan.hash().unwrap();
-        let (id, call, shown_plan, _) = parse(&listed(&plan, &hash), "https://team").unwrap();
-        assert_eq!(
-            (id, call.approvers, &call.tenant[..]),
-            (7, 2, "key:ci@server:db")
-        );
-        assert_eq!(call.server, "server:db at https://team");
-        assert_eq!(shown_plan, plan);
-        // A server that shows one plan and names another's hash is not believed.
-        let other = PlanHash::from_bytes([9; 32]);
-        assert!(parse(&listed(&plan, &other), "https://team").is_none());
-        // Nor is an open class, or a change, or a shape it does not know.
-        let mut open = listed(&plan, &hash);
-        open["asks"]["class"] = json!("open");
-        assert!(parse(&open, "https://team").is_none());
-        let mut change = listed(&plan, &hash);
-        change["asks"]["kind"] = json!("change");
-        assert!(parse(&change, "https://team").is_none());
-        assert!(parse(&json!({"id": "7"}), "https://team").is_none());
-    }
-
-    #[test]
-    fn enrolling_keeps_one_key_and_the_servers_and_forgetting_removes_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let items = MemoryItems::new();
-        let ca = dir.path().join("ca.pem");
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-        std::fs::write(&ca, cert.cert.pem()).unwrap();
-        let ca = ca.to_str().unwrap().to_owned();
-        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        let enroll = |url: &str| {
-            command(
-                dir.path(),
-                &items,
-                &args(&["enroll", url, "--ca", ca.as_str()]),
-            )
-        };
-        assert_eq!(enroll("https://a.example:9443"), 0);
-        let first = key(&items, false).unwrap().unwrap().public();
-        assert_eq!(enroll("https://b.example:9443"), 0);
-        assert_eq!(
-            key(&items, false).unwrap().unwrap().public(),
-            first,
-            "one key per desk"
-        );
-        // Refused: not https, no certificate in the CA file, a usage error.
-        assert_eq!(enroll("http://a.example"), 2);
-        let not_pem = dir.path().join("empty.pem");
-        std::fs::write(&not_pem, "nothing").unwrap();
-        let bad_ca = args(&[
-            "enroll",
-            "https://c.example",
-            "--ca",
-            not_pem.to_str().unwrap(),
-        ]);
-        assert_eq!(command(dir.path(), &items, &bad_ca), 2);
-        assert_eq!(command(dir.path(), &items, &args(&["enroll"])), 2);
-        let urls: Vec<String> = Enrollments::load(dir.path())
-            .unwrap()
-            .servers
-            .into_keys()
-            .collect();
-        assert_eq!(urls, ["https://a.example:9443", "https://b.example:9443"]);
-        assert_eq!(
-            command(
-                dir.path(),
-                &items,
-                &args(&["forget", "https://a.example:9443"])
-            ),
-            0
-        );
-        assert_eq!(
-            command(
-                dir.path(),
-                &items,
-                &args(&["forget", "https://a.example:9443"])
-            ),
-            2
-        );
-        assert_eq!(Enrollments::load(dir.path()).unwrap().servers.len(), 1);
-        // The file holds nothing secret: not the key's seed.
-        let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
-        let seed = key(&items, false).unwrap().unwrap().seed();
-        let b64 = base64::engine::general_purpose::STANDARD.encode(seed.as_slice());
-        assert!(!text.contains(&b64));
-    }
-
-    #[test]
-    fn a_damaged_key_in_the_keychain_is_an_error_never_replaced() {
-        let items = MemoryItems::new();
-        items.set(KEY_ITEM, "not base64!").unwrap();
-        assert!(key(&items, true).is_err());
-        assert_eq!(
-            items.get(KEY_ITEM).unwrap().unwrap().as_str(),
-            "not base64!"
-        );
     }
 }

@@ -1,0 +1,160 @@
+//! This desk as an approver of team servers (`countersign serve`).
+//!
+//! A person enrolls the desk with a server once: `countersign approver enroll URL --ca FILE`
+//! makes the desk's approver key (Ed25519, kept in the OS keychain like the desk's own secret;
+//! one key per desk, whatever the number of servers), remembers the server and the certificate
+//! authority its listener's certificate comes from (`approvers.json` in the desk's configuration
+//! folder; nothing secret), and prints the line the team runs to register the key:
+//! `countersign serve approver add NAME ed25519:…`.
+//!
+//! The desk's certificate is not issued by anyone: the desk makes a self-signed certificate of
+//! the approver key itself, and the server lets in exactly the keys it registered (pinning). So
+//! nothing is to be requested, renewed or revoked at a certificate authority; revoking the
+//! approver on the server is enough.
+//!
+//! While the desk runs, it reads each enrolled server's waiting calls over mutual TLS and puts
+//! them in its own queue, marked with the server, beside local ones ([`Remote`]). Approve and
+//! Deny on such a request sign the decision with the approver key and send it to the server,
+//! which checks it before anything is minted there. This desk never mints for them.
+
+mod enroll;
+mod remote;
+
+pub use enroll::{Enrolled, Enrollments, EnrollmentsError, FILE, KEY_ITEM, command, key};
+pub use remote::{DECISION_TTL_MS, ExchangeError, REMOTE_IDS, Remote, RemoteError};
+
+#[cfg(test)]
+mod tests {
+    use super::remote::parse;
+    use super::*;
+    use base64::Engine as _;
+    use countersign_core::{Plan, PlanHash};
+    use countersign_secret::Items;
+    use countersign_secret::MemoryItems;
+    use serde_json::{Value, json};
+
+    fn listed(plan: &Plan, hash: &PlanHash) -> Value {
+        json!({
+            "id": 7,
+            "plan": plan,
+            "text": "the plan",
+            "arrived_at_ms": 1,
+            "preview": null,
+            "asks": {"kind": "call", "tenant": "key:ci@server:db", "client_info": {"name": "ci"},
+                     "server": "server:db", "plan_hash": hash.to_hex(), "class": "once",
+                     "type_target": true, "approvers": 2, "token_ttl_ms": 600000, "why": "policy"},
+        })
+    }
+
+    fn plan() -> Plan {
+        Plan {
+            tool: "execute".into(),
+            target: "notes".into(),
+            action: "execute".into(),
+            summary: "DELETE from notes".into(),
+            details: json!({"sql": "DELETE FROM notes"}),
+            reversible: false,
+        }
+    }
+
+    #[test]
+    fn a_listed_call_is_taken_only_when_its_plan_hashes_to_its_hash() {
+        let plan = plan();
+        let hash = plan.hash().unwrap();
+        let (id, call, shown_plan, _) = parse(&listed(&plan, &hash), "https://team").unwrap();
+        assert_eq!(
+            (id, call.approvers, &call.tenant[..]),
+            (7, 2, "key:ci@server:db")
+        );
+        assert_eq!(call.server, "server:db at https://team");
+        assert_eq!(shown_plan, plan);
+        // A server that shows one plan and names another's hash is not believed.
+        let other = PlanHash::from_bytes([9; 32]);
+        assert!(parse(&listed(&plan, &other), "https://team").is_none());
+        // Nor is an open class, or a change, or a shape it does not know.
+        let mut open = listed(&plan, &hash);
+        open["asks"]["class"] = json!("open");
+        assert!(parse(&open, "https://team").is_none());
+        let mut change = listed(&plan, &hash);
+        change["asks"]["kind"] = json!("change");
+        assert!(parse(&change, "https://team").is_none());
+        assert!(parse(&json!({"id": "7"}), "https://team").is_none());
+    }
+
+    #[test]
+    fn enrolling_keeps_one_key_and_the_servers_and_forgetting_removes_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let items = MemoryItems::new();
+        let ca = dir.path().join("ca.pem");
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(&ca, cert.cert.pem()).unwrap();
+        let ca = ca.to_str().unwrap().to_owned();
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let enroll = |url: &str| {
+            command(
+                dir.path(),
+                &items,
+                &args(&["enroll", url, "--ca", ca.as_str()]),
+            )
+        };
+        assert_eq!(enroll("https://a.example:9443"), 0);
+        let first = key(&items, false).unwrap().unwrap().public();
+        assert_eq!(enroll("https://b.example:9443"), 0);
+        assert_eq!(
+            key(&items, false).unwrap().unwrap().public(),
+            first,
+            "one key per desk"
+        );
+        // Refused: not https, no certificate in the CA file, a usage error.
+        assert_eq!(enroll("http://a.example"), 2);
+        let not_pem = dir.path().join("empty.pem");
+        std::fs::write(&not_pem, "nothing").unwrap();
+        let bad_ca = args(&[
+            "enroll",
+            "https://c.example",
+            "--ca",
+            not_pem.to_str().unwrap(),
+        ]);
+        assert_eq!(command(dir.path(), &items, &bad_ca), 2);
+        assert_eq!(command(dir.path(), &items, &args(&["enroll"])), 2);
+        let urls: Vec<String> = Enrollments::load(dir.path())
+            .unwrap()
+            .servers
+            .into_keys()
+            .collect();
+        assert_eq!(urls, ["https://a.example:9443", "https://b.example:9443"]);
+        assert_eq!(
+            command(
+                dir.path(),
+                &items,
+                &args(&["forget", "https://a.example:9443"])
+            ),
+            0
+        );
+        assert_eq!(
+            command(
+                dir.path(),
+                &items,
+                &args(&["forget", "https://a.example:9443"])
+            ),
+            2
+        );
+        assert_eq!(Enrollments::load(dir.path()).unwrap().servers.len(), 1);
+        // The file holds nothing secret: not the key's seed.
+        let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
+        let seed = key(&items, false).unwrap().unwrap().seed();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(seed.as_slice());
+        assert!(!text.contains(&b64));
+    }
+
+    #[test]
+    fn a_damaged_key_in_the_keychain_is_an_error_never_replaced() {
+        let items = MemoryItems::new();
+        items.set(KEY_ITEM, "not base64!").unwrap();
+        assert!(key(&items, true).is_err());
+        assert_eq!(
+            items.get(KEY_ITEM).unwrap().unwrap().as_str(),
+            "not base64!"
+        );
+    }
+}
