@@ -77,6 +77,8 @@ function renderQueue() {
   for (const r of requests) {
     const li = document.createElement("li");
     li.tabIndex = 0;
+    // Which request the entry is (a decimal string): tests tell two requests of the same plan apart.
+    li.dataset.id = String(r.id);
     li.className = (selected && selected.id === r.id ? "selected " : "") + (r.change ? "change" : r.reversible ? "" : "irreversible");
     li.addEventListener("click", () => select(r.id));
     list.append(li);

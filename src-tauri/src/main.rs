@@ -21,7 +21,9 @@
 //! switches are scrubbed first thing (`countersign_headless_desk::start::harden`); webview automation and
 //! devtools exist only in debug builds, and a release build is not dumpable.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
+#![allow(unsafe_code)] // this program takes its channel and hardens itself through libc; each unsafe block says why it is sound
 
+use countersign_core::sync::lock;
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -89,8 +91,9 @@ enum ChannelError {
 
 /// The channel on [`CHANNEL_FD`], if it is a Unix socket whose peer is this process's parent.
 fn take_channel() -> Result<std::os::unix::net::UnixStream, ChannelError> {
-    // SAFETY: fstat on a descriptor number only reads its status; a closed one fails.
+    // SAFETY: an all-zero `stat` is a valid value of that plain C struct.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a descriptor number only reads its status; a closed one fails.
     if unsafe { libc::fstat(CHANNEL_FD, &mut stat) } != 0
         || stat.st_mode & libc::S_IFMT != libc::S_IFSOCK
     {
@@ -98,6 +101,7 @@ fn take_channel() -> Result<std::os::unix::net::UnixStream, ChannelError> {
     }
     // SAFETY: the descriptor is open (fstat said so) and nothing else in this process owns it.
     let stream = std::os::unix::net::UnixStream::from(unsafe { OwnedFd::from_raw_fd(CHANNEL_FD) });
+    // SAFETY: an all-zero `ucred` is a valid value of that plain C struct.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`.
@@ -137,7 +141,7 @@ struct Link {
 impl Link {
     /// Tells the desk how the window stands, when that changed.
     fn seen(&self, visible: Option<bool>, focused: Option<bool>) {
-        let mut seen = self.seen.lock().unwrap();
+        let mut seen = lock(&self.seen);
         let now = (visible.unwrap_or(seen.0), focused.unwrap_or(seen.1));
         if now != *seen {
             *seen = now;
@@ -168,7 +172,7 @@ fn forward(invoke: tauri::ipc::Invoke) -> bool {
         let link = app.state::<Link>();
         let id = link.next.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
-        link.waiting.lock().unwrap().insert(id, answer);
+        lock(&link.waiting).insert(id, answer);
         let _ = link.to.send(FromWindow::Invoke { id, command, args });
         match answered.await {
             Ok(Ok(value)) => Ok(value),
@@ -365,7 +369,7 @@ async fn talk(
         let link = app.state::<Link>();
         match message {
             ToWindow::Answer { id, ok, err } => {
-                if let Some(answer) = link.waiting.lock().unwrap().remove(&id) {
+                if let Some(answer) = lock(&link.waiting).remove(&id) {
                     let _ = answer.send(match err {
                         Some(err) => Err(err),
                         None => Ok(ok),

@@ -23,6 +23,7 @@
 //!
 //! Needs a display and the keychain: `make bench` runs it under Xvfb in a throwaway D-Bus
 //! session. Latency is measured on the debug desk (a release desk refuses WebDriver).
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

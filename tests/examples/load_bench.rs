@@ -285,7 +285,7 @@ async fn tap(
             if let Some(id) = message.get("id")
                 && is_request == requests
             {
-                let mut wire = wire.lock().unwrap();
+                let mut wire = countersign_core::sync::lock(&wire);
                 let counts = if requests {
                     &mut wire.requests
                 } else {
@@ -384,7 +384,7 @@ impl Agent {
         for tap in self.taps {
             let _ = tokio::time::timeout(Duration::from_secs(5), tap).await;
         }
-        let check = self.wire.lock().unwrap().check();
+        let check = countersign_core::sync::lock(&self.wire).check();
         (check, exited)
     }
 }

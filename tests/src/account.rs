@@ -2,6 +2,7 @@
 //! under an account of its own, a desk started under a fresh account, a desk another process of
 //! its account cannot read. Creating one needs root (CI runs as root); elsewhere these tests say
 //! why they skip and pass.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,5 +1,6 @@
 //! A desk started as a plain process (no WebDriver): wait until it listens, find it by its
 //! socket, stop it by its pid.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -9,6 +9,7 @@
 //! the thread that started it ends (`PR_SET_PDEATHSIG`), so a test process killed outright (a
 //! timeout) does not leave it behind either; what the leader started is still in the group, and
 //! the next run's guards cannot reach it, which is why the drop is the main path.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};

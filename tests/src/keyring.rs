@@ -1,6 +1,7 @@
 //! A Secret Service of a test's own: a private D-Bus session bus with a throwaway, unlocked
 //! gnome-keyring on it, which the test can take away while a desk uses it. (`.ci/with-keychain`
 //! gives every test one shared keyring; killing that one would pull it from under the others.)
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};

@@ -1,6 +1,7 @@
 //! What the benches read about a process from `/proc`: memory (PSS, RSS), CPU time, threads,
 //! open descriptors, children. Linux only, as the desk's benches are; a process that is gone (or
 //! a field that cannot be read) reads as `None` or zero rather than failing the bench.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::time::Duration;
 

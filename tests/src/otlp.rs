@@ -90,12 +90,12 @@ impl Collector {
     /// Every record received so far (acknowledged, unless the collector was told to refuse), in
     /// arrival order.
     pub fn records(&self) -> Vec<LogRecord> {
-        self.received.records.lock().unwrap().clone()
+        countersign_core::sync::lock(&self.received.records).clone()
     }
 
     /// Every request acknowledged so far.
     pub fn requests(&self) -> Vec<ExportLogsServiceRequest> {
-        self.received.requests.lock().unwrap().clone()
+        countersign_core::sync::lock(&self.received.requests).clone()
     }
 
     /// Waits until at least `n` records arrived (panics after `within`), woken by each arrival.
@@ -194,13 +194,13 @@ async fn serve(listener: TcpListener, received: Arc<Received>, answer: Arc<Answe
                 let request = ExportLogsServiceRequest::decode(body.as_slice())
                     .expect("the body is an OTLP logs request");
                 {
-                    let mut records = received.records.lock().unwrap();
+                    let mut records = countersign_core::sync::lock(&received.records);
                     for resource in &request.resource_logs {
                         for scope in &resource.scope_logs {
                             records.extend(scope.log_records.iter().cloned());
                         }
                     }
-                    received.requests.lock().unwrap().push(request);
+                    countersign_core::sync::lock(&received.requests).push(request);
                 }
                 // Kept before it is answered: a sender may leave without reading the answer.
                 received.arrived.notify_waiters();

@@ -6,12 +6,15 @@
 //! never pass, when run without it: [`shared_dsn`] panics with what to do. Stopping or freezing
 //! the shared server would break every other test running at the same moment, so the fault tests
 //! start a private server of their own with the same recipe as the script.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::window::free_port;
 
 use countersign_store::{Postgres, PostgresOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -230,15 +233,6 @@ fn run(command: &mut Command) {
     );
 }
 
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A TCP proxy on loopback in front of a server that forwards bytes both ways until it is armed;
 /// armed, the first chunk a client sends that contains `needle` is forwarded to the server, and
 /// then both sides are closed without relaying the server's answer: a connection lost after the
@@ -294,7 +288,7 @@ impl FaultProxy {
 
     /// How many connections were cut.
     pub fn cuts(&self) -> usize {
-        *self.cuts.lock().unwrap()
+        *countersign_core::sync::lock(&self.cuts)
     }
 }
 
@@ -352,7 +346,7 @@ async fn session(
             let _ = server_write.write_all(chunk).await;
             let _ = server_write.flush().await;
             armed.store(false, Ordering::SeqCst);
-            *cuts.lock().unwrap() += 1;
+            *countersign_core::sync::lock(&cuts) += 1;
             // Dropping both halves of both sockets closes both connections.
             drop(client_write);
             return;

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use countersign_core::sync::lock;
+
 use crate::scripted_model::Wire;
 use crate::window::bin;
 
@@ -191,11 +193,29 @@ impl RealClient {
             }
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let child = cmd.spawn().unwrap();
-        tokio::time::timeout(Duration::from_secs(100), child.wait_with_output())
-            .await
-            .unwrap_or_else(|_| panic!("{:?} did not end within 100 s", self.kind))
-            .unwrap()
+        let mut child = cmd.spawn().unwrap();
+        // Both outputs are read as they come, so that a client that never ends still says what
+        // it printed: a run cut at its limit panics with both, not with a bare timeout.
+        let stdout = read_all(child.stdout.take());
+        let stderr = read_all(child.stderr.take());
+        let status = match tokio::time::timeout(Duration::from_secs(100), child.wait()).await {
+            Ok(status) => status.unwrap(),
+            Err(_) => {
+                let _ = child.kill().await;
+                let (stdout, stderr) = (settle(stdout).await, settle(stderr).await);
+                panic!(
+                    "{:?} did not end within 100 s\n--- its stdout:\n{}\n--- its stderr:\n{}",
+                    self.kind,
+                    String::from_utf8_lossy(&stdout),
+                    String::from_utf8_lossy(&stderr)
+                );
+            }
+        };
+        Output {
+            status,
+            stdout: settle(stdout).await,
+            stderr: settle(stderr).await,
+        }
     }
 
     /// What Codex's configuration needs besides its servers: the test's model as its provider,
@@ -270,4 +290,41 @@ impl Kind {
             Kind::Codex => "codex",
         }
     }
+}
+
+/// A pipe being read to its end in a task of its own, and what it has read so far.
+type Reading = (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+);
+
+/// Reads `pipe` to its end in a task of its own, keeping each chunk as it comes.
+fn read_all<R>(pipe: Option<R>) -> Reading
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    let read = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let into = read.clone();
+    let task = tokio::spawn(async move {
+        let Some(mut pipe) = pipe else { return };
+        let mut chunk = [0u8; 8192];
+        while let Ok(n @ 1..) = tokio::io::AsyncReadExt::read(&mut pipe, &mut chunk).await {
+            lock(&into).extend_from_slice(&chunk[..n]);
+        }
+    });
+    (task, read)
+}
+
+/// What a [`read_all`] read, waiting at most 5 s for the pipe's end: a process the client
+/// started may hold it open after the client ended; then what came until then.
+async fn settle((task, read): Reading) -> Vec<u8> {
+    if tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .is_err()
+    {
+        let mut bytes = std::mem::take(&mut *lock(&read));
+        bytes.extend_from_slice(b"\n(the pipe was still open 5 s after the client ended)");
+        return bytes;
+    }
+    std::mem::take(&mut *lock(&read))
 }

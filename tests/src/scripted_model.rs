@@ -159,7 +159,7 @@ impl ScriptedModel {
 
     /// What it has seen so far.
     pub fn seen(&self) -> Seen {
-        self.seen.lock().unwrap().clone()
+        countersign_core::sync::lock(&self.seen).clone()
     }
 }
 
@@ -210,7 +210,7 @@ async fn serve(mut stream: TcpStream, script: &Script) -> std::io::Result<()> {
             .to_owned();
         let (status, kind, out) = if chunked {
             let why = format!("{path}: a chunked body, which this model does not read");
-            script.seen.lock().unwrap().unread.push(why);
+            countersign_core::sync::lock(&script.seen).unread.push(why);
             (400, "text/plain", String::new())
         } else {
             answer(script, &request_line, &path, &body)
@@ -247,17 +247,14 @@ fn answer(
     let request: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
-            script
-                .seen
-                .lock()
-                .unwrap()
+            countersign_core::sync::lock(&script.seen)
                 .unread
                 .push(format!("{path}: {e}"));
             return (400, "text/plain", String::new());
         }
     };
     let listed = listed(script.wire, &request);
-    let mut seen = script.seen.lock().unwrap();
+    let mut seen = countersign_core::sync::lock(&script.seen);
     if listed.is_empty() {
         seen.requests.1 += 1;
         drop(seen);

@@ -4,6 +4,7 @@
 //! inspector on a port the test chose, and allows automation), and real MCP clients connected to
 //! it through `countersign mcp`. When the desk ends its window and starts another, the test
 //! attaches a new session to the new one ([`Desk::follow_window`]).
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -169,6 +170,20 @@ impl Desk {
             .await
             .unwrap();
         hidden == json!(false)
+    }
+
+    /// The id of the request the window shows (its queue entry's `data-id`), if it shows one.
+    pub async fn shown_id(&self) -> Option<String> {
+        let id: Value = self
+            .browser()
+            .execute(
+                "const li = document.querySelector('#queue li.selected');
+                 return li && !document.getElementById('detail').hidden ? li.dataset.id : null",
+                vec![],
+            )
+            .await
+            .unwrap();
+        id.as_str().map(str::to_owned)
     }
 
     /// Waits (up to 30 s) until `check` holds.
@@ -507,7 +522,7 @@ impl Desk {
         }
         let _ = self.browser().close().await;
         let deadline = Instant::now() + Duration::from_secs(30);
-        *self.browser.lock().unwrap() = attach(self.port).await;
+        *countersign_core::sync::lock(&self.browser) = attach(self.port).await;
         while !self.loaded().await {
             assert!(
                 Instant::now() < deadline,
@@ -524,7 +539,7 @@ impl Desk {
 
     /// The WebDriver session on the window that runs now.
     pub fn browser(&self) -> Client {
-        self.browser.lock().unwrap().clone()
+        countersign_core::sync::lock(&self.browser).clone()
     }
 }
 

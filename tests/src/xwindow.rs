@@ -2,6 +2,7 @@
 //! window a `WM_DELETE_WINDOW` message (ICCCM), and so does this, straight through the X server
 //! the desk runs on. WebDriver cannot: its "close window" destroys the page, not the window.
 //! And which windows are on the screen, by title, whether or not WebDriver knows of them.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::ffi::{CStr, CString};
 

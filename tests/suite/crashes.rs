@@ -15,6 +15,7 @@
 //! * the store opens cleanly every time (WAL recovery), and history says what happened up to
 //!   the crash: an `accepted` event only for a spent nonce, an `executed` one only for a call the
 //!   upstream ran.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 //! file), and the test clicks the real Approve or Deny button through WebDriver (tauri-driver +
 //! WebKitWebDriver). Each test has its own data, config and socket. Needs a display (the test
 //! command runs everything under Xvfb) and `tauri-driver` (installed by the test setup).
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

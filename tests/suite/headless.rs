@@ -4,6 +4,7 @@
 //! in the account's own directories whatever the agent's environment says, and starts none for a
 //! socket the environment chose. The desk logs to a file in its state directory, keeps its
 //! directories 0700, and refuses a socket directory that someone else controls.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

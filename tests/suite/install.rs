@@ -406,7 +406,9 @@ async fn a_real_client_runs_the_approval_flow_through_the_installed_desk(kind: K
             .unwrap();
         desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
             .await;
+        let approved = desk.shown_id().await;
         desk.click("#approve").await;
+        eprintln!("{kind:?}: request {approved:?} approved");
         if kind == Kind::ClaudeCode {
             // The same call again, once the first has run: a new request, denied this time.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -415,7 +417,17 @@ async fn a_real_client_runs_the_approval_flow_through_the_installed_desk(kind: K
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
             assert_eq!(users(&db), 4, "the approved call ran once");
-            desk.wait_for_request().await;
+            // Told apart from the approved one by its id: the same plan, and a busy window may
+            // still show the first for a moment (a click on Deny there would decide nothing).
+            desk.until("the same call again, as a request of its own", move |d| {
+                let approved = approved.clone();
+                Box::pin(async move { d.shown_id().await.is_some_and(|id| Some(id) != approved) })
+            })
+            .await;
+            eprintln!(
+                "{kind:?}: the same call again is {:?}; denying it",
+                desk.shown_id().await
+            );
             desk.click("#deny").await;
         }
     };

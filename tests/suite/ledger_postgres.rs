@@ -6,6 +6,7 @@
 //! refusal where nothing was sent leaves the approval spendable once the server is back. Faults
 //! that stop, freeze or cut the server use a private server of the test's own (the shared one
 //! serves every other test running at the same moment). All need `.ci/with-postgres`.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::time::{Duration, Instant};
 

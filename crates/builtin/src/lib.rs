@@ -10,7 +10,6 @@
 //! `delete_backup` are destructive (`once`). What an `execute` would write is found out without
 //! writing it ([`rehearse`]): the desk names its plan by the tables SQLite reports, and previews
 //! it in a transaction that is rolled back.
-#![deny(missing_docs)]
 
 mod describe;
 mod read_only;

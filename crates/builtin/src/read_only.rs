@@ -13,9 +13,10 @@
 //!
 //! A refusal reads `query is read-only: ATTACH is not allowed; use execute`.
 
+use countersign_core::sync::lock;
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization, TransactionOperation};
 use rusqlite::{Connection, OpenFlags, Statement, ffi};
@@ -81,10 +82,7 @@ impl ReadOnly {
             if allowed(&context.action, &innocuous) {
                 return Authorization::Allow;
             }
-            record
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert_with(|| named(&context.action));
+            lock(&record).get_or_insert_with(|| named(&context.action));
             Authorization::Deny
         }));
         Ok(Self { conn, denied })
@@ -102,11 +100,7 @@ impl ReadOnly {
     /// The failure for an error from running `sql` here: the refusal, when the authorizer denied
     /// something (while preparing, or inside full-text search as it runs).
     pub(crate) fn failure(&self, sql: &str, error: rusqlite::Error) -> Failure {
-        let denied = self
-            .denied
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let denied = lock(&self.denied).take();
         match denied {
             Some(Denied::Action(what)) => refusal(&what),
             Some(Denied::Bookkeeping) => refusal(&first_word(sql)),

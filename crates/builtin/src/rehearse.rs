@@ -36,11 +36,13 @@
 //! [`Stopped::is_transient`] tells them apart. Whoever plans must answer those as an error of the
 //! call (retry shortly), never hash a placeholder for them: the same call would plan differently
 //! from one moment to the next, or a person would approve `unknown`.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
+use countersign_core::sync::lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
@@ -719,7 +721,7 @@ fn run(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let recorder = Arc::clone(&seen);
     conn.authorizer(Some(move |context: AuthContext<'_>| {
-        let mut seen = recorder.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut seen = lock(&recorder);
         if record(&mut seen, &context) {
             Authorization::Deny
         } else {
@@ -727,7 +729,7 @@ fn run(
         }
     }));
     let take = |readonly: bool, text: &str| {
-        let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut seen = lock(&seen);
         let refused = seen.refused.take();
         (seen.statement(readonly, text), refused)
     };

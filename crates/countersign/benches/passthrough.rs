@@ -66,6 +66,7 @@
 //! server-everything, or the path of its `dist/index.js`). Run without `--bench` (as
 //! `cargo test --all-targets` does) it only smoke-tests every arm with a few calls, 3 starts and
 //! 1 and 2 agents. Any one step (a start, a listing, a call) that takes over 30 s fails the run.
+#![allow(missing_docs)] // the bench harness's macros define an undocumented `pub fn main`
 
 use std::ffi::OsString;
 use std::fs::File;

@@ -49,7 +49,7 @@ mod tests {
 
     impl Write for Capture {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            countersign_core::sync::lock(&self.0).extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -65,7 +65,7 @@ mod tests {
             .with_env_filter(filter(Some(rust_log)))
             .finish();
         tracing::subscriber::with_default(subscriber, emit);
-        String::from_utf8(capture.0.lock().unwrap().clone()).unwrap()
+        String::from_utf8(countersign_core::sync::lock(&capture.0).clone()).unwrap()
     }
 
     fn event(kind: EventKind) -> ConfirmEvent {

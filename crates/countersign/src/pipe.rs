@@ -20,6 +20,7 @@
 //! `server/discover` it opened with) under an id of its own, swallowing the answer, and its
 //! `notifications/initialized`: the agent goes on as if nothing happened, except that confirm
 //! tokens of the old session no longer work, which the errors say.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -593,7 +594,7 @@ impl Link {
 type Shared = Arc<Mutex<Link>>;
 
 fn lock(link: &Shared) -> std::sync::MutexGuard<'_, Link> {
-    link.lock().unwrap_or_else(|p| p.into_inner())
+    countersign_core::sync::lock(link)
 }
 
 /// Writes one message to stdout as a line, whole, so that the two threads' lines never

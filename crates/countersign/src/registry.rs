@@ -5,6 +5,7 @@
 //! The desk decides: a new server takes effect at once, a change or removal of an existing one
 //! is shown in its window and takes effect only after the person's click. So a request may be
 //! answered twice, first [`RegistryAnswer::Waiting`], then the outcome; this waits for both.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::io::BufReader;
 use std::path::PathBuf;

@@ -7,6 +7,7 @@
 //!
 //! A program of its own because it is an MCP client (rmcp): the `countersign` binary that agents
 //! start is a pipe and links no MCP code, so it runs this one, installed beside it.
+#![forbid(unsafe_code)] // nothing here reaches past the safe language; keep it so
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

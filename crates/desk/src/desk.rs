@@ -2,6 +2,7 @@
 //! the settings, the keychain's last answer, and the team servers it approves for. It is made
 //! once, by [`crate::start`].
 
+use countersign_core::sync::lock;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,7 +59,7 @@ impl Desk {
     pub fn secret_problem(&self) -> Option<String> {
         self.engine
             .secret_problem()
-            .or_else(|| self.keychain_problem.lock().unwrap().clone())
+            .or_else(|| lock(&self.keychain_problem).clone())
     }
 
     /// Asks the keychain for the secret, on the blocking pool, and records whether it answered;
@@ -91,7 +92,7 @@ impl Desk {
             )),
         };
         let changed = {
-            let mut last = self.keychain_problem.lock().unwrap();
+            let mut last = lock(&self.keychain_problem);
             let changed = *last != problem;
             *last = problem.clone();
             changed

@@ -23,8 +23,6 @@
 //! - [`settings`], [`seed`] (the desk's keys in the keychain) and [`otlp`] (confirm events sent
 //!   to a collector).
 
-#![deny(missing_docs)]
-
 pub mod approver;
 pub mod commands;
 pub mod desk;

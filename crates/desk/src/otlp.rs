@@ -6,6 +6,7 @@
 //! says in the History view how many events wait and why. It reads and writes the desk's file
 //! through a connection of its own (SQLite takes several): the engine's records stay the engine's.
 
+use countersign_core::sync::lock;
 use std::sync::{Arc, Mutex};
 
 use countersign_otlp::{Collector, CollectorError, SINK, Sender};
@@ -50,7 +51,7 @@ impl Export {
         let collector = endpoint
             .map(|e| Collector::new(e, "countersign-desk", "desk"))
             .transpose()?;
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut running = lock(&self.running);
         if let Some((stop, _)) = running.take() {
             stop.cancel();
         }
@@ -82,7 +83,7 @@ impl Export {
 
     /// How the collector fares, for the History view.
     pub async fn view(&self) -> Result<Option<ExportView>, StoreError> {
-        let endpoint = match &*self.running.lock().unwrap_or_else(|p| p.into_inner()) {
+        let endpoint = match &*lock(&self.running) {
             Some((_, shown)) => shown.clone(),
             None => return Ok(None),
         };

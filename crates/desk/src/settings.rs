@@ -7,6 +7,7 @@
 //!
 //! The directories are the account's own, found from the password database and never from the
 //! environment (see `countersign_wire::DeskDirs`), and each is 0700.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -177,6 +178,7 @@ impl Settings {
     /// out, and so is the desk's own account (it is always served).
     pub fn agent_uids(&self) -> Vec<u32> {
         // SAFETY: getuid has no preconditions and cannot fail.
+        // SAFETY: getuid takes nothing, cannot fail and touches no memory of ours.
         let me = unsafe { libc::getuid() };
         let mut uids = Vec::new();
         for account in self.agent_accounts.iter().flatten() {
@@ -206,7 +208,9 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)?;
     let meta = std::fs::metadata(dir)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
-    if meta.uid() == unsafe { libc::geteuid() } && meta.mode() & 0o077 != 0 {
+    // SAFETY: geteuid takes nothing, cannot fail and touches no memory of ours.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() == me && meta.mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())
@@ -297,6 +301,7 @@ mod tests {
 
     #[test]
     fn agent_accounts_are_uids_without_the_desks_own_or_unknown_names() {
+        // SAFETY: getuid takes nothing, cannot fail and touches no memory of ours.
         let me = unsafe { libc::getuid() };
         let s = Settings {
             agent_accounts: Some(vec![

@@ -4,8 +4,10 @@
 //! The rooms (queue, approve, confirm, change, listing, planning, describing, rounds, grants)
 //! each add the methods of one concern to [`Engine`]; this file holds only what they share.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
+/// The one poison-tolerant lock (see `countersign_core::sync`), as the engine's rooms import it.
+pub(crate) use countersign_core::sync::lock;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
@@ -31,12 +33,6 @@ impl std::fmt::Debug for Engine {
             .field("records", &self.inner.store)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock must not take the desk down with it: the state is kept
-    // consistent by each critical section, so recover it.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(crate) fn refused(refusal: Refusal) -> Stopped {

@@ -28,7 +28,7 @@
 //! | `rounds` | the 2026-07-28 flow's `requestState` |
 //! | `grants` | a person's approval widened to later matching calls |
 //! | [`tally`] | what it decided, as counts, for whoever keeps metrics |
-#![deny(missing_docs)]
+#![forbid(unsafe_code)] // nothing here reaches past the safe language; keep it so
 
 mod answer;
 mod approve;

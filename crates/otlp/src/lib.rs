@@ -19,8 +19,10 @@
 //! target, tenant, plan hash, nonce, note, and its place in the chain (`countersign.seq`,
 //! `countersign.chain.prev`, `countersign.chain.hash`). Never a token (an event has none), a
 //! secret, or an argument: events hold no arguments.
+#![forbid(unsafe_code)] // nothing here reaches past the safe language; keep it so
 
 use countersign_core::clock::Clock;
+use countersign_core::sync::lock;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -505,11 +507,11 @@ impl Sender {
     }
 
     fn held_now(&self) -> Option<(u64, u64)> {
-        *self.held.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.held)
     }
 
     fn hold(&self, held: Option<(u64, u64)>) {
-        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
+        *lock(&self.held) = held;
     }
 }
 

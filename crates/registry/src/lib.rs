@@ -23,9 +23,10 @@ mod secrets;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use countersign_core::policy::Policy;
+use countersign_core::sync::lock;
 use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine, MAX_CHANGE_TEXT_CHARS};
 use countersign_secret::{Items, SecretError};
 use countersign_store::{Store, StoreOptions};
@@ -110,10 +111,6 @@ struct Inner {
     changing: tokio::sync::Mutex<()>,
     /// Edits of guarded files being shown to the person, by file name: the text proposed.
     proposed: Mutex<BTreeMap<&'static str, String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn refused(code: RegistryCode, message: impl Into<String>) -> RegistryAnswer {

@@ -1,5 +1,6 @@
 //! The registry against a real engine and SQLite file, with the keychain in memory (the real
 //! keychain is used by the desk's end-to-end tests).
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -103,7 +103,7 @@ impl MemoryItems {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Zeroizing<String>>> {
-        self.values.lock().unwrap_or_else(|p| p.into_inner())
+        countersign_core::sync::lock(&self.values)
     }
 }
 

@@ -16,7 +16,7 @@
 //! # Ok::<(), countersign_secret::SecretError>(())
 //! ```
 
-#![deny(missing_docs)]
+#![forbid(unsafe_code)] // nothing here reaches past the safe language; keep it so
 
 mod error;
 mod items;

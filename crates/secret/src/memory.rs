@@ -6,7 +6,7 @@
 //! holds the same stored text form as the keychain, so a wrong stored value is refused here exactly
 //! as it is there.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use zeroize::Zeroizing;
 
@@ -38,7 +38,7 @@ impl MemoryStore {
 
     fn lock(&self) -> MutexGuard<'_, Option<Zeroizing<String>>> {
         // The guarded value is replaced whole, so a panic elsewhere cannot leave it half-written.
-        self.stored.lock().unwrap_or_else(PoisonError::into_inner)
+        countersign_core::sync::lock(&self.stored)
     }
 }
 

@@ -1,4 +1,5 @@
 //! `countersign-serve` (also `countersign serve`): the start rules, then the server.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::io::Write;
 use std::os::unix::ffi::OsStringExt;

@@ -1,6 +1,7 @@
 //! `countersign serve agent add|revoke|list` and `countersign serve approver add|revoke|list`:
 //! the server's two rosters (agents' issued keys, approvers' public keys), kept in its own
 //! records (CONTROL_DSN, or `--data-dir`).
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::io::Write;
 use std::sync::Arc;

@@ -12,6 +12,7 @@
 //! re-serialized by the desk; anything else is an error, never "forward".
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
+use countersign_core::sync::lock;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -139,7 +140,7 @@ impl Session {
         // listing.
         let lane = self.upstream.lane()?;
         if !self.listing_current()
-            || self.gates.lock().unwrap().get(tool) != Some(&Gate::Class(GateClass::Open))
+            || lock(&self.gates).get(tool) != Some(&Gate::Class(GateClass::Open))
         {
             return None;
         }
@@ -201,11 +202,7 @@ impl Session {
         let mut registered = None;
         let r = send(&live.peer, req, options, &context.ct, |up_token| {
             if let Some(agent_token) = agent_token {
-                self.shared
-                    .progress
-                    .lock()
-                    .unwrap()
-                    .insert(up_token.clone(), agent_token);
+                lock(&self.shared.progress).insert(up_token.clone(), agent_token);
                 registered = Some(up_token.clone());
             }
         })
@@ -218,10 +215,10 @@ impl Session {
             if r.is_ok() {
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    shared.progress.lock().unwrap().remove(&t);
+                    lock(&shared.progress).remove(&t);
                 });
             } else {
-                shared.progress.lock().unwrap().remove(&t);
+                lock(&shared.progress).remove(&t);
             }
         }
         r
@@ -230,7 +227,7 @@ impl Session {
     /// Shows the person who asks: the agent's `clientInfo` (its own claim), from its `initialize`
     /// or, on 2026-07-28, from each request's `_meta`.
     fn note_client_info(&self, info: Value) {
-        let mut seen = self.client_info.lock().unwrap();
+        let mut seen = lock(&self.client_info);
         if seen.as_ref() != Some(&info) {
             self.engine.set_client_info(&self.tenant, info.clone());
             *seen = Some(info);
@@ -322,7 +319,7 @@ impl Session {
                 None => {}
             }
         }
-        *self.gates.lock().unwrap() = decided;
+        *lock(&self.gates) = decided;
         self.listed_epoch.store(epoch, Ordering::Release);
         Ok(listed)
     }
@@ -336,7 +333,7 @@ impl Session {
     ) -> Result<(Option<Gate>, Live), Unlisted> {
         for _ in 0..3 {
             let live = self.live().await?;
-            let known = self.gates.lock().unwrap().get(tool).cloned();
+            let known = lock(&self.gates).get(tool).cloned();
             if known.is_some() && self.listing_current() {
                 return Ok((known, live));
             }
@@ -345,7 +342,7 @@ impl Session {
             self.refresh_tools(context).await?;
             // Listed by this start, unless it was started again meanwhile (then once more).
             if self.upstream.is_current(&live).await {
-                return Ok((self.gates.lock().unwrap().get(tool).cloned(), live));
+                return Ok((lock(&self.gates).get(tool).cloned(), live));
             }
         }
         Err(unavailable(Unreached::keeps_exiting()).into())

@@ -4,7 +4,9 @@
 //! has children of its own). A [`Group`] kills its whole group when dropped; [`Children`] knows
 //! every live group, so that the desk can end them all when it exits, even where destructors do
 //! not run.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
+use countersign_core::sync::lock;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -17,10 +19,7 @@ pub struct Children {
 impl Children {
     /// Records the group led by `pid`; dropping the returned [`Group`] kills it.
     pub fn add(&self, pid: i32) -> Group {
-        self.groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(pid);
+        lock(&self.groups).insert(pid);
         Group {
             pid,
             children: self.clone(),
@@ -29,12 +28,7 @@ impl Children {
 
     /// Kills every live group (the desk is exiting).
     pub fn kill_all(&self) {
-        let groups: Vec<i32> = self
-            .groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .collect();
+        let groups: Vec<i32> = lock(&self.groups).drain().collect();
         for pid in groups {
             kill_group(pid);
         }
@@ -42,7 +36,7 @@ impl Children {
 
     /// How many groups are live.
     pub fn len(&self) -> usize {
-        self.groups.lock().unwrap_or_else(|p| p.into_inner()).len()
+        lock(&self.groups).len()
     }
 
     /// Whether none is.
@@ -60,12 +54,7 @@ pub struct Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        let live = self
-            .children
-            .groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.pid);
+        let live = lock(&self.children.groups).remove(&self.pid);
         if live {
             kill_group(self.pid);
         }

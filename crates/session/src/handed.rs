@@ -8,6 +8,7 @@
 //! sends something else is broken or hostile). The agent's lines are then read here with the
 //! bounds the socket's frames have: at most one frame's length (a longer line is dropped whole
 //! and said so), and a line that has begun must end within the frame deadline.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::fs::File;
 use std::io;
@@ -286,5 +287,5 @@ impl Output {
 }
 
 fn lock(notes: &Mutex<Notes>) -> std::sync::MutexGuard<'_, Notes> {
-    notes.lock().unwrap_or_else(|p| p.into_inner())
+    countersign_core::sync::lock(notes)
 }

@@ -157,7 +157,7 @@ struct UpMeta<'a> {
 }
 
 fn lock(calls: &Mutex<Calls>) -> std::sync::MutexGuard<'_, Calls> {
-    calls.lock().unwrap_or_else(|p| p.into_inner())
+    countersign_core::sync::lock(calls)
 }
 
 impl Lane {

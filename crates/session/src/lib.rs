@@ -7,7 +7,6 @@
 //! decision about a call goes through one narrow seam to the engine (crates/engine): class the
 //! listed tools, preflight, withdraw, confirm, outcome. The engine never sees MCP; this crate
 //! never mints, verifies or spends.
-#![deny(missing_docs)]
 
 mod agent;
 mod children;

@@ -8,6 +8,7 @@
 //! command would run as the desk's account with the agent's arguments and environment, and the
 //! built-in tools would open any SQLite file the desk's account can read: either would hand that
 //! account's files and authority to the agent's. Every other account is refused.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use countersign_wire::{Reach, RefusedCode};
 use tokio::net::UnixStream;

@@ -9,6 +9,7 @@
 //! is rmcp's own typed handling, except what belongs to the session's open lane
 //! ([`crate::lane`]): answers and progress under the lane's ids go straight to the gateway.
 
+use countersign_core::sync::lock;
 use std::{
     collections::HashSet,
     sync::{Arc, Mutex},
@@ -161,7 +162,7 @@ where
         if let JsonRpcMessage::Request(req) = &item
             && matches!(req.request, ClientRequest::CustomRequest(_))
         {
-            self.raw_ids.lock().unwrap().insert(req.id.clone());
+            lock(&self.raw_ids).insert(req.id.clone());
         }
         let writer = self.writer.clone();
         async move {
@@ -243,7 +244,7 @@ where
                 && let Some(id) = value
                     .get("id")
                     .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok())
-                && self.raw_ids.lock().unwrap().remove(&id)
+                && lock(&self.raw_ids).remove(&id)
             {
                 let result = value["result"].take();
                 return Some(ServerJsonRpcMessage::response(
@@ -256,7 +257,7 @@ where
                 .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok())
                 && value.get("error").is_some()
             {
-                self.raw_ids.lock().unwrap().remove(&id);
+                lock(&self.raw_ids).remove(&id);
             }
             match serde_json::from_value::<ServerJsonRpcMessage>(value) {
                 Ok(m) => return Some(m),

@@ -7,8 +7,10 @@
 //! desk starts for it is what the registry has on record for the name, with the secret values
 //! from the keychain: never what the gateway says. The prefix keeps a registered name apart from
 //! an ad-hoc command of the same word, so neither shares the other's policy or pinned tools.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use countersign_core::ServerId;
+use countersign_core::sync::lock;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -421,14 +423,10 @@ impl Upstream {
         if let Some((registry, name)) = &self.registered {
             let (reach, headers, _) =
                 resolve(Reach::Server { name: name.clone() }, Some(registry))?;
-            let mut target = self.target.lock().unwrap_or_else(|p| p.into_inner());
+            let mut target = lock(&self.target);
             *target = (reach, headers);
         }
-        Ok(self
-            .target
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone())
+        Ok(lock(&self.target).clone())
     }
 
     /// What the session's two halves share.
@@ -495,16 +493,14 @@ impl Upstream {
     }
 
     fn set_lane(&self, lane: Option<Arc<Lane>>) {
-        *self.lane.lock().unwrap_or_else(|p| p.into_inner()) = lane;
+        *lock(&self.lane) = lane;
     }
 
     /// The open lane of the current start, unless the upstream's output has ended or its
     /// process has exited (see [`crate::lane`]): as on the full path, a call is never handed to
     /// a process known to be dead.
     pub(crate) fn lane(&self) -> Option<Arc<Lane>> {
-        self.lane
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        lock(&self.lane)
             .clone()
             .filter(|lane| !lane.is_closed() && !lane.pid().is_some_and(has_exited))
     }

@@ -16,6 +16,7 @@
 //! [`Options::max_connections`]; a frame that has begun must complete within
 //! [`Options::frame_deadline`], and a frame's memory follows the bytes that arrived. A malformed,
 //! oversized or stalled frame closes that connection only.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -285,7 +286,7 @@ struct Slot {
 
 impl Slots {
     fn take(&self, uid: u32, max: usize) -> Option<Slot> {
-        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = countersign_core::sync::lock(&self.0);
         let count = counts.entry(uid).or_default();
         if *count >= max {
             return None;
@@ -300,7 +301,7 @@ impl Slots {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = self.slots.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = countersign_core::sync::lock(&self.slots.0);
         if let Some(count) = counts.get_mut(&self.uid) {
             *count -= 1;
             if *count == 0 {

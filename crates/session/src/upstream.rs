@@ -7,6 +7,7 @@
 //! either.
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
+use countersign_core::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -317,11 +318,7 @@ impl ClientHandler for UpstreamClient {
         // beat it, so look again briefly. Progress for unknown tokens (late, or after a cancel)
         // is dropped.
         for _ in 0..20 {
-            let agent_token = self
-                .shared
-                .progress
-                .lock()
-                .unwrap()
+            let agent_token = lock(&self.shared.progress)
                 .get(&params.progress_token)
                 .cloned();
             if let Some(agent_token) = agent_token {

@@ -7,6 +7,7 @@
 //! without the ledger; the spend follows. Prints a table; asserts nothing.
 //!
 //!   .ci/with-postgres cargo bench -p countersign-store --features postgres --bench records
+#![allow(missing_docs)] // the bench harness's macros define an undocumented `pub fn main`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! `synchronous=FULL`, on a real file (under the target directory, not a RAM-backed /tmp), with a
 //! fresh nonce each iteration. The figure is dominated by the fsync of the WAL, which is the
 //! point: a spend is on disk before the action it guards runs.
+#![allow(missing_docs)] // the bench harness's macros define an undocumented `pub fn main`
 
 use criterion::{Criterion, criterion_group, criterion_main};
 

@@ -862,9 +862,7 @@ mod tests {
             let mut field = EventField(None);
             event.record(&mut field);
             if let Some(code) = field.0 {
-                self.0
-                    .lock()
-                    .unwrap()
+                countersign_core::sync::lock(&self.0)
                     .push((event.metadata().target().to_owned(), code));
             }
         }
@@ -880,7 +878,7 @@ mod tests {
             store.record(&event(1, EventKind::Replay)).unwrap();
         });
         assert_eq!(
-            *capture.0.lock().unwrap(),
+            *countersign_core::sync::lock(&capture.0),
             [("confirm".to_owned(), "replay".to_owned())]
         );
     }
@@ -902,10 +900,7 @@ mod tests {
         });
         assert!(matches!(stored, Err(StoreError::Open { .. })));
         assert!(
-            capture
-                .0
-                .lock()
-                .unwrap()
+            countersign_core::sync::lock(&capture.0)
                 .contains(&("confirm".to_owned(), "refused".to_owned()))
         );
     }

@@ -42,6 +42,8 @@
 //! The DSN's password never appears in a log, an error or a `Debug` print: the only description
 //! of the database kept is `user@host:port/dbname`.
 
+use countersign_core::sync::lock;
+
 /// Runs `$op` (a future using `$conn`, a pooled connection) within the statement timeout, and
 /// gives the connection back unless the failure leaves it unsound.
 macro_rules! on_connection {
@@ -451,9 +453,7 @@ impl Postgres {
     fn doubts(&self) -> std::sync::MutexGuard<'_, HashMap<Nonce, i64>> {
         // A panic while holding this lock cannot leave the map half-changed (one insert or
         // remove): take it over.
-        self.doubtful
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.doubtful)
     }
 
     /// Runs `op`, giving up after the statement timeout with [`StoreError::PostgresTimeout`].

@@ -276,9 +276,7 @@ impl Sqlite {
 }
 
 fn lock(store: &Mutex<Store>) -> MutexGuard<'_, Store> {
-    store
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    countersign_core::sync::lock(store)
 }
 
 impl From<Store> for Sqlite {

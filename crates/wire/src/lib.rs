@@ -38,7 +38,6 @@
 //!
 //! There is no message that approves or denies, and none that carries policy, a class or an
 //! identity: the desk decides those itself. A name in the hello is a display label only.
-#![deny(missing_docs)]
 
 use std::fmt;
 

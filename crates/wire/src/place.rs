@@ -11,6 +11,7 @@
 //! in a directory every account can write to: there [`prepare_socket_dir`] refuses a directory
 //! that another account owns or can write into, since whoever controls it could put their own
 //! socket where gateways look for the desk.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::ffi::{CStr, CString, OsString};
 use std::io;

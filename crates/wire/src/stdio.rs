@@ -33,6 +33,7 @@
 //! [`MAX_NOTED_ID`] bytes, or beyond [`SLOTS`] at once, is not noted (no agent uses either); a desk
 //! that dies between noting a request and taking it out of the ring leaves both, so the agent may
 //! get a `desk_lost` answer and then a second answer from the next desk, which it ignores.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::fmt;
 use std::fs::File;
@@ -97,8 +98,10 @@ pub enum End {
 /// agent gives a server it launches and the only kinds the desk takes (a terminal, a file, a
 /// datagram or network socket is left with the gateway).
 pub fn end_of(fd: RawFd) -> Option<End> {
-    // SAFETY: fstat writes into the zeroed struct it is given, for a descriptor the caller names.
+    // SAFETY: an all-zero `stat` is a valid value of that plain C struct.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into the struct it is given, for a descriptor the caller names; a
+    // closed or bad one is an error return, not undefined behaviour.
     if unsafe { libc::fstat(fd, &mut stat) } != 0 {
         return None;
     }
@@ -297,8 +300,9 @@ impl Mapping {
         }
         // Only an ordinary memory file: one backed by huge pages could fault with no page to
         // give (SIGBUS) after its owner punched a hole in it.
-        // SAFETY: fstatfs writes into the zeroed struct it is given.
+        // SAFETY: an all-zero `statfs` is a valid value of that plain C struct.
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: fstatfs writes into the struct it is given; a bad descriptor is an error return.
         if unsafe { libc::fstatfs(fd, &mut fs) } != 0 || fs.f_type != libc::TMPFS_MAGIC {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

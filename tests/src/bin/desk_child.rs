@@ -8,6 +8,7 @@
 //! the window, inside a test program. It prints `READY` once it listens and runs until killed or
 //! until its stdin closes. It ignores SIGXFSZ, so that a test can stand a file-size limit in for
 //! a full disk. Never built into the product.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -17,6 +17,7 @@
 //!
 //! An outcome line is `OUTCOME<TAB>MICROSECONDS<TAB>DETAIL` with OUTCOME one of `ok`,
 //! `already_spent`, `unreachable`, `open_error`.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

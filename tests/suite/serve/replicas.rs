@@ -6,6 +6,7 @@
 //! agent asks on the new A; the person decides 30 s after the first ask, three times the time a
 //! dead replica's rows stay in sight on their own. The call stays in the desks' queue once,
 //! under one number, is approved, and runs exactly once. About 40 s.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

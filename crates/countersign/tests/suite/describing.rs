@@ -54,7 +54,7 @@ async fn hostile_batches_being_described_never_hold_up_another_agents_open_call(
         let (peer, order) = (hostile.peer().clone(), Arc::clone(&order));
         sent.push(tokio::spawn(async move {
             let r = call(&peer, "execute", json!({ "sql": ENDLESS })).await;
-            order.lock().unwrap().push("hostile");
+            countersign_core::sync::lock(&order).push("hostile");
             r
         }));
     }
@@ -66,7 +66,7 @@ async fn hostile_batches_being_described_never_hold_up_another_agents_open_call(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let r = call(&other, "query", json!({"sql": "SELECT 2 AS two"})).await;
-    order.lock().unwrap().push("open");
+    countersign_core::sync::lock(&order).push("open");
     assert_eq!(
         r.structured_content.unwrap()["rows"],
         json!([{"two": 2}]),
@@ -74,10 +74,10 @@ async fn hostile_batches_being_described_never_hold_up_another_agents_open_call(
     );
     let r = call(&other, "list_tables", json!({})).await;
     assert_ne!(r.is_error, Some(true), "{r:?}");
-    order.lock().unwrap().push("open");
+    countersign_core::sync::lock(&order).push("open");
     // The hostile connection's own open call is not stuck behind its batches either.
     let r = call(&hostile, "query", json!({"sql": "SELECT 3 AS three"})).await;
-    order.lock().unwrap().push("open");
+    countersign_core::sync::lock(&order).push("open");
     assert_eq!(r.structured_content.unwrap()["rows"], json!([{"three": 3}]));
     for hostile in sent {
         let r = hostile.await.unwrap();
@@ -88,7 +88,7 @@ async fn hostile_batches_being_described_never_hold_up_another_agents_open_call(
             "{said}"
         );
     }
-    let order = order.lock().unwrap().clone();
+    let order = countersign_core::sync::lock(&order).clone();
     assert_eq!(
         &order[..3],
         ["open", "open", "open"],

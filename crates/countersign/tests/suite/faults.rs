@@ -3,8 +3,10 @@
 //! behind a real Unix socket, real upstream processes. An upstream killed with SIGKILL in the
 //! middle of a call, and a desk restarted while a preflight waits: the agent gets a clear answer
 //! in time, nothing runs twice, and the next call works.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use crate::common;
+use crate::peers::python;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -539,16 +541,6 @@ async fn a_desk_that_does_not_come_back_is_a_clear_error_after_a_few_tries_and_n
     assert_eq!(text(&r), "did it");
     assert_eq!(executed(&log, "read").len(), 2);
     agent.cancel().await.unwrap();
-}
-
-/// The Python of the virtual environment `.ci/setup tests` installs the MCP SDK into.
-fn python() -> PathBuf {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/peers/venv/bin/python");
-    assert!(
-        python.exists(),
-        "the MCP SDK for Python is not installed in target/peers: run .ci/setup tests"
-    );
-    python
 }
 
 /// An agent on 2026-07-28 opens with `server/discover` and no handshake: after a restart the

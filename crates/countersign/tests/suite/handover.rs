@@ -4,6 +4,7 @@
 //! Once handed over, the agent's messages flow without the gateway (it can be stopped); the
 //! gateway still ends the session when it goes; and a gateway that offers its stdio and then
 //! sends anything else is closed without harm.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
 use crate::common;
 

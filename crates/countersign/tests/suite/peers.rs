@@ -67,8 +67,9 @@ fn server_filesystem() -> PathBuf {
     npm_server(SERVER_FILESYSTEM, "mcp-server-filesystem")
 }
 
-/// The Python of the virtual environment `.ci/setup tests` installs `mcp` into.
-fn python() -> PathBuf {
+/// The Python of the virtual environment `.ci/setup tests` installs `mcp` into (the suite's one
+/// way to reach it).
+pub(crate) fn python() -> PathBuf {
     let python = peers_dir().join("venv/bin/python");
     assert!(
         python.exists(),

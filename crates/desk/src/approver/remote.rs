@@ -1,6 +1,7 @@
 //! The enrolled servers' waiting calls in this desk's queue ([`Remote`]): read over mutual TLS,
 //! taken only when the plan shown is the plan hashed, and decided by a signed decision sent back.
 
+use countersign_core::sync::lock;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -177,10 +178,7 @@ impl Remote {
                 }
                 match self.client(&server) {
                     Ok(client) => {
-                        self.clients
-                            .lock()
-                            .unwrap()
-                            .insert(url.clone(), client.clone());
+                        lock(&self.clients).insert(url.clone(), client.clone());
                         let reader = self.clone();
                         let task = tokio::spawn({
                             let url = url.clone();
@@ -308,7 +306,7 @@ impl Remote {
     fn replace(&self, url: &str, list: Vec<Value>) {
         let mut changes = Vec::new();
         {
-            let mut waiting = self.waiting.lock().unwrap();
+            let mut waiting = lock(&self.waiting);
             let mut kept = Vec::new();
             for item in list {
                 let Some(parsed) = parse(&item["request"], url) else {
@@ -364,10 +362,7 @@ impl Remote {
 
     /// The team servers' waiting calls, oldest first.
     pub fn pending(&self) -> Vec<PendingRequest> {
-        let mut list: Vec<PendingRequest> = self
-            .waiting
-            .lock()
-            .unwrap()
+        let mut list: Vec<PendingRequest> = lock(&self.waiting)
             .values()
             .map(|w| w.shown.clone())
             .collect();
@@ -384,10 +379,7 @@ impl Remote {
         typed_target: Option<&str>,
         note: Option<&str>,
     ) -> Result<(), RemoteError> {
-        let waiting = self
-            .waiting
-            .lock()
-            .unwrap()
+        let waiting = lock(&self.waiting)
             .get(&id)
             .cloned()
             .ok_or(RemoteError::NotPending)?;
@@ -432,10 +424,7 @@ impl Remote {
         if let Some(note) = note.map(str::trim).filter(|n| !n.is_empty()) {
             body["note"] = json!(note);
         }
-        let client = self
-            .clients
-            .lock()
-            .unwrap()
+        let client = lock(&self.clients)
             .get(&waiting.url)
             .cloned()
             .ok_or(RemoteError::NotPending)?;
@@ -451,7 +440,7 @@ impl Remote {
             Ok((200 | 202, _)) => {
                 // Decided (or this person's approval counted, and others' are awaited there):
                 // it leaves this desk's queue.
-                self.waiting.lock().unwrap().remove(&id);
+                lock(&self.waiting).remove(&id);
                 self.engine.announce(QueueChange::Removed {
                     id,
                     reason: if verdict == Verdict::Approve {

@@ -6,6 +6,7 @@
 //! none, the sockets and the sessions serve as in any desk, open tools work, and calls that need
 //! approval are refused `desk_unavailable` (nothing could show a request, so nothing can approve
 //! one).
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use countersign_headless_desk::start;
 use countersign_headless_desk::window;

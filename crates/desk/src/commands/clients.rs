@@ -13,6 +13,7 @@
 //! `$HOME`, `$XDG_CONFIG_HOME` or `$CODEX_HOME` (a gateway, the agent's process, may have started
 //! the desk with an environment of its choosing). For tests, a debug build takes the home from
 //! [`CLIENTS_HOME_ENV`] (then `.config` and `.codex` under it); a release build ignores it.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::path::PathBuf;
 

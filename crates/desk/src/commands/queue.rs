@@ -6,6 +6,7 @@
 //! signed here and decided there ([`crate::approver`]).
 
 use countersign_core::approver::Verdict;
+use countersign_core::sync::lock;
 use serde_json::Value;
 
 use crate::Desk;
@@ -31,7 +32,7 @@ pub async fn check_keychain(desk: &Desk, window: &Windowed) -> Option<String> {
 /// The request a URL asked the window to show, once, as its decimal id (a string: a JavaScript
 /// number is exact only to 2^53): the page asks when it loads and when told (`queue://focus`).
 pub fn take_focus(desk: &Desk) -> Option<String> {
-    desk.wanted.lock().unwrap().take().map(|id| id.to_string())
+    lock(&desk.wanted).take().map(|id| id.to_string())
 }
 
 /// Every request waiting for a person.

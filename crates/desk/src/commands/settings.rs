@@ -2,6 +2,7 @@
 //! secret's rotation, and whether the desk can mint.
 
 use countersign_core::policy::Policy;
+use countersign_core::sync::lock;
 use serde::{Deserialize, Serialize};
 
 use crate::Desk;
@@ -22,7 +23,7 @@ pub struct SettingsView {
 /// The settings and the policy in force.
 pub fn settings(desk: &Desk) -> SettingsView {
     SettingsView {
-        settings: desk.settings.lock().unwrap().clone(),
+        settings: lock(&desk.settings).clone(),
         policy: desk.registry.accepted_text(countersign_registry::POLICY),
     }
 }
@@ -54,7 +55,7 @@ pub async fn save_settings(desk: &Desk, view: SettingsView) -> Result<SettingsVi
         countersign_otlp::Collector::new(endpoint, "countersign-desk", "desk")
             .map_err(|e| UiError::new(UiCode::BadRequest, e.to_string()))?;
     }
-    let before = desk.settings.lock().unwrap().otlp_endpoint.clone();
+    let before = lock(&desk.settings).otlp_endpoint.clone();
     let settings = desk
         .dirs
         .save_settings(&settings)
@@ -67,7 +68,7 @@ pub async fn save_settings(desk: &Desk, view: SettingsView) -> Result<SettingsVi
     desk.engine
         .set_token_ttl_ms(settings.token_minutes * 60_000);
     desk.engine.set_approve_delay_ms(settings.approve_delay_ms);
-    *desk.settings.lock().unwrap() = settings.clone();
+    *lock(&desk.settings) = settings.clone();
     Ok(SettingsView {
         settings,
         policy: view.policy,
@@ -93,6 +94,6 @@ pub struct Status {
 pub fn status(desk: &Desk) -> Status {
     Status {
         secret_problem: desk.secret_problem(),
-        approve_delay_ms: desk.settings.lock().unwrap().approve_delay_ms,
+        approve_delay_ms: lock(&desk.settings).approve_delay_ms,
     }
 }

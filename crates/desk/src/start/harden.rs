@@ -18,6 +18,7 @@
 //!   longer attach to it or read its memory, its environment or its open files through `/proc`,
 //!   where the HMAC key lives), on macOS `PT_DENY_ATTACH`; on both no core file. Debug builds
 //!   stay debuggable.
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 /// Removed by name.
 const SCRUBBED: &[&str] = &[

@@ -15,7 +15,9 @@
 //! The window's process runs no command itself: each invoke crosses the channel and runs here
 //! ([`commands::run`]), with the engine's checks (an approve sooner than the delay since the
 //! window was shown, focused or loaded is refused whatever the page does).
+#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
+use countersign_core::sync::lock;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -136,7 +138,7 @@ impl Windowed {
     }
 
     fn send(&self, message: ToWindow) {
-        if let Some(running) = &self.state.lock().unwrap().running {
+        if let Some(running) = &lock(&self.state).running {
             let _ = running.to.send(message);
         }
     }
@@ -158,7 +160,7 @@ impl Windowed {
 
     /// The window is wanted: shown, or only there with the queue loaded.
     pub fn want(self: &Arc<Self>, show: bool) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = lock(&self.state);
         let (life, act) = state.life.wanted(show);
         state.life = life;
         tracing::debug!(target: "desk", ?life, ?act, "window wanted");
@@ -167,7 +169,7 @@ impl Windowed {
 
     /// The queue changed: the idle wait starts over.
     pub fn touch(&self) {
-        self.state.lock().unwrap().clock.touch();
+        lock(&self.state).clock.touch();
     }
 
     fn act_on(self: &Arc<Self>, state: &mut State, act: Act) {
@@ -323,7 +325,7 @@ impl Windowed {
     /// [`END_WITHIN`].
     fn end(self: &Arc<Self>, number: u64) {
         {
-            let mut state = self.state.lock().unwrap();
+            let mut state = lock(&self.state);
             match state.process(number) {
                 Some(running) => running.close(),
                 None => return,
@@ -332,7 +334,7 @@ impl Windowed {
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(END_WITHIN).await;
-            let mut state = me.state.lock().unwrap();
+            let mut state = lock(&me.state);
             if let Some(running) = state.process(number) {
                 tracing::warn!(target: "desk", "a window's process did not end: killing it");
                 running.kill();
@@ -343,7 +345,7 @@ impl Windowed {
     /// Ends the window's processes now (the desk is stopping). WebKit's processes end when
     /// their parent does.
     pub fn kill_window(&self) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = lock(&self.state);
         let State { running, spare, .. } = &mut *state;
         for process in [running, spare].into_iter().flatten() {
             process.kill();
@@ -352,7 +354,7 @@ impl Windowed {
 
     /// Window `number`'s process has ended.
     fn ended(self: &Arc<Self>, number: u64) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = lock(&self.state);
         if state.spare.as_ref().is_some_and(|s| s.number == number) {
             // Not replaced until the next release (see `spare`).
             tracing::info!(target: "desk", "the spare window process ended");
@@ -383,7 +385,7 @@ impl Windowed {
     /// A message from window `number`.
     fn heard(self: &Arc<Self>, number: u64, message: FromWindow) {
         let spare = {
-            let state = self.state.lock().unwrap();
+            let state = lock(&self.state);
             state.spare.as_ref().is_some_and(|s| s.number == number)
         };
         if spare {
@@ -413,7 +415,7 @@ impl Windowed {
                             err: Some(serde_json::to_value(e).unwrap_or(Value::Null)),
                         },
                     };
-                    let state = me.state.lock().unwrap();
+                    let state = lock(&me.state);
                     if let Some(running) = state.running.as_ref().filter(|r| r.number == number) {
                         let _ = running.to.send(answer);
                     }
@@ -421,7 +423,7 @@ impl Windowed {
             }
             FromWindow::Seen { visible, focused } => {
                 let hold = {
-                    let mut state = self.state.lock().unwrap();
+                    let mut state = lock(&self.state);
                     let Some(running) = state.running.as_mut().filter(|r| r.number == number)
                     else {
                         return;
@@ -441,7 +443,7 @@ impl Windowed {
             FromWindow::Loaded {} => {
                 tracing::debug!(target: "desk::page", "loaded");
                 // A window now, whatever it was started as (see `Running::from_spare`).
-                if let Some(running) = self.state.lock().unwrap().process(number) {
+                if let Some(running) = lock(&self.state).process(number) {
                     running.from_spare = None;
                 }
                 self.hold_approvals();
@@ -452,7 +454,7 @@ impl Windowed {
     /// One look at the window: ended once hidden with nothing pending for the release delay.
     fn look(self: &Arc<Self>) {
         let pending = self.desk.pending().len();
-        let mut state = self.state.lock().unwrap();
+        let mut state = lock(&self.state);
         let seen = match &state.running {
             None => Seen::Absent,
             Some(r) if r.visible => Seen::Shown,
@@ -480,7 +482,7 @@ impl Windowed {
         self.send(ToWindow::Title {
             title: title.clone(),
         });
-        let tray = self.tray.lock().unwrap().clone();
+        let tray = lock(&self.tray).clone();
         if let Some(tray) = tray {
             tokio::spawn(async move {
                 tray.update(|t| t.title = title).await;
@@ -506,7 +508,7 @@ impl Windowed {
     /// A desktop notification for new requests (the newest, and how many more came with it),
     /// when the window is not on screen with the focus.
     fn notify_if_unseen(&self, request: &PendingRequest, more: usize) {
-        let seen = matches!(&self.state.lock().unwrap().running, Some(r) if r.visible && r.focused);
+        let seen = matches!(&lock(&self.state).running, Some(r) if r.visible && r.focused);
         if seen {
             return;
         }
@@ -532,7 +534,7 @@ impl Windowed {
     fn asked(self: &Arc<Self>, id: u64) {
         tracing::info!(target: "desk", request = id, "a request URL was opened");
         self.hold_approvals();
-        *self.desk.wanted.lock().unwrap() = Some(id);
+        *lock(&self.desk.wanted) = Some(id);
         self.emit("queue://focus", Value::Null);
     }
 }
@@ -552,14 +554,14 @@ pub fn run(desk: Desk, in_tray: bool, release_after: Duration, rt: &tokio::runti
             rt: rt.clone(),
         };
         match ksni::TrayMethods::spawn(tray).await {
-            Ok(handle) => *windowed.tray.lock().unwrap() = Some(handle),
+            Ok(handle) => *lock(&windowed.tray) = Some(handle),
             Err(e) => tracing::info!(target: "desk", "no tray icon: {e}"),
         }
     });
     // The idle watch.
     let watching = windowed.clone();
     rt.spawn(async move {
-        let every = watching.state.lock().unwrap().clock.look_every();
+        let every = lock(&watching.state).clock.look_every();
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -580,13 +582,12 @@ pub fn run(desk: Desk, in_tray: bool, release_after: Duration, rt: &tokio::runti
     // runs, so a request may be waiting already (queued before the subscription, it brings no
     // event): then the window comes for it.
     let changes = desk.engine.subscribe();
-    let windowed_now =
-        !in_tray || desk.wanted.lock().unwrap().is_some() || !desk.pending().is_empty();
+    let windowed_now = !in_tray || lock(&desk.wanted).is_some() || !desk.pending().is_empty();
     if windowed_now {
         windowed.want(true);
     } else {
         // In the tray: the first request's window opens in a spare.
-        windowed.spare(&mut windowed.state.lock().unwrap());
+        windowed.spare(&mut lock(&windowed.state));
     }
     tracing::info!(target: "desk", in_tray = !windowed_now, "ready");
     rt.spawn(queue_loop(windowed.clone(), changes));

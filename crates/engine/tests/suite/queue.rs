@@ -766,7 +766,7 @@ struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        countersign_core::sync::lock(&self.0).extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -791,7 +791,7 @@ async fn an_event_history_cannot_keep_is_still_logged_once_and_the_failure_said(
     let logging = tracing::subscriber::set_default(subscriber);
     d.engine.record_unlisted(&tenant, "hidden").await;
     drop(logging);
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = String::from_utf8(countersign_core::sync::lock(&captured.0).clone()).unwrap();
     assert_eq!(log.matches("confirm rejected").count(), 1, "{log}");
     assert!(log.contains("could not write history"), "{log}");
 }

@@ -112,24 +112,18 @@ struct Replica {
 #[async_trait]
 impl SharedRequests for Replica {
     async fn number(&self, local: u64) -> Option<u64> {
-        if *self.table.unshared.lock().unwrap() {
+        if *countersign_core::sync::lock(&self.table.unshared) {
             return None;
         }
         let number = self.base + local;
-        self.table
-            .fates
-            .lock()
-            .unwrap()
+        countersign_core::sync::lock(&self.table.fates)
             .entry(number)
             .or_insert(SharedFate::Waiting);
         Some(number)
     }
 
     async fn fate(&self, number: u64, _tenant: &str, _plan: &PlanHash) -> SharedFate {
-        self.table
-            .fates
-            .lock()
-            .unwrap()
+        countersign_core::sync::lock(&self.table.fates)
             .get(&number)
             .cloned()
             .unwrap_or(SharedFate::Gone)
@@ -204,7 +198,7 @@ async fn on_a_team_server_a_state_says_what_became_of_the_shared_call() {
     let seal = |round| t.a.seal_round(TENANT, "execute", plan, id, round);
     // Denied on some replica while the client was away: the person's note, once.
     let state = seal(1).await.unwrap();
-    t.table.fates.lock().unwrap().insert(
+    countersign_core::sync::lock(&t.table.fates).insert(
         number,
         SharedFate::Denied {
             note: Some("not on Fridays".into()),
@@ -223,31 +217,19 @@ async fn on_a_team_server_a_state_says_what_became_of_the_shared_call() {
     );
     // Minted elsewhere, expired or withdrawn: gone.
     let state = seal(2).await.unwrap();
-    t.table
-        .fates
-        .lock()
-        .unwrap()
-        .insert(number, SharedFate::Gone);
+    countersign_core::sync::lock(&t.table.fates).insert(number, SharedFate::Gone);
     assert_eq!(
         refused(&t.b.resume_round(TENANT, "execute", &args, &state).await),
         Some(&StateRefusal::RequestGone)
     );
     // The shared records unreadable: refused, failing closed, and the state is not spent.
     let state = seal(3).await.unwrap();
-    t.table
-        .fates
-        .lock()
-        .unwrap()
-        .insert(number, SharedFate::Unreachable);
+    countersign_core::sync::lock(&t.table.fates).insert(number, SharedFate::Unreachable);
     assert_eq!(
         refused(&t.b.resume_round(TENANT, "execute", &args, &state).await),
         Some(&StateRefusal::Unreachable)
     );
-    t.table
-        .fates
-        .lock()
-        .unwrap()
-        .insert(number, SharedFate::Waiting);
+    countersign_core::sync::lock(&t.table.fates).insert(number, SharedFate::Waiting);
     assert_eq!(
         t.b.resume_round(TENANT, "execute", &args, &state).await,
         Resumed::Continue { round: 3 }
@@ -260,6 +242,6 @@ async fn on_a_team_server_a_state_says_what_became_of_the_shared_call() {
         Some(&StateRefusal::PlanChanged)
     );
     // A call that cannot be shared now gets no state naming it.
-    *t.table.unshared.lock().unwrap() = true;
+    *countersign_core::sync::lock(&t.table.unshared) = true;
     assert_eq!(seal(5).await, Err(Unsealed::NotShared));
 }

@@ -1,0 +1,413 @@
+//! What is served: read-only serving, real peers (the Python SDK, server-everything), a servers
+//! file with secrets from the replica, the policy file's classes, one resource per server, and a
+//! call in flight at a stop.
+#![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_offers_only_open_tools_and_runs_them() {
+    let marker = "ignored-secret-that-must-not-linger-in-environ";
+    let server = Server::start(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[("CONFIRM_SECRET", marker)],
+    );
+    // Its environment block no longer holds the secret (what an upstream of the same account
+    // could read in /proc).
+    let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap_or_default();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains(marker),
+        "the secret stayed in the environment block"
+    );
+    let agent = agent(&server.url()).await;
+    let mut names: Vec<String> = agent
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["describe_table", "list_tables", "query"]);
+    let query = call(&agent, "query", json!({"sql": "SELECT body FROM notes"})).await;
+    assert!(text_of(&query).contains("hello"), "{query:?}");
+    let execute = call(&agent, "execute", json!({"sql": "DELETE FROM notes"})).await;
+    assert_eq!(execute.is_error, Some(true));
+    assert!(text_of(&execute).contains("read-only"), "{execute:?}");
+    let after = call(
+        &agent,
+        "query",
+        json!({"sql": "SELECT count(*) AS n FROM notes"}),
+    )
+    .await;
+    assert!(
+        text_of(&after).contains("\"n\":1"),
+        "nothing was deleted: {after:?}"
+    );
+    agent.cancel().await.unwrap();
+    // Stateless: no session is ever handed out.
+    let (status, head, _) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+    );
+    assert_eq!(status, 200);
+    assert!(!head.contains("mcp-session-id"), "{head}");
+}
+
+#[test]
+fn real_peers_the_python_sdk_as_agent_and_server_everything_as_upstream() {
+    let python = peers().join("venv/bin/python");
+    let everything = peers().join("node_modules/.bin/mcp-server-everything");
+    assert!(
+        python.exists() && everything.exists(),
+        "the MCP peers are not installed in target/peers: run .ci/setup tests"
+    );
+    // The official Python SDK, with an agent key, in both of its modes.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("records");
+    let (_, key, _) = agent_command(&data, &["add", "python-sdk"]);
+    let server = Server::start(
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--agent-keys",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/http_agent.py");
+    for mode in ["legacy", "auto"] {
+        let out = Command::new(&python)
+            .args([script.to_str().unwrap(), mode, &server.url(), key.trim()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let steps: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let step = |name: &str| {
+            steps
+                .iter()
+                .find(|s| s["step"] == name)
+                .unwrap_or_else(|| panic!("{mode}: no {name} in {stdout}"))
+                .clone()
+        };
+        assert_eq!(
+            step("tools")["names"],
+            json!(["describe_table", "list_tables", "query"]),
+            "{mode}"
+        );
+        assert!(
+            step("query")["result"].to_string().contains("hello"),
+            "{mode}"
+        );
+        let execute = step("execute")["result"].clone();
+        assert_eq!(execute["isError"], json!(true), "{mode}: {execute}");
+        assert_eq!(execute["structuredContent"]["error"], "withheld", "{mode}");
+    }
+    drop(server);
+
+    // The reference server `server-everything` as the upstream: its read-only tools pass
+    // through; what it asks of an agent (roots) is refused at once, not waited on.
+    let server = Server::start_before(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[],
+        Some(&[everything.to_str().unwrap(), "stdio"]),
+    );
+    let (status, _, listed) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 200, "{listed}");
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"echo"), "{names:?}");
+    let (_, _, echoed) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"message":"through the server"}}}"#,
+    );
+    assert!(
+        echoed["result"]
+            .to_string()
+            .contains("Echo: through the server"),
+        "{echoed}"
+    );
+    let began = Instant::now();
+    let (_, _, roots) = post(
+        server.port,
+        &[],
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"get-roots-list","arguments":{}}}"#,
+    );
+    assert!(
+        roots.get("result").is_some() || roots.get("error").is_some(),
+        "{roots}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(20),
+        "a request for the agent's roots was waited on for {:?}",
+        began.elapsed()
+    );
+}
+
+#[test]
+fn a_servers_file_serves_each_upstream_at_its_name_with_secrets_from_the_replica() {
+    let python = which("python3");
+    let peers_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("servers.json");
+    std::fs::write(
+        &file,
+        json!({"servers": {
+            "envs": {"command": [python, peers_src.join("env_server.py")],
+                     "env": {"API_TOKEN": {"secret": true}, "MODE": "team"}},
+            "echo": {"command": [python, peers_src.join("echo_server.py")]},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let secret = "team-upstream-credential-7f3a";
+    // A secret that is nowhere: refused before anything is bound, naming where it would be.
+    let out = serve(
+        &bin("countersign-serve"),
+        &[
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--read-only",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--servers",
+            file,
+        ],
+        &[],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("COUNTERSIGN_SECRET_ENVS_API_TOKEN"),
+        "{stderr}"
+    );
+
+    let mut args = vec!["--read-only", "--behind-tls-proxy", "--unauthenticated"];
+    args.extend(["--servers", file]);
+    let server = Server::start_before(
+        &args,
+        &[
+            ("COUNTERSIGN_SECRET_ENVS_API_TOKEN", secret),
+            ("CONFIRM_SECRET", "x".repeat(40).as_str()),
+        ],
+        Some(&[]),
+    );
+    let port = server.port;
+    let at = |path: &str, body: &str| {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (status, _, body) = exchange_on(stream, "POST", path, &JSON, body.as_bytes());
+        (
+            status,
+            serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
+        )
+    };
+    let env = |name: &str| {
+        let (status, body) = at(
+            "/mcp/envs",
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": "env", "arguments": {"name": name}}})
+            .to_string(),
+        );
+        assert_eq!(status, 200, "{body}");
+        body["result"]["structuredContent"]["value"].clone()
+    };
+    // The upstream has exactly its entry's environment: the secret from the replica, the plain
+    // value from the file, and nothing of the server's own.
+    assert_eq!(env("API_TOKEN"), json!(secret));
+    assert_eq!(env("MODE"), json!("team"));
+    assert_eq!(env("CONFIRM_SECRET"), Value::Null);
+    assert_eq!(env("COUNTERSIGN_SECRET_ENVS_API_TOKEN"), Value::Null);
+    assert_eq!(env("HOME"), Value::Null);
+    // The other server, at its own name; its gated tool withheld on a read-only server.
+    let (status, listed) = at(
+        "/mcp/echo",
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 200);
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["echo"]);
+    assert_eq!(
+        at("/mcp/nope", r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#).0,
+        404
+    );
+    assert_eq!(
+        at("/mcp", r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#).0,
+        404
+    );
+    // Gone from the server's own environment block.
+    let environ = std::fs::read(format!("/proc/{}/environ", server.child.id())).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&environ).contains(secret));
+    let log = server.stop();
+    assert!(log.contains("listening on"), "{log}");
+}
+
+#[test]
+fn the_policy_file_classes_a_servers_tools_and_a_bad_one_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = echo_servers_file(dir.path());
+    let policy = dir.path().join("policy.toml");
+    // The read-only `echo` classed as works-once by the team: a read-only server withholds it.
+    std::fs::write(
+        &policy,
+        "[servers.\"server:echo\".tools.echo]\nclass = \"once\"\n",
+    )
+    .unwrap();
+    let args = [
+        "--read-only",
+        "--behind-tls-proxy",
+        "--unauthenticated",
+        "--servers",
+        servers.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+    ];
+    let server = Server::start_before(&args, &[], Some(&[]));
+    let stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let (status, _, body) = exchange_on(
+        stream,
+        "POST",
+        "/mcp/echo",
+        &JSON,
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed["result"]["tools"], json!([]), "{listed}");
+    drop(server);
+    std::fs::write(
+        &policy,
+        "[servers.echo.tools.echo]\nclass = \"sometimes\"\n",
+    )
+    .unwrap();
+    let stderr = refused_without_binding(&bin("countersign-serve"), &args, &[]);
+    assert!(stderr.contains("--policy"), "{stderr}");
+}
+
+#[test]
+fn a_call_in_flight_when_the_server_is_told_to_stop_is_answered_before_it_stops() {
+    let python = which("python3");
+    let slow = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/slow_server.py");
+    let dir = tempfile::tempdir().unwrap();
+    let log_file = dir.path().join("ran.jsonl");
+    let mut server = Server::start_before(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[],
+        Some(&[&python, slow.to_str().unwrap(), log_file.to_str().unwrap()]),
+    );
+    let port = server.port;
+    let call = std::thread::spawn(move || {
+        post(
+            port,
+            &[],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sleep","arguments":{"seconds":2}}}"#,
+        )
+    });
+    // The upstream says when the call has started (its stderr, in the server's log).
+    let began = Instant::now();
+    while !server.log().contains("sleep started") {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill takes plain integers; the pid is our own child, not yet reaped.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let (status, _, answer) = call.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["result"].to_string().contains("slept"), "{answer}");
+    // Then it stops, on its own.
+    let stopped = Instant::now();
+    while !matches!(server.child.try_wait(), Ok(Some(_))) {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "it did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.log().contains("stopping"), "{}", server.log());
+}
+
+#[test]
+fn each_server_of_the_file_is_its_own_resource_with_its_own_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = echo_servers_file(dir.path());
+    let issuer = Issuer::start();
+    let mut args = oauth_args(&["--jwks-url", &issuer.jwks_url]);
+    args.extend(["--servers".to_owned(), servers.to_str().unwrap().to_owned()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start_before(&refs, &[], Some(&[]));
+    let list = |token: Option<&str>| {
+        let stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers = JSON.to_vec();
+        if let Some(b) = &bearer {
+            headers.push(("Authorization", b.as_str()));
+        }
+        exchange_on(
+            stream,
+            "POST",
+            "/mcp/echo",
+            &headers,
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        )
+    };
+    let (status, head, _) = list(None);
+    assert_eq!(status, 401);
+    assert!(
+        head.contains(
+            "resource_metadata=\"https://mcp.example.test/.well-known/oauth-protected-resource/mcp/echo\""
+        ),
+        "{head}"
+    );
+    let endpoint = format!("{RESOURCE}/echo");
+    assert_eq!(list(Some(&issuer.token(json!({"aud": endpoint})))).0, 200);
+    assert_eq!(list(Some(&issuer.token(json!({"aud": RESOURCE})))).0, 200);
+    let (status, _, _) = list(Some(
+        &issuer.token(json!({"aud": format!("{RESOURCE}/other")})),
+    ));
+    assert_eq!(status, 401, "a token for another server's endpoint");
+    let meta = |path: &str| {
+        let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let doc = meta("/.well-known/oauth-protected-resource/mcp/echo");
+    let body: Value = serde_json::from_str(doc.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(body["resource"], json!(endpoint));
+    assert!(meta("/.well-known/oauth-protected-resource/mcp/nope").starts_with("HTTP/1.1 404"));
+}
