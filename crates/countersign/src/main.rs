@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use countersign::export::{ExportError, Format};
-use countersign::{launch, logging, paths, pipe};
+use countersign::{logging, paths};
+use countersign_pipe::{self as pipe, launch};
 use countersign_store::{HistoryFilter, HistoryReader, StoreOptions};
 use countersign_wire::Reach;
 

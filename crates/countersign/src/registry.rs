@@ -15,7 +15,7 @@ use countersign_wire::{
     DeskError, Frame, Hello, PROTOCOL_VERSION, RegistryAnswer, RegistryRequest,
 };
 
-use crate::pipe;
+use countersign_pipe as pipe;
 
 /// Where the desk is, and whether to start it when none answers.
 #[derive(Debug, Clone)]

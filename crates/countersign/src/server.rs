@@ -163,7 +163,7 @@ fn report(answer: Result<RegistryAnswer, DeskError>, out: &mut dyn Write) -> i32
         }
         Err(e) => {
             eprintln!("countersign server: {e}");
-            crate::pipe::exit_code(&e)
+            countersign_pipe::exit_code(&e)
         }
     }
 }

@@ -172,7 +172,7 @@ async fn run(socket: PathBuf) -> i32 {
             return 1;
         }
         println!("Starting the desk…");
-        if let Err(e) = countersign::launch::start_desk(&[]) {
+        if let Err(e) = countersign_pipe::launch::start_desk(&[]) {
             eprintln!("countersign demo: cannot start the desk: {e}");
             return 1;
         }
@@ -213,8 +213,21 @@ fn gateway_program() -> PathBuf {
     me.with_file_name("countersign")
 }
 
+/// Logs (rmcp's, mostly) go to stderr, as `RUST_LOG` says (warnings by default): stdout is the
+/// demo's own story of each step.
+fn init_logging() {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|spec| tracing_subscriber::EnvFilter::try_new(spec).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .init();
+}
+
 fn main() {
-    countersign::logging::init();
+    init_logging();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,4 +1,9 @@
-//! `countersign mcp`: the pipe between an agent and the desk.
+//! `countersign mcp`: the pipe between an agent and the desk, and the desk's launcher.
+//!
+//! A crate of its own that links nothing of Countersign's but the wire protocol
+//! (`countersign-wire`), so that what an agent starts cannot link policy, records or MCP code by
+//! accident: the `countersign` command and the demo use it; [`launch`] starts the desk (and
+//! finds the other programs beside this one).
 //!
 //! The agent launches and controls this process, so it holds nothing and decides nothing: it
 //! connects to the desk (starting one when none answers at the socket computed from the user id;
@@ -20,7 +25,9 @@
 //! `server/discover` it opened with) under an id of its own, swallowing the answer, and its
 //! `notifications/initialized`: the agent goes on as if nothing happened, except that confirm
 //! tokens of the old session no longer work, which the errors say.
-#![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
+#![allow(unsafe_code)] // this crate reaches the OS through libc; each unsafe block says why it is sound
+
+pub mod launch;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -82,7 +89,8 @@ pub fn exit_code(err: &DeskError) -> i32 {
     }
 }
 
-pub(crate) fn lost(e: impl std::fmt::Display) -> DeskError {
+/// The connection to the desk was lost (or never made) because of `e`.
+pub fn lost(e: impl std::fmt::Display) -> DeskError {
     DeskError::Lost(e.to_string())
 }
 
@@ -194,7 +202,7 @@ fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
 
 /// Connects, starting the desk once if none answers at the computed path and giving it a few
 /// seconds to bind.
-pub(crate) fn connect(options: &Options) -> Result<UnixStream, DeskError> {
+pub fn connect(options: &Options) -> Result<UnixStream, DeskError> {
     let unreachable =
         |e: std::io::Error| DeskError::Unreachable(format!("{}: {e}", options.socket.display()));
     let first = match dial(&options.socket, options.desk_uid) {
@@ -210,10 +218,10 @@ pub(crate) fn connect(options: &Options) -> Result<UnixStream, DeskError> {
     }
     tracing::info!(target: "gateway", "no desk answers; starting one");
     // In the tray: nothing waits yet, so no window (the first request brings it).
-    if let Err(e) = crate::launch::start_desk(&[countersign_wire::DESK_IN_TRAY.to_owned()]) {
+    if let Err(e) = launch::start_desk(&[countersign_wire::DESK_IN_TRAY.to_owned()]) {
         return Err(DeskError::Unreachable(format!(
             "cannot start {}: {e}",
-            crate::launch::desk_program().display()
+            launch::desk_program().display()
         )));
     }
     // The desk binds its socket early in its start; wait for it with a growing step.
@@ -230,7 +238,7 @@ pub(crate) fn connect(options: &Options) -> Result<UnixStream, DeskError> {
 }
 
 /// Reads one frame. `Ok(None)` when the desk closed the connection between frames.
-pub(crate) fn read_frame(reader: &mut impl Read) -> Result<Option<Frame>, FrameError> {
+pub fn read_frame(reader: &mut impl Read) -> Result<Option<Frame>, FrameError> {
     let mut len = [0u8; 4];
     match reader.read_exact(&mut len) {
         Ok(()) => {}
@@ -246,7 +254,8 @@ pub(crate) fn read_frame(reader: &mut impl Read) -> Result<Option<Frame>, FrameE
     decode(&body).map(Some)
 }
 
-pub(crate) fn write_frame(writer: &mut impl Write, frame: &Frame) -> Result<(), FrameError> {
+/// Writes one frame, whole.
+pub fn write_frame(writer: &mut impl Write, frame: &Frame) -> Result<(), FrameError> {
     // One write per frame: the desk sees whole frames as early as possible.
     writer.write_all(&encode(frame)?)?;
     Ok(())
@@ -593,8 +602,12 @@ impl Link {
 /// The link, shared by both threads. Never held across a write to the socket or to stdout.
 type Shared = Arc<Mutex<Link>>;
 
+/// Takes the link, recovering it if a thread panicked while holding it (as
+/// `countersign_core::sync::lock` does everywhere else; the pipe links `wire` alone).
+#[allow(clippy::disallowed_methods)] // the pipe's one lock, poison-tolerant like core's
 fn lock(link: &Shared) -> std::sync::MutexGuard<'_, Link> {
-    countersign_core::sync::lock(link)
+    link.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Writes one message to stdout as a line, whole, so that the two threads' lines never
