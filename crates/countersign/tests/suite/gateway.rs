@@ -463,6 +463,50 @@ async fn stdin_closed_ends_the_gateway_with_exit_0() {
     assert_eq!(code, 0, "{stderr}");
 }
 
+/// Regression: after a session, the desk kept its side of the connection open for the 5 s it
+/// gives a writer to drain (the session, held by the connection's door, still held the writer's
+/// sender), so a gateway whose agent closed stdin lingered 5 s, and so did any agent waiting for
+/// its server to exit. It now ends with the session: well within the 5 s it used to wait out
+/// (4 s leaves room for a loaded machine; the old path always took more than 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_session_a_gateway_whose_agent_closes_stdin_exits_without_waiting_out_the_desk() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let desk = desk().await;
+    let db = desk.dir.path().join("app.sqlite");
+    let mut cmd = gateway_command(&desk.socket, &["--db", db.to_str().unwrap()]);
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "closer", "version": "1"}}});
+    stdin
+        .write_all(format!("{initialize}\n").as_bytes())
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+        .await
+        .expect("an answer to initialize")
+        .unwrap()
+        .expect("a line");
+    assert!(answer.contains("\"result\""), "{answer}");
+    let closed = std::time::Instant::now();
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the gateway did not exit within 30 s")
+        .unwrap();
+    let took = closed.elapsed();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        took < Duration::from_secs(4),
+        "the gateway took {took:?} to exit after its agent closed stdin"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_disconnect_withdraws_its_pending_requests() {
     let desk = desk().await;
