@@ -130,11 +130,16 @@ async fn main() {
     println!("{key:?}   <- what a Debug print of the key shows");
 
     let dir = std::env::temp_dir().join(format!("countersign-walkthrough-{}", std::process::id()));
-    let mut config = EngineConfig::new(dir.join("desk.sqlite"));
+    std::fs::create_dir_all(&dir).expect("the walkthrough's directory");
+    let mut config = EngineConfig::new();
     // The scripted clicker approves at once; a person's window enforces the delay.
     config.approve_delay_ms = 0;
     config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
-    let engine = Engine::new(config, Ok(key)).expect("engine");
+    let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
+        dir.join("desk.sqlite"),
+        countersign_store::StoreOptions::default(),
+    ));
+    let engine = Engine::new(config, records, Ok(key));
     let tenant = {
         let t = engine.connect(ServerId::Command("builtin".into()));
         engine.set_client_info(&t, json!({"name": "sample-agent", "version": "1.0"}));

@@ -19,11 +19,11 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn engine_on(records: Postgres, dir: &tempfile::TempDir) -> Engine {
-    let mut config = EngineConfig::new(dir.path().join("unused.sqlite"));
+fn engine_on(records: Postgres) -> Engine {
+    let mut config = EngineConfig::new();
     // Approvals below the window, right after the preflight: no person's delay to wait out.
     config.approve_delay_ms = 0;
-    Engine::with_records(
+    Engine::new(
         config,
         Arc::new(records),
         Ok(SigningKey::new(&[7; 32]).unwrap()),
@@ -66,12 +66,11 @@ fn refusal<T>(answer: &Result<T, Stopped>) -> Option<Refusal> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn the_engine_on_postgres_executes_an_approved_once_call_exactly_once() {
-    let dir = tempfile::tempdir().unwrap();
     let dsn = shared_database().await;
     let records = Postgres::connect(&dsn, PostgresOptions::default())
         .await
         .unwrap();
-    let engine = engine_on(records, &dir);
+    let engine = engine_on(records);
     let tenant = connect(&engine).await;
     let args = json!({"sql": "DELETE FROM t WHERE id = 7"});
     let (token, target) = approved(&engine, &tenant, &args).await;
@@ -101,7 +100,6 @@ async fn the_engine_on_postgres_executes_an_approved_once_call_exactly_once() {
         Postgres::connect(&dsn, PostgresOptions::default())
             .await
             .unwrap(),
-        &dir,
     );
     let kinds: Vec<EventKind> = reader
         .history(&HistoryFilter::all())
@@ -131,7 +129,6 @@ async fn the_engine_on_postgres_executes_an_approved_once_call_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn a_confirm_whose_spend_was_cut_is_refused_unreachable_then_only_ever_already_used() {
-    let dir = tempfile::tempdir().unwrap();
     let dsn = shared_database().await;
     let port: u16 = dsn
         .split_whitespace()
@@ -146,7 +143,7 @@ async fn a_confirm_whose_spend_was_cut_is_refused_unreachable_then_only_ever_alr
     )
     .await
     .unwrap();
-    let engine = engine_on(records, &dir);
+    let engine = engine_on(records);
     let tenant = connect(&engine).await;
     let args = json!({"sql": "DROP TABLE t"});
     let (token, target) = approved(&engine, &tenant, &args).await;

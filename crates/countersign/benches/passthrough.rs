@@ -211,9 +211,13 @@ fn desk(args: &[String]) -> ! {
         .expect("a Tokio runtime");
     runtime.block_on(async {
         let key = SigningKey::new(&[42; 32]).expect("a 32-byte key");
-        let mut config = EngineConfig::new(db);
+        let mut config = EngineConfig::new();
         config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
-        let engine = Engine::new(config, Ok(key)).expect("the engine starts");
+        let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
+            db,
+            countersign_store::StoreOptions::default(),
+        ));
+        let engine = Engine::new(config, records, Ok(key));
         let served = countersign_session::serve(engine, PathBuf::from(socket))
             .await
             .expect("the desk serves its socket");

@@ -11,11 +11,11 @@ pub(crate) use countersign_core::sync::lock;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
-use countersign_store::{HistoryFilter, Records, Sqlite, Store, StoreError};
+use countersign_store::{HistoryFilter, Records, StoreError};
 use tokio::sync::broadcast;
 
 use crate::answer::{ErrorCode, Stopped};
-use crate::config::{EngineConfig, EngineError, NoKey};
+use crate::config::{EngineConfig, NoKey};
 use crate::describing;
 use crate::queue::QueueChange;
 use crate::state::{Inner, Live, State};
@@ -78,35 +78,12 @@ impl Engine {
         self.now()
     }
 
-    /// Starts an engine. `key` is the signing key, or why there is none (a missing or locked
-    /// keychain): the engine then runs, queues and shows requests, but mints nothing.
+    /// Starts an engine whose records live in `records`: the desk's SQLite file
+    /// (`countersign_store::Sqlite`), PostgreSQL for a team's server, or any other implementation
+    /// of the trait; the engine opens no file itself. `key` is the signing key, or why there is
+    /// none (a missing or locked keychain): the engine then runs, queues and shows requests, but
+    /// mints nothing.
     pub fn new(
-        config: EngineConfig,
-        key: Result<SigningKey, NoKey>,
-    ) -> Result<Engine, EngineError> {
-        if let Some(dir) = config
-            .store_path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-        {
-            std::fs::create_dir_all(dir).map_err(|source| EngineError::DataDir {
-                path: dir.to_owned(),
-                source,
-            })?;
-        }
-        // Deferred: a ledger that cannot open now is reported per operation (fail closed), and
-        // retried, rather than keeping the desk from starting.
-        let store = Store::open_deferred(&config.store_path, config.store_options.clone());
-        Ok(Engine::with_records(
-            config,
-            Arc::new(Sqlite::new(store)),
-            key,
-        ))
-    }
-
-    /// Starts an engine whose records live in `records` (PostgreSQL for a team's server, or any
-    /// other implementation of the trait) instead of the SQLite file at `config.store_path`.
-    pub fn with_records(
         config: EngineConfig,
         records: Arc<dyn Records>,
         key: Result<SigningKey, NoKey>,

@@ -1,11 +1,9 @@
 //! How an engine is set up, and why it could not start.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use countersign_core::describe::Describer;
 use countersign_core::policy::Policy;
-use countersign_store::StoreOptions;
 
 use crate::clock::{Clock, SystemClock};
 
@@ -18,10 +16,6 @@ pub const DEFAULT_APPROVE_DELAY_MS: u64 = 1000;
 /// How the engine is set up.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// The SQLite file: ledger, approved arguments, history.
-    pub store_path: PathBuf,
-    /// Options for opening it.
-    pub store_options: StoreOptions,
     /// The policy in force.
     pub policy: Policy,
     /// How long a minted token lives.
@@ -52,11 +46,11 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// Defaults for a store at `store_path`.
-    pub fn new(store_path: impl Into<PathBuf>) -> Self {
+    /// The defaults: the desk's policy default, ten-minute tokens, a window, a one-second
+    /// approve delay, the system clock. Where the records live is not configuration: the
+    /// engine is given them ([`crate::Engine::new`]).
+    pub fn new() -> Self {
         Self {
-            store_path: store_path.into(),
-            store_options: StoreOptions::default(),
             policy: Policy::default(),
             token_ttl_ms: DEFAULT_TOKEN_TTL_MS,
             window: true,
@@ -67,6 +61,12 @@ impl EngineConfig {
             read_only: false,
             tally: None,
         }
+    }
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -91,18 +91,4 @@ impl From<&str> for NoKey {
             why: why.to_owned(),
         }
     }
-}
-
-/// The engine could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum EngineError {
-    /// The store's directory could not be created.
-    #[error("cannot create the data directory {path}: {source}")]
-    DataDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
 }

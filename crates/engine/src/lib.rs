@@ -55,9 +55,7 @@ pub use change::{
     MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, PINNED_FIELDS,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{
-    DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, EngineConfig, EngineError, NoKey,
-};
+pub use config::{DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, EngineConfig, NoKey};
 pub use grants::{
     GrantError, GrantOffer, MAX_GRANT_MINUTES, MAX_LIVE_GRANTS, MIN_PREFIX_SEGMENTS, PathError,
     Widening,

@@ -20,15 +20,23 @@ struct Fixture {
     registry: Registry,
 }
 
+/// The engine's records: the SQLite file at `db`.
+fn sqlite(db: &std::path::Path) -> Arc<countersign_store::Sqlite> {
+    Arc::new(countersign_store::Sqlite::open_deferred(
+        db,
+        countersign_store::StoreOptions::default(),
+    ))
+}
+
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("data/desk.sqlite");
     std::fs::create_dir_all(db.parent().unwrap()).unwrap();
-    let mut config = EngineConfig::new(&db);
+    let mut config = EngineConfig::new();
     config.window = true;
     config.approve_delay_ms = 0;
     let key = countersign_secret::HmacSecret::from_bytes([7; 32]).signing_key();
-    let engine = Engine::new(config, Ok(key)).unwrap();
+    let engine = Engine::new(config, sqlite(&db), Ok(key));
     let items = Arc::new(MemoryItems::new());
     let registry = Registry::open(
         &dir.path().join("config"),
@@ -335,7 +343,7 @@ async fn the_first_start_adopts_the_files_as_found() {
     )
     .unwrap();
     let db = dir.path().join("desk.sqlite");
-    let engine = Engine::new(EngineConfig::new(&db), Err("none".into())).unwrap();
+    let engine = Engine::new(EngineConfig::new(), sqlite(&db), Err("none".into()));
     let registry = Registry::open(
         &dir.path().join("config"),
         &db,
@@ -502,9 +510,9 @@ async fn two_desks_registering_one_name_keep_their_own_secrets() {
     for token in ["first", "second"] {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("desk.sqlite");
-        let mut config = EngineConfig::new(&db);
+        let mut config = EngineConfig::new();
         config.window = true;
-        let engine = Engine::new(config, Err("none".into())).unwrap();
+        let engine = Engine::new(config, sqlite(&db), Err("none".into()));
         let registry = Registry::open(
             &dir.path().join("config"),
             &db,

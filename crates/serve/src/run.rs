@@ -259,7 +259,7 @@ pub async fn run(
         tracing::warn!(target: "serve", "a signing secret was given to a read-only server: it is not used");
     }
     let builtin = matches!(start.upstreams, Upstreams::One(Reach::Builtin { .. }));
-    let mut config = EngineConfig::new(data_dir.join("serve.sqlite"));
+    let mut config = EngineConfig::new();
     config.window = false;
     config.nobody_to_ask = NOBODY_TO_ASK.to_owned();
     config.read_only = read_only;
@@ -277,7 +277,7 @@ pub async fn run(
     // What the engine decides is counted here, and read on the operator listener.
     let metrics = Metrics::new();
     config.tally = Some(metrics.tally());
-    let engine = Engine::with_records(config, records.clone(), key);
+    let engine = Engine::new(config, records.clone(), key);
 
     // Every upstream is started (and answers its handshake) before the port is bound.
     let configured: Vec<(Option<String>, Reach, Headers)> = match start.upstreams {

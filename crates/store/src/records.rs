@@ -248,6 +248,13 @@ impl Sqlite {
         }
     }
 
+    /// The records of the SQLite file at `path`, opened when first used: a file that cannot
+    /// open now is reported by each operation (which then fails closed) and tried again next
+    /// time, rather than keeping a desk from starting ([`Store::open_deferred`]).
+    pub fn open_deferred(path: impl AsRef<std::path::Path>, options: crate::StoreOptions) -> Self {
+        Sqlite::new(Store::open_deferred(path.as_ref(), options))
+    }
+
     /// The store, for what only SQLite has (its path, whether it is connected).
     ///
     /// A panic while the lock was held leaves the store as SQLite left it (every write is one

@@ -46,10 +46,14 @@ fn main() {
         .expect("a Tokio runtime");
     runtime.block_on(async move {
         let key = SigningKey::new(&[42; 32]).expect("a 32-byte key");
-        let mut config = EngineConfig::new(db);
+        let mut config = EngineConfig::new();
         config.approve_delay_ms = 0;
         config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
-        let engine = Engine::new(config, Ok(key)).expect("the engine starts");
+        let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
+            db,
+            countersign_store::StoreOptions::default(),
+        ));
+        let engine = Engine::new(config, records, Ok(key));
         if approve {
             let clicker = engine.clone();
             let mut changes = engine.subscribe();

@@ -23,13 +23,25 @@ pub struct Desk {
 }
 
 pub async fn desk_with(config: impl FnOnce(&mut EngineConfig)) -> Desk {
+    desk_on(countersign_store::StoreOptions::default(), config).await
+}
+
+/// [`desk_with`], its SQLite file opened with `options`.
+pub async fn desk_on(
+    options: countersign_store::StoreOptions,
+    config: impl FnOnce(&mut EngineConfig),
+) -> Desk {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = EngineConfig::new(dir.path().join("desk.sqlite"));
+    let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
+        dir.path().join("desk.sqlite"),
+        options,
+    ));
+    let mut cfg = EngineConfig::new();
     // Approvals below the window, right after the preflight: no person's delay to wait out.
     cfg.approve_delay_ms = 0;
     cfg.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
     config(&mut cfg);
-    let engine = Engine::new(cfg, Ok(SigningKey::new(&[42; 32]).unwrap())).unwrap();
+    let engine = Engine::new(cfg, records, Ok(SigningKey::new(&[42; 32]).unwrap()));
     let socket = dir.path().join("run/desk.sock");
     let served = socket::serve(engine.clone(), socket.clone()).await.unwrap();
     Desk {

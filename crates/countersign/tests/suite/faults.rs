@@ -304,10 +304,14 @@ struct Restartable {
 }
 
 fn engine_in(dir: &Path) -> Engine {
-    let mut config = EngineConfig::new(dir.join("desk.sqlite"));
+    let mut config = EngineConfig::new();
     config.approve_delay_ms = 0;
     config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
-    Engine::new(config, Ok(SigningKey::new(&[42; 32]).unwrap())).unwrap()
+    let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
+        dir.join("desk.sqlite"),
+        countersign_store::StoreOptions::default(),
+    ));
+    Engine::new(config, records, Ok(SigningKey::new(&[42; 32]).unwrap()))
 }
 
 impl Restartable {

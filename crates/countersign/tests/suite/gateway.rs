@@ -288,10 +288,10 @@ async fn expired_token_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_held_by_another_writer_is_ledger_unreachable_and_nothing_runs() {
-    let desk = desk_with(|c| {
-        c.store_options = countersign_store::StoreOptions::default()
-            .with_busy_timeout(Duration::from_millis(200));
-    })
+    let desk = desk_on(
+        countersign_store::StoreOptions::default().with_busy_timeout(Duration::from_millis(200)),
+        |_| {},
+    )
     .await;
     let agent = agent(&desk).await;
     setup_table(&desk, &agent).await;

@@ -23,6 +23,7 @@ use countersign_secret::{
     SecretStore,
 };
 use countersign_session as socket;
+use countersign_store::{Sqlite, StoreOptions};
 use tokio::runtime::Handle;
 
 use crate::Desk;
@@ -266,7 +267,8 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
         open,
         in_tray,
     } = begun;
-    let mut config = EngineConfig::new(dirs.store());
+    let mut config = EngineConfig::new();
+    let mut store_options = StoreOptions::default();
     // The history's head is signed with the chain key from the keychain; without a keychain,
     // events are still chained, and `countersign history verify` says which are not signed.
     match items
@@ -275,7 +277,7 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
         .and_then(|i| seed::chain_key(i.as_ref()).map_err(|e| e.to_string()))
     {
         Ok(key) => {
-            config.store_options = config.store_options.with_chain_key(Arc::new(key));
+            store_options = store_options.with_chain_key(Arc::new(key));
         }
         Err(e) => tracing::warn!(target: "desk", "history's head will not be signed: {e}"),
     }
@@ -283,13 +285,20 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
     config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;
     config.describer = Some(Arc::new(countersign_session::SqlDescriber));
-    let engine = match Engine::new(config, key.map_err(|e| NoKey::from(e.to_string()))) {
-        Ok(engine) => engine,
-        Err(e) => {
-            eprintln!("countersign-desk: {e}");
-            std::process::exit(1);
-        }
-    };
+    let store = dirs.store();
+    if let Some(dir) = store.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Err(e) = std::fs::create_dir_all(dir)
+    {
+        eprintln!(
+            "countersign-desk: cannot create the data directory {}: {e}",
+            dir.display()
+        );
+        std::process::exit(1);
+    }
+    // A file that cannot open now is reported by each call (which fails closed) and tried
+    // again, rather than keeping the desk from starting.
+    let records = Arc::new(Sqlite::open_deferred(&store, store_options));
+    let engine = Engine::new(config, records, key.map_err(|e| NoKey::from(e.to_string())));
     // What applies is what was last accepted: the policy and servers.json as they are on disk
     // are checked against it below, and an edit made outside the desk waits for the person.
     let remote_items = items.as_ref().ok().cloned();

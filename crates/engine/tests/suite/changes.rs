@@ -204,7 +204,7 @@ async fn an_accepted_change_is_pinned_and_calls_pass_without_listing_again() {
     assert_eq!(refusal(&old), Some(Refusal::ToolChanged), "{old:?}");
     // The pin is in the file: a desk started again on it accepts the new definition only.
     drop(d.engine);
-    let engine = Engine::new(support::config(d.dir.path()), Ok(support::key())).unwrap();
+    let engine = support::engine(d.dir.path(), support::config());
     let again = connect(&engine, tools("Reads two files.")).await;
     assert_eq!(engine.open_call(&again, "read").await, Ok(()));
     let back = connect(&engine, tools("Reads a file.")).await;

@@ -32,9 +32,9 @@ async fn setup() -> Setup {
              CREATE TABLE audit (what TEXT);",
         )
         .unwrap();
-    let mut config = crate::support::config(dir.path());
+    let mut config = crate::support::config();
     config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
-    let engine = Engine::new(config, Ok(crate::support::key())).unwrap();
+    let engine = crate::support::engine(dir.path(), config);
     let tenant = engine.connect(ServerId::Builtin(db.clone()));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())

@@ -18,11 +18,11 @@ fn engine(dir: &tempfile::TempDir, delay_ms: u64) -> Engine {
 
 /// An engine whose time is `clock`'s: the test moves it instead of sleeping.
 fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engine {
-    let mut config = crate::support::config(dir.path());
+    let mut config = crate::support::config();
     config.approve_delay_ms = delay_ms;
     config.clock = std::sync::Arc::new(clock);
     config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
-    Engine::new(config, Ok(crate::support::key())).unwrap()
+    crate::support::engine(dir.path(), config)
 }
 
 async fn files(engine: &Engine, server: &str) -> String {

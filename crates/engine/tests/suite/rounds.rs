@@ -20,9 +20,9 @@ const TENANT: &str = "key:ci@team";
 
 /// A replica's engine on the team's file in `dir`, its time `clock`'s.
 fn engine_on(dir: &std::path::Path, clock: &ManualClock) -> Engine {
-    let mut config = crate::support::config(dir);
+    let mut config = crate::support::config();
     config.clock = Arc::new(clock.clone());
-    Engine::new(config, Ok(crate::support::key())).unwrap()
+    crate::support::engine(dir, config)
 }
 
 async fn attached(engine: &Engine) {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use countersign_core::token::SigningKey;
 use countersign_engine::{Engine, EngineConfig, ManualClock, NoKey};
+use countersign_store::{Sqlite, StoreOptions};
 use tokio::sync::broadcast::error::RecvError;
 
 /// The key every engine test signs with.
@@ -14,13 +15,25 @@ pub fn key() -> SigningKey {
     SigningKey::new(&[7; 32]).unwrap()
 }
 
-/// The configuration every engine test starts from: its records in `desk.sqlite` under `dir`,
-/// and no person's delay to wait out (approvals below the window come right after the
-/// preflight).
-pub fn config(dir: &Path) -> EngineConfig {
-    let mut config = EngineConfig::new(dir.join("desk.sqlite"));
+/// The configuration every engine test starts from: no person's delay to wait out (approvals
+/// below the window come right after the preflight).
+pub fn config() -> EngineConfig {
+    let mut config = EngineConfig::new();
     config.approve_delay_ms = 0;
     config
+}
+
+/// The records every engine test keeps: `desk.sqlite` under `dir`.
+pub fn records(dir: &Path) -> Arc<Sqlite> {
+    Arc::new(Sqlite::open_deferred(
+        dir.join("desk.sqlite"),
+        StoreOptions::default(),
+    ))
+}
+
+/// An engine of `config` on the records in `dir` ([`records`]), signing with [`key`].
+pub fn engine(dir: &Path, config: EngineConfig) -> Engine {
+    Engine::new(config, records(dir), Ok(key()))
 }
 
 /// Makes `config`'s time a manual clock, returned for the test to move instead of sleeping.
@@ -53,13 +66,13 @@ impl Desk {
         configure: impl FnOnce(&mut EngineConfig),
     ) -> Desk {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = config(dir.path());
+        let mut config = config();
         let clock = manual_clock(&mut config);
         configure(&mut config);
         Desk {
             clock,
-            path: config.store_path.clone(),
-            engine: Engine::new(config, key).unwrap(),
+            path: dir.path().join("desk.sqlite"),
+            engine: Engine::new(config, records(dir.path()), key),
             dir,
         }
     }
@@ -67,9 +80,9 @@ impl Desk {
     /// Another engine on this desk's file, as the desk started again: `configure` changes
     /// [`config`].
     pub fn again(&self, configure: impl FnOnce(&mut EngineConfig)) -> Engine {
-        let mut config = config(self.dir.path());
+        let mut config = config();
         configure(&mut config);
-        Engine::new(config, Ok(key())).unwrap()
+        engine(self.dir.path(), config)
     }
 }
 
