@@ -10,6 +10,7 @@
 //! `--in-memory-secret` where there is no keychain.
 
 use countersign_core::ServerId;
+use countersign_core::Tenant;
 use std::time::Duration;
 
 use countersign_engine::{
@@ -73,7 +74,7 @@ fn show(response: &impl Show) {
 /// A preflight, approved by the stand-in for the person's click as soon as it is queued.
 async fn preflight_and_click(
     engine: &Engine,
-    tenant: &str,
+    tenant: &Tenant,
     tool: &str,
     args: &Value,
 ) -> (String, String) {

@@ -5,6 +5,7 @@
 //! `ledger_unreachable` and can then only be refused `already_used`. Needs `.ci/with-postgres`.
 
 use countersign_core::ServerId;
+use countersign_core::Tenant;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ fn engine_on(records: Postgres) -> Engine {
     )
 }
 
-async fn connect(engine: &Engine) -> String {
+async fn connect(engine: &Engine) -> Tenant {
     let tenant = engine.connect(ServerId::Command("test-server".into()));
     engine
         .register_tools(&tenant, vec![json!({"name": "execute"})])
@@ -40,7 +41,7 @@ async fn connect(engine: &Engine) -> String {
 }
 
 /// A preflight of `execute(args)`, approved as a click would: the token and its target.
-async fn approved(engine: &Engine, tenant: &str, args: &Value) -> (String, String) {
+async fn approved(engine: &Engine, tenant: &Tenant, args: &Value) -> (String, String) {
     let clicker = engine.clone();
     let mut changes = engine.subscribe();
     let click = tokio::spawn(async move {

@@ -29,6 +29,7 @@ pub mod request_state;
 pub mod server;
 pub mod sync;
 pub mod telemetry;
+pub mod tenant;
 pub mod token;
 pub mod verify;
 
@@ -38,4 +39,5 @@ pub use ledger::{Ledger, MemoryLedger, SpendError};
 pub use plan::{Plan, PlanHash};
 pub use refusal::Refusal;
 pub use server::ServerId;
+pub use tenant::Tenant;
 pub use token::{Claims, Nonce, SigningKey, Token};

@@ -5,6 +5,7 @@
 //! arguments are stored, bound by their MAC, before the token exists. A deny carries the
 //! person's note to the agent.
 
+use countersign_core::Tenant;
 use std::time::Duration;
 
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
@@ -197,7 +198,7 @@ impl Engine {
     pub(crate) async fn mint(
         &self,
         key: &SigningKey,
-        tenant: &str,
+        tenant: &Tenant,
         plan: &Plan,
         hash: PlanHash,
         class: GateClass,
@@ -208,7 +209,7 @@ impl Engine {
             tool: plan.tool.clone(),
             target: plan.target.clone(),
             plan: hash,
-            tenant: tenant.to_owned(),
+            tenant: tenant.to_string(),
             iat: now,
             exp: now.saturating_add(self.token_ttl_ms()),
             nonce: Nonce::from_bytes(rand::random()),

@@ -4,6 +4,7 @@
 //! The rooms (queue, approve, confirm, change, listing, planning, describing, rounds, grants)
 //! each add the methods of one concern to [`Engine`]; this file holds only what they share.
 
+use countersign_core::Tenant;
 use std::sync::{Arc, Mutex};
 
 /// The one poison-tolerant lock (see `countersign_core::sync`), as the engine's rooms import it.
@@ -152,7 +153,7 @@ impl Engine {
         };
         let class = lock(&self.inner.state)
             .connections
-            .get(&event.tenant)
+            .get(event.tenant.as_str())
             .and_then(|c| c.tools.get(&event.tool))
             .map(|listed| listed.rule.class);
         self.tally_request(class, outcome);
@@ -178,7 +179,7 @@ impl Engine {
     pub(crate) fn unplanned(
         &self,
         kind: EventKind,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         note: Option<String>,
     ) -> ConfirmEvent {
@@ -187,7 +188,7 @@ impl Engine {
             kind,
             tool: tool.to_owned(),
             target: None,
-            tenant: tenant.to_owned(),
+            tenant: tenant.to_string(),
             nonce: None,
             plan: None,
             note,
@@ -195,7 +196,7 @@ impl Engine {
     }
 
     /// Records a gated call refused before verification, and passes why on.
-    pub(crate) async fn rejected(&self, tenant: &str, tool: &str, stopped: Stopped) -> Stopped {
+    pub(crate) async fn rejected(&self, tenant: &Tenant, tool: &str, stopped: Stopped) -> Stopped {
         if stopped.refusal() == Some(Refusal::ToolChanged) {
             return self.tool_changed(tenant, tool).await;
         }

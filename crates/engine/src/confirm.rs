@@ -5,6 +5,7 @@
 //! the arguments the person approved, read from the store and checked against their MAC. Each
 //! acceptance records exactly one outcome, from the connection it was accepted on.
 
+use countersign_core::Tenant;
 use countersign_core::binding;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::token::{self, Claims, Nonce, SigningKey};
@@ -39,7 +40,7 @@ impl Engine {
     /// back the arguments the person approved.
     pub async fn confirm(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Result<Accepted, Stopped> {
@@ -51,7 +52,7 @@ impl Engine {
     /// verification: a confirm that cannot be described now is refused and spends nothing).
     pub(crate) async fn confirm_planned(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         planned: Result<Call, Stopped>,
     ) -> Result<Accepted, Stopped> {
@@ -78,7 +79,7 @@ impl Engine {
         let confirm = Confirm {
             token: fields.token.as_deref(),
             confirm_target: fields.target.as_deref(),
-            tenant,
+            tenant: tenant.as_str(),
             tool,
             target: &plan.target,
             plan: hash,
@@ -141,7 +142,7 @@ impl Engine {
             kind,
             tool: tool.to_owned(),
             target: Some(plan.target.clone()),
-            tenant: tenant.to_owned(),
+            tenant: tenant.to_string(),
             nonce: claims.map(|c| c.nonce),
             plan: Some(hash),
             note: None,
@@ -191,7 +192,7 @@ impl Engine {
     /// accepted on.
     pub async fn outcome(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         nonce: &str,
         ok: bool,
         note: Option<String>,
@@ -208,7 +209,7 @@ impl Engine {
     /// [`CallRequest::last_unknown_at_ms`]: crate::CallRequest::last_unknown_at_ms
     pub async fn outcome_unknown(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         nonce: &str,
         note: Option<String>,
     ) -> Result<(), Stopped> {
@@ -238,7 +239,7 @@ impl Engine {
 
     async fn finished(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         nonce: &str,
         kind: EventKind,
         note: Option<String>,
@@ -275,7 +276,7 @@ impl Engine {
             kind,
             tool,
             target,
-            tenant: tenant.to_owned(),
+            tenant: tenant.to_string(),
             nonce: Some(nonce),
             plan,
             note,

@@ -26,6 +26,7 @@
 //! reason of the moment (the time limit, a lock, an I/O error: [`NotNow`]) is an error answer of
 //! the call, never part of a plan.
 
+use countersign_core::Tenant;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,7 +135,7 @@ impl Engine {
     /// The turns of `tenant`'s connection, if planning this call of its describes SQL.
     pub(crate) fn describes(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Option<Arc<Semaphore>> {
@@ -152,7 +153,7 @@ impl Engine {
     /// on the blocking pool, never on an async worker.
     pub(super) async fn plan_aside(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Result<Call, Stopped> {
@@ -194,7 +195,7 @@ impl Engine {
     /// [`Engine::confirm`] from async code: described off the async workers (see [`Self::plan_aside`]).
     pub async fn confirm_aside(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Result<Accepted, Stopped> {
@@ -205,7 +206,7 @@ impl Engine {
     /// [`Engine::withdraw`] from async code: described off the async workers.
     pub async fn withdraw_aside(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Result<(), Stopped> {
@@ -216,7 +217,7 @@ impl Engine {
     /// [`Engine::stop_waiting`] from async code: described off the async workers.
     pub async fn stop_waiting_aside(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Result<(), Stopped> {
@@ -227,7 +228,7 @@ impl Engine {
     /// [`Engine::queued`] from async code: described off the async workers.
     pub async fn queued_aside(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Option<(PlanHash, Option<u64>)> {
@@ -261,7 +262,7 @@ impl Engine {
     /// changes nothing.
     pub fn attach_preview(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         plan_hash: PlanHash,
         preview: Preview,
@@ -300,7 +301,7 @@ impl Engine {
 impl Engine {
     /// The plan hash of this call of `tenant`'s (`arguments` as the agent sent them, planned as
     /// a preflight plans them), or `None` when it cannot be planned.
-    pub fn call_hash(&self, tenant: &str, tool: &str, arguments: &Value) -> Option<PlanHash> {
+    pub fn call_hash(&self, tenant: &Tenant, tool: &str, arguments: &Value) -> Option<PlanHash> {
         self.plan_call(tenant, tool, arguments)
             .ok()
             .map(|call| call.hash)
@@ -308,7 +309,7 @@ impl Engine {
 
     /// Whether a request of `tenant` for `tool` with plan `plan_hash` waits without a preview:
     /// the one time a preview of it is worth making.
-    pub fn awaits_preview(&self, tenant: &str, tool: &str, plan_hash: PlanHash) -> bool {
+    pub fn awaits_preview(&self, tenant: &Tenant, tool: &str, plan_hash: PlanHash) -> bool {
         lock(&self.inner.state).requests.values().any(|e| {
             e.is_call(tenant, tool, plan_hash)
                 && e.is_waiting()

@@ -30,6 +30,7 @@
 //! memory, at most [`MAX_GRANT_TOKENS`] unexpired per grant), so tokens collected while it lived
 //! run nothing after it; those minted before a desk restart are not known to the next run.
 
+use countersign_core::Tenant;
 use serde::Serialize;
 
 use countersign_core::policy::ToolRule;
@@ -491,7 +492,7 @@ impl Engine {
     /// definition is the pinned one.
     pub(crate) fn listed_rule(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
     ) -> Option<(ToolRule, PlanHash, String)> {
         let state = lock(&self.inner.state);
@@ -604,7 +605,7 @@ impl Engine {
             kind,
             server: call.server.clone(),
             tool: view.plan.tool.clone(),
-            tenant: (kind == GrantKind::Prefix).then(|| call.tenant.clone()),
+            tenant: (kind == GrantKind::Prefix).then(|| call.tenant.to_string()),
             plan: (kind == GrantKind::Call).then_some(call.plan_hash),
             prefix,
             target: view.plan.target.clone(),
@@ -637,7 +638,7 @@ impl Engine {
             kind: EventKind::Changed,
             tool: "change:grant".to_owned(),
             target: Some(grant.target.clone()),
-            tenant: call.tenant.clone(),
+            tenant: call.tenant.to_string(),
             nonce: None,
             plan: Some(call.plan_hash),
             note: Some(format!(
@@ -666,7 +667,7 @@ impl Engine {
                     .is_some_and(|k| binding::grant_mac_matches(k, &scope_text(g), &g.mac))
             })
             .filter(|g| match &g.tenant {
-                Some(t) => state.connections.contains_key(t),
+                Some(t) => state.connections.contains_key(t.as_str()),
                 None => true,
             })
             .collect())
@@ -715,7 +716,7 @@ impl Engine {
 
     /// The agent's own `clientInfo` on connection `tenant` while it is connected: shown beside a
     /// session grant, never used to decide anything.
-    pub fn client_info_of(&self, tenant: &str) -> Option<Value> {
+    pub fn client_info_of(&self, tenant: &Tenant) -> Option<Value> {
         lock(&self.inner.state)
             .connections
             .get(tenant)
@@ -723,11 +724,11 @@ impl Engine {
     }
 
     /// Connection `tenant` went away: its session grants end with it.
-    pub(crate) async fn end_session_grants(&self, tenant: &str) {
+    pub(crate) async fn end_session_grants(&self, tenant: &Tenant) {
         let _turn = self.grants_turn().await;
         let ended = self
             .records()
-            .end_prefix_grants(Some(tenant), self.now(), GrantEnd::Disconnected)
+            .end_prefix_grants(Some(tenant.as_str()), self.now(), GrantEnd::Disconnected)
             .await;
         if let Err(e) = ended {
             // They cover nothing anyway: matching needs the tenant, which is never reused.
@@ -742,7 +743,7 @@ impl Engine {
     /// queued (the person would be asked for what a grant of theirs may cover).
     pub(crate) async fn granted(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         plan: &Plan,
         hash: PlanHash,
         arguments: &Map<String, Value>,
@@ -759,7 +760,7 @@ impl Engine {
         let now = self.now();
         let call = Covered {
             server: &server,
-            tenant,
+            tenant: tenant.as_str(),
             tool: &plan.tool,
             target: &plan.target,
             arguments,

@@ -6,6 +6,7 @@
 //! already pinned, keeps being listed but no call of it runs (open or gated) until the person
 //! accepts the change, which re-pins it.
 
+use countersign_core::Tenant;
 use std::collections::HashMap;
 
 use countersign_core::policy;
@@ -34,12 +35,12 @@ pub(crate) const MAX_GONE_SERVERS: usize = 4096;
 impl Engine {
     /// The server name of a connection (its [`ServerId::key`]), also after it disconnected (for
     /// history).
-    pub fn server_of(&self, tenant: &str) -> Option<String> {
+    pub fn server_of(&self, tenant: &Tenant) -> Option<String> {
         lock(&self.inner.state).servers.get(tenant).cloned()
     }
 
     /// The upstream of connection `tenant` while it is connected.
-    pub fn server_id_of(&self, tenant: &str) -> Option<ServerId> {
+    pub fn server_id_of(&self, tenant: &Tenant) -> Option<ServerId> {
         lock(&self.inner.state)
             .connections
             .get(tenant)
@@ -48,7 +49,7 @@ impl Engine {
 
     /// The session refused a call of `tool` before it reached the engine (the upstream does not
     /// list it): on the record like every other refusal.
-    pub async fn record_unlisted(&self, tenant: &str, tool: &str) {
+    pub async fn record_unlisted(&self, tenant: &Tenant, tool: &str) {
         let kind = EventKind::Rejected {
             reason: Rejection::UnlistedTool,
         };
@@ -60,7 +61,7 @@ impl Engine {
     /// own, so the same caller comes back many times). The tenant names the caller and the
     /// server together: an approval binds its tenant, and must never verify on another server.
     /// A tenant already attached to another server keeps its first one.
-    pub fn attach(&self, tenant: &str, id: ServerId) -> Result<(), Stopped> {
+    pub fn attach(&self, tenant: &Tenant, id: ServerId) -> Result<(), Stopped> {
         let server = id.key();
         let now = self.now();
         let mut state = lock(&self.inner.state);
@@ -95,8 +96,11 @@ impl Engine {
     /// awaiting its outcome (it is attached again, its tools listed again, when it comes back).
     /// `false`: every attached caller has something under way.
     fn forget_an_idle_caller(state: &mut State) -> bool {
-        let busy = |tenant: &str| {
-            state.requests.values().any(|e| e.tenant() == Some(tenant))
+        let busy = |tenant: &Tenant| {
+            state
+                .requests
+                .values()
+                .any(|e| e.tenant() == Some(tenant.as_str()))
                 || state.awaiting_outcome.keys().any(|(t, _)| t == tenant)
         };
         let idlest = state
@@ -118,8 +122,8 @@ impl Engine {
     /// established it (a registered server, its built-in tools on a file, a URL, or an ad-hoc
     /// command line): policy is keyed by it and the person sees it. The tenant is the desk's
     /// own, random.
-    pub fn connect(&self, id: ServerId) -> String {
-        let tenant = format!("conn-{:016x}", rand::random::<u64>());
+    pub fn connect(&self, id: ServerId) -> Tenant {
+        let tenant = Tenant::connection(rand::random::<u64>());
         let server = id.key();
         let mut state = lock(&self.inner.state);
         state.servers.insert(tenant.clone(), server.clone());
@@ -131,14 +135,14 @@ impl Engine {
 
     /// The agent of `tenant` said who it is (its MCP `clientInfo`): shown to the person as the
     /// agent's own claim, never used to decide anything.
-    pub fn set_client_info(&self, tenant: &str, client_info: Value) {
+    pub fn set_client_info(&self, tenant: &Tenant, client_info: Value) {
         if let Some(conn) = lock(&self.inner.state).connections.get_mut(tenant) {
             conn.client_info = client_info;
         }
     }
 
     /// A gateway went away: its pending requests leave the queue, and its session grants end.
-    pub async fn disconnect(&self, tenant: &str) {
+    pub async fn disconnect(&self, tenant: &Tenant) {
         self.end_session_grants(tenant).await;
         let mut state = lock(&self.inner.state);
         if state.connections.remove(tenant).is_some() {
@@ -154,7 +158,7 @@ impl Engine {
         let gone: Vec<u64> = state
             .requests
             .iter()
-            .filter(|(_, e)| e.tenant() == Some(tenant))
+            .filter(|(_, e)| e.tenant() == Some(tenant.as_str()))
             .map(|(id, _)| *id)
             .collect();
         let mut withdrawn = Vec::new();
@@ -187,7 +191,7 @@ impl Engine {
     /// a later listing is compared with its pins.
     pub async fn register_tools(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tools: Vec<Value>,
     ) -> Result<Vec<ToolDecision>, Stopped> {
         let policy = self.policy();
@@ -382,7 +386,7 @@ impl Engine {
     /// tool is listed, and its definition is the pinned one. `Ok` when it may; a
     /// refusal or an error (recorded in history) when it may not: `ledger_unreachable` while the
     /// connection's pins could not be read. The session asks before every open call it forwards.
-    pub async fn open_call(&self, tenant: &str, tool: &str) -> Result<(), Stopped> {
+    pub async fn open_call(&self, tenant: &Tenant, tool: &str) -> Result<(), Stopped> {
         let found = {
             let state = lock(&self.inner.state);
             state.connections.get(tenant).map(|c| {
@@ -417,7 +421,7 @@ impl Engine {
     /// pinned one. It counts nothing (see [`Engine::forwarded_open`]). When it says no, the call
     /// takes the session's full path, where [`Engine::open_call`] refuses it on the record: the
     /// session's open lane asks this before it writes a call to the upstream itself.
-    pub fn forwards_open(&self, tenant: &str, tool: &str) -> bool {
+    pub fn forwards_open(&self, tenant: &Tenant, tool: &str) -> bool {
         lock(&self.inner.state)
             .connections
             .get(tenant)
@@ -434,7 +438,7 @@ impl Engine {
     /// Whether a call of `tool` on connection `tenant` may run as listed now (the tool is listed
     /// and its definition is the pinned one): [`Engine::open_call`] without recording a refusal,
     /// for the desk's own calls (a preview reads through the upstream's tools).
-    pub fn runs(&self, tenant: &str, tool: &str) -> bool {
+    pub fn runs(&self, tenant: &Tenant, tool: &str) -> bool {
         lock(&self.inner.state)
             .connections
             .get(tenant)
@@ -444,7 +448,7 @@ impl Engine {
     }
 
     /// A call of a tool whose definition differs from its pin: refused, and on the record.
-    pub(crate) async fn tool_changed(&self, tenant: &str, tool: &str) -> Stopped {
+    pub(crate) async fn tool_changed(&self, tenant: &Tenant, tool: &str) -> Stopped {
         let kind = EventKind::Refused {
             refusal: Refusal::ToolChanged,
         };

@@ -4,6 +4,7 @@
 //! plan from the arguments (never from text the agent wrote); the built-in `execute` is named by
 //! what its SQL writes (see the describing room); the plan's hash is what a token binds.
 
+use countersign_core::Tenant;
 use std::sync::Arc;
 
 use countersign_core::policy::{self, ToolRule};
@@ -31,7 +32,7 @@ impl Engine {
     /// turns a tool name and raw arguments into the plan a person approves (or an error reply).
     pub(crate) fn plan_call(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Result<Call, Stopped> {
@@ -43,7 +44,7 @@ impl Engine {
     /// is answered busy.
     pub(crate) fn plan_held(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
         turn: Option<&describing::Turn>,

@@ -14,6 +14,7 @@
 //! leave. A gateway that disconnects takes its requests with it: its tenant is gone, and no token
 //! could be used by anyone after it.
 
+use countersign_core::Tenant;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -119,7 +120,7 @@ pub enum Asks {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CallRequest {
     /// The connection that asked.
-    pub tenant: String,
+    pub tenant: Tenant,
     /// The agent's `clientInfo`, as it sent it.
     pub client_info: Value,
     /// The server identity the desk gave the connection's upstream.
@@ -278,14 +279,17 @@ impl Engine {
 
     /// Why a new request of `tenant` cannot be queued, if it cannot: a refusal with a next move,
     /// never a silent drop.
-    pub(crate) fn queue_full(state: &State, tenant: &str) -> Option<String> {
+    pub(crate) fn queue_full(state: &State, tenant: &Tenant) -> Option<String> {
         // Changes to the desk are capped on their own (MAX_PENDING_CHANGES).
         let waiting = state
             .requests
             .values()
             .filter(|e| e.is_waiting() && !e.is_change());
         let (mine, all) = waiting.fold((0, 0), |(mine, all), e| {
-            (mine + usize::from(e.tenant() == Some(tenant)), all + 1)
+            (
+                mine + usize::from(e.tenant() == Some(tenant.as_str())),
+                all + 1,
+            )
         });
         if mine >= MAX_PENDING_PER_CONNECTION {
             Some(format!(
@@ -321,7 +325,7 @@ impl Engine {
     /// `wait` for a person's decision: [`Engine::queue_preflight`], then [`Engine::decision`].
     pub async fn preflight(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
         wait: Duration,
@@ -338,7 +342,7 @@ impl Engine {
     /// [`Engine::decision`] waits on.
     pub async fn queue_preflight(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Result<Queued, Stopped> {
@@ -520,7 +524,7 @@ impl Engine {
     }
 
     /// The agent cancelled a preflight: its request leaves the queue (if still undecided).
-    pub fn withdraw(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<(), Stopped> {
+    pub fn withdraw(&self, tenant: &Tenant, tool: &str, arguments: &Value) -> Result<(), Stopped> {
         self.withdraw_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
     }
 
@@ -528,7 +532,7 @@ impl Engine {
     /// (its SQL met a lock or a time limit) withdraws nothing and says so: its request may wait.
     pub(crate) fn withdraw_planned(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         planned: Result<Call, Stopped>,
     ) -> Result<(), Stopped> {
@@ -558,7 +562,12 @@ impl Engine {
     /// [`STOPPED_WAITING_GRACE_MS`], for the same call asked again to re-attach to (and collect an
     /// approval given meanwhile); then it leaves. A request another preflight of the same call
     /// still waits on is left as it is.
-    pub fn stop_waiting(&self, tenant: &str, tool: &str, arguments: &Value) -> Result<(), Stopped> {
+    pub fn stop_waiting(
+        &self,
+        tenant: &Tenant,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<(), Stopped> {
         self.stop_waiting_planned(tenant, tool, self.plan_call(tenant, tool, arguments))
     }
 
@@ -566,7 +575,7 @@ impl Engine {
     /// now marks nothing and says so (its request waits as it was).
     pub(crate) fn stop_waiting_planned(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         planned: Result<Call, Stopped>,
     ) -> Result<(), Stopped> {
@@ -641,7 +650,7 @@ impl Engine {
     /// when the call cannot be planned (the preflight says why).
     pub fn queued(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
     ) -> Option<(PlanHash, Option<u64>)> {
@@ -651,7 +660,7 @@ impl Engine {
     /// [`Self::queued`] of a call planned already.
     pub(crate) fn queued_planned(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         planned: Result<Call, Stopped>,
     ) -> Option<(PlanHash, Option<u64>)> {

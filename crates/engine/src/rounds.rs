@@ -9,6 +9,7 @@
 //! knows the waiting call by, and a used state is spent in the shared nonce ledger (under
 //! `request_state::ledger_nonce`), so it works once across all of them.
 
+use countersign_core::Tenant;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -30,7 +31,7 @@ pub trait SharedRequests: Send + Sync {
     async fn number(&self, local: u64) -> Option<u64>;
 
     /// What became of shared request `number`, for `tenant`'s call planned to `plan`.
-    async fn fate(&self, number: u64, tenant: &str, plan: &PlanHash) -> SharedFate;
+    async fn fate(&self, number: u64, tenant: &Tenant, plan: &PlanHash) -> SharedFate;
 }
 
 /// What became of a shared request ([`SharedRequests::fate`]).
@@ -96,7 +97,7 @@ impl Engine {
     /// the request by its shared number. `Err` says why there is none.
     pub async fn seal_round(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         plan: PlanHash,
         request: u64,
@@ -108,7 +109,7 @@ impl Engine {
             None => request,
         };
         let claims = StateClaims {
-            tenant: tenant.to_owned(),
+            tenant: tenant.to_string(),
             tool: tool.to_owned(),
             plan,
             request: number,
@@ -126,7 +127,7 @@ impl Engine {
     /// for the person.
     pub async fn resume_round(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         tool: &str,
         arguments: &Value,
         state: &str,
@@ -135,7 +136,10 @@ impl Engine {
             Ok(key) => key,
             Err(why) => return Resumed::NoSecret(why),
         };
-        let retry = Retry { tenant, tool };
+        let retry = Retry {
+            tenant: tenant.as_str(),
+            tool,
+        };
         let shared = self.inner.shared.get();
         // Shared: the ledger says whether it was used, at the spend (one round trip, not two).
         let opened = match request_state::check(&key, state, &retry, self.now(), |nonce| {
@@ -193,7 +197,7 @@ impl Engine {
     }
 
     /// Whether `tenant` used up the `requestState` whose nonce is `nonce`.
-    pub fn request_state_used(&self, tenant: &str, nonce: &Nonce) -> bool {
+    pub fn request_state_used(&self, tenant: &Tenant, nonce: &Nonce) -> bool {
         lock(&self.inner.state)
             .spent_states
             .get(tenant)
@@ -203,7 +207,7 @@ impl Engine {
     /// Uses up `tenant`'s `requestState` (its nonce, until its expiry `exp`): `false` when it was
     /// used before, when [`MAX_SPENT_STATES`] unexpired ones are kept already (nothing is
     /// forgotten early), or when the connection is gone.
-    pub fn spend_request_state(&self, tenant: &str, nonce: Nonce, exp: u64) -> bool {
+    pub fn spend_request_state(&self, tenant: &Tenant, nonce: Nonce, exp: u64) -> bool {
         let now = self.now();
         let mut state = lock(&self.inner.state);
         if !state.connections.contains_key(tenant) {

@@ -5,6 +5,7 @@
 //! the desk: acceptances awaiting their outcome, used-up `requestState`s, grants' tokens. One
 //! mutex guards it all; every critical section leaves it consistent and none does I/O.
 
+use countersign_core::Tenant;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -111,9 +112,9 @@ impl Entry {
 
     /// Whether this is the request of `tenant`'s call of `tool` planned to `hash`: the one key
     /// by which a call re-attaches to, withdraws, finds or previews its request.
-    pub(crate) fn is_call(&self, tenant: &str, tool: &str, hash: PlanHash) -> bool {
+    pub(crate) fn is_call(&self, tenant: &Tenant, tool: &str, hash: PlanHash) -> bool {
         self.view.call().is_some_and(|c| {
-            c.tenant == tenant && c.plan_hash == hash && self.view.plan.tool == tool
+            c.tenant == *tenant && c.plan_hash == hash && self.view.plan.tool == tool
         })
     }
 }
@@ -166,19 +167,19 @@ impl Connection {
 #[derive(Default)]
 pub(crate) struct State {
     pub(crate) next_id: u64,
-    pub(crate) connections: HashMap<String, Connection>,
+    pub(crate) connections: HashMap<Tenant, Connection>,
     /// Every connection's server name, kept after it disconnects so history can show it (the
     /// newest [`crate::listing::MAX_GONE_SERVERS`] of those gone).
-    pub(crate) servers: HashMap<String, String>,
+    pub(crate) servers: HashMap<Tenant, String>,
     /// Disconnected tenants in the order they went, for pruning `servers`.
-    pub(crate) gone: VecDeque<String>,
+    pub(crate) gone: VecDeque<Tenant>,
     pub(crate) requests: BTreeMap<u64, Entry>,
     /// Accepted calls whose outcome is still to come, by tenant and nonce (a reusable token's
     /// nonce may be accepted more than once): each acceptance records one outcome.
-    pub(crate) awaiting_outcome: HashMap<(String, Nonce), u32>,
+    pub(crate) awaiting_outcome: HashMap<(Tenant, Nonce), u32>,
     /// The `requestState`s of the 2026-07-28 flow used up, by connection, with their expiry (a
     /// state forgotten after its expiry no longer opens anyway).
-    pub(crate) spent_states: HashMap<String, HashMap<Nonce, u64>>,
+    pub(crate) spent_states: HashMap<Tenant, HashMap<Nonce, u64>>,
     /// When a preview last changed what a waiting request shows, by id: its approve delay runs
     /// from then.
     pub(crate) rearmed: HashMap<u64, u64>,

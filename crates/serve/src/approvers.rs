@@ -14,6 +14,7 @@
 //! engine mints anything. Policy may ask for several distinct approvers (`approvers = M`); the
 //! token is minted when the M-th approval arrives. One deny ends the request.
 
+use countersign_core::Tenant;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -344,7 +345,7 @@ impl Approvers {
         let since = now.saturating_sub(ADOPT_WITHIN.as_millis() as u64);
         match self
             .records
-            .waiting_for(&self.server, &call.tenant, &call.plan_hash, since)
+            .waiting_for(&self.server, call.tenant.as_str(), &call.plan_hash, since)
             .await
         {
             Ok(Some(row)) => {
@@ -375,7 +376,7 @@ impl Approvers {
             replica: self.replica.clone(),
             local_id: request.id,
             server: self.server.clone(),
-            tenant: call.tenant.clone(),
+            tenant: call.tenant.to_string(),
             plan: call.plan_hash,
             request: json,
             approvers: call.approvers.max(1),
@@ -498,7 +499,7 @@ impl SharedRequests for Approvers {
         links.get(&local).map(|link| link.row)
     }
 
-    async fn fate(&self, number: u64, tenant: &str, plan: &PlanHash) -> SharedFate {
+    async fn fate(&self, number: u64, tenant: &Tenant, plan: &PlanHash) -> SharedFate {
         let row = match self.records.waiting_call(number).await {
             Ok(row) => row,
             Err(e) => {
@@ -508,7 +509,11 @@ impl SharedRequests for Approvers {
         };
         let now = self.engine.now_ms();
         match row {
-            Some(row) if row.server == self.server && row.tenant == tenant && &row.plan == plan => {
+            Some(row)
+                if row.server == self.server
+                    && row.tenant == tenant.as_str()
+                    && &row.plan == plan =>
+            {
                 match row.verdict {
                     Some(Verdict::Deny) => SharedFate::Denied { note: row.note },
                     _ if row.expires_at_ms <= now || row.minted_by.is_some() => SharedFate::Gone,

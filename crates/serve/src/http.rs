@@ -18,6 +18,7 @@
 //! the handler sends on the way (progress) are not delivered, and `GET` (a stream of the
 //! server's own messages) is `405`.
 
+use countersign_core::Tenant;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,25 +108,15 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The tenant of `caller` on this server: [`tenant_of`].
-    pub fn tenant(&self, caller: &Caller) -> String {
+    pub fn tenant(&self, caller: &Caller) -> Tenant {
         tenant_of(caller, &self.server)
     }
 }
 
-/// The tenant of `caller` on `server`: the caller and the server together. A server of the
-/// servers file is named; any other by a digest of its identity, which may be a command line or
-/// a URL carrying a credential, and the tenant is shown and kept in history.
-pub fn tenant_of(caller: &Caller, server: &ServerId) -> String {
-    let server = match server {
-        ServerId::Registered(name) => format!("server:{name}"),
-        other => {
-            use sha2::Digest as _;
-            let digest = sha2::Sha256::digest(other.key().as_bytes());
-            let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-            format!("upstream:{hex}")
-        }
-    };
-    format!("{}@{server}", caller.name())
+/// The tenant of `caller` on `server`: the caller and the server together
+/// ([`Tenant::team`], which never spells out a server's command line or URL).
+pub fn tenant_of(caller: &Caller, server: &ServerId) -> Tenant {
+    Tenant::team(caller.name(), server)
 }
 
 /// An HTTP error with a JSON body saying why: `{"error": code, "message": ...}`.
@@ -464,7 +455,9 @@ mod tests {
 
     #[test]
     fn a_tenant_never_carries_the_upstreams_command_line_or_url() {
-        let tenant = |server: ServerId| tenant_of(&Caller::authenticated("key:ci".into()), &server);
+        let tenant = |server: ServerId| {
+            tenant_of(&Caller::authenticated("key:ci".into()), &server).to_string()
+        };
         assert_eq!(
             tenant(ServerId::Registered("github".into())),
             "key:ci@server:github"

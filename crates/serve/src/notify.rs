@@ -68,7 +68,7 @@ pub fn slack(server: &str, request: &PendingRequest) -> Option<Value> {
     let call = request.call()?;
     let text = format!(
         "Countersign: {} asks to run `{}` on `{}` ({}, {}). Approve or deny it at your desk.",
-        slack_escape(&call.tenant),
+        slack_escape(call.tenant.as_str()),
         slack_escape(&request.plan.tool).replace('`', "'"),
         slack_escape(&request.plan.target).replace('`', "'"),
         if call.class.is_single_use() {
@@ -151,7 +151,10 @@ mod tests {
             text: "the plan, with hunter2 in it".into(),
             preview: None,
             asks: Asks::Call(CallRequest {
-                tenant: "key:ci@server:db".into(),
+                tenant: countersign_core::Tenant::team(
+                    "key:ci",
+                    &countersign_core::ServerId::Registered("db".into()),
+                ),
                 client_info: json!({"name": "ci"}),
                 server: "server:db".into(),
                 plan_hash: PlanHash::from_bytes([1; 32]),

@@ -12,6 +12,7 @@
 //! re-serialized by the desk; anything else is an error, never "forward".
 #![allow(deprecated)] // roots, sampling, logging and subscribe are marked deprecated in rmcp 3.x; MCP still has them
 
+use countersign_core::Tenant;
 use countersign_core::sync::lock;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -55,7 +56,7 @@ pub struct Session {
     info: ServerConfig,
     upstream_version: ProtocolVersion,
     engine: Engine,
-    tenant: String,
+    tenant: Tenant,
     wait: Duration,
     gates: Arc<Mutex<HashMap<String, Gate>>>,
     /// The agent's clientInfo as last shown to the person.
@@ -84,7 +85,7 @@ pub const DESK_TURNS: usize = 4;
 impl Session {
     /// Mirrors the upstream's `InitializeResult` (capabilities, serverInfo, instructions), as
     /// it first started.
-    pub fn new(upstream: Arc<Upstream>, engine: Engine, tenant: String, wait: Duration) -> Self {
+    pub fn new(upstream: Arc<Upstream>, engine: Engine, tenant: Tenant, wait: Duration) -> Self {
         let shared = upstream.shared().clone();
         let up = upstream.info();
         let mut info = ServerConfig::new(up.capabilities.clone())

@@ -22,6 +22,7 @@ pub mod router;
 mod socket;
 mod upstream;
 
+use countersign_core::Tenant;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +42,7 @@ pub use socket::{Options, Served, SocketError, serve, serve_with};
 /// [`reach::Upstream`]).
 async fn run(
     engine: Engine,
-    tenant: String,
+    tenant: Tenant,
     wait: Duration,
     upstream: Arc<reach::Upstream>,
     agent: router::AgentTransport,

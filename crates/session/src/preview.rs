@@ -17,6 +17,7 @@
 //! Every preview is bounded in time ([`TIME_LIMIT`]) and size; one that cannot be made is
 //! attached as unavailable with a code, never dropped.
 
+use countersign_core::Tenant;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ const FILESYSTEM_SERVER: &str = "secure-filesystem-server";
 /// request or plans the call again.
 pub(crate) fn start(
     engine: &Engine,
-    tenant: &str,
+    tenant: &Tenant,
     upstream: &Arc<Upstream>,
     tool: &str,
     arguments: &Value,
@@ -107,7 +108,7 @@ enum Job {
         upstream: Arc<Upstream>,
         args: Map<String, Value>,
         engine: Engine,
-        tenant: String,
+        tenant: Tenant,
     },
 }
 

@@ -18,6 +18,7 @@
 //! oversized or stalled frame closes that connection only.
 #![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
+use countersign_core::Tenant;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -324,7 +325,7 @@ struct Introduced {
 /// A gateway the desk admitted: what it reaches (resolved, with the registry's secrets when it
 /// names a registered server), and the tenant the engine gave it.
 struct Admitted {
-    tenant: String,
+    tenant: Tenant,
     reach: countersign_wire::Reach,
     headers: reach::Headers,
     registered: Option<(countersign_registry::Registry, String)>,
@@ -550,12 +551,12 @@ async fn admit(desk: &Desk, stream: &mut UnixStream, hello: Introduced) -> Optio
 /// the session that follows.
 async fn welcome_and_first(
     stream: &mut UnixStream,
-    tenant: &str,
+    tenant: &Tenant,
     frame_deadline: Duration,
 ) -> Option<Vec<u8>> {
     let welcome = Frame::Welcome(Welcome::Accepted {
         version: PROTOCOL_VERSION,
-        tenant: tenant.to_owned(),
+        tenant: tenant.to_string(),
         stdio: false,
     });
     if let Err(err) = write_frame(&mut *stream, &welcome).await {
@@ -603,7 +604,7 @@ async fn connection(desk: Desk, stream: UnixStream, admitted: Admitted, first: F
     let handed = if stdio {
         let welcome = Frame::Welcome(Welcome::Accepted {
             version: PROTOCOL_VERSION,
-            tenant: tenant.clone(),
+            tenant: tenant.to_string(),
             stdio: true,
         });
         let taken = match write_frame(&mut writer, &welcome).await {

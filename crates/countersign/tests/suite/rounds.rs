@@ -473,8 +473,8 @@ async fn spent_states_are_kept_per_connection_and_a_full_list_refuses_rather_tha
     let later = u64::MAX;
     let [a, b, c] =
         ["a", "b", "c"].map(|server| engine.connect(ServerId::Command(server.to_owned())));
-    let (a, b, c) = (a.as_str(), b.as_str(), c.as_str());
-    assert!(!engine.spend_request_state("conn-gone", nonce(0), later));
+    let (a, b, c) = (&a, &b, &c);
+    assert!(!engine.spend_request_state(&countersign_core::Tenant::connection(0), nonce(0), later));
     assert!(engine.spend_request_state(a, nonce(0), later));
     assert!(engine.request_state_used(a, &nonce(0)));
     assert!(!engine.request_state_used(b, &nonce(0)));

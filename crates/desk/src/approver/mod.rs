@@ -63,7 +63,7 @@ mod tests {
         let hash = plan.hash().unwrap();
         let (id, call, shown_plan, _) = parse(&listed(&plan, &hash), "https://team").unwrap();
         assert_eq!(
-            (id, call.approvers, &call.tenant[..]),
+            (id, call.approvers, call.tenant.as_str()),
             (7, 2, "key:ci@server:db")
         );
         assert_eq!(call.server, "server:db at https://team");

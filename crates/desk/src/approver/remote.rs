@@ -1,6 +1,7 @@
 //! The enrolled servers' waiting calls in this desk's queue ([`Remote`]): read over mutual TLS,
 //! taken only when the plan shown is the plan hashed, and decided by a signed decision sent back.
 
+use countersign_core::Tenant;
 use countersign_core::sync::lock;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -402,7 +403,7 @@ impl Remote {
             request: waiting.remote_id,
             verdict,
             plan: &call.plan_hash,
-            tenant: &call.tenant,
+            tenant: call.tenant.as_str(),
             tool: &plan.tool,
             target: &plan.target,
             class: call.class,
@@ -470,7 +471,7 @@ pub(super) fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Pla
         return None;
     }
     let call = CallRequest {
-        tenant: asks["tenant"].as_str()?.to_owned(),
+        tenant: Tenant::recorded(asks["tenant"].as_str()?),
         client_info: asks["client_info"].clone(),
         server: format!("{} at {url}", asks["server"].as_str()?),
         plan_hash: PlanHash::from_hex(asks["plan_hash"].as_str()?)?,

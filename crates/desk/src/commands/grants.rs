@@ -6,6 +6,7 @@
 //! grant holds came from an agent or an upstream (server, tool, target, prefix, summary) and
 //! reaches the screen through [`shown`]. Errors cross as [`UiError`] codes.
 
+use countersign_core::Tenant;
 use countersign_engine::{GrantOffer, Widening};
 use countersign_store::{Grant, GrantKind};
 use serde::Serialize;
@@ -99,7 +100,10 @@ async fn rows(engine: &countersign_engine::Engine) -> Result<Vec<GrantRow>, UiEr
     Ok(grants
         .iter()
         .map(|g| {
-            let agent = g.tenant.as_deref().and_then(|t| engine.client_info_of(t));
+            let agent = g
+                .tenant
+                .as_deref()
+                .and_then(|t| engine.client_info_of(&Tenant::recorded(t)));
             GrantRow::new(g, agent.as_ref())
         })
         .collect())

@@ -1,6 +1,7 @@
 //! History's commands: the rows the view lists, History → Save, and how the OpenTelemetry
 //! collector fares.
 
+use countersign_core::Tenant;
 use std::os::unix::fs::OpenOptionsExt;
 
 use countersign_store::{HistoryFilter, StoreOptions};
@@ -43,7 +44,7 @@ async fn history_rows(
     let rows = events
         .iter()
         .filter_map(|event| {
-            let server = engine.server_of(&event.tenant);
+            let server = engine.server_of(&Tenant::recorded(event.tenant.as_str()));
             let row = HistoryRow::new(event, server.as_deref());
             // The server as it is, or as the window shows it (which is what a person can type).
             let matches = match &wanted {

@@ -284,7 +284,7 @@ mod tests {
             id: 1,
             text: render::plan_text(&plan),
             asks: Asks::Call(CallRequest {
-                tenant: "c".into(),
+                tenant: countersign_core::Tenant::connection(0xc),
                 client_info,
                 server: server.into(),
                 plan_hash: plan.hash().unwrap(),

@@ -4,6 +4,7 @@
 //! refused `tool_changed`, open or gated, until the person accepts the change.
 
 use crate::support;
+use countersign_core::Tenant;
 
 use countersign_core::ServerId;
 use std::time::Duration;
@@ -39,7 +40,7 @@ fn tools_with_write(description: &str) -> Vec<Value> {
     tools
 }
 
-async fn connect(engine: &Engine, listing: Vec<Value>) -> String {
+async fn connect(engine: &Engine, listing: Vec<Value>) -> Tenant {
     let tenant = engine.connect(ServerId::Command("srv".into()));
     engine.register_tools(&tenant, listing).await.unwrap();
     tenant

@@ -3,6 +3,7 @@
 //! the same for a preflight, a confirm and a withdraw, and never a plan naming `unknown`.
 
 use countersign_core::ServerId;
+use countersign_core::Tenant;
 use std::time::Duration;
 
 use countersign_core::Refusal;
@@ -16,7 +17,7 @@ const BATCH: &str = "DELETE FROM users WHERE id = 1; DELETE FROM audit";
 
 struct Setup {
     engine: Engine,
-    tenant: String,
+    tenant: Tenant,
     db: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }

@@ -3,6 +3,7 @@
 //! not covered by. On a real SQLite file; the only click is the engine's approve path.
 
 use countersign_core::ServerId;
+use countersign_core::Tenant;
 use std::time::Duration;
 
 use countersign_core::policy::Policy;
@@ -42,7 +43,7 @@ fn tools() -> Vec<Value> {
     ]
 }
 
-async fn connect(engine: &Engine, server: &str) -> String {
+async fn connect(engine: &Engine, server: &str) -> Tenant {
     let tenant = engine.connect(ServerId::Command(server.into()));
     engine.set_client_info(&tenant, json!({"name": "agent"}));
     engine.register_tools(&tenant, tools()).await.unwrap();
@@ -56,7 +57,7 @@ const SHORT: Duration = Duration::from_millis(200);
 /// not). Answers the preflight's answer and the click's result.
 async fn clicked<T: Send + 'static, F: std::future::Future<Output = T> + Send + 'static>(
     engine: &Engine,
-    tenant: &str,
+    tenant: &Tenant,
     tool: &str,
     args: &Value,
     click: impl FnOnce(Engine, u64) -> F + Send + 'static,
@@ -77,7 +78,7 @@ async fn clicked<T: Send + 'static, F: std::future::Future<Output = T> + Send + 
 /// A preflight that waits `SHORT` for a click nobody gives: whether it was approved at once.
 async fn at_once(
     engine: &Engine,
-    tenant: &str,
+    tenant: &Tenant,
     tool: &str,
     args: &Value,
 ) -> Result<Approved, Stopped> {
@@ -110,7 +111,7 @@ fn widen_prefix(prefix: &str) -> Widening {
 }
 
 /// Grants `widening` on `tool(args)` by a click; answers the grant's number.
-async fn granted(d: &Desk, tenant: &str, tool: &str, args: &Value, widening: Widening) -> u64 {
+async fn granted(d: &Desk, tenant: &Tenant, tool: &str, args: &Value, widening: Widening) -> u64 {
     let (answer, result) = clicked(
         &d.engine,
         tenant,
@@ -125,7 +126,7 @@ async fn granted(d: &Desk, tenant: &str, tool: &str, args: &Value, widening: Wid
 
 async fn confirm(
     engine: &Engine,
-    tenant: &str,
+    tenant: &Tenant,
     tool: &str,
     args: &Value,
     answer: &Result<Approved, Stopped>,

@@ -8,6 +8,7 @@
 //! the file was replaced, drops its connection, and every read fails until the very file is put
 //! back. The only click is the engine's approve path.
 
+use countersign_core::Tenant;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ fn tools() -> Vec<Value> {
     ]
 }
 
-async fn connect(engine: &Engine) -> String {
+async fn connect(engine: &Engine) -> Tenant {
     let tenant = engine.connect(ServerId::Command("outage-test-server".into()));
     engine.register_tools(&tenant, tools()).await.unwrap();
     tenant
@@ -42,7 +43,7 @@ async fn connect(engine: &Engine) -> String {
 
 /// The preflight of `tool` with `args`, approved by the engine's approve path as a click would:
 /// the token and its target.
-async fn approved(engine: &Engine, tenant: &str, tool: &str, args: &Value) -> (String, String) {
+async fn approved(engine: &Engine, tenant: &Tenant, tool: &str, args: &Value) -> (String, String) {
     let mut changes = engine.subscribe();
     let clicker = engine.clone();
     let click = tokio::spawn(async move {

@@ -2,6 +2,7 @@
 //! as a session and the window would drive the engine.
 
 use countersign_core::ServerId;
+use countersign_core::Tenant;
 use std::time::Duration;
 
 use countersign_core::preview::{self, Preview, Unavailable};
@@ -25,7 +26,7 @@ fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engi
     crate::support::engine(dir.path(), config)
 }
 
-async fn files(engine: &Engine, server: &str) -> String {
+async fn files(engine: &Engine, server: &str) -> Tenant {
     let tenant = engine.connect(ServerId::Command(server.into()));
     engine.register_tools(
         &tenant,
@@ -38,7 +39,7 @@ async fn files(engine: &Engine, server: &str) -> String {
 /// A preflight left waiting in the background, and the request it queued.
 async fn queued(
     engine: &Engine,
-    tenant: &str,
+    tenant: &Tenant,
     tool: &str,
     args: Value,
 ) -> (
@@ -195,7 +196,7 @@ async fn a_preview_that_changes_what_is_shown_re_arms_the_approve_delay() {
     assert!(matches!(waiting.await.unwrap(), Ok(Approved { .. })));
 }
 
-async fn builtin(engine: &Engine, db: &std::path::Path) -> String {
+async fn builtin(engine: &Engine, db: &std::path::Path) -> Tenant {
     let tenant = engine.connect(ServerId::Builtin(db.to_owned()));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())

@@ -2,6 +2,7 @@
 //! on a real SQLite file. Approval happens only through `Engine::approve`, as a click would.
 
 use crate::support;
+use countersign_core::Tenant;
 
 use countersign_core::ServerId;
 use std::time::Duration;
@@ -33,7 +34,7 @@ fn tools() -> Vec<Value> {
     ]
 }
 
-async fn connect(engine: &Engine) -> String {
+async fn connect(engine: &Engine) -> Tenant {
     let tenant = {
         let t = engine.connect(ServerId::Command("test-server".into()));
         engine.set_client_info(&t, json!({"name": "test-agent", "version": "1"}));
@@ -69,7 +70,7 @@ fn confirm_args(args: &Value, target: &str, token: &str) -> Value {
 
 async fn approved(
     engine: &Engine,
-    tenant: &str,
+    tenant: &Tenant,
     tool: &str,
     args: &Value,
 ) -> (String, String, String) {
@@ -722,7 +723,7 @@ async fn a_flood_of_preflights_is_refused_busy_with_a_next_move_and_others_still
     let d = desk();
     let flood = connect(&d.engine).await;
     let calm = connect(&d.engine).await;
-    let preflight = |tenant: &str, n: usize| {
+    let preflight = |tenant: &Tenant, n: usize| {
         let engine = d.engine.clone();
         let tenant = tenant.to_owned();
         async move {
@@ -858,7 +859,7 @@ async fn without_a_window_a_preflight_is_refused_with_the_hosts_own_words() {
 #[tokio::test]
 async fn an_attached_caller_is_found_again_and_keeps_its_first_server() {
     let d = desk();
-    let tenant = "key:ci-runner@command:srv";
+    let tenant = &Tenant::team("key:ci-runner", &ServerId::Command("srv".into()));
     d.engine
         .attach(tenant, ServerId::Command("srv".into()))
         .unwrap();
@@ -880,36 +881,45 @@ async fn a_full_engine_forgets_the_idlest_caller_never_one_with_a_request_waitin
     use countersign_engine::MAX_ATTACHED;
     let d = desk();
     let server = || ServerId::Command("srv".into());
+    let caller = |name: &str| Tenant::team(name, &server());
     // The oldest caller has a request waiting for the person.
-    d.engine.attach("busy", server()).unwrap();
-    d.engine.register_tools("busy", tools()).await.unwrap();
+    d.engine.attach(&caller("busy"), server()).unwrap();
+    d.engine
+        .register_tools(&caller("busy"), tools())
+        .await
+        .unwrap();
     let queued = d
         .engine
-        .queue_preflight("busy", "execute", &json!({"sql": "x"}))
+        .queue_preflight(&caller("busy"), "execute", &json!({"sql": "x"}))
         .await;
     assert!(matches!(queued, Ok(countersign_engine::Queued::Waiting(_))));
     d.clock.advance(1);
-    d.engine.attach("idle", server()).unwrap();
+    d.engine.attach(&caller("idle"), server()).unwrap();
     for n in 2..MAX_ATTACHED {
         d.clock.advance(1);
-        d.engine.attach(&format!("caller-{n}"), server()).unwrap();
+        d.engine
+            .attach(&caller(&format!("caller-{n}")), server())
+            .unwrap();
     }
     d.clock.advance(1);
-    d.engine.attach("newcomer", server()).unwrap();
-    assert_eq!(d.engine.server_of("newcomer").as_deref(), Some("srv"));
+    d.engine.attach(&caller("newcomer"), server()).unwrap();
+    assert_eq!(
+        d.engine.server_of(&caller("newcomer")).as_deref(),
+        Some("srv")
+    );
     // The idle one went; the busy one, older still, kept its connection and its request.
     let waiting = d.engine.pending();
     assert_eq!(waiting.len(), 1);
-    assert_eq!(d.engine.open_call("busy", "read").await, Ok(()));
+    assert_eq!(d.engine.open_call(&caller("busy"), "read").await, Ok(()));
     assert!(matches!(
-        d.engine.open_call("idle", "read").await,
+        d.engine.open_call(&caller("idle"), "read").await,
         Err(Stopped::Failed {
             code: ErrorCode::NotIntroduced,
             ..
         })
     ));
     // Back again: attached anew.
-    d.engine.attach("idle", server()).unwrap();
+    d.engine.attach(&caller("idle"), server()).unwrap();
 }
 
 /// A team's server: a call approved on the shared record and taken by the agent's call on

@@ -4,6 +4,7 @@
 //! know of their waiting calls is a double here (the server's real one is tested end to end in
 //! tests/serve.rs); the ledger each state is spent in is the real file.
 
+use countersign_core::Tenant;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,7 +17,10 @@ use countersign_engine::{
 };
 use serde_json::{Value, json};
 
-const TENANT: &str = "key:ci@team";
+/// The team server's caller every test here asks as.
+fn tenant() -> Tenant {
+    Tenant::team("key:ci", &ServerId::Registered("db".into()))
+}
 
 /// A replica's engine on the team's file in `dir`, its time `clock`'s.
 fn engine_on(dir: &std::path::Path, clock: &ManualClock) -> Engine {
@@ -27,10 +31,10 @@ fn engine_on(dir: &std::path::Path, clock: &ManualClock) -> Engine {
 
 async fn attached(engine: &Engine) {
     engine
-        .attach(TENANT, ServerId::Registered("db".into()))
+        .attach(&tenant(), ServerId::Registered("db".into()))
         .unwrap();
     engine
-        .register_tools(TENANT, vec![json!({"name": "execute"})])
+        .register_tools(&tenant(), vec![json!({"name": "execute"})])
         .await
         .unwrap();
 }
@@ -38,14 +42,14 @@ async fn attached(engine: &Engine) {
 /// Queues `arguments` for `execute` without waiting, and returns the plan and the local id.
 async fn queued(engine: &Engine, arguments: &Value) -> (PlanHash, u64) {
     let r = engine
-        .preflight(TENANT, "execute", arguments, Duration::ZERO)
+        .preflight(&tenant(), "execute", arguments, Duration::ZERO)
         .await;
     assert_eq!(
         r.as_ref().err().and_then(Stopped::refusal),
         Some(Refusal::Pending)
     );
     let (plan, id) = engine
-        .queued_aside(TENANT, "execute", arguments)
+        .queued_aside(&tenant(), "execute", arguments)
         .await
         .unwrap();
     (plan, id.unwrap())
@@ -67,30 +71,44 @@ async fn on_a_desk_a_state_continues_its_own_request_once() {
     let args = json!({"sql": "DELETE FROM t"});
     let (plan, id) = queued(&engine, &args).await;
     let state = engine
-        .seal_round(TENANT, "execute", plan, id, 1)
+        .seal_round(&tenant(), "execute", plan, id, 1)
         .await
         .unwrap();
     let other = json!({"sql": "DELETE FROM u"});
     assert_eq!(
-        refused(&engine.resume_round(TENANT, "execute", &other, &state).await),
+        refused(
+            &engine
+                .resume_round(&tenant(), "execute", &other, &state)
+                .await
+        ),
         Some(&StateRefusal::PlanChanged)
     );
     assert_eq!(
-        engine.resume_round(TENANT, "execute", &args, &state).await,
+        engine
+            .resume_round(&tenant(), "execute", &args, &state)
+            .await,
         Resumed::Continue { round: 1 }
     );
     assert_eq!(
-        refused(&engine.resume_round(TENANT, "execute", &args, &state).await),
+        refused(
+            &engine
+                .resume_round(&tenant(), "execute", &args, &state)
+                .await
+        ),
         Some(&StateRefusal::Used)
     );
     // A state for a request that left the queue continues nothing.
     let fresh = engine
-        .seal_round(TENANT, "execute", plan, id, 2)
+        .seal_round(&tenant(), "execute", plan, id, 2)
         .await
         .unwrap();
-    engine.withdraw(TENANT, "execute", &args).unwrap();
+    engine.withdraw(&tenant(), "execute", &args).unwrap();
     assert_eq!(
-        refused(&engine.resume_round(TENANT, "execute", &args, &fresh).await),
+        refused(
+            &engine
+                .resume_round(&tenant(), "execute", &args, &fresh)
+                .await
+        ),
         Some(&StateRefusal::RequestGone)
     );
 }
@@ -122,7 +140,7 @@ impl SharedRequests for Replica {
         Some(number)
     }
 
-    async fn fate(&self, number: u64, _tenant: &str, _plan: &PlanHash) -> SharedFate {
+    async fn fate(&self, number: u64, _tenant: &Tenant, _plan: &PlanHash) -> SharedFate {
         countersign_core::sync::lock(&self.table.fates)
             .get(&number)
             .cloned()
@@ -165,19 +183,23 @@ async fn on_a_team_server_a_state_sealed_on_one_replica_continues_on_another_and
     let args = json!({"sql": "DELETE FROM t"});
     let (plan, id) = queued(&t.a, &args).await;
     let state =
-        t.a.seal_round(TENANT, "execute", plan, id, 1)
+        t.a.seal_round(&tenant(), "execute", plan, id, 1)
             .await
             .unwrap();
     // The retry lands on the other replica, where nothing of the call waits locally.
     assert!(t.b.pending().is_empty());
     assert_eq!(
-        t.b.resume_round(TENANT, "execute", &args, &state).await,
+        t.b.resume_round(&tenant(), "execute", &args, &state).await,
         Resumed::Continue { round: 1 }
     );
     // Used there: refused here, and there again (the shared ledger, not a replica's memory).
     for replica in [&t.a, &t.b] {
         assert_eq!(
-            refused(&replica.resume_round(TENANT, "execute", &args, &state).await),
+            refused(
+                &replica
+                    .resume_round(&tenant(), "execute", &args, &state)
+                    .await
+            ),
             Some(&StateRefusal::Used)
         );
     }
@@ -195,7 +217,8 @@ async fn on_a_team_server_a_state_says_what_became_of_the_shared_call() {
     let args = json!({"sql": "DELETE FROM t"});
     let (plan, id) = queued(&t.a, &args).await;
     let number = 1000 + id;
-    let seal = |round| t.a.seal_round(TENANT, "execute", plan, id, round);
+    let caller = tenant();
+    let seal = |round| t.a.seal_round(&caller, "execute", plan, id, round);
     // Denied on some replica while the client was away: the person's note, once.
     let state = seal(1).await.unwrap();
     countersign_core::sync::lock(&t.table.fates).insert(
@@ -204,7 +227,7 @@ async fn on_a_team_server_a_state_says_what_became_of_the_shared_call() {
             note: Some("not on Fridays".into()),
         },
     );
-    match t.b.resume_round(TENANT, "execute", &args, &state).await {
+    match t.b.resume_round(&tenant(), "execute", &args, &state).await {
         Resumed::Decided(Stopped::Refused { refusal, message }) => {
             assert_eq!(refusal, Refusal::Denied);
             assert!(message.contains("not on Fridays"), "{message}");
@@ -212,33 +235,33 @@ async fn on_a_team_server_a_state_says_what_became_of_the_shared_call() {
         other => panic!("expected the deny, got {other:?}"),
     }
     assert_eq!(
-        refused(&t.b.resume_round(TENANT, "execute", &args, &state).await),
+        refused(&t.b.resume_round(&tenant(), "execute", &args, &state).await),
         Some(&StateRefusal::Used)
     );
     // Minted elsewhere, expired or withdrawn: gone.
     let state = seal(2).await.unwrap();
     countersign_core::sync::lock(&t.table.fates).insert(number, SharedFate::Gone);
     assert_eq!(
-        refused(&t.b.resume_round(TENANT, "execute", &args, &state).await),
+        refused(&t.b.resume_round(&tenant(), "execute", &args, &state).await),
         Some(&StateRefusal::RequestGone)
     );
     // The shared records unreadable: refused, failing closed, and the state is not spent.
     let state = seal(3).await.unwrap();
     countersign_core::sync::lock(&t.table.fates).insert(number, SharedFate::Unreachable);
     assert_eq!(
-        refused(&t.b.resume_round(TENANT, "execute", &args, &state).await),
+        refused(&t.b.resume_round(&tenant(), "execute", &args, &state).await),
         Some(&StateRefusal::Unreachable)
     );
     countersign_core::sync::lock(&t.table.fates).insert(number, SharedFate::Waiting);
     assert_eq!(
-        t.b.resume_round(TENANT, "execute", &args, &state).await,
+        t.b.resume_round(&tenant(), "execute", &args, &state).await,
         Resumed::Continue { round: 3 }
     );
     // Another plan under a good state: plan_changed, whatever the table says.
     let state = seal(4).await.unwrap();
     let other = json!({"sql": "DELETE FROM u"});
     assert_eq!(
-        refused(&t.b.resume_round(TENANT, "execute", &other, &state).await),
+        refused(&t.b.resume_round(&tenant(), "execute", &other, &state).await),
         Some(&StateRefusal::PlanChanged)
     );
     // A call that cannot be shared now gets no state naming it.

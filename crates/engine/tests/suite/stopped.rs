@@ -5,6 +5,7 @@
 //! it leaves. Time is the engine's manual clock, moved by the tests, never slept on.
 
 use crate::support;
+use countersign_core::Tenant;
 
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ fn desk() -> Desk {
     desk_with_delay(0)
 }
 
-async fn connect(engine: &Engine, agent: &str) -> String {
+async fn connect(engine: &Engine, agent: &str) -> Tenant {
     let tenant = engine.connect(ServerId::Command("test-server".into()));
     engine.set_client_info(&tenant, json!({"name": agent, "version": "1"}));
     engine
@@ -35,7 +36,7 @@ async fn connect(engine: &Engine, agent: &str) -> String {
     tenant
 }
 
-async fn ticket(engine: &Engine, tenant: &str, args: &Value) -> Ticket {
+async fn ticket(engine: &Engine, tenant: &Tenant, args: &Value) -> Ticket {
     match engine.queue_preflight(tenant, "execute", args).await {
         Ok(Queued::Waiting(ticket)) => ticket,
         other => panic!("not queued: {other:?}"),
@@ -44,7 +45,7 @@ async fn ticket(engine: &Engine, tenant: &str, args: &Value) -> Ticket {
 
 /// What the session does when the agent's call is cancelled while it waits: the engine is told
 /// (while the waiting preflight still holds its ticket), then the preflight is dropped.
-async fn cancelled(engine: &Engine, tenant: &str, args: &Value) -> u64 {
+async fn cancelled(engine: &Engine, tenant: &Tenant, args: &Value) -> u64 {
     let ticket = ticket(engine, tenant, args).await;
     let id = ticket.id();
     engine.stop_waiting(tenant, "execute", args).unwrap();
