@@ -29,7 +29,7 @@ use countersign_core::policy::Policy;
 use countersign_core::sync::lock;
 use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine, MAX_CHANGE_TEXT_CHARS};
 use countersign_secret::{Items, SecretError};
-use countersign_store::{Store, StoreOptions};
+use countersign_store::Sqlite;
 use countersign_wire::{
     RegistryAnswer, RegistryCode, RegistryRequest, SecretText, ServerSpec, Setting, Upstream,
     check_name,
@@ -98,7 +98,9 @@ struct Inner {
     config_dir: PathBuf,
     /// The prefix of this desk's keychain accounts.
     scope: String,
-    store: Mutex<Store>,
+    /// The engine's own records (the desk's SQLite file): the accepted text of each guarded file
+    /// is kept there, through the same connection, never a second one.
+    store: Arc<Sqlite>,
     /// The keychain, or why there is none.
     items: Result<Arc<dyn Items>, SecretError>,
     engine: Engine,
@@ -129,22 +131,29 @@ impl std::fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// Opens the registry of the desk whose config directory is `config_dir` and whose SQLite
-    /// file is `store_path`. `items` is the keychain, or why there is none (servers without
-    /// secrets still work). At the first start the files as found are accepted (an invalid one
-    /// is reported and its default accepted instead).
+    /// Opens the registry of the desk whose config directory is `config_dir`; what was accepted
+    /// is kept in `records`, the engine's own (the desk's SQLite file, whose path also scopes
+    /// this desk's keychain accounts). `items` is the keychain, or why there is none (servers
+    /// without secrets still work). At the first start the files as found are accepted (an
+    /// invalid one is reported and its default accepted instead).
     pub fn open(
         config_dir: &Path,
-        store_path: &Path,
+        records: Arc<Sqlite>,
         items: Result<Arc<dyn Items>, SecretError>,
         engine: Engine,
     ) -> Result<Registry, RegistryError> {
-        let store = Store::open(store_path, StoreOptions::default())?;
+        let scope = {
+            let mut store = records.lock();
+            // Made now, as a desk's first start always made it: the scope is taken from the
+            // file's canonical path, which only a file that exists has.
+            store.connect()?;
+            secrets::scope_of(store.path())
+        };
         let registry = Registry {
             inner: Arc::new(Inner {
                 config_dir: config_dir.to_owned(),
-                scope: secrets::scope_of(store_path),
-                store: Mutex::new(store),
+                scope,
+                store: records,
                 items,
                 engine,
                 files: Mutex::new(()),
@@ -171,7 +180,7 @@ impl Registry {
 
     /// The text of `guarded` that applies.
     pub fn accepted_text(&self, guarded: Guarded) -> String {
-        match lock(&self.inner.store).accepted(guarded.name) {
+        match self.inner.store.lock().accepted(guarded.name) {
             Ok(Some(accepted)) => accepted.text,
             Ok(None) => guarded.default_text(),
             Err(e) => {
@@ -672,7 +681,10 @@ impl Registry {
     /// Records `text` as accepted for `guarded` and writes its file, as one step.
     fn write(&self, guarded: Guarded, text: &str) -> Result<(), RegistryError> {
         let _files = lock(&self.inner.files);
-        lock(&self.inner.store).accept(guarded.name, text, self.inner.engine.now_ms())?;
+        self.inner
+            .store
+            .lock()
+            .accept(guarded.name, text, self.inner.engine.now_ms())?;
         let path = self.path(guarded);
         guard::write_file(&path, text).map_err(|source| RegistryError::Write { path, source })
     }
@@ -699,7 +711,7 @@ impl Registry {
     /// At the first start (nothing accepted yet), accepts the file as found, or its default
     /// when it is missing or invalid.
     fn first_start(&self, guarded: Guarded) -> Result<(), RegistryError> {
-        let known = lock(&self.inner.store).accepted(guarded.name)?;
+        let known = self.inner.store.lock().accepted(guarded.name)?;
         if known.is_some() {
             return Ok(());
         }
@@ -714,7 +726,10 @@ impl Registry {
             Err(_) => guarded.default_text(),
         };
         let _files = lock(&self.inner.files);
-        lock(&self.inner.store).accept(guarded.name, &text, self.inner.engine.now_ms())?;
+        self.inner
+            .store
+            .lock()
+            .accept(guarded.name, &text, self.inner.engine.now_ms())?;
         Ok(())
     }
 

@@ -36,11 +36,12 @@ fn fixture() -> Fixture {
     config.window = true;
     config.approve_delay_ms = 0;
     let key = countersign_secret::HmacSecret::from_bytes([7; 32]).signing_key();
-    let engine = Engine::new(config, sqlite(&db), Ok(key));
+    let records = sqlite(&db);
+    let engine = Engine::new(config, records.clone(), Ok(key));
     let items = Arc::new(MemoryItems::new());
     let registry = Registry::open(
         &dir.path().join("config"),
-        &db,
+        records,
         Ok(items.clone() as Arc<dyn Items>),
         engine.clone(),
     )
@@ -343,10 +344,11 @@ async fn the_first_start_adopts_the_files_as_found() {
     )
     .unwrap();
     let db = dir.path().join("desk.sqlite");
-    let engine = Engine::new(EngineConfig::new(), sqlite(&db), Err("none".into()));
+    let records = sqlite(&db);
+    let engine = Engine::new(EngineConfig::new(), records.clone(), Err("none".into()));
     let registry = Registry::open(
         &dir.path().join("config"),
-        &db,
+        records,
         Err(countersign_secret::SecretError::NoKeychain {
             detail: "no keychain".into(),
         }),
@@ -512,10 +514,11 @@ async fn two_desks_registering_one_name_keep_their_own_secrets() {
         let db = dir.path().join("desk.sqlite");
         let mut config = EngineConfig::new();
         config.window = true;
-        let engine = Engine::new(config, sqlite(&db), Err("none".into()));
+        let records = sqlite(&db);
+        let engine = Engine::new(config, records.clone(), Err("none".into()));
         let registry = Registry::open(
             &dir.path().join("config"),
-            &db,
+            records,
             Ok(items.clone() as Arc<dyn Items>),
             engine,
         )

@@ -125,6 +125,13 @@ impl Store {
         &self.path
     }
 
+    /// Opens the file now if no connection is open (creating and migrating it as
+    /// [`Store::open`] does), saying why if that fails: for what must see the file exist, such as
+    /// its canonical path.
+    pub fn connect(&mut self) -> Result<(), StoreError> {
+        self.connection().map(|_| ())
+    }
+
     /// Whether a connection is open right now (false before first use and after a broken one).
     pub fn is_connected(&self) -> bool {
         self.opened.is_some()

@@ -298,11 +298,16 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
     // A file that cannot open now is reported by each call (which fails closed) and tried
     // again, rather than keeping the desk from starting.
     let records = Arc::new(Sqlite::open_deferred(&store, store_options));
-    let engine = Engine::new(config, records, key.map_err(|e| NoKey::from(e.to_string())));
+    let engine = Engine::new(
+        config,
+        records.clone(),
+        key.map_err(|e| NoKey::from(e.to_string())),
+    );
+    // The registry keeps what was accepted in the same records (one connection to the file).
     // What applies is what was last accepted: the policy and servers.json as they are on disk
     // are checked against it below, and an edit made outside the desk waits for the person.
     let remote_items = items.as_ref().ok().cloned();
-    let registry = match Registry::open(&dirs.config, &dirs.store(), items, engine.clone()) {
+    let registry = match Registry::open(&dirs.config, records, items, engine.clone()) {
         Ok(registry) => registry,
         Err(e) => {
             eprintln!("countersign-desk: cannot open the registry of servers: {e}");
