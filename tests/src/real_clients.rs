@@ -39,9 +39,7 @@ pub struct RealClient {
 
 /// The programs `.ci/setup tests` installs.
 fn peers_bin(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/peers/node_modules/.bin")
-        .join(name);
+    let path = crate::peers::dir().join("node_modules/.bin").join(name);
     assert!(
         path.exists(),
         "{} is missing: run .ci/setup tests",

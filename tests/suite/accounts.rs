@@ -19,14 +19,10 @@ use serde_json::json;
 
 /// server-everything, as `.ci/setup tests` installs it.
 fn server_everything() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/peers/node_modules/.bin/mcp-server-everything");
-    assert!(
-        path.exists(),
-        "{} is missing: run .ci/setup tests",
-        path.display()
-    );
-    path
+    countersign_tests::peers::npm_server(
+        countersign_tests::peers::SERVER_EVERYTHING,
+        "mcp-server-everything",
+    )
 }
 
 /// server-everything over streamable HTTP on a free port; its URL.

@@ -8,6 +8,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use countersign_tests::peers;
 use countersign_tests::window::{Desk, bin};
 use fantoccini::Locator;
 use rmcp::RoleClient;
@@ -991,10 +992,8 @@ async fn a_write_file_request_shows_the_old_and_new_lines_of_the_file() {
     let files = files.canonicalize().unwrap();
     let notes = files.join("notes.txt");
     std::fs::write(&notes, "alpha\nbeta\ngamma\n").unwrap();
-    let server = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../target/peers/node_modules/.bin/mcp-server-filesystem"
-    );
+    let server = peers::npm_server(peers::SERVER_FILESYSTEM, "mcp-server-filesystem");
+    let server = server.to_str().unwrap();
     let stderr = std::fs::File::create(desk.dir.path().join("gateway.stderr")).unwrap();
     let agent = desk
         .agent_command(
@@ -1152,10 +1151,8 @@ async fn edit_and_move_requests_show_the_dry_run_and_the_destination() {
     let taken = files.join("taken.txt");
     std::fs::write(&notes, "alpha\nbeta\n").unwrap();
     std::fs::write(&taken, "keep me\n").unwrap();
-    let server = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../target/peers/node_modules/.bin/mcp-server-filesystem"
-    );
+    let server = peers::npm_server(peers::SERVER_FILESYSTEM, "mcp-server-filesystem");
+    let server = server.to_str().unwrap();
     let stderr = std::fs::File::create(desk.dir.path().join("gateway.stderr")).unwrap();
     let agent = desk
         .agent_command(

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use countersign_tests::calls::{Call, call, confirm_of};
+use countersign_tests::peers;
 use countersign_tests::window::Desk;
 use rmcp::RoleClient;
 use rmcp::model::*;
@@ -200,10 +201,8 @@ async fn filesystem_agent(
     name: &str,
     root: &str,
 ) -> RunningService<RoleClient, ClientConfig> {
-    let server = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../target/peers/node_modules/.bin/mcp-server-filesystem"
-    );
+    let server = peers::npm_server(peers::SERVER_FILESYSTEM, "mcp-server-filesystem");
+    let server = server.to_str().unwrap();
     let stderr = std::fs::File::create(desk.dir.path().join(format!("{name}.stderr"))).unwrap();
     desk.agent_command(name, &[server, root], &[], desk.dir.path(), stderr)
         .await

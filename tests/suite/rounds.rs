@@ -7,7 +7,7 @@
 //! gets the tool's real result. A client in `mode="legacy"` beside it keeps the preflight/confirm
 //! text flow. Needs a display, tauri-driver and the Python peer (`.ci/setup tests`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -17,14 +17,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-fn python() -> PathBuf {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers/venv/bin/python");
-    assert!(
-        python.exists(),
-        "the Python MCP SDK is not installed in target/peers: run .ci/setup tests"
-    );
-    python
-}
+use countersign_tests::peers::python;
 
 /// The Python agent, running: its steps arrive one JSON line at a time.
 struct PythonAgent {

@@ -379,11 +379,6 @@ fn agent_command(data: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// Where `.ci/setup tests` installs the pinned MCP peers.
-fn peers() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers")
-}
-
 /// A servers file in `dir` naming one server, `echo` (tests/peers/echo_server.py).
 fn echo_servers_file(dir: &Path) -> PathBuf {
     let echo = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/echo_server.py");

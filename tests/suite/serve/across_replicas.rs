@@ -327,11 +327,7 @@ async fn a_2026_07_28_client_approved_on_one_replica_gets_its_result_from_anothe
 {
     use countersign_core::approver::Verdict;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let python = peers().join("venv/bin/python");
-    assert!(
-        python.exists(),
-        "the Python MCP SDK is not installed in target/peers: run .ci/setup tests"
-    );
+    let python = countersign_tests::peers::python();
     let TwoReplicas {
         a,
         b,

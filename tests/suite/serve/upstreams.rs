@@ -57,11 +57,10 @@ async fn a_read_only_server_offers_only_open_tools_and_runs_them() {
 
 #[test]
 fn real_peers_the_python_sdk_as_agent_and_server_everything_as_upstream() {
-    let python = peers().join("venv/bin/python");
-    let everything = peers().join("node_modules/.bin/mcp-server-everything");
-    assert!(
-        python.exists() && everything.exists(),
-        "the MCP peers are not installed in target/peers: run .ci/setup tests"
+    let python = countersign_tests::peers::python();
+    let everything = countersign_tests::peers::npm_server(
+        countersign_tests::peers::SERVER_EVERYTHING,
+        "mcp-server-everything",
     );
     // The official Python SDK, with an agent key, in both of its modes.
     let dir = tempfile::tempdir().unwrap();

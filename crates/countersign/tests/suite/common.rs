@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use countersign_core::token::SigningKey;
 use countersign_engine::{Engine, EngineConfig, PendingRequest, QueueChange, Removal};
 use countersign_session as socket;
 use rmcp::model::*;
@@ -36,12 +35,10 @@ pub async fn desk_on(
         dir.path().join("desk.sqlite"),
         options,
     ));
-    let mut cfg = EngineConfig::new();
-    // Approvals below the window, right after the preflight: no person's delay to wait out.
-    cfg.approve_delay_ms = 0;
+    let mut cfg = countersign_tests::engine::config();
     cfg.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
     config(&mut cfg);
-    let engine = Engine::new(cfg, records, Ok(SigningKey::new(&[42; 32]).unwrap()));
+    let engine = Engine::new(cfg, records, Ok(countersign_tests::engine::key()));
     let socket = dir.path().join("run/desk.sock");
     let served = socket::serve(engine.clone(), socket.clone()).await.unwrap();
     Desk {

@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use countersign_core::token::SigningKey;
-use countersign_engine::{Engine, EngineConfig};
+use countersign_engine::Engine;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::ServiceError;
 use rmcp::{Peer, RoleClient};
@@ -304,14 +303,9 @@ struct Restartable {
 }
 
 fn engine_in(dir: &Path) -> Engine {
-    let mut config = EngineConfig::new();
-    config.approve_delay_ms = 0;
+    let mut config = countersign_tests::engine::config();
     config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
-    let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
-        dir.join("desk.sqlite"),
-        countersign_store::StoreOptions::default(),
-    ));
-    Engine::new(config, records, Ok(SigningKey::new(&[42; 32]).unwrap()))
+    countersign_tests::engine::engine(dir, config)
 }
 
 impl Restartable {

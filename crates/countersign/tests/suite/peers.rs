@@ -22,42 +22,8 @@ use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-/// The peers' pinned versions; `.ci/setup tests` installs exactly these.
-const SERVER_EVERYTHING: (&str, &str) = ("@modelcontextprotocol/server-everything", "2026.8.31");
-const SERVER_FILESYSTEM: (&str, &str) = ("@modelcontextprotocol/server-filesystem", "2026.8.31");
-const PYTHON_MCP: &str = "2.3.0";
-
-fn peers_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/peers")
-}
-
-fn missing(what: &str) -> String {
-    format!(
-        "{what} is not installed in target/peers: run .ci/setup tests (it installs the pinned MCP peers)"
-    )
-}
-
-/// The launcher of an npm-installed server, after checking that the pinned version is installed.
-fn npm_server((package, version): (&str, &str), bin: &str) -> PathBuf {
-    let manifest = peers_dir()
-        .join("node_modules")
-        .join(package)
-        .join("package.json");
-    let manifest: Value = serde_json::from_str(
-        &std::fs::read_to_string(&manifest)
-            .unwrap_or_else(|_| panic!("{}", missing(&format!("{package}@{version}")))),
-    )
-    .unwrap();
-    assert_eq!(
-        manifest["version"],
-        json!(version),
-        "{}",
-        missing(&format!("{package}@{version}"))
-    );
-    let bin = peers_dir().join("node_modules/.bin").join(bin);
-    assert!(bin.exists(), "{}", missing(&format!("{package}@{version}")));
-    bin
-}
+pub(crate) use countersign_tests::peers::python;
+use countersign_tests::peers::{PYTHON_MCP, SERVER_EVERYTHING, SERVER_FILESYSTEM, npm_server};
 
 fn server_everything() -> PathBuf {
     npm_server(SERVER_EVERYTHING, "mcp-server-everything")
@@ -65,18 +31,6 @@ fn server_everything() -> PathBuf {
 
 fn server_filesystem() -> PathBuf {
     npm_server(SERVER_FILESYSTEM, "mcp-server-filesystem")
-}
-
-/// The Python of the virtual environment `.ci/setup tests` installs `mcp` into (the suite's one
-/// way to reach it).
-pub(crate) fn python() -> PathBuf {
-    let python = peers_dir().join("venv/bin/python");
-    assert!(
-        python.exists(),
-        "{}",
-        missing(&format!("mcp=={PYTHON_MCP} (Python)"))
-    );
-    python
 }
 
 fn s(path: &Path) -> &str {
@@ -203,7 +157,11 @@ async fn python_agent_flow(mode: &str) -> PythonRun {
     );
 
     let connected = step(steps, "connected");
-    assert_eq!(connected["sdk"], json!(PYTHON_MCP), "{}", missing("mcp"));
+    assert_eq!(
+        connected["sdk"],
+        json!(PYTHON_MCP),
+        "the Python SDK is not the pinned mcp=={PYTHON_MCP}: run .ci/setup tests"
+    );
     assert_eq!(connected["server"], json!("countersign-builtin"));
 
     // The desk knows which agent asks: the SDK's own clientInfo, in either protocol.

@@ -368,7 +368,8 @@ async fn a_state_sealed_before_the_secret_was_rotated_is_refused() {
     let args = create("rotated");
     let (request, ir) = first_round(&desk, agent.peer(), "execute", &args).await;
     click(&desk, &request).await;
-    desk.engine.set_key(Ok(SigningKey::new(&[7; 32]).unwrap()));
+    // Another key than the one every test engine signs with (countersign_tests::engine::key).
+    desk.engine.set_key(Ok(SigningKey::new(&[9; 32]).unwrap()));
     let r = retry(agent.peer(), &args, &ir, "accept").await;
     assert_eq!(refusal(&r).as_deref(), Some("bad_token"), "{r:?}");
     assert_eq!(tables(agent.peer()).await, json!([]));

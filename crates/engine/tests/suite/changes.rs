@@ -3,8 +3,8 @@
 //! same click (and delay), mints nothing; a tool whose definition differs from its pin is
 //! refused `tool_changed`, open or gated, until the person accepts the change.
 
-use crate::support;
 use countersign_core::Tenant;
+use countersign_tests::engine as support;
 
 use countersign_core::ServerId;
 use std::time::Duration;

@@ -33,9 +33,9 @@ async fn setup() -> Setup {
              CREATE TABLE audit (what TEXT);",
         )
         .unwrap();
-    let mut config = crate::support::config();
+    let mut config = countersign_tests::engine::config();
     config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
-    let engine = crate::support::engine(dir.path(), config);
+    let engine = countersign_tests::engine::engine(dir.path(), config);
     let tenant = engine.connect(ServerId::Builtin(db.clone()));
     engine
         .register_tools(&tenant, countersign_builtin::definitions())

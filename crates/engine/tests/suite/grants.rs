@@ -15,7 +15,7 @@ use countersign_engine::{
 use countersign_store::{GrantKind, HistoryFilter};
 use serde_json::{Value, json};
 
-use crate::support::Desk;
+use countersign_tests::engine::Desk;
 
 fn desk_with(policy: Policy) -> Desk {
     Desk::new(|config| config.policy = policy)

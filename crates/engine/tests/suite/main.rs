@@ -11,4 +11,3 @@ mod previews;
 mod queue;
 mod rounds;
 mod stopped;
-mod support;

@@ -17,7 +17,7 @@ use countersign_engine::authority::RECORDS_UNREADABLE;
 use countersign_engine::{Accepted, Approved, Engine, QueueChange, Stopped};
 use serde_json::{Value, json};
 
-use crate::support::Desk;
+use countersign_tests::engine::Desk;
 
 fn desk() -> Desk {
     Desk::new(|_| {})

@@ -19,11 +19,11 @@ fn engine(dir: &tempfile::TempDir, delay_ms: u64) -> Engine {
 
 /// An engine whose time is `clock`'s: the test moves it instead of sleeping.
 fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engine {
-    let mut config = crate::support::config();
+    let mut config = countersign_tests::engine::config();
     config.approve_delay_ms = delay_ms;
     config.clock = std::sync::Arc::new(clock);
     config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
-    crate::support::engine(dir.path(), config)
+    countersign_tests::engine::engine(dir.path(), config)
 }
 
 async fn files(engine: &Engine, server: &str) -> Tenant {

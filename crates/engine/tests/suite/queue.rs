@@ -1,8 +1,8 @@
 //! The engine's queue and request handlers, driven as the window and a gateway would drive them,
 //! on a real SQLite file. Approval happens only through `Engine::approve`, as a click would.
 
-use crate::support;
 use countersign_core::Tenant;
+use countersign_tests::engine as support;
 
 use countersign_core::ServerId;
 use std::time::Duration;

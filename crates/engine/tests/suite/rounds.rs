@@ -24,9 +24,9 @@ fn tenant() -> Tenant {
 
 /// A replica's engine on the team's file in `dir`, its time `clock`'s.
 fn engine_on(dir: &std::path::Path, clock: &ManualClock) -> Engine {
-    let mut config = crate::support::config();
+    let mut config = countersign_tests::engine::config();
     config.clock = Arc::new(clock.clone());
-    crate::support::engine(dir, config)
+    countersign_tests::engine::engine(dir, config)
 }
 
 async fn attached(engine: &Engine) {

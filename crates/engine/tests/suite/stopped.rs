@@ -4,8 +4,8 @@
 //! given meanwhile, with the approve delay running on from the request's arrival; after the grace
 //! it leaves. Time is the engine's manual clock, moved by the tests, never slept on.
 
-use crate::support;
 use countersign_core::Tenant;
+use countersign_tests::engine as support;
 
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
-//! What every engine test file shares: the engine on a real SQLite file, built one way, and
-//! waiting for the queue by its events, never by polling.
+//! The engine as every test builds it: on a real SQLite file, with one test key, the approve
+//! delay at 0 (approvals below the window come right after the preflight), and waiting for the
+//! queue by its events, never by polling. The engine's own suite, the pipe's and the cross-crate
+//! tests all build it here, so a change to how an engine is made is made once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,11 +48,13 @@ pub fn manual_clock(config: &mut EngineConfig) -> ManualClock {
 /// An engine on a real SQLite file in a directory of its own, signing with [`key`], its time a
 /// [`ManualClock`] the test moves.
 pub struct Desk {
+    /// The engine.
     pub engine: Engine,
     /// The engine's time: tests move it instead of sleeping.
     pub clock: ManualClock,
     /// The engine's file.
     pub path: PathBuf,
+    /// The directory that holds the file (removed when the desk is dropped).
     pub dir: tempfile::TempDir,
 }
 

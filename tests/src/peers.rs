@@ -1,0 +1,61 @@
+//! The real MCP peers `.ci/setup tests` installs, pinned, under `target/peers` (never committed):
+//! the reference servers from npm and the Python SDK in a virtual environment of its own. A test
+//! whose peer is missing fails and says how to install it. Every suite finds them here.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+/// The reference server with every kind of tool, and its pinned version.
+pub const SERVER_EVERYTHING: (&str, &str) =
+    ("@modelcontextprotocol/server-everything", "2026.8.31");
+/// The reference filesystem server, and its pinned version.
+pub const SERVER_FILESYSTEM: (&str, &str) =
+    ("@modelcontextprotocol/server-filesystem", "2026.8.31");
+/// The Python SDK's pinned version.
+pub const PYTHON_MCP: &str = "2.3.0";
+
+/// Where `.ci/setup tests` installs the peers.
+pub fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers")
+}
+
+fn missing(what: &str) -> String {
+    format!(
+        "{what} is not installed in target/peers: run .ci/setup tests (it installs the pinned MCP peers)"
+    )
+}
+
+/// The launcher `bin` of an npm-installed server, after checking that the pinned version is
+/// installed.
+pub fn npm_server((package, version): (&str, &str), bin: &str) -> PathBuf {
+    let manifest = dir()
+        .join("node_modules")
+        .join(package)
+        .join("package.json");
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(&manifest)
+            .unwrap_or_else(|_| panic!("{}", missing(&format!("{package}@{version}")))),
+    )
+    .unwrap();
+    assert_eq!(
+        manifest["version"],
+        json!(version),
+        "{}",
+        missing(&format!("{package}@{version}"))
+    );
+    let bin = dir().join("node_modules/.bin").join(bin);
+    assert!(bin.exists(), "{}", missing(&format!("{package}@{version}")));
+    bin
+}
+
+/// The Python of the virtual environment the SDK is installed into.
+pub fn python() -> PathBuf {
+    let python = dir().join("venv/bin/python");
+    assert!(
+        python.exists(),
+        "{}",
+        missing(&format!("mcp=={PYTHON_MCP} (Python)"))
+    );
+    python
+}
