@@ -11,6 +11,7 @@
 //! the next run's guards cannot reach it, which is why the drop is the main path.
 #![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
+use std::os::fd::FromRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -128,6 +129,27 @@ pub fn carrying(name: &str, value: &str) -> Vec<u32> {
             }) && runs(pid)
         })
         .collect()
+}
+
+/// Waits until process `pid` exits (any process of this account, not only a child of ours): on
+/// the kernel's word through a pidfd, which becomes readable when the process ends, never by
+/// polling. A process already gone returns at once.
+pub async fn exited(pid: u32) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; nothing of
+    // ours is read or written.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return; // no such process (ESRCH): it has exited already
+    }
+    // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) };
+    // SAFETY: the AsyncFd owns `fd`, which stays open and the same descriptor until it drops.
+    let fd = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    }
+    .map_err(|e| e.to_string())
+    .expect("a pidfd registers with the runtime");
+    let _ = fd.readable().await;
 }
 
 /// Whether process `pid` still runs (it exists and is not a zombie).
@@ -271,5 +293,25 @@ mod tests {
             assert!(Instant::now() < deadline, "{children:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    #[tokio::test]
+    async fn exited_wakes_when_a_process_that_is_not_our_child_ends_and_at_once_for_one_gone() {
+        // A grandchild: `sh` starts `sleep` in the background, says its pid and exits, so the
+        // sleeper is nobody's child of ours (init adopts it).
+        let out = Command::new("sh")
+            .args(["-c", "sleep 0.3 >/dev/null 2>&1 & echo $!"])
+            .output()
+            .unwrap();
+        let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(runs(pid));
+        tokio::time::timeout(Duration::from_secs(10), exited(pid))
+            .await
+            .expect("the exit was seen");
+        assert!(!runs(pid));
+        // Gone already: no wait at all.
+        tokio::time::timeout(Duration::from_millis(500), exited(pid))
+            .await
+            .expect("a process already gone returns at once");
     }
 }

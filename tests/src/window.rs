@@ -186,7 +186,33 @@ impl Desk {
         id.as_str().map(str::to_owned)
     }
 
-    /// Waits (up to 30 s) until `check` holds.
+    /// Waits (up to 30 s) until the page's `predicate` (a JavaScript expression) holds, on the
+    /// page's own events: a `MutationObserver` checks it again after each change of the
+    /// document, and nothing polls. The page must stay loaded meanwhile (use [`Desk::until`]
+    /// across a window the desk releases and creates again).
+    pub async fn until_page(&self, what: &str, predicate: &str) {
+        let script = format!(
+            "const done = arguments[arguments.length - 1];
+             const check = () => {{ try {{ return !!({predicate}); }} catch (e) {{ return false; }} }};
+             if (check()) {{ done(true); return; }}
+             const seen = new MutationObserver(() => {{
+               if (check()) {{ seen.disconnect(); done(true); }}
+             }});
+             seen.observe(document, {{subtree: true, childList: true, attributes: true, characterData: true}});"
+        );
+        let held = tokio::time::timeout(
+            Duration::from_secs(30),
+            self.browser().execute_async(&script, vec![]),
+        )
+        .await;
+        assert!(
+            matches!(held, Ok(Ok(Value::Bool(true)))),
+            "timed out waiting for {what}: {held:?}"
+        );
+    }
+
+    /// Waits (up to 30 s) until `check` holds, asking again every 50 ms: for what publishes no
+    /// event a test can wait on (another process's state, a window the desk replaces).
     pub async fn until<F>(&self, what: &str, check: F)
     where
         F: for<'a> Fn(&'a Desk) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>>,

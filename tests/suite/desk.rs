@@ -8,6 +8,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use countersign_tests::group;
 use countersign_tests::peers;
 use countersign_tests::window::{Desk, bin};
 use fantoccini::Locator;
@@ -669,14 +670,15 @@ async fn the_demo_runs_through_when_a_person_approves_each_request() {
         let hash = desk.text("#d-hash").await;
         read_then_approve(&desk).await;
         // Gone once the window shows another request, or none.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while desk.visible_request().await && desk.text("#d-hash").await == hash {
-            assert!(
-                Instant::now() < deadline,
-                "the approved request stayed in the queue"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        desk.until_page(
+            "the approved request to leave the queue",
+            &format!(
+                "document.getElementById('detail').hidden || \
+                 document.getElementById('d-hash').textContent !== {}",
+                json!(hash)
+            ),
+        )
+        .await;
     }
     let out = tokio::time::timeout(Duration::from_secs(60), output)
         .await
@@ -932,14 +934,7 @@ async fn an_idle_closed_window_is_released_and_the_next_request_brings_it_back()
     assert!(!web.is_empty(), "a live window has a web process");
     let old = Desk::parent_of(web[0]).unwrap();
     desk.close_window().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !Desk::web_processes(pid).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the web process did not exit after the window was closed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_released(pid).await;
     // The old window's process ends; a spare one takes its place, with no window of its own.
     let deadline = Instant::now() + Duration::from_secs(30);
     let spare = loop {
@@ -1199,13 +1194,26 @@ async fn edit_and_move_requests_show_the_dry_run_and_the_destination() {
     desk.stop().await;
 }
 
-/// Waits (up to 30 s) until the desk `pid` has no web process: its window was released.
+/// Waits (up to 30 s) until the desk `pid` has no web process: its window was released. Each
+/// web process's exit is waited for on the kernel's word ([`group::exited`]), not polled.
 async fn until_released(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !Desk::web_processes(pid).is_empty() {
-        assert!(Instant::now() < deadline, "the window was not released");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let web = Desk::web_processes(pid);
+    let all_exited = async {
+        for &process in &web {
+            group::exited(process).await;
+        }
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(30), all_exited)
+            .await
+            .is_ok(),
+        "the window was not released: {web:?} still run"
+    );
+    // Released: no web process is left (none was started meanwhile).
+    assert!(
+        Desk::web_processes(pid).is_empty(),
+        "the window was not released"
+    );
 }
 
 /// Denies the request shown through the page's IPC (Deny has no delay, and a hidden window's
