@@ -36,14 +36,10 @@ pub fn gone(pid: i32) -> bool {
 pub fn terminate(pid: i32) {
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !gone(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "process {pid} did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        crate::group::exits_within(pid as u32, Duration::from_secs(10)),
+        "process {pid} did not stop on SIGTERM"
+    );
 }
 
 /// `desk_child SOCKET DB --approve` (the desk's engine and sessions without the window,

@@ -152,6 +152,26 @@ pub async fn exited(pid: u32) {
     let _ = fd.readable().await;
 }
 
+/// Whether process `pid` exits within `limit` (at once when it is gone already): [`exited`] for
+/// code that blocks, waiting in `poll(2)` on the pidfd, never by polling the process table.
+pub fn exits_within(pid: u32, limit: Duration) -> bool {
+    // SAFETY: as in `exited`.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return true;
+    }
+    // SAFETY: as in `exited`.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) };
+    let mut wanted = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one pollfd, valid for the call; poll writes only its `revents`.
+    unsafe { libc::poll(&mut wanted, 1, ms) > 0 }
+}
+
 /// Whether process `pid` still runs (it exists and is not a zombie).
 pub fn runs(pid: u32) -> bool {
     stat_of(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X')

@@ -497,14 +497,10 @@ fn a_closed_release_desk_keeps_serving_and_releases_its_webview_after_the_settin
     // The window's whole process went, GTK and WebKit with it: the desk maps neither. What may
     // stay under it is one spare window's process, which makes no window and starts no WebKit
     // process until the desk has something to show.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while countersign_tests::measure::descendants(pid).contains(&window) {
-        assert!(
-            Instant::now() < deadline,
-            "the window's process outlived its release"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert!(
+        countersign_tests::group::exits_within(window, Duration::from_secs(10)),
+        "the window's process outlived its release"
+    );
     std::thread::sleep(Duration::from_secs(1));
     let under = countersign_tests::measure::descendants(pid);
     assert!(

@@ -143,13 +143,8 @@ impl Server {
     fn stop(mut self) -> String {
         // SAFETY: kill takes plain integers; the pid is our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Given 10 s to stop on its own (it removes its temporary directory), then made to.
+        countersign_tests::group::exits_within(self.child.id(), Duration::from_secs(10));
         let _ = self.child.kill();
         let _ = self.child.wait();
         let mut stdout = String::new();

@@ -315,7 +315,7 @@ fn a_call_in_flight_when_the_server_is_told_to_stop_is_answered_before_it_stops(
     let slow = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/slow_server.py");
     let dir = tempfile::tempdir().unwrap();
     let log_file = dir.path().join("ran.jsonl");
-    let mut server = Server::start_before(
+    let server = Server::start_before(
         &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
         &[],
         Some(&[&python, slow.to_str().unwrap(), log_file.to_str().unwrap()]),
@@ -344,14 +344,10 @@ fn a_call_in_flight_when_the_server_is_told_to_stop_is_answered_before_it_stops(
     assert_eq!(status, 200, "{answer}");
     assert!(answer["result"].to_string().contains("slept"), "{answer}");
     // Then it stops, on its own.
-    let stopped = Instant::now();
-    while !matches!(server.child.try_wait(), Ok(Some(_))) {
-        assert!(
-            stopped.elapsed() < Duration::from_secs(30),
-            "it did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        countersign_tests::group::exits_within(server.child.id(), Duration::from_secs(30)),
+        "it did not stop"
+    );
     assert!(server.log().contains("stopping"), "{}", server.log());
 }
 
