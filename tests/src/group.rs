@@ -135,14 +135,9 @@ pub fn carrying(name: &str, value: &str) -> Vec<u32> {
 /// the kernel's word through a pidfd, which becomes readable when the process ends, never by
 /// polling. A process already gone returns at once.
 pub async fn exited(pid: u32) {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; nothing of
-    // ours is read or written.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return; // no such process (ESRCH): it has exited already
-    }
-    // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) };
+    let Some(fd) = pidfd(pid) else {
+        return; // no such process: it has exited already
+    };
     // SAFETY: the AsyncFd owns `fd`, which stays open and the same descriptor until it drops.
     let fd = unsafe {
         tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
@@ -155,21 +150,48 @@ pub async fn exited(pid: u32) {
 /// Whether process `pid` exits within `limit` (at once when it is gone already): [`exited`] for
 /// code that blocks, waiting in `poll(2)` on the pidfd, never by polling the process table.
 pub fn exits_within(pid: u32, limit: Duration) -> bool {
-    // SAFETY: as in `exited`.
+    let Some(fd) = pidfd(pid) else {
+        return true; // no such process: it has exited already
+    };
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut wanted = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one pollfd, valid for the call; poll writes only its `revents`.
+        match unsafe { libc::poll(&mut wanted, 1, ms) } {
+            0 => return false,
+            n if n > 0 => return true,
+            // A signal (another test's child ending: SIGCHLD) interrupted the wait: wait on for
+            // what is left of the limit.
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => panic!("poll on a pidfd: {}", std::io::Error::last_os_error()),
+        }
+    }
+}
+
+/// A pidfd for `pid`, or `None` when there is no such process (it has exited and been reaped).
+/// Any other failure (no pidfd support, no descriptors left) panics rather than passing for an
+/// exit.
+fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; nothing of
+    // ours is read or written.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
-        return true;
+        let error = std::io::Error::last_os_error();
+        assert_eq!(
+            error.raw_os_error(),
+            Some(libc::ESRCH),
+            "pidfd_open({pid}): {error}"
+        );
+        return None;
     }
-    // SAFETY: as in `exited`.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) };
-    let mut wanted = libc::pollfd {
-        fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: one pollfd, valid for the call; poll writes only its `revents`.
-    unsafe { libc::poll(&mut wanted, 1, ms) > 0 }
+    // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
 }
 
 /// Whether process `pid` still runs (it exists and is not a zombie).

@@ -101,6 +101,10 @@ struct Inner {
     /// The engine's own records (the desk's SQLite file): the accepted text of each guarded file
     /// is kept there, through the same connection, never a second one.
     store: Arc<Sqlite>,
+    /// What was accepted, by file name, as this registry last read or wrote it: the registry is
+    /// the only writer of those rows, so reading them (every gateway's hello resolves its
+    /// server) never waits on the engine's use of the store.
+    accepted: Mutex<BTreeMap<&'static str, String>>,
     /// The keychain, or why there is none.
     items: Result<Arc<dyn Items>, SecretError>,
     engine: Engine,
@@ -154,6 +158,7 @@ impl Registry {
                 config_dir: config_dir.to_owned(),
                 scope,
                 store: records,
+                accepted: Mutex::new(BTreeMap::new()),
                 items,
                 engine,
                 files: Mutex::new(()),
@@ -180,8 +185,15 @@ impl Registry {
 
     /// The text of `guarded` that applies.
     pub fn accepted_text(&self, guarded: Guarded) -> String {
-        match self.inner.store.lock().accepted(guarded.name) {
-            Ok(Some(accepted)) => accepted.text,
+        if let Some(text) = lock(&self.inner.accepted).get(guarded.name) {
+            return text.clone();
+        }
+        let read = self.inner.store.lock().accepted(guarded.name);
+        match read {
+            Ok(Some(accepted)) => {
+                lock(&self.inner.accepted).insert(guarded.name, accepted.text.clone());
+                accepted.text
+            }
             Ok(None) => guarded.default_text(),
             Err(e) => {
                 tracing::error!(target: "registry", file = guarded.name, "cannot read what was accepted: {e}");
@@ -685,6 +697,7 @@ impl Registry {
             .store
             .lock()
             .accept(guarded.name, text, self.inner.engine.now_ms())?;
+        lock(&self.inner.accepted).insert(guarded.name, text.to_owned());
         let path = self.path(guarded);
         guard::write_file(&path, text).map_err(|source| RegistryError::Write { path, source })
     }
@@ -712,7 +725,8 @@ impl Registry {
     /// when it is missing or invalid.
     fn first_start(&self, guarded: Guarded) -> Result<(), RegistryError> {
         let known = self.inner.store.lock().accepted(guarded.name)?;
-        if known.is_some() {
+        if let Some(known) = known {
+            lock(&self.inner.accepted).insert(guarded.name, known.text);
             return Ok(());
         }
         let text = match std::fs::read_to_string(self.path(guarded)) {
@@ -730,6 +744,7 @@ impl Registry {
             .store
             .lock()
             .accept(guarded.name, &text, self.inner.engine.now_ms())?;
+        lock(&self.inner.accepted).insert(guarded.name, text);
         Ok(())
     }
 

@@ -789,15 +789,16 @@ async fn connection(desk: Desk, stream: UnixStream, admitted: Admitted, first: F
     };
     drop(out);
     reading.abort();
-    // The door holds the session, and through it the upstream and its sender to the writer: let
-    // go of it too, or the writer below waits out its 5 s and the gateway (and with it whatever
-    // agent waits for the gateway to exit) 5 s more after every session.
-    drop(door);
     if stopped {
         // At once, before anything below yields: an answer the session gave while it was being
         // ended (its requests cancelled) must not reach the gateway, which answers those itself.
         writing.abort();
     }
+    // The door holds the session, and through it the upstream and its sender to the writer: let
+    // go of it too, or the writer below waits out its 5 s and the gateway (and with it whatever
+    // agent waits for the gateway to exit) 5 s more after every session. After the abort above:
+    // letting go may end the upstream's transport, whose lane answers what it still held.
+    drop(door);
     // Gone: withdraw its pending requests.
     desk.engine.disconnect(&tenant).await;
     if stopped {
