@@ -81,6 +81,37 @@ mod tests {
         assert!(parse(&json!({"id": "7"}), "https://team").is_none());
     }
 
+    /// A listing is another machine's bytes: any required member missing or of the wrong type
+    /// (the tenant a number, a hash that is not hex, an id that is a string or negative, a class
+    /// it does not know, no lifetime) makes it no request at all, never a request with a guess.
+    #[test]
+    fn a_listing_with_a_member_missing_or_of_the_wrong_type_is_no_request() {
+        let plan = plan();
+        let hash = plan.hash().unwrap();
+        let spoiled: [(&str, Value); 9] = [
+            ("/asks/tenant", json!(7)),
+            ("/asks/tenant", Value::Null),
+            ("/asks/plan_hash", json!("not hex")),
+            ("/asks/class", json!("forever")),
+            ("/asks/type_target", json!("yes")),
+            ("/asks/token_ttl_ms", json!(-1)),
+            ("/asks/server", json!(["server:db"])),
+            ("/id", json!(-7)),
+            ("/text", json!({"html": "<b>"})),
+        ];
+        for (pointer, value) in spoiled {
+            let mut listing = listed(&plan, &hash);
+            *listing.pointer_mut(pointer).unwrap() = value.clone();
+            assert!(
+                parse(&listing, "https://team").is_none(),
+                "{pointer} = {value} was taken"
+            );
+        }
+        let mut no_tenant = listed(&plan, &hash);
+        no_tenant["asks"].as_object_mut().unwrap().remove("tenant");
+        assert!(parse(&no_tenant, "https://team").is_none());
+    }
+
     #[test]
     fn enrolling_keeps_one_key_and_the_servers_and_forgetting_removes_one() {
         let dir = tempfile::tempdir().unwrap();

@@ -138,7 +138,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    async fn read_all<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Vec<Result<T, String>> {
+    /// Every message in `bytes`, each as [`read`] gave it, until the channel closes or a line is
+    /// too long (the last then says so).
+    async fn read_all<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Vec<Result<T, ChannelError>> {
         let mut reader = tokio::io::BufReader::new(bytes);
         let mut buf = Vec::new();
         let mut out = Vec::new();
@@ -146,10 +148,10 @@ mod tests {
             match read::<T, _>(&mut reader, &mut buf).await {
                 Err(ChannelError::Closed) => return out,
                 Err(ChannelError::TooLong) => {
-                    out.push(Err("too long".into()));
+                    out.push(Err(ChannelError::TooLong));
                     return out;
                 }
-                other => out.push(other.map_err(|e| e.to_string())),
+                other => out.push(other),
             }
         }
     }
@@ -215,8 +217,13 @@ mod tests {
             {\"type\":\"loaded\"}\n";
         let read = read_all::<FromWindow>(bytes).await;
         assert_eq!(read.len(), 5);
-        assert!(read[..4].iter().all(Result::is_err), "{read:?}");
-        assert_eq!(read[4], Ok(FromWindow::Loaded {}));
+        assert!(
+            read[..4]
+                .iter()
+                .all(|r| matches!(r, Err(ChannelError::Malformed(_)))),
+            "{read:?}"
+        );
+        assert!(matches!(read[4], Ok(FromWindow::Loaded {})), "{read:?}");
         // A half line at the end is the channel closing, not a message.
         assert!(
             read_all::<FromWindow>(b"{\"type\":\"loaded\"}")
@@ -225,9 +232,10 @@ mod tests {
         );
         let mut long = vec![b' '; MAX_LINE + 1];
         long.extend_from_slice(b"{\"type\":\"loaded\"}\n");
-        assert_eq!(
-            read_all::<FromWindow>(&long).await,
-            vec![Err("too long".to_owned())]
+        let read = read_all::<FromWindow>(&long).await;
+        assert!(
+            matches!(read.as_slice(), [Err(ChannelError::TooLong)]),
+            "{read:?}"
         );
     }
 }
