@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
@@ -798,11 +798,15 @@ async fn the_secret_tokens_and_an_upstream_credential_reach_no_file_no_stderr_an
 
     // Again once the desk has stopped; then the database after a checkpoint.
     desk.stop().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !desk_process::gone(desk_pid) {
-        assert!(Instant::now() < deadline, "the desk did not stop");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            countersign_tests::group::exited(desk_pid as u32)
+        )
+        .await
+        .is_ok(),
+        "the desk did not stop"
+    );
     scan.tree(&scanner, "desk stopped", &root);
     scan.file(
         &scanner,

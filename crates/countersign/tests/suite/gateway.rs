@@ -476,7 +476,9 @@ async fn after_a_session_a_gateway_whose_agent_closes_stdin_exits_without_waitin
     let mut cmd = gateway_command(&desk.socket, &["--db", db.to_str().unwrap()]);
     cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
+        .stderr(std::process::Stdio::null())
+        // Ended with the test even when an assertion below fails first.
+        .kill_on_drop(true);
     let mut child = cmd.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
