@@ -14,7 +14,8 @@ bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; stor
 	cargo bench --locked -p countersign-core
 	cargo bench --locked -p countersign-store --bench spend
 	.ci/with-postgres cargo bench --locked -p countersign-store --features postgres --bench records
-	cargo bench --locked -p countersign --bench passthrough
+	cargo build --locked --release -p countersign
+	cargo bench --locked -p countersign-tests --bench passthrough
 	cargo build --locked -p countersign -p countersign-desk
 	.ci/with-keychain xvfb-run -a -s "-screen 0 1280x800x24" cargo run --locked -q -p countersign-tests --example desk_bench
 	.ci/with-keychain xvfb-run -a -s "-screen 0 1280x800x24" cargo run --locked -q -p countersign-tests --example flood_bench

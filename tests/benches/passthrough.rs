@@ -59,7 +59,7 @@
 //! its start time; so is the start time of `@modelcontextprotocol/server-filesystem` beside it,
 //! serving a temporary folder (the two real upstreams whose start the clients saw slowed).
 //!
-//! `cargo bench -p countersign --bench passthrough [-- CALLS]`; environment:
+//! `cargo build --release -p countersign && cargo bench -p countersign-tests --bench passthrough [-- CALLS]`; environment:
 //! `COUNTERSIGN_BENCH_CALLS` (default 10000 per arm), `COUNTERSIGN_BENCH_BLOCK` (calls per block,
 //! default 10), `COUNTERSIGN_BENCH_STARTS` (default 20), `COUNTERSIGN_BENCH_AGENTS` (the agent
 //! counts for the desk's memory, default `1,10,50`), `COUNTERSIGN_BENCH_EVERYTHING` (`0` to skip
@@ -610,7 +610,7 @@ impl Arm {
 /// `countersign mcp --no-launch --socket SOCKET [--relay] -- UPSTREAM...`.
 fn pipe_command(socket: &Path, upstream: &[OsString], relay: bool) -> Vec<OsString> {
     let mut pipe: Vec<OsString> = vec![
-        env!("CARGO_BIN_EXE_countersign").into(),
+        countersign_tests::window::bin("countersign").into(),
         "mcp".into(),
         "--no-launch".into(),
         "--socket".into(),
