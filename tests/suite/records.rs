@@ -19,9 +19,10 @@ use countersign_store::test_support::{
     approval, assert_spent_once, event, every_kind, grant, nonce, pin,
 };
 use countersign_store::{
-    Accepted, DecisionRecord, Grant, GrantEnd, GrantKind, HistoryFilter, MAX_ACCEPTED_BYTES,
-    MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Member, Postgres, PostgresOptions, Pruned, Records,
-    Roster, Sqlite, Store, StoreError, StoreOptions, ToolPin, WaitingCall,
+    Accepted, Assertion, DecisionRecord, Evidence, Grant, GrantEnd, GrantKind, HistoryFilter,
+    Invite, MAX_ACCEPTED_BYTES, MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Member, Passkey,
+    Postgres, PostgresOptions, Pruned, Records, Roster, Sqlite, Store, StoreError, StoreOptions,
+    ToolPin, WaitingCall,
 };
 use countersign_tests::postgres::{migrated_database, shared_database};
 
@@ -113,6 +114,11 @@ suite!(
     a_member_is_found_by_its_key_until_revoked_and_its_name_never_reused,
     a_member_name_that_could_pass_for_something_else_is_refused,
     decisions_are_kept_whole_in_order_and_read_back_newest_last,
+    desks_and_passkeys_decisions_read_back_as_one_and_a_person_counts_once,
+    a_passkey_counter_only_moves_forward_once_and_never_for_a_revoked_one,
+    revoking_an_approver_ends_its_desk_key_and_every_passkey_at_once,
+    an_invite_is_begun_and_used_once_before_it_expires,
+    a_sign_in_challenge_is_taken_once_before_it_expires,
     a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_reads_the_verdict,
     a_row_stays_in_sight_while_any_replica_keeps_it_and_a_decided_one_is_not_moved,
 );
@@ -670,7 +676,9 @@ fn decision_record(request: u64, verdict: Verdict) -> DecisionRecord {
         target: "users\u{202e}".into(),
         class: GateClass::Once,
         expires_at_ms: u64::MAX >> 1,
-        signature: [request as u8; 64],
+        evidence: Evidence::Desk {
+            signature: [request as u8; 64],
+        },
         decided_at_ms: 1_000 + request,
     }
 }
@@ -699,6 +707,193 @@ async fn decisions_are_kept_whole_in_order_and_read_back_newest_last(r: R) {
         .map(|d| d.request)
         .collect();
     assert_eq!(newest, [4, 5]);
+}
+
+fn passkey_decision(request: u64, approver: &str, verdict: Verdict) -> DecisionRecord {
+    DecisionRecord {
+        approver: approver.into(),
+        decided_at_ms: 2_000 + request,
+        evidence: Evidence::Passkey(Assertion {
+            credential_id: vec![7; 16],
+            authenticator_data: vec![1; 37],
+            client_data: br#"{"type":"webauthn.get"}"#.to_vec(),
+            signature: vec![0x30; 71],
+        }),
+        ..decision_record(request, verdict)
+    }
+}
+
+async fn desks_and_passkeys_decisions_read_back_as_one_and_a_person_counts_once(r: R) {
+    let desk = decision_record(1, Verdict::Approve);
+    let by_passkey = passkey_decision(1, "alice", Verdict::Approve);
+    let bob = passkey_decision(1, "bob", Verdict::Approve);
+    for d in [&desk, &by_passkey, &bob] {
+        r.put_decision(d).await.unwrap();
+    }
+    let all = r.decisions(10).await.unwrap();
+    assert_eq!(all, vec![desk.clone(), by_passkey.clone(), bob.clone()]);
+    // Alice by her desk and by her passkey is one person.
+    assert_eq!(
+        r.approved_by(&desk.server, 1, &desk.plan).await.unwrap(),
+        ["alice", "bob"]
+    );
+    // An assertion part out of bounds is refused, not kept cut.
+    let mut huge = passkey_decision(2, "carol", Verdict::Approve);
+    if let Evidence::Passkey(a) = &mut huge.evidence {
+        a.client_data = vec![b'x'; countersign_store::MAX_ASSERTION_PART_BYTES + 1];
+    }
+    assert!(r.put_decision(&huge).await.is_err());
+    assert_eq!(r.decisions(10).await.unwrap().len(), 3);
+}
+
+fn passkey(approver: &str, id: u8) -> Passkey {
+    Passkey {
+        approver: approver.into(),
+        credential_id: vec![id; 16],
+        credential: format!(r#"{{"cred_id":"{id}"}}"#),
+        counter: 0,
+        created_at_ms: 10,
+        revoked_at_ms: None,
+    }
+}
+
+async fn a_passkey_counter_only_moves_forward_once_and_never_for_a_revoked_one(r: R) {
+    let p = passkey("alice", 1);
+    assert!(r.put_passkey(&p).await.unwrap());
+    // The same credential again is refused (revoked or not, never reused).
+    assert!(!r.put_passkey(&passkey("bob", 1)).await.unwrap());
+    assert_eq!(r.passkey(&p.credential_id).await.unwrap(), Some(p.clone()));
+    // An authenticator without a counter stays at 0.
+    assert!(r.advance_passkey(&p.credential_id, 0).await.unwrap());
+    assert!(r.advance_passkey(&p.credential_id, 5).await.unwrap());
+    // The same value again (a replay) or lower (a clone) does not count.
+    assert!(!r.advance_passkey(&p.credential_id, 5).await.unwrap());
+    assert!(!r.advance_passkey(&p.credential_id, 4).await.unwrap());
+    assert!(!r.advance_passkey(&p.credential_id, 0).await.unwrap());
+    assert!(r.advance_passkey(&p.credential_id, 6).await.unwrap());
+    assert!(!r.advance_passkey(&[9; 16], 100).await.unwrap());
+    assert_eq!(
+        r.passkey(&p.credential_id).await.unwrap().unwrap().counter,
+        6
+    );
+    assert!(
+        r.revoke_member(Roster::Approvers, "alice", 20)
+            .await
+            .unwrap()
+    );
+    assert!(!r.advance_passkey(&p.credential_id, 7).await.unwrap());
+    // Racing replicas: one assertion's counter moves once.
+    let q = passkey("carol", 2);
+    assert!(r.put_passkey(&q).await.unwrap());
+    let races: Vec<_> = (0..8)
+        .map(|_| {
+            let (r, id) = (r.clone(), q.credential_id.clone());
+            tokio::spawn(async move { r.advance_passkey(&id, 3).await.unwrap() })
+        })
+        .collect();
+    let mut moved = 0;
+    for race in races {
+        moved += usize::from(race.await.unwrap());
+    }
+    assert_eq!(moved, 1);
+}
+
+async fn revoking_an_approver_ends_its_desk_key_and_every_passkey_at_once(r: R) {
+    let desk = Member {
+        name: "alice".into(),
+        key: [5; 32],
+        created_at_ms: 1,
+        revoked_at_ms: None,
+    };
+    assert!(r.put_member(Roster::Approvers, &desk).await.unwrap());
+    for (name, id) in [("alice", 1), ("alice", 2), ("bob", 3)] {
+        assert!(r.put_passkey(&passkey(name, id)).await.unwrap());
+    }
+    assert!(
+        r.revoke_member(Roster::Approvers, "alice", 50)
+            .await
+            .unwrap()
+    );
+    let keys = r.passkeys().await.unwrap();
+    let active: Vec<&str> = keys
+        .iter()
+        .filter(|p| p.is_active())
+        .map(|p| p.approver.as_str())
+        .collect();
+    assert_eq!(active, ["bob"]);
+    assert!(
+        keys.iter()
+            .filter(|p| p.approver == "alice")
+            .all(|p| p.revoked_at_ms == Some(50))
+    );
+    assert!(
+        !r.member(Roster::Approvers, &[5; 32])
+            .await
+            .unwrap()
+            .unwrap()
+            .is_active()
+    );
+    // A name with passkeys only is revoked the same way; again is "nothing to revoke".
+    assert!(r.revoke_member(Roster::Approvers, "bob", 60).await.unwrap());
+    assert!(!r.revoke_member(Roster::Approvers, "bob", 70).await.unwrap());
+}
+
+async fn an_invite_is_begun_and_used_once_before_it_expires(r: R) {
+    let invite = Invite {
+        hash: [3; 32],
+        approver: "alice".into(),
+        created_at_ms: 100,
+        expires_at_ms: 1_000,
+        ceremony: None,
+        used_at_ms: None,
+    };
+    assert!(r.put_invite(&invite).await.unwrap());
+    assert!(!r.put_invite(&invite).await.unwrap());
+    // Not begun: not usable.
+    assert_eq!(r.use_invite(&[3; 32], 200).await.unwrap(), None);
+    assert!(r.begin_invite(&[3; 32], "ceremony one", 200).await.unwrap());
+    assert!(r.begin_invite(&[3; 32], "ceremony two", 300).await.unwrap());
+    assert!(!r.begin_invite(&[4; 32], "unknown", 300).await.unwrap());
+    assert!(!r.begin_invite(&[3; 32], "too late", 1_000).await.unwrap());
+    // Expired: not usable, and left as it was.
+    assert_eq!(r.use_invite(&[3; 32], 1_000).await.unwrap(), None);
+    let used = r.use_invite(&[3; 32], 400).await.unwrap().unwrap();
+    assert_eq!(used.ceremony.as_deref(), Some("ceremony two"));
+    assert_eq!(used.used_at_ms, Some(400));
+    // Used: never again, and never begun again.
+    assert_eq!(r.use_invite(&[3; 32], 401).await.unwrap(), None);
+    assert!(!r.begin_invite(&[3; 32], "again", 402).await.unwrap());
+    assert_eq!(
+        r.invite(&[3; 32]).await.unwrap().unwrap().used_at_ms,
+        Some(400)
+    );
+    // Racing replicas finishing one invite: one of them uses it.
+    let twice = Invite {
+        hash: [8; 32],
+        ..invite
+    };
+    assert!(r.put_invite(&twice).await.unwrap());
+    assert!(r.begin_invite(&[8; 32], "c", 150).await.unwrap());
+    let races: Vec<_> = (0..8)
+        .map(|_| {
+            let r = r.clone();
+            tokio::spawn(async move { r.use_invite(&[8; 32], 160).await.unwrap().is_some() })
+        })
+        .collect();
+    let mut used = 0;
+    for race in races {
+        used += usize::from(race.await.unwrap());
+    }
+    assert_eq!(used, 1);
+}
+
+async fn a_sign_in_challenge_is_taken_once_before_it_expires(r: R) {
+    r.put_challenge(&[1; 32], 1_000, 0).await.unwrap();
+    r.put_challenge(&[2; 32], 500, 0).await.unwrap();
+    assert!(r.take_challenge(&[1; 32], 999).await.unwrap());
+    assert!(!r.take_challenge(&[1; 32], 999).await.unwrap());
+    assert!(!r.take_challenge(&[2; 32], 500).await.unwrap());
+    assert!(!r.take_challenge(&[9; 32], 0).await.unwrap());
 }
 
 async fn a_huge_accepted_file_is_refused_not_stored(r: R) {

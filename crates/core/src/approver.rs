@@ -91,6 +91,27 @@ impl Decision<'_> {
     }
 }
 
+/// What precedes a decision that a person's passkey signs: a WebAuthn assertion over another
+/// challenge (a sign-in, or a desk's decision bytes) is not a decision.
+pub const PASSKEY_DOMAIN: &str = "countersign passkey decision v1\n";
+
+impl Decision<'_> {
+    /// The WebAuthn challenge of this decision: SHA-256 of [`PASSKEY_DOMAIN`] and the decision's
+    /// RFC 8785 canonical JSON (the same fields a desk signs). The server computes it from the
+    /// waiting call, never from what a page sends, so the person's authenticator signs the very
+    /// plan; anyone holding the kept assertion and the credential's public key can recompute it.
+    /// `None` for a decision with no canonical form, which no passkey can sign.
+    pub fn passkey_challenge(&self) -> Option<[u8; 32]> {
+        use sha2::Digest as _;
+        let signed = self.canonical_bytes()?;
+        let body = &signed[DOMAIN.len()..];
+        let mut digest = sha2::Sha256::new();
+        digest.update(PASSKEY_DOMAIN.as_bytes());
+        digest.update(body);
+        Some(digest.finalize().into())
+    }
+}
+
 /// An approver's key pair, as its desk keeps it.
 pub struct ApproverKey(SigningKey);
 
@@ -230,6 +251,61 @@ mod tests {
             class: GateClass::Once,
             expires_at_ms: 2_000,
         }
+    }
+
+    #[test]
+    fn a_passkey_challenge_differs_for_every_field_and_from_a_desk_signature_s_bytes() {
+        let p = plan(9);
+        let q = plan(8);
+        let d = decision(&p);
+        let challenge = d.passkey_challenge().unwrap();
+        // Stable: the same decision, the same challenge (an offline check recomputes it).
+        assert_eq!(decision(&p).passkey_challenge(), Some(challenge));
+        let changed = [
+            Decision {
+                server: "https://other.example.com/approvers",
+                ..d
+            },
+            Decision { request: 8, ..d },
+            Decision {
+                verdict: Verdict::Deny,
+                ..d
+            },
+            Decision { plan: &q, ..d },
+            Decision {
+                tenant: "key:other@server:db",
+                ..d
+            },
+            Decision { tool: "query", ..d },
+            Decision {
+                target: "users ",
+                ..d
+            },
+            Decision {
+                class: GateClass::Token,
+                ..d
+            },
+            Decision {
+                expires_at_ms: 2_001,
+                ..d
+            },
+        ];
+        for other in changed {
+            assert_ne!(other.passkey_challenge(), Some(challenge), "{other:?}");
+        }
+        // Its own domain: not the digest of the bytes a desk signs.
+        use sha2::Digest as _;
+        let desk: [u8; 32] = sha2::Sha256::digest(d.signed_bytes()).into();
+        assert_ne!(desk, challenge);
+        // No canonical form, no challenge.
+        assert_eq!(
+            Decision {
+                request: 1 << 60,
+                ..d
+            }
+            .passkey_challenge(),
+            None
+        );
     }
 
     #[test]

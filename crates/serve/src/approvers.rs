@@ -33,7 +33,7 @@ use countersign_engine::{
     Engine, PendingRequest, QueueChange, Removal, SharedFate, SharedRequests,
 };
 use countersign_store::{
-    DecisionRecord, MAX_WAITING_ROWS, Records, Roster, StoreError, WaitingCall,
+    DecisionRecord, Evidence, MAX_WAITING_ROWS, Records, Roster, StoreError, WaitingCall,
 };
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -690,107 +690,127 @@ async fn decide(
             "a decision holds for at most 10 minutes: nothing was decided",
         );
     }
-    // Every signed field must be the waiting call's own.
-    let row = match a.records.waiting_call(sent.request).await {
-        Ok(Some(row))
-            if row.server == a.server && row.verdict.is_none() && row.expires_at_ms > now =>
-        {
-            row
-        }
-        Ok(_) => {
-            return refuse(
-                StatusCode::NOT_FOUND,
-                "not_pending",
-                "no call with this number waits here (decided, withdrawn, or never asked)",
-            );
-        }
-        Err(e) => return records_unavailable(&e),
-    };
-    let shown: Value = serde_json::from_str(&row.request).unwrap_or(Value::Null);
-    let matches = row.plan == plan
-        && row.tenant == sent.tenant
-        && shown["plan"]["tool"].as_str() == Some(sent.tool.as_str())
-        && shown["plan"]["target"].as_str() == Some(sent.target.as_str())
-        && shown["asks"]["class"].as_str() == Some(class.code());
-    if !matches {
-        tracing::warn!(target: "approvers", approver = %name, request = sent.request, "a decision over another call than the one waiting was refused");
-        return refuse(
-            StatusCode::CONFLICT,
-            "does_not_match",
-            "the decision is about another call than the one waiting under this number (its \
-             plan, tenant, tool, target or class differ): nothing was decided",
-        );
-    }
-    let record = DecisionRecord {
-        approver: name.clone(),
-        server: a.server.clone(),
-        request: sent.request,
-        verdict,
-        plan,
-        tenant: sent.tenant.clone(),
-        tool: sent.tool.clone(),
-        target: sent.target.clone(),
-        class,
-        expires_at_ms: sent.expires_at_ms,
-        signature,
-        decided_at_ms: now,
-    };
-    // Kept before anything is minted: no token without its signed decision on record.
-    if let Err(e) = a.records.put_decision(&record).await {
-        tracing::warn!(target: "approvers", error = %e, "cannot keep a decision");
-        return refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "records_unavailable",
-            "the decision could not be kept, so it does not count: decide again",
-        );
-    }
-    tracing::info!(target: "approvers", approver = %name, request = sent.request, verdict = verdict.code(), "decision accepted");
-    let (count, needed, note) = match verdict {
-        Verdict::Deny => {
-            let note = if note.is_empty() {
-                format!("denied by approver {name}")
-            } else {
-                format!("denied by approver {name}: {note}")
-            };
-            (0, 0, Some(note))
-        }
-        Verdict::Approve => {
-            let by = match a.records.approved_by(&a.server, row.id, &plan).await {
-                Ok(by) => by,
-                Err(e) => return records_unavailable(&e),
-            };
-            let needed = usize::from(row.approvers.max(1));
-            if by.len() < needed {
-                return json_response(
-                    StatusCode::ACCEPTED,
-                    &json!({ "outcome": "recorded", "approvals": by.len(), "needed": needed }),
+    a.accept(&name, &decision, Evidence::Desk { signature }, note, now)
+        .await
+}
+
+impl Approvers {
+    /// Takes a decision whose signature was checked (a desk's or a passkey's): refuses it unless
+    /// every signed field is the waiting call's own, keeps it with its `evidence` before anything
+    /// is minted, and puts the verdict on the shared row when it is a deny or the M-th approval.
+    pub(crate) async fn accept(
+        &self,
+        name: &str,
+        decision: &Decision<'_>,
+        evidence: Evidence,
+        note: &str,
+        now: u64,
+    ) -> Response {
+        let a = self;
+        let sent = decision;
+        let (plan, class, verdict) = (*decision.plan, decision.class, decision.verdict);
+        // Every signed field must be the waiting call's own.
+        let row = match a.records.waiting_call(sent.request).await {
+            Ok(Some(row))
+                if row.server == a.server && row.verdict.is_none() && row.expires_at_ms > now =>
+            {
+                row
+            }
+            Ok(_) => {
+                return refuse(
+                    StatusCode::NOT_FOUND,
+                    "not_pending",
+                    "no call with this number waits here (decided, withdrawn, or never asked)",
                 );
             }
-            (by.len(), needed, None)
+            Err(e) => return records_unavailable(&e),
+        };
+        let shown: Value = serde_json::from_str(&row.request).unwrap_or(Value::Null);
+        let matches = row.plan == plan
+            && row.tenant == sent.tenant
+            && shown["plan"]["tool"].as_str() == Some(sent.tool)
+            && shown["plan"]["target"].as_str() == Some(sent.target)
+            && shown["asks"]["class"].as_str() == Some(class.code());
+        if !matches {
+            tracing::warn!(target: "approvers", approver = %name, request = sent.request, "a decision over another call than the one waiting was refused");
+            return refuse(
+                StatusCode::CONFLICT,
+                "does_not_match",
+                "the decision is about another call than the one waiting under this number (its \
+                 plan, tenant, tool, target or class differ): nothing was decided",
+            );
         }
-    };
-    // The verdict goes on the shared row; a replica where the call waits carries it out (it
-    // holds the arguments and answers the agent). The first verdict stands, and stays on record
-    // long enough for an agent asking again to find it.
-    let until = now.saturating_add(MAX_DECISION_TTL_MS);
-    match a
-        .records
-        .decide_waiting(row.id, verdict, note.as_deref(), until)
-        .await
-    {
-        Ok(true) if verdict == Verdict::Deny => {
-            json_response(StatusCode::OK, &json!({ "outcome": "denied" }))
+        let record = DecisionRecord {
+            approver: name.to_owned(),
+            server: a.server.clone(),
+            request: sent.request,
+            verdict,
+            plan,
+            tenant: sent.tenant.to_owned(),
+            tool: sent.tool.to_owned(),
+            target: sent.target.to_owned(),
+            class,
+            expires_at_ms: sent.expires_at_ms,
+            evidence,
+            decided_at_ms: now,
+        };
+        // Kept before anything is minted: no token without its signed decision on record.
+        if let Err(e) = a.records.put_decision(&record).await {
+            tracing::warn!(target: "approvers", error = %e, "cannot keep a decision");
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "records_unavailable",
+                "the decision could not be kept, so it does not count: decide again",
+            );
         }
-        Ok(true) => json_response(
-            StatusCode::OK,
-            &json!({ "outcome": "approved", "approvals": count, "needed": needed }),
-        ),
-        Ok(false) => refuse(
-            StatusCode::CONFLICT,
-            "decided",
-            "another decision on this call came first",
-        ),
-        Err(e) => records_unavailable(&e),
+        tracing::info!(target: "approvers", approver = %name, request = sent.request, verdict = verdict.code(), "decision accepted");
+        let (count, needed, note) = match verdict {
+            Verdict::Deny => {
+                let note = if note.is_empty() {
+                    format!("denied by approver {name}")
+                } else {
+                    format!("denied by approver {name}: {note}")
+                };
+                (0, 0, Some(note))
+            }
+            Verdict::Approve => {
+                let by = match a.records.approved_by(&a.server, row.id, &plan).await {
+                    Ok(by) => by,
+                    Err(e) => return records_unavailable(&e),
+                };
+                let needed = usize::from(row.approvers.max(1));
+                if by.len() < needed {
+                    return json_response(
+                        StatusCode::ACCEPTED,
+                        &json!({ "outcome": "recorded", "approvals": by.len(), "needed": needed }),
+                    );
+                }
+                (by.len(), needed, None)
+            }
+        };
+        // The verdict goes on the shared row; a replica where the call waits carries it out (it
+        // holds the arguments and answers the agent). The first verdict stands, and stays on record
+        // long enough for an agent asking again to find it.
+        let until = now.saturating_add(MAX_DECISION_TTL_MS);
+        match a
+            .records
+            .decide_waiting(row.id, verdict, note.as_deref(), until)
+            .await
+        {
+            Ok(true) if verdict == Verdict::Deny => {
+                json_response(StatusCode::OK, &json!({ "outcome": "denied" }))
+            }
+            Ok(true) => json_response(
+                StatusCode::OK,
+                &json!({ "outcome": "approved", "approvals": count, "needed": needed }),
+            ),
+            Ok(false) => refuse(
+                StatusCode::CONFLICT,
+                "decided",
+                "another decision on this call came first",
+            ),
+            Err(e) => records_unavailable(&e),
+        }
     }
 }
 

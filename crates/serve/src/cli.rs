@@ -130,10 +130,31 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", requires = "approver_url")]
     pub approver_listen: Option<SocketAddr>,
 
-    /// The approver listener's URL as desks enroll with it (`countersign approver enroll URL`):
-    /// every decision names it, so a decision made for another server is worth nothing here.
-    #[arg(long, value_name = "URL", requires = "approver_listen")]
+    /// This server's name in every decision: the approver listener's URL as desks enroll with
+    /// it (`countersign approver enroll URL`), so a decision made for another server is worth
+    /// nothing here. Needed with --approver-listen or --approver-web.
+    #[arg(long, value_name = "URL")]
     pub approver_url: Option<String>,
+
+    /// Where people approve from a browser with a passkey (HOST:PORT): the approvers' page.
+    /// TLS in-process with --approver-web-cert/--approver-web-key (or --tls-cert/--tls-key), or
+    /// plain HTTP behind the TLS-terminating proxy that serves --approver-web-origin.
+    #[arg(long, value_name = "ADDR", requires_all = ["approver_url", "approver_web_origin"])]
+    pub approver_web: Option<SocketAddr>,
+
+    /// The approvers' page's origin as browsers see it (`https://approve.example.com`, or
+    /// `http://localhost:PORT` to try it on one machine): passkeys are bound to its host.
+    #[arg(long, value_name = "URL", requires = "approver_web")]
+    pub approver_web_origin: Option<String>,
+
+    /// The approvers' page's certificate chain (PEM); without it, --tls-cert's, or plain HTTP
+    /// behind a TLS proxy.
+    #[arg(long, value_name = "FILE", requires_all = ["approver_web_key", "approver_web"])]
+    pub approver_web_cert: Option<PathBuf>,
+
+    /// The approvers' page certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["approver_web_cert", "approver_web"])]
+    pub approver_web_key: Option<PathBuf>,
 
     /// The approver listener's certificate chain (PEM); without it, --tls-cert's.
     #[arg(long, value_name = "FILE", requires_all = ["approver_key", "approver_listen"])]
@@ -152,16 +173,26 @@ pub struct Args {
     /// Post a JSON notice to this URL on each new waiting call (repeatable; https://, or
     /// http:// to loopback). It names who asks, the tool, the target and the server; never the
     /// arguments or a token.
-    #[arg(long = "webhook", value_name = "URL", requires = "approver_listen")]
+    #[arg(long = "webhook", value_name = "URL", requires = "approver_url")]
     pub webhooks: Vec<String>,
 
     /// As --webhook, in the shape of a Slack incoming webhook (`{"text": …}`).
-    #[arg(
-        long = "slack-webhook",
-        value_name = "URL",
-        requires = "approver_listen"
-    )]
+    #[arg(long = "slack-webhook", value_name = "URL", requires = "approver_url")]
     pub slack_webhooks: Vec<String>,
+
+    /// As --webhook, as a Microsoft Teams workflow's incoming webhook (an Adaptive Card with a
+    /// link to the call when there is an approvers' page).
+    #[arg(long = "teams-webhook", value_name = "URL", requires = "approver_url")]
+    pub teams_webhooks: Vec<String>,
+
+    /// Trigger a PagerDuty incident (Events API v2) on each new waiting call, with the routing
+    /// key of the integration read from FILE (a secret: it is never logged).
+    #[arg(long, value_name = "FILE", requires = "approver_url")]
+    pub pagerduty_routing_key_file: Option<PathBuf>,
+
+    /// PagerDuty's Events API URL (https://, or http:// to loopback).
+    #[arg(long, value_name = "URL", requires = "pagerduty_routing_key_file")]
+    pub pagerduty_url: Option<String>,
 
     /// The upstream: the built-in SQLite tools on this database file.
     #[arg(long, value_name = "PATH", conflicts_with_all = ["url", "command"])]
@@ -233,13 +264,46 @@ pub enum ApproverAction {
         /// The desk's public key, as `countersign approver enroll` printed it.
         public_key: String,
     },
-    /// Revoke approver NAME: its desk can no longer connect, and no decision of its counts.
+    /// Print a one-time link that enrolls a passkey for approver NAME on the approvers' page
+    /// (works once, for 15 minutes; the server keeps only its hash). NAME may already have a
+    /// desk key or passkeys: they are one person, counted once.
+    Invite {
+        /// The approver's name (letters, digits, '.', '_', '-'), as decisions record it.
+        name: String,
+        /// The approvers' page's origin (the server's --approver-web-origin).
+        #[arg(long, value_name = "URL")]
+        page: String,
+    },
+    /// Revoke approver NAME: its desk can no longer connect, its passkeys no longer sign in or
+    /// decide, and no decision of its counts.
     Revoke {
         /// The approver's name.
         name: String,
     },
-    /// List the approvers, and which are revoked.
+    /// List the approvers (desk keys and passkeys), and which are revoked.
     List,
+    /// Print the roster as JSON (desk keys and passkeys' public credentials, revoked ones
+    /// included): what `countersign serve verify-decisions` checks kept decisions against.
+    Export,
+}
+
+/// `countersign serve verify-decisions`: checks kept decisions (`countersign serve history
+/// --decisions --json` lines) offline, against an exported roster (`countersign serve approver
+/// export`): each line says whether this person's desk key or passkey signed exactly this
+/// decision. Exit 0 when every one checks, 1 when any does not, 2 for unusable input.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "countersign serve verify-decisions", version)]
+pub struct VerifyArgs {
+    /// The exported roster (JSON).
+    #[arg(long, value_name = "FILE")]
+    pub roster: PathBuf,
+    /// The approvers' page's origin its passkeys are bound to (the server's
+    /// --approver-web-origin); needed for decisions a passkey signed.
+    #[arg(long, value_name = "URL")]
+    pub origin: Option<String>,
+    /// The decisions, one JSON object per line; standard input when absent.
+    #[arg(value_name = "FILE")]
+    pub decisions: Option<PathBuf>,
 }
 
 /// `countersign serve history`: the server's history of approvals, confirms and refusals, newest

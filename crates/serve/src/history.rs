@@ -4,7 +4,6 @@
 //! the history's signed chain.
 
 use clap::Parser;
-use countersign_core::approver::public_key_text;
 use countersign_serve::cli::HistoryArgs;
 use countersign_store::{HistoryFilter, MAX_DECISION_ROWS, Roster};
 
@@ -100,36 +99,19 @@ pub fn main() -> i32 {
                     return 3;
                 }
             };
-            use base64::Engine as _;
             for d in decisions.iter().rev() {
-                let key = approvers
-                    .iter()
-                    .find(|a| a.name == d.approver)
-                    .map(|a| public_key_text(&a.key))
-                    .unwrap_or_default();
                 if args.json {
-                    let line = serde_json::json!({
-                        "decidedAtMs": d.decided_at_ms,
-                        "approver": d.approver,
-                        "approverKey": key,
-                        "server": d.server,
-                        "request": d.request,
-                        "verdict": d.verdict.code(),
-                        "plan": d.plan.to_hex(),
-                        "tenant": d.tenant,
-                        "tool": d.tool,
-                        "target": d.target,
-                        "class": d.class.code(),
-                        "expiresAtMs": d.expires_at_ms,
-                        "signature": base64::engine::general_purpose::URL_SAFE_NO_PAD
-                            .encode(d.signature),
-                    });
-                    println!("{line}");
+                    println!("{}", countersign_serve::kept::decision_json(d, &approvers));
                 } else {
+                    let by = match d.evidence {
+                        countersign_store::Evidence::Desk { .. } => "desk",
+                        countersign_store::Evidence::Passkey(_) => "passkey",
+                    };
                     println!(
-                        "{:>13}  {:<8} {:<16} {:<20} {:<24} {}",
+                        "{:>13}  {:<8} {:<8} {:<16} {:<20} {:<24} {}",
                         d.decided_at_ms,
                         d.verdict.code(),
+                        by,
                         d.approver,
                         d.tool,
                         d.target,

@@ -9,6 +9,7 @@ use countersign_serve::cli::Args;
 
 mod history;
 mod roster;
+mod verify;
 use countersign_serve::start::{self, Given, OWN_VARIABLES};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
@@ -106,6 +107,7 @@ fn main() {
         Some(a) if a == "agent" => std::process::exit(roster::agent()),
         Some(a) if a == "approver" => std::process::exit(roster::approver()),
         Some(a) if a == "history" => std::process::exit(history::main()),
+        Some(a) if a == "verify-decisions" => std::process::exit(verify::main()),
         _ => {}
     }
     let args = Args::parse();

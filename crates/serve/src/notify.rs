@@ -1,19 +1,25 @@
 //! Telling people a call waits: a webhook on each new request.
 //!
 //! A team's approvers are not always looking at their desks. On each new waiting call the
-//! server posts to the configured webhooks: a generic JSON document (`--webhook URL`) or Slack's
-//! incoming-webhook shape (`--slack-webhook URL`). What is posted names who asks, the tool, the
-//! target, the class and the server; never the call's arguments (a secret may be among them), a
-//! token or anything else the approval binds beyond what a person needs to go and look. A
-//! webhook that fails is tried twice more and then given up on (logged): the request still
-//! waits for the desks, which do not depend on it.
+//! server posts to the configured webhooks: a generic JSON document (`--webhook URL`), Slack's
+//! incoming-webhook shape (`--slack-webhook URL`), a Microsoft Teams workflow's Adaptive Card
+//! (`--teams-webhook URL`), or a PagerDuty Events API v2 trigger (`--pagerduty-routing-key-file
+//! FILE`). What is posted names who asks, the tool, the target, the class and the server, and,
+//! when the server has an approvers' page, a link to that call on it; never the call's arguments
+//! (a secret may be among them), a token or anything else the approval binds beyond what a person
+//! needs to go and look. A webhook that fails is tried twice more and then given up on (logged):
+//! the request still waits for the desks and the page, which do not depend on it.
 //!
 //! The text comes from the agent and the upstream (the tool's name, the target): in Slack's
-//! shape `&`, `<` and `>` are escaped, so a target cannot ping a channel or hide a link.
+//! shape `&`, `<` and `>` are escaped, so a target cannot ping a channel or hide a link; in
+//! Teams' Markdown every character Markdown reads is escaped with a backslash, so a target cannot
+//! make a link or a heading. The link is ours (the page's origin and the call's number).
 
 use std::time::Duration;
 
-use countersign_engine::{Engine, PendingRequest, QueueChange};
+use std::sync::Arc;
+
+use countersign_engine::{Engine, PendingRequest, QueueChange, SharedRequests};
 use serde_json::{Value, json};
 
 /// How long one delivery may take.
@@ -23,26 +29,78 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 pub const ATTEMPTS: u32 = 3;
 
 /// A webhook and its shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Webhook {
     /// A generic JSON document.
     Json(String),
     /// Slack's incoming webhook (`{"text": …}`).
     Slack(String),
+    /// A Microsoft Teams workflow's incoming webhook (an Adaptive Card message).
+    Teams(String),
+    /// PagerDuty's Events API v2: its URL and the integration's routing key (a secret: never
+    /// logged, never printed by `Debug`).
+    PagerDuty {
+        /// The Events API's URL.
+        url: String,
+        /// The routing key.
+        routing_key: zeroize::Zeroizing<String>,
+    },
 }
 
-impl Webhook {
-    fn url(&self) -> &str {
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Webhook::Json(url) | Webhook::Slack(url) => url,
+            Webhook::Json(url) => f.debug_tuple("Json").field(url).finish(),
+            Webhook::Slack(url) => f.debug_tuple("Slack").field(url).finish(),
+            Webhook::Teams(url) => f.debug_tuple("Teams").field(url).finish(),
+            Webhook::PagerDuty { url, .. } => f
+                .debug_struct("PagerDuty")
+                .field("url", url)
+                .finish_non_exhaustive(),
         }
     }
 }
 
+/// PagerDuty's Events API v2.
+pub const PAGERDUTY_URL: &str = "https://events.pagerduty.com/v2/enqueue";
+
+impl Webhook {
+    fn url(&self) -> &str {
+        match self {
+            Webhook::Json(url) | Webhook::Slack(url) | Webhook::Teams(url) => url,
+            Webhook::PagerDuty { url, .. } => url,
+        }
+    }
+
+    /// The notice for `request` waiting on `server`, with the page's `link` to it if any.
+    pub fn body(
+        &self,
+        server: &str,
+        request: &PendingRequest,
+        link: Option<&str>,
+    ) -> Option<Value> {
+        match self {
+            Webhook::Json(_) => generic(server, request, link),
+            Webhook::Slack(_) => slack(server, request, link),
+            Webhook::Teams(_) => teams(server, request, link),
+            Webhook::PagerDuty { routing_key, .. } => pagerduty(server, request, link, routing_key),
+        }
+    }
+}
+
+/// Where a notice's link points: the approvers' page, and the shared numbers of its calls.
+#[derive(Clone)]
+pub struct Page {
+    /// The page's origin.
+    pub origin: url::Url,
+    /// The shared number of a call waiting here (the page's `/call/NUMBER`).
+    pub numbers: Arc<dyn SharedRequests>,
+}
+
 /// The generic document for `request` waiting on `server`.
-pub fn generic(server: &str, request: &PendingRequest) -> Option<Value> {
+pub fn generic(server: &str, request: &PendingRequest, link: Option<&str>) -> Option<Value> {
     let call = request.call()?;
-    Some(json!({
+    let mut body = json!({
         "event": "request_waiting",
         "server": server,
         "request": request.id,
@@ -53,7 +111,11 @@ pub fn generic(server: &str, request: &PendingRequest) -> Option<Value> {
         "class": call.class.code(),
         "approvers": call.approvers,
         "arrivedAtMs": request.arrived_at_ms,
-    }))
+    });
+    if let Some(link) = link {
+        body["link"] = json!(link);
+    }
+    Some(body)
 }
 
 /// Slack's escaping of text it would otherwise read as markup.
@@ -63,27 +125,126 @@ fn slack_escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
+fn uses(request: &PendingRequest) -> &'static str {
+    match request.call() {
+        Some(call) if call.class.is_single_use() => "works once",
+        _ => "reusable until it expires",
+    }
+}
+
 /// The Slack message for `request` waiting on `server`.
-pub fn slack(server: &str, request: &PendingRequest) -> Option<Value> {
+pub fn slack(server: &str, request: &PendingRequest, link: Option<&str>) -> Option<Value> {
     let call = request.call()?;
+    let whereto = match link {
+        Some(link) => format!("<{link}|Open the call> to approve or deny it."),
+        None => "Approve or deny it at your desk.".to_owned(),
+    };
     let text = format!(
-        "Countersign: {} asks to run `{}` on `{}` ({}, {}). Approve or deny it at your desk.",
+        "Countersign: {} asks to run `{}` on `{}` ({}, {}). {whereto}",
         slack_escape(call.tenant.as_str()),
         slack_escape(&request.plan.tool).replace('`', "'"),
         slack_escape(&request.plan.target).replace('`', "'"),
-        if call.class.is_single_use() {
-            "works once"
-        } else {
-            "reusable until it expires"
-        },
+        uses(request),
         slack_escape(server),
     );
     Some(json!({ "text": text }))
 }
 
-/// Posts every new waiting call of `engine` to `hooks`, naming the server `server`, for as long
-/// as the engine lives.
-pub async fn run(engine: Engine, server: String, hooks: Vec<Webhook>) {
+/// Every character Markdown (as Teams reads it) gives a meaning, escaped with a backslash; line
+/// breaks as spaces.
+fn markdown_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' | '`' | '*' | '_' | '{' | '}' | '[' | ']' | '(' | ')' | '#' | '+' | '-' | '.'
+            | '!' | '|' | '<' | '>' | '~' | '&' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' | '\r' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The Microsoft Teams message (an Adaptive Card) for `request` waiting on `server`.
+pub fn teams(server: &str, request: &PendingRequest, link: Option<&str>) -> Option<Value> {
+    let call = request.call()?;
+    let text = format!(
+        "Countersign: {} asks to run {} on {} ({}, {}).",
+        markdown_escape(call.tenant.as_str()),
+        markdown_escape(&request.plan.tool),
+        markdown_escape(&request.plan.target),
+        uses(request),
+        markdown_escape(server),
+    );
+    let actions: Vec<Value> = link
+        .map(|link| json!({ "type": "Action.OpenUrl", "title": "Open the call", "url": link }))
+        .into_iter()
+        .collect();
+    Some(json!({
+        "type": "message",
+        "attachments": [{
+            "contentType": "application/vnd.microsoft.card.adaptive",
+            "content": {
+                "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                "type": "AdaptiveCard",
+                "version": "1.4",
+                "body": [{ "type": "TextBlock", "text": text, "wrap": true }],
+                "actions": actions,
+            }
+        }]
+    }))
+}
+
+/// The PagerDuty Events API v2 trigger for `request` waiting on `server` (one incident per
+/// call: its dedup key is the server and the request).
+pub fn pagerduty(
+    server: &str,
+    request: &PendingRequest,
+    link: Option<&str>,
+    routing_key: &str,
+) -> Option<Value> {
+    let call = request.call()?;
+    let summary: String = format!(
+        "Countersign: {} asks to run {} on {} ({})",
+        call.tenant.as_str(),
+        request.plan.tool,
+        request.plan.target,
+        uses(request)
+    )
+    .chars()
+    .take(1024)
+    .collect();
+    let links: Vec<Value> = link
+        .map(|link| json!({ "href": link, "text": "Open the call" }))
+        .into_iter()
+        .collect();
+    Some(json!({
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": format!("countersign:{server}:{}", request.id),
+        "payload": {
+            "summary": summary,
+            "source": server,
+            "severity": "info",
+            "component": request.plan.tool,
+            "custom_details": {
+                "tenant": call.tenant,
+                "tool": request.plan.tool,
+                "target": request.plan.target,
+                "class": call.class.code(),
+                "approvers": call.approvers,
+            },
+        },
+        "links": links,
+    }))
+}
+
+/// Posts every new waiting call of `engine` to `hooks`, naming the server `server` and linking
+/// to the call on the approvers' `page` if there is one, for as long as the engine lives.
+pub async fn run(engine: Engine, server: String, page: Option<Page>, hooks: Vec<Webhook>) {
     if hooks.is_empty() {
         return;
     }
@@ -103,12 +264,18 @@ pub async fn run(engine: Engine, server: String, hooks: Vec<Webhook>) {
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
+        let link = match &page {
+            Some(page) => page
+                .numbers
+                .number(request.id)
+                .await
+                .map(|row| crate::web::call_link(&page.origin, row)),
+            None => None,
+        };
         for hook in &hooks {
-            let body = match hook {
-                Webhook::Json(_) => generic(&server, &request),
-                Webhook::Slack(_) => slack(&server, &request),
+            let Some(body) = hook.body(&server, &request, link.as_deref()) else {
+                continue;
             };
-            let Some(body) = body else { continue };
             let (client, url) = (client.clone(), hook.url().to_owned());
             tokio::spawn(async move { deliver(client, url, body).await });
         }
@@ -172,7 +339,13 @@ mod tests {
     #[test]
     fn a_notice_names_who_what_and_where_and_never_the_arguments() {
         let r = request("notes");
-        for body in [generic("https://team", &r), slack("https://team", &r)] {
+        let link = Some("https://approve.example.com/call/9");
+        for body in [
+            generic("https://team", &r, link),
+            slack("https://team", &r, link),
+            teams("https://team", &r, link),
+            pagerduty("https://team", &r, link, "routing"),
+        ] {
             let text = body.unwrap().to_string();
             assert!(
                 text.contains("key:ci@server:db") && text.contains("execute"),
@@ -187,13 +360,70 @@ mod tests {
                 "{text}"
             );
         }
-        assert_eq!(generic("s", &r).unwrap()["approvers"], 2);
+        assert_eq!(generic("s", &r, None).unwrap()["approvers"], 2);
+    }
+
+    #[test]
+    fn every_shape_links_to_the_call_on_the_page_when_there_is_one() {
+        let r = request("notes");
+        let link = "https://approve.example.com/call/9";
+        assert_eq!(generic("s", &r, Some(link)).unwrap()["link"], link);
+        let slack = slack("s", &r, Some(link)).unwrap().to_string();
+        assert!(
+            slack.contains("<https://approve.example.com/call/9|Open the call>"),
+            "{slack}"
+        );
+        let teams = teams("s", &r, Some(link)).unwrap();
+        assert_eq!(
+            teams["attachments"][0]["content"]["actions"][0]["url"],
+            link
+        );
+        let pd = pagerduty("s", &r, Some(link), "key").unwrap();
+        assert_eq!(pd["links"][0]["href"], link);
+        assert_eq!(pd["event_action"], "trigger");
+        assert_eq!(pd["routing_key"], "key");
+        assert_eq!(pd["dedup_key"], "countersign:s:3");
+        // Without a page: no link anywhere.
+        assert!(generic("s", &r, None).unwrap().get("link").is_none());
+        assert!(!slack_text(&r).contains("http"));
+    }
+
+    fn slack_text(r: &PendingRequest) -> String {
+        slack("s", r, None).unwrap()["text"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn a_target_cannot_make_a_link_or_a_heading_in_teams() {
+        let r = request("[click](https://evil.example) # big **bold**");
+        let card = teams("s", &r, None).unwrap();
+        let text = card["attachments"][0]["content"]["body"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            text.contains("\\[click\\]\\(https://evil\\.example\\)"),
+            "{text}"
+        );
+        assert!(text.contains("\\# big \\*\\*bold\\*\\*"), "{text}");
+        assert_eq!(card["attachments"][0]["content"]["actions"], json!([]));
+    }
+
+    #[test]
+    fn a_pagerduty_routing_key_never_shows_in_debug() {
+        let hook = Webhook::PagerDuty {
+            url: PAGERDUTY_URL.into(),
+            routing_key: zeroize::Zeroizing::new("R0UT1NGKEY".into()),
+        };
+        assert!(!format!("{hook:?}").contains("R0UT1NGKEY"));
     }
 
     #[test]
     fn a_target_cannot_ping_a_channel_or_hide_a_link_in_slack() {
         let r = request("<!channel> <https://evil.example|click> & `x`");
-        let text = slack("s", &r).unwrap()["text"].as_str().unwrap().to_owned();
+        let text = slack_text(&r);
         assert!(!text.contains('<') && !text.contains('>'), "{text}");
         assert!(
             text.contains("&lt;!channel&gt;") && text.contains("&amp;"),

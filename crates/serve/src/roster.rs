@@ -1,6 +1,6 @@
-//! `countersign serve agent add|revoke|list` and `countersign serve approver add|revoke|list`:
-//! the server's two rosters (agents' issued keys, approvers' public keys), kept in its own
-//! records (CONTROL_DSN, or `--data-dir`).
+//! `countersign serve agent add|revoke|list` and `countersign serve approver
+//! add|invite|revoke|list|export`: the server's two rosters (agents' issued keys; approvers'
+//! desk keys and passkeys), kept in its own records (CONTROL_DSN, or `--data-dir`).
 #![allow(unsafe_code)] // this module reaches the OS through libc; each unsafe block says why it is sound
 
 use std::io::Write;
@@ -12,7 +12,9 @@ use countersign_serve::auth::new_agent_key;
 use countersign_serve::cli::{AgentAction, AgentArgs, ApproverAction, ApproverArgs};
 use countersign_serve::run::open_records;
 use countersign_serve::start::Dsn;
-use countersign_store::{MAX_MEMBER_NAME_CHARS, Member, Records, Roster, valid_member_name};
+use countersign_store::{
+    Invite, MAX_MEMBER_NAME_CHARS, Member, Records, Roster, valid_member_name,
+};
 
 /// Now, as the system's clock says: when a member was added or revoked.
 fn now_ms() -> u64 {
@@ -23,8 +25,10 @@ fn now_ms() -> u64 {
 /// What one command does, whichever roster it is about.
 enum Action {
     Add { name: String, key: Key },
+    Invite { name: String, page: String },
     Revoke { name: String },
     List,
+    Export,
 }
 
 /// The key an `add` registers.
@@ -63,8 +67,10 @@ pub fn approver() -> i32 {
             name,
             key: Key::Given(public_key),
         },
+        ApproverAction::Invite { name, page } => Action::Invite { name, page },
         ApproverAction::Revoke { name } => Action::Revoke { name },
         ApproverAction::List => Action::List,
+        ApproverAction::Export => Action::Export,
     };
     run(Roster::Approvers, args.data_dir, action)
 }
@@ -77,8 +83,10 @@ fn run(roster: Roster, data_dir: Option<std::path::PathBuf>, action: Action) -> 
     with_records(me, data_dir, |records| async move {
         let done = match action {
             Action::Add { name, key } => add(roster, &records, name, key).await,
+            Action::Invite { name, page } => invite(&records, name, &page).await,
             Action::Revoke { name } => revoke(roster, &records, &name).await,
             Action::List => list(roster, &records).await,
+            Action::Export => export(&records).await,
         };
         match done {
             Ok(()) => 0,
@@ -202,6 +210,81 @@ async fn add(roster: Roster, records: &Arc<dyn Records>, name: String, key: Key)
     Ok(())
 }
 
+async fn invite(records: &Arc<dyn Records>, name: String, page: &str) -> Done {
+    if !valid_member_name(&name) {
+        return Err((
+            2,
+            format!(
+                "refused (bad_name): a name is 1 to {MAX_MEMBER_NAME_CHARS} letters, digits, '.', \
+                 '_' or '-'"
+            ),
+        ));
+    }
+    let page = countersign_serve::web::passkey::origin(page).map_err(|_| {
+        (
+            2,
+            "refused (bad_page): --page is the approvers' page's origin, https://HOST[:PORT] (the \
+             server's --approver-web-origin)"
+                .to_owned(),
+        )
+    })?;
+    let desks = records
+        .members(Roster::Approvers)
+        .await
+        .map_err(|e| (3, e.to_string()))?;
+    let passkeys = records.passkeys().await.map_err(|e| (3, e.to_string()))?;
+    if desks.iter().any(|m| m.name == name && !m.is_active())
+        || passkeys
+            .iter()
+            .any(|p| p.approver == name && !p.is_active())
+    {
+        return Err((
+            2,
+            format!(
+                "refused (approver_revoked): {name} was revoked; a revoked name is not enrolled again"
+            ),
+        ));
+    }
+    let (code, hash) = countersign_serve::web::new_invite();
+    let now = now_ms();
+    let invite = Invite {
+        hash,
+        approver: name.clone(),
+        created_at_ms: now,
+        expires_at_ms: now.saturating_add(countersign_serve::web::INVITE_MS),
+        ceremony: None,
+        used_at_ms: None,
+    };
+    match records.put_invite(&invite).await {
+        Ok(true) => {}
+        Ok(false) => return Err((1, "refused (invite_taken): try again".into())),
+        Err(e) => return Err((3, e.to_string())),
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}/invite#{code}", page.as_str().trim_end_matches('/'));
+    let _ = out.flush();
+    eprintln!(
+        "countersign serve approver: the link above enrolls a passkey for {name}, once, within 15 \
+         minutes; the server keeps only its hash. Send it to {name} over a channel you trust."
+    );
+    Ok(())
+}
+
+async fn export(records: &Arc<dyn Records>) -> Done {
+    let members = records
+        .members(Roster::Approvers)
+        .await
+        .map_err(|e| (3, e.to_string()))?;
+    let passkeys = records.passkeys().await.map_err(|e| (3, e.to_string()))?;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{}",
+        countersign_serve::kept::roster_json(&members, &passkeys)
+    );
+    Ok(())
+}
+
 async fn revoke(roster: Roster, records: &Arc<dyn Records>, name: &str) -> Done {
     match records.revoke_member(roster, name, now_ms()).await {
         Ok(true) => {
@@ -236,6 +319,22 @@ async fn list(roster: Roster, records: &Arc<dyn Records>) -> Done {
             "{}\t{who}\tcreated at {} ms\t{state}",
             m.name, m.created_at_ms
         );
+    }
+    if roster == Roster::Approvers {
+        use base64::Engine as _;
+        let passkeys = records.passkeys().await.map_err(|e| (3, e.to_string()))?;
+        for p in passkeys {
+            let state = match p.revoked_at_ms {
+                Some(at) => format!("revoked at {at} ms"),
+                None => "active".into(),
+            };
+            let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&p.credential_id);
+            let _ = writeln!(
+                out,
+                "{}\tpasskey:{id}\tcreated at {} ms\t{state}",
+                p.approver, p.created_at_ms
+            );
+        }
     }
     Ok(())
 }

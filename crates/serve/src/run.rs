@@ -68,6 +68,9 @@ pub enum RunError {
     /// The control database could not be reached or migrated (the DSN's password never shown).
     #[error("the control database: {0}")]
     Records(#[from] StoreError),
+    /// The approvers' page's origin cannot bind passkeys (checked at start; kept for safety).
+    #[error("the approvers' page: {0}")]
+    WebOrigin(String),
     /// The upstream could not be started.
     #[error("the upstream: {0}")]
     Upstream(String),
@@ -86,7 +89,10 @@ impl RunError {
     /// control database is unreachable, 4 when the port cannot be bound, 5 for the upstream.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RunError::Tls(_) | RunError::IssuerKey(_) | RunError::DataDir(_) => 2,
+            RunError::Tls(_)
+            | RunError::IssuerKey(_)
+            | RunError::DataDir(_)
+            | RunError::WebOrigin(_) => 2,
             RunError::Records(_) => 3,
             RunError::Bind { .. } => 4,
             RunError::Upstream(_) => 5,
@@ -183,6 +189,8 @@ pub struct Bound {
     pub agents: std::net::SocketAddr,
     /// The approvers' address, if there is an approver listener.
     pub approvers: Option<std::net::SocketAddr>,
+    /// The approvers' page's address, if there is one.
+    pub approver_web: Option<std::net::SocketAddr>,
     /// The operator listener's address (metrics, health), if there is one.
     pub operator: Option<std::net::SocketAddr>,
 }
@@ -269,8 +277,9 @@ pub async fn run(
         config.describer = Some(Arc::new(SqlDescriber));
     }
     if start.approvers.is_some() {
-        // People decide at their desks, which hold the approve delay before they sign; a
-        // request waits for them (bounded by --wait) instead of being refused at once.
+        // People decide at their desks or on the approvers' page, which hold the approve delay
+        // before they sign (the page's is held by the server too); a request waits for them
+        // (bounded by --wait) instead of being refused at once.
         config.window = true;
         config.approve_delay_ms = 0;
     }
@@ -387,55 +396,82 @@ pub async fn run(
     // bound before the agents' so that a server whose desks cannot connect never serves agents.
     let mut keeper = None;
     let mut mirror = None;
-    let approver_side = match &start.approvers {
-        Some(listen) => {
-            let admitted: approvers::Admitted = Default::default();
-            approvers::refresh(&records, &admitted).await;
-            keeper = Some(tokio::spawn(approvers::keep_admitted(
-                records.clone(),
-                admitted.clone(),
-            )));
-            let config = tls::config_with_clients(
-                &listen.cert,
-                &listen.key,
-                Arc::new(PinnedApprovers::new(admitted)),
-            )?;
-            let listener =
-                TcpListener::bind(listen.listen)
-                    .await
-                    .map_err(|source| RunError::Bind {
-                        addr: listen.listen,
-                        source,
-                    })?;
-            let bound = listener.local_addr().map_err(|source| RunError::Bind {
-                addr: listen.listen,
-                source,
-            })?;
-            tracing::info!(target: "serve", "approvers connect on {bound} (mutual TLS) as {}", listen.url);
-            approver_bound = Some(bound);
-            tokio::spawn(crate::notify::run(
-                engine.clone(),
-                listen.url.clone(),
-                start.webhooks.clone(),
-            ));
+    let mut approver_web_bound = None;
+    let (approver_side, web_side) = match &start.approvers {
+        Some(approving) => {
             let state = Arc::new(Approvers::new(
                 engine.clone(),
                 records.clone(),
-                listen.url.clone(),
+                approving.url.clone(),
+            ));
+            let page = approving.web.as_ref().map(|w| crate::notify::Page {
+                origin: w.origin.clone(),
+                numbers: state.clone(),
+            });
+            tokio::spawn(crate::notify::run(
+                engine.clone(),
+                approving.url.clone(),
+                page,
+                start.webhooks.clone(),
             ));
             // This replica's waiting calls go to the shared records, where any replica's desks
-            // see them, and decisions made on any replica come back to be carried out here.
+            // and pages see them, and decisions made on any replica come back to be carried out
+            // here.
             mirror = Some(tokio::spawn(state.clone().mirror()));
             // A 2026-07-28 client's requestState names the shared row: its retry continues on
             // any replica, and each state is spent once across them all.
             engine.share_requests(state.clone());
-            Some((
-                listener,
-                tokio_rustls::TlsAcceptor::from(config),
-                approvers::router(state),
-            ))
+            let desks = match &approving.desks {
+                Some(listen) => {
+                    let admitted: approvers::Admitted = Default::default();
+                    approvers::refresh(&records, &admitted).await;
+                    keeper = Some(tokio::spawn(approvers::keep_admitted(
+                        records.clone(),
+                        admitted.clone(),
+                    )));
+                    let config = tls::config_with_clients(
+                        &listen.cert,
+                        &listen.key,
+                        Arc::new(PinnedApprovers::new(admitted)),
+                    )?;
+                    let (listener, bound) = bind(listen.listen).await?;
+                    tracing::info!(target: "serve", "approvers connect on {bound} (mutual TLS) as {}", approving.url);
+                    approver_bound = Some(bound);
+                    Some((
+                        listener,
+                        tokio_rustls::TlsAcceptor::from(config),
+                        approvers::router(state.clone()),
+                    ))
+                }
+                None => None,
+            };
+            let web = match (&approving.web, &start.mode) {
+                (Some(page), Mode::Writable { key, .. }) => {
+                    let tls = match &page.tls {
+                        Some((cert, key)) => {
+                            Some(tokio_rustls::TlsAcceptor::from(tls::config(cert, key)?))
+                        }
+                        None => None,
+                    };
+                    let relying = crate::web::passkey::Relying::new(page.origin.clone())
+                        .map_err(|e| RunError::WebOrigin(e.to_string()))?;
+                    let (listener, bound) = bind(page.listen).await?;
+                    let wire = if tls.is_some() { "TLS" } else { "plain HTTP" };
+                    tracing::info!(target: "serve", "the approvers' page is on {bound} ({wire}) as {}", page.origin);
+                    approver_web_bound = Some(bound);
+                    let web = Arc::new(crate::web::Web {
+                        approvers: state.clone(),
+                        relying,
+                        key: key.clone(),
+                        approve_delay_ms: countersign_engine::DEFAULT_APPROVE_DELAY_MS,
+                    });
+                    Some((listener, tls, crate::web::router(web)))
+                }
+                _ => None,
+            };
+            (desks, web)
         }
-        None => None,
+        None => (None, None),
     };
     // The operator listener: bound before the agents' too, so a port taken stops the start.
     let mut operator_bound = None;
@@ -489,6 +525,7 @@ pub async fn run(
     ready(Bound {
         agents: bound,
         approvers: approver_bound,
+        approver_web: approver_web_bound,
         operator: operator_bound,
     });
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -513,6 +550,15 @@ pub async fn run(
             graceful.clone(),
         ))
     });
+    let page = web_side.map(|(listener, acceptor, page_app)| {
+        tokio::spawn(serve_connections(
+            listener,
+            acceptor,
+            move |_| page_app.clone(),
+            stop.clone(),
+            graceful.clone(),
+        ))
+    });
     let operators = operator_side.map(|(listener, operator_app)| {
         tokio::spawn(serve_connections(
             listener,
@@ -523,7 +569,7 @@ pub async fn run(
         ))
     });
     let _ = agents.await;
-    for side in [desks, operators].into_iter().flatten() {
+    for side in [desks, page, operators].into_iter().flatten() {
         let _ = side.await;
     }
     let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
@@ -544,6 +590,17 @@ pub async fn run(
     }
     drop(temporary);
     Ok(())
+}
+
+/// A listener on `addr`, and the address it got.
+async fn bind(addr: std::net::SocketAddr) -> Result<(TcpListener, std::net::SocketAddr), RunError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| RunError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| RunError::Bind { addr, source })?;
+    Ok((listener, bound))
 }
 
 /// Accepts connections on `listener` (TLS through `acceptor`, if any) and serves each with the

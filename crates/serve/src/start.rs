@@ -212,14 +212,35 @@ pub struct Start {
 /// The approver listener, as the start rules accepted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApproverListen {
-    /// Where it listens.
-    pub listen: SocketAddr,
     /// The URL desks enroll with; every decision names it.
     pub url: String,
+    /// Where desks connect (mutual TLS), if they do.
+    pub desks: Option<DeskListen>,
+    /// The approvers' page, if there is one.
+    pub web: Option<WebListen>,
+}
+
+/// The listener desks connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeskListen {
+    /// Where it listens.
+    pub listen: SocketAddr,
     /// Its certificate chain (PEM).
     pub cert: PathBuf,
     /// Its private key (PEM).
     pub key: PathBuf,
+}
+
+/// The approvers' page's listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebListen {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Its origin as browsers see it; passkeys are bound to its host.
+    pub origin: url::Url,
+    /// Its certificate chain and key (PEM), when it serves TLS itself; plain HTTP otherwise
+    /// (behind the TLS proxy that serves the origin, or on localhost).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// Why the server refuses to start. Every variant has a stable [`StartError::code`]; none
@@ -328,9 +349,25 @@ pub enum StartError {
     ApproversReadOnly,
     /// An approver listener without a certificate: it is mutual TLS or nothing.
     #[error(
-        "--approver-listen needs a certificate of its own: --approver-cert FILE --approver-key          FILE, or --tls-cert/--tls-key to share the server's"
+        "--approver-listen needs a certificate of its own: --approver-cert FILE --approver-key \
+         FILE, or --tls-cert/--tls-key to share the server's"
     )]
     ApproversWithoutTls,
+    /// The PagerDuty routing key file cannot be read, or is empty.
+    #[error("--pagerduty-routing-key-file {0}: cannot read a routing key from it")]
+    BadRoutingKey(String),
+    /// `--approver-url` without a listener, or a listener without `--approver-url`.
+    #[error(
+        "approvers need both a name and a place: --approver-url URL (every decision names it) \
+         with --approver-listen ADDR (desks) and/or --approver-web ADDR (the passkey page)"
+    )]
+    ApproversNowhere,
+    /// `--approver-web-origin` that a passkey cannot be bound to.
+    #[error(
+        "--approver-web-origin must be https://HOST[:PORT] with nothing after (or \
+         http://localhost:PORT to try it on one machine): passkeys are bound to its host"
+    )]
+    BadWebOrigin,
     /// The operator listener on the agents' or the approvers' address.
     #[error(
         "--operator-listen {listen} must be a port of its own, not the agents' or the approvers'"
@@ -363,6 +400,9 @@ impl StartError {
             StartError::ApproversReadOnly => "approvers_read_only",
             StartError::ApproversWithoutTls => "approvers_without_tls",
             StartError::OperatorSharesPort { .. } => "operator_shares_port",
+            StartError::ApproversNowhere => "approvers_nowhere",
+            StartError::BadWebOrigin => "bad_web_origin",
+            StartError::BadRoutingKey(_) => "bad_routing_key",
         }
     }
 }
@@ -471,30 +511,61 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
     {
         return Err(StartError::AgentKeysNowhere);
     }
-    let approvers = match (args.approver_listen, &args.approver_url) {
-        (Some(listen), Some(url)) => {
+    let approvers = match &args.approver_url {
+        Some(url) => {
             if args.read_only {
                 return Err(StartError::ApproversReadOnly);
             }
-            // The listener is always TLS: a plain http:// URL could never be reached.
+            if args.approver_listen.is_none() && args.approver_web.is_none() {
+                return Err(StartError::ApproversNowhere);
+            }
+            // The name desks enroll with, and the desks' listener is always TLS: a plain
+            // http:// URL could never be reached.
             if !url.to_ascii_lowercase().starts_with("https://") || url.len() <= 8 {
                 return Err(StartError::NotHttps {
                     what: "--approver-url",
                 });
             }
-            let (cert, key) = match (&args.approver_cert, &args.approver_key, &transport) {
-                (Some(cert), Some(key), _) => (cert.clone(), key.clone()),
-                (None, None, Transport::Tls { cert, key }) => (cert.clone(), key.clone()),
-                _ => return Err(StartError::ApproversWithoutTls),
+            let desks = match args.approver_listen {
+                Some(listen) => {
+                    let (cert, key) = match (&args.approver_cert, &args.approver_key, &transport) {
+                        (Some(cert), Some(key), _) => (cert.clone(), key.clone()),
+                        (None, None, Transport::Tls { cert, key }) => (cert.clone(), key.clone()),
+                        _ => return Err(StartError::ApproversWithoutTls),
+                    };
+                    Some(DeskListen { listen, cert, key })
+                }
+                None => None,
+            };
+            let web = match (args.approver_web, &args.approver_web_origin) {
+                (Some(listen), Some(origin)) => {
+                    let origin = crate::web::passkey::origin(origin)
+                        .map_err(|_| StartError::BadWebOrigin)?;
+                    let tls = match (&args.approver_web_cert, &args.approver_web_key, &transport) {
+                        (Some(cert), Some(key), _) => Some((cert.clone(), key.clone())),
+                        (None, None, Transport::Tls { cert, key }) => {
+                            Some((cert.clone(), key.clone()))
+                        }
+                        _ => None,
+                    };
+                    Some(WebListen {
+                        listen,
+                        origin,
+                        tls,
+                    })
+                }
+                _ => None,
             };
             Some(ApproverListen {
-                listen,
                 url: url.clone(),
-                cert,
-                key,
+                desks,
+                web,
             })
         }
-        _ => None,
+        None if args.approver_listen.is_some() || args.approver_web.is_some() => {
+            return Err(StartError::ApproversNowhere);
+        }
+        None => None,
     };
     if let Some(operator) = args.operator_listen {
         let shared = |other: SocketAddr| {
@@ -504,7 +575,10 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
                     || other.ip().is_unspecified()
                     || operator.ip().is_unspecified())
         };
-        if shared(args.listen) || args.approver_listen.is_some_and(shared) {
+        if shared(args.listen)
+            || args.approver_listen.is_some_and(shared)
+            || args.approver_web.is_some_and(shared)
+        {
             return Err(StartError::OperatorSharesPort { listen: operator });
         }
     }
@@ -516,6 +590,26 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
     for url in &args.slack_webhooks {
         https("--slack-webhook", url)?;
         webhooks.push(crate::notify::Webhook::Slack(url.clone()));
+    }
+    for url in &args.teams_webhooks {
+        https("--teams-webhook", url)?;
+        webhooks.push(crate::notify::Webhook::Teams(url.clone()));
+    }
+    if let Some(file) = &args.pagerduty_routing_key_file {
+        let url = args
+            .pagerduty_url
+            .clone()
+            .unwrap_or_else(|| crate::notify::PAGERDUTY_URL.to_owned());
+        https("--pagerduty-url", &url)?;
+        let key = std::fs::read_to_string(file)
+            .map(|k| zeroize::Zeroizing::new(k.trim().to_owned()))
+            .ok()
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| StartError::BadRoutingKey(file.display().to_string()))?;
+        webhooks.push(crate::notify::Webhook::PagerDuty {
+            url,
+            routing_key: key,
+        });
     }
     let upstreams = match servers {
         Some(servers) => Upstreams::Named(servers),

@@ -31,6 +31,7 @@ pub mod export;
 mod grant;
 mod history;
 mod ledger;
+mod passkey;
 mod pin;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -50,10 +51,13 @@ use crate::connection::FileIdentity;
 pub use accepted::{Accepted, MAX_ACCEPTED_BYTES};
 pub use approval::Approval;
 pub use connection::StoreOptions;
-pub use decision::{DecisionRecord, MAX_DECISION_ROWS};
+pub use decision::{
+    Assertion, DecisionRecord, Evidence, MAX_ASSERTION_PART_BYTES, MAX_DECISION_ROWS,
+};
 pub use error::StoreError;
 pub use grant::{Grant, GrantEnd, GrantKind};
 pub use history::{Chained, Heads, HistoryFilter, MAX_STORED_CHARS, Recorded, StoredLink, capped};
+pub use passkey::{Invite, MAX_CREDENTIAL_BYTES, MAX_CREDENTIAL_ID_BYTES, Passkey};
 pub use pin::{MAX_DEFINITION_CHARS, MAX_PINS, MAX_PINS_PER_SERVER, ToolPin};
 #[cfg(feature = "postgres")]
 pub use postgres::{POSTGRES_SCHEMA_VERSION, Postgres, PostgresOptions, SERIALIZATION_RETRIES};

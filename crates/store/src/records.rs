@@ -21,8 +21,8 @@ use countersign_core::telemetry::ConfirmEvent;
 use countersign_core::{Ledger, Nonce, PlanHash, SpendError};
 
 use crate::{
-    Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter, Member,
-    Pruned, Recorded, Roster, Store, StoreError, ToolPin, WaitingCall,
+    Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter, Invite,
+    Member, Passkey, Pruned, Recorded, Roster, Store, StoreError, ToolPin, WaitingCall,
 };
 
 /// Everything the engine keeps durably: the single-use nonce ledger, the arguments people
@@ -223,13 +223,55 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// `until`: a live replica holds each of them, whichever replica wrote its row.
     async fn keep_waiting(&self, ids: &[u64], until: u64) -> Result<(), StoreError>;
 
-    /// The distinct approvers whose kept decisions approve `request` of `server` over `plan`.
+    /// The distinct approvers whose kept decisions approve `request` of `server` over `plan`
+    /// (a person's desk and passkeys count once: decisions name the approver).
     async fn approved_by(
         &self,
         server: &str,
         request: u64,
         plan: &PlanHash,
     ) -> Result<Vec<String>, StoreError>;
+
+    /// Enrolls `passkey`; `false`: its credential is on the roster already.
+    async fn put_passkey(&self, passkey: &Passkey) -> Result<bool, StoreError>;
+
+    /// The passkey with credential id `id`, revoked or not.
+    async fn passkey(&self, id: &[u8]) -> Result<Option<Passkey>, StoreError>;
+
+    /// Every passkey, by approver.
+    async fn passkeys(&self) -> Result<Vec<Passkey>, StoreError>;
+
+    /// Moves the unrevoked passkey `id`'s counter forward to `counter`, in one statement (two
+    /// replicas cannot both move it to the same value); `false`: the assertion must not count.
+    async fn advance_passkey(&self, id: &[u8], counter: u32) -> Result<bool, StoreError>;
+
+    /// Keeps `invite`; `false`: its hash exists already.
+    async fn put_invite(&self, invite: &Invite) -> Result<bool, StoreError>;
+
+    /// The invite whose link hashes to `hash`.
+    async fn invite(&self, hash: &[u8; 32]) -> Result<Option<Invite>, StoreError>;
+
+    /// Keeps the registration `ceremony` begun with the unused, unexpired invite `hash`.
+    async fn begin_invite(
+        &self,
+        hash: &[u8; 32],
+        ceremony: &str,
+        now: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Uses up the begun, unused, unexpired invite `hash` at `now`, once.
+    async fn use_invite(&self, hash: &[u8; 32], now: u64) -> Result<Option<Invite>, StoreError>;
+
+    /// Keeps a sign-in `challenge` until `expires_at_ms` (and forgets the expired ones).
+    async fn put_challenge(
+        &self,
+        challenge: &[u8; 32],
+        expires_at_ms: u64,
+        now: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Takes the sign-in `challenge` once; `false` if it is unknown, used or expired.
+    async fn take_challenge(&self, challenge: &[u8; 32], now: u64) -> Result<bool, StoreError>;
 }
 
 /// The desk's SQLite [`Store`] as [`Records`]: one connection behind a mutex, used on tokio's
@@ -552,5 +594,66 @@ impl Records for Sqlite {
         let (server, plan) = (server.to_owned(), *plan);
         self.off(move |s| s.approved_by(&server, request, &plan))
             .await
+    }
+
+    async fn put_passkey(&self, passkey: &Passkey) -> Result<bool, StoreError> {
+        let passkey = passkey.clone();
+        self.off(move |s| s.put_passkey(&passkey)).await
+    }
+
+    async fn passkey(&self, id: &[u8]) -> Result<Option<Passkey>, StoreError> {
+        let id = id.to_vec();
+        self.off(move |s| s.passkey(&id)).await
+    }
+
+    async fn passkeys(&self) -> Result<Vec<Passkey>, StoreError> {
+        self.off(|s| s.passkeys()).await
+    }
+
+    async fn advance_passkey(&self, id: &[u8], counter: u32) -> Result<bool, StoreError> {
+        let id = id.to_vec();
+        self.off(move |s| s.advance_passkey(&id, counter)).await
+    }
+
+    async fn put_invite(&self, invite: &Invite) -> Result<bool, StoreError> {
+        let invite = invite.clone();
+        self.off(move |s| s.put_invite(&invite)).await
+    }
+
+    async fn invite(&self, hash: &[u8; 32]) -> Result<Option<Invite>, StoreError> {
+        let hash = *hash;
+        self.off(move |s| s.invite(&hash)).await
+    }
+
+    async fn begin_invite(
+        &self,
+        hash: &[u8; 32],
+        ceremony: &str,
+        now: u64,
+    ) -> Result<bool, StoreError> {
+        let (hash, ceremony) = (*hash, ceremony.to_owned());
+        self.off(move |s| s.begin_invite(&hash, &ceremony, now))
+            .await
+    }
+
+    async fn use_invite(&self, hash: &[u8; 32], now: u64) -> Result<Option<Invite>, StoreError> {
+        let hash = *hash;
+        self.off(move |s| s.use_invite(&hash, now)).await
+    }
+
+    async fn put_challenge(
+        &self,
+        challenge: &[u8; 32],
+        expires_at_ms: u64,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let challenge = *challenge;
+        self.off(move |s| s.put_challenge(&challenge, expires_at_ms, now))
+            .await
+    }
+
+    async fn take_challenge(&self, challenge: &[u8; 32], now: u64) -> Result<bool, StoreError> {
+        let challenge = *challenge;
+        self.off(move |s| s.take_challenge(&challenge, now)).await
     }
 }

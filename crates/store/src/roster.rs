@@ -161,7 +161,8 @@ impl Store {
         })
     }
 
-    /// Revokes member `name` of `roster` at `now`. `false`: no such member, or revoked already.
+    /// Revokes member `name` of `roster` at `now` (an approver's desk key and every passkey of
+    /// theirs). `false`: no such member, or revoked already.
     pub fn revoke_member(
         &mut self,
         roster: Roster,
@@ -170,11 +171,20 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let now = ms_to_sql(now)?;
         let sql = statements(roster, '?').revoke;
+        let passkeys = crate::passkey::statements('?').revoke;
         self.with_connection(|conn| {
-            let changed = conn
+            // An approver's desk key and passkeys end together, in one transaction.
+            let tx = conn.transaction()?;
+            let mut changed = tx
                 .prepare_cached(&sql)?
                 .execute(rusqlite::params![name, now])?;
-            Ok(changed == 1)
+            if roster == Roster::Approvers {
+                changed += tx
+                    .prepare_cached(&passkeys)?
+                    .execute(rusqlite::params![name, now])?;
+            }
+            tx.commit()?;
+            Ok(changed > 0)
         })
     }
 

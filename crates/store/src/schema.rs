@@ -244,6 +244,59 @@ const STEPS: &[Step] = &[
         ) STRICT;
     ",
     },
+    Step {
+        purpose: "approvers' passkeys, their invites and sign-in challenges, and decisions passkeys signed",
+        sql: "
+        -- A passkey (WebAuthn credential) of an approver, beside or instead of a desk key: the
+        -- verifier's record of it (public key, algorithm, flags; nothing secret) and the highest
+        -- signature counter accepted. A revoked one stays, so its credential is never reused.
+        CREATE TABLE approver_passkey (
+            credential_id  BLOB    NOT NULL PRIMARY KEY
+                           CHECK (length(credential_id) BETWEEN 1 AND 1023),
+            name           TEXT    NOT NULL,
+            credential     TEXT    NOT NULL,
+            counter        INTEGER NOT NULL CHECK (counter >= 0),
+            created_at_ms  INTEGER NOT NULL,
+            revoked_at_ms  INTEGER
+        ) STRICT;
+        CREATE INDEX approver_passkey_name ON approver_passkey (name);
+        -- One-time links that enroll a passkey: only the hash of the link's secret; the
+        -- registration ceremony begun with it, so any replica can finish it; when it was used.
+        CREATE TABLE approver_invite (
+            hash           BLOB    NOT NULL PRIMARY KEY CHECK (length(hash) = 32),
+            name           TEXT    NOT NULL,
+            created_at_ms  INTEGER NOT NULL,
+            expires_at_ms  INTEGER NOT NULL,
+            ceremony       TEXT,
+            used_at_ms     INTEGER
+        ) STRICT;
+        -- Sign-in challenges, each good once until it expires.
+        CREATE TABLE passkey_challenge (
+            challenge      BLOB    NOT NULL PRIMARY KEY CHECK (length(challenge) = 32),
+            expires_at_ms  INTEGER NOT NULL
+        ) STRICT;
+        -- Each decision a passkey signed, with the whole assertion: only ever added to.
+        CREATE TABLE passkey_decision (
+            id                  INTEGER PRIMARY KEY,
+            approver            TEXT    NOT NULL,
+            server              TEXT    NOT NULL,
+            request             INTEGER NOT NULL,
+            verdict             TEXT    NOT NULL CHECK (verdict IN ('approve', 'deny')),
+            plan                TEXT    NOT NULL CHECK (length(plan) = 64),
+            tenant              TEXT    NOT NULL,
+            tool                TEXT    NOT NULL,
+            target              TEXT    NOT NULL,
+            class               TEXT    NOT NULL CHECK (class IN ('open', 'token', 'once')),
+            expires_at_ms       INTEGER NOT NULL,
+            credential_id       BLOB    NOT NULL,
+            authenticator_data  BLOB    NOT NULL,
+            client_data         BLOB    NOT NULL,
+            signature           BLOB    NOT NULL,
+            decided_at_ms       INTEGER NOT NULL
+        ) STRICT;
+        CREATE INDEX passkey_decision_request ON passkey_decision (server, request);
+    ",
+    },
 ];
 
 /// The version from which history is chained ([`crate::history`]).

@@ -315,11 +315,7 @@ impl Store {
     ) -> Result<Vec<String>, StoreError> {
         let request = ms_to_sql(request)?;
         self.with_connection(|conn| {
-            let mut statement = conn.prepare_cached(
-                "SELECT DISTINCT approver FROM approver_decision
-                 WHERE server = ?1 AND request = ?2 AND plan = ?3 AND verdict = 'approve'
-                 ORDER BY approver",
-            )?;
+            let mut statement = conn.prepare_cached(&crate::decision::approvers_of('?'))?;
             let names = statement
                 .query_map(rusqlite::params![server, request, plan.to_hex()], |r| {
                     r.get(0)

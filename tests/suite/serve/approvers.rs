@@ -367,7 +367,10 @@ async fn only_decisions_signed_by_enough_registered_approvers_over_the_waiting_c
             countersign_core::approver::verify(
                 &desk.key.public(),
                 &decision,
-                &d.signature,
+                match &d.evidence {
+                    countersign_store::Evidence::Desk { signature } => signature,
+                    other => panic!("a desk's decision kept as {other:?}"),
+                },
                 d.decided_at_ms
             ),
             Ok(())

@@ -16,11 +16,10 @@
 
 mod notification;
 mod preview;
-mod shown;
 
+pub use countersign_core::shown::{Flag, Shown, agent_name, shown, shown_details};
 pub use notification::notification_body;
 pub use preview::PreviewView;
-pub use shown::{Flag, Shown, shown, shown_details};
 
 use countersign_core::diff::{self, RowKind};
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
@@ -140,18 +139,6 @@ impl From<&Change> for ChangeView {
             removed: c.after.is_none(),
             rows,
         }
-    }
-}
-
-/// The agent as it names itself in `clientInfo`: its name and version, or `unknown agent`.
-pub fn agent_name(client_info: &Value) -> String {
-    let name = client_info
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown agent");
-    match client_info.get("version").and_then(Value::as_str) {
-        Some(v) => format!("{name} {v}"),
-        None => name.to_owned(),
     }
 }
 

@@ -20,10 +20,10 @@ use crate::error::ms_to_sql;
 use crate::grant::{self, COLUMNS, MAX_READ};
 use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
 use crate::{
-    Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter,
+    Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter, Invite,
     MAX_DECISION_ROWS, MAX_HISTORY_ROWS, MAX_PINS, MAX_PINS_PER_SERVER, MAX_WAITING_ROWS, Member,
-    Pruned, Recorded, Records, Roster, StoreError, ToolPin, WaitingCall, accepted, approval,
-    capped, decision, history, roster, waiting,
+    Passkey, Pruned, Recorded, Records, Roster, StoreError, ToolPin, WaitingCall, accepted,
+    approval, capped, decision, history, passkey, roster, waiting,
 };
 
 fn chain_range(seq: u64) -> StoreError {
@@ -959,9 +959,24 @@ impl Records for Postgres {
         let now = ms_to_sql(now)?;
         let name = text(name);
         let sql = roster::statements(roster, '$').revoke;
-        let changed = on_connection!(self, |conn| conn
-            .execute(sql.as_str(), &[&name.as_ref(), &now],))?;
-        Ok(changed == 1)
+        let passkeys = passkey::statements('$').revoke;
+        let approvers = roster == Roster::Approvers;
+        // An approver's desk key and passkeys end together, in one transaction.
+        let pg = StoreError::Postgres;
+        let changed = serializable!(self, |tx| async {
+            let mut changed = tx
+                .execute(sql.as_str(), &[&name.as_ref(), &now])
+                .await
+                .map_err(pg)?;
+            if approvers {
+                changed += tx
+                    .execute(passkeys.as_str(), &[&name.as_ref(), &now])
+                    .await
+                    .map_err(pg)?;
+            }
+            Ok::<_, StoreError>(changed)
+        })?;
+        Ok(changed > 0)
     }
 
     async fn members(&self, roster: Roster) -> Result<Vec<Member>, StoreError> {
@@ -972,43 +987,50 @@ impl Records for Postgres {
 
     async fn put_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
         let row = decision::to_row(d)?;
-        let sql = format!(
-            "INSERT INTO approver_decision ({})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-            decision::COLUMNS
-        );
+        let sql = decision::insert(&row, '$');
         let (approver, server) = (text(&d.approver), text(&d.server));
         let (tenant, tool, target) = (text(&d.tenant), text(&d.tool), text(&d.target));
-        let signature = d.signature.as_slice();
-        on_connection!(self, |conn| conn.execute(
-            sql.as_str(),
-            &[
-                &approver.as_ref(),
-                &server.as_ref(),
-                &row.request,
-                &row.verdict,
-                &row.plan,
-                &tenant.as_ref(),
-                &tool.as_ref(),
-                &target.as_ref(),
-                &row.class,
-                &row.expires_at_ms,
-                &signature,
-                &row.decided_at_ms,
-            ],
-        ))
-        .map(|_| ())
+        let (approver, server) = (approver.as_ref(), server.as_ref());
+        let (tenant, tool, target) = (tenant.as_ref(), tool.as_ref(), target.as_ref());
+        let signature = row.signature.as_slice();
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &approver,
+            &server,
+            &row.request,
+            &row.verdict,
+            &row.plan,
+            &tenant,
+            &tool,
+            &target,
+            &row.class,
+            &row.expires_at_ms,
+            &signature,
+            &row.decided_at_ms,
+        ];
+        let assertion = row
+            .assertion
+            .as_ref()
+            .map(|(c, a, d)| (c.as_slice(), a.as_slice(), d.as_slice()));
+        if let Some((credential, data, client)) = &assertion {
+            params.extend([
+                credential as &(dyn tokio_postgres::types::ToSql + Sync),
+                data,
+                client,
+            ]);
+        }
+        on_connection!(self, |conn| conn.execute(sql.as_str(), &params)).map(|_| ())
     }
 
     async fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
         let limit = limit.min(MAX_DECISION_ROWS) as i64;
-        let sql = format!(
-            "SELECT {} FROM (SELECT * FROM approver_decision ORDER BY id DESC LIMIT $1) AS newest
-             ORDER BY id",
-            decision::COLUMNS
-        );
+        let sql = decision::newest('$');
         let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[&limit]))?;
-        rows.iter().map(decision_row).collect()
+        let mut kept = rows
+            .iter()
+            .map(decision_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        kept.reverse();
+        Ok(kept)
     }
 
     async fn put_waiting(&self, w: &WaitingCall) -> Result<u64, StoreError> {
@@ -1173,15 +1195,117 @@ impl Records for Postgres {
         plan: &PlanHash,
     ) -> Result<Vec<String>, StoreError> {
         let (server, request, plan) = (text(server), ms_to_sql(request)?, plan.to_hex());
-        let rows = on_connection!(self, |conn| conn.query(
-            "SELECT DISTINCT approver FROM approver_decision
-             WHERE server = $1 AND request = $2 AND plan = $3 AND verdict = 'approve'
-             ORDER BY approver",
-            &[&server.as_ref(), &request, &plan],
-        ))?;
+        let sql = decision::approvers_of('$');
+        let rows = on_connection!(self, |conn| conn
+            .query(sql.as_str(), &[&server.as_ref(), &request, &plan],))?;
         rows.iter()
             .map(|r| r.try_get(0).map_err(StoreError::Postgres))
             .collect()
+    }
+
+    async fn put_passkey(&self, p: &Passkey) -> Result<bool, StoreError> {
+        let (counter, created) = passkey::checked(p)?;
+        let sql = passkey::statements('$').insert;
+        let name = text(&p.approver);
+        let (id, credential) = (p.credential_id.as_slice(), text(&p.credential));
+        let inserted = on_connection!(self, |conn| conn.execute(
+            sql.as_str(),
+            &[
+                &name.as_ref(),
+                &id,
+                &credential.as_ref(),
+                &counter,
+                &created
+            ],
+        ))?;
+        Ok(inserted == 1)
+    }
+
+    async fn passkey(&self, id: &[u8]) -> Result<Option<Passkey>, StoreError> {
+        let sql = passkey::statements('$').by_id;
+        let row = on_connection!(self, |conn| conn.query_opt(sql.as_str(), &[&id]))?;
+        row.map(|r| passkey_row(&r)).transpose()
+    }
+
+    async fn passkeys(&self) -> Result<Vec<Passkey>, StoreError> {
+        let sql = passkey::statements('$').all;
+        let rows = on_connection!(self, |conn| conn.query(sql.as_str(), &[]))?;
+        rows.iter().map(passkey_row).collect()
+    }
+
+    async fn advance_passkey(&self, id: &[u8], counter: u32) -> Result<bool, StoreError> {
+        let sql = passkey::statements('$').advance;
+        let counter = i64::from(counter);
+        let changed = on_connection!(self, |conn| conn.execute(sql.as_str(), &[&id, &counter]))?;
+        Ok(changed == 1)
+    }
+
+    async fn put_invite(&self, invite: &Invite) -> Result<bool, StoreError> {
+        let (created, expires) = passkey::checked_invite(invite)?;
+        let sql = passkey::statements('$').put_invite;
+        let (hash, name) = (invite.hash.as_slice(), text(&invite.approver));
+        let inserted = on_connection!(self, |conn| conn
+            .execute(sql.as_str(), &[&hash, &name.as_ref(), &created, &expires],))?;
+        Ok(inserted == 1)
+    }
+
+    async fn invite(&self, hash: &[u8; 32]) -> Result<Option<Invite>, StoreError> {
+        let sql = passkey::statements('$').invite;
+        let hash = hash.as_slice();
+        let row = on_connection!(self, |conn| conn.query_opt(sql.as_str(), &[&hash]))?;
+        row.map(|r| invite_row(&r)).transpose()
+    }
+
+    async fn begin_invite(
+        &self,
+        hash: &[u8; 32],
+        ceremony: &str,
+        now: u64,
+    ) -> Result<bool, StoreError> {
+        if ceremony.len() > passkey::MAX_CEREMONY_BYTES {
+            return Err(StoreError::InvalidRow {
+                table: "approver_invite",
+                reason: "a ceremony over 16 KiB".into(),
+            });
+        }
+        let sql = passkey::statements('$').begin_invite;
+        let (hash, ceremony, now) = (hash.as_slice(), text(ceremony), ms_to_sql(now)?);
+        let changed = on_connection!(self, |conn| conn
+            .execute(sql.as_str(), &[&hash, &ceremony.as_ref(), &now],))?;
+        Ok(changed == 1)
+    }
+
+    async fn use_invite(&self, hash: &[u8; 32], now: u64) -> Result<Option<Invite>, StoreError> {
+        let sql = passkey::statements('$').use_invite;
+        let (hash, now) = (hash.as_slice(), ms_to_sql(now)?);
+        let row = on_connection!(self, |conn| conn.query_opt(sql.as_str(), &[&hash, &now]))?;
+        row.map(|r| invite_row(&r)).transpose()
+    }
+
+    async fn put_challenge(
+        &self,
+        challenge: &[u8; 32],
+        expires_at_ms: u64,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let sql = passkey::statements('$');
+        let (challenge, expires, now) = (
+            challenge.as_slice(),
+            ms_to_sql(expires_at_ms)?,
+            ms_to_sql(now)?,
+        );
+        on_connection!(self, |conn| conn
+            .execute(sql.prune_challenges.as_str(), &[&now]))?;
+        on_connection!(self, |conn| conn
+            .execute(sql.put_challenge.as_str(), &[&challenge, &expires],))
+        .map(|_| ())
+    }
+
+    async fn take_challenge(&self, challenge: &[u8; 32], now: u64) -> Result<bool, StoreError> {
+        let sql = passkey::statements('$').take_challenge;
+        let (challenge, now) = (challenge.as_slice(), ms_to_sql(now)?);
+        let taken = on_connection!(self, |conn| conn.execute(sql.as_str(), &[&challenge, &now]))?;
+        Ok(taken == 1)
     }
 }
 
@@ -1228,12 +1352,53 @@ fn member_row(roster: Roster, r: &tokio_postgres::Row) -> Result<Member, StoreEr
 
 fn decision_row(r: &tokio_postgres::Row) -> Result<DecisionRecord, StoreError> {
     let get = |r: &tokio_postgres::Row| -> Result<_, tokio_postgres::Error> {
+        Ok(decision::Raw {
+            approver: r.try_get(0)?,
+            server: r.try_get(1)?,
+            request: r.try_get(2)?,
+            verdict: r.try_get(3)?,
+            plan: r.try_get(4)?,
+            tenant: r.try_get(5)?,
+            tool: r.try_get(6)?,
+            target: r.try_get(7)?,
+            class: r.try_get(8)?,
+            expires_at_ms: r.try_get(9)?,
+            signature: r.try_get(10)?,
+            decided_at_ms: r.try_get(11)?,
+            credential_id: r.try_get(12)?,
+            authenticator_data: r.try_get(13)?,
+            client_data: r.try_get(14)?,
+        })
+    };
+    decision::from_row(get(r).map_err(StoreError::Postgres)?)
+}
+
+fn passkey_row(r: &tokio_postgres::Row) -> Result<Passkey, StoreError> {
+    let get = |r: &tokio_postgres::Row| -> Result<_, tokio_postgres::Error> {
         Ok((
-            (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?),
-            (r.try_get(4)?, r.try_get(5)?, r.try_get(6)?, r.try_get(7)?),
-            (r.try_get(8)?, r.try_get(9)?, r.try_get(10)?, r.try_get(11)?),
+            r.try_get(0)?,
+            r.try_get(1)?,
+            r.try_get(2)?,
+            r.try_get(3)?,
+            r.try_get(4)?,
+            r.try_get(5)?,
         ))
     };
-    let ((a, s, rq, v), (p, te, to, ta), (c, e, sig, at)) = get(r).map_err(StoreError::Postgres)?;
-    decision::from_row(a, s, rq, v, p, te, to, ta, c, e, sig, at)
+    let (a, i, c, n, t, v) = get(r).map_err(StoreError::Postgres)?;
+    passkey::from_row(a, i, c, n, t, v)
+}
+
+fn invite_row(r: &tokio_postgres::Row) -> Result<Invite, StoreError> {
+    let get = |r: &tokio_postgres::Row| -> Result<_, tokio_postgres::Error> {
+        Ok((
+            r.try_get(0)?,
+            r.try_get(1)?,
+            r.try_get(2)?,
+            r.try_get(3)?,
+            r.try_get(4)?,
+            r.try_get(5)?,
+        ))
+    };
+    let (h, a, c, e, s, u) = get(r).map_err(StoreError::Postgres)?;
+    passkey::invite_from_row(h, a, c, e, s, u)
 }

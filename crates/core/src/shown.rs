@@ -1,7 +1,9 @@
-//! The one way a string from an agent or an upstream reaches the screen ([`shown`]): escaped by
+//! The one way a string from an agent or an upstream reaches a screen ([`shown`]): escaped by
 //! the preflight text's own rule, and flagged with why it may look like something it is not.
+//! The desk's window and the team server's approvers' page both show strings through it, so a
+//! person sees the same escapes and the same flags on either.
 
-use countersign_core::render;
+use crate::render;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -79,6 +81,18 @@ pub fn shown_details(details: &Value) -> Shown {
     Shown {
         text: render::details_text(details),
         flags,
+    }
+}
+
+/// The agent as it names itself in `clientInfo`: its name and version, or `unknown agent`.
+pub fn agent_name(client_info: &Value) -> String {
+    let name = client_info
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown agent");
+    match client_info.get("version").and_then(Value::as_str) {
+        Some(v) => format!("{name} {v}"),
+        None => name.to_owned(),
     }
 }
 
