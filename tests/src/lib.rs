@@ -8,6 +8,7 @@
 
 pub mod account;
 pub mod approver;
+pub mod browser;
 pub mod calls;
 pub mod desk_process;
 pub mod engine;

@@ -18,6 +18,7 @@ mod auth;
 mod edges;
 mod operator;
 mod outage;
+mod passkeys;
 mod replicas;
 mod start;
 mod upstreams;

@@ -205,6 +205,7 @@ function select(id) {
     $("typed-input").value = "";
     $("note").value = "";
     $("outcome").textContent = "";
+    delete $("outcome").dataset.outcome;
     enabledAt = Date.now() + approveDelay;
   }
   for (const b of document.querySelectorAll("#calls button")) {
@@ -288,6 +289,7 @@ async function decide(verdict) {
   if (!c) return;
   say("");
   busy = true;
+  delete $("outcome").dataset.outcome;
   refreshApprove();
   const typed = c.typeTarget ? $("typed-input").value : undefined;
   const note = verdict === "deny" ? $("note").value : undefined;
@@ -320,6 +322,8 @@ function start() {
   $("deny").addEventListener("click", () => decide("deny"));
   $("typed-input").addEventListener("input", refreshApprove);
   setInterval(refreshApprove, 100);
+  // While signed in, the list follows the server's.
+  setInterval(() => { if (!$("desk").hidden && !busy) refresh(); }, REFRESH_MS);
   if (location.pathname === "/invite" && location.hash.length > 1) {
     const invite = location.hash.slice(1);
     $("enroll").hidden = false;
@@ -327,7 +331,7 @@ function start() {
     $("enroll-go").addEventListener("click", () => enroll(invite));
     return;
   }
-  refresh().then(() => setInterval(() => { if (!$("desk").hidden && !busy) refresh(); }, REFRESH_MS));
+  refresh();
 }
 
 start();
