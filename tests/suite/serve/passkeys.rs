@@ -274,3 +274,428 @@ async fn a_passkey_enrolled_by_invite_approves_through_one_replica_a_call_waitin
     );
     drop((a, b));
 }
+
+/// Signs in anew on `browser`'s page: the answer of `signin/finish`.
+async fn sign_in(browser: &Browser) -> (u16, Value) {
+    let (_, body) = browser
+        .fetch("POST", "/api/v1/signin/begin", Some(&json!({})))
+        .await;
+    let assertion = browser.assert(&body["options"], None).await;
+    browser
+        .fetch(
+            "POST",
+            "/api/v1/signin/finish",
+            Some(&json!({ "credential": assertion })),
+        )
+        .await
+}
+
+/// The page's waiting calls, as its API lists them to `browser`'s session.
+async fn listed(browser: &Browser) -> Vec<Value> {
+    let (status, body) = browser.fetch("GET", "/api/v1/requests", None).await;
+    assert_eq!(status, 200, "{body}");
+    body["calls"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits until `n` calls wait on the page.
+async fn until_listed(browser: &Browser, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let calls = listed(browser).await;
+        if calls.len() >= n {
+            return calls;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} calls never waited: {calls:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `decide/begin` for `call` with `verdict` (its target typed): the options and the expiry.
+async fn begin(browser: &Browser, call: &Value, verdict: &str) -> (Value, u64) {
+    let (status, body) = browser
+        .fetch(
+            "POST",
+            "/api/v1/decide/begin",
+            Some(&json!({"request": call["id"], "verdict": verdict, "typed": call["target"]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    (
+        body["options"].clone(),
+        body["expiresAtMs"].as_u64().unwrap(),
+    )
+}
+
+/// `decide/finish` for `call` with `verdict`, `expires` and `credential`: status and body.
+async fn finish(
+    browser: &Browser,
+    call: &Value,
+    verdict: &str,
+    expires: u64,
+    credential: &Value,
+) -> (u16, Value) {
+    browser
+        .fetch(
+            "POST",
+            "/api/v1/decide/finish",
+            Some(&json!({
+                "request": call["id"], "verdict": verdict, "typed": call["target"],
+                "seen": call["seen"], "expiresAtMs": expires, "credential": credential,
+            })),
+        )
+        .await
+}
+
+/// A raw HTTP exchange with the page's listener on `port`, as a program other than the page.
+fn page_exchange(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
+/// Issue 31, item 5: every way around the person that was tried, on one server with the page at
+/// one origin and a second replica serving it at another; none of them mints anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Chromium: run under .ci/with-postgres"]
+async fn assertions_replayed_moved_borrowed_unverified_cloned_or_from_elsewhere_mint_nothing() {
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE audit(id INTEGER PRIMARY KEY, body TEXT)")
+        .unwrap();
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (listen_a, listen_b, web_a, web_b) = (free_port(), free_port(), free_port(), free_port());
+    let url = format!("https://approvers.example.test:{listen_a}");
+    let origin = format!("http://localhost:{web_a}");
+    let elsewhere = format!("http://localhost:{web_b}");
+    let secret = "passkey-attacks-secret-0123456789abcdef";
+    let replica_env = [("CONFIRM_SECRET", secret), ("CONTROL_DSN", dsn.as_str())];
+    let a = Server::start_before(
+        &strs(&page_args(
+            &db,
+            listen_a,
+            &url,
+            (&cert, &key),
+            web_a,
+            &origin,
+        )),
+        &replica_env,
+        Some(&[]),
+    );
+    // The same server's page at another origin (same RP ID: the passkey works there too).
+    let b = Server::start_before(
+        &strs(&page_args(
+            &db,
+            listen_b,
+            &url,
+            (&cert, &key),
+            web_b,
+            &elsewhere,
+        )),
+        &replica_env,
+        Some(&[]),
+    );
+    let invite = |name: &str| {
+        let (code, link, note) =
+            roster_command("approver", &env, &["invite", name, "--page", &origin]);
+        assert_eq!(code, 0, "{note}");
+        link.trim().to_owned()
+    };
+    let pat_link = invite("pat");
+    let pat = Browser::start(1280, 800).await;
+    enroll_and_sign_in(&pat, &pat_link, "pat").await;
+    let sam = Browser::start(1280, 800).await;
+    enroll_and_sign_in(&sam, &invite("sam"), "sam").await;
+
+    // An invite used twice, and one expired, enroll nothing.
+    let late = invite("late");
+    countersign_tests::postgres::admin(&dsn)
+        .await
+        .execute(
+            "UPDATE approver_invite SET expires_at_ms = 1 WHERE name = 'late'",
+            &[],
+        )
+        .await
+        .unwrap();
+    for link in [&pat_link, &late] {
+        let code = link.split('#').nth(1).unwrap();
+        let (status, body) = pat
+            .fetch(
+                "POST",
+                "/api/v1/enroll/begin",
+                Some(&json!({"invite": code})),
+            )
+            .await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (404, Some("invite_unusable")),
+            "{body}"
+        );
+    }
+
+    // Three calls wait: X and Y on notes (other plans), Z on another table.
+    let agent_a = Arc::new(agent(&a.url()).await);
+    let sqls = [
+        "INSERT INTO notes(body) VALUES ('x')",
+        "DELETE FROM notes",
+        "INSERT INTO audit(body) VALUES ('z')",
+    ];
+    let asking: Vec<_> = sqls
+        .iter()
+        .map(|sql| {
+            let (agent, args) = (agent_a.clone(), json!({ "sql": sql }));
+            tokio::spawn(async move { call(&agent, "execute", args).await })
+        })
+        .collect();
+    let calls = until_listed(&pat, 3).await;
+    let by_sql = |sql: &str| -> Value {
+        calls
+            .iter()
+            .find(|c| {
+                c["details"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(sql)
+            })
+            .cloned()
+            .unwrap()
+    };
+    let (x, y, z) = (by_sql(sqls[0]), by_sql(sqls[1]), by_sql(sqls[2]));
+    assert_ne!(x["planHash"], y["planHash"]);
+    assert_eq!(z["target"], "audit");
+    // Past the approve delay since the page had them (a deliberate wait).
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+
+    // A session cookie and no fresh assertion.
+    let (status, body) = pat
+        .fetch(
+            "POST",
+            "/api/v1/decide/finish",
+            Some(&json!({"request": x["id"], "verdict": "approve", "typed": x["target"], "seen": x["seen"]})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("unsigned")),
+        "{body}"
+    );
+
+    // An assertion over X, moved to Y (another plan), to Z (another target), to another
+    // verdict, to another expiry: the challenge is the server's digest of each, so none checks.
+    let (options, expires) = begin(&pat, &x, "approve").await;
+    let over_x = pat.assert(&options, None).await;
+    for (call, verdict, expiry) in [
+        (&y, "approve", expires),
+        (&z, "approve", expires),
+        (&x, "deny", expires),
+        (&x, "approve", expires - 1),
+    ] {
+        let (status, body) = finish(&pat, call, verdict, expiry, &over_x).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (403, Some("passkey_refused")),
+            "{body}"
+        );
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("challenge differs"),
+            "{body}"
+        );
+    }
+
+    // Another approver's passkey signing for pat's session.
+    let (sam_options, sam_expires) = begin(&sam, &x, "approve").await;
+    let by_sam = sam.assert(&sam_options, None).await;
+    let (status, body) = finish(&pat, &x, "approve", sam_expires, &by_sam).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("another_approver")),
+        "{body}"
+    );
+
+    // No user verification.
+    pat.set_user_verified(false).await;
+    let (options, expires) = begin(&pat, &x, "approve").await;
+    let unverified = pat.assert(&options, Some("discouraged")).await;
+    pat.set_user_verified(true).await;
+    let (status, body) = finish(&pat, &x, "approve", expires, &unverified).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("passkey_refused")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("user verified bit"),
+        "{body}"
+    );
+
+    // Made on the page at another origin (the challenge A gave, the client data naming B).
+    let (options, expires) = begin(&pat, &x, "approve").await;
+    pat.client.goto(&elsewhere).await.unwrap();
+    let from_elsewhere = pat.assert(&options, None).await;
+    pat.client.goto(&origin).await.unwrap();
+    let (status, body) = finish(&pat, &x, "approve", expires, &from_elsewhere).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("passkey_refused")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("origin does not match"),
+        "{body}"
+    );
+
+    // A request to decide from another origin, with the person's cookie (a cross-site POST the
+    // browser sends without asking: no preflight, text/plain) and as a program would send it.
+    pat.client.goto(&elsewhere).await.unwrap();
+    let forged =
+        json!({"request": x["id"], "verdict": "approve", "typed": x["target"]}).to_string();
+    let script = r#"
+        const [url, body, done] = arguments;
+        fetch(url, { method: "POST", mode: "no-cors", credentials: "include",
+          headers: { "Content-Type": "text/plain" }, body }).then(() => done("sent"), (e) => done(String(e)));
+    "#;
+    pat.client
+        .execute_async(
+            script,
+            vec![
+                json!(format!("{origin}/api/v1/decide/begin")),
+                json!(forged),
+            ],
+        )
+        .await
+        .unwrap();
+    pat.client.goto(&origin).await.unwrap();
+    let (status, answer) = page_exchange(
+        web_a,
+        "POST",
+        "/api/v1/decide/begin",
+        &[
+            ("Origin", "http://evil.example"),
+            ("Content-Type", "application/json"),
+        ],
+        &forged,
+    );
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer.contains("cross_origin"), "{answer}");
+    assert!(
+        a.log().contains("from another origin was refused"),
+        "{}",
+        a.log()
+    );
+
+    // The real decision on X, then the same assertion replayed: for X again, and for Y.
+    let (options, expires) = begin(&pat, &x, "approve").await;
+    let good = pat.assert(&options, None).await;
+    let (status, body) = finish(&pat, &x, "approve", expires, &good).await;
+    assert_eq!(status, 200, "{body}");
+    for call in [&x, &y] {
+        let (status, body) = finish(&pat, call, "approve", expires, &good).await;
+        assert_ne!(status, 200, "a replayed assertion counted: {body}");
+    }
+
+    // A cloned authenticator: a copy of pat's credential taken now; the original signs in
+    // again (its counter moves on, and the server keeps it); then the copy signs in, its
+    // counter no further than the one kept.
+    let copy = pat
+        .credentials()
+        .await
+        .into_iter()
+        .next()
+        .expect("pat's credential");
+    let (status, body) = sign_in(&pat).await;
+    assert_eq!(status, 200, "{body}");
+    let clone = Browser::start(1280, 800).await;
+    clone.add_credential(&copy).await;
+    clone.client.goto(&origin).await.unwrap();
+    let (status, body) = sign_in(&clone).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("counter_went_back")),
+        "{body}"
+    );
+    // A sign-in assertion replayed: its challenge was good once.
+    let (_, begun) = pat
+        .fetch("POST", "/api/v1/signin/begin", Some(&json!({})))
+        .await;
+    let once = pat.assert(&begun["options"], None).await;
+    let (status, _) = pat
+        .fetch(
+            "POST",
+            "/api/v1/signin/finish",
+            Some(&json!({"credential": once})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = pat
+        .fetch(
+            "POST",
+            "/api/v1/signin/finish",
+            Some(&json!({"credential": once})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("challenge_unknown")),
+        "{body}"
+    );
+
+    // A revoked approver's open session lists nothing and decides nothing.
+    let (code, _, note) = roster_command("approver", &env, &["revoke", "sam"]);
+    assert_eq!(code, 0, "{note}");
+    let (status, body) = sam.fetch("GET", "/api/v1/requests", None).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("approver_revoked")),
+        "{body}"
+    );
+
+    // Only the one real approval was kept; Y and Z still wait; nothing ran.
+    let (_, decisions, _) = roster_command("history", &env, &["--decisions", "--json"]);
+    assert_eq!(decisions.lines().count(), 1, "{decisions}");
+    let left: Vec<Value> = listed(&pat).await;
+    let mut waiting: Vec<&str> = left.iter().filter_map(|c| c["target"].as_str()).collect();
+    waiting.sort_unstable();
+    assert_eq!(waiting, ["audit", "notes"], "{left:?}");
+    assert_eq!(notes_in(&db), 1);
+    for task in asking {
+        task.abort();
+    }
+    drop((a, b));
+}
