@@ -699,3 +699,146 @@ async fn assertions_replayed_moved_borrowed_unverified_cloned_or_from_elsewhere_
     }
     drop((a, b));
 }
+
+/// Two of two: a person's real desk window and another person's passkey on the page (after that
+/// person's own desk key and passkey together counted once); the official Python SDK agent,
+/// waiting on the call, gets the tool's result; the webhook's notice links to the call on the
+/// page, and the link opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL, Chromium and the desk's window: run under .ci/with-postgres"]
+async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_gets_its_result() {
+    use countersign_core::approver::Verdict;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let python = countersign_tests::peers::python();
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let policy = two_approvers_for_execute(dir.path(), &db);
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (listen, web) = (free_port(), free_port());
+    let url = format!("https://localhost:{listen}");
+    let origin = format!("http://localhost:{web}");
+
+    // Dana approves in her desk's window; pat holds a desk key and a passkey.
+    let desk_dir = tempfile::tempdir().unwrap();
+    let enroll = Command::new(bin("countersign"))
+        .args(["approver", "enroll", &url, "--ca", cert.to_str().unwrap()])
+        .env("COUNTERSIGN_DESK_DIR", desk_dir.path())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&enroll.stdout).into_owned();
+    let dana_key = printed
+        .trim()
+        .strip_prefix("countersign serve approver add NAME ")
+        .unwrap_or_else(|| panic!("{printed}"))
+        .to_owned();
+    let (code, _, note) = roster_command("approver", &env, &["add", "dana", &dana_key]);
+    assert_eq!(code, 0, "{note}");
+    let pat_desk = Desk::new(61);
+    add_approvers(&env, &[("pat", &pat_desk)]);
+
+    let (receiver, notices) = webhook_receiver();
+    let mut args = page_args(&db, listen, &url, (&cert, &key), web, &origin);
+    args.extend([
+        "--policy".to_owned(),
+        policy.to_str().unwrap().to_owned(),
+        "--webhook".to_owned(),
+        format!("http://127.0.0.1:{receiver}/hook"),
+    ]);
+    let server = Server::start_before(
+        &strs(&args),
+        &[
+            (
+                "CONFIRM_SECRET",
+                "two-of-two-passkey-secret-0123456789abcdef",
+            ),
+            ("CONTROL_DSN", &dsn),
+        ],
+        Some(&[]),
+    );
+    let (code, link, note) =
+        roster_command("approver", &env, &["invite", "pat", "--page", &origin]);
+    assert_eq!(code, 0, "{note}");
+    let browser = Browser::start(390, 844).await;
+    enroll_and_sign_in(&browser, link.trim(), "pat").await;
+    let desk = countersign_tests::window::Desk::start_in(desk_dir, &[]).await;
+
+    // The Python SDK asks; the call waits for two people.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/team_agent.py");
+    let mut agent = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(server.url())
+        .arg("DELETE FROM notes")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = agent.stdin.take().unwrap();
+    let mut steps = tokio::io::BufReader::new(agent.stdout.take().unwrap()).lines();
+    let mut next_step = async || -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(60), steps.next_line())
+            .await
+            .expect("the agent said nothing for 60 s")
+            .unwrap()
+            .expect("the agent ended");
+        serde_json::from_str(&line).unwrap()
+    };
+    assert_eq!(next_step().await["step"], "connected");
+    assert_eq!(next_step().await["step"], "elicited");
+
+    // The notice links to the call on the page (never its arguments); the link opens it.
+    countersign_tests::postgres::wait_until("the notice", Duration::from_secs(20), || {
+        !countersign_core::sync::lock(&notices).is_empty()
+    });
+    let notice: Value = serde_json::from_str(&countersign_core::sync::lock(&notices)[0].1).unwrap();
+    let call_link = notice["link"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        call_link.starts_with(&format!("{origin}/call/")),
+        "{notice}"
+    );
+    assert!(!notice.to_string().contains("DELETE FROM notes"), "{notice}");
+    browser.client.goto(&call_link).await.unwrap();
+    shown(&browser, "#call:not([hidden])").await;
+    let opened = shown(&browser, "#c-target").await.text().await.unwrap();
+    assert_eq!(opened, "notes");
+
+    // Pat's passkey, then pat's desk key: one person, one of two.
+    assert_eq!(
+        decide_on_page(&browser, "notes", true, "").await,
+        "recorded"
+    );
+    let (status, body) = tokio::task::spawn_blocking({
+        let (url, trusted) = (url.clone(), trusted.clone());
+        move || {
+            let request = first_waiting(listen, &trusted, &pat_desk);
+            let decision = pat_desk.decide(&url, &request, Verdict::Approve, |_| {});
+            pat_desk.send(listen, &trusted, &decision)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["approvals"], 1, "pat counted twice: {body}");
+
+    // Dana in her window: two of two.
+    desk.wait_for_request().await;
+    let target = desk.text("#d-target").await;
+    if !desk.enabled("#approve").await && desk.exists("#typed:not([hidden])").await {
+        desk.set_value("#typed-target", &target).await;
+    }
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+
+    stdin.write_all(b"approved\n").await.unwrap();
+    assert_eq!(next_step().await["step"], "answering");
+    let result = next_step().await;
+    assert_eq!(result["step"], "result", "{result}");
+    assert_ne!(result["result"]["isError"], json!(true), "{result}");
+    assert_eq!(notes_in(&db), 0, "the delete ran");
+    assert!(agent.wait().await.unwrap().success());
+    desk.stop().await;
+    drop(server);
+}
