@@ -103,6 +103,10 @@ impl Browser {
             "goog:chromeOptions".into(),
             json!({
                 "binary": chromium(),
+                // The page's viewport exactly (a window has a minimum width a phone's is under).
+                "mobileEmulation": {
+                    "deviceMetrics": { "width": width, "height": height, "pixelRatio": 1 },
+                },
                 "args": [
                     "--headless=new",
                     // The tests run as root, where Chromium's sandbox cannot start.
@@ -253,5 +257,63 @@ impl Browser {
             .await
             .expect("the script ran");
         (answer[0].as_u64().unwrap_or(0) as u16, answer[1].clone())
+    }
+}
+
+impl Browser {
+    /// The README's picture `tests/readme/<name>.png`, taken of this page as it is now (the
+    /// browser's own screenshot of its viewport), so it cannot drift from what the page shows.
+    /// What it shows that matters is kept beside it in `<name>.txt`: the page's text (with each
+    /// `(from, to)` of `replace` applied, for what differs between runs) and a SHA-256 of every
+    /// file in `files`. Every run writes both under target/screenshots and fails when the record
+    /// differs from the committed one; with `COUNTERSIGN_UPDATE_README=1` it writes both into
+    /// tests/readme instead (then commit them). The picture is not compared byte for byte: fonts
+    /// differ between machines.
+    pub async fn readme_picture(
+        &self,
+        name: &str,
+        files: &[PathBuf],
+        replace: &[(String, String)],
+    ) {
+        let text: Value = self
+            .client
+            .execute("return document.body.innerText", vec![])
+            .await
+            .unwrap();
+        let mut text = text.as_str().unwrap_or_default().to_owned();
+        for (from, to) in replace {
+            text = text.replace(from, to);
+        }
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut record = format!(
+            "What tests/readme/{name}.png shows, written with it by the test that takes it \
+             (COUNTERSIGN_UPDATE_README=1); every other run checks the page against it.\n\n"
+        );
+        for file in files {
+            let digest =
+                countersign_core::PlanHash::of_bytes(&std::fs::read(root.join(file)).unwrap());
+            record.push_str(&format!("{} sha256:{}\n", file.display(), digest.to_hex()));
+        }
+        record.push_str(&format!("\n{}\n", text.trim_end()));
+        let png = self.client.screenshot().await.expect("a screenshot");
+        let shots = root.join("target/screenshots");
+        std::fs::create_dir_all(&shots).unwrap();
+        std::fs::write(shots.join(format!("{name}.png")), &png).unwrap();
+        std::fs::write(shots.join(format!("{name}.txt")), &record).unwrap();
+        let readme = root.join("tests/readme");
+        if std::env::var_os("COUNTERSIGN_UPDATE_README").is_some_and(|v| v == "1") {
+            std::fs::write(readme.join(format!("{name}.png")), &png).unwrap();
+            std::fs::write(readme.join(format!("{name}.txt")), &record).unwrap();
+            return;
+        }
+        let committed =
+            std::fs::read_to_string(readme.join(format!("{name}.txt"))).unwrap_or_default();
+        assert!(
+            committed == record,
+            "tests/readme/{name}.png no longer shows what the page shows (see \
+             target/screenshots/{name}.png and .txt); run the test again with \
+             COUNTERSIGN_UPDATE_README=1 and commit tests/readme.\n--- committed\n{committed}\n\
+             --- now\n{record}"
+        );
     }
 }

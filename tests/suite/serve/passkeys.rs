@@ -214,6 +214,60 @@ async fn a_passkey_enrolled_by_invite_approves_through_one_replica_a_call_waitin
     assert_eq!(denied.is_error, Some(true), "{denied:?}");
     assert!(text_of(&denied).contains("not on a Friday"), "{denied:?}");
 
+    // A hostile target on a phone's screen: escaped and flagged as the desk shows it (the
+    // README's picture of the page).
+    let hostile = "reports\u{202e}txt.exe\u{200b}";
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(&format!("CREATE TABLE \"{hostile}\"(body TEXT)"))
+        .unwrap();
+    let asking = {
+        let (agent, sql) = (
+            on_a.clone(),
+            json!({"sql": format!("DELETE FROM \"{hostile}\"")}),
+        );
+        tokio::spawn(async move { call(&agent, "execute", sql).await })
+    };
+    let calls = until_listed(&browser, 1).await;
+    // (The target keeps the SQL's quotes, escaped as JSON escapes them.)
+    let escaped = "\\\"reports\\u{202e}txt.exe\\u{200b}\\\"";
+    assert_eq!(calls[0]["targetShown"]["text"], escaped, "{calls:?}");
+    assert_eq!(
+        calls[0]["targetShown"]["flags"],
+        json!(["bidi", "invisible", "non_ascii"])
+    );
+    browser
+        .client
+        .goto(&format!("{origin}/call/{}", calls[0]["id"]))
+        .await
+        .unwrap();
+    let on_screen = shown(&browser, "#c-target").await.text().await.unwrap();
+    assert_eq!(on_screen, escaped, "the raw target reached the screen");
+    let flags = browser
+        .client
+        .find_all(Locator::Css("#c-target-flags .flag"))
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(flags, 3);
+    let tenant = calls[0]["tenant"]["text"].as_str().unwrap().to_owned();
+    browser
+        .readme_picture(
+            "approvers-page",
+            &[
+                "crates/serve/src/web/page/index.html".into(),
+                "crates/serve/src/web/page/page.js".into(),
+                "crates/serve/src/web/page/page.css".into(),
+                "ui/shown.js".into(),
+            ],
+            &[
+                (dir.path().to_str().unwrap().to_owned(), "$DIR".to_owned()),
+                (tenant, "$TENANT".to_owned()),
+            ],
+        )
+        .await;
+    asking.abort();
+
     // Both decisions are kept with their assertions, and prove offline from the roster.
     let (code, decisions, note) = roster_command("history", &env, &["--decisions", "--json"]);
     assert_eq!(code, 0, "{note}");
@@ -273,6 +327,30 @@ async fn a_passkey_enrolled_by_invite_approves_through_one_replica_a_call_waitin
         "{out}"
     );
     drop((a, b));
+}
+
+/// Another site's page, served by the test on a port of loopback: any path answers a blank
+/// HTML page with no policy of ours. Answers the port.
+fn evil_page() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = [0u8; 4096];
+            let _ = stream.read(&mut head);
+            let page = "<!doctype html><title>elsewhere</title><p>another site";
+            let _ = stream.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{page}",
+                    page.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    port
 }
 
 /// Signs in anew on `browser`'s page: the answer of `signin/finish`.
@@ -581,9 +659,15 @@ async fn assertions_replayed_moved_borrowed_unverified_cloned_or_from_elsewhere_
         "{body}"
     );
 
-    // A request to decide from another origin, with the person's cookie (a cross-site POST the
-    // browser sends without asking: no preflight, text/plain) and as a program would send it.
-    pat.client.goto(&elsewhere).await.unwrap();
+    // A request to decide from another site's page, with the person's cookie (a page of the
+    // test's own on another port of localhost: the same site, so the browser attaches the
+    // SameSite=Strict cookie; a cross-origin POST it sends without asking, no-cors and
+    // text/plain), and one as a program would send it.
+    let evil = evil_page();
+    pat.client
+        .goto(&format!("http://localhost:{evil}/"))
+        .await
+        .unwrap();
     let forged =
         json!({"request": x["id"], "verdict": "approve", "typed": x["target"]}).to_string();
     let script = r#"
@@ -591,7 +675,8 @@ async fn assertions_replayed_moved_borrowed_unverified_cloned_or_from_elsewhere_
         fetch(url, { method: "POST", mode: "no-cors", credentials: "include",
           headers: { "Content-Type": "text/plain" }, body }).then(() => done("sent"), (e) => done(String(e)));
     "#;
-    pat.client
+    let sent = pat
+        .client
         .execute_async(
             script,
             vec![
@@ -601,6 +686,7 @@ async fn assertions_replayed_moved_borrowed_unverified_cloned_or_from_elsewhere_
         )
         .await
         .unwrap();
+    assert_eq!(sent, "sent", "the cross-site request was not sent");
     pat.client.goto(&origin).await.unwrap();
     let (status, answer) = page_exchange(
         web_a,
@@ -614,10 +700,12 @@ async fn assertions_replayed_moved_borrowed_unverified_cloned_or_from_elsewhere_
     );
     assert_eq!(status, 403, "{answer}");
     assert!(answer.contains("cross_origin"), "{answer}");
-    assert!(
-        a.log().contains("from another origin was refused"),
-        "{}",
-        a.log()
+    // Both were refused at the door: the browser's (whose answer it cannot read) and the
+    // program's; the server says so in its log, written by another process (read as it comes).
+    countersign_tests::postgres::wait_until(
+        "both cross-origin requests refused",
+        Duration::from_secs(10),
+        || a.log().matches("from another origin was refused").count() >= 2,
     );
 
     // The real decision on X, then the same assertion replayed: for X again, and for Y.
@@ -798,7 +886,10 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
         call_link.starts_with(&format!("{origin}/call/")),
         "{notice}"
     );
-    assert!(!notice.to_string().contains("DELETE FROM notes"), "{notice}");
+    assert!(
+        !notice.to_string().contains("DELETE FROM notes"),
+        "{notice}"
+    );
     browser.client.goto(&call_link).await.unwrap();
     shown(&browser, "#call:not([hidden])").await;
     let opened = shown(&browser, "#c-target").await.text().await.unwrap();

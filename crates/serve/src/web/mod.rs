@@ -143,30 +143,41 @@ pub fn router(web: Arc<Web>) -> Router {
 /// Every answer carries the page's headers; every `POST` must come from the page itself.
 async fn guard(State(web): State<Arc<Web>>, request: Request, next: Next) -> Response {
     if request.method() == Method::POST {
-        let headers = request.headers();
-        let expected = web.relying.origin().origin().ascii_serialization();
-        let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-        if origin != Some(expected.as_str()) {
-            tracing::warn!(target: "approvers", "a request to the approvers' page from another origin was refused");
-            return secure(refuse(
-                StatusCode::FORBIDDEN,
-                "cross_origin",
-                "only the approvers' page itself may ask this: nothing was done",
-            ));
-        }
-        let json = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.split(';').next() == Some("application/json"));
-        if !json {
-            return secure(refuse(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "not_json",
-                "the page's API takes application/json only",
-            ));
+        let refused = refused_post(&web, request.headers());
+        if let Some(refused) = refused {
+            // Read (bounded) what the client sends before answering: a connection closed with
+            // its body unread is reset, and the client may lose the answer with it.
+            let _ = axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES).await;
+            return secure(refused);
         }
     }
     secure(next.run(request).await)
+}
+
+/// Why a `POST` is refused before it is read: another origin, or not JSON.
+fn refused_post(web: &Web, headers: &HeaderMap) -> Option<Response> {
+    let expected = web.relying.origin().origin().ascii_serialization();
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    if origin != Some(expected.as_str()) {
+        tracing::warn!(target: "approvers", "a request to the approvers' page from another origin was refused");
+        return Some(refuse(
+            StatusCode::FORBIDDEN,
+            "cross_origin",
+            "only the approvers' page itself may ask this: nothing was done",
+        ));
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next() == Some("application/json"));
+    if !json {
+        return Some(refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "not_json",
+            "the page's API takes application/json only",
+        ));
+    }
+    None
 }
 
 fn secure(mut response: Response) -> Response {
