@@ -569,8 +569,34 @@ async fn assertions_replayed_moved_borrowed_unverified_cloned_or_from_elsewhere_
     let (x, y, z) = (by_sql(sqls[0]), by_sql(sqls[1]), by_sql(sqls[2]));
     assert_ne!(x["planHash"], y["planHash"]);
     assert_eq!(z["target"], "audit");
+    // Approved the moment the page had it: the server holds the approve delay too.
+    let (options, expires) = begin(&pat, &x, "approve").await;
+    let hasty = pat.assert(&options, None).await;
+    // The page's mark of the call from a listing just now.
+    let fresh = listed(&pat)
+        .await
+        .into_iter()
+        .find(|c| c["id"] == x["id"])
+        .unwrap();
+    let (status, body) = finish(&pat, &fresh, "approve", expires, &hasty).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("too_soon")),
+        "{body}"
+    );
     // Past the approve delay since the page had them (a deliberate wait).
     tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // A sign-in's assertion offered as a decision.
+    let (_, begun) = pat
+        .fetch("POST", "/api/v1/signin/begin", Some(&json!({})))
+        .await;
+    let signin = pat.assert(&begun["options"], None).await;
+    let (status, body) = finish(&pat, &x, "approve", expires, &signin).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("passkey_refused")),
+        "{body}"
+    );
 
     // A session cookie and no fresh assertion.
     let (status, body) = pat
