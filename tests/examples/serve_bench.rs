@@ -17,113 +17,22 @@
 //! Environment: `COUNTERSIGN_SERVE_BENCH_CALLS` (2000 per arm), `COUNTERSIGN_SERVE_BENCH_CONFIRMS`
 //! (200), `COUNTERSIGN_SERVE_BENCH_AGENTS` (100).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use countersign_core::approver::Verdict;
 use countersign_tests::approver::{Desk, first_waiting, on_approver_listener};
 use countersign_tests::measure;
+use countersign_tests::team_server::{call, micros, post, quantile, serve, tools_db};
 use countersign_tests::window::{bin, free_port};
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// A `countersign serve` child, killed when dropped.
-struct Serve {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut child = Command::new(bin("countersign-serve"))
-        .arg("--listen")
-        .arg(&listen)
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn,serve=info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("countersign-serve: build it first (cargo build -p countersign-serve)");
-    let mut stderr = child.stderr.take().unwrap();
-    let (ready, told) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut seen, mut buf, mut said) = (Vec::new(), [0u8; 4096], false);
-        while let Ok(n) = stderr.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            seen.extend_from_slice(&buf[..n]);
-            if !said && String::from_utf8_lossy(&seen).contains("listening on") {
-                said = true;
-                let _ = ready.send(());
-            }
-        }
-    });
-    told.recv_timeout(Duration::from_secs(60))
-        .expect("the server did not start");
-    Serve { child, port }
-}
-
-/// One JSON-RPC POST to `port`'s `/mcp` on a connection of its own, with `bearer` when given.
-fn post(port: u16, body: &Value, bearer: Option<&str>) -> Value {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let body = body.to_string();
-    let auth = bearer
-        .map(|b| format!("Authorization: Bearer {b}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: \
-         application/json\r\nAccept: application/json, text/event-stream\r\n{auth}Content-Length: \
-         {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    let text = String::from_utf8_lossy(&response);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    serde_json::from_str(body).unwrap_or(Value::Null)
-}
-
-fn call(name: &str, arguments: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-           "params": {"name": name, "arguments": arguments}})
-}
-
-fn quantile(sorted: &[Duration], q: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn tools_db(dir: &Path) -> PathBuf {
-    let db = dir.join("tools.sqlite");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT);")
-        .unwrap();
-    db
 }
 
 fn main() {

@@ -22,6 +22,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod real_clients;
 pub mod scripted_model;
+pub mod team_server;
 pub mod window;
 pub mod xwindow;
 
