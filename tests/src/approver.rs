@@ -160,6 +160,22 @@ pub fn on_approver_listener(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Result<(u16, Value), String> {
+    let (status, _, body) = over_tls(port, trusted, desk, method, path, headers, body)?;
+    Ok((status, serde_json::from_str(&body).unwrap_or(Value::Null)))
+}
+
+/// One request over TLS to `port` (whose certificate is `trusted`, for `localhost`), as `desk`
+/// (or with no client certificate): the status, the head and the body as text, or why no answer
+/// came.
+pub fn over_tls(
+    port: u16,
+    trusted: &rustls::pki_types::CertificateDer<'static>,
+    desk: Option<&Desk>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<(u16, String, String), String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(trusted.clone()).unwrap();
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -207,7 +223,7 @@ pub fn on_approver_listener(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or(head.to_owned())?;
-    Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+    Ok((status, head.to_owned(), body.to_owned()))
 }
 
 /// The first call waiting on the approver listener at `port`, as `desk` reads it (waiting on

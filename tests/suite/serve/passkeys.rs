@@ -959,3 +959,99 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
     desk.stop().await;
     drop(server);
 }
+
+/// The page served over TLS by the server itself (its own certificate), with no desks' listener:
+/// the page's policy on every answer, its API answering at its origin; and the start rules for
+/// approvers without a place, or a page whose origin a passkey cannot be bound to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn the_page_is_served_over_tls_in_process_with_its_policy_and_bad_origins_never_start() {
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, trusted) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let web = free_port();
+    let origin = format!("https://localhost:{web}");
+    let base = [
+        "--behind-tls-proxy",
+        "--unauthenticated",
+        "--db",
+        db.to_str().unwrap(),
+        "--approver-url",
+        "https://approvers.example.test",
+    ];
+    let env = [
+        ("CONFIRM_SECRET", "tls-page-secret-0123456789abcdef"),
+        ("CONTROL_DSN", dsn.as_str()),
+    ];
+    let listen = format!("127.0.0.1:{web}");
+    let mut args = base.to_vec();
+    args.extend([
+        "--approver-web",
+        &listen,
+        "--approver-web-origin",
+        &origin,
+        "--approver-web-cert",
+        cert.to_str().unwrap(),
+        "--approver-web-key",
+        key.to_str().unwrap(),
+    ]);
+    let server = Server::start_before(&args, &env, Some(&[]));
+    let exchange = |method: &str, path: &str, headers: &[(&str, &str)], body: &str| {
+        countersign_tests::approver::over_tls(web, &trusted, None, method, path, headers, body)
+            .unwrap()
+    };
+    let (status, head, page) = exchange("GET", "/", &[], "");
+    assert_eq!(status, 200, "{head}");
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.contains("content-security-policy: default-src 'none'; script-src 'self'"),
+        "{head}"
+    );
+    assert!(head.contains("x-frame-options: deny"), "{head}");
+    assert!(head.contains("x-content-type-options: nosniff"), "{head}");
+    assert!(
+        page.contains("<script type=\"module\" src=\"/page.js\">"),
+        "{page}"
+    );
+    let (status, _, begun) = exchange("POST", "/api/v1/signin/begin", &[("Origin", &origin)], "{}");
+    assert_eq!(status, 200, "{begun}");
+    let begun: Value = serde_json::from_str(&begun).unwrap();
+    assert_eq!(
+        begun["options"]["publicKey"]["rpId"], "localhost",
+        "{begun}"
+    );
+    // Listing without a session: signed out.
+    let (status, _, _) = exchange("GET", "/api/v1/requests", &[], "");
+    assert_eq!(status, 401);
+    drop(server);
+
+    // Refused at start, nothing bound: approvers with no place, a listener with no name, an
+    // origin a passkey cannot be bound to.
+    for (extra, code) in [
+        (vec![], "approvers_nowhere"),
+        (
+            vec![
+                "--approver-web",
+                &listen,
+                "--approver-web-origin",
+                "http://approve.example.com",
+            ],
+            "bad_web_origin",
+        ),
+        (
+            vec![
+                "--approver-web",
+                &listen,
+                "--approver-web-origin",
+                "https://127.0.0.1",
+            ],
+            "bad_web_origin",
+        ),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        let said = refused_without_binding(&bin("countersign-serve"), &args, &env);
+        assert!(said.contains(code), "{said}");
+    }
+}

@@ -822,3 +822,84 @@ async fn decide_finish(State(web): State<Arc<Web>>, headers: HeaderMap, body: By
         )
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_has_no_inline_script_or_style_and_never_parses_html() {
+        // The policy forbids inline script and style; the page must not need them.
+        let html = INDEX_HTML.to_ascii_lowercase();
+        for tag in html.match_indices("<script").map(|(at, _)| &html[at..]) {
+            let open = &tag[..tag.find('>').unwrap()];
+            assert!(open.contains("src="), "an inline script: {open}");
+        }
+        assert!(!html.contains("<style"), "an inline style sheet");
+        // Inside every tag: no style attribute, no event handler attribute (on…=).
+        for tag in html
+            .split('<')
+            .skip(1)
+            .map(|t| t.split('>').next().unwrap_or_default())
+        {
+            assert!(!tag.contains(" style="), "an inline style: <{tag}>");
+            let handler = tag.split_whitespace().any(|attribute| {
+                attribute.starts_with("on")
+                    && attribute.split('=').next().is_some_and(|name| {
+                        name.len() > 2 && name.chars().all(|c| c.is_ascii_alphabetic())
+                    })
+                    && attribute.contains('=')
+            });
+            assert!(!handler, "an inline event handler: <{tag}>");
+        }
+        // Strings reach the screen as text only.
+        for script in [PAGE_JS, SHOWN_JS] {
+            for sink in [
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+                "new Function",
+                "Function(",
+            ] {
+                assert!(!script.contains(sink), "{sink} in the page's script");
+            }
+        }
+    }
+
+    #[test]
+    fn the_policy_allows_only_the_pages_own_files_and_no_framing() {
+        for part in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "style-src 'self'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+            "form-action 'none'",
+            "base-uri 'none'",
+        ] {
+            assert!(CSP.contains(part), "{part}");
+        }
+        assert!(!CSP.contains("unsafe"), "{CSP}");
+    }
+
+    #[test]
+    fn an_invite_code_is_32_bytes_and_only_its_hash_is_kept() {
+        let (code, hash) = new_invite();
+        assert_eq!(invite_hash(&code), Some(hash));
+        assert_ne!(code.as_bytes(), hash.as_slice());
+        for bad in ["", "AAAA", "not base64!", &"A".repeat(44)] {
+            assert_eq!(invite_hash(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_call_link_carries_the_number_and_nothing_else() {
+        let origin = url::Url::parse("https://approve.example.com").unwrap();
+        assert_eq!(
+            call_link(&origin, 42),
+            "https://approve.example.com/call/42"
+        );
+    }
+}
