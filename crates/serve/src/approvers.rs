@@ -464,6 +464,27 @@ impl Approvers {
         }
     }
 
+    /// The approvers whose approvals of call `row` over `plan` count now: each person once, and
+    /// only while they are on the roster (a desk key or a passkey not revoked). An approval by
+    /// someone revoked since stops counting toward the call's M.
+    async fn counted(&self, row: u64, plan: &PlanHash) -> Result<Vec<String>, StoreError> {
+        let by = self.records.approved_by(&self.server, row, plan).await?;
+        if by.is_empty() {
+            return Ok(by);
+        }
+        let desks = self.records.members(Roster::Approvers).await?;
+        let passkeys = self.records.passkeys().await?;
+        Ok(by
+            .into_iter()
+            .filter(|name| {
+                desks.iter().any(|m| &m.name == name && m.is_active())
+                    || passkeys
+                        .iter()
+                        .any(|p| &p.approver == name && p.is_active())
+            })
+            .collect())
+    }
+
     /// The approver on the records for `peer`, if it is still active.
     async fn approver(&self, peer: Peer) -> Result<String, Response> {
         match self.records.member(Roster::Approvers, &peer.0).await {
@@ -754,6 +775,28 @@ impl Approvers {
             evidence,
             decided_at_ms: now,
         };
+        // An approval this person already gave on this call (an assertion or a signature sent
+        // again) is not kept twice: it counts once either way.
+        if verdict == Verdict::Approve {
+            match a.records.approved_by(&a.server, row.id, &plan).await {
+                Ok(by) if by.iter().any(|n| n == name) => {
+                    let counted = match a.counted(row.id, &plan).await {
+                        Ok(counted) => counted,
+                        Err(e) => return records_unavailable(&e),
+                    };
+                    return json_response(
+                        StatusCode::ACCEPTED,
+                        &json!({
+                            "outcome": "recorded",
+                            "approvals": counted.len(),
+                            "needed": usize::from(row.approvers.max(1)),
+                        }),
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => return records_unavailable(&e),
+            }
+        }
         // Kept before anything is minted: no token without its signed decision on record.
         if let Err(e) = a.records.put_decision(&record).await {
             tracing::warn!(target: "approvers", error = %e, "cannot keep a decision");
@@ -774,7 +817,7 @@ impl Approvers {
                 (0, 0, Some(note))
             }
             Verdict::Approve => {
-                let by = match a.records.approved_by(&a.server, row.id, &plan).await {
+                let by = match a.counted(row.id, &plan).await {
                     Ok(by) => by,
                     Err(e) => return records_unavailable(&e),
                 };

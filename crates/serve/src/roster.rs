@@ -223,8 +223,8 @@ async fn invite(records: &Arc<dyn Records>, name: String, page: &str) -> Done {
     let page = countersign_serve::web::passkey::origin(page).map_err(|_| {
         (
             2,
-            "refused (bad_page): --page is the approvers' page's origin, https://HOST[:PORT] (the \
-             server's --approver-web-origin)"
+            "refused (bad_page): --page is the approvers' page's origin, https://HOST[:PORT] or \
+             http://localhost:PORT (the server's --approver-web-origin)"
                 .to_owned(),
         )
     })?;

@@ -849,16 +849,24 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
         .to_owned();
     let (code, _, note) = roster_command("approver", &env, &["add", "dana", &dana_key]);
     assert_eq!(code, 0, "{note}");
-    let pat_desk = Desk::new(61);
-    add_approvers(&env, &[("pat", &pat_desk)]);
+    let (pat_desk, rex) = (Desk::new(61), Desk::new(62));
+    add_approvers(&env, &[("pat", &pat_desk), ("rex", &rex)]);
 
     let (receiver, notices) = webhook_receiver();
+    let routing_key = dir.path().join("pagerduty.key");
+    std::fs::write(&routing_key, "R0UT1NG-KEY-0123\n").unwrap();
     let mut args = page_args(&db, listen, &url, (&cert, &key), web, &origin);
     args.extend([
         "--policy".to_owned(),
         policy.to_str().unwrap().to_owned(),
         "--webhook".to_owned(),
         format!("http://127.0.0.1:{receiver}/hook"),
+        "--teams-webhook".to_owned(),
+        format!("http://127.0.0.1:{receiver}/teams"),
+        "--pagerduty-routing-key-file".to_owned(),
+        routing_key.to_str().unwrap().to_owned(),
+        "--pagerduty-url".to_owned(),
+        format!("http://127.0.0.1:{receiver}/pagerduty"),
     ]);
     let server = Server::start_before(
         &strs(&args),
@@ -903,29 +911,75 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
     assert_eq!(next_step().await["step"], "elicited");
 
     // The notice links to the call on the page (never its arguments); the link opens it.
-    countersign_tests::postgres::wait_until("the notice", Duration::from_secs(20), || {
-        !countersign_core::sync::lock(&notices).is_empty()
+    countersign_tests::postgres::wait_until("three notices", Duration::from_secs(20), || {
+        countersign_core::sync::lock(&notices).len() >= 3
     });
-    let notice: Value = serde_json::from_str(&countersign_core::sync::lock(&notices)[0].1).unwrap();
+    let received = countersign_core::sync::lock(&notices).clone();
+    let by_path = |path: &str| -> Value {
+        let (_, body) = received.iter().find(|(p, _)| p == path).unwrap();
+        serde_json::from_str(body).unwrap()
+    };
+    let notice = by_path("/hook");
     let call_link = notice["link"].as_str().unwrap_or_default().to_owned();
     assert!(
         call_link.starts_with(&format!("{origin}/call/")),
         "{notice}"
     );
+    let teams = by_path("/teams");
+    assert_eq!(
+        teams["attachments"][0]["content"]["actions"][0]["url"],
+        call_link.as_str(),
+        "{teams}"
+    );
+    let pagerduty = by_path("/pagerduty");
+    assert_eq!(
+        pagerduty["links"][0]["href"],
+        call_link.as_str(),
+        "{pagerduty}"
+    );
+    assert_eq!(pagerduty["routing_key"], "R0UT1NG-KEY-0123");
+    assert_eq!(pagerduty["event_action"], "trigger");
+    for (_, body) in &received {
+        assert!(!body.contains("DELETE FROM notes"), "{body}");
+    }
     assert!(
-        !notice.to_string().contains("DELETE FROM notes"),
-        "{notice}"
+        !server.log().contains("R0UT1NG-KEY-0123"),
+        "the routing key was logged"
     );
     browser.client.goto(&call_link).await.unwrap();
     shown(&browser, "#call:not([hidden])").await;
     let opened = shown(&browser, "#c-target").await.text().await.unwrap();
     assert_eq!(opened, "notes");
 
-    // Pat's passkey, then pat's desk key: one person, one of two.
+    // Rex approves at his desk, and is revoked: his approval stops counting.
+    let (status, body) = tokio::task::spawn_blocking({
+        let (url, trusted) = (url.clone(), trusted.clone());
+        move || {
+            let request = first_waiting(listen, &trusted, &rex);
+            let decision = rex.decide(&url, &request, Verdict::Approve, |_| {});
+            rex.send(listen, &trusted, &decision)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!((status, &body["approvals"]), (202, &json!(1)), "{body}");
+    let (code, _, note) = roster_command("approver", &env, &["revoke", "rex"]);
+    assert_eq!(code, 0, "{note}");
+
+    // Pat's passkey, then pat's desk key: one person, one of two (rex no longer counts).
     assert_eq!(
         decide_on_page(&browser, "notes", true, "").await,
         "recorded"
     );
+    let counted = browser
+        .client
+        .find(Locator::Id("outcome"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(counted.contains("1 of 2"), "{counted}");
     let (status, body) = tokio::task::spawn_blocking({
         let (url, trusted) = (url.clone(), trusted.clone());
         move || {
@@ -955,6 +1009,28 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
     assert_eq!(result["step"], "result", "{result}");
     assert_ne!(result["result"]["isError"], json!(true), "{result}");
     assert_eq!(notes_in(&db), 0, "the delete ran");
+    // Kept: rex's (revoked since), pat's passkey's, dana's; pat's desk's second approval is not
+    // kept twice.
+    let (_, decisions, _) = roster_command("history", &env, &["--decisions", "--json"]);
+    let mut kept: Vec<(String, String)> = decisions
+        .lines()
+        .map(|l| {
+            let d: Value = serde_json::from_str(l).unwrap();
+            (
+                d["approver"].as_str().unwrap().to_owned(),
+                d["by"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("dana".to_owned(), "desk".to_owned()),
+            ("pat".to_owned(), "passkey".to_owned()),
+            ("rex".to_owned(), "desk".to_owned()),
+        ]
+    );
     assert!(agent.wait().await.unwrap().success());
     desk.stop().await;
     drop(server);
@@ -1047,6 +1123,17 @@ async fn the_page_is_served_over_tls_in_process_with_its_policy_and_bad_origins_
                 "https://127.0.0.1",
             ],
             "bad_web_origin",
+        ),
+        (
+            vec![
+                "--approver-web",
+                &listen,
+                "--approver-web-origin",
+                &origin,
+                "--pagerduty-routing-key-file",
+                "no-such-file",
+            ],
+            "bad_routing_key",
         ),
     ] {
         let mut args = base.to_vec();

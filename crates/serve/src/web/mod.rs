@@ -353,6 +353,18 @@ async fn enroll_finish(State(web): State<Arc<Web>>, body: Bytes) -> Response {
         Ok(_) => return refuse(StatusCode::NOT_FOUND, "invite_unusable", INVITE_UNUSABLE),
         Err(e) => return unavailable(&e),
     }
+    // Revoked meanwhile (after the ceremony began): a revoked name is not enrolled again.
+    match revoked(records, &invite.approver).await {
+        Ok(false) => {}
+        Ok(true) => {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "approver_revoked",
+                "this approver was revoked: a revoked name is not enrolled again",
+            );
+        }
+        Err(e) => return unavailable(&e),
+    }
     let passkey = Passkey {
         approver: invite.approver.clone(),
         credential_id: enrolled.0,
@@ -363,6 +375,22 @@ async fn enroll_finish(State(web): State<Arc<Web>>, body: Bytes) -> Response {
     };
     match records.put_passkey(&passkey).await {
         Ok(true) => {
+            // A revocation between the check above and the insert would miss this passkey:
+            // looked at again now that it is in, and revoked with its name if the name is.
+            match revoked(records, &invite.approver).await {
+                Ok(false) => {}
+                outcome => {
+                    let _ = records
+                        .revoke_member(Roster::Approvers, &invite.approver, now)
+                        .await;
+                    tracing::warn!(target: "approvers", approver = %invite.approver, revoked = ?outcome.ok(), "a passkey enrolled as its approver was revoked was revoked with it");
+                    return refuse(
+                        StatusCode::FORBIDDEN,
+                        "approver_revoked",
+                        "this approver was revoked: a revoked name is not enrolled again",
+                    );
+                }
+            }
             tracing::info!(target: "approvers", approver = %invite.approver, "a passkey was enrolled");
             json_response(StatusCode::OK, &json!({ "enrolled": invite.approver }))
         }

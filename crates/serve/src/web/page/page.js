@@ -9,6 +9,9 @@ const SHORT_LABELS = { bidi: "direction-changing", invisible: "invisible", non_a
 const REFRESH_MS = 2000;
 
 let calls = [];
+// The server's mark of when the page first had each call (by id and plan): the approve delay runs
+// from then, not from the latest refresh.
+const firstSeen = new Map();
 let selected = null;
 let approveDelay = 1000;
 let enabledAt = Infinity;
@@ -228,6 +231,11 @@ async function refresh() {
     const answer = await call("GET", "/api/v1/requests");
     approveDelay = answer.approveDelayMs;
     calls = answer.calls;
+    for (const c of calls) {
+      const key = `${c.id}:${c.planHash}`;
+      if (firstSeen.has(key)) c.seen = firstSeen.get(key);
+      else firstSeen.set(key, c.seen);
+    }
     $("signin").hidden = true;
     $("desk").hidden = false;
     $("who").hidden = false;
