@@ -275,7 +275,7 @@ pub enum ApproverAction {
         page: String,
     },
     /// Revoke approver NAME: its desk can no longer connect, its passkeys no longer sign in or
-    /// decide, and no decision of its counts.
+    /// decide, and its approvals stop counting toward calls that still wait.
     Revoke {
         /// The approver's name.
         name: String,
