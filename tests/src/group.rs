@@ -322,18 +322,15 @@ mod tests {
         })
         .join()
         .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while runs(leader) {
-            assert!(Instant::now() < deadline, "the leader outlived its thread");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            exits_within(leader, Duration::from_secs(10)),
+            "the leader outlived its thread"
+        );
         // Its own children are still in its group: end them here, as a guard would.
         // SAFETY: the group this test started.
         unsafe { libc::killpg(leader as i32, libc::SIGKILL) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while children.iter().any(|&p| runs(p)) {
-            assert!(Instant::now() < deadline, "{children:?}");
-            std::thread::sleep(Duration::from_millis(20));
+        for &child in &children {
+            assert!(exits_within(child, Duration::from_secs(10)), "{children:?}");
         }
     }
 

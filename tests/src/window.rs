@@ -780,14 +780,10 @@ impl Drop for OwnDisplay {
         // second unlinking the first's socket (seen once: a test's own display "cannot open").
         // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
         unsafe { libc::kill(self.server.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.server.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        // Its exit, on the kernel's word (a pidfd), for up to 5 s; then made to.
+        if !crate::group::exits_within(self.server.id(), Duration::from_secs(5)) {
+            let _ = self.server.kill();
         }
-        let _ = self.server.kill();
         let _ = self.server.wait();
     }
 }

@@ -1196,7 +1196,7 @@ async fn edit_and_move_requests_show_the_dry_run_and_the_destination() {
 
 /// Waits (up to 30 s) until the desk `pid` has no web process: its window was released. Each
 /// web process's exit is waited for on the kernel's word ([`group::exited`]), not polled.
-async fn until_released(pid: u32) {
+pub(crate) async fn until_released(pid: u32) {
     let web = Desk::web_processes(pid);
     let all_exited = async {
         for &process in &web {

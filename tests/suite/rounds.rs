@@ -388,14 +388,7 @@ async fn a_request_url_brings_a_released_window_back_saying_what_no_longer_waits
     let desk = Desk::start_with(&[("COUNTERSIGN_DEBUG_RELEASE_AFTER_MS", "1000")]).await;
     let pid = desk.pid().await;
     desk.close_window().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !Desk::web_processes(pid).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the window was not released"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::desk::until_released(pid).await;
     let (code, stderr) = open_in_the_desk(&desk, "countersign://request/41").await;
     assert_eq!(code, Some(0), "{stderr}");
     desk.follow_window().await;

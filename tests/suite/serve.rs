@@ -161,11 +161,10 @@ impl Drop for Server {
         // Asked to stop first, so it removes its temporary directory; then made to.
         // SAFETY: kill takes plain integers; the pid is our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
-            std::thread::sleep(Duration::from_millis(10));
+        // Its exit, on the kernel's word (a pidfd), for up to 5 s; then made to.
+        if !countersign_tests::group::exits_within(self.child.id(), Duration::from_secs(5)) {
+            let _ = self.child.kill();
         }
-        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }

@@ -444,14 +444,15 @@ async fn the_desk_starts_the_upstream_with_the_agents_directory_and_environment_
     assert!(alive(pid));
     // The agent goes away: the gateway exits, and the desk ends the upstream with the session.
     agent.cancel().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the upstream outlived its session"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            countersign_tests::group::exited(pid as u32)
+        )
+        .await
+        .is_ok(),
+        "the upstream outlived its session"
+    );
     assert!(desk.children().is_empty());
 }
 
