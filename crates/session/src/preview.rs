@@ -70,7 +70,7 @@ pub(crate) fn start(
     } else {
         match engine.policy().recipe(&server.key(), tool) {
             Some(recipe) => Job::Upstream {
-                recipe,
+                recipe: Box::new(recipe),
                 upstream: upstream.clone(),
                 args: args.clone(),
                 engine: engine.clone(),
@@ -104,7 +104,8 @@ enum Job {
         sql: String,
     },
     Upstream {
-        recipe: PreviewRecipe,
+        // Boxed: a recipe is large beside a query's two fields, and a job waits in a task.
+        recipe: Box<PreviewRecipe>,
         upstream: Arc<Upstream>,
         args: Map<String, Value>,
         engine: Engine,

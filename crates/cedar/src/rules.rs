@@ -1,0 +1,600 @@
+//! A policy in Cedar: loaded whole or refused whole, and what it decides for one call.
+//!
+//! What a rule says, besides Cedar's own `permit` and `forbid`, is in annotations:
+//! - on a `permit`: `@class("open" | "token" | "once")` (required), `@approvers("1".."9")`,
+//!   `@type_target("true" | "false")`, `@grant_max_minutes("N")`;
+//! - on a `forbid`: `@reason("…")`, the refusal's words to the agent (required).
+//!
+//! A call that some `forbid` matches is refused outright. Otherwise the permits it satisfies
+//! decide, and where several do, the strictest of each wins (the later class, the most
+//! approvers, a typed target if any asks, the shortest grant): adding a rule never loosens what
+//! another one says. A call no rule speaks to is not the policy's: the tool's annotations decide,
+//! as without a policy.
+//!
+//! Loading is all or nothing: a policy that does not parse, does not validate against the
+//! tools' schema (a tool it names that is not listed, an argument the tool does not take, a
+//! type mismatch), carries an annotation it does not understand, or opens a destructive tool
+//! through a rule that does not name it, is refused with the line and the reason, and whatever
+//! was in force stays.
+
+use std::collections::BTreeMap;
+
+use cedar_policy::{
+    ActionConstraint, Authorizer, Context, Decision, Effect, Entities, PolicySet, Request,
+    ValidationMode, Validator,
+};
+
+use crate::model::{Call, NAMESPACE, Tool, schema, uid};
+
+/// The classes a rule may give, from the loosest.
+pub const CLASSES: [&str; 3] = ["open", "token", "once"];
+
+/// Why a policy was refused. Each carries the line (from 1) where the trouble is, when there
+/// is one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RulesError {
+    /// Not Cedar.
+    #[error("line {line}: {reason}")]
+    Parse {
+        /// The line.
+        line: usize,
+        /// Cedar's words.
+        reason: String,
+    },
+    /// Cedar, but not valid against the tools' schema.
+    #[error("line {line}: {reason}")]
+    Invalid {
+        /// The line.
+        line: usize,
+        /// The validator's words.
+        reason: String,
+    },
+    /// An annotation missing, unknown, or with a value it cannot have.
+    #[error("line {line}: {reason}")]
+    Annotation {
+        /// The line.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A rule that opens a destructive tool without naming it.
+    #[error(
+        "line {line}: this rule makes {tool}, which its annotations call destructive, open \
+         without naming it: name it in the rule's action (action == Action::\"{tool}\")"
+    )]
+    OpensDestructive {
+        /// The line.
+        line: usize,
+        /// The tool.
+        tool: String,
+    },
+    /// The tools' schema could not be made.
+    #[error("{0}")]
+    Schema(String),
+}
+
+impl RulesError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RulesError::Parse { .. } => "policy_parse",
+            RulesError::Invalid { .. } => "policy_invalid",
+            RulesError::Annotation { .. } => "policy_annotation",
+            RulesError::OpensDestructive { .. } => "policy_opens_destructive",
+            RulesError::Schema(_) => "policy_schema",
+        }
+    }
+}
+
+/// What the policy decides for a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Refused outright, with the forbidding rule's reason.
+    Forbidden {
+        /// The reason, for the agent.
+        reason: String,
+    },
+    /// The rules that match say how it is gated.
+    Gated(Gate),
+    /// No rule speaks to it: the tool's annotations decide.
+    Unruled,
+    /// Its arguments do not fit the tool's declared types: the policy cannot judge it, so it is
+    /// treated as the strictest class (never opened by a rule).
+    Unfit,
+}
+
+/// How a call is gated, by the rules it matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    /// `open`, `token` or `once`.
+    pub class: &'static str,
+    /// How many distinct people approve.
+    pub approvers: u8,
+    /// Whether the target must be typed, if a rule says.
+    pub type_target: Option<bool>,
+    /// The longest a grant may last, in minutes, if a rule says.
+    pub grant_max_minutes: Option<u64>,
+}
+
+/// A loaded policy: its rules, checked against the tools' schema.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    pub(crate) policies: PolicySet,
+    pub(crate) schema: cedar_policy::Schema,
+    pub(crate) tools: Vec<Tool>,
+    /// Each rule's line, by its id.
+    lines: BTreeMap<String, usize>,
+}
+
+/// Where each top-level statement of `text` starts: the byte offset of its first character that
+/// is not space or comment, in order (Cedar numbers the policies of a text in this order).
+fn statement_starts(text: &str) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let (mut starts, mut at, mut start) = (Vec::new(), 0, None);
+    while at < bytes.len() {
+        match bytes[at] {
+            b'/' if bytes.get(at + 1) == Some(&b'/') => {
+                while at < bytes.len() && bytes[at] != b'\n' {
+                    at += 1;
+                }
+                continue;
+            }
+            b'"' => {
+                start.get_or_insert(at);
+                at += 1;
+                while at < bytes.len() && bytes[at] != b'"' {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b';' => {
+                if let Some(s) = start.take() {
+                    starts.push(s);
+                }
+            }
+            c if c.is_ascii_whitespace() => {}
+            _ => {
+                start.get_or_insert(at);
+            }
+        }
+        at += 1;
+    }
+    starts
+}
+
+/// The line (from 1) of byte offset `at` in `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at.min(text.len())]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// The first line a diagnostic points at, or 1.
+fn diagnostic_line(text: &str, diagnostic: &dyn miette::Diagnostic) -> usize {
+    diagnostic
+        .labels()
+        .and_then(|mut labels| labels.next())
+        .map(|label| line_of(text, label.offset()))
+        .unwrap_or(1)
+}
+
+impl Rules {
+    /// Loads `text` against `tools`: all of it, or a refusal with the line and the reason.
+    pub fn parse(text: &str, tools: &[Tool]) -> Result<Rules, RulesError> {
+        let schema = schema(tools).map_err(|e| RulesError::Schema(e.to_string()))?;
+        let policies: PolicySet = text.parse().map_err(|e: cedar_policy::ParseErrors| {
+            let first = e.iter().next();
+            RulesError::Parse {
+                line: first.map_or(1, |d| diagnostic_line(text, d)),
+                reason: first.map_or_else(|| e.to_string(), ToString::to_string),
+            }
+        })?;
+        let starts = statement_starts(text);
+        let lines: BTreeMap<String, usize> = policies
+            .policies()
+            .map(|p| {
+                let n: usize = p
+                    .id()
+                    .to_string()
+                    .trim_start_matches("policy")
+                    .parse()
+                    .unwrap_or(0);
+                (
+                    p.id().to_string(),
+                    starts.get(n).map_or(1, |&s| line_of(text, s)),
+                )
+            })
+            .collect();
+        let validated = Validator::new(schema.clone()).validate(&policies, ValidationMode::Strict);
+        if let Some(first) = validated.validation_errors().next() {
+            let line = lines
+                .get(&first.policy_id().to_string())
+                .copied()
+                .unwrap_or_else(|| diagnostic_line(text, first));
+            return Err(RulesError::Invalid {
+                line,
+                reason: first.to_string(),
+            });
+        }
+        for policy in policies.policies() {
+            let line = lines.get(&policy.id().to_string()).copied().unwrap_or(1);
+            check_annotations(policy, line)?;
+            // An open rule whose action is any tool (no `action ==` or `action in [...]`) must
+            // not reach a destructive one. (Action groups are not part of the schema, so no
+            // group can stand for a tool unnamed.)
+            let opens_any = policy.effect() == Effect::Permit
+                && policy.annotation("class") == Some("open")
+                && matches!(policy.action_constraint(), ActionConstraint::Any);
+            if opens_any && let Some(tool) = tools.iter().find(|t| t.destructive) {
+                return Err(RulesError::OpensDestructive {
+                    line,
+                    tool: tool.name.clone(),
+                });
+            }
+        }
+        Ok(Rules {
+            policies,
+            schema,
+            tools: tools.to_vec(),
+            lines,
+        })
+    }
+
+    /// The line of the rule `id`.
+    pub fn line(&self, id: &str) -> Option<usize> {
+        self.lines.get(id).copied()
+    }
+
+    /// What the rules decide for `call`.
+    pub fn decide(&self, call: &Call<'_>) -> Outcome {
+        let Some(tool) = self.tools.iter().find(|t| t.name == call.tool) else {
+            return Outcome::Unruled;
+        };
+        let Some(context) = call.context(tool) else {
+            return Outcome::Unfit;
+        };
+        let action = uid("Action", call.tool);
+        let Ok(context) = Context::from_json_value(context, Some((&self.schema, &action))) else {
+            return Outcome::Unfit;
+        };
+        let Ok(request) = Request::new(
+            uid("Tenant", call.tenant),
+            action,
+            uid("Server", call.server),
+            context,
+            Some(&self.schema),
+        ) else {
+            return Outcome::Unfit;
+        };
+        let answer = Authorizer::new().is_authorized(&request, &self.policies, &Entities::empty());
+        let determining: Vec<_> = answer.diagnostics().reason().collect();
+        if answer.decision() == Decision::Deny {
+            // Denied by a forbid that matched, or by no permit matching.
+            if let Some(forbid) = determining
+                .iter()
+                .filter_map(|id| self.policies.policy(id))
+                .find(|p| p.effect() == Effect::Forbid)
+            {
+                return Outcome::Forbidden {
+                    reason: forbid.annotation("reason").unwrap_or_default().to_owned(),
+                };
+            }
+            return Outcome::Unruled;
+        }
+        let mut gate = Gate {
+            class: "open",
+            approvers: 1,
+            type_target: None,
+            grant_max_minutes: None,
+        };
+        for policy in determining.iter().filter_map(|id| self.policies.policy(id)) {
+            let class = policy.annotation("class").unwrap_or("once");
+            if rank(class) > rank(gate.class) {
+                gate.class = CLASSES[rank(class)];
+            }
+            if let Some(n) = policy.annotation("approvers").and_then(|n| n.parse().ok()) {
+                gate.approvers = gate.approvers.max(n);
+            }
+            if let Some(t) = policy.annotation("type_target") {
+                gate.type_target = Some(gate.type_target.unwrap_or(false) || t == "true");
+            }
+            if let Some(m) = policy
+                .annotation("grant_max_minutes")
+                .and_then(|m| m.parse().ok())
+            {
+                gate.grant_max_minutes = Some(gate.grant_max_minutes.map_or(m, |g: u64| g.min(m)));
+            }
+        }
+        Outcome::Gated(gate)
+    }
+}
+
+/// The strictness of a class (its index in [`CLASSES`]); an unknown one counts as the strictest.
+fn rank(class: &str) -> usize {
+    CLASSES.iter().position(|c| *c == class).unwrap_or(2)
+}
+
+fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), RulesError> {
+    let bad = |reason: String| RulesError::Annotation { line, reason };
+    let allowed: &[&str] = match policy.effect() {
+        Effect::Permit => &[
+            "class",
+            "approvers",
+            "type_target",
+            "grant_max_minutes",
+            "id",
+        ],
+        Effect::Forbid => &["reason", "id"],
+    };
+    for (key, value) in policy.annotations() {
+        if !allowed.contains(&key) {
+            return Err(bad(format!(
+                "@{key} is not an annotation a {} rule takes (it takes {})",
+                if policy.effect() == Effect::Permit {
+                    "permit"
+                } else {
+                    "forbid"
+                },
+                allowed.join(", ")
+            )));
+        }
+        let fine = match key {
+            "class" => CLASSES.contains(&value),
+            "approvers" => value.parse::<u8>().is_ok_and(|n| (1..=9).contains(&n)),
+            "type_target" => matches!(value, "true" | "false"),
+            "grant_max_minutes" => value
+                .parse::<u64>()
+                .is_ok_and(|m| (1..=24 * 60).contains(&m)),
+            "reason" => !value.trim().is_empty() && value.chars().count() <= 500,
+            _ => true,
+        };
+        if !fine {
+            return Err(bad(format!(
+                "@{key}(\"{value}\") is not a value it can have"
+            )));
+        }
+    }
+    match policy.effect() {
+        Effect::Permit if policy.annotation("class").is_none() => Err(bad(
+            "a permit rule says its class: @class(\"open\"), @class(\"token\") or @class(\"once\")"
+                .into(),
+        )),
+        Effect::Forbid if policy.annotation("reason").is_none() => Err(bad(
+            "a forbid rule says why, for the agent: @reason(\"…\")".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The namespace-qualified Cedar name of a tool's action, as a rule writes it.
+pub fn action_name(tool: &str) -> String {
+    format!(
+        "{NAMESPACE}::Action::{}",
+        serde_json::Value::String(tool.to_owned())
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// The built-in SQLite tools and a file writer, as a server lists them.
+    pub(crate) fn tools() -> Vec<Tool> {
+        vec![
+            Tool::new(
+                "query",
+                &json!({"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}),
+                false,
+            ),
+            Tool::new(
+                "execute",
+                &json!({"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}),
+                true,
+            ),
+            Tool::new(
+                "write_file",
+                &json!({"type": "object", "properties": {
+                    "path": {"type": "string"}, "content": {"type": "string"}
+                }, "required": ["path", "content"]}),
+                true,
+            ),
+        ]
+    }
+
+    /// The docs' example policy: SELECT alone runs on its own on the built-in tools; writes
+    /// under scratch/ run on their own, under .github/ once with two approvers; DROP is forbidden
+    /// outside business hours.
+    pub(crate) const EXAMPLE: &str = r#"
+// A single SELECT (no second statement) runs without a click.
+@class("open")
+permit (principal, action in [Countersign::Action::"query", Countersign::Action::"execute"], resource)
+when { context.arguments.sql like "SELECT *" && !(context.arguments.sql like "*;*") };
+
+@class("open")
+permit (principal, action == Countersign::Action::"write_file", resource)
+when { context.arguments.path like "scratch/*" && !(context.arguments.path like "*..*") };
+
+@class("once") @approvers("2") @type_target("true")
+permit (principal, action == Countersign::Action::"write_file", resource)
+when { context.arguments.path like ".github/*" };
+
+@reason("DROP runs only in business hours, 9 to 18")
+forbid (principal, action == Countersign::Action::"execute", resource)
+when { context.arguments.sql like "*DROP*" && (context.hour < 9 || context.hour >= 18) };
+"#;
+
+    fn call<'a>(tool: &'a str, arguments: &'a Value, hour: u8) -> Call<'a> {
+        Call {
+            tenant: "key:ci@builtin:app.sqlite",
+            server: "builtin:app.sqlite",
+            tool,
+            target: "users",
+            action: tool,
+            summary: "",
+            reversible: false,
+            class: "once",
+            destructive: true,
+            hour,
+            arguments,
+        }
+    }
+
+    fn gate(class: &'static str, approvers: u8, type_target: Option<bool>) -> Outcome {
+        Outcome::Gated(Gate {
+            class,
+            approvers,
+            type_target,
+            grant_max_minutes: None,
+        })
+    }
+
+    #[test]
+    fn the_example_policy_gates_each_call_by_its_arguments() {
+        let rules = Rules::parse(EXAMPLE, &tools()).unwrap();
+        let select = json!({"sql": "SELECT * FROM users"});
+        let two = json!({"sql": "SELECT 1; DELETE FROM users"});
+        let delete = json!({"sql": "DELETE FROM users"});
+        let drop = json!({"sql": "DROP TABLE users"});
+        let scratch = json!({"path": "scratch/notes.md", "content": "x"});
+        let escape = json!({"path": "scratch/../.github/workflows/ci.yml", "content": "x"});
+        let workflow = json!({"path": ".github/workflows/ci.yml", "content": "x"});
+        assert_eq!(
+            rules.decide(&call("execute", &select, 12)),
+            gate("open", 1, None)
+        );
+        assert_eq!(
+            rules.decide(&call("query", &select, 12)),
+            gate("open", 1, None)
+        );
+        assert_eq!(rules.decide(&call("execute", &two, 12)), Outcome::Unruled);
+        assert_eq!(
+            rules.decide(&call("execute", &delete, 12)),
+            Outcome::Unruled
+        );
+        assert_eq!(rules.decide(&call("execute", &drop, 12)), Outcome::Unruled);
+        assert_eq!(
+            rules.decide(&call("execute", &drop, 22)),
+            Outcome::Forbidden {
+                reason: "DROP runs only in business hours, 9 to 18".into()
+            }
+        );
+        assert_eq!(
+            rules.decide(&call("write_file", &scratch, 3)),
+            gate("open", 1, None)
+        );
+        assert_eq!(
+            rules.decide(&call("write_file", &escape, 3)),
+            Outcome::Unruled
+        );
+        assert_eq!(
+            rules.decide(&call("write_file", &workflow, 3)),
+            gate("once", 2, Some(true))
+        );
+        // Arguments that do not fit the tool's types are never judged as if they did.
+        let wrong = json!({"sql": 5});
+        assert_eq!(rules.decide(&call("execute", &wrong, 12)), Outcome::Unfit);
+        let unknown = json!({});
+        assert_eq!(
+            rules.decide(&call("unlisted", &unknown, 12)),
+            Outcome::Unruled
+        );
+    }
+
+    #[test]
+    fn where_rules_overlap_the_strictest_of_each_wins() {
+        let text = r#"
+            @class("open") permit (principal, action == Countersign::Action::"write_file", resource)
+            when { context.arguments.path like "docs/*" };
+            @class("token") @approvers("3") @grant_max_minutes("30")
+            permit (principal, action == Countersign::Action::"write_file", resource)
+            when { context.arguments.path like "*.md" };
+            @class("open") @type_target("false") @grant_max_minutes("10")
+            permit (principal, action == Countersign::Action::"write_file", resource)
+            when { context.arguments.path like "docs/*.md" };
+        "#;
+        let rules = Rules::parse(text, &tools()).unwrap();
+        let both = json!({"path": "docs/a.md", "content": ""});
+        assert_eq!(
+            rules.decide(&call("write_file", &both, 1)),
+            Outcome::Gated(Gate {
+                class: "token",
+                approvers: 3,
+                type_target: Some(false),
+                grant_max_minutes: Some(10),
+            })
+        );
+    }
+
+    #[test]
+    fn a_policy_that_does_not_hold_is_refused_whole_with_its_line() {
+        let tools = tools();
+        let cases: [(&str, &str, usize); 7] = [
+            (
+                "@class(\"open\")\npermit (principal, action, resource\n",
+                "policy_parse",
+                2,
+            ),
+            (
+                "\n\n@class(\"open\")\npermit (principal, action == Countersign::Action::\"query\", resource)\nwhen { context.arguments.table == \"x\" };",
+                "policy_invalid",
+                3,
+            ),
+            (
+                "@class(\"open\")\npermit (principal, action == Countersign::Action::\"nope\", resource);",
+                "policy_invalid",
+                1,
+            ),
+            (
+                "// first\n@class(\"open\")\npermit (principal, action == Countersign::Action::\"query\", resource);\n\npermit (principal, action == Countersign::Action::\"query\", resource);",
+                "policy_annotation",
+                5,
+            ),
+            (
+                "@class(\"loose\")\npermit (principal, action == Countersign::Action::\"query\", resource);",
+                "policy_annotation",
+                1,
+            ),
+            (
+                "forbid (principal, action == Countersign::Action::\"execute\", resource);",
+                "policy_annotation",
+                1,
+            ),
+            (
+                "@class(\"open\") @colour(\"red\")\npermit (principal, action == Countersign::Action::\"query\", resource);",
+                "policy_annotation",
+                1,
+            ),
+        ];
+        for (text, code, line) in cases {
+            let err = Rules::parse(text, &tools).unwrap_err();
+            assert_eq!(err.code(), code, "{text}: {err}");
+            let said = err.to_string();
+            assert!(said.starts_with(&format!("line {line}:")), "{text}: {said}");
+        }
+    }
+
+    #[test]
+    fn no_wildcard_opens_a_destructive_tool_unless_the_rule_names_it() {
+        let tools = tools();
+        let wildcard = "@class(\"open\")\npermit (principal, action, resource)\nwhen { context.target == \"scratch\" };";
+        let err = Rules::parse(wildcard, &tools).unwrap_err();
+        assert_eq!(err.code(), "policy_opens_destructive", "{err}");
+        assert!(err.to_string().contains("execute"), "{err}");
+        // A wildcard that only asks for a click is fine; so is naming the tool.
+        assert!(
+            Rules::parse(
+                "@class(\"once\")\npermit (principal, action, resource);",
+                &tools
+            )
+            .is_ok()
+        );
+        let named = "@class(\"open\")\npermit (principal, action == Countersign::Action::\"execute\", resource)\nwhen { context.arguments.sql == \"SELECT 1\" };";
+        assert!(Rules::parse(named, &tools).is_ok());
+        // With no destructive tool listed, a wildcard may open.
+        let safe: Vec<Tool> = tools.into_iter().filter(|t| !t.destructive).collect();
+        assert!(Rules::parse(wildcard, &safe).is_ok());
+    }
+}
