@@ -407,24 +407,7 @@ pub(crate) mod tests {
     /// The docs' example policy: SELECT alone runs on its own on the built-in tools; writes
     /// under scratch/ run on their own, under .github/ once with two approvers; DROP is forbidden
     /// outside business hours.
-    pub(crate) const EXAMPLE: &str = r#"
-// A single SELECT (no second statement) runs without a click.
-@class("open")
-permit (principal, action in [Countersign::Action::"query", Countersign::Action::"execute"], resource)
-when { context.arguments.sql like "SELECT *" && !(context.arguments.sql like "*;*") };
-
-@class("open")
-permit (principal, action == Countersign::Action::"write_file", resource)
-when { context.arguments.path like "scratch/*" && !(context.arguments.path like "*..*") };
-
-@class("once") @approvers("2") @type_target("true")
-permit (principal, action == Countersign::Action::"write_file", resource)
-when { context.arguments.path like ".github/*" };
-
-@reason("DROP runs only in business hours, 9 to 18")
-forbid (principal, action == Countersign::Action::"execute", resource)
-when { context.arguments.sql like "*DROP*" && (context.hour < 9 || context.hour >= 18) };
-"#;
+    pub(crate) const EXAMPLE: &str = include_str!("../policies/example.cedar");
 
     fn call<'a>(tool: &'a str, arguments: &'a Value, hour: u8) -> Call<'a> {
         Call {
