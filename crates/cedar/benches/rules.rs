@@ -85,7 +85,8 @@ fn main() {
     let calls: usize = std::env::var("COUNTERSIGN_BENCH_CALLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if benching { 20_000 } else { 50 });
+        .unwrap_or(if benching { 20_000 } else { 50 })
+        .max(1);
     let tools = tools();
     let arguments = json!({"path": "dir0/notes.md", "content": "x"});
     let last = json!({"path": "elsewhere/notes.md", "content": "x"});

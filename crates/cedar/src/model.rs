@@ -29,23 +29,21 @@ pub enum ArgType {
     Long,
     /// A boolean.
     Bool,
-    /// A set of values of one type (JSON Schema `array` with `items`).
-    Set(Box<ArgType>),
     /// An object, each attribute with whether it is required.
     Record(BTreeMap<String, (ArgType, bool)>),
 }
 
 impl ArgType {
     /// The Cedar type of a JSON Schema, when Cedar has values for it: `None` for `number`,
-    /// `null`, unions and anything else it cannot hold (such arguments are left out).
+    /// `null`, unions, arrays (a Cedar set forgets order and repeats, which a tool may not) and
+    /// anything else it cannot hold. Such arguments are left out of the schema, so no rule can
+    /// name them, and a call that carries one is not judged by the rules at all (see
+    /// [`ArgType::fit`]).
     pub fn from_json_schema(schema: &Value) -> Option<ArgType> {
         match schema.get("type").and_then(Value::as_str) {
             Some("string") => Some(ArgType::String),
             Some("integer") => Some(ArgType::Long),
             Some("boolean") => Some(ArgType::Bool),
-            Some("array") => {
-                ArgType::from_json_schema(schema.get("items")?).map(|t| ArgType::Set(Box::new(t)))
-            }
             Some("object") => Some(ArgType::Record(record(schema))),
             _ => None,
         }
@@ -57,7 +55,6 @@ impl ArgType {
             ArgType::String => json!({ "type": "String" }),
             ArgType::Long => json!({ "type": "Long" }),
             ArgType::Bool => json!({ "type": "Boolean" }),
-            ArgType::Set(inner) => json!({ "type": "Set", "element": inner.to_schema_json() }),
             ArgType::Record(attributes) => json!({
                 "type": "Record",
                 "attributes": attributes
@@ -72,20 +69,20 @@ impl ArgType {
         }
     }
 
-    /// `value` cut to this type: the attributes the type declares, each of its type; `None`
-    /// when a value is of another type, or a required attribute is missing.
+    /// `value` as this type, whole: `None` when any part of it is of another type, a required
+    /// attribute is missing, or it carries an attribute the type does not declare (at any
+    /// depth). The rules then see everything the tool will get, or the call is not theirs to
+    /// judge: an argument they cannot see could change what an opened call does.
     pub fn fit(&self, value: &Value) -> Option<Value> {
         match (self, value) {
             (ArgType::String, Value::String(_)) | (ArgType::Bool, Value::Bool(_)) => {
                 Some(value.clone())
             }
             (ArgType::Long, Value::Number(n)) => n.as_i64().map(|n| json!(n)),
-            (ArgType::Set(inner), Value::Array(items)) => items
-                .iter()
-                .map(|item| inner.fit(item))
-                .collect::<Option<Vec<_>>>()
-                .map(Value::Array),
             (ArgType::Record(attributes), Value::Object(given)) => {
+                if given.keys().any(|k| !attributes.contains_key(k)) {
+                    return None;
+                }
                 let mut out = Map::new();
                 for (name, (kind, required)) in attributes {
                     match given.get(name) {
@@ -134,16 +131,28 @@ pub struct Tool {
     pub arguments: BTreeMap<String, (ArgType, bool)>,
     /// Whether its annotations say it is destructive (or say nothing, which counts as so).
     pub destructive: bool,
+    /// The class its annotations give without a policy: `open`, `token` or `once`.
+    pub class: &'static str,
 }
 
 impl Tool {
-    /// A tool from its listing: `name`, its `inputSchema`, and whether it is destructive.
+    /// A tool from its listing: `name`, its `inputSchema`, and whether it is destructive. Its
+    /// class without a policy: `once` when destructive, `token` otherwise (a tool its
+    /// annotations call read-only is made open with [`Tool::read_only`]).
     pub fn new(name: &str, input_schema: &Value, destructive: bool) -> Tool {
         Tool {
             name: name.to_owned(),
             arguments: record(input_schema),
             destructive,
+            class: if destructive { "once" } else { "token" },
         }
+    }
+
+    /// The same tool, read-only by its annotations: open without a policy.
+    pub fn read_only(mut self) -> Tool {
+        self.class = "open";
+        self.destructive = false;
+        self
     }
 }
 
@@ -194,8 +203,14 @@ pub fn schema_json(tools: &[Tool]) -> Value {
 #[error("the tools' schema does not hold: {0}")]
 pub struct SchemaError(pub String);
 
-/// The Cedar schema of `tools`.
+/// The Cedar schema of `tools`; two tools of one name are refused (which one a rule meant is
+/// not for the schema to guess).
 pub fn schema(tools: &[Tool]) -> Result<cedar_policy::Schema, SchemaError> {
+    for (i, tool) in tools.iter().enumerate() {
+        if tools[..i].iter().any(|t| t.name == tool.name) {
+            return Err(SchemaError(format!("two tools are named {:?}", tool.name)));
+        }
+    }
     cedar_policy::Schema::from_json_value(schema_json(tools))
         .map_err(|e| SchemaError(e.to_string()))
 }
@@ -277,17 +292,21 @@ mod tests {
         assert_eq!(tool.arguments["sql"], (ArgType::String, true));
         assert_eq!(tool.arguments["limit"], (ArgType::Long, false));
         assert!(!tool.arguments.contains_key("ratio"));
-        assert_eq!(
-            tool.arguments["tags"],
-            (ArgType::Set(Box::new(ArgType::String)), false)
+        assert!(
+            !tool.arguments.contains_key("tags"),
+            "a set forgets order and repeats"
         );
-        assert!(schema(&[tool]).is_ok());
+        assert!(schema(std::slice::from_ref(&tool)).is_ok());
+        assert!(
+            schema(&[tool.clone(), tool]).is_err(),
+            "two tools of one name"
+        );
     }
 
     #[test]
     fn a_call_fits_its_tool_or_is_not_evaluated_at_all() {
         let tool = execute();
-        let args = json!({"sql": "SELECT 1", "ratio": 0.5, "extra": true, "limit": 3});
+        let args = json!({"sql": "SELECT 1", "limit": 3, "opts": {"dry": true}});
         let call = Call {
             tenant: "t",
             server: "s",
@@ -302,11 +321,16 @@ mod tests {
             arguments: &args,
         };
         let context = call.context(&tool).unwrap();
-        assert_eq!(context["arguments"], json!({"sql": "SELECT 1", "limit": 3}));
+        assert_eq!(context["arguments"], args);
+        // Anything the rules could not see, or of another type: not theirs to judge.
         for bad in [
             json!({"sql": 5}),
             json!({"limit": 3}),
             json!({"sql": "x", "limit": 1.5}),
+            json!({"sql": "x", "ratio": 0.5}),
+            json!({"sql": "x", "extra": true}),
+            json!({"sql": "x", "opts": {"dry": true, "path": ".github/x"}}),
+            json!({"sql": "x", "tags": ["a"]}),
             json!("x"),
         ] {
             let call = Call {

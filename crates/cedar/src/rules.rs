@@ -99,8 +99,11 @@ pub enum Outcome {
     Gated(Gate),
     /// No rule speaks to it: the tool's annotations decide.
     Unruled,
-    /// Its arguments do not fit the tool's declared types: the policy cannot judge it, so it is
-    /// treated as the strictest class (never opened by a rule).
+    /// The rules cannot judge it, so it is refused outright (a refusal of its own, so that
+    /// nothing a rule would forbid gets through unjudged): its arguments carry something the
+    /// rules cannot see or are of another type than the tool declares, its tool was listed after
+    /// the rules were loaded (they are loaded again against the new listing), or a permit failed
+    /// on it.
     Unfit,
 }
 
@@ -250,7 +253,7 @@ impl Rules {
     /// What the rules decide for `call`.
     pub fn decide(&self, call: &Call<'_>) -> Outcome {
         let Some(tool) = self.tools.iter().find(|t| t.name == call.tool) else {
-            return Outcome::Unruled;
+            return Outcome::Unfit;
         };
         let Some(context) = call.context(tool) else {
             return Outcome::Unfit;
@@ -269,6 +272,24 @@ impl Rules {
             return Outcome::Unfit;
         };
         let answer = Authorizer::new().is_authorized(&request, &self.policies, &Entities::empty());
+        // Cedar skips a rule that fails on a call (an overflow on an argument, say). Skipping a
+        // forbid would let the call through, and skipping a stricter permit would let a looser
+        // one decide: a failed forbid forbids, a failed permit leaves the call unjudged.
+        let mut failed_permit = false;
+        for error in answer.diagnostics().errors() {
+            let cedar_policy::AuthorizationError::PolicyEvaluationError(error) = error;
+            match self.policies.policy(error.policy_id()) {
+                Some(forbid) if forbid.effect() == Effect::Forbid => {
+                    return Outcome::Forbidden {
+                        reason: forbid.annotation("reason").unwrap_or_default().to_owned(),
+                    };
+                }
+                _ => failed_permit = true,
+            }
+        }
+        if failed_permit {
+            return Outcome::Unfit;
+        }
         let determining: Vec<_> = answer.diagnostics().reason().collect();
         if answer.decision() == Decision::Deny {
             // Denied by a forbid that matched, or by no permit matching.
@@ -388,7 +409,8 @@ pub(crate) mod tests {
                 "query",
                 &json!({"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}),
                 false,
-            ),
+            )
+            .read_only(),
             Tool::new(
                 "execute",
                 &json!({"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}),
@@ -482,8 +504,47 @@ pub(crate) mod tests {
         let unknown = json!({});
         assert_eq!(
             rules.decide(&call("unlisted", &unknown, 12)),
-            Outcome::Unruled
+            Outcome::Unfit
         );
+        // Something the rules cannot see: never opened by them.
+        let hidden = json!({"sql": "SELECT 1", "mode": "write"});
+        assert_eq!(rules.decide(&call("execute", &hidden, 12)), Outcome::Unfit);
+    }
+
+    #[test]
+    fn a_rule_that_fails_on_a_call_forbids_if_it_forbids_and_never_opens() {
+        let tools = vec![Tool::new(
+            "fetch",
+            &json!({"type": "object", "properties": {"limit": {"type": "integer"}}, "required": ["limit"]}),
+            false,
+        )];
+        let text = r#"
+            @class("open") permit (principal, action == Countersign::Action::"fetch", resource);
+            @reason("too many rows") forbid (principal, action == Countersign::Action::"fetch", resource)
+            when { context.arguments.limit * 10 > 1000 };
+        "#;
+        let rules = Rules::parse(text, &tools).unwrap();
+        let fine = json!({"limit": 5});
+        assert_eq!(
+            rules.decide(&call("fetch", &fine, 12)),
+            gate("open", 1, None)
+        );
+        // 922337203685477581 * 10 overflows: the forbid fails, and forbids.
+        let overflow = json!({"limit": 922_337_203_685_477_581_i64});
+        assert_eq!(
+            rules.decide(&call("fetch", &overflow, 12)),
+            Outcome::Forbidden {
+                reason: "too many rows".into()
+            }
+        );
+        // A stricter permit that fails leaves the call unjudged, never open.
+        let text = r#"
+            @class("open") permit (principal, action == Countersign::Action::"fetch", resource);
+            @class("once") permit (principal, action == Countersign::Action::"fetch", resource)
+            when { context.arguments.limit * 10 > 1000 };
+        "#;
+        let rules = Rules::parse(text, &tools).unwrap();
+        assert_eq!(rules.decide(&call("fetch", &overflow, 12)), Outcome::Unfit);
     }
 
     #[test]

@@ -1,19 +1,25 @@
 //! What a policy change widens, proved by Cedar's symbolic compiler (SymCC) and a cvc5 process.
 //!
-//! For each tool, two regions of calls are compared between the old policy and the new:
-//! - **runs without a click**: calls a `permit` with `@class("open")` allows and no `forbid`
-//!   refuses. A call in it now and not before is a widening: it needed a click, or was
-//!   forbidden, and now runs on its own.
+//! For each tool of the new listing, two regions of calls are compared between the old policy
+//! and the new:
+//! - **runs without a click**: what [`Rules::decide`] opens. No `forbid` matches, no permit of
+//!   a stricter class matches (the strictest matching rule wins), and either an `@class("open")`
+//!   permit matches or no permit does and the tool's annotations make it open. Built as one
+//!   Cedar policy set: the forbids; every stricter permit turned into a forbid; the open
+//!   permits; and, for a tool open by its annotations, a permit of every call of it.
 //! - **refused outright**: calls some `forbid` matches. A call out of it now and in it before
 //!   is a widening: it was forbidden and now reaches a person (or runs).
 //!
 //! Each comparison is one question to the solver: does the new region imply the old one (every
-//! call in the new one is in the old)? A proof is "only tightens" for that region; a refutation
-//! comes with a concrete call the solver found, shown as what it is ("execute with context … on
-//! Server::"builtin:app.sqlite" would run without a click"). A change is said to only tighten
-//! when every comparison of every tool is proved; when the solver is missing, fails, or runs out
-//! of time, the answer says so and never claims a proof. Calls are compared within one tool's
-//! schema; a tool added to the listing is a new schema, judged by the rules as they stand.
+//! call in the new one is in the old)? A refutation comes with a concrete call the solver found,
+//! shown as what it is. A change is said to only tighten when every comparison of every tool was
+//! made and proved; a tool whose old rules cannot be read against its listing now, a solver that
+//! is missing, fails or runs out of time, each is an answer of its own that never claims a proof.
+//! Where the solver models a rule that fails on a call as not matching, the region it reasons
+//! about is larger than what [`Rules::decide`] opens (which refuses such calls): a widening may
+//! be shown that is not one, never the other way. Not analysed yet: a change of approvers, of a
+//! typed target, of a grant's length, or between `token` and `once` (only what opens and what
+//! is forbidden).
 //!
 //! This is the one part of the crate that is not pure: it runs the solver as a child process.
 
@@ -24,7 +30,7 @@ use cedar_policy::{Effect, Policy, PolicyId, PolicySet, RequestEnv};
 use cedar_policy_symcc::solver::LocalSolver;
 use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicySet};
 
-use crate::model::{NAMESPACE, uid};
+use crate::model::{NAMESPACE, Tool, uid};
 use crate::rules::Rules;
 
 /// One call that the new policy lets through where the old did not.
@@ -34,7 +40,7 @@ pub struct Example {
     pub tool: String,
     /// What changed for it: [`Example::RUNS_WITHOUT_A_CLICK`] or [`Example::NO_LONGER_FORBIDDEN`].
     pub change: &'static str,
-    /// The call, as the solver found it: principal, resource and context in Cedar's syntax.
+    /// The call, as the solver found it: context, principal and resource in Cedar's syntax.
     pub call: String,
 }
 
@@ -50,6 +56,52 @@ impl Example {
     }
 }
 
+/// Why the solver could not say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WideningError {
+    /// The solver could not be started (not installed where `CVC5` says).
+    #[error("the solver ({path}) could not start: {reason}")]
+    SolverMissing {
+        /// Where it was looked for.
+        path: String,
+        /// What the system said.
+        reason: String,
+    },
+    /// The solver failed, or answered "unknown", on a tool's question.
+    #[error("the solver failed on {tool}: {reason}")]
+    SolverFailed {
+        /// The tool asked about.
+        tool: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A policy could not be read against a tool's listing now (a tool whose arguments changed,
+    /// or that the old schema did not know).
+    #[error("the policies cannot be compared for {tool}: {reason}")]
+    Incomparable {
+        /// The tool.
+        tool: String,
+        /// Why.
+        reason: String,
+    },
+    /// The solver did not answer in time.
+    #[error("the solver did not answer within {0} s")]
+    Timeout(u64),
+}
+
+impl WideningError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            WideningError::SolverMissing { .. } => "solver_missing",
+            WideningError::SolverFailed { .. } => "solver_failed",
+            WideningError::Incomparable { .. } => "incomparable",
+            WideningError::Timeout(_) => "solver_timeout",
+        }
+    }
+}
+
 /// What a change does, as far as the solver could say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Widening {
@@ -58,39 +110,66 @@ pub enum Widening {
     OnlyTightens,
     /// Widens: for each way, one call the solver found.
     Widens(Vec<Example>),
-    /// Not known: the solver is missing, failed, or ran out of time. Never read as a proof.
-    Unknown(String),
+    /// Not known. Never read as a proof.
+    Unknown(WideningError),
 }
 
-/// The policies of `rules` that make up a region, under fresh ids (`tag` keeps the old and new
-/// apart): for [`Region::Open`], the open permits and every forbid; for [`Region::NotForbidden`],
-/// one permit of everything and every forbid.
+/// Which region of calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Region {
+    /// What runs without a click.
     Open,
+    /// What is not refused outright.
     NotForbidden,
 }
 
-fn region(rules: &Rules, which: Region, tag: &str) -> PolicySet {
+/// `policy` with its effect turned to forbid, under `id`.
+fn as_forbid(policy: &Policy, id: PolicyId) -> Result<Policy, String> {
+    let mut json = policy.to_json().map_err(|e| e.to_string())?;
+    json["effect"] = serde_json::Value::String("forbid".into());
+    Policy::from_json(Some(id), json).map_err(|e| e.to_string())
+}
+
+/// The policy set of `which` region of `rules` for `tool`, under fresh ids (`tag` keeps the old
+/// and new apart).
+fn region(rules: &Rules, tool: &Tool, which: Region, tag: &str) -> Result<PolicySet, String> {
     let mut set = PolicySet::new();
     let mut n = 0;
-    let mut add = |policy: Policy| {
+    let mut next = || {
         n += 1;
-        let _ = set.add(policy.new_id(PolicyId::new(format!("{tag}{n}"))));
+        PolicyId::new(format!("{tag}{n}"))
     };
-    if which == Region::NotForbidden {
-        add(Policy::parse(None, "permit(principal, action, resource);").expect("a permit parses"));
+    let add = |set: &mut PolicySet, policy: Policy| set.add(policy).map_err(|e| e.to_string());
+    match which {
+        Region::NotForbidden => {
+            let all = Policy::parse(Some(next()), "permit(principal, action, resource);")
+                .map_err(|e| e.to_string())?;
+            add(&mut set, all)?;
+        }
+        Region::Open if tool.class == "open" => {
+            let text = format!(
+                "permit(principal, action == {NAMESPACE}::Action::{}, resource);",
+                serde_json::Value::String(tool.name.clone())
+            );
+            add(
+                &mut set,
+                Policy::parse(Some(next()), text).map_err(|e| e.to_string())?,
+            )?;
+        }
+        Region::Open => {}
     }
     for policy in rules.policies.policies() {
-        let keep = match policy.effect() {
-            Effect::Forbid => true,
-            Effect::Permit => which == Region::Open && policy.annotation("class") == Some("open"),
-        };
-        if keep {
-            add(policy.clone());
+        match (policy.effect(), which) {
+            (Effect::Forbid, _) => add(&mut set, policy.new_id(next()))?,
+            (Effect::Permit, Region::Open) if policy.annotation("class") == Some("open") => {
+                add(&mut set, policy.new_id(next()))?
+            }
+            // A stricter permit that matches keeps the call from opening.
+            (Effect::Permit, Region::Open) => add(&mut set, as_forbid(policy, next())?)?,
+            (Effect::Permit, Region::NotForbidden) => {}
         }
     }
-    set
+    Ok(set)
 }
 
 /// Whether the change from `old` to `new` widens what runs without a click or what is refused
@@ -100,30 +179,31 @@ pub async fn widening(old: &Rules, new: &Rules, solver: &Path, limit: Duration) 
         Ok(Ok(examples)) if examples.is_empty() => Widening::OnlyTightens,
         Ok(Ok(examples)) => Widening::Widens(examples),
         Ok(Err(why)) => Widening::Unknown(why),
-        Err(_) => Widening::Unknown(format!(
-            "the solver did not answer within {} s",
-            limit.as_secs()
-        )),
+        Err(_) => Widening::Unknown(WideningError::Timeout(limit.as_secs())),
     }
 }
 
-async fn compare(old: &Rules, new: &Rules, solver: &Path) -> Result<Vec<Example>, String> {
+async fn compare(old: &Rules, new: &Rules, solver: &Path) -> Result<Vec<Example>, WideningError> {
+    let missing = |reason: String| WideningError::SolverMissing {
+        path: solver.display().to_string(),
+        reason,
+    };
     let local = LocalSolver::from_command(
         tokio::process::Command::new(solver)
             .args(["--lang", "smt"])
             .kill_on_drop(true),
     )
-    .map_err(|e| format!("the solver ({}) could not start: {e}", solver.display()))?;
-    let mut compiler =
-        CedarSymCompiler::new(local).map_err(|e| format!("the solver refused to start: {e}"))?;
+    .map_err(|e| missing(e.to_string()))?;
+    let mut compiler = CedarSymCompiler::new(local).map_err(|e| missing(e.to_string()))?;
     let mut examples = Vec::new();
-    let principal: cedar_policy::EntityTypeName = format!("{NAMESPACE}::Tenant").parse().unwrap();
-    let resource: cedar_policy::EntityTypeName = format!("{NAMESPACE}::Server").parse().unwrap();
+    let principal = uid("Tenant", "").type_name().clone();
+    let resource = uid("Server", "").type_name().clone();
+    // Every tool of the new listing is compared: none is skipped as new or changed.
     for tool in &new.tools {
-        // A tool the old policy's schema did not know is judged by the new rules alone.
-        if !old.tools.iter().any(|t| t == tool) {
-            continue;
-        }
+        let incomparable = |reason: String| WideningError::Incomparable {
+            tool: tool.name.clone(),
+            reason,
+        };
         let env = RequestEnv::new(
             principal.clone(),
             uid("Action", &tool.name),
@@ -133,15 +213,21 @@ async fn compare(old: &Rules, new: &Rules, solver: &Path) -> Result<Vec<Example>
             (Region::Open, Example::RUNS_WITHOUT_A_CLICK),
             (Region::NotForbidden, Example::NO_LONGER_FORBIDDEN),
         ] {
-            let compile = |rules: &Rules, tag: &str| {
-                CompiledPolicySet::compile(&region(rules, which, tag), &env, &new.schema)
-                    .map_err(|e| format!("the policy could not be compiled for {}: {e}", tool.name))
-            };
-            let (after, before) = (compile(new, "new")?, compile(old, "old")?);
+            let after = region(new, tool, which, "new").map_err(incomparable)?;
+            let after = CompiledPolicySet::compile(&after, &env, &new.schema)
+                .map_err(|e| incomparable(e.to_string()))?;
+            // The old rules, read against this tool as it is listed now (and as the old
+            // annotations would have classed it, which are the tool's).
+            let before = region(old, tool, which, "old").map_err(incomparable)?;
+            let before = CompiledPolicySet::compile(&before, &env, &new.schema)
+                .map_err(|e| incomparable(e.to_string()))?;
             let found = compiler
                 .check_implies_with_counterexample_opt(&after, &before)
                 .await
-                .map_err(|e| format!("the solver failed on {}: {e}", tool.name))?;
+                .map_err(|e| WideningError::SolverFailed {
+                    tool: tool.name.clone(),
+                    reason: e.to_string(),
+                })?;
             if let Some(env) = found {
                 let request = &env.request;
                 let call = format!(
@@ -201,8 +287,14 @@ mod tests {
     #[tokio::test]
     #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
     async fn an_added_open_rule_is_shown_as_a_call_it_lets_run_without_a_click() {
+        // (Added beside a rule that asks a click of everything, the open rules would open
+        // nothing: the strictest matching rule wins. So the example replaces it.)
         let new = format!("{EVERYTHING_CLICKS}\n{EXAMPLE}");
-        let Widening::Widens(examples) = widens(EVERYTHING_CLICKS, &new).await else {
+        assert_eq!(
+            widens(EVERYTHING_CLICKS, &new).await,
+            Widening::OnlyTightens
+        );
+        let Widening::Widens(examples) = widens(EVERYTHING_CLICKS, EXAMPLE).await else {
             panic!("an open rule added was not found to widen");
         };
         let tools: Vec<(&str, &str)> = examples
@@ -259,7 +351,115 @@ mod tests {
             .find(|e| e.change == Example::NO_LONGER_FORBIDDEN)
             .unwrap_or_else(|| panic!("{examples:?}"));
         assert_eq!(forbid.tool, "execute");
-        assert!(forbid.call.contains("DROP"), "{}", forbid.sentence());
+        assert!(
+            forbid.call.to_lowercase().contains("drop"),
+            "{}",
+            forbid.sentence()
+        );
+    }
+
+    fn file_tool(name: &str, arguments: &[&str]) -> Tool {
+        let properties: serde_json::Map<String, serde_json::Value> = arguments
+            .iter()
+            .map(|a| ((*a).to_owned(), serde_json::json!({"type": "string"})))
+            .collect();
+        Tool::new(
+            name,
+            &serde_json::json!({"type": "object", "properties": properties, "required": arguments}),
+            true,
+        )
+    }
+
+    async fn widens_with(old: (&str, &[Tool]), new: (&str, &[Tool])) -> Widening {
+        let (old, new) = (
+            Rules::parse(old.0, old.1).unwrap(),
+            Rules::parse(new.0, new.1).unwrap(),
+        );
+        widening(&old, &new, &solver(), Duration::from_secs(120)).await
+    }
+
+    #[tokio::test]
+    #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
+    async fn removing_a_stricter_rule_that_overlapped_an_open_one_is_shown_as_opening() {
+        let tools = [file_tool("write", &["path"])];
+        let both = r#"
+            @class("open") permit (principal, action == Countersign::Action::"write", resource)
+            when { context.arguments.path like "scratch/*" };
+            @class("once") permit (principal, action == Countersign::Action::"write", resource)
+            when { context.arguments.path like "scratch/secret/*" };
+        "#;
+        let open_only = r#"
+            @class("open") permit (principal, action == Countersign::Action::"write", resource)
+            when { context.arguments.path like "scratch/*" };
+        "#;
+        let Widening::Widens(found) = widens_with((both, &tools), (open_only, &tools)).await else {
+            panic!("removing the stricter overlap was not found to widen");
+        };
+        assert!(
+            found[0].call.contains("scratch/secret/"),
+            "{}",
+            found[0].sentence()
+        );
+        // The other way round only tightens.
+        assert_eq!(
+            widens_with((open_only, &tools), (both, &tools)).await,
+            Widening::OnlyTightens
+        );
+    }
+
+    #[tokio::test]
+    #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
+    async fn a_rule_removed_from_a_tool_open_by_its_annotations_is_shown_as_opening() {
+        let tools = [file_tool("read", &["path"]).read_only()];
+        let gated = r#"
+            @class("once") permit (principal, action == Countersign::Action::"read", resource)
+            when { context.arguments.path like ".ssh/*" };
+        "#;
+        let Widening::Widens(found) = widens_with((gated, &tools), ("", &tools)).await else {
+            panic!("unruled calls of an open tool were not counted");
+        };
+        assert!(found[0].call.contains(".ssh/"), "{}", found[0].sentence());
+    }
+
+    #[tokio::test]
+    #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
+    async fn a_newly_listed_tool_is_compared_and_one_whose_shape_changed_is_never_proved() {
+        let before = [file_tool("write", &["path"])];
+        let after = [
+            file_tool("write", &["path"]),
+            file_tool("upload", &["path"]),
+        ];
+        let opens_upload = r#"
+            @class("open") permit (principal, action == Countersign::Action::"upload", resource)
+            when { context.arguments.path like "public/*" };
+        "#;
+        let Widening::Widens(found) = widens_with(("", &before), (opens_upload, &after)).await
+        else {
+            panic!("a rule opening a newly listed tool was not found to widen");
+        };
+        assert_eq!(found[0].tool, "upload");
+        // The old rules name an argument the tool no longer takes: not comparable, said so.
+        let on_path = r#"
+            @class("open") permit (principal, action == Countersign::Action::"write", resource)
+            when { context.arguments.path like "scratch/*" };
+        "#;
+        let renamed = [file_tool("write", &["file"])];
+        let answer = widens_with((on_path, &before), ("", &renamed)).await;
+        assert!(
+            matches!(answer, Widening::Unknown(ref why) if why.code() == "incomparable"),
+            "{answer:?}"
+        );
+    }
+
+    #[tokio::test]
+    #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
+    async fn out_of_time_is_unknown_and_never_a_proof() {
+        let rules = Rules::parse(EXAMPLE, &tools()).unwrap();
+        let answer = widening(&rules, &rules, &solver(), Duration::from_nanos(1)).await;
+        assert!(
+            matches!(answer, Widening::Unknown(ref why) if why.code() == "solver_timeout"),
+            "{answer:?}"
+        );
     }
 
     #[tokio::test]
@@ -273,7 +473,7 @@ mod tests {
         )
         .await;
         assert!(
-            matches!(missing, Widening::Unknown(ref why) if why.contains("could not start")),
+            matches!(missing, Widening::Unknown(ref why) if why.code() == "solver_missing"),
             "{missing:?}"
         );
     }
