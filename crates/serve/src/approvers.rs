@@ -225,6 +225,9 @@ pub struct Approvers {
     /// Each local waiting call's shared row, by local id. Held while a call is shared, so the
     /// mirror and a `requestState` being sealed never share one call twice.
     links: tokio::sync::Mutex<HashMap<u64, Link>>,
+    /// Told when a verdict was put on a shared row here: the mirror carries it out at once
+    /// instead of at its next reading (a verdict given on another replica is read then).
+    decided_here: tokio::sync::Notify,
 }
 
 impl Approvers {
@@ -237,6 +240,7 @@ impl Approvers {
             server,
             replica: replica.iter().map(|b| format!("{b:02x}")).collect(),
             links: tokio::sync::Mutex::new(HashMap::new()),
+            decided_here: tokio::sync::Notify::new(),
         }
     }
 
@@ -303,6 +307,7 @@ impl Approvers {
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },
                 _ = decisions.tick() => self.carry_out().await,
+                () = self.decided_here.notified() => self.carry_out().await,
                 _ = alive.tick() => {
                     // Every row a call here is linked to, this replica's or another's (whose
                     // replica may have died while its agent asked again here): while a live
@@ -835,11 +840,15 @@ impl Approvers {
         // holds the arguments and answers the agent). The first verdict stands, and stays on record
         // long enough for an agent asking again to find it.
         let until = now.saturating_add(MAX_DECISION_TTL_MS);
-        match a
+        let decided = a
             .records
             .decide_waiting(row.id, verdict, note.as_deref(), until)
-            .await
-        {
+            .await;
+        if let Ok(true) = decided {
+            // Carried out now if the call waits here (the mirror reads the row at once).
+            a.decided_here.notify_one();
+        }
+        match decided {
             Ok(true) if verdict == Verdict::Deny => {
                 json_response(StatusCode::OK, &json!({ "outcome": "denied" }))
             }
