@@ -161,6 +161,8 @@ fn main() {
 
     let cycle_started = Instant::now();
     let mut tokens = Vec::new();
+    // From the decision accepted on the second replica to the agent's answer from the first.
+    let mut answered_after = Vec::with_capacity(confirms);
     for i in 0..confirms {
         let sql = format!("INSERT INTO notes(body) VALUES ('c{i}')");
         let (port, bearer) = (first.port, agent_key.clone());
@@ -186,7 +188,9 @@ fn main() {
             eprintln!("serve_bench: the decision was refused: {body}");
             std::process::exit(1);
         }
+        let decided = Instant::now();
         let answer = asking.join().unwrap();
+        answered_after.push(decided.elapsed());
         let content = answer["result"]["structuredContent"].clone();
         if content["approved"] != json!(true) {
             eprintln!("serve_bench: not approved: {answer}");
@@ -231,6 +235,12 @@ fn main() {
     println!(
         "  ask on one, approve through the other (signed), answered: {:>7.1} cycles/s",
         confirms as f64 / cycle.as_secs_f64()
+    );
+    answered_after.sort();
+    println!(
+        "  decision accepted on the other replica to the agent's answer: p50 {:>6.1} ms, p95 {:>6.1} ms",
+        micros(quantile(&answered_after, 0.5)) / 1e3,
+        micros(quantile(&answered_after, 0.95)) / 1e3
     );
     println!(
         "  confirms, 16 at once, alternating replicas:               {:>7.1} confirms/s",
