@@ -115,6 +115,8 @@ impl Seen {
 pub struct ScriptedModel {
     port: u16,
     seen: Arc<Mutex<Seen>>,
+    /// Told each time what it has seen changes.
+    changed: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -128,6 +130,7 @@ struct Script {
     wire: Wire,
     moves: Vec<Move>,
     seen: Arc<Mutex<Seen>>,
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl ScriptedModel {
@@ -136,10 +139,12 @@ impl ScriptedModel {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let seen = Arc::new(Mutex::new(Seen::default()));
+        let changed = Arc::new(tokio::sync::Notify::new());
         let script = Arc::new(Script {
             wire,
             moves,
             seen: seen.clone(),
+            changed: changed.clone(),
         });
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -149,7 +154,12 @@ impl ScriptedModel {
                 });
             }
         });
-        ScriptedModel { port, seen, task }
+        ScriptedModel {
+            port,
+            seen,
+            changed,
+            task,
+        }
     }
 
     /// Its port on `127.0.0.1`.
@@ -160,6 +170,28 @@ impl ScriptedModel {
     /// What it has seen so far.
     pub fn seen(&self) -> Seen {
         countersign_core::sync::lock(&self.seen).clone()
+    }
+
+    /// Waits (up to `limit`) until what it has seen satisfies `done`, woken by each change
+    /// (no polling); panics naming `what` if it never does.
+    pub async fn until_seen(
+        &self,
+        what: &str,
+        limit: std::time::Duration,
+        done: impl Fn(&Seen) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // Registered before the look: a change between the look and the wait is not missed.
+            let changed = self.changed.notified();
+            if done(&self.seen()) {
+                return;
+            }
+            assert!(
+                tokio::time::timeout_at(deadline, changed).await.is_ok(),
+                "{what}: not within {limit:?}"
+            );
+        }
     }
 }
 
@@ -211,6 +243,7 @@ async fn serve(mut stream: TcpStream, script: &Script) -> std::io::Result<()> {
         let (status, kind, out) = if chunked {
             let why = format!("{path}: a chunked body, which this model does not read");
             countersign_core::sync::lock(&script.seen).unread.push(why);
+            script.changed.notify_waiters();
             (400, "text/plain", String::new())
         } else {
             answer(script, &request_line, &path, &body)
@@ -250,6 +283,7 @@ fn answer(
             countersign_core::sync::lock(&script.seen)
                 .unread
                 .push(format!("{path}: {e}"));
+            script.changed.notify_waiters();
             return (400, "text/plain", String::new());
         }
     };
@@ -258,6 +292,7 @@ fn answer(
     if listed.is_empty() {
         seen.requests.1 += 1;
         drop(seen);
+        script.changed.notify_waiters();
         return (200, "text/event-stream", say(script.wire, "ok"));
     }
     seen.requests.0 += 1;
@@ -270,6 +305,7 @@ fn answer(
         seen.handed = handed.clone();
     }
     drop(seen);
+    script.changed.notify_waiters();
     let call_id = format!("toolu_{step}");
     let out = match script.moves.get(step) {
         Some(Move::Call {

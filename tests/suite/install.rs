@@ -411,11 +411,13 @@ async fn a_real_client_runs_the_approval_flow_through_the_installed_desk(kind: K
         eprintln!("{kind:?}: request {approved:?} approved");
         if kind == Kind::ClaudeCode {
             // The same call again, once the first has run: a new request, denied this time.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while model.seen().handed.len() < 3 {
-                assert!(std::time::Instant::now() < deadline, "the call did not run");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
+            model
+                .until_seen(
+                    "the call to run",
+                    std::time::Duration::from_secs(30),
+                    |seen| seen.handed.len() >= 3,
+                )
+                .await;
             assert_eq!(users(&db), 4, "the approved call ran once");
             // Told apart from the approved one by its id: the same plan, and a busy window may
             // still show the first for a moment (a click on Deny there would decide nothing).
