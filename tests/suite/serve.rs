@@ -74,6 +74,8 @@ struct Server {
     child: Child,
     port: u16,
     log: Arc<std::sync::Mutex<Vec<u8>>>,
+    /// Told each time the log grows.
+    logged: Arc<std::sync::Condvar>,
     _dir: tempfile::TempDir,
 }
 
@@ -103,9 +105,10 @@ impl Server {
         }
         let mut child = serve(&bin("countersign-serve"), &all, env).spawn().unwrap();
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let logged = Arc::new(std::sync::Condvar::new());
         let mut stderr = child.stderr.take().unwrap();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let sink = log.clone();
+        let (sink, grew) = (log.clone(), logged.clone());
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             let mut told = false;
@@ -115,6 +118,7 @@ impl Server {
                 }
                 let mut log = countersign_core::sync::lock(&sink);
                 log.extend_from_slice(&buf[..n]);
+                grew.notify_all();
                 if !told && String::from_utf8_lossy(&log).contains("listening on") {
                     told = true;
                     let _ = ready_tx.send(());
@@ -126,6 +130,7 @@ impl Server {
             child,
             port,
             log,
+            logged,
             _dir: dir,
         };
         assert!(ready.is_ok(), "the server did not start: {}", server.log());
@@ -134,6 +139,26 @@ impl Server {
 
     fn log(&self) -> String {
         String::from_utf8_lossy(&countersign_core::sync::lock(&self.log)).into_owned()
+    }
+
+    /// Waits (up to `limit`) until `text` is in the log `times` times, woken as the log grows
+    /// (no polling); panics with the log if it never is.
+    fn until_logged(&self, text: &str, times: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut log = countersign_core::sync::lock(&self.log);
+        while String::from_utf8_lossy(&log).matches(text).count() < times {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{text:?} not logged {times} times within {limit:?}: {}",
+                String::from_utf8_lossy(&log)
+            );
+            log = self
+                .logged
+                .wait_timeout(log, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     fn url(&self) -> String {

@@ -329,15 +329,7 @@ fn a_call_in_flight_when_the_server_is_told_to_stop_is_answered_before_it_stops(
         )
     });
     // The upstream says when the call has started (its stderr, in the server's log).
-    let began = Instant::now();
-    while !server.log().contains("sleep started") {
-        assert!(
-            began.elapsed() < Duration::from_secs(30),
-            "{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    server.until_logged("sleep started", 1, Duration::from_secs(30));
     // SAFETY: kill takes plain integers; the pid is our own child, not yet reaped.
     unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
     let (status, _, answer) = call.join().unwrap();
