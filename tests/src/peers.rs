@@ -59,3 +59,42 @@ pub fn python() -> PathBuf {
     );
     python
 }
+
+/// server-everything over streamable HTTP on a free port of loopback, killed when dropped, and
+/// its URL: ready when it says so on its stderr (`… listening on port N`), no polling.
+pub async fn server_everything_http() -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child =
+        tokio::process::Command::new(npm_server(SERVER_EVERYTHING, "mcp-server-everything"))
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let said = format!("listening on port {port}");
+    let listening = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains(&said) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        listening,
+        Ok(true),
+        "server-everything did not say it listens on {port}"
+    );
+    // Its later output is read (and dropped), so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://127.0.0.1:{port}/mcp"))
+}

@@ -5,9 +5,8 @@
 //! Root only (a second account is created with `useradd` and removed after); elsewhere the test
 //! says why it skips.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
 
 use countersign_tests::account::Account;
 use countersign_tests::desk_process;
@@ -17,41 +16,9 @@ use rmcp::model::*;
 use rmcp::transport::TokioChildProcess;
 use serde_json::json;
 
-/// server-everything, as `.ci/setup tests` installs it.
-fn server_everything() -> PathBuf {
-    countersign_tests::peers::npm_server(
-        countersign_tests::peers::SERVER_EVERYTHING,
-        "mcp-server-everything",
-    )
-}
-
 /// server-everything over streamable HTTP on a free port; its URL.
 async fn http_upstream() -> (tokio::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = tokio::process::Command::new(server_everything())
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "server-everything did not listen"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (child, format!("http://127.0.0.1:{port}/mcp"))
+    countersign_tests::peers::server_everything_http().await
 }
 
 /// A headless desk of this (root) account in `dir`, with `agent_accounts` in its settings.

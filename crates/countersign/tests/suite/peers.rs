@@ -1139,33 +1139,8 @@ async fn a_cancelled_preflight_stays_marked_and_the_same_call_asked_again_takes_
 /// through, gated ones go to the desk, as with a stdio upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_over_streamable_http_is_reached_with_url() {
-    let server = server_everything();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut upstream = tokio::process::Command::new(&server)
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "server-everything did not listen on {port}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (mut upstream, url) = countersign_tests::peers::server_everything_http().await;
     let desk = desk().await;
-    let url = format!("http://127.0.0.1:{port}/mcp");
     let agent = connect(
         gateway_command(&desk.socket, &["--url", &url]),
         plain_client(),
