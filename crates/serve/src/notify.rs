@@ -264,18 +264,24 @@ pub async fn run(engine: Engine, server: String, page: Option<Page>, hooks: Vec<
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
-        let link = match &page {
-            Some(page) => page
-                .numbers
-                .number(request.id)
-                .await
-                .map(|row| crate::web::call_link(&page.origin, row)),
+        // The call's number shared by the replicas (what the page and desks know it by).
+        let number = match &page {
+            Some(page) => page.numbers.number(request.id).await,
             None => None,
         };
+        let link = page
+            .as_ref()
+            .zip(number)
+            .map(|(page, row)| crate::web::call_link(&page.origin, row));
         for hook in &hooks {
-            let Some(body) = hook.body(&server, &request, link.as_deref()) else {
+            let Some(mut body) = hook.body(&server, &request, link.as_deref()) else {
                 continue;
             };
+            // The generic document's `request` is this replica's own number; `call` is the one
+            // every replica, the page and desks share.
+            if let (Webhook::Json(_), Some(number)) = (hook, number) {
+                body["call"] = json!(number);
+            }
             let (client, url) = (client.clone(), hook.url().to_owned());
             tokio::spawn(async move { deliver(client, url, body).await });
         }

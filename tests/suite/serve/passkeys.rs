@@ -921,6 +921,11 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
     };
     let notice = by_path("/hook");
     let call_link = notice["link"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(
+        call_link,
+        format!("{origin}/call/{}", notice["call"]),
+        "the generic notice names the shared number: {notice}"
+    );
     assert!(
         call_link.starts_with(&format!("{origin}/call/")),
         "{notice}"
