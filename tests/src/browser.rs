@@ -5,6 +5,7 @@
 //! The virtual authenticator is the W3C WebAuthn spec's WebDriver extension
 //! (`/session/{id}/webauthn/...`), which fantoccini does not wrap: its commands go through
 //! fantoccini's raw command interface ([`Raw`]).
+#![allow(unsafe_code)] // ending the browser's process group reaches the OS through libc; the block says why it is sound
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -36,6 +37,17 @@ pub struct Raw {
     pub body: Option<Value>,
     /// `DELETE` instead.
     pub delete: bool,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(pid) = self._driver.id() {
+            // SAFETY: killpg only sends a signal, to the group this browser's driver leads.
+            unsafe {
+                libc::killpg(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
 }
 
 impl WebDriverCompatibleCommand for Raw {
@@ -80,6 +92,9 @@ impl Browser {
             .arg(format!("--port={port}"))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
+            // A group of its own, with the Chromium it starts: ended whole when dropped, even
+            // when a test fails before it closes its session.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .expect("chromedriver (Debian's chromium-driver) starts");
