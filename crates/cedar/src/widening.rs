@@ -123,38 +123,53 @@ enum Region {
     NotForbidden,
 }
 
-/// `policy` with its effect turned to forbid, under `id`.
-fn as_forbid(policy: &Policy, id: PolicyId) -> Result<Policy, String> {
-    let mut json = policy.to_json().map_err(|e| e.to_string())?;
+/// `policy` with its effect turned to forbid, under `id` (for `tool`'s comparison).
+fn as_forbid(policy: &Policy, id: PolicyId, tool: &Tool) -> Result<Policy, WideningError> {
+    let mut json = policy.to_json().map_err(|e| incomparable(tool, e))?;
     json["effect"] = serde_json::Value::String("forbid".into());
-    Policy::from_json(Some(id), json).map_err(|e| e.to_string())
+    Policy::from_json(Some(id), json).map_err(|e| incomparable(tool, e))
+}
+
+/// The comparison for `tool` could not be set up.
+fn incomparable(tool: &Tool, why: impl std::fmt::Display) -> WideningError {
+    WideningError::Incomparable {
+        tool: tool.name.clone(),
+        reason: why.to_string(),
+    }
 }
 
 /// The policy set of `which` region of `rules` for `tool`, under fresh ids (`tag` keeps the old
 /// and new apart).
-fn region(rules: &Rules, tool: &Tool, which: Region, tag: &str) -> Result<PolicySet, String> {
+fn region(
+    rules: &Rules,
+    tool: &Tool,
+    which: Region,
+    tag: &str,
+) -> Result<PolicySet, WideningError> {
     let mut set = PolicySet::new();
     let mut n = 0;
     let mut next = || {
         n += 1;
         PolicyId::new(format!("{tag}{n}"))
     };
-    let add = |set: &mut PolicySet, policy: Policy| set.add(policy).map_err(|e| e.to_string());
+    let add =
+        |set: &mut PolicySet, policy: Policy| set.add(policy).map_err(|e| incomparable(tool, e));
+    let parse = |id: PolicyId, text: String| {
+        Policy::parse(Some(id), text).map_err(|e| incomparable(tool, e))
+    };
     match which {
         Region::NotForbidden => {
-            let all = Policy::parse(Some(next()), "permit(principal, action, resource);")
-                .map_err(|e| e.to_string())?;
-            add(&mut set, all)?;
+            add(
+                &mut set,
+                parse(next(), "permit(principal, action, resource);".into())?,
+            )?;
         }
         Region::Open if tool.class == "open" => {
             let text = format!(
                 "permit(principal, action == {NAMESPACE}::Action::{}, resource);",
                 serde_json::Value::String(tool.name.clone())
             );
-            add(
-                &mut set,
-                Policy::parse(Some(next()), text).map_err(|e| e.to_string())?,
-            )?;
+            add(&mut set, parse(next(), text)?)?;
         }
         Region::Open => {}
     }
@@ -165,7 +180,7 @@ fn region(rules: &Rules, tool: &Tool, which: Region, tag: &str) -> Result<Policy
                 add(&mut set, policy.new_id(next()))?
             }
             // A stricter permit that matches keeps the call from opening.
-            (Effect::Permit, Region::Open) => add(&mut set, as_forbid(policy, next())?)?,
+            (Effect::Permit, Region::Open) => add(&mut set, as_forbid(policy, next(), tool)?)?,
             (Effect::Permit, Region::NotForbidden) => {}
         }
     }
@@ -200,10 +215,6 @@ async fn compare(old: &Rules, new: &Rules, solver: &Path) -> Result<Vec<Example>
     let resource = uid("Server", "").type_name().clone();
     // Every tool of the new listing is compared: none is skipped as new or changed.
     for tool in &new.tools {
-        let incomparable = |reason: String| WideningError::Incomparable {
-            tool: tool.name.clone(),
-            reason,
-        };
         let env = RequestEnv::new(
             principal.clone(),
             uid("Action", &tool.name),
@@ -213,14 +224,14 @@ async fn compare(old: &Rules, new: &Rules, solver: &Path) -> Result<Vec<Example>
             (Region::Open, Example::RUNS_WITHOUT_A_CLICK),
             (Region::NotForbidden, Example::NO_LONGER_FORBIDDEN),
         ] {
-            let after = region(new, tool, which, "new").map_err(incomparable)?;
+            let after = region(new, tool, which, "new")?;
             let after = CompiledPolicySet::compile(&after, &env, &new.schema)
-                .map_err(|e| incomparable(e.to_string()))?;
+                .map_err(|e| incomparable(tool, e))?;
             // The old rules, read against this tool as it is listed now (and as the old
             // annotations would have classed it, which are the tool's).
-            let before = region(old, tool, which, "old").map_err(incomparable)?;
+            let before = region(old, tool, which, "old")?;
             let before = CompiledPolicySet::compile(&before, &env, &new.schema)
-                .map_err(|e| incomparable(e.to_string()))?;
+                .map_err(|e| incomparable(tool, e))?;
             let found = compiler
                 .check_implies_with_counterexample_opt(&after, &before)
                 .await

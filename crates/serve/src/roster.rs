@@ -228,15 +228,9 @@ async fn invite(records: &Arc<dyn Records>, name: String, page: &str) -> Done {
                 .to_owned(),
         )
     })?;
-    let desks = records
-        .members(Roster::Approvers)
+    if countersign_serve::web::revoked(records, &name)
         .await
-        .map_err(|e| (3, e.to_string()))?;
-    let passkeys = records.passkeys().await.map_err(|e| (3, e.to_string()))?;
-    if desks.iter().any(|m| m.name == name && !m.is_active())
-        || passkeys
-            .iter()
-            .any(|p| p.approver == name && !p.is_active())
+        .map_err(|e| (3, e.to_string()))?
     {
         return Err((
             2,

@@ -249,9 +249,22 @@ fn user_handle(name: &str) -> [u8; 16] {
     handle
 }
 
+/// Refuses approver `name` if it was revoked (the answer to send), or when the records cannot say.
+async fn not_revoked(records: &Arc<dyn Records>, name: &str) -> Result<(), Response> {
+    match revoked(records, name).await {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(refuse(
+            StatusCode::FORBIDDEN,
+            "approver_revoked",
+            "this approver was revoked: a revoked name is not enrolled again",
+        )),
+        Err(e) => Err(unavailable(&e)),
+    }
+}
+
 /// Whether approver `name` was revoked (its desk key or any passkey): a revoked name is never
 /// enrolled again.
-async fn revoked(records: &Arc<dyn Records>, name: &str) -> Result<bool, StoreError> {
+pub async fn revoked(records: &Arc<dyn Records>, name: &str) -> Result<bool, StoreError> {
     let desks = records.members(Roster::Approvers).await?;
     let passkeys = records.passkeys().await?;
     Ok(desks.iter().any(|m| m.name == name && !m.is_active())
@@ -286,16 +299,8 @@ async fn enroll_begin(State(web): State<Arc<Web>>, body: Bytes) -> Response {
         Ok(_) => return refuse(StatusCode::NOT_FOUND, "invite_unusable", INVITE_UNUSABLE),
         Err(e) => return unavailable(&e),
     };
-    match revoked(records, &invite.approver).await {
-        Ok(false) => {}
-        Ok(true) => {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "approver_revoked",
-                "this approver was revoked: a revoked name is not enrolled again",
-            );
-        }
-        Err(e) => return unavailable(&e),
+    if let Err(refused) = not_revoked(records, &invite.approver).await {
+        return refused;
     }
     let existing = match records.passkeys().await {
         Ok(all) => all
@@ -354,16 +359,8 @@ async fn enroll_finish(State(web): State<Arc<Web>>, body: Bytes) -> Response {
         Err(e) => return unavailable(&e),
     }
     // Revoked meanwhile (after the ceremony began): a revoked name is not enrolled again.
-    match revoked(records, &invite.approver).await {
-        Ok(false) => {}
-        Ok(true) => {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "approver_revoked",
-                "this approver was revoked: a revoked name is not enrolled again",
-            );
-        }
-        Err(e) => return unavailable(&e),
+    if let Err(refused) = not_revoked(records, &invite.approver).await {
+        return refused;
     }
     let passkey = Passkey {
         approver: invite.approver.clone(),
@@ -377,19 +374,12 @@ async fn enroll_finish(State(web): State<Arc<Web>>, body: Bytes) -> Response {
         Ok(true) => {
             // A revocation between the check above and the insert would miss this passkey:
             // looked at again now that it is in, and revoked with its name if the name is.
-            match revoked(records, &invite.approver).await {
-                Ok(false) => {}
-                outcome => {
-                    let _ = records
-                        .revoke_member(Roster::Approvers, &invite.approver, now)
-                        .await;
-                    tracing::warn!(target: "approvers", approver = %invite.approver, revoked = ?outcome.ok(), "a passkey enrolled as its approver was revoked was revoked with it");
-                    return refuse(
-                        StatusCode::FORBIDDEN,
-                        "approver_revoked",
-                        "this approver was revoked: a revoked name is not enrolled again",
-                    );
-                }
+            if let Err(refused) = not_revoked(records, &invite.approver).await {
+                let _ = records
+                    .revoke_member(Roster::Approvers, &invite.approver, now)
+                    .await;
+                tracing::warn!(target: "approvers", approver = %invite.approver, "a passkey enrolled as its approver was revoked was revoked with it");
+                return refused;
             }
             tracing::info!(target: "approvers", approver = %invite.approver, "a passkey was enrolled");
             json_response(StatusCode::OK, &json!({ "enrolled": invite.approver }))
