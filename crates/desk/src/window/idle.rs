@@ -30,7 +30,7 @@ pub enum Seen {
     Shown,
     /// Closed by the person (hidden); its process still runs.
     Hidden,
-    /// No window: released, or being started again.
+    /// No window: released, or being started (its process has not said yet what its window is).
     Absent,
 }
 

@@ -74,6 +74,10 @@ struct Running {
     to: mpsc::UnboundedSender<ToWindow>,
     visible: bool,
     focused: bool,
+    /// Whether the process has told the desk anything about its window (seen, or its page
+    /// loaded). Until it has, the window is being started, not hidden: a process slow to start
+    /// (a loaded machine) must not be released before its window ever showed.
+    heard: bool,
     /// Opened in what was a spare, shown when `Some(true)`, its page not loaded yet: a spare may
     /// have ended just as it was taken, and then the window is opened once more, in a new process.
     from_spare: Option<bool>,
@@ -203,6 +207,7 @@ impl Windowed {
         let running = match state.spare.take() {
             Some(spare) => Running {
                 from_spare: Some(show),
+                heard: false,
                 ..spare
             },
             None => self.spawn(state)?,
@@ -282,6 +287,7 @@ impl Windowed {
             to,
             visible: false,
             focused: false,
+            heard: false,
             from_spare: None,
         };
         tracing::info!(target: "desk", pid = running.pid, "window's process started");
@@ -432,6 +438,7 @@ impl Windowed {
                     let hold = (focused && !running.focused) || (visible && !running.visible);
                     running.visible = visible;
                     running.focused = focused;
+                    running.heard = true;
                     hold
                 };
                 if hold {
@@ -445,6 +452,7 @@ impl Windowed {
                 // A window now, whatever it was started as (see `Running::from_spare`).
                 if let Some(running) = lock(&self.state).process(number) {
                     running.from_spare = None;
+                    running.heard = true;
                 }
                 self.hold_approvals();
             }
@@ -457,6 +465,7 @@ impl Windowed {
         let mut state = lock(&self.state);
         let seen = match &state.running {
             None => Seen::Absent,
+            Some(r) if !r.heard => Seen::Absent,
             Some(r) if r.visible => Seen::Shown,
             Some(_) => Seen::Hidden,
         };
