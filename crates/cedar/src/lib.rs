@@ -14,6 +14,6 @@ pub mod model;
 pub mod rules;
 pub mod widening;
 
-pub use model::{ArgType, Call, Tool, schema};
+pub use model::{ArgType, Call, Tool, merge, schema};
 pub use rules::{Gate, Outcome, Rules, RulesError};
 pub use widening::{Example, Widening, widening};

@@ -156,6 +156,35 @@ impl Tool {
     }
 }
 
+/// `tools` with each name once: the tools of several servers that share a name become one
+/// action, whose arguments are those every one of them declares with the same type (required
+/// where every one requires it), destructive when any is, and of the strictest class any has.
+/// A rule can then name only what holds for every tool of that name, and a call carrying an
+/// argument that is not the same everywhere is not the rules' to judge.
+pub fn merge(tools: impl IntoIterator<Item = Tool>) -> Vec<Tool> {
+    let mut merged: Vec<Tool> = Vec::new();
+    for tool in tools {
+        let Some(same) = merged.iter_mut().find(|t| t.name == tool.name) else {
+            merged.push(tool);
+            continue;
+        };
+        same.arguments = std::mem::take(&mut same.arguments)
+            .into_iter()
+            .filter_map(|(name, (kind, required))| {
+                let (theirs, also) = tool.arguments.get(&name)?;
+                (*theirs == kind).then_some((name, (kind, required && *also)))
+            })
+            .collect();
+        same.destructive |= tool.destructive;
+        let rank = |c: &str| ["open", "token", "once"].iter().position(|x| *x == c);
+        if rank(tool.class) > rank(same.class) {
+            same.class = tool.class;
+        }
+    }
+    merged.sort_by(|a, b| a.name.cmp(&b.name));
+    merged
+}
+
 /// The context attributes every call has, beside its arguments.
 fn context_type(tool: &Tool) -> Value {
     json!({
@@ -301,6 +330,38 @@ mod tests {
             schema(&[tool.clone(), tool]).is_err(),
             "two tools of one name"
         );
+    }
+
+    #[test]
+    fn tools_of_one_name_on_several_servers_merge_into_what_holds_for_all() {
+        let other = Tool::new(
+            "execute",
+            &json!({"type": "object", "properties": {
+                "sql": {"type": "string"},
+                "limit": {"type": "string"},
+                "dry": {"type": "boolean"},
+            }, "required": ["sql", "dry"]}),
+            false,
+        )
+        .read_only();
+        let merged = merge([execute(), other, Tool::new("a", &json!({}), false)]);
+        assert_eq!(
+            merged.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["a", "execute"]
+        );
+        let execute = &merged[1];
+        assert_eq!(execute.arguments["sql"], (ArgType::String, true));
+        assert!(
+            !execute.arguments.contains_key("limit"),
+            "of two types: nobody's"
+        );
+        assert!(
+            !execute.arguments.contains_key("dry"),
+            "not declared by both"
+        );
+        assert!(execute.destructive);
+        assert_eq!(execute.class, "once", "the strictest");
+        assert!(schema(&merged).is_ok());
     }
 
     #[test]

@@ -250,8 +250,39 @@ impl Rules {
         self.lines.get(id).copied()
     }
 
+    /// The rules whose action can be `tool` (it names the tool, or any action).
+    fn reaching<'a>(&'a self, tool: &'a str) -> impl Iterator<Item = &'a cedar_policy::Policy> {
+        let action = uid("Action", tool);
+        self.policies
+            .policies()
+            .filter(move |p| match p.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(one) => one == action,
+                ActionConstraint::In(many) => many.contains(&action),
+            })
+    }
+
+    /// Whether any rule may speak to calls of `tool`. When none does, its calls are the
+    /// annotations' (and its arguments need not fit anything: a tool whose arguments Cedar
+    /// cannot hold is judged as without a policy, unless a rule names it or any tool).
+    pub fn speaks_to(&self, tool: &str) -> bool {
+        self.reaching(tool).next().is_some()
+    }
+
+    /// Whether some call of `tool` may need more than running on its own: a `forbid`, or a
+    /// permit of a class other than `open`, may reach it. A tool its annotations make open is
+    /// then listed as gated, so that each of its calls is decided here.
+    pub fn may_gate(&self, tool: &str) -> bool {
+        self.reaching(tool).any(|p| {
+            p.effect() == Effect::Forbid || p.annotation("class").is_some_and(|c| c != "open")
+        })
+    }
+
     /// What the rules decide for `call`.
     pub fn decide(&self, call: &Call<'_>) -> Outcome {
+        if !self.speaks_to(call.tool) {
+            return Outcome::Unruled;
+        }
         let Some(tool) = self.tools.iter().find(|t| t.name == call.tool) else {
             return Outcome::Unfit;
         };
@@ -501,14 +532,41 @@ pub(crate) mod tests {
         // Arguments that do not fit the tool's types are never judged as if they did.
         let wrong = json!({"sql": 5});
         assert_eq!(rules.decide(&call("execute", &wrong, 12)), Outcome::Unfit);
-        let unknown = json!({});
+        // A tool no rule names is the annotations' to decide, whatever its arguments; under a
+        // rule of any action, a tool the rules were not loaded with cannot be judged.
+        let unknown = json!({"items": [1, 2]});
         assert_eq!(
             rules.decide(&call("unlisted", &unknown, 12)),
-            Outcome::Unfit
+            Outcome::Unruled
         );
+        let any = Rules::parse(
+            &format!("{EXAMPLE}\n@class(\"token\") permit (principal, action, resource);"),
+            &tools(),
+        )
+        .unwrap();
+        assert_eq!(any.decide(&call("unlisted", &unknown, 12)), Outcome::Unfit);
         // Something the rules cannot see: never opened by them.
         let hidden = json!({"sql": "SELECT 1", "mode": "write"});
         assert_eq!(rules.decide(&call("execute", &hidden, 12)), Outcome::Unfit);
+    }
+
+    #[test]
+    fn only_a_forbid_or_a_stricter_permit_that_may_reach_a_tool_gates_its_listing() {
+        let rules = Rules::parse(EXAMPLE, &tools()).unwrap();
+        // query is opened by a rule, and nothing stricter names it.
+        assert!(rules.speaks_to("query") && !rules.may_gate("query"));
+        assert!(rules.may_gate("execute"), "a forbid names it");
+        assert!(rules.may_gate("write_file"), "a once rule names it");
+        assert!(!rules.speaks_to("read_file") && !rules.may_gate("read_file"));
+        let any = Rules::parse(
+            "@reason(\"no\") forbid (principal, action, resource) when { context.hour == 3 };",
+            &tools(),
+        )
+        .unwrap();
+        assert!(
+            any.may_gate("read_file"),
+            "a rule of any action reaches every tool"
+        );
     }
 
     #[test]

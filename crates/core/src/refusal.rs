@@ -45,11 +45,18 @@ pub enum Refusal {
     /// desk pinned when it first saw it: no call of it runs, open or gated, until the person
     /// accepts the change in the desk. A changed description can carry an injection.
     ToolChanged,
+    /// A rule of the desk's policy (`policy.cedar`) forbids the call outright: nothing is shown
+    /// to a person, and nothing runs. The message carries the rule's reason.
+    PolicyForbidden,
+    /// The desk's rules over arguments cannot judge the call (an argument they cannot see, of
+    /// another type than the tool declares, a tool they were not loaded with, a rule that fails
+    /// on it): refused rather than let through unjudged.
+    PolicyUnfit,
 }
 
 impl Refusal {
     /// Every refusal, in the order of the verification chain, then the desk's own outcomes.
-    pub const ALL: [Refusal; 14] = [
+    pub const ALL: [Refusal; 16] = [
         Refusal::NoToken,
         Refusal::BadToken,
         Refusal::Expired,
@@ -64,6 +71,8 @@ impl Refusal {
         Refusal::Pending,
         Refusal::DeskUnavailable,
         Refusal::ToolChanged,
+        Refusal::PolicyForbidden,
+        Refusal::PolicyUnfit,
     ];
 
     /// The stable wire code, e.g. `already_used`.
@@ -83,6 +92,8 @@ impl Refusal {
             Refusal::Pending => "pending",
             Refusal::DeskUnavailable => "desk_unavailable",
             Refusal::ToolChanged => "tool_changed",
+            Refusal::PolicyForbidden => "policy_forbidden",
+            Refusal::PolicyUnfit => "policy_unfit",
         }
     }
 
@@ -192,6 +203,18 @@ impl Refusal {
                  that change is accepted.",
                 "Nothing was executed. Next: the person reviews the change in the Countersign \
                  desk; call again after they accept it."
+            ),
+            Refusal::PolicyForbidden => said!(
+                "Refused: the desk's policy forbids this call.",
+                "Nothing was executed and nobody was asked. Do not call it again as it is; tell \
+                 the user what the policy says."
+            ),
+            Refusal::PolicyUnfit => said!(
+                "Refused: the desk's rules over arguments cannot judge this call (an argument \
+                 they cannot see, or of another type than the tool declares, or a tool listed \
+                 since they were loaded).",
+                "Nothing was executed. Call it with only the arguments the tool declares, of \
+                 their declared types; if it still fails, tell the user the policy needs updating."
             ),
         }
     }

@@ -109,6 +109,7 @@ impl Engine {
                 changes,
                 describing: Arc::new(tokio::sync::Semaphore::new(describing::MAX_DESCRIBING)),
                 shared: std::sync::OnceLock::new(),
+                ruling: std::sync::RwLock::default(),
             }),
         }
     }
@@ -207,6 +208,20 @@ impl Engine {
                 refusal: Refusal::LedgerUnreachable,
             };
             self.record(self.unplanned(kind, tenant, tool, None)).await;
+            return stopped;
+        }
+        if let Stopped::Refused {
+            refusal: refusal @ (Refusal::PolicyForbidden | Refusal::PolicyUnfit),
+            message,
+        } = &stopped
+        {
+            // The rules' refusal, on the record with what the agent was told (the rule's reason).
+            let kind = EventKind::Refused { refusal: *refusal };
+            self.record(self.unplanned(kind, tenant, tool, Some(message.clone())))
+                .await;
+            self.tally(crate::tally::Tallied::Refusal {
+                code: refusal.code(),
+            });
             return stopped;
         }
         if let Stopped::Failed { code, message } = &stopped

@@ -141,6 +141,15 @@ pub enum GrantError {
     /// No live grant has this number.
     #[error("no live grant has this number")]
     NoSuchGrant,
+    /// The rules over arguments gate this call and no rule of them says a grant may cover it
+    /// (`@grant_max_minutes`).
+    #[error(
+        "the desk's rules over arguments gate this call and none of them allows a grant (@grant_max_minutes)"
+    )]
+    Ruled,
+    /// Longer than the rules allow a grant of this call.
+    #[error("the desk's rules allow a grant of this call for at most {0} minutes")]
+    LongerThanRules(u64),
 }
 
 impl GrantError {
@@ -159,6 +168,8 @@ impl GrantError {
             GrantError::TooMany => "too_many_grants",
             GrantError::NotStored(_) => "grant_not_stored",
             GrantError::NoSuchGrant => "no_such_grant",
+            GrantError::Ruled => "ruled_not_grantable",
+            GrantError::LongerThanRules(_) => "longer_than_rules",
         }
     }
 }
@@ -508,7 +519,12 @@ impl Engine {
             let entry = state.requests.get(&id).filter(|e| e.is_waiting())?;
             entry.view.clone()
         };
-        let general = self.widenable(&view).err();
+        let widenable = self.widenable(&view);
+        let most = match &widenable {
+            Ok((_, _, call)) => call.grant_max_minutes.unwrap_or(MAX_GRANT_MINUTES),
+            Err(_) => MAX_GRANT_MINUTES,
+        };
+        let general = widenable.err();
         let prefix = match &general {
             Some(e) => Err(e.clone()),
             None => match segments(&view.plan.target) {
@@ -526,7 +542,7 @@ impl Engine {
             prefix_code: prefix.as_ref().err().map(GrantError::code),
             prefix_why: prefix.as_ref().err().map(ToString::to_string),
             default_prefix: prefix.ok(),
-            max_minutes: MAX_GRANT_MINUTES,
+            max_minutes: most.min(MAX_GRANT_MINUTES),
         })
     }
 
@@ -539,8 +555,11 @@ impl Engine {
         let (rule, definition, server) = self
             .listed_rule(&call.tenant, &view.plan.tool)
             .ok_or(GrantError::ToolChanged)?;
-        if server != call.server || rule.class != call.class {
+        if server != call.server || (!call.ruled && rule.class != call.class) {
             return Err(GrantError::ToolChanged);
+        }
+        if call.ruled && call.grant_max_minutes.is_none() {
+            return Err(GrantError::Ruled);
         }
         grantable(&rule)?;
         Ok((rule, definition, call.clone()))
@@ -584,6 +603,11 @@ impl Engine {
         };
         if !(1..=MAX_GRANT_MINUTES).contains(&minutes) {
             return Err(GrantError::Duration);
+        }
+        if let Some(most) = call.grant_max_minutes
+            && minutes > most
+        {
+            return Err(GrantError::LongerThanRules(most));
         }
         let key = self.key().map_err(|no| ApproveError::NoSecret(no.why))?;
         let now = self.now();

@@ -26,6 +26,7 @@
 //! | `confirm` | the verification chain, the ledger spend, outcomes |
 //! | `change` | requests to change the desk itself |
 //! | `rounds` | the 2026-07-28 flow's `requestState` |
+//! | `ruling` | what the rules over arguments (`policy.cedar`) decide for one call |
 //! | `grants` | a person's approval widened to later matching calls |
 //! | [`tally`] | what it decided, as counts, for whoever keeps metrics |
 #![forbid(unsafe_code)] // nothing here reaches past the safe language; keep it so
@@ -43,6 +44,7 @@ mod listing;
 mod planning;
 mod queue;
 mod rounds;
+mod ruling;
 mod settings;
 mod state;
 pub mod tally;

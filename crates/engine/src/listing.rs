@@ -202,6 +202,7 @@ impl Engine {
         else {
             return Err(error(ErrorCode::NotIntroduced, "unknown connection"));
         };
+        let rules = self.rules_for_listing(&server, &tools);
         // A name listed twice could be read one way and called the other: offer neither.
         let mut seen = HashMap::<&str, usize>::new();
         for tool in &tools {
@@ -261,7 +262,18 @@ impl Engine {
             let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
                 continue;
             };
-            let rule = policy.rule(&conn.server, tool);
+            let mut rule = policy.rule(&conn.server, tool);
+            // An open tool that a rule over arguments may gate is listed gated: each call of it
+            // is then decided by the rules, and one they leave alone runs on its own.
+            let by_rules =
+                !rule.class.is_gated() && rules.as_ref().is_some_and(|r| r.may_gate(&name));
+            if by_rules {
+                rule.class = countersign_core::GateClass::Token;
+                rule.why = format!(
+                    "policy.cedar: a rule over arguments may gate some calls of it ({})",
+                    rule.why
+                );
+            }
             let withheld = if seen.get(name.as_str()).copied().unwrap_or(0) > 1 {
                 Some("the upstream lists more than one tool under this name".to_owned())
             } else if rule.class.is_gated() && self.inner.config.read_only {
@@ -296,6 +308,7 @@ impl Engine {
                         rule: rule.clone(),
                         hash: candidate.hash,
                         pinned: is_pinned,
+                        by_rules,
                     },
                 );
             }

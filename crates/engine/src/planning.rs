@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use crate::answer::{ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, outage, refused};
 use crate::describing;
+use crate::ruling::Ruled;
 use crate::state::Listed;
 
 /// A gated call, planned: see [`Engine::plan_call`].
@@ -25,6 +26,13 @@ pub(crate) struct Call {
     pub(crate) fields: policy::ConfirmFields,
     pub(crate) plan: Plan,
     pub(crate) hash: PlanHash,
+    /// The rules over arguments open this call: it runs without a click (a preflight of it is
+    /// answered by running it, see [`crate::Queued::Open`]).
+    pub(crate) open: bool,
+    /// The rules over arguments gated it (rather than its listing).
+    pub(crate) ruled: bool,
+    /// The longest a grant of it may last, in minutes, where a rule says.
+    pub(crate) grant_max_minutes: Option<u64>,
 }
 
 impl Engine {
@@ -49,7 +57,7 @@ impl Engine {
         arguments: &Value,
         turn: Option<&describing::Turn>,
     ) -> Result<Call, Stopped> {
-        let (rule, client_info, server, id, own_turn) = {
+        let (rule, by_rules, client_info, server, id, own_turn) = {
             let state = lock(&self.inner.state);
             let conn = state
                 .connections
@@ -62,8 +70,9 @@ impl Engine {
             match conn.tools.get(tool) {
                 // Recorded by the caller that refuses the call (a withdraw refuses nothing).
                 Some(listed) if !listed.pinned => return Err(refused(Refusal::ToolChanged)),
-                Some(Listed { rule, .. }) if rule.class.is_gated() => (
+                Some(Listed { rule, by_rules, .. }) if rule.class.is_gated() => (
                     rule.clone(),
+                    *by_rules,
                     conn.client_info.clone(),
                     conn.server.clone(),
                     conn.id.clone(),
@@ -85,6 +94,22 @@ impl Engine {
         let turn = turn.ok_or(&own_turn);
         let plan = self.described(&id, tool, &rule, &args, plan, turn)?;
         let hash = plan.hash().map_err(|e| bad(&e))?;
+        // The rules over arguments see the call as planned (and described): they may refuse it,
+        // open it, or ask more of it than its listing did.
+        let ruled = self.rule_call(
+            tenant,
+            &server,
+            tool,
+            &rule,
+            by_rules,
+            &plan,
+            &Value::Object(args.clone()),
+        )?;
+        let (rule, open, ruled, grant_max_minutes) = match ruled {
+            Ruled::AsListed => (rule, false, false, None),
+            Ruled::Open => (rule, true, false, None),
+            Ruled::Gated(rule, grant) => (rule, false, true, grant),
+        };
         Ok(Call {
             rule,
             client_info,
@@ -93,6 +118,9 @@ impl Engine {
             fields,
             plan,
             hash,
+            open,
+            ruled,
+            grant_max_minutes,
         })
     }
 }

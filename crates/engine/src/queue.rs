@@ -37,6 +37,10 @@ pub enum Queued {
     Waiting(Ticket),
     /// Approved at once by a live grant a person's click made: a token of its own.
     Granted(Approved),
+    /// The rules over arguments (`policy.cedar`, accepted by the person) open this call: it runs
+    /// as it is, without a click and without a token, as an open tool's call does. The caller
+    /// forwards exactly the arguments it asked with.
+    Open,
 }
 
 /// A request in the queue, as the preflight that queued it (or re-attached to it) holds it.
@@ -147,6 +151,13 @@ pub struct CallRequest {
     /// given meanwhile is collected when the agent asks the same call again.
     #[serde(default)]
     pub stopped_waiting_at_ms: Option<u64>,
+    /// Whether the rules over arguments (`policy.cedar`) gated this call, rather than its listing.
+    #[serde(default)]
+    pub ruled: bool,
+    /// The longest a grant made from it may last, in minutes, where a rule says
+    /// (`@grant_max_minutes`). A call the rules gate without saying is never widened.
+    #[serde(default)]
+    pub grant_max_minutes: Option<u64>,
 }
 
 /// A change to the desk waiting for a person.
@@ -333,6 +344,10 @@ impl Engine {
         match self.queue_preflight(tenant, tool, arguments).await? {
             Queued::Granted(approved) => Ok(approved),
             Queued::Waiting(ticket) => self.decision(ticket, wait).await,
+            Queued::Open => Err(error(
+                ErrorCode::UnknownTool,
+                format!("`{tool}` is open for this call by the desk's rules: it needs no approval"),
+            )),
         }
     }
 
@@ -354,6 +369,9 @@ impl Engine {
             fields,
             plan,
             hash,
+            open,
+            ruled,
+            grant_max_minutes,
         } = match self.plan_aside(tenant, tool, arguments).await {
             Ok(call) => call,
             Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
@@ -361,6 +379,12 @@ impl Engine {
         if fields.is_confirm() {
             let stopped = error(ErrorCode::BadArguments, "a confirm is not a preflight");
             return Err(self.rejected(tenant, tool, stopped).await);
+        }
+        if open {
+            // Nobody is asked, so no window is needed: the person's click was on the rules.
+            tracing::info!(target: "desk", tool = %tool, target = %plan.target, "opened by the rules over arguments: runs without a click");
+            self.tally_request(Some(GateClass::Open), Outcome::Forwarded);
+            return Ok(Queued::Open);
         }
         if !self.inner.config.window {
             self.tally_request(Some(rule.class), Outcome::Refused);
@@ -374,9 +398,16 @@ impl Engine {
         }
         // A live grant a person's click made covers it: approved at once, a token of its own.
         // Grants that cannot be read refuse the call (an outage), never queue it as ungranted.
-        let granted = match self.granted(tenant, &plan, hash, &args).await {
-            Ok(granted) => granted,
-            Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
+        // A call the rules over arguments gate is covered by a grant only where a rule says
+        // how long one may last: a grant made before a rule asked more (two approvers, say)
+        // must not answer for it.
+        let granted = if ruled && grant_max_minutes.is_none() {
+            None
+        } else {
+            match self.granted(tenant, &plan, hash, &args).await {
+                Ok(granted) => granted,
+                Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
+            }
         };
         if let Some(approved) = granted {
             self.tally_request(Some(rule.class), Outcome::Approved);
@@ -432,6 +463,8 @@ impl Engine {
                             why: rule.why.clone(),
                             last_unknown_at_ms: last_unknown,
                             stopped_waiting_at_ms: None,
+                            ruled,
+                            grant_max_minutes,
                         }),
                     };
                     let (sender, receiver) = watch::channel(None);

@@ -126,6 +126,9 @@ pub(crate) struct Listed {
     pub(crate) hash: PlanHash,
     /// Whether that definition is the one pinned: calls of it run only while it is.
     pub(crate) pinned: bool,
+    /// Open by its annotations or the TOML policy, and listed gated because a rule over
+    /// arguments may gate some of its calls: a call the rules leave alone runs on its own.
+    pub(crate) by_rules: bool,
 }
 
 pub(crate) struct Connection {
@@ -213,4 +216,6 @@ pub(crate) struct Inner {
     pub(crate) describing: Arc<tokio::sync::Semaphore>,
     /// Where a team's server shares its waiting calls with its other replicas (unset on a desk).
     pub(crate) shared: std::sync::OnceLock<Arc<dyn crate::rounds::SharedRequests>>,
+    /// The rules over arguments in force, and the tools they were loaded against.
+    pub(crate) ruling: RwLock<crate::ruling::Ruling>,
 }

@@ -338,6 +338,8 @@ mod tests {
                 why: "annotations".into(),
                 last_unknown_at_ms: None,
                 stopped_waiting_at_ms: None,
+                ruled: false,
+                grant_max_minutes: None,
             }),
         }
     }

@@ -405,10 +405,36 @@ impl Session {
                 Err(stopped) => Ok(stopped_result(stopped)),
             };
         }
-        let answer = self
+        match self
             .preflight(&tool, &arguments, self.wait, context)
-            .await?;
-        Ok(from_desk(answer))
+            .await?
+        {
+            Asked::Decided(answer) => Ok(from_desk(answer)),
+            Asked::Open => self.run_open(request, live, context).await,
+        }
+    }
+
+    /// Runs a call the desk's rules over arguments open, as the agent sent it: no click, no
+    /// token, nothing to spend, as an open tool's call runs. Its round-trip fields, the desk's
+    /// own business, are never sent on.
+    pub(crate) async fn run_open(
+        &self,
+        mut request: CallToolRequestParams,
+        live: &Live,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let tool = request.name.to_string();
+        request.request_state = None;
+        request.input_responses = None;
+        match self.forward_call(live, request, context).await {
+            Ok(r) => Ok(r),
+            Err(ForwardError::Answer(e)) => Err(e),
+            Err(ForwardError::NotSent) => {
+                self.upstream.discard(live).await;
+                Ok(call_not_sent(&tool, Some(GateClass::Open)))
+            }
+            Err(ForwardError::Lost) => Ok(call_lost(&tool, Some(GateClass::Open))),
+        }
     }
 
     /// Runs a call the engine accepted, with the `arguments` the person approved, and tells the
@@ -463,7 +489,7 @@ impl Session {
         arguments: &Value,
         wait: Duration,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Result<Approved, Stopped>, ErrorData> {
+    ) -> Result<Asked, ErrorData> {
         let turn = self.turn().await;
         let queued = self
             .engine
@@ -472,8 +498,9 @@ impl Session {
         drop(turn);
         let ticket = match queued {
             Ok(Queued::Waiting(ticket)) => ticket,
-            Ok(Queued::Granted(approved)) => return Ok(Ok(approved)),
-            Err(stopped) => return Ok(Err(stopped)),
+            Ok(Queued::Granted(approved)) => return Ok(Asked::Decided(Ok(approved))),
+            Ok(Queued::Open) => return Ok(Asked::Open),
+            Err(stopped) => return Ok(Asked::Decided(Err(stopped))),
         };
         // A request this preflight queued gets its preview, attached by the ticket's plan hash;
         // one it re-attached to has had its own.
@@ -495,7 +522,7 @@ impl Session {
         let mut step = 0u32;
         loop {
             tokio::select! {
-                answer = &mut preflight => return Ok(answer),
+                answer = &mut preflight => return Ok(Asked::Decided(answer)),
                 _ = context.ct.cancelled() => {
                     // The agent stopped waiting (its cancel, or its client's own timeout): the
                     // request stays, marked, for the grace, and the same call asked again
@@ -554,6 +581,14 @@ pub(crate) fn failed(code: &str, message: String) -> CallToolResult {
 }
 
 /// The desk's answer to a preflight, as a tool result.
+/// What a preflight came to: the desk's answer, or the rules over arguments open the call.
+pub(crate) enum Asked {
+    /// Approved (by a click or a grant), or stopped.
+    Decided(Result<Approved, Stopped>),
+    /// Runs without a click: [`Session::run_open`].
+    Open,
+}
+
 fn from_desk(answer: Result<Approved, Stopped>) -> CallToolResult {
     match answer {
         Ok(approved) => approved_result(approved),

@@ -87,9 +87,16 @@ impl Session {
             if confirming || !offers_url_elicitation(context) {
                 return Ok(None);
             }
-            let answer = self
+            let answer = match self
                 .preflight(&request.name, &arguments, Duration::ZERO, context)
-                .await?;
+                .await?
+            {
+                Asked::Decided(answer) => answer,
+                Asked::Open => {
+                    let ran = self.run_open(request.clone(), live, context).await?;
+                    return Ok(Some(complete(ran)));
+                }
+            };
             return self
                 .after_wait(answer, request, &arguments, class, 1, live, context)
                 .await
@@ -153,10 +160,15 @@ impl Session {
             Resumed::Decided(stopped) => return Ok(complete(stopped_result(stopped))),
             Resumed::Unplanned => {
                 // The call cannot be planned now: the preflight says why (and queues nothing).
-                let answer = self
+                return match self
                     .preflight(tool, arguments, Duration::ZERO, context)
-                    .await?;
-                return Ok(complete(from_desk(answer)));
+                    .await?
+                {
+                    Asked::Decided(answer) => Ok(complete(from_desk(answer))),
+                    Asked::Open => Ok(complete(
+                        self.run_open(request.clone(), live, context).await?,
+                    )),
+                };
             }
         };
         let declined = request
@@ -178,7 +190,14 @@ impl Session {
             );
             return Ok(complete(failed("withdrawn", message)));
         }
-        let answer = self.preflight(tool, arguments, self.wait, context).await?;
+        let answer = match self.preflight(tool, arguments, self.wait, context).await? {
+            Asked::Decided(answer) => answer,
+            Asked::Open => {
+                return Ok(complete(
+                    self.run_open(request.clone(), live, context).await?,
+                ));
+            }
+        };
         self.after_wait(
             answer,
             request,

@@ -484,6 +484,8 @@ pub(super) fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Pla
         why: asks["why"].as_str().unwrap_or_default().to_owned(),
         last_unknown_at_ms: asks["last_unknown_at_ms"].as_u64(),
         stopped_waiting_at_ms: asks["stopped_waiting_at_ms"].as_u64(),
+        ruled: false,
+        grant_max_minutes: None,
     };
     // The plan shown must be the plan hashed: a server that sends another is not believed.
     if plan.hash().ok()? != call.plan_hash {

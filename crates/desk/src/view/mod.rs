@@ -282,6 +282,8 @@ mod tests {
                 why: "annotations destructiveHint: true".into(),
                 last_unknown_at_ms: None,
                 stopped_waiting_at_ms: None,
+                ruled: false,
+                grant_max_minutes: None,
             }),
             plan,
             arrived_at_ms: 0,

@@ -10,4 +10,5 @@ mod outage;
 mod previews;
 mod queue;
 mod rounds;
+mod rules;
 mod stopped;

@@ -1,0 +1,215 @@
+//! Rules over arguments (`policy.cedar`): what the Cedar rules in force decide for one call.
+//!
+//! The TOML policy classes a tool once, when it is listed; the rules look at each call (its
+//! arguments, plan, the hour) and may refuse it outright, open it, or ask more of it (a stricter
+//! class, more approvers, a typed target, a shorter grant). The engine keeps the text last
+//! accepted and the tools each server listed; the rules are loaded against the tools of every
+//! server at once ([`countersign_cedar::merge`]), again whenever a listing changes what they see.
+//! A text that does not load is refused whole by whoever proposed it ([`Engine::set_rules`]); one
+//! that stops loading against a later listing stays in force as it was last loaded, and a call of
+//! a tool it was not loaded with is refused `policy_unfit` wherever a rule may reach it.
+//!
+//! Loading and deciding are pure (`countersign_cedar::rules`); what a change widens needs a
+//! solver process and is asked by the desk and `serve`, not here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use countersign_cedar::{Outcome, Rules, RulesError, Tool};
+use countersign_core::policy::ToolRule;
+use countersign_core::{GateClass, Refusal, Tenant, gate};
+use serde_json::Value;
+
+use crate::answer::Stopped;
+use crate::authority::Engine;
+
+/// The rules in force and what they were loaded against.
+#[derive(Default)]
+pub(crate) struct Ruling {
+    /// The text in force; `None`: no rules.
+    text: Option<String>,
+    /// Each server's tools as it last listed them, as the rules see them.
+    tools: BTreeMap<String, Vec<Tool>>,
+    /// The text, loaded against the merge of `tools` (`None` without a text).
+    rules: Option<Arc<Rules>>,
+    /// Why the text did not load against the tools listed since it last did, if it did not.
+    problem: Option<RulesError>,
+}
+
+impl Ruling {
+    fn merged(&self) -> Vec<Tool> {
+        countersign_cedar::merge(self.tools.values().flatten().cloned())
+    }
+}
+
+/// A tool as the rules see it, from its listing.
+pub(crate) fn tool_of(listed: &Value) -> Option<Tool> {
+    let name = listed.get("name").and_then(Value::as_str)?;
+    let annotations = listed.get("annotations");
+    let schema = listed.get("inputSchema").cloned().unwrap_or(Value::Null);
+    let tool = Tool::new(name, &schema, gate::is_destructive(annotations));
+    Some(match GateClass::from_annotations(annotations) {
+        GateClass::Open => tool.read_only(),
+        GateClass::Token => Tool {
+            class: "token",
+            ..tool
+        },
+        GateClass::Once => Tool {
+            class: "once",
+            ..tool
+        },
+    })
+}
+
+/// What the rules make of one planned call.
+pub(crate) enum Ruled {
+    /// As the listing classed it (no rules, or none speaks to the call).
+    AsListed,
+    /// Runs without a click.
+    Open,
+    /// Gated as the rule says.
+    Gated(ToolRule, Option<u64>),
+}
+
+impl Engine {
+    /// Loads `text` as the rules in force (`None`: none), against the tools every server listed.
+    /// Refused whole, with the line and the reason, when it does not load; then what was in force
+    /// stays.
+    pub fn set_rules(&self, text: Option<String>) -> Result<(), RulesError> {
+        let mut ruling = self.ruling_mut();
+        let rules = match &text {
+            Some(text) => Some(Arc::new(Rules::parse(text, &ruling.merged())?)),
+            None => None,
+        };
+        ruling.text = text;
+        ruling.rules = rules;
+        ruling.problem = None;
+        Ok(())
+    }
+
+    /// Whether `text` would load as the rules, against the tools every server listed.
+    pub fn check_rules(&self, text: &str) -> Result<(), RulesError> {
+        Rules::parse(text, &self.ruling().merged()).map(drop)
+    }
+
+    /// The rules in force, loaded.
+    pub fn rules(&self) -> Option<Arc<Rules>> {
+        self.ruling().rules.clone()
+    }
+
+    /// `text` loaded against the tools every server listed, for comparing with the rules in
+    /// force (see `countersign_cedar::widening`).
+    pub fn load_rules(&self, text: &str) -> Result<Rules, RulesError> {
+        Rules::parse(text, &self.ruling().merged())
+    }
+
+    /// Why the rules in force no longer load against what the servers list now, if they do not:
+    /// they stay as last loaded, and calls of tools they do not know are refused where a rule
+    /// may reach them.
+    pub fn rules_problem(&self) -> Option<RulesError> {
+        self.ruling().problem.clone()
+    }
+
+    /// A server listed `tools`: the rules are loaded again when that changes what they see.
+    /// Returns the rules to class the listing with.
+    pub(crate) fn rules_for_listing(&self, server: &str, tools: &[Value]) -> Option<Arc<Rules>> {
+        let tools: Vec<Tool> = tools.iter().filter_map(tool_of).collect();
+        let mut ruling = self.ruling_mut();
+        if ruling.tools.get(server) == Some(&tools) {
+            return ruling.rules.clone();
+        }
+        ruling.tools.insert(server.to_owned(), tools);
+        if let Some(text) = ruling.text.clone() {
+            match Rules::parse(&text, &ruling.merged()) {
+                Ok(rules) => {
+                    ruling.rules = Some(Arc::new(rules));
+                    ruling.problem = None;
+                }
+                Err(e) => {
+                    tracing::error!(target: "desk", server = %server, code = e.code(), "policy.cedar does not load against this listing ({e}): the rules stay as last loaded, and calls of tools they do not know are refused policy_unfit where a rule may reach them");
+                    ruling.problem = Some(e);
+                }
+            }
+        }
+        ruling.rules.clone()
+    }
+
+    /// What the rules decide for a call of `tool` on `server`, planned as `plan` under `rule`
+    /// (its class as listed; `by_rules` when the listing gated an open tool because a rule may).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rule_call(
+        &self,
+        tenant: &Tenant,
+        server: &str,
+        tool: &str,
+        rule: &ToolRule,
+        by_rules: bool,
+        plan: &countersign_core::Plan,
+        arguments: &Value,
+    ) -> Result<Ruled, Stopped> {
+        let Some(rules) = self.rules() else {
+            return Ok(if by_rules {
+                Ruled::Open
+            } else {
+                Ruled::AsListed
+            });
+        };
+        let own = if by_rules {
+            GateClass::Open
+        } else {
+            rule.class
+        };
+        let hour = ((self.now() / 3_600_000) % 24) as u8;
+        let call = countersign_cedar::Call {
+            tenant: tenant.as_str(),
+            server,
+            tool,
+            target: &plan.target,
+            action: &plan.action,
+            summary: &plan.summary,
+            reversible: plan.reversible,
+            class: own.code(),
+            destructive: rule.destructive,
+            hour,
+            arguments,
+        };
+        match rules.decide(&call) {
+            Outcome::Unruled if own == GateClass::Open => Ok(Ruled::Open),
+            Outcome::Unruled => Ok(Ruled::AsListed),
+            Outcome::Forbidden { reason } => Err(Stopped::Refused {
+                refusal: Refusal::PolicyForbidden,
+                message: format!(
+                    "Refused: the desk's policy forbids this call: {}. {}",
+                    reason.trim_end_matches('.'),
+                    Refusal::PolicyForbidden.next_step()
+                ),
+            }),
+            Outcome::Unfit => Err(crate::authority::refused(Refusal::PolicyUnfit)),
+            Outcome::Gated(gate) => {
+                let class = GateClass::from_code(gate.class).unwrap_or(GateClass::Once);
+                if class == GateClass::Open {
+                    return Ok(Ruled::Open);
+                }
+                let mut rule = rule.clone();
+                rule.class = class;
+                rule.approvers = gate.approvers;
+                if let Some(typed) = gate.type_target {
+                    rule.type_target = typed;
+                }
+                rule.why = format!(
+                    "policy.cedar: the rules over arguments class this call \"{}\"",
+                    class.code()
+                );
+                Ok(Ruled::Gated(rule, gate.grant_max_minutes))
+            }
+        }
+    }
+
+    fn ruling(&self) -> std::sync::RwLockReadGuard<'_, Ruling> {
+        self.inner.ruling.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ruling_mut(&self) -> std::sync::RwLockWriteGuard<'_, Ruling> {
+        self.inner.ruling.write().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,292 @@
+//! Rules over arguments (`policy.cedar`) in the engine: the docs' example policy, loaded against
+//! a server's real listing, decides each call by its arguments, as a gateway's preflights reach
+//! it, on a real SQLite file. Nothing here approves: what needs a click waits in the queue.
+
+use std::sync::Arc;
+
+use countersign_core::{GateClass, Refusal, ServerId, Tenant};
+use countersign_engine::{Engine, GrantError, ManualClock, Queued, Stopped};
+use countersign_store::HistoryFilter;
+use countersign_tests::engine::Desk;
+use serde_json::{Value, json};
+
+/// The docs' example: a single SELECT runs on its own on query/execute; writes under scratch/
+/// run on their own, under .github/ once with two approvers and the target typed; DROP is
+/// forbidden outside 9 to 18.
+const EXAMPLE: &str = include_str!("../../../cedar/policies/example.cedar");
+
+/// Noon, 2026-12-05 (UTC): inside business hours.
+const NOON_MS: u64 = 1_796_472_000_000;
+
+fn tools() -> Vec<Value> {
+    let sql =
+        json!({"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]});
+    vec![
+        json!({"name": "query", "annotations": {"readOnlyHint": true}, "inputSchema": sql}),
+        json!({"name": "execute", "annotations": {"destructiveHint": true}, "inputSchema": sql}),
+        json!({"name": "write_file", "annotations": {"destructiveHint": true}, "inputSchema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        }}),
+        json!({"name": "read_file", "annotations": {"readOnlyHint": true}, "inputSchema": {
+            "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+        }}),
+        // An argument Cedar cannot hold (an array): no rule names the tool, so the annotations
+        // decide, as without rules.
+        json!({"name": "edit_file", "annotations": {"destructiveHint": true}, "inputSchema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "edits": {"type": "array"}},
+            "required": ["path", "edits"],
+        }}),
+    ]
+}
+
+/// A desk at noon, its server listed, the example in force.
+async fn desk() -> (Desk, ManualClock, Tenant) {
+    let clock = ManualClock::at(NOON_MS);
+    let own = clock.clone();
+    let d = Desk::new(move |config| config.clock = Arc::new(own));
+    let tenant = d.engine.connect(ServerId::Command("files-and-sql".into()));
+    d.engine.register_tools(&tenant, tools()).await.unwrap();
+    d.engine.set_rules(Some(EXAMPLE.to_owned())).unwrap();
+    // Listed again under the rules (a listing classes tools with the rules then in force).
+    d.engine.register_tools(&tenant, tools()).await.unwrap();
+    (d, clock, tenant)
+}
+
+async fn ask(engine: &Engine, tenant: &Tenant, tool: &str, args: Value) -> Result<Queued, Stopped> {
+    engine.queue_preflight(tenant, tool, &args).await
+}
+
+fn refusal(answer: Result<Queued, Stopped>) -> (Refusal, String) {
+    match answer {
+        Err(Stopped::Refused { refusal, message }) => (refusal, message),
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_single_select_runs_without_a_click_and_a_delete_waits_for_one() {
+    let (d, _, tenant) = desk().await;
+    let select = ask(
+        &d.engine,
+        &tenant,
+        "execute",
+        json!({"sql": "SELECT * FROM users"}),
+    )
+    .await;
+    assert!(matches!(select, Ok(Queued::Open)), "{select:?}");
+    assert!(d.engine.pending().is_empty(), "nobody was asked");
+    // A second statement after the SELECT is not the rule's to open.
+    let two = ask(
+        &d.engine,
+        &tenant,
+        "execute",
+        json!({"sql": "SELECT 1; DELETE FROM users"}),
+    )
+    .await;
+    assert!(matches!(two, Ok(Queued::Waiting(_))), "{two:?}");
+    let delete = ask(
+        &d.engine,
+        &tenant,
+        "execute",
+        json!({"sql": "DELETE FROM users"}),
+    )
+    .await;
+    assert!(matches!(delete, Ok(Queued::Waiting(_))), "{delete:?}");
+    let waiting = d.engine.pending();
+    assert_eq!(waiting.len(), 2);
+    let call = waiting[1].call().unwrap();
+    assert_eq!(call.class, GateClass::Once, "as the annotations class it");
+    assert!(!call.ruled, "no rule spoke to it: its listing decided");
+}
+
+#[tokio::test]
+async fn writes_under_scratch_open_and_under_github_need_two_approvers_and_the_target_typed() {
+    let (d, _, tenant) = desk().await;
+    let scratch = json!({"path": "scratch/notes.txt", "content": "x"});
+    assert!(matches!(
+        ask(&d.engine, &tenant, "write_file", scratch).await,
+        Ok(Queued::Open)
+    ));
+    // Climbing out of scratch/ is not under it.
+    let out = json!({"path": "scratch/../.github/workflows/ci.yml", "content": "x"});
+    assert!(matches!(
+        ask(&d.engine, &tenant, "write_file", out).await,
+        Ok(Queued::Waiting(_))
+    ));
+    let workflow = json!({"path": ".github/workflows/ci.yml", "content": "x"});
+    let Ok(Queued::Waiting(_)) = ask(&d.engine, &tenant, "write_file", workflow).await else {
+        panic!("a write under .github/ did not wait for a person");
+    };
+    let request = d.engine.pending().pop().unwrap();
+    let call = request.call().unwrap();
+    assert!(call.ruled);
+    assert_eq!(call.class, GateClass::Once);
+    assert_eq!(call.approvers, 2);
+    assert!(call.type_target);
+    assert!(call.why.contains("policy.cedar"), "{}", call.why);
+    // The rules gate it and none says a grant may cover it: no grant is offered.
+    let offer = d.engine.grant_offer(request.id).unwrap();
+    assert!(!offer.call, "{offer:?}");
+    assert_eq!(offer.call_code, Some(GrantError::Ruled.code()));
+}
+
+#[tokio::test]
+async fn drop_is_forbidden_outside_business_hours_with_the_rules_reason_and_on_the_record() {
+    let (d, clock, tenant) = desk().await;
+    let drop = json!({"sql": "DROP TABLE users"});
+    // At noon it waits for a person, as any destructive call.
+    assert!(matches!(
+        ask(&d.engine, &tenant, "execute", drop.clone()).await,
+        Ok(Queued::Waiting(_))
+    ));
+    clock.advance(8 * 3_600_000); // 20:00
+    let (code, message) = refusal(ask(&d.engine, &tenant, "execute", drop).await);
+    assert_eq!(code, Refusal::PolicyForbidden);
+    assert!(
+        message.contains("DROP runs only in business hours"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with(Refusal::PolicyForbidden.next_step()),
+        "{message}"
+    );
+    assert_eq!(
+        d.engine.pending().len(),
+        1,
+        "nothing more was shown to anyone"
+    );
+    let history = d.engine.history(&HistoryFilter::default()).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| format!("{:?}", e.kind).contains("PolicyForbidden")),
+        "the refusal is on the record"
+    );
+}
+
+#[tokio::test]
+async fn a_call_the_rules_cannot_see_whole_is_refused_never_opened() {
+    let (d, _, tenant) = desk().await;
+    for args in [
+        json!({"sql": "SELECT 1", "mode": "write"}),
+        json!({"sql": 5}),
+        json!({"sql": "SELECT 1", "sql2": ["DROP TABLE users"]}),
+    ] {
+        let (code, _) = refusal(ask(&d.engine, &tenant, "execute", args.clone()).await);
+        assert_eq!(code, Refusal::PolicyUnfit, "{args}");
+    }
+    // A tool no rule names is the annotations' to decide, whatever Cedar can hold of it.
+    let edit = json!({"path": "a.txt", "edits": [{"old": "a", "new": "b"}]});
+    assert!(matches!(
+        ask(&d.engine, &tenant, "edit_file", edit).await,
+        Ok(Queued::Waiting(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_read_only_tool_a_rule_may_forbid_is_listed_gated_and_its_other_calls_run_on_their_own() {
+    let (d, clock, tenant) = desk().await;
+    let forbid = format!(
+        "{EXAMPLE}\n@reason(\"no reading secrets at night\")\n\
+         forbid (principal, action == Countersign::Action::\"read_file\", resource)\n\
+         when {{ context.arguments.path like \"secrets/*\" && context.hour < 6 }};"
+    );
+    d.engine.set_rules(Some(forbid)).unwrap();
+    let listed = d.engine.register_tools(&tenant, tools()).await.unwrap();
+    let class = |name: &str| listed.iter().find(|t| t.name == name).unwrap().class;
+    assert_eq!(
+        class("read_file"),
+        GateClass::Token,
+        "listed gated: a forbid may reach it"
+    );
+    assert_eq!(
+        class("query"),
+        GateClass::Open,
+        "only an open rule names it"
+    );
+    let secret = json!({"path": "secrets/key"});
+    assert!(matches!(
+        ask(&d.engine, &tenant, "read_file", secret.clone()).await,
+        Ok(Queued::Open)
+    ));
+    clock.advance(15 * 3_600_000); // 03:00 the next day
+    let (code, message) = refusal(ask(&d.engine, &tenant, "read_file", secret).await);
+    assert_eq!(code, Refusal::PolicyForbidden);
+    assert!(message.contains("no reading secrets at night"), "{message}");
+    assert!(matches!(
+        ask(
+            &d.engine,
+            &tenant,
+            "read_file",
+            json!({"path": "README.md"})
+        )
+        .await,
+        Ok(Queued::Open)
+    ));
+    assert!(d.engine.pending().is_empty());
+}
+
+#[tokio::test]
+async fn rules_that_do_not_load_are_refused_whole_with_the_line_and_the_last_ones_stay() {
+    let (d, _, tenant) = desk().await;
+    let bad = format!(
+        "{EXAMPLE}\n@class(\"open\")\npermit (principal, action == Countersign::Action::\"execute\", resource)\nwhen {{ context.arguments.table == \"x\" }};"
+    );
+    let lines = bad.lines().count();
+    let e = d.engine.set_rules(Some(bad)).unwrap_err();
+    assert_eq!(e.code(), "policy_invalid", "{e}");
+    assert!(
+        e.to_string().starts_with(&format!("line {}", lines - 2)),
+        "{e}"
+    );
+    // A wildcard that would open a destructive tool is refused, and says which.
+    let wide = "@class(\"open\")\npermit (principal, action, resource);".to_owned();
+    let e = d.engine.set_rules(Some(wide)).unwrap_err();
+    assert_eq!(e.code(), "policy_opens_destructive", "{e}");
+    // The example is still in force.
+    let select = ask(&d.engine, &tenant, "execute", json!({"sql": "SELECT 1"})).await;
+    assert!(matches!(select, Ok(Queued::Open)), "{select:?}");
+    // No rules: everything as the listing classes it.
+    d.engine.set_rules(None).unwrap();
+    let select = ask(&d.engine, &tenant, "execute", json!({"sql": "SELECT 1"})).await;
+    assert!(matches!(select, Ok(Queued::Waiting(_))), "{select:?}");
+}
+
+#[tokio::test]
+async fn a_server_listing_a_tool_the_rules_were_not_loaded_with_gets_it_refused_where_a_rule_reaches_it()
+ {
+    let (d, _, _) = desk().await;
+    let any = format!(
+        "{EXAMPLE}\n@class(\"token\")\npermit (principal, action, resource) when {{ context.hour >= 0 }};"
+    );
+    d.engine.set_rules(Some(any)).unwrap();
+    // Another server lists execute with sql of another type: the rules naming sql no longer
+    // load against both, so they stay as they were, and its calls are not judged by them.
+    let other = d.engine.connect(ServerId::Command("other".into()));
+    let listing = vec![
+        json!({"name": "execute", "annotations": {"destructiveHint": true},
+        "inputSchema": {"type": "object", "properties": {"sql": {"type": "integer"}}}}),
+    ];
+    d.engine.register_tools(&other, listing).await.unwrap();
+    assert_eq!(
+        d.engine.rules_problem().map(|e| e.code()),
+        Some("policy_invalid")
+    );
+    let new_tool = d.engine.connect(ServerId::Command("third".into()));
+    d.engine
+        .register_tools(
+            &new_tool,
+            vec![json!({"name": "rm", "inputSchema": {"type": "object"}})],
+        )
+        .await
+        .unwrap();
+    let (code, _) = refusal(ask(&d.engine, &new_tool, "rm", json!({})).await);
+    assert_eq!(
+        code,
+        Refusal::PolicyUnfit,
+        "a rule of any action reaches it, unloaded"
+    );
+}
