@@ -128,6 +128,11 @@ pub struct Rules {
     pub(crate) tools: Vec<Tool>,
     /// Each rule's line, by its id.
     lines: BTreeMap<String, usize>,
+    /// Rules that name a tool no server lists now: checked for syntax and annotations, not
+    /// against a schema (there is none for that tool yet), and not in force. Every listed tool
+    /// they name has its calls refused ([`Outcome::Unfit`]) until they load whole: a rule that
+    /// waits never lets anything through meanwhile.
+    pub(crate) deferred: Vec<cedar_policy::Policy>,
 }
 
 /// Where each top-level statement of `text` starts: the byte offset of its first character that
@@ -210,7 +215,28 @@ impl Rules {
                 )
             })
             .collect();
-        let validated = Validator::new(schema.clone()).validate(&policies, ValidationMode::Strict);
+        // A rule naming a tool no server lists now waits (see `deferred`); the rest must
+        // validate against the tools' schema.
+        let listed = |action: &cedar_policy::EntityUid| {
+            tools.iter().any(|t| uid("Action", &t.name) == *action)
+        };
+        let (mut kept, mut deferred) = (PolicySet::new(), Vec::new());
+        for policy in policies.policies() {
+            let waits = match policy.action_constraint() {
+                ActionConstraint::Any => false,
+                ActionConstraint::Eq(one) => !listed(&one),
+                ActionConstraint::In(many) => many.iter().any(|a| !listed(a)),
+            };
+            if waits {
+                deferred.push(policy.clone());
+            } else {
+                kept.add(policy.clone()).map_err(|e| RulesError::Parse {
+                    line: 1,
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        let validated = Validator::new(schema.clone()).validate(&kept, ValidationMode::Strict);
         if let Some(first) = validated.validation_errors().next() {
             let line = lines
                 .get(&first.policy_id().to_string())
@@ -238,10 +264,11 @@ impl Rules {
             }
         }
         Ok(Rules {
-            policies,
+            policies: kept,
             schema,
             tools: tools.to_vec(),
             lines,
+            deferred,
         })
     }
 
@@ -250,11 +277,31 @@ impl Rules {
         self.lines.get(id).copied()
     }
 
-    /// The rules whose action can be `tool` (it names the tool, or any action).
+    /// The tools named by rules that wait for a server to list them, sorted.
+    pub fn waiting_for(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .deferred
+            .iter()
+            .flat_map(|p| match p.action_constraint() {
+                ActionConstraint::Any => Vec::new(),
+                ActionConstraint::Eq(one) => vec![one],
+                ActionConstraint::In(many) => many,
+            })
+            .map(|a| a.id().unescaped().to_owned())
+            .filter(|name| !self.tools.iter().any(|t| t.name == *name))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The rules whose action can be `tool` (it names the tool, or any action), in force or
+    /// waiting.
     fn reaching<'a>(&'a self, tool: &'a str) -> impl Iterator<Item = &'a cedar_policy::Policy> {
         let action = uid("Action", tool);
         self.policies
             .policies()
+            .chain(self.deferred.iter())
             .filter(move |p| match p.action_constraint() {
                 ActionConstraint::Any => true,
                 ActionConstraint::Eq(one) => one == action,
@@ -282,6 +329,15 @@ impl Rules {
     pub fn decide(&self, call: &Call<'_>) -> Outcome {
         if !self.speaks_to(call.tool) {
             return Outcome::Unruled;
+        }
+        let action = uid("Action", call.tool);
+        let waits = self.deferred.iter().any(|p| match p.action_constraint() {
+            ActionConstraint::Any => false,
+            ActionConstraint::Eq(one) => one == action,
+            ActionConstraint::In(many) => many.contains(&action),
+        });
+        if waits {
+            return Outcome::Unfit;
         }
         let Some(tool) = self.tools.iter().find(|t| t.name == call.tool) else {
             return Outcome::Unfit;
@@ -645,7 +701,7 @@ pub(crate) mod tests {
                 3,
             ),
             (
-                "@class(\"open\")\npermit (principal, action == Countersign::Action::\"nope\", resource);",
+                "@class(\"open\")\npermit (principal, action == Countersign::Action::\"query\", resource)\nwhen { context.arguments.sql == 5 };",
                 "policy_invalid",
                 1,
             ),
@@ -676,6 +732,26 @@ pub(crate) mod tests {
             let said = err.to_string();
             assert!(said.starts_with(&format!("line {line}:")), "{text}: {said}");
         }
+    }
+
+    #[test]
+    fn a_rule_naming_a_tool_no_server_lists_waits_and_the_listed_tools_it_names_are_refused() {
+        let text = "@class(\"open\")\npermit (principal, action in [Countersign::Action::\"query\", Countersign::Action::\"drop_db\"], resource)\nwhen { context.arguments.anything == \"x\" };\n@class(\"token\") @bogus(\"1\")\npermit (principal, action == Countersign::Action::\"later\", resource);";
+        // Its annotations are still checked now.
+        let err = Rules::parse(text, &tools()).unwrap_err();
+        assert_eq!(err.code(), "policy_annotation", "{err}");
+        let text = text.replace(" @bogus(\"1\")", "");
+        let rules = Rules::parse(&text, &tools()).unwrap();
+        assert_eq!(rules.waiting_for(), ["drop_db", "later"]);
+        let args = json!({"sql": "SELECT 1"});
+        assert_eq!(rules.decide(&call("query", &args, 12)), Outcome::Unfit);
+        assert_eq!(rules.decide(&call("execute", &args, 12)), Outcome::Unruled);
+        // Listed, the tool it waited for is in the schema, and the rule must validate then.
+        let mut more = tools();
+        more.push(Tool::new("drop_db", &json!({"type": "object"}), true));
+        more.push(Tool::new("later", &json!({"type": "object"}), false));
+        let err = Rules::parse(&text, &more).unwrap_err();
+        assert_eq!(err.code(), "policy_invalid", "{err}");
     }
 
     #[test]

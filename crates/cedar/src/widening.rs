@@ -190,7 +190,18 @@ fn region(
 /// Whether the change from `old` to `new` widens what runs without a click or what is refused
 /// outright, asked of the cvc5 executable at `solver` (`CVC5`), within `limit` in all.
 pub async fn widening(old: &Rules, new: &Rules, solver: &Path, limit: Duration) -> Widening {
+    // Rules that wait for a tool no server lists now are not in force and have no schema to be
+    // compared under: what they will do once it is listed is not analysed, so nothing is proved.
+    let waiting = new.waiting_for();
     match tokio::time::timeout(limit, compare(old, new, solver)).await {
+        Ok(Ok(examples)) if examples.is_empty() && !waiting.is_empty() => {
+            Widening::Unknown(WideningError::Incomparable {
+                tool: waiting.join(", "),
+                reason: "rules name these tools, which no server lists now: they are not in \
+                         force, and what they will do once listed is not analysed"
+                    .into(),
+            })
+        }
         Ok(Ok(examples)) if examples.is_empty() => Widening::OnlyTightens,
         Ok(Ok(examples)) => Widening::Widens(examples),
         Ok(Err(why)) => Widening::Unknown(why),

@@ -87,6 +87,34 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes `text` as the rules in force whatever it loads to now: the text a person accepted
+    /// before, at a start. Rules that name a tool no server lists yet wait for it (see
+    /// `countersign_cedar::Rules`); a text that does not load at all is kept, its problem said,
+    /// and every gated call is refused `policy_unfit` until a listing lets it load: never judged
+    /// as if there were no rules.
+    pub fn adopt_rules(&self, text: Option<String>) {
+        let mut ruling = self.ruling_mut();
+        let loaded = text
+            .as_deref()
+            .map(|text| Rules::parse(text, &ruling.merged()));
+        match loaded {
+            None => {
+                ruling.rules = None;
+                ruling.problem = None;
+            }
+            Some(Ok(rules)) => {
+                ruling.rules = Some(Arc::new(rules));
+                ruling.problem = None;
+            }
+            Some(Err(e)) => {
+                tracing::error!(target: "desk", code = e.code(), "policy.cedar does not load ({e}): every gated call is refused policy_unfit until it does");
+                ruling.rules = None;
+                ruling.problem = Some(e);
+            }
+        }
+        ruling.text = text;
+    }
+
     /// Whether `text` would load as the rules, against the tools every server listed.
     pub fn check_rules(&self, text: &str) -> Result<(), RulesError> {
         Rules::parse(text, &self.ruling().merged()).map(drop)
@@ -147,7 +175,15 @@ impl Engine {
         plan: &countersign_core::Plan,
         arguments: &Value,
     ) -> Result<Ruled, Stopped> {
-        let Some(rules) = self.rules() else {
+        let (rules, text) = {
+            let ruling = self.ruling();
+            (ruling.rules.clone(), ruling.text.is_some())
+        };
+        let Some(rules) = rules else {
+            if text {
+                // A text in force that does not load: nothing is judged as if it were not there.
+                return Err(crate::authority::refused(Refusal::PolicyUnfit));
+            }
             return Ok(if by_rules {
                 Ruled::Open
             } else {

@@ -6,7 +6,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use countersign_core::policy::Policy;
-use countersign_engine::ChangeKind;
+use countersign_engine::{ChangeKind, Engine};
 
 use crate::error::RegistryError;
 use crate::file::{FILE_NAME, Servers};
@@ -18,8 +18,9 @@ pub struct Guarded {
     pub name: &'static str,
     /// The kind of change an edit of it is.
     pub kind: ChangeKind,
-    /// Checks a text of it.
-    pub check: fn(&str) -> Result<(), RegistryError>,
+    /// Checks a text of it (the engine knows what the servers list, which rules are checked
+    /// against).
+    pub check: fn(&Engine, &str) -> Result<(), RegistryError>,
 }
 
 impl Guarded {
@@ -37,14 +38,14 @@ impl Guarded {
 pub const SERVERS: Guarded = Guarded {
     name: FILE_NAME,
     kind: ChangeKind::Server,
-    check: |text| Servers::parse(text).map(drop),
+    check: |_, text| Servers::parse(text).map(drop),
 };
 
 /// The policy.
 pub const POLICY: Guarded = Guarded {
     name: "policy.toml",
     kind: ChangeKind::Policy,
-    check: |text| {
+    check: |_, text| {
         Policy::from_toml(text)
             .map(drop)
             .map_err(|e| RegistryError::Invalid {
@@ -53,6 +54,31 @@ pub const POLICY: Guarded = Guarded {
             })
     },
 };
+
+/// The rules over arguments, in Cedar: empty (or only comments and space) is no rules. Checked
+/// against the tools every server lists now (a rule naming a tool none lists waits for it).
+pub const RULES: Guarded = Guarded {
+    name: "policy.cedar",
+    kind: ChangeKind::Policy,
+    check: |engine, text| match rules_in(text) {
+        None => Ok(()),
+        Some(text) => engine
+            .check_rules(text)
+            .map_err(|e| RegistryError::Invalid {
+                file: "policy.cedar",
+                reason: format!("{} ({})", e, e.code()),
+            }),
+    },
+};
+
+/// The rules a text of `policy.cedar` holds: `None` when it is empty.
+pub fn rules_in(text: &str) -> Option<&str> {
+    let bare = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or_default().trim())
+        .all(str::is_empty);
+    (!bare).then_some(text)
+}
 
 /// Whether `text` is shown to a person whole in a change (the window cuts what is longer): what
 /// is applied must be what they could read.

@@ -10,7 +10,9 @@
 //! * a new name takes effect at once (it reaches no existing secret) and is recorded;
 //! * changing or removing an existing server, from the command line or by editing `servers.json`
 //!   behind the desk's back, is a change shown in the window ([`Engine::propose`]) that takes
-//!   effect only after the person approves it; the same holds for `policy.toml`;
+//!   effect only after the person approves it; the same holds for `policy.toml` and for the
+//!   rules over arguments, `policy.cedar`, whose change is said beside its diff as what it
+//!   widens, proved by a solver or said not known (the `rules` room);
 //! * what the person does in the desk's own settings view applies directly.
 //!
 //! What applies is the text the desk last accepted (kept in its SQLite file), never the file as
@@ -19,6 +21,7 @@
 mod error;
 mod file;
 mod guard;
+pub mod rules;
 mod secrets;
 
 use std::collections::BTreeMap;
@@ -38,7 +41,7 @@ use zeroize::Zeroizing;
 
 pub use error::RegistryError;
 pub use file::{FILE_NAME, Servers};
-pub use guard::{Guarded, POLICY, SERVERS};
+pub use guard::{Guarded, POLICY, RULES, SERVERS, rules_in};
 
 /// The most servers the registry holds.
 pub const MAX_SERVERS: usize = 1024;
@@ -166,7 +169,7 @@ impl Registry {
                 proposed: Mutex::new(BTreeMap::new()),
             }),
         };
-        for guarded in [SERVERS, POLICY] {
+        for guarded in [SERVERS, POLICY, RULES] {
             registry.first_start(guarded)?;
         }
         Ok(registry)
@@ -207,6 +210,11 @@ impl Registry {
         Servers::parse(&self.accepted_text(SERVERS))
             .map(|s| s.servers)
             .unwrap_or_default()
+    }
+
+    /// The rules over arguments (`policy.cedar`), as accepted: `None` when there are none.
+    pub fn rules_text(&self) -> Option<String> {
+        rules_in(&self.accepted_text(RULES)).map(str::to_owned)
     }
 
     /// The policy, as accepted.
@@ -730,7 +738,7 @@ impl Registry {
             return Ok(());
         }
         let text = match std::fs::read_to_string(self.path(guarded)) {
-            Ok(text) => match (guarded.check)(&text) {
+            Ok(text) => match (guarded.check)(&self.inner.engine, &text) {
                 Ok(()) => text,
                 Err(e) => {
                     tracing::warn!(target: "registry", file = guarded.name, "ignoring it: {e}");
@@ -752,7 +760,7 @@ impl Registry {
     /// proposed to the person (and applied when they approve, written back as accepted when
     /// they deny); a missing one is written again. Call it at start and every few seconds.
     pub fn check_files(&self) {
-        for guarded in [SERVERS, POLICY] {
+        for guarded in [SERVERS, POLICY, RULES] {
             self.check_file(guarded);
         }
     }
@@ -794,7 +802,9 @@ impl Registry {
             proposed.insert(guarded.name, found.clone());
         }
         // Whether what the person would approve is shown whole is decided on what is shown.
-        let why_not = (guarded.check)(&found).err().map(|e| e.to_string());
+        let why_not = (guarded.check)(&self.inner.engine, &found)
+            .err()
+            .map(|e| e.to_string());
         let registry = self.clone();
         tokio::spawn(async move {
             registry
@@ -825,6 +835,11 @@ impl Registry {
             })
         });
         let summary = match &why_not {
+            None if guarded.name == RULES.name => format!(
+                "apply {} as edited outside the desk. {}",
+                guarded.name,
+                rules::what_it_changes(&self.inner.engine, &accepted, &found).await
+            ),
             None => format!("apply {} as edited outside the desk", guarded.name),
             Some(e) => format!(
                 "{} was edited outside the desk and is not valid ({e}): Approve puts back the \
@@ -871,8 +886,13 @@ impl Registry {
                         self.forget_secrets(name, spec, new.get(name));
                     }
                 }
-                if guarded.kind == ChangeKind::Policy {
+                if guarded.name == POLICY.name {
                     self.inner.engine.set_policy(self.policy());
+                }
+                if guarded.name == RULES.name {
+                    // Checked when proposed; taken as it is now (a rule the listings since
+                    // made invalid refuses what it names, never lets it through).
+                    self.inner.engine.adopt_rules(self.rules_text());
                 }
                 tracing::info!(target: "registry", file = guarded.name, "the person approved an edit made outside the desk");
             }

@@ -724,3 +724,150 @@ async fn a_backup_key_that_is_not_plain_is_refused() {
         }
     }
 }
+
+/// The docs' example rules.
+const EXAMPLE_RULES: &str = include_str!("../../cedar/policies/example.cedar");
+
+/// The cvc5 executable the tests use: `CVC5`, or the one `.ci/setup tests` installs.
+fn test_solver() -> std::path::PathBuf {
+    std::env::var_os("CVC5")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/peers/bin/cvc5")
+        })
+}
+
+/// A server listing the built-in SQLite tools and a file writer, so that rules naming them load whole.
+async fn list_sql_tools(engine: &Engine) {
+    let sql =
+        json!({"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]});
+    let tenant = engine.connect(countersign_core::ServerId::Command("sql".into()));
+    engine
+        .register_tools(
+            &tenant,
+            vec![
+                json!({"name": "query", "annotations": {"readOnlyHint": true}, "inputSchema": sql}),
+                json!({"name": "execute", "annotations": {"destructiveHint": true}, "inputSchema": sql}),
+                json!({"name": "write_file", "annotations": {"destructiveHint": true}, "inputSchema": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["path", "content"],
+                }}),
+            ],
+        )
+        .await
+        .unwrap();
+}
+
+/// The change waiting for the person, once there is one.
+async fn pending_change(engine: &Engine) -> countersign_engine::Change {
+    pending_id(engine).await;
+    engine.pending()[0].change().unwrap().clone()
+}
+
+#[tokio::test]
+async fn rules_edited_behind_the_desks_back_wait_and_apply_only_after_approval() {
+    let f = fixture();
+    list_sql_tools(&f.engine).await;
+    assert_eq!(
+        f.registry.rules_text(),
+        None,
+        "no rules until there are some"
+    );
+    let path = f.dir.path().join("config/policy.cedar");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, EXAMPLE_RULES).unwrap();
+    f.registry.check_files();
+    let change = pending_change(&f.engine).await;
+    assert_eq!(change.subject, "policy.cedar");
+    assert!(
+        change.summary.starts_with("apply policy.cedar"),
+        "{}",
+        change.summary
+    );
+    assert!(
+        f.engine.rules().is_none(),
+        "nothing in force before the click"
+    );
+    f.engine
+        .approve(f.engine.pending()[0].id, None)
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if f.registry.rules_text().as_deref() == Some(EXAMPLE_RULES) && f.engine.rules().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the approved rules were not put in force");
+}
+
+#[tokio::test]
+async fn rules_that_do_not_load_are_shown_as_invalid_with_their_line_and_never_applied() {
+    let f = fixture();
+    list_sql_tools(&f.engine).await;
+    let path = f.dir.path().join("config/policy.cedar");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let bad = "// opens every SQL call\n@class(\"open\")\npermit (principal, action == Countersign::Action::\"execute\", resource)\nwhen { context.arguments.table == \"x\" };\n";
+    std::fs::write(&path, bad).unwrap();
+    f.registry.check_files();
+    let change = pending_change(&f.engine).await;
+    assert!(change.summary.contains("not valid"), "{}", change.summary);
+    assert!(change.summary.contains("line 2"), "{}", change.summary);
+    assert!(
+        change.summary.contains("policy_invalid"),
+        "{}",
+        change.summary
+    );
+    // Approve only puts back what applies (nothing).
+    f.engine
+        .approve(f.engine.pending()[0].id, None)
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if std::fs::read_to_string(&path).unwrap().is_empty() {
+            assert!(f.engine.rules().is_none());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the invalid rules were not put back");
+}
+
+#[tokio::test]
+#[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
+async fn a_rules_change_is_said_as_the_calls_it_opens_or_proved_to_only_tighten() {
+    let f = fixture();
+    list_sql_tools(&f.engine).await;
+    let solver = test_solver();
+    let limit = Duration::from_secs(120);
+    let strict = "@class(\"once\")\npermit (principal, action, resource);";
+    let said = |before: &str, after: &str| {
+        let (old, new) = (
+            f.engine.load_rules(before).unwrap(),
+            f.engine.load_rules(after).unwrap(),
+        );
+        let solver = solver.clone();
+        async move { rules::said(&countersign_cedar::widening(&old, &new, &solver, limit).await) }
+    };
+    let widened = said(strict, EXAMPLE_RULES).await;
+    assert!(widened.starts_with("It widens"), "{widened}");
+    assert!(widened.contains("execute with"), "{widened}");
+    assert!(widened.contains("would run without a click"), "{widened}");
+    let tightened = said(EXAMPLE_RULES, &format!("{EXAMPLE_RULES}\n{strict}")).await;
+    assert!(
+        tightened.starts_with("Proved by the solver: it only tightens"),
+        "{tightened}"
+    );
+    // No solver: said plainly, never a proof.
+    let (old, new) = (
+        f.engine.load_rules(EXAMPLE_RULES).unwrap(),
+        f.engine.load_rules(strict).unwrap(),
+    );
+    let missing = std::path::Path::new("/nonexistent/cvc5");
+    let unknown = rules::said(&countersign_cedar::widening(&old, &new, missing, limit).await);
+    assert!(
+        unknown.starts_with("What it changes is not known (solver_missing"),
+        "{unknown}"
+    );
+}

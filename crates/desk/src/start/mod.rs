@@ -315,6 +315,7 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
         }
     };
     engine.set_policy(registry.policy());
+    engine.adopt_rules(registry.rules_text());
     let socket_path = countersign_wire::socket_path();
     let options = socket::Options {
         registry: Some(registry.clone()),
