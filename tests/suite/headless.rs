@@ -453,3 +453,87 @@ fn the_windows_program_refuses_a_channel_that_is_not_its_parent_desks() {
     let mut buf = [0u8; 16];
     assert_eq!(std::io::Read::read(&mut &ours, &mut buf).unwrap(), 0);
 }
+
+/// Issue 32, rules over arguments through the real gateway and a real MCP client: the desk's
+/// `policy.cedar` (found at its first start) opens a single `CREATE TABLE notes` or `INSERT INTO
+/// notes`, which run with no window and no token; forbids `DROP` and deleting backups outright
+/// with the rule's reason; refuses a call carrying an argument the rules cannot see; and leaves
+/// every other write to a person (here: nobody to ask, so `desk_unavailable`). Nothing refused
+/// ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rules_over_arguments_open_forbid_and_gate_each_call_by_what_it_carries() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/policy.cedar"),
+        r#"
+        @class("open")
+        permit (principal, action == Countersign::Action::"execute", resource)
+        when {
+          (context.arguments.sql like "CREATE TABLE notes *" || context.arguments.sql like "INSERT INTO notes *")
+          && !(context.arguments.sql like "*;*")
+        };
+        @reason("nobody drops tables from an agent")
+        forbid (principal, action == Countersign::Action::"execute", resource)
+        when { context.arguments.sql like "*DROP*" };
+        @reason("backups are deleted by people only")
+        forbid (principal, action == Countersign::Action::"delete_backup", resource);
+        "#,
+    )
+    .unwrap();
+    let _desk = start_desk(dir.path()).await;
+    let agent = agent(dir.path(), false).await;
+    let ran = |r: &CallToolResult| r.is_error != Some(true);
+    let refusal = |r: &CallToolResult| {
+        r.structured_content
+            .as_ref()
+            .map(|s| s["refusal"].clone())
+            .unwrap_or_default()
+    };
+    let r = call(&agent, "execute", json!({"sql": "CREATE TABLE notes (x)"})).await;
+    assert!(ran(&r), "opened by a rule: {r:?}");
+    let r = call(
+        &agent,
+        "execute",
+        json!({"sql": "INSERT INTO notes VALUES (1)"}),
+    )
+    .await;
+    assert!(ran(&r), "opened by a rule: {r:?}");
+    // A second statement is not the rule's to open, and DROP is forbidden with the reason.
+    let r = call(
+        &agent,
+        "execute",
+        json!({"sql": "INSERT INTO notes VALUES (2); DROP TABLE notes"}),
+    )
+    .await;
+    assert_eq!(refusal(&r), json!("policy_forbidden"), "{r:?}");
+    assert!(
+        format!("{r:?}").contains("nobody drops tables from an agent"),
+        "{r:?}"
+    );
+    let r = call(&agent, "delete_backup", json!({"name": "nightly"})).await;
+    assert_eq!(refusal(&r), json!("policy_forbidden"), "{r:?}");
+    // What the rules cannot see whole is never opened by them.
+    let r = call(
+        &agent,
+        "execute",
+        json!({"sql": "INSERT INTO notes VALUES (3)", "mode": "fast"}),
+    )
+    .await;
+    assert_eq!(refusal(&r), json!("policy_unfit"), "{r:?}");
+    // Anything else is a person's to approve, and there is nobody to ask here.
+    let r = call(&agent, "execute", json!({"sql": "DELETE FROM notes"})).await;
+    assert_eq!(refusal(&r), json!("desk_unavailable"), "{r:?}");
+    let r = call(
+        &agent,
+        "query",
+        json!({"sql": "SELECT count(*) AS n FROM notes"}),
+    )
+    .await;
+    assert_eq!(
+        r.structured_content.unwrap()["rows"],
+        json!([{"n": 1}]),
+        "only the opened insert ran"
+    );
+    agent.cancel().await.unwrap();
+}
