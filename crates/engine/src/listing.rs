@@ -276,7 +276,7 @@ impl Engine {
             }
             let withheld = if seen.get(name.as_str()).copied().unwrap_or(0) > 1 {
                 Some("the upstream lists more than one tool under this name".to_owned())
-            } else if rule.class.is_gated() && self.inner.config.read_only {
+            } else if rule.class.is_gated() && !by_rules && self.inner.config.read_only {
                 Some(READ_ONLY.to_owned())
             } else if rule.class.is_gated() {
                 policy::withheld_reason(tool)

@@ -125,6 +125,13 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
+    /// Rules over arguments, in Cedar (the desk's `policy.cedar` format): forbid calls, open
+    /// them, or ask more of them by what they carry. Refused at start when it does not parse;
+    /// checked against the upstreams' tools as they list them (a rule naming a tool no upstream
+    /// lists waits for it, and refuses the listed tools it names meanwhile).
+    #[arg(long, value_name = "FILE")]
+    pub rules: Option<PathBuf>,
+
     /// Where people's desks connect to approve (HOST:PORT): mutual TLS only, each desk by the
     /// key it was registered with (`countersign serve approver add`); never an agent's token.
     #[arg(long, value_name = "ADDR", requires = "approver_url")]

@@ -162,6 +162,21 @@ fn main() {
                 refuse("policy", &format!("--policy {}: {why}", path.display()), 2)
             })
         }),
+        rules: args.rules.as_ref().map(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+                refuse(
+                    "rules",
+                    &format!("cannot read --rules {}: {}", path.display(), e.kind()),
+                    2,
+                )
+            });
+            // Whole or not at all: what can be checked before any upstream lists its tools
+            // (the syntax, the annotations) is checked now.
+            if let Err(why) = countersign_cedar::Rules::parse(&text, &[]) {
+                refuse(why.code(), &format!("--rules {}: {why}", path.display()), 2)
+            }
+            text
+        }),
     };
     forget_own_variables();
     let cwd = std::env::current_dir().unwrap_or_default();

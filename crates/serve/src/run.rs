@@ -287,6 +287,8 @@ pub async fn run(
     let metrics = Metrics::new();
     config.tally = Some(metrics.tally());
     let engine = Engine::new(config, records.clone(), key);
+    // Loaded again against each upstream's tools as it lists them.
+    engine.adopt_rules(start.rules.clone());
 
     // Every upstream is started (and answers its handshake) before the port is bound.
     let configured: Vec<(Option<String>, Reach, Headers)> = match start.upstreams {

@@ -47,6 +47,8 @@ pub struct Given {
     pub servers: Option<Vec<Configured>>,
     /// The policy of `--policy`, parsed by the caller.
     pub policy: Option<Policy>,
+    /// The rules of `--rules`, read (and found to load) by the caller.
+    pub rules: Option<String>,
     /// The OpenTelemetry collector of `--otlp-endpoint` or the `OTEL_*` variables.
     pub otlp: Option<countersign_otlp::Collector>,
 }
@@ -192,6 +194,8 @@ pub struct Start {
     pub upstreams: Upstreams,
     /// The policy in force.
     pub policy: Policy,
+    /// The rules over arguments in force, if any.
+    pub rules: Option<String>,
     /// Where a read-only server without a control database keeps its records.
     pub data_dir: Option<PathBuf>,
     /// Where confirm events are sent, if anywhere.
@@ -422,6 +426,7 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         control_dsn,
         servers,
         policy,
+        rules,
         otlp,
     } = given;
     let dsn = control_dsn.filter(|d| !d.trim().is_empty()).map(Dsn);
@@ -629,6 +634,7 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         authn,
         upstreams,
         policy: policy.unwrap_or_default(),
+        rules,
         data_dir: args.data_dir.clone(),
         otlp,
         wait_secs: args.wait,

@@ -296,3 +296,70 @@ async fn a_writable_server_writes_neither_its_secret_nor_the_database_password_a
         );
     }
 }
+
+/// Issue 32, rules over arguments on a team's server: `--rules` that do not parse refuse the
+/// start with the line and the code; rules that load forbid some calls of an open tool by what
+/// they carry (on a read-only server, too), while its other calls run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_that_do_not_parse_refuse_the_start_and_rules_that_do_forbid_calls_by_their_arguments()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let db = tools_db(dir.path());
+    let bad = dir.path().join("bad.cedar");
+    std::fs::write(
+        &bad,
+        "@class(\"open\")\npermit (principal, action, resource\n",
+    )
+    .unwrap();
+    let stderr = refused_without_binding(
+        &bin("countersign-serve"),
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--db",
+            db.to_str().unwrap(),
+            "--rules",
+            bad.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(stderr.contains("policy_parse"), "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+
+    let rules = dir.path().join("rules.cedar");
+    std::fs::write(
+        &rules,
+        "@reason(\"the secret table is not for agents\")\n\
+         forbid (principal, action == Countersign::Action::\"query\", resource)\n\
+         when { context.arguments.sql like \"*secret*\" };\n",
+    )
+    .unwrap();
+    let server = Server::start_before(
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--db",
+            db.to_str().unwrap(),
+            "--rules",
+            rules.to_str().unwrap(),
+        ],
+        &[],
+        Some(&[]),
+    );
+    let agent = agent(&server.url()).await;
+    let fine = call(&agent, "query", json!({"sql": "SELECT body FROM notes"})).await;
+    assert_ne!(fine.is_error, Some(true), "{fine:?}");
+    assert!(
+        format!("{:?}", fine.structured_content).contains("hello"),
+        "{fine:?}"
+    );
+    let secret = call(&agent, "query", json!({"sql": "SELECT * FROM secret"})).await;
+    assert_eq!(refusal_of(&secret), json!("policy_forbidden"), "{secret:?}");
+    assert!(
+        text_of(&secret).contains("the secret table is not for agents"),
+        "{secret:?}"
+    );
+    agent.cancel().await.unwrap();
+}
