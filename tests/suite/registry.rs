@@ -68,9 +68,13 @@ async fn agent(desk: &Desk, name: &str) -> RunningService<RoleClient, ClientConf
         ClientCapabilities::default(),
         Implementation::new("registry-test".to_owned(), "1.0"),
     );
-    info.serve(TokioChildProcess::new(cmd).unwrap())
-        .await
-        .unwrap()
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        info.serve(TokioChildProcess::new(cmd).unwrap()),
+    )
+    .await
+    .expect("the gateway's handshake within 30 s")
+    .unwrap()
 }
 
 /// What the upstream says variable `var` holds.
@@ -239,7 +243,12 @@ async fn call(
 ) -> Result<Value, String> {
     let params = CallToolRequestParams::new(tool.to_owned())
         .with_arguments(arguments.as_object().unwrap().clone());
-    match agent.peer().call_tool(params).await {
+    // Every call is answered (its upstream's exit included): one that is not fails here, named,
+    // instead of holding the test until the harness ends it.
+    let answered = tokio::time::timeout(Duration::from_secs(30), agent.peer().call_tool(params))
+        .await
+        .unwrap_or_else(|_| panic!("the call of `{tool}` was not answered within 30 s"));
+    match answered {
         Ok(r) if r.is_error != Some(true) => Ok(r.structured_content.unwrap_or(Value::Null)),
         Ok(r) => Err(format!("{:?}", r.content)),
         Err(e) => Err(e.to_string()),
