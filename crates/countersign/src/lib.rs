@@ -11,6 +11,7 @@ pub mod config;
 pub mod export;
 pub mod logging;
 pub mod paths;
+pub mod policy;
 pub mod registry;
 pub mod server;
 pub mod verify;

@@ -188,6 +188,9 @@ enum Command {
     /// then reaches one with `countersign mcp --server NAME`, and never holds its credentials.
     #[command(subcommand)]
     Server(countersign::server::ServerCommand),
+    /// The desk's policy files.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Print the desk's history of approvals, confirms and refusals, newest first; export it;
     /// check its signed chain (`history verify`).
     #[command(args_conflicts_with_subcommands = true)]
@@ -223,6 +226,18 @@ enum Command {
 }
 
 /// Checking the history's signed chain.
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Print a policy.toml's classes, approvers and typed targets as rules over arguments
+    /// (policy.cedar) that decide every call as it does. Save them as policy.cedar in the desk's
+    /// config directory: the change waits for the person's click, shown as what it widens.
+    /// Exit 0 printed, 2 when the file cannot be read or is not a policy.
+    ToCedar {
+        /// The policy.toml to convert.
+        file: std::path::PathBuf,
+    },
+}
+
 #[derive(Debug, Subcommand)]
 enum HistoryCheck {
     /// Check that no event of the history was edited, deleted or reordered and that its head is
@@ -397,6 +412,24 @@ fn main() {
                 desk.display()
             );
             1
+        }
+        Command::Policy(PolicyCommand::ToCedar { file }) => {
+            let converted = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {}", file.display(), e.kind()))
+                .and_then(|text| {
+                    countersign::policy::to_cedar(&text)
+                        .map_err(|e| format!("{}: {e}", file.display()))
+                });
+            match converted {
+                Ok(cedar) => {
+                    print!("{cedar}");
+                    0
+                }
+                Err(why) => {
+                    eprintln!("countersign policy to-cedar: {why}");
+                    2
+                }
+            }
         }
         Command::Demo => {
             // The demo is an MCP client, a program of its own beside this one, so that the pipe
