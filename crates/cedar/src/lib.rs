@@ -15,5 +15,5 @@ pub mod rules;
 pub mod widening;
 
 pub use model::{ArgType, Call, Tool, merge, schema};
-pub use rules::{Gate, Outcome, Rules, RulesError};
+pub use rules::{Budget, Gate, Outcome, Rules, RulesError};
 pub use widening::{Example, Widening, widening};

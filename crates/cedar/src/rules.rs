@@ -118,6 +118,32 @@ pub struct Gate {
     pub type_target: Option<bool>,
     /// The longest a grant may last, in minutes, if a rule says.
     pub grant_max_minutes: Option<u64>,
+    /// The budgets of the matching rules: every one must have room for the call to run
+    /// without a click.
+    pub budgets: Vec<Budget>,
+}
+
+/// A rule's budget (`@budget`): at most `limit` units per window of `minutes`, per tenant,
+/// server and tool, for calls that run without a click (opened by the rules, or covered by a
+/// grant). Past it, such a call waits for a click, or is refused where the rule says
+/// `@budget_past("refuse")`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// Names the rule across edits elsewhere in the text: the SHA-256 of its own text, in hex.
+    pub rule: String,
+    /// The rule's line.
+    pub line: usize,
+    /// How many units a window holds.
+    pub limit: u64,
+    /// How long a window is, in minutes (windows are aligned to the epoch).
+    pub minutes: u64,
+    /// What this call takes: 1, or the value of the argument the rule counts
+    /// (`@budget_counts("rows")`).
+    pub amount: u64,
+    /// What it counts: `calls`, or the argument's name.
+    pub counts: String,
+    /// Whether a call past it is refused (`true`) or waits for a click.
+    pub refuse: bool,
 }
 
 /// A loaded policy: its rules, checked against the tools' schema.
@@ -396,6 +422,7 @@ impl Rules {
             approvers: 1,
             type_target: None,
             grant_max_minutes: None,
+            budgets: Vec::new(),
         };
         for policy in determining.iter().filter_map(|id| self.policies.policy(id)) {
             let class = policy.annotation("class").unwrap_or("once");
@@ -414,9 +441,43 @@ impl Rules {
             {
                 gate.grant_max_minutes = Some(gate.grant_max_minutes.map_or(m, |g: u64| g.min(m)));
             }
+            if let Some(limit) = policy.annotation("budget").and_then(|n| n.parse().ok()) {
+                // What the call takes: the counted argument's value, which must be there, whole
+                // and not negative; a call that does not say cannot be measured against it.
+                let counts = policy.annotation("budget_counts");
+                let amount = match counts {
+                    None => 1,
+                    Some(name) => match call.arguments.get(name).and_then(|v| v.as_u64()) {
+                        Some(n) => n,
+                        None => return Outcome::Unfit,
+                    },
+                };
+                let text = policy.to_string();
+                gate.budgets.push(Budget {
+                    rule: sha256_hex(text.as_bytes()),
+                    line: self.line(policy.id().as_ref()).unwrap_or(1),
+                    limit,
+                    minutes: policy
+                        .annotation("budget_minutes")
+                        .and_then(|m| m.parse().ok())
+                        .unwrap_or(60),
+                    amount,
+                    counts: counts.unwrap_or("calls").to_owned(),
+                    refuse: policy.annotation("budget_past") == Some("refuse"),
+                });
+            }
         }
         Outcome::Gated(gate)
     }
+}
+
+/// The SHA-256 of `bytes`, in hex.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The strictness of a class (its index in [`CLASSES`]); an unknown one counts as the strictest.
@@ -432,6 +493,10 @@ fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), R
             "approvers",
             "type_target",
             "grant_max_minutes",
+            "budget",
+            "budget_minutes",
+            "budget_counts",
+            "budget_past",
             "id",
         ],
         Effect::Forbid => &["reason", "id"],
@@ -456,11 +521,33 @@ fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), R
                 .parse::<u64>()
                 .is_ok_and(|m| (1..=24 * 60).contains(&m)),
             "reason" => !value.trim().is_empty() && value.chars().count() <= 500,
+            "budget" => value
+                .parse::<u64>()
+                .is_ok_and(|n| (1..=1_000_000_000).contains(&n)),
+            "budget_minutes" => value
+                .parse::<u64>()
+                .is_ok_and(|m| (1..=31 * 24 * 60).contains(&m)),
+            "budget_counts" => {
+                !value.is_empty()
+                    && value.len() <= 128
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            }
+            "budget_past" => matches!(value, "click" | "refuse"),
             _ => true,
         };
         if !fine {
             return Err(bad(format!(
                 "@{key}(\"{value}\") is not a value it can have"
+            )));
+        }
+    }
+    let budgeted = policy.annotation("budget").is_some();
+    for key in ["budget_minutes", "budget_counts", "budget_past"] {
+        if policy.annotation(key).is_some() && !budgeted {
+            return Err(bad(format!(
+                "@{key} says how a budget is kept: give the rule @budget(\"N\") too"
             )));
         }
     }
@@ -540,6 +627,7 @@ pub(crate) mod tests {
             approvers,
             type_target,
             grant_max_minutes: None,
+            budgets: Vec::new(),
         })
     }
 
@@ -682,6 +770,7 @@ pub(crate) mod tests {
                 approvers: 3,
                 type_target: Some(false),
                 grant_max_minutes: Some(10),
+                budgets: Vec::new(),
             })
         );
     }

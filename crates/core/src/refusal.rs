@@ -52,11 +52,15 @@ pub enum Refusal {
     /// another type than the tool declares, a tool they were not loaded with, a rule that fails
     /// on it): refused rather than let through unjudged.
     PolicyUnfit,
+    /// A rule's budget of calls that run without a click is used for this window, and the rule
+    /// says to refuse past it (`@budget_past("refuse")`). The message names the rule's line and
+    /// when the window resets.
+    BudgetSpent,
 }
 
 impl Refusal {
     /// Every refusal, in the order of the verification chain, then the desk's own outcomes.
-    pub const ALL: [Refusal; 16] = [
+    pub const ALL: [Refusal; 17] = [
         Refusal::NoToken,
         Refusal::BadToken,
         Refusal::Expired,
@@ -73,6 +77,7 @@ impl Refusal {
         Refusal::ToolChanged,
         Refusal::PolicyForbidden,
         Refusal::PolicyUnfit,
+        Refusal::BudgetSpent,
     ];
 
     /// The stable wire code, e.g. `already_used`.
@@ -94,6 +99,7 @@ impl Refusal {
             Refusal::ToolChanged => "tool_changed",
             Refusal::PolicyForbidden => "policy_forbidden",
             Refusal::PolicyUnfit => "policy_unfit",
+            Refusal::BudgetSpent => "budget_spent",
         }
     }
 
@@ -215,6 +221,11 @@ impl Refusal {
                  since they were loaded).",
                 "Nothing was executed. Call it with only the arguments the tool declares, of \
                  their declared types; if it still fails, tell the user the policy needs updating."
+            ),
+            Refusal::BudgetSpent => said!(
+                "Refused: a budget of the desk's rules for calls like this one is used up for now.",
+                "Nothing was executed. Do not retry before the window resets (the message says \
+                 when), or ask the user to approve it."
             ),
         }
     }

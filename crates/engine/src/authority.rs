@@ -211,7 +211,8 @@ impl Engine {
             return stopped;
         }
         if let Stopped::Refused {
-            refusal: refusal @ (Refusal::PolicyForbidden | Refusal::PolicyUnfit),
+            refusal:
+                refusal @ (Refusal::PolicyForbidden | Refusal::PolicyUnfit | Refusal::BudgetSpent),
             message,
         } = &stopped
         {

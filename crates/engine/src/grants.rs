@@ -771,6 +771,7 @@ impl Engine {
         plan: &Plan,
         hash: PlanHash,
         arguments: &Map<String, Value>,
+        budgets: &[countersign_cedar::Budget],
     ) -> Result<Option<Approved>, Stopped> {
         let Some((rule, definition, server)) = self.listed_rule(tenant, &plan.tool) else {
             return Ok(None);
@@ -828,6 +829,18 @@ impl Engine {
                 tracing::warn!(target: "desk", grant = grant.id, "a grant has {MAX_GRANT_TOKENS} unexpired tokens: the call waits for a click");
                 return Ok(None);
             }
+        }
+        // The rules' budgets count what runs without a click, a grant's calls too: past one,
+        // the call waits for a click (or is refused where the rule says).
+        if let Some(spent) = self
+            .take_budgets(tenant, &server, &plan.tool, budgets)
+            .await?
+        {
+            if spent.refuse {
+                return Err(crate::ruling::budget_spent(&spent, now));
+            }
+            tracing::info!(target: "desk", grant = grant.id, line = spent.line, "a rule's budget is used up: the granted call waits for a click");
+            return Ok(None);
         }
         let minted = self
             .mint(&key, tenant, plan, hash, rule.class, arguments.clone(), now)

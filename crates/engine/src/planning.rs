@@ -33,6 +33,8 @@ pub(crate) struct Call {
     pub(crate) ruled: bool,
     /// The longest a grant of it may last, in minutes, where a rule says.
     pub(crate) grant_max_minutes: Option<u64>,
+    /// The rules' budgets a click-less run of it takes from.
+    pub(crate) budgets: Vec<countersign_cedar::Budget>,
 }
 
 impl Engine {
@@ -105,10 +107,10 @@ impl Engine {
             &plan,
             &Value::Object(args.clone()),
         )?;
-        let (rule, open, ruled, grant_max_minutes) = match ruled {
-            Ruled::AsListed => (rule, false, false, None),
-            Ruled::Open => (rule, true, false, None),
-            Ruled::Gated(rule, grant) => (rule, false, true, grant),
+        let (rule, open, ruled, grant_max_minutes, budgets) = match ruled {
+            Ruled::AsListed => (rule, false, false, None, Vec::new()),
+            Ruled::Open(budgets) => (rule, true, false, None, budgets),
+            Ruled::Gated(rule, grant, budgets) => (rule, false, true, grant, budgets),
         };
         Ok(Call {
             rule,
@@ -121,6 +123,7 @@ impl Engine {
             open,
             ruled,
             grant_max_minutes,
+            budgets,
         })
     }
 }

@@ -370,8 +370,9 @@ impl Engine {
             plan,
             hash,
             open,
-            ruled,
+            mut ruled,
             grant_max_minutes,
+            budgets,
         } = match self.plan_aside(tenant, tool, arguments).await {
             Ok(call) => call,
             Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
@@ -380,11 +381,33 @@ impl Engine {
             let stopped = error(ErrorCode::BadArguments, "a confirm is not a preflight");
             return Err(self.rejected(tenant, tool, stopped).await);
         }
+        let mut rule = rule;
         if open {
-            // Nobody is asked, so no window is needed: the person's click was on the rules.
-            tracing::info!(target: "desk", tool = %tool, target = %plan.target, "opened by the rules over arguments: runs without a click");
-            self.tally_request(Some(GateClass::Open), Outcome::Forwarded);
-            return Ok(Queued::Open);
+            match self.take_budgets(tenant, &server, tool, &budgets).await {
+                Ok(None) => {
+                    // Nobody is asked, so no window is needed: the person's click was on the
+                    // rules.
+                    tracing::info!(target: "desk", tool = %tool, target = %plan.target, "opened by the rules over arguments: runs without a click");
+                    self.tally_request(Some(GateClass::Open), Outcome::Forwarded);
+                    return Ok(Queued::Open);
+                }
+                Ok(Some(spent)) if spent.refuse => {
+                    let stopped = crate::ruling::budget_spent(&spent, self.now());
+                    return Err(self.rejected(tenant, tool, stopped).await);
+                }
+                Ok(Some(spent)) => {
+                    // Past its budget, an opened call waits for a click, as the rule says.
+                    if !rule.class.is_gated() {
+                        rule.class = GateClass::Token;
+                    }
+                    rule.why = format!(
+                        "policy.cedar line {}: this call would run without a click, but the rule's budget of {} {} per {} minutes is used; it needs a click",
+                        spent.line, spent.limit, spent.counts, spent.minutes
+                    );
+                    ruled = true;
+                }
+                Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
+            }
         }
         if !self.inner.config.window {
             self.tally_request(Some(rule.class), Outcome::Refused);
@@ -404,7 +427,7 @@ impl Engine {
         let granted = if ruled && grant_max_minutes.is_none() {
             None
         } else {
-            match self.granted(tenant, &plan, hash, &args).await {
+            match self.granted(tenant, &plan, hash, &args, &budgets).await {
                 Ok(granted) => granted,
                 Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
             }

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use countersign_cedar::{Outcome, Rules, RulesError, Tool};
+use countersign_cedar::{Budget, Outcome, Rules, RulesError, Tool};
 use countersign_core::policy::ToolRule;
 use countersign_core::{GateClass, Refusal, Tenant, gate};
 use serde_json::Value;
@@ -65,10 +65,36 @@ pub(crate) fn tool_of(listed: &Value) -> Option<Tool> {
 pub(crate) enum Ruled {
     /// As the listing classed it (no rules, or none speaks to the call).
     AsListed,
-    /// Runs without a click.
-    Open,
-    /// Gated as the rule says.
-    Gated(ToolRule, Option<u64>),
+    /// Runs without a click, within the budgets.
+    Open(Vec<Budget>),
+    /// Gated as the rule says: the rule, the longest grant, the budgets a grant's call takes.
+    Gated(ToolRule, Option<u64>, Vec<Budget>),
+}
+
+/// The longest window a budget may have (`@budget_minutes`), in ms: older windows are forgotten.
+const LONGEST_WINDOW_MS: u64 = 31 * 24 * 60 * 60_000;
+
+/// The refusal of a call past `budget`, at `now`: which budget, and when it resets.
+pub(crate) fn budget_spent(budget: &Budget, now: u64) -> Stopped {
+    let window = budget.minutes * 60_000;
+    let resets_at = (now - now % window).saturating_add(window);
+    let counted = if budget.counts == "calls" {
+        format!("{} calls", budget.limit)
+    } else {
+        format!("{} of `{}`", budget.limit, budget.counts)
+    };
+    Stopped::Refused {
+        refusal: Refusal::BudgetSpent,
+        message: format!(
+            "Refused: the desk's rules allow {counted} per {} minutes without a click \
+             (policy.cedar line {}), and this window's is used; it resets in {} s \
+             (at {resets_at} ms since the epoch). {}",
+            budget.minutes,
+            budget.line,
+            resets_at.saturating_sub(now).div_ceil(1000),
+            Refusal::BudgetSpent.next_step()
+        ),
+    }
 }
 
 impl Engine {
@@ -185,7 +211,7 @@ impl Engine {
                 return Err(crate::authority::refused(Refusal::PolicyUnfit));
             }
             return Ok(if by_rules {
-                Ruled::Open
+                Ruled::Open(Vec::new())
             } else {
                 Ruled::AsListed
             });
@@ -210,7 +236,7 @@ impl Engine {
             arguments,
         };
         match rules.decide(&call) {
-            Outcome::Unruled if own == GateClass::Open => Ok(Ruled::Open),
+            Outcome::Unruled if own == GateClass::Open => Ok(Ruled::Open(Vec::new())),
             Outcome::Unruled => Ok(Ruled::AsListed),
             Outcome::Forbidden { reason } => Err(Stopped::Refused {
                 refusal: Refusal::PolicyForbidden,
@@ -224,7 +250,7 @@ impl Engine {
             Outcome::Gated(gate) => {
                 let class = GateClass::from_code(gate.class).unwrap_or(GateClass::Once);
                 if class == GateClass::Open {
-                    return Ok(Ruled::Open);
+                    return Ok(Ruled::Open(gate.budgets));
                 }
                 let mut rule = rule.clone();
                 rule.class = class;
@@ -236,9 +262,46 @@ impl Engine {
                     "policy.cedar: the rules over arguments class this call \"{}\"",
                     class.code()
                 );
-                Ok(Ruled::Gated(rule, gate.grant_max_minutes))
+                Ok(Ruled::Gated(rule, gate.grant_max_minutes, gate.budgets))
             }
         }
+    }
+
+    /// Takes what a call of `tool` on `server` by `tenant` costs of each of `budgets`, now: the
+    /// first budget with no room left, if one has none (the ones before it stay taken: a call
+    /// refused past one budget still counted against the others, which never lets more run).
+    /// Records that cannot be reached are an outage, never room.
+    pub(crate) async fn take_budgets(
+        &self,
+        tenant: &Tenant,
+        server: &str,
+        tool: &str,
+        budgets: &[Budget],
+    ) -> Result<Option<Budget>, Stopped> {
+        let now = self.now();
+        for budget in budgets {
+            let window = budget.minutes.max(1) * 60_000;
+            let key = format!("{}|{tenant}|{server}|{tool}", budget.rule);
+            let taken = self
+                .records()
+                .take_budget(
+                    &key,
+                    now - now % window,
+                    budget.amount,
+                    budget.limit,
+                    now.saturating_sub(LONGEST_WINDOW_MS),
+                )
+                .await;
+            match taken {
+                Ok(true) => {}
+                Ok(false) => return Ok(Some(budget.clone())),
+                Err(e) => {
+                    tracing::error!(target: "desk", error = %e, "a rule's budget could not be read: the call is refused ledger_unreachable");
+                    return Err(crate::authority::outage());
+                }
+            }
+        }
+        Ok(None)
     }
 
     fn ruling(&self) -> std::sync::RwLockReadGuard<'_, Ruling> {

@@ -23,6 +23,7 @@
 
 mod accepted;
 mod approval;
+mod budget;
 mod connection;
 mod decision;
 mod error;

@@ -262,6 +262,18 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// Uses up the begun, unused, unexpired invite `hash` at `now`, once.
     async fn use_invite(&self, hash: &[u8; 32], now: u64) -> Result<Option<Invite>, StoreError>;
 
+    /// Takes `amount` of budget `key`'s window starting at `window_start_ms`, which holds
+    /// `limit`, in one statement: `true` when it fit (and is taken), `false` when it did not.
+    /// Windows that started before `prune_before_ms` are forgotten first.
+    async fn take_budget(
+        &self,
+        key: &str,
+        window_start_ms: u64,
+        amount: u64,
+        limit: u64,
+        prune_before_ms: u64,
+    ) -> Result<bool, StoreError>;
+
     /// Keeps a sign-in `challenge` until `expires_at_ms` (and forgets the expired ones).
     async fn put_challenge(
         &self,
@@ -639,6 +651,22 @@ impl Records for Sqlite {
     async fn use_invite(&self, hash: &[u8; 32], now: u64) -> Result<Option<Invite>, StoreError> {
         let hash = *hash;
         self.off(move |s| s.use_invite(&hash, now)).await
+    }
+
+    async fn take_budget(
+        &self,
+        key: &str,
+        window_start_ms: u64,
+        amount: u64,
+        limit: u64,
+        prune_before_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let key = key.to_owned();
+        self.off(move |s| {
+            s.prune_budgets(prune_before_ms)?;
+            s.take_budget(&key, window_start_ms, amount, limit)
+        })
+        .await
     }
 
     async fn put_challenge(

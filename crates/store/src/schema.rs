@@ -297,6 +297,18 @@ const STEPS: &[Step] = &[
         CREATE INDEX passkey_decision_request ON passkey_decision (server, request);
     ",
     },
+    Step {
+        purpose: "the budgets of the rules over arguments, per window",
+        sql: "
+        -- How much of a window a budget's click-less calls took (crate::budget).
+        CREATE TABLE rule_budget (
+            budget           TEXT    NOT NULL,
+            window_start_ms  INTEGER NOT NULL,
+            used             INTEGER NOT NULL CHECK (used >= 0),
+            PRIMARY KEY (budget, window_start_ms)
+        ) STRICT;
+    ",
+    },
 ];
 
 /// The version from which history is chained ([`crate::history`]).

@@ -290,3 +290,111 @@ async fn a_server_listing_a_tool_the_rules_were_not_loaded_with_gets_it_refused_
         "a rule of any action reaches it, unloaded"
     );
 }
+
+/// A budget of 2 SELECTs per hour: two run without a click, the third waits for a person, and a
+/// new window opens again; with `@budget_past("refuse")` the third is refused, saying which rule
+/// and when it resets; counted by an argument, a call takes what it says.
+#[tokio::test]
+async fn a_rules_budget_lets_that_many_run_without_a_click_per_window_then_asks_or_refuses() {
+    let (d, clock, tenant) = desk().await;
+    let budget = "@class(\"open\") @budget(\"2\") @budget_minutes(\"60\")\n\
+        permit (principal, action == Countersign::Action::\"execute\", resource)\n\
+        when { context.arguments.sql like \"SELECT *\" };";
+    d.engine.set_rules(Some(budget.to_owned())).unwrap();
+    let select = || json!({"sql": "SELECT 1"});
+    for _ in 0..2 {
+        assert!(matches!(
+            ask(&d.engine, &tenant, "execute", select()).await,
+            Ok(Queued::Open)
+        ));
+    }
+    let third = ask(&d.engine, &tenant, "execute", select()).await;
+    assert!(matches!(third, Ok(Queued::Waiting(_))), "{third:?}");
+    let call = d.engine.pending()[0].call().unwrap().clone();
+    assert!(
+        call.ruled
+            && call
+                .why
+                .contains("budget of 2 calls per 60 minutes is used"),
+        "{}",
+        call.why
+    );
+    // The next window has room again (the first began at noon, on the hour).
+    clock.advance(60 * 60_000);
+    assert!(matches!(
+        ask(&d.engine, &tenant, "execute", select()).await,
+        Ok(Queued::Open)
+    ));
+
+    let refuse = budget.replace(
+        "@budget_minutes(\"60\")",
+        "@budget_minutes(\"60\") @budget_past(\"refuse\")",
+    );
+    d.engine.set_rules(Some(refuse)).unwrap();
+    // Another rule text: a budget of its own, with its own two.
+    for _ in 0..2 {
+        assert!(matches!(
+            ask(&d.engine, &tenant, "execute", select()).await,
+            Ok(Queued::Open)
+        ));
+    }
+    let (code, message) = refusal(ask(&d.engine, &tenant, "execute", select()).await);
+    assert_eq!(code, Refusal::BudgetSpent);
+    assert!(message.contains("2 calls per 60 minutes"), "{message}");
+    assert!(message.contains("policy.cedar line 1"), "{message}");
+    assert!(message.contains("resets in 3600 s"), "{message}");
+    let history = d.engine.history(&HistoryFilter::default()).await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| format!("{:?}", e.kind).contains("BudgetSpent"))
+    );
+}
+
+#[tokio::test]
+async fn a_budget_counted_by_an_argument_takes_what_each_call_says_and_refuses_a_call_that_does_not_say()
+ {
+    let clock = ManualClock::at(NOON_MS);
+    let own = clock.clone();
+    let d = Desk::new(move |config| config.clock = Arc::new(own));
+    let tenant = d.engine.connect(ServerId::Command("exporter".into()));
+    let export = json!({"name": "export", "annotations": {"destructiveHint": true}, "inputSchema": {
+        "type": "object",
+        "properties": {"table": {"type": "string"}, "rows": {"type": "integer"}},
+        "required": ["table"],
+    }});
+    d.engine
+        .register_tools(&tenant, vec![export])
+        .await
+        .unwrap();
+    d.engine
+        .set_rules(Some(
+            "@class(\"open\") @budget(\"100\") @budget_counts(\"rows\") @budget_past(\"refuse\")\n\
+             permit (principal, action == Countersign::Action::\"export\", resource);"
+                .to_owned(),
+        ))
+        .unwrap();
+    let rows = |n: u64| json!({"table": "users", "rows": n});
+    assert!(matches!(
+        ask(&d.engine, &tenant, "export", rows(60)).await,
+        Ok(Queued::Open)
+    ));
+    assert!(matches!(
+        ask(&d.engine, &tenant, "export", rows(40)).await,
+        Ok(Queued::Open)
+    ));
+    let (code, message) = refusal(ask(&d.engine, &tenant, "export", rows(1)).await);
+    assert_eq!(code, Refusal::BudgetSpent);
+    assert!(message.contains("100 of `rows`"), "{message}");
+    // A call that does not say how many it takes cannot be measured: never opened.
+    let (code, _) = refusal(ask(&d.engine, &tenant, "export", json!({"table": "users"})).await);
+    assert_eq!(code, Refusal::PolicyUnfit);
+    // More than a whole window holds: never.
+    clock.advance(60 * 60_000);
+    let (code, _) = refusal(ask(&d.engine, &tenant, "export", rows(101)).await);
+    assert_eq!(code, Refusal::BudgetSpent);
+    assert!(matches!(
+        ask(&d.engine, &tenant, "export", rows(100)).await,
+        Ok(Queued::Open)
+    ));
+}

@@ -16,6 +16,7 @@ use countersign_core::{Nonce, PlanHash, SpendError};
 use tokio_postgres::error::SqlState;
 
 use super::{Postgres, text};
+use crate::budget;
 use crate::error::ms_to_sql;
 use crate::grant::{self, COLUMNS, MAX_READ};
 use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
@@ -1273,6 +1274,25 @@ impl Records for Postgres {
         let changed = on_connection!(self, |conn| conn
             .execute(sql.as_str(), &[&hash, &ceremony.as_ref(), &now],))?;
         Ok(changed == 1)
+    }
+
+    async fn take_budget(
+        &self,
+        key: &str,
+        window_start_ms: u64,
+        amount: u64,
+        limit: u64,
+        prune_before_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let sql = budget::statements('$');
+        let before = ms_to_sql(prune_before_ms)?;
+        on_connection!(self, |conn| conn.execute(sql.prune.as_str(), &[&before]))?;
+        let Some((start, amount, limit)) = budget::checked(window_start_ms, amount, limit)? else {
+            return Ok(false);
+        };
+        let row = on_connection!(self, |conn| conn
+            .query_opt(sql.take.as_str(), &[&key, &start, &amount, &limit]))?;
+        Ok(row.is_some())
     }
 
     async fn use_invite(&self, hash: &[u8; 32], now: u64) -> Result<Option<Invite>, StoreError> {

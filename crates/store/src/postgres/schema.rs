@@ -273,6 +273,18 @@ const STEPS: &[Step] = &[
         CREATE INDEX IF NOT EXISTS passkey_decision_request ON passkey_decision (server, request);
     ",
     },
+    Step {
+        purpose: "the budgets of the rules over arguments, per window",
+        sql: "
+        -- How much of a window a budget's click-less calls took (crate::budget).
+        CREATE TABLE IF NOT EXISTS rule_budget (
+            budget           TEXT   NOT NULL,
+            window_start_ms  BIGINT NOT NULL,
+            used             BIGINT NOT NULL CHECK (used >= 0),
+            PRIMARY KEY (budget, window_start_ms)
+        );
+    ",
+    },
 ];
 
 /// The PostgreSQL schema version this build writes and understands.
