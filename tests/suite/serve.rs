@@ -15,6 +15,7 @@ mod across_replicas;
 mod approver_protocol;
 mod approvers;
 mod auth;
+mod budgets;
 mod edges;
 mod operator;
 mod outage;
