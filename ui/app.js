@@ -167,6 +167,11 @@ function renderChange(c) {
   shown("c-subject", c.subject);
   shown("c-summary", c.summary);
   shown("c-origin", c.origin);
+  // What a change of the rules widens, as the solver decided it (or that it is not known).
+  const analysed = Boolean(c.analysis);
+  $("c-analysis-head").hidden = !analysed;
+  $("c-analysis-row").hidden = !analysed;
+  shown("c-analysis", analysed ? c.analysis : { text: "", flags: [] });
   text("c-before-head", c.added ? "Now: nothing (new)" : "Now");
   text("c-after-head", c.removed ? "After approval: removed" : "After approval");
   const rows = c.rows.map((row) => diffRowNode(row, ["sign before-sign", "sign after-sign"]));

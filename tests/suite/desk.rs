@@ -876,6 +876,10 @@ async fn a_changed_tool_is_refused_until_the_person_accepts_the_difference_in_th
     );
     assert_eq!(desk.text("#c-rows tr.row-changed td.after-sign").await, "+");
     assert!(!desk.exists("#call:not([hidden])").await, "no call fields");
+    assert!(
+        desk.exists("#c-analysis-row[hidden]").await,
+        "nothing analysed is said of a tool's change"
+    );
     desk.screenshot("change-tool.png").await;
     // Still refused while the person reads.
     let waiting = call(&agent, "lookup", word.clone()).await.unwrap();
@@ -1590,5 +1594,63 @@ async fn what_the_window_sends_approves_nothing_from_anywhere_but_its_channel() 
     desk.click("#approve").await;
     let approved = waiting.await.unwrap();
     assert_ne!(approved.is_error, Some(true), "{approved:?}");
+    desk.stop().await;
+}
+
+/// Issue 32 in the window: `policy.cedar` edited behind the desk's back waits for the person, and
+/// the window says beside the diff what the edit widens, as cvc5 found it (a call of `execute`
+/// that would now run without a click). Approved, the rules are in force: the INSERT they open
+/// runs at once, with nobody asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_edit_waits_and_the_window_says_what_it_widens_then_the_rules_open_what_they_say() {
+    let solver = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers/bin/cvc5");
+    let solver = std::env::var("CVC5").unwrap_or_else(|_| solver.to_string_lossy().into_owned());
+    let desk = Desk::start_with(&[("CVC5", solver.as_str())]).await;
+    let db = desk.dir.path().join("rules.sqlite");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE notes (body TEXT)")
+        .unwrap();
+    let agent = desk.agent_on("rules-agent", &db).await;
+    agent.list_all_tools().await.unwrap();
+    std::fs::write(
+        desk.dir.path().join("config/policy.cedar"),
+        "@class(\"open\")\n\
+         permit (principal, action == Countersign::Action::\"execute\", resource)\n\
+         when { context.arguments.sql like \"INSERT INTO notes *\" && !(context.arguments.sql like \"*;*\") };\n",
+    )
+    .unwrap();
+    desk.wait_for_request().await;
+    desk.until("the change request", |d| {
+        Box::pin(async move { d.exists("#change:not([hidden])").await })
+    })
+    .await;
+    assert_eq!(desk.text("#c-kind").await, "The policy");
+    assert_eq!(desk.text("#c-subject").await, "policy.cedar");
+    assert!(desk.exists("#c-analysis-row:not([hidden])").await);
+    let analysis = desk.text("#c-analysis").await;
+    assert!(analysis.starts_with("It widens"), "{analysis}");
+    assert!(analysis.contains("execute with"), "{analysis}");
+    assert!(analysis.contains("INSERT INTO notes"), "{analysis}");
+    assert!(analysis.contains("would run without a click"), "{analysis}");
+    desk.screenshot("change-rules.png").await;
+    read_then_approve(&desk).await;
+    desk.until("the queue to empty", |d| {
+        Box::pin(async move { !d.visible_request().await })
+    })
+    .await;
+    // In force: the INSERT runs at once, nobody asked; anything else still waits.
+    let insert = json!({"sql": "INSERT INTO notes VALUES ('opened by a rule')"});
+    let ran = tokio::time::timeout(Duration::from_secs(20), call(&agent, "execute", insert))
+        .await
+        .expect("an opened call is answered at once")
+        .unwrap();
+    assert_ne!(ran.is_error, Some(true), "{ran:?}");
+    assert!(!desk.visible_request().await, "nobody was asked");
+    let rows: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM notes", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 1);
     desk.stop().await;
 }

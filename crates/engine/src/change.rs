@@ -79,6 +79,9 @@ pub struct Change {
     /// Who proposed it: `countersign server add (pid 123)`, `file edited outside the desk`, `the
     /// upstream's tool listing`.
     pub origin: String,
+    /// What the change does, beside its text: for the rules over arguments, what it widens as a
+    /// solver decided it (or that it is not known). `None` where nothing is said.
+    pub analysis: Option<String>,
 }
 
 /// What the person decided about a change.
@@ -117,6 +120,7 @@ impl Change {
             before: self.before.map(|t| cut(t, MAX_CHANGE_TEXT_CHARS)),
             after: self.after.map(|t| cut(t, MAX_CHANGE_TEXT_CHARS)),
             origin: cut(self.origin, MAX_CHANGE_LABEL_CHARS),
+            analysis: self.analysis.map(|t| cut(t, MAX_CHANGE_TEXT_CHARS)),
         }
     }
 }
@@ -533,6 +537,7 @@ mod tests {
             before: None,
             after: Some("x".repeat(MAX_CHANGE_TEXT_CHARS + 2)),
             origin: String::new(),
+            analysis: None,
         }
         .bounded();
         assert!(change.subject.ends_with("[cut: 1 more characters]"));

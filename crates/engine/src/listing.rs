@@ -354,6 +354,7 @@ impl Engine {
                 before,
                 after: Some(pin.definition.clone()),
                 origin: "the upstream's tool listing".to_owned(),
+                analysis: None,
             };
             if let Ok((_, Some(view))) = self.queue_change(&mut state, change, Some(pin)) {
                 added.push(view);

@@ -406,6 +406,7 @@ impl Registry {
                 &secrets::notes(&spec, &secrets, &stored),
             )),
             origin: origin.to_owned(),
+            analysis: None,
         };
         waiting(RegistryAnswer::Waiting {
             message: format!(
@@ -494,6 +495,7 @@ impl Registry {
             before: Some(secrets::describe(&current, &BTreeMap::new())),
             after: None,
             origin: origin.to_owned(),
+            analysis: None,
         };
         waiting(RegistryAnswer::Waiting {
             message: format!(
@@ -834,12 +836,14 @@ impl Registry {
                 format!("it is larger than the desk shows a person whole ({MAX_CHANGE_TEXT_CHARS} characters)")
             })
         });
+        // What a change of the rules does, beside its text: proved, found, or said not known.
+        let analysis = match &why_not {
+            None if guarded.name == RULES.name => {
+                Some(rules::what_it_changes(&self.inner.engine, &accepted, &found).await)
+            }
+            _ => None,
+        };
         let summary = match &why_not {
-            None if guarded.name == RULES.name => format!(
-                "apply {} as edited outside the desk. {}",
-                guarded.name,
-                rules::what_it_changes(&self.inner.engine, &accepted, &found).await
-            ),
             None => format!("apply {} as edited outside the desk", guarded.name),
             Some(e) => format!(
                 "{} was edited outside the desk and is not valid ({e}): Approve puts back the \
@@ -854,6 +858,7 @@ impl Registry {
             before: Some(before),
             after: Some(after),
             origin: format!("{} edited outside the desk", guarded.name),
+            analysis,
         };
         let decision = self.inner.engine.propose(change).await;
         {

@@ -780,10 +780,15 @@ async fn rules_edited_behind_the_desks_back_wait_and_apply_only_after_approval()
     f.registry.check_files();
     let change = pending_change(&f.engine).await;
     assert_eq!(change.subject, "policy.cedar");
+    assert_eq!(
+        change.summary,
+        "apply policy.cedar as edited outside the desk"
+    );
+    // What it does is said beside the text: proved, found, or plainly not known.
+    let analysis = change.analysis.clone().unwrap();
     assert!(
-        change.summary.starts_with("apply policy.cedar"),
-        "{}",
-        change.summary
+        analysis.starts_with("It widens") || analysis.starts_with("What it changes is not known ("),
+        "{analysis}"
     );
     assert!(
         f.engine.rules().is_none(),
@@ -818,6 +823,10 @@ async fn rules_that_do_not_load_are_shown_as_invalid_with_their_line_and_never_a
         change.summary.contains("policy_invalid"),
         "{}",
         change.summary
+    );
+    assert_eq!(
+        change.analysis, None,
+        "nothing is analysed of rules that do not load"
     );
     // Approve only puts back what applies (nothing).
     f.engine

@@ -398,7 +398,7 @@ fn prune_on_a_schedule(engine: &Engine, rt: &Handle) {
     });
 }
 
-/// How often the desk compares servers.json and policy.toml with what it accepted.
+/// How often the desk compares servers.json, policy.toml and policy.cedar with what it accepted.
 const FILE_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// Compares the guarded files with what was accepted, now and every [`FILE_CHECK_EVERY`]: an

@@ -89,6 +89,8 @@ pub struct ChangeView {
     pub summary: Shown,
     /// Who proposed it.
     pub origin: Shown,
+    /// What it does, beside its text (for the rules over arguments: what it widens), if said.
+    pub analysis: Option<Shown>,
     /// Whether there is no text before (something new).
     pub added: bool,
     /// Whether there is no text after (something removed).
@@ -135,6 +137,7 @@ impl From<&Change> for ChangeView {
             subject: shown(&c.subject),
             summary: shown(&c.summary),
             origin: shown(&c.origin),
+            analysis: c.analysis.as_deref().map(shown),
             added: c.before.is_none(),
             removed: c.after.is_none(),
             rows,
@@ -299,6 +302,7 @@ mod tests {
             before: before.map(str::to_owned),
             after: after.map(str::to_owned),
             origin: "the upstream's tool listing".into(),
+            analysis: Some("It widens; calls the solver found: echo with …".into()),
         };
         PendingRequest {
             asks: Asks::Change(ChangeRequest {

@@ -91,6 +91,7 @@ fn server_change(after: &str) -> Change {
         before: Some("command = \"old\"".into()),
         after: Some(after.into()),
         origin: "countersign server add (pid 1)".into(),
+        analysis: None,
     }
 }
 
