@@ -5,7 +5,7 @@
 //! - **resource**: `Countersign::Server::"…"`, the server (`builtin:…`, a registered name);
 //! - **context**: the plan (`target`, `action`, `summary`, `reversible`), the class the tool's
 //!   annotations give (`class`: `open`, `token` or `once`; `destructive`), the hour of the day
-//!   (`hour`, 0 to 23, in the time zone the caller chose) and the call's `arguments`, typed per
+//!   (`hour`, 0 to 23, UTC) and the call's `arguments`, typed per
 //!   tool from the tool's input schema, so `context.arguments.sql` is a `String` for `execute`,
 //!   and a rule naming an argument the tool does not take does not validate.
 //!

@@ -61,7 +61,7 @@ pub enum RulesError {
     /// A rule that opens a destructive tool without naming it.
     #[error(
         "line {line}: this rule makes {tool}, which its annotations call destructive, open \
-         without naming it: name it in the rule's action (action == Action::\"{tool}\")"
+         without naming it: name it in the rule's action (action == Countersign::Action::\"{tool}\")"
     )]
     OpensDestructive {
         /// The line.
@@ -247,7 +247,23 @@ impl Rules {
             tools.iter().any(|t| uid("Action", &t.name) == *action)
         };
         let (mut kept, mut deferred) = (PolicySet::new(), Vec::new());
+        let action_type = uid("Action", "").type_name().clone();
         for policy in policies.policies() {
+            // An action that is not one of ours (`Action::"execute"` without the namespace) would
+            // wait for a tool no server can list, and the rule would never apply: refused.
+            let named = match policy.action_constraint() {
+                ActionConstraint::Any => Vec::new(),
+                ActionConstraint::Eq(one) => vec![one],
+                ActionConstraint::In(many) => many,
+            };
+            if let Some(other) = named.iter().find(|a| *a.type_name() != action_type) {
+                return Err(RulesError::Invalid {
+                    line: lines.get(&policy.id().to_string()).copied().unwrap_or(1),
+                    reason: format!(
+                        "{other} is not a tool's action: write Countersign::Action::\"<tool>\""
+                    ),
+                });
+            }
             let waits = match policy.action_constraint() {
                 ActionConstraint::Any => false,
                 ActionConstraint::Eq(one) => !listed(&one),
@@ -303,6 +319,11 @@ impl Rules {
         self.lines.get(id).copied()
     }
 
+    /// The tool `name` as the rules were loaded with it, if they were.
+    pub fn tool(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+
     /// The tools named by rules that wait for a server to list them, sorted.
     pub fn waiting_for(&self) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -313,8 +334,8 @@ impl Rules {
                 ActionConstraint::Eq(one) => vec![one],
                 ActionConstraint::In(many) => many,
             })
+            .filter(|a| !self.tools.iter().any(|t| uid("Action", &t.name) == *a))
             .map(|a| a.id().unescaped().to_owned())
-            .filter(|name| !self.tools.iter().any(|t| t.name == *name))
             .collect();
         names.sort();
         names.dedup();
@@ -445,16 +466,21 @@ impl Rules {
                 // What the call takes: the counted argument's value, which must be there, whole
                 // and not negative; a call that does not say cannot be measured against it.
                 let counts = policy.annotation("budget_counts");
+                // At least one a call: a call saying 0 still runs, so it still counts.
                 let amount = match counts {
                     None => 1,
                     Some(name) => match call.arguments.get(name).and_then(|v| v.as_u64()) {
-                        Some(n) => n,
+                        Some(n) => n.max(1),
                         None => return Outcome::Unfit,
                     },
                 };
-                let text = policy.to_string();
+                let rule = sha256_hex(policy.to_string().as_bytes());
+                // Two rules of the same text are one budget, taken once.
+                if gate.budgets.iter().any(|b| b.rule == rule) {
+                    continue;
+                }
                 gate.budgets.push(Budget {
-                    rule: sha256_hex(text.as_bytes()),
+                    rule,
                     line: self.line(policy.id().as_ref()).unwrap_or(1),
                     limit,
                     minutes: policy
@@ -841,6 +867,37 @@ pub(crate) mod tests {
         more.push(Tool::new("later", &json!({"type": "object"}), false));
         let err = Rules::parse(&text, &more).unwrap_err();
         assert_eq!(err.code(), "policy_invalid", "{err}");
+    }
+
+    #[test]
+    fn an_action_outside_the_namespace_is_refused_never_left_waiting() {
+        let text = "@reason(\"no\")\nforbid (principal, action == Action::\"execute\", resource);";
+        let err = Rules::parse(text, &tools()).unwrap_err();
+        assert_eq!(err.code(), "policy_invalid", "{err}");
+        assert!(err.to_string().contains("Countersign::Action"), "{err}");
+    }
+
+    #[test]
+    fn a_budget_is_taken_at_least_once_a_call_and_twice_written_rules_are_one_budget() {
+        let export = vec![Tool::new(
+            "export",
+            &json!({"type": "object", "properties": {"rows": {"type": "integer"}}}),
+            false,
+        )];
+        let rule = "@class(\"open\") @budget(\"10\") @budget_counts(\"rows\")\npermit (principal, action == Countersign::Action::\"export\", resource);\n";
+        let rules = Rules::parse(&format!("{rule}{rule}"), &export).unwrap();
+        let zero = json!({"rows": 0});
+        let Outcome::Gated(gate) = rules.decide(&call("export", &zero, 12)) else {
+            panic!("not gated");
+        };
+        assert_eq!(gate.budgets.len(), 1, "one text, one budget");
+        assert_eq!(gate.budgets[0].amount, 1, "a call of 0 rows still runs");
+        // A budget's keys only on a rule that has a budget.
+        let lone = "@class(\"open\") @budget_past(\"refuse\")\npermit (principal, action == Countersign::Action::\"export\", resource);";
+        assert_eq!(
+            Rules::parse(lone, &export).unwrap_err().code(),
+            "policy_annotation"
+        );
     }
 
     #[test]

@@ -50,6 +50,12 @@ impl Tenant {
         Tenant(text.into())
     }
 
+    /// Whether this is a desk's gateway connection ([`Tenant::connection`]): a team's caller
+    /// always carries `@` and its server.
+    pub fn is_connection(&self) -> bool {
+        self.0.starts_with("conn-") && !self.0.contains('@')
+    }
+
     /// The tenant as text, as records, tokens and history keep it.
     pub fn as_str(&self) -> &str {
         &self.0

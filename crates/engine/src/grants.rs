@@ -174,6 +174,16 @@ impl GrantError {
     }
 }
 
+/// What the rules over arguments allow a grant covering a call they gate.
+pub(crate) struct RuledGrant {
+    /// The longest a covering grant may last (`@grant_max_minutes`).
+    pub(crate) max_minutes: u64,
+    /// The class the rules give the call.
+    pub(crate) class: GateClass,
+    /// How many people the rules ask for it.
+    pub(crate) approvers: u8,
+}
+
 /// What the window may offer beside Approve for one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GrantOffer {
@@ -772,6 +782,7 @@ impl Engine {
         hash: PlanHash,
         arguments: &Map<String, Value>,
         budgets: &[countersign_cedar::Budget],
+        ruled: Option<&RuledGrant>,
     ) -> Result<Option<Approved>, Stopped> {
         let Some((rule, definition, server)) = self.listed_rule(tenant, &plan.tool) else {
             return Ok(None);
@@ -827,6 +838,23 @@ impl Engine {
             minted.retain(|(_, exp)| *exp > now);
             if minted.len() >= MAX_GRANT_TOKENS {
                 tracing::warn!(target: "desk", grant = grant.id, "a grant has {MAX_GRANT_TOKENS} unexpired tokens: the call waits for a click");
+                return Ok(None);
+            }
+        }
+        // A call the rules gate is covered only by a grant within what they say: no longer than
+        // their longest grant, of a class at least theirs, and never where they ask more than
+        // one person (a grant is one person's click).
+        if let Some(ruled) = ruled {
+            let strictness = |c: GateClass| match c {
+                GateClass::Open => 0,
+                GateClass::Token => 1,
+                GateClass::Once => 2,
+            };
+            let lasts = grant.expires_at_ms.saturating_sub(grant.granted_at_ms);
+            if ruled.approvers > 1
+                || lasts > ruled.max_minutes.saturating_mul(60_000)
+                || strictness(ruled.class) > strictness(grant.class)
+            {
                 return Ok(None);
             }
         }

@@ -202,7 +202,7 @@ impl Engine {
         else {
             return Err(error(ErrorCode::NotIntroduced, "unknown connection"));
         };
-        let rules = self.rules_for_listing(&server, &tools);
+        let generation = self.rules_for_listing(&server, &tools);
         // A name listed twice could be read one way and called the other: offer neither.
         let mut seen = HashMap::<&str, usize>::new();
         for tool in &tools {
@@ -257,6 +257,7 @@ impl Engine {
         };
         conn.tools.clear();
         conn.pins_unread = false;
+        conn.rules_generation = generation;
         for tool in &tools {
             // A tool without a string name cannot be called by name: it is not offered.
             let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
@@ -265,8 +266,7 @@ impl Engine {
             let mut rule = policy.rule(&conn.server, tool);
             // An open tool that a rule over arguments may gate is listed gated: each call of it
             // is then decided by the rules, and one they leave alone runs on its own.
-            let by_rules =
-                !rule.class.is_gated() && rules.as_ref().is_some_and(|r| r.may_gate(&name));
+            let by_rules = !rule.class.is_gated() && self.rules_may_gate(&name);
             if by_rules {
                 rule.class = countersign_core::GateClass::Token;
                 rule.why = format!(
@@ -407,9 +407,24 @@ impl Engine {
                 (
                     c.pins_unread,
                     c.tools.get(tool).map(|l| (l.pinned, l.rule.class)),
+                    c.rules_generation,
                 )
             })
         };
+        // Listed open under other rules than those in force, and a rule now in force may gate
+        // it: the call must be decided by the rules, so it does not go as open. The agent's
+        // client lists again (the session does before its next call) and calls again.
+        if let Some((false, _, generation)) = found
+            && generation != self.rules_generation()
+            && self.rules_may_gate(tool)
+        {
+            let message = format!(
+                "Not run: the desk's rules changed since `{tool}` was listed, and they may decide \
+                 its calls now. Nothing was executed. Next: call it again."
+            );
+            return Err(error(ErrorCode::Busy, message));
+        }
+        let found = found.map(|(unread, listed, _)| (unread, listed));
         let found = match found {
             Some((true, _)) => return Err(self.rejected(tenant, tool, outage()).await),
             found => found.map(|(_, listed)| listed),
@@ -439,7 +454,7 @@ impl Engine {
         lock(&self.inner.state)
             .connections
             .get(tenant)
-            .filter(|c| !c.pins_unread)
+            .filter(|c| !c.pins_unread && c.rules_generation == self.rules_generation())
             .and_then(|c| c.tools.get(tool))
             .is_some_and(|l| l.pinned && l.rule.class == countersign_core::GateClass::Open)
     }

@@ -38,9 +38,9 @@ pub enum Queued {
     /// Approved at once by a live grant a person's click made: a token of its own.
     Granted(Approved),
     /// The rules over arguments (`policy.cedar`, accepted by the person) open this call: it runs
-    /// as it is, without a click and without a token, as an open tool's call does. The caller
-    /// forwards exactly the arguments it asked with.
-    Open,
+    /// without a click and without a token, as an open tool's call does, with exactly these
+    /// arguments (the ones the rules judged; the caller sends nothing else).
+    Open(serde_json::Map<String, Value>),
 }
 
 /// A request in the queue, as the preflight that queued it (or re-attached to it) holds it.
@@ -344,7 +344,7 @@ impl Engine {
         match self.queue_preflight(tenant, tool, arguments).await? {
             Queued::Granted(approved) => Ok(approved),
             Queued::Waiting(ticket) => self.decision(ticket, wait).await,
-            Queued::Open => Err(error(
+            Queued::Open(_) => Err(error(
                 ErrorCode::UnknownTool,
                 format!("`{tool}` is open for this call by the desk's rules: it needs no approval"),
             )),
@@ -389,7 +389,7 @@ impl Engine {
                     // rules.
                     tracing::info!(target: "desk", tool = %tool, target = %plan.target, "opened by the rules over arguments: runs without a click");
                     self.tally_request(Some(GateClass::Open), Outcome::Forwarded);
-                    return Ok(Queued::Open);
+                    return Ok(Queued::Open(args));
                 }
                 Ok(Some(spent)) if spent.refuse => {
                     let stopped = crate::ruling::budget_spent(&spent, self.now());
@@ -424,10 +424,19 @@ impl Engine {
         // A call the rules over arguments gate is covered by a grant only where a rule says
         // how long one may last: a grant made before a rule asked more (two approvers, say)
         // must not answer for it.
+        let limit = grant_max_minutes.map(|max_minutes| crate::grants::RuledGrant {
+            max_minutes,
+            class: rule.class,
+            approvers: rule.approvers,
+        });
         let granted = if ruled && grant_max_minutes.is_none() {
             None
         } else {
-            match self.granted(tenant, &plan, hash, &args, &budgets).await {
+            let limit = if ruled { limit.as_ref() } else { None };
+            match self
+                .granted(tenant, &plan, hash, &args, &budgets, limit)
+                .await
+            {
                 Ok(granted) => granted,
                 Err(stopped) => return Err(self.rejected(tenant, tool, stopped).await),
             }

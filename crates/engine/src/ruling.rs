@@ -34,11 +34,25 @@ pub(crate) struct Ruling {
     rules: Option<Arc<Rules>>,
     /// Why the text did not load against the tools listed since it last did, if it did not.
     problem: Option<RulesError>,
+    /// The tools of every server as listed now, merged (what `rules` would be loaded against).
+    merged: Vec<Tool>,
+    /// Counts every change of the text or of the rules in force: a listing classed under
+    /// another generation is out of date (see [`Engine::rules_generation`]).
+    generation: u64,
 }
 
 impl Ruling {
     fn merged(&self) -> Vec<Tool> {
-        countersign_cedar::merge(self.tools.values().flatten().cloned())
+        self.merged.clone()
+    }
+
+    /// Whether some call of `tool` may be the rules' to decide: a rule may gate it, or there is a
+    /// text in force that could not be loaded (then every call is refused until it loads).
+    pub(crate) fn may_gate(&self, tool: &str) -> bool {
+        match (&self.rules, &self.text) {
+            (Some(rules), _) => rules.may_gate(tool),
+            (None, text) => text.is_some(),
+        }
     }
 }
 
@@ -110,6 +124,7 @@ impl Engine {
         ruling.text = text;
         ruling.rules = rules;
         ruling.problem = None;
+        ruling.generation += 1;
         Ok(())
     }
 
@@ -139,6 +154,7 @@ impl Engine {
             }
         }
         ruling.text = text;
+        ruling.generation += 1;
     }
 
     /// Whether `text` would load as the rules, against the tools every server listed.
@@ -166,18 +182,20 @@ impl Engine {
 
     /// A server listed `tools`: the rules are loaded again when that changes what they see.
     /// Returns the rules to class the listing with.
-    pub(crate) fn rules_for_listing(&self, server: &str, tools: &[Value]) -> Option<Arc<Rules>> {
+    pub(crate) fn rules_for_listing(&self, server: &str, tools: &[Value]) -> u64 {
         let tools: Vec<Tool> = tools.iter().filter_map(tool_of).collect();
         let mut ruling = self.ruling_mut();
         if ruling.tools.get(server) == Some(&tools) {
-            return ruling.rules.clone();
+            return ruling.generation;
         }
         ruling.tools.insert(server.to_owned(), tools);
+        ruling.merged = countersign_cedar::merge(ruling.tools.values().flatten().cloned());
         if let Some(text) = ruling.text.clone() {
             match Rules::parse(&text, &ruling.merged()) {
                 Ok(rules) => {
                     ruling.rules = Some(Arc::new(rules));
                     ruling.problem = None;
+                    ruling.generation += 1;
                 }
                 Err(e) => {
                     tracing::error!(target: "desk", server = %server, code = e.code(), "policy.cedar does not load against this listing ({e}): the rules stay as last loaded, and calls of tools they do not know are refused policy_unfit where a rule may reach them");
@@ -185,7 +203,19 @@ impl Engine {
                 }
             }
         }
-        ruling.rules.clone()
+        ruling.generation
+    }
+
+    /// The generation of the rules: it changes whenever the text or the rules in force do. A
+    /// listing classed under another is out of date, and is taken again before a call of it
+    /// goes anywhere (an open tool a new rule may gate must not run as open).
+    pub fn rules_generation(&self) -> u64 {
+        self.ruling().generation
+    }
+
+    /// Whether some call of `tool` may be the rules' to decide now.
+    pub(crate) fn rules_may_gate(&self, tool: &str) -> bool {
+        self.ruling().may_gate(tool)
     }
 
     /// What the rules decide for a call of `tool` on `server`, planned as `plan` under `rule`
@@ -201,10 +231,20 @@ impl Engine {
         plan: &countersign_core::Plan,
         arguments: &Value,
     ) -> Result<Ruled, Stopped> {
-        let (rules, text) = {
+        let (rules, text, stale) = {
             let ruling = self.ruling();
-            (ruling.rules.clone(), ruling.text.is_some())
+            // Rules that no longer load against what the servers list keep the tools they were
+            // loaded with: a call of a tool that is not listed as they knew it (another server's
+            // same-named tool made it destructive, say) is not theirs to judge.
+            let stale = ruling.problem.is_some()
+                && ruling.rules.as_ref().is_some_and(|rules| {
+                    rules.tool(tool) != ruling.merged.iter().find(|t| t.name == tool)
+                });
+            (ruling.rules.clone(), ruling.text.is_some(), stale)
         };
+        if stale {
+            return Err(crate::authority::refused(Refusal::PolicyUnfit));
+        }
         let Some(rules) = rules else {
             if text {
                 // A text in force that does not load: nothing is judged as if it were not there.
@@ -281,7 +321,15 @@ impl Engine {
         let now = self.now();
         for budget in budgets {
             let window = budget.minutes.max(1) * 60_000;
-            let key = format!("{}|{tenant}|{server}|{tool}", budget.rule);
+            // One key per rule, caller, server and tool, in a form no part can blur (a JSON
+            // array). On the desk every connection is the same person's: its budget is the
+            // desk's, not the connection's (a reconnect must not start a new one).
+            let caller = if tenant.is_connection() {
+                "desk"
+            } else {
+                tenant.as_str()
+            };
+            let key = serde_json::json!([budget.rule, caller, server, tool]).to_string();
             let taken = self
                 .records()
                 .take_budget(

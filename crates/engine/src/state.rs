@@ -142,6 +142,9 @@ pub(crate) struct Connection {
     /// records): nothing of it is known to be pinned or changed, so every call of it is refused
     /// `ledger_unreachable` until a listing is compared again.
     pub(crate) pins_unread: bool,
+    /// The generation of the rules over arguments its last listing was classed under
+    /// ([`crate::Engine::rules_generation`]): under another, its open tools are not taken as open.
+    pub(crate) rules_generation: u64,
     /// This connection's one turn to describe SQL, taken before one of the desk's: one agent
     /// holds at most one of [`crate::describing::MAX_DESCRIBING`], and leaves the others to the rest.
     pub(crate) own_turn: Arc<tokio::sync::Semaphore>,
@@ -161,6 +164,8 @@ impl Connection {
             id,
             tools: HashMap::new(),
             pins_unread: false,
+            // Never a generation the rules had: nothing is taken as open until it is listed.
+            rules_generation: u64::MAX,
             own_turn: Arc::new(tokio::sync::Semaphore::new(1)),
             attached_at_ms,
         }

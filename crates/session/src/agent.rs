@@ -66,6 +66,8 @@ pub struct Session {
     ///
     /// [`Shared::tools_epoch`]: crate::upstream::Shared::tools_epoch
     listed_epoch: Arc<std::sync::atomic::AtomicU64>,
+    /// The generation of the desk's rules over arguments the last listing was classed under.
+    listed_rules: Arc<std::sync::atomic::AtomicU64>,
     /// The revision the agent's `initialize` settled on is older than 2026-07-28: once it has
     /// initialized, the open lane may take its calls (see [`crate::lane`]).
     legacy_agent: Arc<std::sync::atomic::AtomicBool>,
@@ -110,6 +112,7 @@ impl Session {
             client_info: Arc::default(),
             legacy_agent: Arc::default(),
             listed_epoch: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
+            listed_rules: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
             turns: Arc::new(tokio::sync::Semaphore::new(DESK_TURNS)),
         }
     }
@@ -122,10 +125,12 @@ impl Session {
     }
 
     /// Whether the last listing was taken under the upstream's current tools: since the start
-    /// that runs now began, and since it last said they changed. A listing that failed or has
-    /// not come back yet never counts.
+    /// that runs now began, since it last said they changed, and under the desk's rules over
+    /// arguments in force (a rule accepted since may gate a tool listed open). A listing that
+    /// failed or has not come back yet never counts.
     fn listing_current(&self) -> bool {
         self.listed_epoch.load(Ordering::Acquire) == self.shared.tools_epoch.load(Ordering::Acquire)
+            && self.listed_rules.load(Ordering::Acquire) == self.engine.rules_generation()
     }
 
     /// The open lane, when it may take a call of `tool` now (see [`crate::lane`]): the agent and
@@ -275,6 +280,7 @@ impl Session {
         // The epoch this listing is taken under: should the tools change while it is fetched or
         // registered, it is out of date at once.
         let epoch = self.shared.tools_epoch.load(Ordering::Acquire);
+        let rules = self.engine.rules_generation();
         let tools = self.upstream_tools(context).await?;
         let mut held = HashMap::<String, Value>::new();
         let decided: HashMap<String, Gate> = match self
@@ -321,6 +327,7 @@ impl Session {
             }
         }
         *lock(&self.gates) = decided;
+        self.listed_rules.store(rules, Ordering::Release);
         self.listed_epoch.store(epoch, Ordering::Release);
         Ok(listed)
     }
@@ -410,20 +417,22 @@ impl Session {
             .await?
         {
             Asked::Decided(answer) => Ok(from_desk(answer)),
-            Asked::Open => self.run_open(request, live, context).await,
+            Asked::Open(arguments) => self.run_open(request, arguments, live, context).await,
         }
     }
 
-    /// Runs a call the desk's rules over arguments open, as the agent sent it: no click, no
-    /// token, nothing to spend, as an open tool's call runs. Its round-trip fields, the desk's
-    /// own business, are never sent on.
+    /// Runs a call the desk's rules over arguments open, with the `arguments` they judged: no
+    /// click, no token, nothing to spend, as an open tool's call runs. Its round-trip fields,
+    /// the desk's own business, are never sent on.
     pub(crate) async fn run_open(
         &self,
         mut request: CallToolRequestParams,
+        arguments: serde_json::Map<String, Value>,
         live: &Live,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let tool = request.name.to_string();
+        request.arguments = Some(arguments);
         request.request_state = None;
         request.input_responses = None;
         match self.forward_call(live, request, context).await {
@@ -499,7 +508,7 @@ impl Session {
         let ticket = match queued {
             Ok(Queued::Waiting(ticket)) => ticket,
             Ok(Queued::Granted(approved)) => return Ok(Asked::Decided(Ok(approved))),
-            Ok(Queued::Open) => return Ok(Asked::Open),
+            Ok(Queued::Open(arguments)) => return Ok(Asked::Open(arguments)),
             Err(stopped) => return Ok(Asked::Decided(Err(stopped))),
         };
         // A request this preflight queued gets its preview, attached by the ticket's plan hash;
@@ -585,8 +594,8 @@ pub(crate) fn failed(code: &str, message: String) -> CallToolResult {
 pub(crate) enum Asked {
     /// Approved (by a click or a grant), or stopped.
     Decided(Result<Approved, Stopped>),
-    /// Runs without a click: [`Session::run_open`].
-    Open,
+    /// Runs without a click, with these arguments: [`Session::run_open`].
+    Open(serde_json::Map<String, Value>),
 }
 
 fn from_desk(answer: Result<Approved, Stopped>) -> CallToolResult {

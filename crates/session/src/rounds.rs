@@ -92,8 +92,10 @@ impl Session {
                 .await?
             {
                 Asked::Decided(answer) => answer,
-                Asked::Open => {
-                    let ran = self.run_open(request.clone(), live, context).await?;
+                Asked::Open(opened) => {
+                    let ran = self
+                        .run_open(request.clone(), opened, live, context)
+                        .await?;
                     return Ok(Some(complete(ran)));
                 }
             };
@@ -165,8 +167,9 @@ impl Session {
                     .await?
                 {
                     Asked::Decided(answer) => Ok(complete(from_desk(answer))),
-                    Asked::Open => Ok(complete(
-                        self.run_open(request.clone(), live, context).await?,
+                    Asked::Open(opened) => Ok(complete(
+                        self.run_open(request.clone(), opened, live, context)
+                            .await?,
                     )),
                 };
             }
@@ -192,9 +195,10 @@ impl Session {
         }
         let answer = match self.preflight(tool, arguments, self.wait, context).await? {
             Asked::Decided(answer) => answer,
-            Asked::Open => {
+            Asked::Open(opened) => {
                 return Ok(complete(
-                    self.run_open(request.clone(), live, context).await?,
+                    self.run_open(request.clone(), opened, live, context)
+                        .await?,
                 ));
             }
         };

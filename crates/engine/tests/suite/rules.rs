@@ -76,7 +76,7 @@ async fn a_single_select_runs_without_a_click_and_a_delete_waits_for_one() {
         json!({"sql": "SELECT * FROM users"}),
     )
     .await;
-    assert!(matches!(select, Ok(Queued::Open)), "{select:?}");
+    assert!(matches!(select, Ok(Queued::Open(_))), "{select:?}");
     assert!(d.engine.pending().is_empty(), "nobody was asked");
     // A second statement after the SELECT is not the rule's to open.
     let two = ask(
@@ -108,7 +108,7 @@ async fn writes_under_scratch_open_and_under_github_need_two_approvers_and_the_t
     let scratch = json!({"path": "scratch/notes.txt", "content": "x"});
     assert!(matches!(
         ask(&d.engine, &tenant, "write_file", scratch).await,
-        Ok(Queued::Open)
+        Ok(Queued::Open(_))
     ));
     // Climbing out of scratch/ is not under it.
     let out = json!({"path": "scratch/../.github/workflows/ci.yml", "content": "x"});
@@ -210,7 +210,7 @@ async fn a_read_only_tool_a_rule_may_forbid_is_listed_gated_and_its_other_calls_
     let secret = json!({"path": "secrets/key"});
     assert!(matches!(
         ask(&d.engine, &tenant, "read_file", secret.clone()).await,
-        Ok(Queued::Open)
+        Ok(Queued::Open(_))
     ));
     clock.advance(15 * 3_600_000); // 03:00 the next day
     let (code, message) = refusal(ask(&d.engine, &tenant, "read_file", secret).await);
@@ -224,7 +224,7 @@ async fn a_read_only_tool_a_rule_may_forbid_is_listed_gated_and_its_other_calls_
             json!({"path": "README.md"})
         )
         .await,
-        Ok(Queued::Open)
+        Ok(Queued::Open(_))
     ));
     assert!(d.engine.pending().is_empty());
 }
@@ -248,7 +248,7 @@ async fn rules_that_do_not_load_are_refused_whole_with_the_line_and_the_last_one
     assert_eq!(e.code(), "policy_opens_destructive", "{e}");
     // The example is still in force.
     let select = ask(&d.engine, &tenant, "execute", json!({"sql": "SELECT 1"})).await;
-    assert!(matches!(select, Ok(Queued::Open)), "{select:?}");
+    assert!(matches!(select, Ok(Queued::Open(_))), "{select:?}");
     // No rules: everything as the listing classes it.
     d.engine.set_rules(None).unwrap();
     let select = ask(&d.engine, &tenant, "execute", json!({"sql": "SELECT 1"})).await;
@@ -305,7 +305,7 @@ async fn a_rules_budget_lets_that_many_run_without_a_click_per_window_then_asks_
     for _ in 0..2 {
         assert!(matches!(
             ask(&d.engine, &tenant, "execute", select()).await,
-            Ok(Queued::Open)
+            Ok(Queued::Open(_))
         ));
     }
     let third = ask(&d.engine, &tenant, "execute", select()).await;
@@ -319,11 +319,16 @@ async fn a_rules_budget_lets_that_many_run_without_a_click_per_window_then_asks_
         "{}",
         call.why
     );
+    // A new connection of the desk is the same person's: no new budget.
+    let again = d.engine.connect(ServerId::Command("files-and-sql".into()));
+    d.engine.register_tools(&again, tools()).await.unwrap();
+    let fourth = ask(&d.engine, &again, "execute", select()).await;
+    assert!(matches!(fourth, Ok(Queued::Waiting(_))), "{fourth:?}");
     // The next window has room again (the first began at noon, on the hour).
     clock.advance(60 * 60_000);
     assert!(matches!(
         ask(&d.engine, &tenant, "execute", select()).await,
-        Ok(Queued::Open)
+        Ok(Queued::Open(_))
     ));
 
     let refuse = budget.replace(
@@ -335,7 +340,7 @@ async fn a_rules_budget_lets_that_many_run_without_a_click_per_window_then_asks_
     for _ in 0..2 {
         assert!(matches!(
             ask(&d.engine, &tenant, "execute", select()).await,
-            Ok(Queued::Open)
+            Ok(Queued::Open(_))
         ));
     }
     let (code, message) = refusal(ask(&d.engine, &tenant, "execute", select()).await);
@@ -377,11 +382,11 @@ async fn a_budget_counted_by_an_argument_takes_what_each_call_says_and_refuses_a
     let rows = |n: u64| json!({"table": "users", "rows": n});
     assert!(matches!(
         ask(&d.engine, &tenant, "export", rows(60)).await,
-        Ok(Queued::Open)
+        Ok(Queued::Open(_))
     ));
     assert!(matches!(
         ask(&d.engine, &tenant, "export", rows(40)).await,
-        Ok(Queued::Open)
+        Ok(Queued::Open(_))
     ));
     let (code, message) = refusal(ask(&d.engine, &tenant, "export", rows(1)).await);
     assert_eq!(code, Refusal::BudgetSpent);
@@ -395,6 +400,98 @@ async fn a_budget_counted_by_an_argument_takes_what_each_call_says_and_refuses_a
     assert_eq!(code, Refusal::BudgetSpent);
     assert!(matches!(
         ask(&d.engine, &tenant, "export", rows(100)).await,
-        Ok(Queued::Open)
+        Ok(Queued::Open(_))
     ));
+}
+
+/// Rules accepted while a connection is open reach the tools it listed open: such a call is not
+/// forwarded as open (the open lane and the full path both say no) until the listing is taken
+/// again under the new rules, which then decide it.
+#[tokio::test]
+async fn rules_accepted_after_a_listing_stop_its_open_tools_from_running_as_open() {
+    let clock = ManualClock::at(NOON_MS);
+    let own = clock.clone();
+    let d = Desk::new(move |config| config.clock = Arc::new(own));
+    let tenant = d.engine.connect(ServerId::Command("files".into()));
+    d.engine.register_tools(&tenant, tools()).await.unwrap();
+    assert!(
+        d.engine.forwards_open(&tenant, "read_file"),
+        "open, no rules"
+    );
+    d.engine
+        .set_rules(Some(
+            "@reason(\"no secrets\")\nforbid (principal, action == Countersign::Action::\"read_file\", resource)\n\
+             when { context.arguments.path like \"secrets/*\" };"
+                .to_owned(),
+        ))
+        .unwrap();
+    assert!(
+        !d.engine.forwards_open(&tenant, "read_file"),
+        "the lane says no"
+    );
+    let stale = d.engine.open_call(&tenant, "read_file").await;
+    assert!(
+        matches!(
+            stale,
+            Err(Stopped::Failed {
+                code: countersign_engine::ErrorCode::Busy,
+                ..
+            })
+        ),
+        "{stale:?}"
+    );
+    // A tool no rule may gate still runs as open meanwhile.
+    assert!(d.engine.open_call(&tenant, "query").await.is_ok());
+    // Listed again, the tool is gated and each call decided.
+    let listed = d.engine.register_tools(&tenant, tools()).await.unwrap();
+    assert_eq!(
+        listed.iter().find(|t| t.name == "read_file").unwrap().class,
+        GateClass::Token
+    );
+    let (code, _) = refusal(
+        ask(
+            &d.engine,
+            &tenant,
+            "read_file",
+            json!({"path": "secrets/key"}),
+        )
+        .await,
+    );
+    assert_eq!(code, Refusal::PolicyForbidden);
+    assert!(matches!(
+        ask(
+            &d.engine,
+            &tenant,
+            "read_file",
+            json!({"path": "README.md"})
+        )
+        .await,
+        Ok(Queued::Open(_))
+    ));
+}
+
+/// Rules that stop loading keep the tools they were loaded with; a call of a tool another server
+/// has since made destructive under the same name is refused, never judged by the old facts.
+#[tokio::test]
+async fn rules_that_stop_loading_refuse_a_tool_whose_listing_changed_under_them() {
+    let (d, _, tenant) = desk().await;
+    let wildcard = "@class(\"once\")\npermit (principal, action, resource) when { context.hour >= 0 };\n\
+        @class(\"open\")\npermit (principal, action == Countersign::Action::\"query\", resource);";
+    d.engine.set_rules(Some(wildcard.to_owned())).unwrap();
+    d.engine.register_tools(&tenant, tools()).await.unwrap();
+    let sql = json!({"sql": "SELECT 1"});
+    assert!(matches!(
+        ask(&d.engine, &tenant, "query", sql.clone()).await,
+        Ok(Queued::Waiting(_))
+    ));
+    // Another server lists a query of another shape: the merge no longer matches what the rules
+    // were loaded with, the reload fails, and calls of query are not the old rules' any more.
+    let other = d.engine.connect(ServerId::Command("other".into()));
+    let listing = vec![
+        json!({"name": "query", "annotations": {"destructiveHint": true},
+        "inputSchema": {"type": "object", "properties": {"sql": {"type": "integer"}}}}),
+    ];
+    d.engine.register_tools(&other, listing).await.unwrap();
+    let (code, _) = refusal(ask(&d.engine, &tenant, "query", sql).await);
+    assert_eq!(code, Refusal::PolicyUnfit);
 }
