@@ -8,12 +8,15 @@
 //!
 //! - [`model`]: the entity model (tenant, tool, server, the call's context) and its schema;
 //! - [`rules`]: a policy loaded whole or refused whole, and what it decides for one call (pure);
-//! - [`widening`]: what a change widens, proved or refuted by cvc5 (a child process).
+//! - `widening` (feature `widening`, on by default): what a change widens, proved or refuted by
+//!   cvc5 (a child process).
 
 pub mod model;
 pub mod rules;
+#[cfg(feature = "widening")]
 pub mod widening;
 
 pub use model::{ArgType, Call, Tool, merge, schema};
 pub use rules::{Budget, Gate, Outcome, Rules, RulesError};
+#[cfg(feature = "widening")]
 pub use widening::{Example, Widening, widening};

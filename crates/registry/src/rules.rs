@@ -7,15 +7,18 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+#[cfg(feature = "widening")]
 use countersign_cedar::{Widening, widening};
 use countersign_engine::Engine;
 
+#[cfg(feature = "widening")]
 use crate::guard::rules_in;
 
 /// How long the solver may take over one change, in all.
 pub const ANALYSIS_LIMIT: Duration = Duration::from_secs(30);
 
 /// The most solver-found examples said in one change's summary (the rest are counted).
+#[cfg(feature = "widening")]
 const MOST_EXAMPLES: usize = 3;
 
 /// The cvc5 executable: `CVC5`, or `cvc5` on the path.
@@ -26,6 +29,14 @@ pub fn solver() -> PathBuf {
 }
 
 /// One sentence (or a few) saying what changing the rules from `before` to `after` does.
+#[cfg(not(feature = "widening"))]
+pub async fn what_it_changes(_engine: &Engine, _before: &str, _after: &str) -> String {
+    "What it changes is not known (not_analysed: this build has no solver); read the text"
+        .to_owned()
+}
+
+/// One sentence (or a few) saying what changing the rules from `before` to `after` does.
+#[cfg(feature = "widening")]
 pub async fn what_it_changes(engine: &Engine, before: &str, after: &str) -> String {
     let load = |text: &str| engine.load_rules(rules_in(text).unwrap_or_default());
     let (old, new) = match (load(before), load(after)) {
@@ -42,6 +53,7 @@ pub async fn what_it_changes(engine: &Engine, before: &str, after: &str) -> Stri
 }
 
 /// The sentence for `verdict`.
+#[cfg(feature = "widening")]
 pub fn said(verdict: &Widening) -> String {
     match verdict {
         Widening::OnlyTightens => "Proved by the solver: it only tightens (nothing runs without a \

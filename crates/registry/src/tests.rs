@@ -729,6 +729,7 @@ async fn a_backup_key_that_is_not_plain_is_refused() {
 const EXAMPLE_RULES: &str = include_str!("../../cedar/policies/example.cedar");
 
 /// The cvc5 executable the tests use: `CVC5`, or the one `.ci/setup tests` installs.
+#[cfg(feature = "widening")]
 fn test_solver() -> std::path::PathBuf {
     std::env::var_os("CVC5")
         .map(std::path::PathBuf::from)
@@ -843,6 +844,7 @@ async fn rules_that_do_not_load_are_shown_as_invalid_with_their_line_and_never_a
     panic!("the invalid rules were not put back");
 }
 
+#[cfg(feature = "widening")]
 #[tokio::test]
 #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
 async fn a_rules_change_is_said_as_the_calls_it_opens_or_proved_to_only_tighten() {
