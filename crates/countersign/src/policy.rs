@@ -159,26 +159,6 @@ mod tests {
         ]
     }
 
-    fn cedar_tool(listed: &Value) -> Tool {
-        let annotations = listed.get("annotations");
-        let tool = Tool::new(
-            listed["name"].as_str().unwrap(),
-            &listed["inputSchema"],
-            countersign_core::gate::is_destructive(annotations),
-        );
-        match GateClass::from_annotations(annotations) {
-            GateClass::Open => tool.read_only(),
-            GateClass::Token => Tool {
-                class: "token",
-                ..tool
-            },
-            GateClass::Once => Tool {
-                class: "once",
-                ..tool
-            },
-        }
-    }
-
     /// What the converted rules decide for a call of `tool` on `server`, as (class, approvers,
     /// typed target), on top of the class the annotations give.
     fn decided(rules: &Rules, server: &str, listed: &Value) -> (GateClass, u8, Option<bool>) {
@@ -228,7 +208,10 @@ mod tests {
             summary = "{action} of {target}"
         "#;
         let cedar = to_cedar(toml).unwrap();
-        let tools: Vec<Tool> = listing().iter().map(cedar_tool).collect();
+        let tools: Vec<Tool> = listing()
+            .iter()
+            .filter_map(countersign_engine::rules_tool)
+            .collect();
         let rules = Rules::parse(&cedar, &tools).unwrap_or_else(|e| panic!("{e}\n{cedar}"));
         assert!(cedar.contains("target: stays in policy.toml"), "{cedar}");
         assert!(cedar.contains("summary: stays in policy.toml"), "{cedar}");

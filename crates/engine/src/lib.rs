@@ -69,4 +69,5 @@ pub use queue::{
     Ticket,
 };
 pub use rounds::{MAX_SPENT_STATES, Resumed, SharedFate, SharedRequests, Unsealed};
+pub use ruling::tool_of as rules_tool;
 pub use tally::{Outcome, Spend, Tallied, Tally};

@@ -56,8 +56,9 @@ impl Ruling {
     }
 }
 
-/// A tool as the rules see it, from its listing.
-pub(crate) fn tool_of(listed: &Value) -> Option<Tool> {
+/// A tool as the rules see it, from its listing (its annotations read as the engine reads
+/// them): the one place a listing becomes a `countersign_cedar::Tool`.
+pub fn tool_of(listed: &Value) -> Option<Tool> {
     let name = listed.get("name").and_then(Value::as_str)?;
     let annotations = listed.get("annotations");
     let schema = listed.get("inputSchema").cloned().unwrap_or(Value::Null);

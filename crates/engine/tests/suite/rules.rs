@@ -42,11 +42,16 @@ fn tools() -> Vec<Value> {
     ]
 }
 
-/// A desk at noon, its server listed, the example in force.
-async fn desk() -> (Desk, ManualClock, Tenant) {
+/// A desk whose clock reads noon, nothing listed.
+fn desk_at_noon() -> (Desk, ManualClock) {
     let clock = ManualClock::at(NOON_MS);
     let own = clock.clone();
-    let d = Desk::new(move |config| config.clock = Arc::new(own));
+    (Desk::new(move |config| config.clock = Arc::new(own)), clock)
+}
+
+/// A desk at noon, its server listed, the example in force.
+async fn desk() -> (Desk, ManualClock, Tenant) {
+    let (d, clock) = desk_at_noon();
     let tenant = d.engine.connect(ServerId::Command("files-and-sql".into()));
     d.engine.register_tools(&tenant, tools()).await.unwrap();
     d.engine.set_rules(Some(EXAMPLE.to_owned())).unwrap();
@@ -359,9 +364,7 @@ async fn a_rules_budget_lets_that_many_run_without_a_click_per_window_then_asks_
 #[tokio::test]
 async fn a_budget_counted_by_an_argument_takes_what_each_call_says_and_refuses_a_call_that_does_not_say()
  {
-    let clock = ManualClock::at(NOON_MS);
-    let own = clock.clone();
-    let d = Desk::new(move |config| config.clock = Arc::new(own));
+    let (d, clock) = desk_at_noon();
     let tenant = d.engine.connect(ServerId::Command("exporter".into()));
     let export = json!({"name": "export", "annotations": {"destructiveHint": true}, "inputSchema": {
         "type": "object",
@@ -409,9 +412,7 @@ async fn a_budget_counted_by_an_argument_takes_what_each_call_says_and_refuses_a
 /// again under the new rules, which then decide it.
 #[tokio::test]
 async fn rules_accepted_after_a_listing_stop_its_open_tools_from_running_as_open() {
-    let clock = ManualClock::at(NOON_MS);
-    let own = clock.clone();
-    let d = Desk::new(move |config| config.clock = Arc::new(own));
+    let (d, _) = desk_at_noon();
     let tenant = d.engine.connect(ServerId::Command("files".into()));
     d.engine.register_tools(&tenant, tools()).await.unwrap();
     assert!(
