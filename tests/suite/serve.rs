@@ -21,6 +21,7 @@ mod operator;
 mod outage;
 mod passkeys;
 mod replicas;
+mod rules;
 mod start;
 mod upstreams;
 

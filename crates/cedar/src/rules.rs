@@ -144,6 +144,10 @@ pub struct Budget {
     pub counts: String,
     /// Whether a call past it is refused (`true`) or waits for a click.
     pub refuse: bool,
+    /// Whether it is kept per grant (`@budget_per("grant")`): each grant's calls have a budget
+    /// of their own, and calls under no grant do not take from it. Otherwise (`"caller"`, the
+    /// default) it is kept per tenant, server and tool, whatever grant a call runs under.
+    pub per_grant: bool,
 }
 
 /// A loaded policy: its rules, checked against the tools' schema.
@@ -490,6 +494,7 @@ impl Rules {
                     amount,
                     counts: counts.unwrap_or("calls").to_owned(),
                     refuse: policy.annotation("budget_past") == Some("refuse"),
+                    per_grant: policy.annotation("budget_per") == Some("grant"),
                 });
             }
         }
@@ -523,6 +528,7 @@ fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), R
             "budget_minutes",
             "budget_counts",
             "budget_past",
+            "budget_per",
             "id",
         ],
         Effect::Forbid => &["reason", "id"],
@@ -561,6 +567,7 @@ fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), R
                         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             }
             "budget_past" => matches!(value, "click" | "refuse"),
+            "budget_per" => matches!(value, "caller" | "grant"),
             _ => true,
         };
         if !fine {
@@ -570,7 +577,12 @@ fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), R
         }
     }
     let budgeted = policy.annotation("budget").is_some();
-    for key in ["budget_minutes", "budget_counts", "budget_past"] {
+    for key in [
+        "budget_minutes",
+        "budget_counts",
+        "budget_past",
+        "budget_per",
+    ] {
         if policy.annotation(key).is_some() && !budgeted {
             return Err(bad(format!(
                 "@{key} says how a budget is kept: give the rule @budget(\"N\") too"
@@ -898,6 +910,27 @@ pub(crate) mod tests {
             Rules::parse(lone, &export).unwrap_err().code(),
             "policy_annotation"
         );
+        // Kept per caller unless the rule says per grant; nothing else.
+        assert!(!gate.budgets[0].per_grant);
+        let per = |value: &str, budget: &str| {
+            format!(
+                "@class(\"token\"){budget} @budget_per(\"{value}\")\npermit (principal, action == Countersign::Action::\"export\", resource);"
+            )
+        };
+        let rules = Rules::parse(&per("grant", " @budget(\"3\")"), &export).unwrap();
+        let Outcome::Gated(gate) = rules.decide(&call("export", &zero, 12)) else {
+            panic!("not gated");
+        };
+        assert!(gate.budgets[0].per_grant);
+        for (value, budget) in [("team", " @budget(\"3\")"), ("grant", "")] {
+            assert_eq!(
+                Rules::parse(&per(value, budget), &export)
+                    .unwrap_err()
+                    .code(),
+                "policy_annotation",
+                "{value}{budget}"
+            );
+        }
     }
 
     #[test]

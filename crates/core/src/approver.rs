@@ -21,6 +21,11 @@ use crate::plan::PlanHash;
 /// What precedes every signed decision: a signature over anything else is not a decision.
 pub const DOMAIN: &str = "countersign approver decision v1\n";
 
+/// The tenant a change to a team server's own rules is listed and decided under: no agent asks
+/// it, and no agent's tenant is this (agents' are `key:…`, `oauth:…`, `conn-…`). Its class is
+/// `once`: an approval applies it once, and it mints nothing.
+pub const CHANGE_TENANT: &str = "change";
+
 /// What an approver decides about one waiting request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {

@@ -99,6 +99,11 @@ pub enum ChangeDecision {
     Withdrawn,
 }
 
+/// The SHA-256 of `text`, in hex: how a change's plan names its old and new text.
+pub fn text_hash(text: &str) -> String {
+    PlanHash::of_bytes(text.as_bytes()).to_hex()
+}
+
 /// `text` cut to `max` characters, with a marker saying how much was cut.
 pub(crate) fn cut(text: String, max: usize) -> String {
     match text.char_indices().nth(max) {
@@ -385,14 +390,19 @@ impl Engine {
             (_, None) => "remove",
             _ => "change",
         };
-        // What names the change where a plan is expected (history, notifications): nothing is
-        // ever minted for it.
+        // What names the change where a plan is expected (history, notifications, and a team
+        // server's signed decisions): nothing is ever minted for it. It names both texts by
+        // hash, so a decision signed over its hash is over exactly these texts.
         let plan = Plan {
             tool: format!("change:{}", change.kind.code()),
             target: change.subject.clone(),
             action: action.to_owned(),
             summary: change.summary.clone(),
-            details: serde_json::json!({ "origin": change.origin }),
+            details: serde_json::json!({
+                "origin": change.origin,
+                "before_sha256": change.before.as_deref().map(text_hash),
+                "after_sha256": change.after.as_deref().map(text_hash),
+            }),
             reversible: true,
         };
         let view = PendingRequest {

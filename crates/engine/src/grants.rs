@@ -861,7 +861,7 @@ impl Engine {
         // The rules' budgets count what runs without a click, a grant's calls too: past one,
         // the call waits for a click (or is refused where the rule says).
         if let Some(spent) = self
-            .take_budgets(tenant, &server, &plan.tool, budgets)
+            .take_budgets(tenant, &server, &plan.tool, budgets, Some(grant.id))
             .await?
         {
             if spent.refuse {

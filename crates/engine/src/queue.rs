@@ -383,7 +383,10 @@ impl Engine {
         }
         let mut rule = rule;
         if open {
-            match self.take_budgets(tenant, &server, tool, &budgets).await {
+            match self
+                .take_budgets(tenant, &server, tool, &budgets, None)
+                .await
+            {
                 Ok(None) => {
                     // Nobody is asked, so no window is needed: the person's click was on the
                     // rules.

@@ -98,6 +98,11 @@ pub(crate) fn budget_spent(budget: &Budget, now: u64) -> Stopped {
     } else {
         format!("{} of `{}`", budget.limit, budget.counts)
     };
+    let counted = if budget.per_grant {
+        format!("{counted} per grant")
+    } else {
+        counted
+    };
     Stopped::Refused {
         refusal: Refusal::BudgetSpent,
         message: format!(
@@ -205,6 +210,13 @@ impl Engine {
             }
         }
         ruling.generation
+    }
+
+    /// `server` listed `tools` outside any agent's connection (a team server reads each
+    /// upstream's listing at start): the rules, and a change of them, are loaded and compared
+    /// against it from then on, not only from an agent's first listing.
+    pub fn rules_see_listing(&self, server: &countersign_core::ServerId, tools: &[Value]) {
+        self.rules_for_listing(&server.key(), tools);
     }
 
     /// The generation of the rules: it changes whenever the text or the rules in force do. A
@@ -318,6 +330,7 @@ impl Engine {
         server: &str,
         tool: &str,
         budgets: &[Budget],
+        grant: Option<u64>,
     ) -> Result<Option<Budget>, Stopped> {
         let now = self.now();
         for budget in budgets {
@@ -326,9 +339,16 @@ impl Engine {
             // array). On the desk every connection is the same person's: its budget is the
             // desk's, not the connection's (a reconnect must not start a new one).
             let caller = if tenant.is_connection() {
-                "desk"
+                "desk".to_owned()
             } else {
-                tenant.as_str()
+                tenant.as_str().to_owned()
+            };
+            // A budget kept per grant counts each grant's calls apart (a grant's id is never
+            // given twice); a call under no grant takes nothing from it.
+            let caller = match (budget.per_grant, grant) {
+                (false, _) => caller,
+                (true, Some(id)) => format!("grant {id}"),
+                (true, None) => continue,
             };
             let key = serde_json::json!([budget.rule, caller, server, tool]).to_string();
             let taken = self

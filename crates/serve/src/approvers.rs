@@ -27,10 +27,11 @@ use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::{get, post};
 use base64::Engine as _;
-use countersign_core::approver::{self, BadDecision, Decision, Verdict};
+use countersign_core::approver::{self, BadDecision, CHANGE_TENANT, Decision, Verdict};
 use countersign_core::{GateClass, PlanHash};
 use countersign_engine::{
-    Engine, PendingRequest, QueueChange, Removal, SharedFate, SharedRequests,
+    ApproveError, Asks, ChangeKind, Engine, PendingRequest, QueueChange, Removal, SharedFate,
+    SharedRequests,
 };
 use countersign_store::{
     DecisionRecord, Evidence, MAX_WAITING_ROWS, Records, Roster, StoreError, WaitingCall,
@@ -201,6 +202,14 @@ pub const DECISIONS_EVERY: Duration = Duration::from_millis(200);
 /// How often a desk's held read looks for changes made on other replicas.
 const OTHERS_EVERY: Duration = Duration::from_millis(500);
 
+/// What the shared records keep of a request waiting here.
+struct Shared {
+    tenant: String,
+    plan: PlanHash,
+    approvers: u8,
+    json: String,
+}
+
 /// A call waiting here, and the shared row its decision comes on.
 #[derive(Debug, Clone)]
 struct Link {
@@ -208,6 +217,8 @@ struct Link {
     row: u64,
     /// Whether the row is this replica's own.
     owned: bool,
+    /// Whether it is a change of the rules ([`crate::rules`]), not a call.
+    change: bool,
     /// The call's target (an approval here types it, as the person did at the desk).
     target: String,
 }
@@ -222,6 +233,8 @@ pub struct Approvers {
     pub server: String,
     /// This replica, among the server's.
     pub replica: String,
+    /// How many distinct approvers a change of the rules needs (`--rules-approvers`).
+    pub rules_approvers: u8,
     /// Each local waiting call's shared row, by local id. Held while a call is shared, so the
     /// mirror and a `requestState` being sealed never share one call twice.
     links: tokio::sync::Mutex<HashMap<u64, Link>>,
@@ -239,6 +252,7 @@ impl Approvers {
             records,
             server,
             replica: replica.iter().map(|b| format!("{b:02x}")).collect(),
+            rules_approvers: 1,
             links: tokio::sync::Mutex::new(HashMap::new()),
             decided_here: tokio::sync::Notify::new(),
         }
@@ -342,15 +356,18 @@ impl Approvers {
     /// row is found even if it lapsed from desks' sight within [`ADOPT_WITHIN`], under the same
     /// number, and kept in sight from now on by this replica, which holds the call.
     async fn share(&self, request: &PendingRequest, links: &mut HashMap<u64, Link>) {
-        let Some(call) = request.call() else { return };
         if links.contains_key(&request.id) {
             return;
         }
+        let Some(shared) = self.shareable(request) else {
+            return;
+        };
+        let change = request.change().is_some();
         let now = self.engine.now_ms();
         let since = now.saturating_sub(ADOPT_WITHIN.as_millis() as u64);
         match self
             .records
-            .waiting_for(&self.server, call.tenant.as_str(), &call.plan_hash, since)
+            .waiting_for(&self.server, &shared.tenant, &shared.plan, since)
             .await
         {
             Ok(Some(row)) => {
@@ -363,6 +380,7 @@ impl Approvers {
                     Link {
                         row: row.id,
                         owned: false,
+                        change,
                         target: request.plan.target.clone(),
                     },
                 );
@@ -373,18 +391,15 @@ impl Approvers {
                 tracing::warn!(target: "approvers", error = %e, "cannot look for this call among the shared ones");
             }
         }
-        let Ok(json) = serde_json::to_string(request) else {
-            return;
-        };
         let row = WaitingCall {
             id: 0,
             replica: self.replica.clone(),
             local_id: request.id,
             server: self.server.clone(),
-            tenant: call.tenant.to_string(),
-            plan: call.plan_hash,
-            request: json,
-            approvers: call.approvers.max(1),
+            tenant: shared.tenant,
+            plan: shared.plan,
+            request: shared.json,
+            approvers: shared.approvers,
             arrived_at_ms: request.arrived_at_ms,
             expires_at_ms: now.saturating_add(LIVENESS.as_millis() as u64),
             verdict: None,
@@ -398,6 +413,7 @@ impl Approvers {
                     Link {
                         row: id,
                         owned: true,
+                        change,
                         target: request.plan.target.clone(),
                     },
                 );
@@ -405,6 +421,43 @@ impl Approvers {
             Err(e) => {
                 tracing::warn!(target: "approvers", error = %e, "a waiting call could not be shared: desks do not see it");
             }
+        }
+    }
+
+    /// What of `request` the shared records keep, if it is shared at all: a call; or a change of
+    /// the rules, listed with what a decision on a call carries (its tenant [`CHANGE_TENANT`],
+    /// its plan's hash, which names both texts by hash, class `once`, no typed target, and
+    /// `--rules-approvers`), so desks and the page decide it with the same signed decision. The
+    /// engine's other changes (a tool's definition) are not the approvers' to decide.
+    fn shareable(&self, request: &PendingRequest) -> Option<Shared> {
+        match &request.asks {
+            Asks::Call(call) => Some(Shared {
+                tenant: call.tenant.to_string(),
+                plan: call.plan_hash,
+                approvers: call.approvers.max(1),
+                json: serde_json::to_string(request).ok()?,
+            }),
+            Asks::Change(asked)
+                if asked.change.kind == ChangeKind::Policy
+                    && asked.change.subject == crate::rules::RECORD =>
+            {
+                let plan = request.plan.hash().ok()?;
+                let approvers = self.rules_approvers.clamp(1, 9);
+                let mut json = serde_json::to_value(request).ok()?;
+                let asks = json.get_mut("asks")?.as_object_mut()?;
+                asks.insert("tenant".into(), json!(CHANGE_TENANT));
+                asks.insert("plan_hash".into(), json!(plan.to_hex()));
+                asks.insert("class".into(), json!(GateClass::Once.code()));
+                asks.insert("type_target".into(), json!(false));
+                asks.insert("approvers".into(), json!(approvers));
+                Some(Shared {
+                    tenant: CHANGE_TENANT.to_owned(),
+                    plan,
+                    approvers,
+                    json: json.to_string(),
+                })
+            }
+            Asks::Change(_) => None,
         }
     }
 
@@ -454,11 +507,12 @@ impl Approvers {
                             }
                         }
                     }
-                    // Minted on another replica, for the agent that waited there.
-                    Some(Verdict::Approve) => Some(self.engine.taken_elsewhere(local)),
+                    // Minted on another replica, for the agent that waited there; a change
+                    // applied there (the record has it; this replica reads it from there).
+                    Some(Verdict::Approve) => Some(self.elsewhere(local, &link)),
                 },
                 // Gone: its token was minted elsewhere (the minter forgets the row).
-                None => Some(self.engine.taken_elsewhere(local)),
+                None => Some(self.elsewhere(local, &link)),
             };
             // A denied row stays (out of desks' sight) until it expires, for the other
             // replicas where the call waits to read its note; pruned later.
@@ -467,6 +521,17 @@ impl Approvers {
                 tracing::debug!(target: "approvers", request = link.row, code = e.code(), "a decision was not carried out here: {e}");
             }
         }
+    }
+
+    /// Request `local`, linked by `link`, was carried out on another replica: a call's token
+    /// minted there, a change applied there.
+    fn elsewhere(&self, local: u64, link: &Link) -> Result<(), ApproveError> {
+        if link.change {
+            self.engine
+                .withdraw_change(ChangeKind::Policy, crate::rules::RECORD);
+            return Ok(());
+        }
+        self.engine.taken_elsewhere(local)
     }
 
     /// The approvers whose approvals of call `row` over `plan` count now: each person once, and

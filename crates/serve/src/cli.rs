@@ -132,6 +132,12 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub rules: Option<PathBuf>,
 
+    /// How many distinct approvers must approve a change of the rules (1 to 9): an edit of the
+    /// --rules file after the first start waits for them, shown with what it widens, and the
+    /// rules in force stay the ones last approved until then.
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=9))]
+    pub rules_approvers: u8,
+
     /// Where people's desks connect to approve (HOST:PORT): mutual TLS only, each desk by the
     /// key it was registered with (`countersign serve approver add`); never an agent's token.
     #[arg(long, value_name = "ADDR", requires = "approver_url")]

@@ -19,6 +19,7 @@
 //! | [`http`] | the one MCP endpoint: each POST answered on its own, through the router |
 //! | [`metrics`] | what the server counts, for Prometheus |
 //! | [`operator`] | the operator listener: `/metrics`, `/healthz`, `/readyz` |
+//! | [`rules`] | the rules over arguments on record, the same on every replica; edits proposed to the approvers |
 //! | [`tls`] | TLS in-process, or plain HTTP behind a TLS-terminating proxy |
 //! | [`run`] | opening the records, starting the upstream, binding, serving |
 
@@ -31,6 +32,7 @@ pub mod kept;
 pub mod metrics;
 pub mod notify;
 pub mod operator;
+pub mod rules;
 pub mod run;
 pub mod servers;
 pub mod start;

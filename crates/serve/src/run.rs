@@ -287,8 +287,10 @@ pub async fn run(
     let metrics = Metrics::new();
     config.tally = Some(metrics.tally());
     let engine = Engine::new(config, records.clone(), key);
-    // Loaded again against each upstream's tools as it lists them.
-    engine.adopt_rules(start.rules.clone());
+    // The rules on record (the file's at a first start); loaded again against each upstream's
+    // tools as it lists them.
+    let rules = crate::rules::at_start(&*records, start.rules.as_deref(), engine.now_ms()).await?;
+    engine.adopt_rules(rules);
 
     // Every upstream is started (and answers its handshake) before the port is bound.
     let configured: Vec<(Option<String>, Reach, Headers)> = match start.upstreams {
@@ -323,6 +325,25 @@ pub async fn run(
         )
         .await
         .map_err(|e| named(e.message))?;
+        // The rules (and a change of them, shown to the approvers as what it widens) are loaded
+        // against what the upstream lists from the start, not from an agent's first listing.
+        if let Some(peer) = upstream.running().await {
+            match tokio::time::timeout(UPSTREAM_DEADLINE, peer.list_all_tools()).await {
+                Ok(Ok(tools)) => {
+                    let tools: Vec<serde_json::Value> = tools
+                        .iter()
+                        .filter_map(|t| serde_json::to_value(t).ok())
+                        .collect();
+                    engine.rules_see_listing(&server, &tools);
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(target: "serve", server = %server.key(), error = %e, "the upstream's tools could not be listed at start: the rules are loaded against them at an agent's first listing")
+                }
+                Err(_) => {
+                    tracing::warn!(target: "serve", server = %server.key(), "the upstream did not list its tools in time at start: the rules are loaded against them at an agent's first listing")
+                }
+            }
+        }
         let label = server.key();
         tokio::spawn(async move {
             while let Some(frame) = stderr_rx.recv().await {
@@ -394,6 +415,17 @@ pub async fn run(
         .merge(metadata)
         .layer(axum::middleware::from_fn_with_state(guard, guard::layer));
 
+    // The rules on record kept in force here, and edits of the file proposed to the approvers.
+    tokio::spawn(
+        crate::rules::TeamRules {
+            engine: engine.clone(),
+            records: records.clone(),
+            file: start.rules_file.clone(),
+            can_ask: start.approvers.is_some(),
+        }
+        .keep(),
+    );
+
     // The approver listener: its TLS (read now, so a bad file stops the start) and its port,
     // bound before the agents' so that a server whose desks cannot connect never serves agents.
     let mut keeper = None;
@@ -401,11 +433,9 @@ pub async fn run(
     let mut approver_web_bound = None;
     let (approver_side, web_side) = match &start.approvers {
         Some(approving) => {
-            let state = Arc::new(Approvers::new(
-                engine.clone(),
-                records.clone(),
-                approving.url.clone(),
-            ));
+            let mut state = Approvers::new(engine.clone(), records.clone(), approving.url.clone());
+            state.rules_approvers = start.rules_approvers;
+            let state = Arc::new(state);
             let page = approving.web.as_ref().map(|w| crate::notify::Page {
                 origin: w.origin.clone(),
                 numbers: state.clone(),

@@ -194,8 +194,13 @@ pub struct Start {
     pub upstreams: Upstreams,
     /// The policy in force.
     pub policy: Policy,
-    /// The rules over arguments in force, if any.
+    /// The rules over arguments of `--rules`, if any: in force at a first start, a proposal
+    /// after (see [`crate::rules`]).
     pub rules: Option<String>,
+    /// The `--rules` file, read again for edits while the server runs.
+    pub rules_file: Option<PathBuf>,
+    /// How many distinct approvers a change of the rules needs.
+    pub rules_approvers: u8,
     /// Where a read-only server without a control database keeps its records.
     pub data_dir: Option<PathBuf>,
     /// Where confirm events are sent, if anywhere.
@@ -635,6 +640,8 @@ pub fn check(args: &Args, given: Given, cwd: &std::path::Path) -> Result<Start, 
         upstreams,
         policy: policy.unwrap_or_default(),
         rules,
+        rules_file: args.rules.as_ref().map(|path| cwd.join(path)),
+        rules_approvers: args.rules_approvers,
         data_dir: args.data_dir.clone(),
         otlp,
         wait_secs: args.wait,

@@ -329,6 +329,117 @@ async fn a_passkey_enrolled_by_invite_approves_through_one_replica_a_call_waitin
     drop((a, b));
 }
 
+/// Issue 32 on the approvers' page: an edit of a team server's `--rules` shows on the phone as a
+/// change, with what it widens and old beside new; a passkey approves it with the same signed
+/// decision as a call's, which proves offline; the rules are in force at once, and the call they
+/// open runs without a click.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Chromium: run under .ci/with-postgres"]
+async fn a_rules_change_shows_on_the_page_as_what_it_widens_and_a_passkey_approves_it() {
+    let dsn = shared_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let db = tools_db(dir.path());
+    let env = [("CONTROL_DSN", dsn.as_str())];
+    let (listen, web) = (free_port(), free_port());
+    let url = format!("https://approvers.example.test:{listen}");
+    let origin = format!("http://localhost:{web}");
+    let rules = dir.path().join("policy.cedar");
+    let before = "@id(\"no-drop\") @reason(\"no DROP from agents\")\n\
+        forbid (principal, action == Countersign::Action::\"execute\", resource)\n\
+        when { context.arguments.sql like \"*DROP*\" };\n";
+    std::fs::write(&rules, before).unwrap();
+    let solver = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers/bin/cvc5");
+    let solver = std::env::var("CVC5").unwrap_or_else(|_| solver.to_string_lossy().into_owned());
+    let server_env = [
+        ("CONFIRM_SECRET", "passkey-rules-secret-0123456789abcdef"),
+        ("CONTROL_DSN", dsn.as_str()),
+        ("CVC5", solver.as_str()),
+    ];
+    let mut args = page_args(&db, listen, &url, (&cert, &key), web, &origin);
+    args.extend(["--rules".to_owned(), rules.to_str().unwrap().to_owned()]);
+    let server = Server::start_before(&strs(&args), &server_env, Some(&[]));
+    let (code, link, note) =
+        roster_command("approver", &env, &["invite", "pat", "--page", &origin]);
+    assert_eq!(code, 0, "{note}");
+    let browser = Browser::start(390, 844).await;
+    enroll_and_sign_in(&browser, link.trim(), "pat").await;
+
+    let after = format!(
+        "{before}\n@id(\"open-inserts\") @class(\"open\")\n\
+         permit (principal, action == Countersign::Action::\"execute\", resource)\n\
+         when {{ context.arguments.sql like \"INSERT INTO notes*\" }};\n"
+    );
+    std::fs::write(&rules, &after).unwrap();
+    let calls = until_listed(&browser, 1).await;
+    assert_eq!(calls[0]["tool"]["text"], "change:policy", "{calls:?}");
+    browser
+        .client
+        .goto(&format!("{origin}/call/{}", calls[0]["id"]))
+        .await
+        .unwrap();
+    let analysis = shown(&browser, "#c-change:not([hidden]) #c-analysis")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        analysis.starts_with("It widens") && analysis.contains("execute"),
+        "{analysis}"
+    );
+    let added = browser
+        .client
+        .find_all(Locator::Css("#c-rows tr.row-added"))
+        .await
+        .unwrap()
+        .len();
+    assert!(
+        added >= 3,
+        "the new rule's lines are marked added ({added})"
+    );
+    assert_eq!(
+        decide_on_page(&browser, "policy.cedar", true, "").await,
+        "approved"
+    );
+    server.until_logged(
+        "the rules on record changed: in force here now",
+        1,
+        Duration::from_secs(30),
+    );
+    let agent = agent(&server.url()).await;
+    let ran = call(
+        &agent,
+        "execute",
+        json!({"sql": "INSERT INTO notes(body) VALUES ('opened by the rules')"}),
+    )
+    .await;
+    assert_ne!(ran.is_error, Some(true), "{ran:?}");
+
+    // The passkey's decision over the change is kept and proves offline like a call's.
+    let (code, decisions, note) = roster_command("history", &env, &["--decisions", "--json"]);
+    assert_eq!(code, 0, "{note}");
+    assert!(decisions.contains("\"tenant\":\"change\""), "{decisions}");
+    let (code, roster, note) = roster_command("approver", &env, &["export"]);
+    assert_eq!(code, 0, "{note}");
+    let (roster_file, decisions_file) =
+        (dir.path().join("roster.json"), dir.path().join("d.jsonl"));
+    std::fs::write(&roster_file, &roster).unwrap();
+    std::fs::write(&decisions_file, &decisions).unwrap();
+    let (code, proven, note) = roster_command(
+        "verify-decisions",
+        &[],
+        &[
+            "--roster",
+            roster_file.to_str().unwrap(),
+            "--origin",
+            &origin,
+            decisions_file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{proven}{note}");
+    drop(server);
+}
+
 /// Another site's page, served by the test on a port of loopback: any path answers a blank
 /// HTML page with no policy of ours. Answers the port.
 fn evil_page() -> u16 {

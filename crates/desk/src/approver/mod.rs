@@ -112,6 +112,97 @@ mod tests {
         assert!(parse(&no_tenant, "https://team").is_none());
     }
 
+    /// A change of a team server's rules, listed as the server lists it.
+    fn listed_change(before: &str, after: &str) -> Value {
+        use countersign_engine::text_hash;
+        let plan = Plan {
+            tool: "change:policy".into(),
+            target: "policy.cedar".into(),
+            action: "change".into(),
+            summary: "The rules over arguments of this team server (policy.cedar) change".into(),
+            details: json!({"origin": "the --rules file", "before_sha256": text_hash(before),
+                            "after_sha256": text_hash(after)}),
+            reversible: true,
+        };
+        let hash = plan.hash().unwrap();
+        json!({
+            "id": 9,
+            "plan": plan,
+            "text": "the plan",
+            "arrived_at_ms": 1,
+            "preview": null,
+            "asks": {"kind": "change", "server": null, "tenant": "change",
+                     "plan_hash": hash.to_hex(), "class": "once", "type_target": false,
+                     "approvers": 2,
+                     "change": {"kind": "policy", "subject": "policy.cedar",
+                                "summary": "the rules change", "before": before, "after": after,
+                                "origin": "the --rules file", "analysis": "It widens; calls the solver found: …"}},
+        })
+    }
+
+    /// A team server's change of its rules is taken only when its plan is the plan hashed and
+    /// names by hash exactly the texts shown: a server that shows one text and has another
+    /// decided is not believed, nor one that lists any other change, tenant or class.
+    #[test]
+    fn a_listed_rules_change_is_taken_only_when_its_plan_names_the_texts_shown() {
+        use super::remote::listed;
+        use countersign_engine::Asks;
+        let (before, after) = ("forbid (principal, action, resource);", "");
+        let listing = listed_change(before, after);
+        let taken = listed(&listing, "https://team").expect("a well-formed change is taken");
+        assert_eq!(taken.id, 9);
+        assert_eq!(taken.signed.tenant, "change");
+        assert_eq!(taken.signed.class, countersign_core::GateClass::Once);
+        assert!(!taken.signed.type_target);
+        assert_eq!(taken.signed.plan_hash, taken.plan.hash().unwrap());
+        let Asks::Change(asked) = &taken.asks else {
+            panic!("a change is shown as a change")
+        };
+        assert_eq!(asked.change.before.as_deref(), Some(before));
+        assert_eq!(asked.change.after.as_deref(), Some(after));
+        assert_eq!(asked.change.origin, "the --rules file at https://team");
+        assert!(
+            asked
+                .change
+                .analysis
+                .as_deref()
+                .unwrap()
+                .starts_with("It widens")
+        );
+
+        let spoiled: [(&str, Value); 8] = [
+            // Another text shown than the one the plan names.
+            (
+                "/asks/change/after",
+                json!("permit (principal, action, resource);"),
+            ),
+            ("/asks/change/before", json!("")),
+            ("/asks/change/subject", json!("servers.json")),
+            ("/asks/change/kind", json!("server")),
+            ("/asks/tenant", json!("key:ci")),
+            ("/asks/class", json!("token")),
+            (
+                "/asks/plan_hash",
+                json!(PlanHash::from_bytes([7; 32]).to_hex()),
+            ),
+            (
+                "/asks/change/after",
+                json!("x".repeat(countersign_engine::MAX_CHANGE_TEXT_CHARS + 1)),
+            ),
+        ];
+        for (pointer, value) in spoiled {
+            let mut listing = listed_change(before, after);
+            *listing.pointer_mut(pointer).unwrap() = value.clone();
+            assert!(
+                listed(&listing, "https://team").is_none(),
+                "{pointer} = {value} was taken"
+            );
+        }
+        // A text beyond what is shown whole is refused even when the plan names it.
+        let long = "x".repeat(countersign_engine::MAX_CHANGE_TEXT_CHARS + 1);
+        assert!(listed(&listed_change(before, &long), "https://team").is_none());
+    }
+
     #[test]
     fn enrolling_keeps_one_key_and_the_servers_and_forgetting_removes_one() {
         let dir = tempfile::tempdir().unwrap();

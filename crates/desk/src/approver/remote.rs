@@ -9,9 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use countersign_core::approver::{ApproverKey, Decision, Verdict};
+use countersign_core::approver::{ApproverKey, CHANGE_TENANT, Decision, Verdict};
 use countersign_core::{GateClass, Plan, PlanHash};
-use countersign_engine::{Asks, CallRequest, Engine, PendingRequest, QueueChange, Removal};
+use countersign_engine::{
+    Asks, CallRequest, Change, ChangeKind, ChangeRequest, Engine, MAX_CHANGE_LABEL_CHARS,
+    MAX_CHANGE_TEXT_CHARS, PendingRequest, QueueChange, Removal, text_hash,
+};
 use countersign_secret::Items;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -44,6 +47,62 @@ struct Waiting {
     remote_id: u64,
     /// The server.
     url: String,
+    /// What a decision on it signs beside its plan's text.
+    signed: Signed,
+}
+
+/// What a decision on a listed request signs, beside the server, the request's number, the
+/// verdict, the tool and the target: for a call, its own; for a change of the server's rules,
+/// the change's plan hash, [`CHANGE_TENANT`], `once`, and no typed target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Signed {
+    pub plan_hash: PlanHash,
+    pub tenant: String,
+    pub class: GateClass,
+    pub type_target: bool,
+}
+
+/// A request a server listed, as this desk takes it.
+pub(super) struct Listed {
+    pub id: u64,
+    pub plan: Plan,
+    pub text: String,
+    pub asks: Asks,
+    pub signed: Signed,
+}
+
+/// The request a server listed, if it is one this desk takes: a call ([`parse`]) or a change of
+/// the server's rules ([`parse_change`]).
+pub(super) fn listed(request: &Value, url: &str) -> Option<Listed> {
+    if let Some((id, call, plan, text)) = parse(request, url) {
+        let signed = Signed {
+            plan_hash: call.plan_hash,
+            tenant: call.tenant.to_string(),
+            class: call.class,
+            type_target: call.type_target,
+        };
+        return Some(Listed {
+            id,
+            plan,
+            text,
+            asks: Asks::Call(call),
+            signed,
+        });
+    }
+    let (id, change, plan, text) = parse_change(request, url)?;
+    let signed = Signed {
+        plan_hash: plan.hash().ok()?,
+        tenant: CHANGE_TENANT.to_owned(),
+        class: GateClass::Once,
+        type_target: false,
+    };
+    Some(Listed {
+        id,
+        plan,
+        text,
+        asks: Asks::Change(change),
+        signed,
+    })
 }
 
 /// What the window's queue holds from team servers, and how to reach them.
@@ -310,15 +369,13 @@ impl Remote {
             let mut waiting = lock(&self.waiting);
             let mut kept = Vec::new();
             for item in list {
-                let Some(parsed) = parse(&item["request"], url) else {
-                    tracing::warn!(target: "approver", server = %url, "a request that is not a call was left out");
+                let Some(parsed) = listed(&item["request"], url) else {
+                    tracing::warn!(target: "approver", server = %url, "a request that is neither a call nor a change of the server's rules was left out");
                     continue;
                 };
-                let (remote_id, plan_hash) = (parsed.0, parsed.1.plan_hash);
+                let (remote_id, plan_hash) = (parsed.id, parsed.signed.plan_hash);
                 let existing = waiting.iter().find(|(_, w)| {
-                    w.url == url
-                        && w.remote_id == remote_id
-                        && w.shown.call().map(|c| c.plan_hash) == Some(plan_hash)
+                    w.url == url && w.remote_id == remote_id && w.signed.plan_hash == plan_hash
                 });
                 let id = match existing {
                     Some((id, _)) => *id,
@@ -326,6 +383,7 @@ impl Remote {
                         let id = self
                             .next_id
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let signed = parsed.signed.clone();
                         let shown = shown(id, parsed, self.engine.now_ms());
                         changes.push(QueueChange::Added {
                             request: Box::new(shown.clone()),
@@ -336,6 +394,7 @@ impl Remote {
                                 shown,
                                 remote_id,
                                 url: url.to_owned(),
+                                signed,
                             },
                         );
                         id
@@ -384,10 +443,10 @@ impl Remote {
             .get(&id)
             .cloned()
             .ok_or(RemoteError::NotPending)?;
-        let call = waiting.shown.call().ok_or(RemoteError::NotPending)?.clone();
+        let signed = &waiting.signed;
         let plan = &waiting.shown.plan;
         if verdict == Verdict::Approve {
-            if call.type_target && typed_target != Some(plan.target.as_str()) {
+            if signed.type_target && typed_target != Some(plan.target.as_str()) {
                 return Err(RemoteError::TargetNotTyped);
             }
             // The same approve delay as for local requests: from its arrival in this queue, and
@@ -402,11 +461,11 @@ impl Remote {
             server: &waiting.url,
             request: waiting.remote_id,
             verdict,
-            plan: &call.plan_hash,
-            tenant: call.tenant.as_str(),
+            plan: &signed.plan_hash,
+            tenant: &signed.tenant,
             tool: &plan.tool,
             target: &plan.target,
-            class: call.class,
+            class: signed.class,
             expires_at_ms,
         };
         let signature =
@@ -414,11 +473,11 @@ impl Remote {
         let mut body = json!({
             "request": waiting.remote_id,
             "verdict": verdict.code(),
-            "plan": call.plan_hash.to_hex(),
-            "tenant": call.tenant,
+            "plan": signed.plan_hash.to_hex(),
+            "tenant": signed.tenant,
             "tool": plan.tool,
             "target": plan.target,
-            "class": call.class.code(),
+            "class": signed.class.code(),
             "expiresAtMs": expires_at_ms,
             "signature": signature,
         });
@@ -494,18 +553,90 @@ pub(super) fn parse(request: &Value, url: &str) -> Option<(u64, CallRequest, Pla
     Some((id, call, plan, text))
 }
 
+/// The change of its rules a server listed, if it is one: its id there, and the change as the
+/// queue holds it. Only a change of `policy.cedar` under [`CHANGE_TENANT`], class `once`, whose
+/// plan is the plan hashed and names by hash exactly the two texts shown, each short enough to
+/// be shown whole: what the person approves is what they read.
+pub(super) fn parse_change(
+    request: &Value,
+    url: &str,
+) -> Option<(u64, ChangeRequest, Plan, String)> {
+    let id = request["id"].as_u64()?;
+    let plan: Plan = serde_json::from_value(request["plan"].clone()).ok()?;
+    let text = request["text"].as_str()?.to_owned();
+    let asks = &request["asks"];
+    let change = &asks["change"];
+    if asks["kind"] != "change"
+        || asks["tenant"] != CHANGE_TENANT
+        || asks["class"] != GateClass::Once.code()
+        || change["kind"] != ChangeKind::Policy.code()
+        || change["subject"] != RULES_RECORD
+        || plan.tool != format!("change:{}", ChangeKind::Policy.code())
+        || plan.target != RULES_RECORD
+    {
+        return None;
+    }
+    if plan.hash().ok()? != PlanHash::from_hex(asks["plan_hash"].as_str()?)? {
+        return None;
+    }
+    let text_of = |key: &str| -> Option<Option<String>> {
+        match &change[key] {
+            Value::Null => Some(None),
+            Value::String(t) if t.chars().nth(MAX_CHANGE_TEXT_CHARS).is_none() => {
+                Some(Some(t.clone()))
+            }
+            _ => None,
+        }
+    };
+    let (before, after) = (text_of("before")?, text_of("after")?);
+    let named = |text: &Option<String>, key: &str| {
+        plan.details[key].as_str().map(str::to_owned) == text.as_deref().map(text_hash)
+    };
+    if !named(&before, "before_sha256") || !named(&after, "after_sha256") {
+        return None;
+    }
+    let label = |key: &str| -> Option<String> {
+        let t = change[key].as_str()?;
+        t.chars()
+            .nth(MAX_CHANGE_LABEL_CHARS)
+            .is_none()
+            .then(|| t.to_owned())
+    };
+    let change = Change {
+        kind: ChangeKind::Policy,
+        subject: RULES_RECORD.to_owned(),
+        summary: label("summary")?,
+        before,
+        after,
+        origin: format!("{} at {url}", label("origin")?),
+        analysis: match &change["analysis"] {
+            Value::Null => None,
+            Value::String(t) if t.chars().nth(MAX_CHANGE_TEXT_CHARS).is_none() => Some(t.clone()),
+            _ => return None,
+        },
+    };
+    Some((
+        id,
+        ChangeRequest {
+            change,
+            server: Some(url.to_owned()),
+        },
+        plan,
+        text,
+    ))
+}
+
+/// The name of a team server's rules, as its changes are listed.
+const RULES_RECORD: &str = "policy.cedar";
+
 /// The request as this desk's queue holds it, under `id`; it arrived at `now`.
-pub(super) fn shown(
-    id: u64,
-    (_, call, plan, text): (u64, CallRequest, Plan, String),
-    now: u64,
-) -> PendingRequest {
+pub(super) fn shown(id: u64, listed: Listed, now: u64) -> PendingRequest {
     PendingRequest {
         id,
-        plan,
+        plan: listed.plan,
         arrived_at_ms: now,
-        text,
+        text: listed.text,
         preview: None,
-        asks: Asks::Call(call),
+        asks: listed.asks,
     }
 }

@@ -853,3 +853,31 @@ async fn revoking_a_grant_leaves_the_clicks_own_approval_alone() {
         &confirm(&d.engine, &tenant, "backup", &backup, &answer).await
     ));
 }
+
+/// Issue 32, a rule's budget kept per grant (`@budget_per("grant")`): the calls a grant covers
+/// run without a click up to the rule's N for that grant; past it, a covered call waits for a
+/// click; another grant has N of its own.
+#[tokio::test]
+async fn a_budget_kept_per_grant_runs_each_grants_own_n_calls_and_then_waits_for_a_click() {
+    let d = desk();
+    let tenant = connect(&d.engine, "files").await;
+    d.engine
+        .set_rules(Some(
+            "@class(\"token\") @grant_max_minutes(\"30\") @budget(\"2\") @budget_per(\"grant\")\n\
+             permit (principal, action == Countersign::Action::\"backup\", resource);"
+                .to_owned(),
+        ))
+        .unwrap();
+    // Listed again under the rules.
+    d.engine.register_tools(&tenant, tools()).await.unwrap();
+    for name in ["nightly", "weekly"] {
+        let args = json!({ "name": name });
+        granted(&d, &tenant, "backup", &args, widen_call(10)).await;
+        for n in 1..=2 {
+            let answer = at_once(&d.engine, &tenant, "backup", &args).await;
+            assert!(is_approved(&answer), "{name}, call {n}: {answer:?}");
+        }
+        let past = at_once(&d.engine, &tenant, "backup", &args).await;
+        assert!(is_pending(&past), "{name}: {past:?}");
+    }
+}

@@ -83,6 +83,8 @@ const PAGE_JS: &str = include_str!("page/page.js");
 const PAGE_CSS: &str = include_str!("page/page.css");
 /// The desk's own way of putting an escaped, flagged string on screen.
 const SHOWN_JS: &str = include_str!("../../../../ui/shown.js");
+/// The desk's own rows of a line diff, for a change of the rules.
+const PREVIEW_JS: &str = include_str!("../../../../ui/preview.js");
 
 /// What the page's listener serves.
 pub struct Web {
@@ -122,6 +124,10 @@ pub fn router(web: Arc<Web>) -> Router {
         .route(
             "/shown.js",
             get(|| asset(SHOWN_JS, "text/javascript; charset=utf-8")),
+        )
+        .route(
+            "/preview.js",
+            get(|| asset(PREVIEW_JS, "text/javascript; charset=utf-8")),
         )
         .route(
             "/page.css",
@@ -578,7 +584,7 @@ async fn requests(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
             Ok(by) => by,
             Err(e) => return unavailable(&e),
         };
-        if let Some(mut call) = view::call(&row, &by) {
+        if let Some(mut call) = view::call(&row, &by).or_else(|| view::change(&row, &by)) {
             call["seen"] = json!(seen_mark(&web.key, row.id, now));
             call["approvedByMe"] = json!(by.contains(&session.approver));
             calls.push(call);
@@ -871,7 +877,7 @@ mod tests {
             assert!(!handler, "an inline event handler: <{tag}>");
         }
         // Strings reach the screen as text only.
-        for script in [PAGE_JS, SHOWN_JS] {
+        for script in [PAGE_JS, SHOWN_JS, PREVIEW_JS] {
             for sink in [
                 "innerHTML",
                 "outerHTML",

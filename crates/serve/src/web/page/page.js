@@ -3,6 +3,7 @@
 // page decides nothing: the server computes each decision's challenge from the waiting call, and
 // the person's passkey signs it.
 import { FLAG_LABELS } from "/shown.js";
+import { diffRowNode } from "/preview.js";
 
 const $ = (id) => document.getElementById(id);
 const SHORT_LABELS = { bidi: "direction-changing", invisible: "invisible", non_ascii: "non-ASCII" };
@@ -186,8 +187,18 @@ function select(id) {
   $("call").hidden = false;
   $("call").dataset.id = c.id;
   const rev = $("reversibility");
-  rev.textContent = c.reversible ? "Reversible" : "Irreversible";
+  // A change of the server's rules: what it does (the solver's verdict, or that it is not known)
+  // and old beside new, in place of a call's token and preview.
+  const change = Boolean(c.change);
+  rev.textContent = change ? "A change of the rules" : c.reversible ? "Reversible" : "Irreversible";
   rev.className = "badge " + (c.reversible ? "reversible" : "irreversible");
+  $("c-change").hidden = !change;
+  if (change) {
+    shown("c-analysis", c.change.analysis, true);
+    $("c-rows").replaceChildren(...c.change.rows.map((row) => diffRowNode(row)));
+  } else {
+    $("c-rows").replaceChildren();
+  }
   shown("c-target", c.targetShown, true);
   shown("c-tool", c.tool);
   shown("c-action", c.action);
@@ -198,7 +209,9 @@ function select(id) {
   shown("c-why", c.why);
   shown("c-details", c.details);
   const ttl = Math.round(c.tokenTtlMs / 1000);
-  $("c-use").textContent = (c.worksOnce ? "Works once" : "Works until it expires") + `, for ${ttl} s after approval`;
+  $("c-use").textContent = change
+    ? "Applied once approved: in force on every replica within seconds"
+    : (c.worksOnce ? "Works once" : "Works until it expires") + `, for ${ttl} s after approval`;
   $("c-approvals").textContent = `${c.approvedBy.length} of ${c.needed}` +
     (c.approvedBy.length ? ": " + c.approvedBy.map((s) => s.text).join(", ") : "");
   $("c-preview").replaceChildren(c.preview ? previewNode(c.preview) : document.createTextNode("none"));
