@@ -966,8 +966,14 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
     let (receiver, notices) = webhook_receiver();
     let routing_key = dir.path().join("pagerduty.key");
     std::fs::write(&routing_key, "R0UT1NG-KEY-0123\n").unwrap();
+    let rules = dir.path().join("policy.cedar");
+    std::fs::write(&rules, "").unwrap();
+    let solver = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers/bin/cvc5");
+    let solver = std::env::var("CVC5").unwrap_or_else(|_| solver.to_string_lossy().into_owned());
     let mut args = page_args(&db, listen, &url, (&cert, &key), web, &origin);
     args.extend([
+        "--rules".to_owned(),
+        rules.to_str().unwrap().to_owned(),
         "--policy".to_owned(),
         policy.to_str().unwrap().to_owned(),
         "--webhook".to_owned(),
@@ -987,6 +993,7 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
                 "two-of-two-passkey-secret-0123456789abcdef",
             ),
             ("CONTROL_DSN", &dsn),
+            ("CVC5", &solver),
         ],
         Some(&[]),
     );
@@ -1148,8 +1155,51 @@ async fn a_desk_window_and_a_passkey_make_two_of_two_and_the_python_sdk_agent_ge
         ]
     );
     assert!(agent.wait().await.unwrap().success());
+
+    // An edit of the server's rules reaches dana's window as a change of that server's rules:
+    // what it widens beside the diff, approved with the real button (one approver is asked).
+    std::fs::write(
+        &rules,
+        "@id(\"open-inserts\") @class(\"open\")\n\
+         permit (principal, action == Countersign::Action::\"execute\", resource)\n\
+         when { context.arguments.sql like \"INSERT INTO notes*\" };\n",
+    )
+    .unwrap();
+    desk.wait_for_request().await;
+    desk.until("the rules change in the window", |d| {
+        Box::pin(d.exists("#c-analysis-row:not([hidden])"))
+    })
+    .await;
+    let analysis = desk.text("#c-analysis").await;
+    assert!(
+        analysis.starts_with("It widens") && analysis.contains("execute"),
+        "{analysis}"
+    );
+    let subject = desk.text("#c-subject").await;
+    assert_eq!(subject, "policy.cedar");
+    desk.until("Approve to be enabled", |d| Box::pin(d.approve_enabled()))
+        .await;
+    desk.click("#approve").await;
+    server.until_logged(
+        "the rules on record changed: in force here now",
+        1,
+        Duration::from_secs(30),
+    );
+    let opened = insert_the_rules_open(&server).await;
+    assert_ne!(opened.is_error, Some(true), "{opened:?}");
     desk.stop().await;
     drop(server);
+}
+
+/// An INSERT the rules open, called on `server` by a new agent: it runs without a click.
+async fn insert_the_rules_open(server: &Server) -> rmcp::model::CallToolResult {
+    let agent = agent(&server.url()).await;
+    call(
+        &agent,
+        "execute",
+        json!({"sql": "INSERT INTO notes(body) VALUES ('opened at a desk')"}),
+    )
+    .await
 }
 
 /// The page served over TLS by the server itself (its own certificate), with no desks' listener:
