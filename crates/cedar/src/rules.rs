@@ -121,6 +121,9 @@ pub struct Gate {
     /// The budgets of the matching rules: every one must have room for the call to run
     /// without a click.
     pub budgets: Vec<Budget>,
+    /// The lines of the permits that decided it, in order: what history names for a call the
+    /// rules opened.
+    pub lines: Vec<usize>,
 }
 
 /// A rule's budget (`@budget`): at most `limit` units per window of `minutes`, per tenant,
@@ -448,8 +451,11 @@ impl Rules {
             type_target: None,
             grant_max_minutes: None,
             budgets: Vec::new(),
+            lines: Vec::new(),
         };
         for policy in determining.iter().filter_map(|id| self.policies.policy(id)) {
+            gate.lines
+                .push(self.line(policy.id().as_ref()).unwrap_or(1));
             let class = policy.annotation("class").unwrap_or("once");
             if rank(class) > rank(gate.class) {
                 gate.class = CLASSES[rank(class)];
@@ -498,6 +504,8 @@ impl Rules {
                 });
             }
         }
+        gate.lines.sort_unstable();
+        gate.lines.dedup();
         Outcome::Gated(gate)
     }
 }
@@ -666,7 +674,21 @@ pub(crate) mod tests {
             type_target,
             grant_max_minutes: None,
             budgets: Vec::new(),
+            lines: Vec::new(),
         })
+    }
+
+    impl Rules {
+        /// What `decide` says, without the deciding rules' lines (compared on their own).
+        fn decided(&self, call: &Call<'_>) -> Outcome {
+            match self.decide(call) {
+                Outcome::Gated(mut gate) => {
+                    gate.lines.clear();
+                    Outcome::Gated(gate)
+                }
+                other => other,
+            }
+        }
     }
 
     #[test]
@@ -679,46 +701,56 @@ pub(crate) mod tests {
         let scratch = json!({"path": "scratch/notes.md", "content": "x"});
         let escape = json!({"path": "scratch/../.github/workflows/ci.yml", "content": "x"});
         let workflow = json!({"path": ".github/workflows/ci.yml", "content": "x"});
+        // The rule that opens it is named by its line (its first, an annotation's).
+        let Outcome::Gated(opened) = rules.decide(&call("execute", &select, 12)) else {
+            panic!("not opened");
+        };
+        let line = EXAMPLE
+            .lines()
+            .position(|l| l.starts_with("// A single SELECT"))
+            .unwrap()
+            + 2;
+        assert_eq!(opened.lines, vec![line]);
         assert_eq!(
-            rules.decide(&call("execute", &select, 12)),
+            rules.decided(&call("execute", &select, 12)),
             gate("open", 1, None)
         );
         assert_eq!(
-            rules.decide(&call("query", &select, 12)),
+            rules.decided(&call("query", &select, 12)),
             gate("open", 1, None)
         );
-        assert_eq!(rules.decide(&call("execute", &two, 12)), Outcome::Unruled);
+        assert_eq!(rules.decided(&call("execute", &two, 12)), Outcome::Unruled);
         assert_eq!(
-            rules.decide(&call("execute", &delete, 12)),
+            rules.decided(&call("execute", &delete, 12)),
             Outcome::Unruled
         );
-        assert_eq!(rules.decide(&call("execute", &drop, 12)), Outcome::Unruled);
+        assert_eq!(rules.decided(&call("execute", &drop, 12)), Outcome::Unruled);
         assert_eq!(
-            rules.decide(&call("execute", &drop, 22)),
+            rules.decided(&call("execute", &drop, 22)),
             Outcome::Forbidden {
                 reason: "DROP runs only in business hours, 9 to 18".into()
             }
         );
         assert_eq!(
-            rules.decide(&call("write_file", &scratch, 3)),
+            rules.decided(&call("write_file", &scratch, 3)),
             gate("open", 1, None)
         );
         assert_eq!(
-            rules.decide(&call("write_file", &escape, 3)),
+            rules.decided(&call("write_file", &escape, 3)),
             Outcome::Unruled
         );
         assert_eq!(
-            rules.decide(&call("write_file", &workflow, 3)),
+            rules.decided(&call("write_file", &workflow, 3)),
             gate("once", 2, Some(true))
         );
         // Arguments that do not fit the tool's types are never judged as if they did.
         let wrong = json!({"sql": 5});
-        assert_eq!(rules.decide(&call("execute", &wrong, 12)), Outcome::Unfit);
+        assert_eq!(rules.decided(&call("execute", &wrong, 12)), Outcome::Unfit);
         // A tool no rule names is the annotations' to decide, whatever its arguments; under a
         // rule of any action, a tool the rules were not loaded with cannot be judged.
         let unknown = json!({"items": [1, 2]});
         assert_eq!(
-            rules.decide(&call("unlisted", &unknown, 12)),
+            rules.decided(&call("unlisted", &unknown, 12)),
             Outcome::Unruled
         );
         let any = Rules::parse(
@@ -726,10 +758,10 @@ pub(crate) mod tests {
             &tools(),
         )
         .unwrap();
-        assert_eq!(any.decide(&call("unlisted", &unknown, 12)), Outcome::Unfit);
+        assert_eq!(any.decided(&call("unlisted", &unknown, 12)), Outcome::Unfit);
         // Something the rules cannot see: never opened by them.
         let hidden = json!({"sql": "SELECT 1", "mode": "write"});
-        assert_eq!(rules.decide(&call("execute", &hidden, 12)), Outcome::Unfit);
+        assert_eq!(rules.decided(&call("execute", &hidden, 12)), Outcome::Unfit);
     }
 
     #[test]
@@ -766,13 +798,13 @@ pub(crate) mod tests {
         let rules = Rules::parse(text, &tools).unwrap();
         let fine = json!({"limit": 5});
         assert_eq!(
-            rules.decide(&call("fetch", &fine, 12)),
+            rules.decided(&call("fetch", &fine, 12)),
             gate("open", 1, None)
         );
         // 922337203685477581 * 10 overflows: the forbid fails, and forbids.
         let overflow = json!({"limit": 922_337_203_685_477_581_i64});
         assert_eq!(
-            rules.decide(&call("fetch", &overflow, 12)),
+            rules.decided(&call("fetch", &overflow, 12)),
             Outcome::Forbidden {
                 reason: "too many rows".into()
             }
@@ -784,7 +816,7 @@ pub(crate) mod tests {
             when { context.arguments.limit * 10 > 1000 };
         "#;
         let rules = Rules::parse(text, &tools).unwrap();
-        assert_eq!(rules.decide(&call("fetch", &overflow, 12)), Outcome::Unfit);
+        assert_eq!(rules.decided(&call("fetch", &overflow, 12)), Outcome::Unfit);
     }
 
     #[test]
@@ -802,13 +834,14 @@ pub(crate) mod tests {
         let rules = Rules::parse(text, &tools()).unwrap();
         let both = json!({"path": "docs/a.md", "content": ""});
         assert_eq!(
-            rules.decide(&call("write_file", &both, 1)),
+            rules.decided(&call("write_file", &both, 1)),
             Outcome::Gated(Gate {
                 class: "token",
                 approvers: 3,
                 type_target: Some(false),
                 grant_max_minutes: Some(10),
                 budgets: Vec::new(),
+                lines: Vec::new(),
             })
         );
     }
@@ -871,8 +904,8 @@ pub(crate) mod tests {
         let rules = Rules::parse(&text, &tools()).unwrap();
         assert_eq!(rules.waiting_for(), ["drop_db", "later"]);
         let args = json!({"sql": "SELECT 1"});
-        assert_eq!(rules.decide(&call("query", &args, 12)), Outcome::Unfit);
-        assert_eq!(rules.decide(&call("execute", &args, 12)), Outcome::Unruled);
+        assert_eq!(rules.decided(&call("query", &args, 12)), Outcome::Unfit);
+        assert_eq!(rules.decided(&call("execute", &args, 12)), Outcome::Unruled);
         // Listed, the tool it waited for is in the schema, and the rule must validate then.
         let mut more = tools();
         more.push(Tool::new("drop_db", &json!({"type": "object"}), true));
@@ -899,7 +932,7 @@ pub(crate) mod tests {
         let rule = "@class(\"open\") @budget(\"10\") @budget_counts(\"rows\")\npermit (principal, action == Countersign::Action::\"export\", resource);\n";
         let rules = Rules::parse(&format!("{rule}{rule}"), &export).unwrap();
         let zero = json!({"rows": 0});
-        let Outcome::Gated(gate) = rules.decide(&call("export", &zero, 12)) else {
+        let Outcome::Gated(gate) = rules.decided(&call("export", &zero, 12)) else {
             panic!("not gated");
         };
         assert_eq!(gate.budgets.len(), 1, "one text, one budget");
@@ -918,7 +951,7 @@ pub(crate) mod tests {
             )
         };
         let rules = Rules::parse(&per("grant", " @budget(\"3\")"), &export).unwrap();
-        let Outcome::Gated(gate) = rules.decide(&call("export", &zero, 12)) else {
+        let Outcome::Gated(gate) = rules.decided(&call("export", &zero, 12)) else {
             panic!("not gated");
         };
         assert!(gate.budgets[0].per_grant);

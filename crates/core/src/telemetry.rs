@@ -52,6 +52,11 @@ pub enum EventKind {
     /// definition): `tool` is `change:<kind>`, `target` what changes. A denied change is
     /// [`EventKind::Denied`] with the same `tool` and `target`.
     Changed,
+    /// The rules over arguments (`policy.cedar`) opened a call a person would otherwise have
+    /// been asked about: it ran without a click, with nothing minted. `note` names the rules'
+    /// lines; `plan` is the plan's hash. (A call open by its annotations is not recorded, as
+    /// before rules.)
+    Opened,
 }
 
 /// Why a gated call was refused before the verification chain: the codes an agent receives in
@@ -102,7 +107,7 @@ impl Rejection {
 
 impl EventKind {
     /// The history code: `issued`, `accepted`, `refused`, `replay`, `denied`, `executed`,
-    /// `outcome_unknown`, `rejected`, `changed`.
+    /// `outcome_unknown`, `rejected`, `changed`, `opened`.
     pub fn code(self) -> &'static str {
         match self {
             EventKind::Issued => "issued",
@@ -114,6 +119,7 @@ impl EventKind {
             EventKind::OutcomeUnknown => "outcome_unknown",
             EventKind::Rejected { .. } => "rejected",
             EventKind::Changed => "changed",
+            EventKind::Opened => "opened",
         }
     }
 
@@ -130,7 +136,8 @@ impl EventKind {
             | EventKind::Replay
             | EventKind::Denied
             | EventKind::OutcomeUnknown
-            | EventKind::Changed => (self.code(), None, None),
+            | EventKind::Changed
+            | EventKind::Opened => (self.code(), None, None),
         }
     }
 

@@ -29,6 +29,9 @@ pub(crate) struct Call {
     /// The rules over arguments open this call: it runs without a click (a preflight of it is
     /// answered by running it, see [`crate::Queued::Open`]).
     pub(crate) open: bool,
+    /// The lines of the rules that opened it (empty when it is open by its annotations, or not
+    /// open): a call a rule opened is on the record.
+    pub(crate) opened_by: Vec<usize>,
     /// The rules over arguments gated it (rather than its listing).
     pub(crate) ruled: bool,
     /// The longest a grant of it may last, in minutes, where a rule says.
@@ -107,10 +110,10 @@ impl Engine {
             &plan,
             &Value::Object(args.clone()),
         )?;
-        let (rule, open, ruled, grant_max_minutes, budgets) = match ruled {
-            Ruled::AsListed => (rule, false, false, None, Vec::new()),
-            Ruled::Open(budgets) => (rule, true, false, None, budgets),
-            Ruled::Gated(rule, grant, budgets) => (rule, false, true, grant, budgets),
+        let (rule, open, ruled, grant_max_minutes, budgets, opened_by) = match ruled {
+            Ruled::AsListed => (rule, false, false, None, Vec::new(), Vec::new()),
+            Ruled::Open(budgets, lines) => (rule, true, false, None, budgets, lines),
+            Ruled::Gated(rule, grant, budgets) => (rule, false, true, grant, budgets, Vec::new()),
         };
         Ok(Call {
             rule,
@@ -121,6 +124,7 @@ impl Engine {
             plan,
             hash,
             open,
+            opened_by,
             ruled,
             grant_max_minutes,
             budgets,

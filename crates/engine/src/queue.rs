@@ -18,6 +18,7 @@ use countersign_core::Tenant;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use countersign_core::telemetry::{ConfirmEvent, EventKind};
 use countersign_core::{GateClass, Plan, PlanHash, Refusal, render};
 use serde::Serialize;
 use serde_json::Value;
@@ -370,6 +371,7 @@ impl Engine {
             plan,
             hash,
             open,
+            opened_by,
             mut ruled,
             grant_max_minutes,
             budgets,
@@ -392,6 +394,25 @@ impl Engine {
                     // rules.
                     tracing::info!(target: "desk", tool = %tool, target = %plan.target, "opened by the rules over arguments: runs without a click");
                     self.tally_request(Some(GateClass::Open), Outcome::Forwarded);
+                    // A call a person would have been asked about, run on the rules' word: on
+                    // the record, with the rules' lines and the plan's hash.
+                    if !opened_by.is_empty() {
+                        let lines: Vec<String> = opened_by.iter().map(usize::to_string).collect();
+                        self.record(ConfirmEvent {
+                            at_ms: self.now(),
+                            kind: EventKind::Opened,
+                            tool: tool.to_owned(),
+                            target: Some(plan.target.clone()),
+                            tenant: tenant.to_string(),
+                            nonce: None,
+                            plan: Some(hash),
+                            note: Some(format!(
+                                "opened by policy.cedar line {}: ran without a click",
+                                lines.join(", ")
+                            )),
+                        })
+                        .await;
+                    }
                     return Ok(Queued::Open(args));
                 }
                 Ok(Some(spent)) if spent.refuse => {

@@ -80,8 +80,9 @@ pub fn tool_of(listed: &Value) -> Option<Tool> {
 pub(crate) enum Ruled {
     /// As the listing classed it (no rules, or none speaks to the call).
     AsListed,
-    /// Runs without a click, within the budgets.
-    Open(Vec<Budget>),
+    /// Runs without a click, within the budgets; the lines of the rules that opened it (none:
+    /// open by its annotations, no rule speaking to it).
+    Open(Vec<Budget>, Vec<usize>),
     /// Gated as the rule says: the rule, the longest grant, the budgets a grant's call takes.
     Gated(ToolRule, Option<u64>, Vec<Budget>),
 }
@@ -264,7 +265,7 @@ impl Engine {
                 return Err(crate::authority::refused(Refusal::PolicyUnfit));
             }
             return Ok(if by_rules {
-                Ruled::Open(Vec::new())
+                Ruled::Open(Vec::new(), Vec::new())
             } else {
                 Ruled::AsListed
             });
@@ -289,7 +290,7 @@ impl Engine {
             arguments,
         };
         match rules.decide(&call) {
-            Outcome::Unruled if own == GateClass::Open => Ok(Ruled::Open(Vec::new())),
+            Outcome::Unruled if own == GateClass::Open => Ok(Ruled::Open(Vec::new(), Vec::new())),
             Outcome::Unruled => Ok(Ruled::AsListed),
             Outcome::Forbidden { reason } => Err(Stopped::Refused {
                 refusal: Refusal::PolicyForbidden,
@@ -303,7 +304,7 @@ impl Engine {
             Outcome::Gated(gate) => {
                 let class = GateClass::from_code(gate.class).unwrap_or(GateClass::Once);
                 if class == GateClass::Open {
-                    return Ok(Ruled::Open(gate.budgets));
+                    return Ok(Ruled::Open(gate.budgets, gate.lines));
                 }
                 let mut rule = rule.clone();
                 rule.class = class;

@@ -102,6 +102,7 @@ fn kind_from_columns(
         ("replay", None, None) => EventKind::Replay,
         ("denied", None, None) => EventKind::Denied,
         ("changed", None, None) => EventKind::Changed,
+        ("opened", None, None) => EventKind::Opened,
         ("outcome_unknown", None, None) => EventKind::OutcomeUnknown,
         ("refused", Some(refusal), None) => EventKind::Refused {
             refusal: Refusal::from_code(refusal)

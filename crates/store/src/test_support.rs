@@ -101,6 +101,7 @@ pub fn every_kind() -> Vec<EventKind> {
         EventKind::Replay,
         EventKind::Denied,
         EventKind::Changed,
+        EventKind::Opened,
         EventKind::Executed { ok: true },
         EventKind::Executed { ok: false },
         EventKind::OutcomeUnknown,

@@ -83,6 +83,26 @@ async fn a_single_select_runs_without_a_click_and_a_delete_waits_for_one() {
     .await;
     assert!(matches!(select, Ok(Queued::Open(_))), "{select:?}");
     assert!(d.engine.pending().is_empty(), "nobody was asked");
+    // Run on the rules' word, it is on the record: the rules' line, the target, the plan.
+    let history = d.engine.history(&HistoryFilter::default()).await.unwrap();
+    let opened: Vec<_> = history
+        .iter()
+        .filter(|e| e.kind.code() == "opened")
+        .collect();
+    assert_eq!(opened.len(), 1, "{history:?}");
+    // A rule's line is its first, the annotation's just above its `permit` (counted from 1).
+    let line = EXAMPLE
+        .lines()
+        .position(|l| l.starts_with("permit (principal, action in [Countersign::Action::\"query\""))
+        .unwrap();
+    assert_eq!(
+        opened[0].note.as_deref(),
+        Some(format!("opened by policy.cedar line {line}: ran without a click").as_str()),
+        "{:?}",
+        opened[0]
+    );
+    assert_eq!(opened[0].tool, "execute");
+    assert!(opened[0].plan.is_some());
     // A second statement after the SELECT is not the rule's to open.
     let two = ask(
         &d.engine,
