@@ -520,7 +520,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The strictness of a class (its index in [`CLASSES`]); an unknown one counts as the strictest.
-fn rank(class: &str) -> usize {
+pub(crate) fn rank(class: &str) -> usize {
     CLASSES.iter().position(|c| *c == class).unwrap_or(2)
 }
 

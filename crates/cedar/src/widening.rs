@@ -9,6 +9,13 @@
 //!   permits; and, for a tool open by its annotations, a permit of every call of it.
 //! - **refused outright**: calls some `forbid` matches. A call out of it now and in it before
 //!   is a widening: it was forbidden and now reaches a person (or runs).
+//! - **works once no more**: what needs at most a token (`open` or `token`), built as the first
+//!   region one class up; asked where the old rules (or the tool's annotations) ask `once`.
+//! - **fewer approvers**: for each number of approvers N ≥ 2 the old rules ask, the calls no
+//!   rule asks N or more of (every permit asking N or more turned into a forbid, beside the
+//!   forbids).
+//! - **no typed target**: the calls no rule asks the target typed of, where the old rules ask it
+//!   of some.
 //!
 //! Each comparison is one question to the solver: does the new region imply the old one (every
 //! call in the new one is in the old)? A refutation comes with a concrete call the solver found,
@@ -17,9 +24,11 @@
 //! is missing, fails or runs out of time, each is an answer of its own that never claims a proof.
 //! Where the solver models a rule that fails on a call as not matching, the region it reasons
 //! about is larger than what [`Rules::decide`] opens (which refuses such calls): a widening may
-//! be shown that is not one, never the other way. Not analysed yet: a change of approvers, of a
-//! typed target, of a grant's length, or between `token` and `once` (only what opens and what
-//! is forbidden).
+//! be shown that is not one, never the other way. The last two regions reason as if a call no
+//! rule speaks to needed one approver and no typed target (the listing's policy may ask more),
+//! which again can only show a widening that is not one. Not analysed: a grant's length and the
+//! budgets; a change that touches them and is otherwise proved is said to be not known
+//! ([`WideningError::NotAnalysed`]), never "only tightens".
 //!
 //! This is the one part of the crate that is not pure: it runs the solver as a child process.
 
@@ -31,7 +40,7 @@ use cedar_policy_symcc::solver::LocalSolver;
 use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicySet};
 
 use crate::model::{NAMESPACE, Tool, uid};
-use crate::rules::Rules;
+use crate::rules::{Rules, rank};
 
 /// One call that the new policy lets through where the old did not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +58,26 @@ impl Example {
     pub const RUNS_WITHOUT_A_CLICK: &'static str = "would run without a click";
     /// It was refused outright before, and is not now.
     pub const NO_LONGER_FORBIDDEN: &'static str = "is no longer forbidden";
+    /// It needed a works-once token before, and a token that works until it expires (or no
+    /// click) now.
+    pub const NO_LONGER_ONCE: &'static str = "would no longer be works-once";
+    /// It needed its target typed before, and not now.
+    pub const NO_LONGER_TYPED: &'static str = "would no longer need its target typed";
+
+    /// It needed `n` or more approvers before, and fewer now.
+    pub fn fewer_approvers(n: u8) -> &'static str {
+        const SAID: [&str; 8] = [
+            "would need fewer than 2 approvers",
+            "would need fewer than 3 approvers",
+            "would need fewer than 4 approvers",
+            "would need fewer than 5 approvers",
+            "would need fewer than 6 approvers",
+            "would need fewer than 7 approvers",
+            "would need fewer than 8 approvers",
+            "would need fewer than 9 approvers",
+        ];
+        SAID[usize::from(n.clamp(2, 9) - 2)]
+    }
 
     /// The sentence a person reads.
     pub fn sentence(&self) -> String {
@@ -88,6 +117,13 @@ pub enum WideningError {
     /// The solver did not answer in time.
     #[error("the solver did not answer within {0} s")]
     Timeout(u64),
+    /// Everything the solver compares was proved not to widen, but the change touches what it
+    /// does not compare (a grant's length, a budget): read those lines.
+    #[error(
+        "nothing runs without a click, is let through, needs fewer approvers or loses works-once \
+         or a typed target that did not before (proved), but it changes {0}, which is not analysed"
+    )]
+    NotAnalysed(String),
 }
 
 impl WideningError {
@@ -98,6 +134,7 @@ impl WideningError {
             WideningError::SolverFailed { .. } => "solver_failed",
             WideningError::Incomparable { .. } => "incomparable",
             WideningError::Timeout(_) => "solver_timeout",
+            WideningError::NotAnalysed(_) => "not_analysed",
         }
     }
 }
@@ -121,6 +158,20 @@ enum Region {
     Open,
     /// What is not refused outright.
     NotForbidden,
+    /// What needs at most a token (`open` or `token`, never `once`).
+    AtMostToken,
+    /// What no rule asks this many approvers or more of.
+    FewerApprovers(u8),
+    /// What no rule asks the target typed of.
+    Untyped,
+}
+
+/// A permit's number of approvers (1 unless it says).
+fn approvers(policy: &Policy) -> u8 {
+    policy
+        .annotation("approvers")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
 }
 
 /// `policy` with its effect turned to forbid, under `id` (for `tool`'s comparison).
@@ -157,31 +208,45 @@ fn region(
     let parse = |id: PolicyId, text: String| {
         Policy::parse(Some(id), text).map_err(|e| incomparable(tool, e))
     };
-    match which {
-        Region::NotForbidden => {
-            add(
-                &mut set,
-                parse(next(), "permit(principal, action, resource);".into())?,
-            )?;
-        }
-        Region::Open if tool.class == "open" => {
-            let text = format!(
-                "permit(principal, action == {NAMESPACE}::Action::{}, resource);",
-                serde_json::Value::String(tool.name.clone())
-            );
-            add(&mut set, parse(next(), text)?)?;
-        }
-        Region::Open => {}
+    // The class a region lets through at most, for the two regions of classes.
+    let loosest = match which {
+        Region::Open => Some(rank("open")),
+        Region::AtMostToken => Some(rank("token")),
+        _ => None,
+    };
+    let every_call = match loosest {
+        // A call no permit speaks to has the class the tool's annotations give.
+        Some(most) => rank(tool.class) <= most,
+        None => true,
+    };
+    if every_call {
+        let text = format!(
+            "permit(principal, action == {NAMESPACE}::Action::{}, resource);",
+            serde_json::Value::String(tool.name.clone())
+        );
+        add(&mut set, parse(next(), text)?)?;
     }
     for policy in rules.policies.policies() {
-        match (policy.effect(), which) {
-            (Effect::Forbid, _) => add(&mut set, policy.new_id(next()))?,
-            (Effect::Permit, Region::Open) if policy.annotation("class") == Some("open") => {
-                add(&mut set, policy.new_id(next()))?
+        if policy.effect() == Effect::Forbid {
+            add(&mut set, policy.new_id(next()))?;
+            continue;
+        }
+        let keeps_out = match which {
+            Region::NotForbidden => continue,
+            // A stricter permit that matches keeps the call out; a loose enough one lets it in.
+            Region::Open | Region::AtMostToken => {
+                let class = rank(policy.annotation("class").unwrap_or("once"));
+                if class <= loosest.unwrap_or(0) {
+                    add(&mut set, policy.new_id(next()))?;
+                    continue;
+                }
+                true
             }
-            // A stricter permit that matches keeps the call from opening.
-            (Effect::Permit, Region::Open) => add(&mut set, as_forbid(policy, next(), tool)?)?,
-            (Effect::Permit, Region::NotForbidden) => {}
+            Region::FewerApprovers(n) => approvers(policy) >= n,
+            Region::Untyped => policy.annotation("type_target") == Some("true"),
+        };
+        if keeps_out {
+            add(&mut set, as_forbid(policy, next(), tool)?)?;
         }
     }
     Ok(set)
@@ -202,11 +267,84 @@ pub async fn widening(old: &Rules, new: &Rules, solver: &Path, limit: Duration) 
                     .into(),
             })
         }
-        Ok(Ok(examples)) if examples.is_empty() => Widening::OnlyTightens,
+        Ok(Ok(examples)) if examples.is_empty() => match unanalysed(old, new) {
+            Some(what) => Widening::Unknown(WideningError::NotAnalysed(what)),
+            None => Widening::OnlyTightens,
+        },
         Ok(Ok(examples)) => Widening::Widens(examples),
         Ok(Err(why)) => Widening::Unknown(why),
         Err(_) => Widening::Unknown(WideningError::Timeout(limit.as_secs())),
     }
+}
+
+/// What is asked of the solver for `tool`: what runs without a click and what is not forbidden,
+/// always; works-once, approvers and a typed target where the old rules (or the tool's
+/// annotations) ask them, for nothing else can be lost.
+fn questions(old: &Rules, tool: &Tool) -> Vec<(Region, &'static str)> {
+    let mut asked = vec![
+        (Region::Open, Example::RUNS_WITHOUT_A_CLICK),
+        (Region::NotForbidden, Example::NO_LONGER_FORBIDDEN),
+    ];
+    let permits: Vec<&Policy> = old
+        .policies
+        .policies()
+        .filter(|p| p.effect() == Effect::Permit)
+        .collect();
+    if tool.class == "once"
+        || permits
+            .iter()
+            .any(|p| p.annotation("class") == Some("once"))
+    {
+        asked.push((Region::AtMostToken, Example::NO_LONGER_ONCE));
+    }
+    let mut numbers: Vec<u8> = permits
+        .iter()
+        .map(|p| approvers(p))
+        .filter(|n| *n >= 2)
+        .collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    for n in numbers {
+        asked.push((Region::FewerApprovers(n), Example::fewer_approvers(n)));
+    }
+    if permits
+        .iter()
+        .any(|p| p.annotation("type_target") == Some("true"))
+    {
+        asked.push((Region::Untyped, Example::NO_LONGER_TYPED));
+    }
+    asked
+}
+
+/// What the two texts say of grants and budgets, rule by rule, where they differ: the solver
+/// does not compare those, so a change of them is never called proved.
+fn unanalysed(old: &Rules, new: &Rules) -> Option<String> {
+    const KEYS: [&str; 6] = [
+        "grant_max_minutes",
+        "budget",
+        "budget_minutes",
+        "budget_counts",
+        "budget_past",
+        "budget_per",
+    ];
+    let said = |rules: &Rules| {
+        let mut all: Vec<String> = rules
+            .policies
+            .policies()
+            .filter(|p| KEYS.iter().any(|k| p.annotation(k).is_some()))
+            .map(|p| {
+                let mut text = p.to_string();
+                // The rule as said, without its id (the same rule under another id is the same).
+                if let Some(id) = p.annotation("id") {
+                    text = text.replace(&format!("@id({})", serde_json::Value::from(id)), "");
+                }
+                text
+            })
+            .collect();
+        all.sort();
+        all
+    };
+    (said(old) != said(new)).then(|| "a grant's length or a budget".to_owned())
 }
 
 async fn compare(old: &Rules, new: &Rules, solver: &Path) -> Result<Vec<Example>, WideningError> {
@@ -231,10 +369,7 @@ async fn compare(old: &Rules, new: &Rules, solver: &Path) -> Result<Vec<Example>
             uid("Action", &tool.name),
             resource.clone(),
         );
-        for (which, change) in [
-            (Region::Open, Example::RUNS_WITHOUT_A_CLICK),
-            (Region::NotForbidden, Example::NO_LONGER_FORBIDDEN),
-        ] {
+        for (which, change) in questions(old, tool) {
             let after = region(new, tool, which, "new")?;
             let after = CompiledPolicySet::compile(&after, &env, &new.schema)
                 .map_err(|e| incomparable(tool, e))?;
@@ -475,9 +610,58 @@ mod tests {
 
     #[tokio::test]
     #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
+    async fn fewer_approvers_no_typed_target_and_no_longer_once_are_each_shown_as_a_widening() {
+        let tools = [file_tool("write", &["path"])];
+        let strict = r#"@class("once") @approvers("2") @type_target("true")
+            permit (principal, action == Countersign::Action::"write", resource)
+            when { context.arguments.path like ".github/*" };"#;
+        let one = strict.replace(r#"@approvers("2") "#, "");
+        let untyped = strict.replace(r#"@type_target("true")"#, "");
+        let token = strict.replace(r#"@class("once")"#, r#"@class("token")"#);
+        for (looser, change) in [
+            (one, Example::fewer_approvers(2)),
+            (untyped, Example::NO_LONGER_TYPED),
+            (token, Example::NO_LONGER_ONCE),
+        ] {
+            let Widening::Widens(found) = widens_with((strict, &tools), (&looser, &tools)).await
+            else {
+                panic!("{change}: not found to widen");
+            };
+            let shown = found
+                .iter()
+                .find(|e| e.change == change)
+                .unwrap_or_else(|| panic!("{change}: {found:?}"));
+            assert!(shown.call.contains(".github/"), "{}", shown.sentence());
+            // Back the other way: proved to only tighten.
+            assert_eq!(
+                widens_with((&looser, &tools), (strict, &tools)).await,
+                Widening::OnlyTightens,
+                "{change}"
+            );
+        }
+        // A grant's length changed: not compared, so never said to only tighten.
+        let granted = strict.replace(
+            r#"@class("once")"#,
+            r#"@class("once") @grant_max_minutes("10")"#,
+        );
+        let longer = granted.replace(r#"@grant_max_minutes("10")"#, r#"@grant_max_minutes("60")"#);
+        let answer = widens_with((&granted, &tools), (&longer, &tools)).await;
+        assert!(
+            matches!(answer, Widening::Unknown(ref why) if why.code() == "not_analysed"),
+            "{answer:?}"
+        );
+    }
+
+    #[tokio::test]
+    #[ignore = "needs cvc5: `.ci/setup tests` installs it (the test command runs ignored tests)"]
     async fn out_of_time_is_unknown_and_never_a_proof() {
-        let rules = Rules::parse(EXAMPLE, &tools()).unwrap();
-        let answer = widening(&rules, &rules, &solver(), Duration::from_nanos(1)).await;
+        // Two texts that differ: the solver must be asked (the same text compiles to the same
+        // terms, which may be decided without a question, in no time at all).
+        let (old, new) = (
+            Rules::parse(EVERYTHING_CLICKS, &tools()).unwrap(),
+            Rules::parse(EXAMPLE, &tools()).unwrap(),
+        );
+        let answer = widening(&old, &new, &solver(), Duration::from_nanos(1)).await;
         assert!(
             matches!(answer, Widening::Unknown(ref why) if why.code() == "solver_timeout"),
             "{answer:?}"

@@ -57,7 +57,8 @@ pub async fn what_it_changes(engine: &Engine, before: &str, after: &str) -> Stri
 pub fn said(verdict: &Widening) -> String {
     match verdict {
         Widening::OnlyTightens => "Proved by the solver: it only tightens (nothing runs without a \
-             click, and nothing forbidden is let through, that was not before)"
+             click, is let through, needs fewer approvers, or loses works-once or a typed target, \
+             that did not before)"
             .to_owned(),
         Widening::Widens(examples) => {
             let mut text = "It widens; calls the solver found: ".to_owned();
