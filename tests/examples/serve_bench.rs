@@ -1,11 +1,22 @@
 //! `countersign serve`, measured and printed (figures are not asserted: the machines are shared
 //! and noisy; a wrong answer makes the run exit 1). Needs PostgreSQL: `make bench` runs it under
-//! `.ci/with-postgres`.
+//! `.ci/with-postgres`, with the servers built in release.
+//!
+//! Every figure is printed beside its floor, measured in the same run on the same machine and
+//! database, and as a ratio to it:
+//! - **the commit rate**: 16 clients doing single-row `INSERT`s on the same PostgreSQL (what
+//!   `pgbench` does with a one-line script);
+//! - **the works-once call straight to the upstream**: the built-in tools' `execute` run 16 at
+//!   once in this process, on the same kind of file;
+//! - **the upstream's open call reached directly** (below);
+//! - **a decision row read**: from an `UPDATE` of a row to another connection, reading it in a
+//!   loop, seeing it.
 //!
 //! 1. **Open calls.** A read-only `countersign serve` on the built-in tools is the upstream,
 //!    reached directly over HTTP; a second `serve` stands in front of it (`--url`). The same
-//!    `query` call, one HTTP/1.1 request per call, alternately direct and through the second
-//!    server: median and p99 of each, and their ratio, in one run.
+//!    `query` call alternately direct and through the second server, first with one HTTP/1.1
+//!    connection per call, then on one kept-alive connection to each: median and p99 of each,
+//!    and their ratio, in one run.
 //! 2. **Confirms across two replicas.** Two writable replicas on one control database, with
 //!    approver listeners. N works-once calls are asked on the first and approved through the
 //!    second by a desk (a real signed decision each: the whole cycle per second is printed);
@@ -24,7 +35,7 @@ use std::time::Instant;
 use countersign_core::approver::Verdict;
 use countersign_tests::approver::{Desk, first_waiting, on_approver_listener};
 use countersign_tests::measure;
-use countersign_tests::team_server::{call, micros, post, quantile, serve, tools_db};
+use countersign_tests::team_server::{KeptAlive, call, micros, post, quantile, serve, tools_db};
 use countersign_tests::window::{bin, free_port};
 use serde_json::json;
 
@@ -94,18 +105,73 @@ fn main() {
     let (f50, f99) = (quantile(&front_times, 0.5), quantile(&front_times, 0.99));
     println!("open calls ({calls} per arm, interleaved, one HTTP/1.1 connection per call):");
     println!(
-        "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs",
+        "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs   (the floor)",
         micros(d50),
         micros(d99)
     );
     println!(
-        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99)",
+        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99; target ≤ ×1.3 p50)",
         micros(f50),
         micros(f99),
         f50.as_secs_f64() / d50.as_secs_f64(),
         f99.as_secs_f64() / d99.as_secs_f64()
     );
+    // The same, each on one connection kept alive.
+    let (mut to_direct, mut to_front) = (
+        KeptAlive::connect(direct.port),
+        KeptAlive::connect(front.port),
+    );
+    let (mut direct_kept, mut front_kept) = (Vec::new(), Vec::new());
+    for i in 0..calls * 2 {
+        let (connection, times) = if i % 2 == 0 {
+            (&mut to_direct, &mut direct_kept)
+        } else {
+            (&mut to_front, &mut front_kept)
+        };
+        let started = Instant::now();
+        let answer = connection.post(&query);
+        times.push(started.elapsed());
+        if answer["result"].is_null() {
+            eprintln!("serve_bench: no result on a kept-alive connection: {answer}");
+            std::process::exit(1);
+        }
+    }
+    direct_kept.sort();
+    front_kept.sort();
+    let (k50, k99) = (quantile(&direct_kept, 0.5), quantile(&direct_kept, 0.99));
+    let (g50, g99) = (quantile(&front_kept, 0.5), quantile(&front_kept, 0.99));
+    println!("open calls ({calls} per arm, interleaved, one kept-alive connection to each):");
+    println!(
+        "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs   (the floor)",
+        micros(k50),
+        micros(k99)
+    );
+    println!(
+        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99; target ≤ ×1.15 p50)",
+        micros(g50),
+        micros(g99),
+        g50.as_secs_f64() / k50.as_secs_f64(),
+        g99.as_secs_f64() / k99.as_secs_f64()
+    );
+    drop((to_direct, to_front));
     drop((front, direct));
+
+    // The floors of the confirms and of the cycle.
+    let floors_dir = tempfile::tempdir().unwrap();
+    let straight = straight_to_upstream(&tools_db(floors_dir.path()), 800);
+    let commits = runtime.block_on(commit_rate(&dsn, 4000));
+    let mut row_read = runtime.block_on(decision_row_read(&dsn, 200));
+    row_read.sort();
+    println!("floors (this run, this machine, this database):");
+    println!(
+        "  PostgreSQL commit rate, 16 clients, single-row INSERTs    {commits:>9.0} inserts/s"
+    );
+    println!("  execute straight to the built-in tools, 16 at once       {straight:>9.0} calls/s");
+    println!(
+        "  a decision row written → read by another connection      p50 {:>6.2} ms, p95 {:>6.2} ms",
+        micros(quantile(&row_read, 0.5)) / 1e3,
+        micros(quantile(&row_read, 0.95)) / 1e3
+    );
 
     // 2. Confirms across two replicas.
     let confirms = env_or("COUNTERSIGN_SERVE_BENCH_CONFIRMS", 200);
@@ -237,14 +303,18 @@ fn main() {
         confirms as f64 / cycle.as_secs_f64()
     );
     answered_after.sort();
+    let answered_p95 = quantile(&answered_after, 0.95);
     println!(
-        "  decision accepted on the other replica to the agent's answer: p50 {:>6.1} ms, p95 {:>6.1} ms",
+        "  decision accepted on the other replica to the agent's answer: p50 {:>6.1} ms, p95 {:>6.1} ms   (×{:.0} the row read's p95; target ≤ 100 ms p95)",
         micros(quantile(&answered_after, 0.5)) / 1e3,
-        micros(quantile(&answered_after, 0.95)) / 1e3
+        micros(answered_p95) / 1e3,
+        answered_p95.as_secs_f64() / quantile(&row_read, 0.95).as_secs_f64()
     );
+    let rate = ran as f64 / confirm_time.as_secs_f64();
+    let slower = commits.min(straight);
     println!(
-        "  confirms, 16 at once, alternating replicas:               {:>7.1} confirms/s",
-        ran as f64 / confirm_time.as_secs_f64()
+        "  confirms, 16 at once, alternating replicas:               {rate:>7.1} confirms/s   ({:.0} % of the slower floor, {slower:.0}/s; target ≥ 50 % and ≥ 500/s)",
+        100.0 * rate / slower
     );
     if ran != confirms || rows != confirms as i64 {
         eprintln!(
@@ -270,12 +340,124 @@ fn main() {
     }
     let loaded_kb = measure::rss_kb(first.child.id()).unwrap_or(0);
     println!("memory of one replica (RSS):");
-    println!("  idle, just started                   {:>8} kB", idle_kb);
+    println!(
+        "  idle, just started                   {:>8} kB   (target ≤ 32768 kB)",
+        idle_kb
+    );
     println!("  after the confirms above             {:>8} kB", before_kb);
     println!(
-        "  after {agents} more agents (list + one call each) {:>8} kB   ({:.1} kB per agent)",
+        "  after {agents} more agents (list + one call each) {:>8} kB   ({:.1} kB per agent; target ≤ 16 kB)",
         loaded_kb,
         loaded_kb.saturating_sub(before_kb) as f64 / agents.max(1) as f64
     );
     drop((first, second));
+}
+
+/// The built-in tools' `execute` of a single-row `INSERT`, run straight (no MCP, no server) by
+/// 16 threads at once on `db`, `calls` in all: calls per second.
+fn straight_to_upstream(db: &std::path::Path, calls: usize) -> f64 {
+    let builtin = Arc::new(countersign_builtin::Builtin::new(db));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..16)
+        .map(|w| {
+            let builtin = builtin.clone();
+            std::thread::spawn(move || {
+                for i in 0..calls / 16 {
+                    let sql = format!("INSERT INTO notes(body) VALUES ('floor {w} {i}')");
+                    let args = json!({ "sql": sql });
+                    if let Err(why) = builtin.call("execute", args.as_object().unwrap()) {
+                        eprintln!("serve_bench: execute straight failed: {why}");
+                        std::process::exit(1);
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    (calls / 16 * 16) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The database's commit rate: 16 connections each doing single-row `INSERT`s (prepared),
+/// `inserts` in all: inserts per second.
+async fn commit_rate(dsn: &str, inserts: usize) -> f64 {
+    let admin = countersign_tests::postgres::admin(dsn).await;
+    admin
+        .batch_execute("CREATE TABLE IF NOT EXISTS bench_commit (n BIGINT NOT NULL)")
+        .await
+        .unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let client = countersign_tests::postgres::admin(dsn).await;
+        let insert = client
+            .prepare("INSERT INTO bench_commit (n) VALUES ($1)")
+            .await
+            .unwrap();
+        clients.push((client, insert));
+    }
+    let started = Instant::now();
+    let each = inserts / 16;
+    let workers: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(w, (client, insert))| {
+            tokio::spawn(async move {
+                for i in 0..each {
+                    let n = (w * 1_000_000 + i) as i64;
+                    client.execute(&insert, &[&n]).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    (each * 16) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// How long after an `UPDATE` of a row returns another connection, reading it in a loop, sees
+/// it: `samples` times. The floor of "a decision on one replica, read on another".
+async fn decision_row_read(dsn: &str, samples: usize) -> Vec<std::time::Duration> {
+    let writer = countersign_tests::postgres::admin(dsn).await;
+    writer
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS bench_decision (id BIGINT PRIMARY KEY, verdict TEXT)",
+        )
+        .await
+        .unwrap();
+    let reader = Arc::new(countersign_tests::postgres::admin(dsn).await);
+    let read = reader
+        .prepare("SELECT verdict FROM bench_decision WHERE id = $1")
+        .await
+        .unwrap();
+    let mut seen_after = Vec::with_capacity(samples);
+    for i in 0..samples as i64 {
+        writer
+            .execute("INSERT INTO bench_decision (id) VALUES ($1)", &[&i])
+            .await
+            .unwrap();
+        let looking = {
+            let (reader, read) = (reader.clone(), read.clone());
+            tokio::spawn(async move {
+                loop {
+                    let row = reader.query_one(&read, &[&i]).await.unwrap();
+                    if row.get::<_, Option<String>>(0).is_some() {
+                        return Instant::now();
+                    }
+                }
+            })
+        };
+        let written = Instant::now();
+        writer
+            .execute(
+                "UPDATE bench_decision SET verdict = 'approve' WHERE id = $1",
+                &[&i],
+            )
+            .await
+            .unwrap();
+        let seen = looking.await.unwrap();
+        seen_after.push(seen.saturating_duration_since(written));
+    }
+    seen_after
 }

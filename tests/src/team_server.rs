@@ -83,6 +83,54 @@ pub fn post(port: u16, body: &Value, bearer: Option<&str>) -> Value {
     serde_json::from_str(body).unwrap_or(Value::Null)
 }
 
+/// One HTTP/1.1 connection to `port`'s `/mcp`, kept alive across requests (as a client that
+/// pools its connections does).
+pub struct KeptAlive {
+    stream: std::io::BufReader<TcpStream>,
+}
+
+impl KeptAlive {
+    /// A connection to `port`.
+    pub fn connect(port: u16) -> KeptAlive {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        KeptAlive {
+            stream: std::io::BufReader::new(stream),
+        }
+    }
+
+    /// One JSON-RPC POST on this connection: the answer (its `Content-Length` body).
+    pub fn post(&mut self, body: &Value) -> Value {
+        use std::io::BufRead;
+        let body = body.to_string();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.stream.get_mut().write_all(request.as_bytes()).unwrap();
+        let mut length = None;
+        loop {
+            let mut line = String::new();
+            if self.stream.read_line(&mut line).unwrap() == 0 {
+                return Value::Null;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse::<usize>().ok();
+            }
+        }
+        let mut answer = vec![0; length.expect("an answer without Content-Length")];
+        self.stream.read_exact(&mut answer).unwrap();
+        serde_json::from_slice(&answer).unwrap_or(Value::Null)
+    }
+}
+
 /// A `tools/call` of `name` with `arguments`, as JSON-RPC.
 pub fn call(name: &str, arguments: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

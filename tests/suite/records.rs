@@ -1019,6 +1019,66 @@ async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
     );
 }
 
+/// The chain's tamper tests on PostgreSQL, after two replicas wrote it at once (pipelined
+/// statements, one lock on the tip): a row deleted, two rows' places swapped, a forged head, each
+/// named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn on_postgresql_a_deletion_a_reordering_and_a_forged_head_are_each_named() {
+    let key = Some(chain_key().public());
+    for tamper in ["delete", "reorder", "forge"] {
+        let dsn = migrated_database().await;
+        let replica = || async {
+            Arc::new(
+                Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
+                    .await
+                    .unwrap(),
+            ) as R
+        };
+        let (a, b) = (replica().await, replica().await);
+        let tasks: Vec<_> = (0..12_u64)
+            .map(|i| {
+                let r = if i % 2 == 0 { a.clone() } else { b.clone() };
+                tokio::spawn(async move { r.record(&event(100 + i, EventKind::Accepted)).await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        let intact = a.verify_history(Walk::new(key)).await.unwrap().unwrap();
+        assert_eq!((intact.first, intact.last), (Some(1), Some(12)), "{tamper}");
+        let admin = countersign_tests::postgres::admin(&dsn).await;
+        let sql = match tamper {
+            "delete" => "DELETE FROM history WHERE seq = 5",
+            // Rows 3 and 4 trade places in the order (their numbers swapped).
+            "reorder" => {
+                "UPDATE history SET seq = 1000000 WHERE seq = 3;
+                 UPDATE history SET seq = 3 WHERE seq = 4;
+                 UPDATE history SET seq = 4 WHERE seq = 1000000;"
+            }
+            _ => {
+                "UPDATE history_head SET signature = decode(repeat('00', 64), 'hex') \
+                  WHERE role = 'head'"
+            }
+        };
+        admin.batch_execute(sql).await.unwrap();
+        let broken = b.verify_history(Walk::new(key)).await.unwrap();
+        match tamper {
+            "delete" => assert_eq!(broken, Err(Break::Missing { from: 5, to: 5 })),
+            "reorder" => assert!(
+                matches!(
+                    broken,
+                    Err(Break::Edited { seq: 3 | 4 }
+                        | Break::Unlinked { .. }
+                        | Break::Reordered { .. })
+                ),
+                "{broken:?}"
+            ),
+            _ => assert_eq!(broken, Err(Break::ForgedHead { seq: 12 })),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_and_its_password_never_printed() {
     // A port nobody listens on: the DSN's password must appear in neither the error's text nor

@@ -165,6 +165,13 @@ impl Builtin {
         Ok(json!({"columns": columns, "rows": out, "truncated": truncated}))
     }
 
+    /// What tool `tool` does with `args`, without MCP around it: its result, or the failure an
+    /// agent would read. For callers in the same process that measure the tools themselves (the
+    /// team server's benchmark compares its confirms with `execute` run straight).
+    pub fn call(&self, tool: &str, args: &Map<String, Value>) -> Result<Value, String> {
+        self.run(tool, args).map_err(|Failure(why)| why)
+    }
+
     fn run(&self, tool: &str, args: &Map<String, Value>) -> Result<Value, Failure> {
         match tool {
             "list_tables" => {

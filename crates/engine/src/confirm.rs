@@ -5,6 +5,8 @@
 //! the arguments the person approved, read from the store and checked against their MAC. Each
 //! acceptance records exactly one outcome, from the connection it was accepted on.
 
+use std::collections::hash_map::Entry;
+
 use countersign_core::Tenant;
 use countersign_core::binding;
 use countersign_core::telemetry::{ConfirmEvent, EventKind};
@@ -17,6 +19,7 @@ use serde_json::Value;
 use crate::answer::{Accepted, ErrorCode, Stopped};
 use crate::authority::{Engine, error, lock, refused};
 use crate::planning::Call;
+use crate::state::Awaiting;
 use crate::tally::{Spend, Tallied};
 
 /// How many of a tool's newest history events are read to find how the last call of the same
@@ -161,10 +164,16 @@ impl Engine {
         match usable {
             Ok(approval) => {
                 self.record(event(EventKind::Accepted, Some(&claims))).await;
-                *lock(&self.inner.state)
+                lock(&self.inner.state)
                     .awaiting_outcome
                     .entry((tenant.to_owned(), claims.nonce))
-                    .or_default() += 1;
+                    .or_insert_with(|| Awaiting {
+                        count: 0,
+                        tool: approval.tool.clone(),
+                        target: approval.target.clone(),
+                        plan: approval.plan,
+                    })
+                    .count += 1;
                 Ok(Accepted {
                     arguments: approval.arguments,
                     nonce: claims.nonce.to_hex(),
@@ -250,27 +259,24 @@ impl Engine {
                 "nonce: 32 lowercase hex digits",
             ));
         };
-        {
+        let awaited = {
             let mut state = lock(&self.inner.state);
             let key = (tenant.to_owned(), nonce);
-            match state.awaiting_outcome.get_mut(&key) {
-                Some(n) if *n > 1 => *n -= 1,
-                Some(_) => {
-                    state.awaiting_outcome.remove(&key);
+            match state.awaiting_outcome.entry(key) {
+                Entry::Occupied(mut awaiting) if awaiting.get().count > 1 => {
+                    awaiting.get_mut().count -= 1;
+                    awaiting.get().clone()
                 }
-                None => {
+                Entry::Occupied(awaiting) => awaiting.remove(),
+                Entry::Vacant(_) => {
                     return Err(error(
                         ErrorCode::BadArguments,
                         "no accepted call of this connection awaits an outcome under this nonce",
                     ));
                 }
             }
-        }
-        let approval = self.records().approval(&nonce).await.ok().flatten();
-        let (tool, target, plan) = match approval {
-            Some(a) => (a.tool, Some(a.target), Some(a.plan)),
-            None => (String::new(), None, None),
         };
+        let (tool, target, plan) = (awaited.tool, Some(awaited.target), Some(awaited.plan));
         self.record(ConfirmEvent {
             at_ms: self.now(),
             kind,

@@ -184,7 +184,7 @@ pub(crate) struct State {
     pub(crate) requests: BTreeMap<u64, Entry>,
     /// Accepted calls whose outcome is still to come, by tenant and nonce (a reusable token's
     /// nonce may be accepted more than once): each acceptance records one outcome.
-    pub(crate) awaiting_outcome: HashMap<(Tenant, Nonce), u32>,
+    pub(crate) awaiting_outcome: HashMap<(Tenant, Nonce), Awaiting>,
     /// The `requestState`s of the 2026-07-28 flow used up, by connection, with their expiry (a
     /// state forgotten after its expiry no longer opens anyway).
     pub(crate) spent_states: HashMap<Tenant, HashMap<Nonce, u64>>,
@@ -223,4 +223,15 @@ pub(crate) struct Inner {
     pub(crate) shared: std::sync::OnceLock<Arc<dyn crate::rounds::SharedRequests>>,
     /// The rules over arguments in force, and the tools they were loaded against.
     pub(crate) ruling: RwLock<crate::ruling::Ruling>,
+}
+
+/// An accepted call whose outcome is still to come: how many acceptances of its nonce await one,
+/// and what its outcome is recorded under (the approval's tool, target and plan, kept here so
+/// the outcome needs no read of the approval again).
+#[derive(Debug, Clone)]
+pub(crate) struct Awaiting {
+    pub(crate) count: u32,
+    pub(crate) tool: String,
+    pub(crate) target: String,
+    pub(crate) plan: countersign_core::PlanHash,
 }

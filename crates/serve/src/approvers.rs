@@ -196,8 +196,10 @@ pub const PRUNE_AFTER: Duration = Duration::from_secs(3600);
 pub const ADOPT_WITHIN: Duration =
     Duration::from_millis(countersign_engine::STOPPED_WAITING_GRACE_MS);
 
-/// How often a replica reads the decisions on its calls (made on any replica).
-pub const DECISIONS_EVERY: Duration = Duration::from_millis(200);
+/// How often a replica reads the decisions on its calls (made on any replica): one indexed read
+/// of the rows its waiting calls are linked to, and none while no call waits here. What bounds
+/// the time from a decision on another replica to the waiting agent's answer.
+pub const DECISIONS_EVERY: Duration = Duration::from_millis(40);
 
 /// How often a desk's held read looks for changes made on other replicas.
 const OTHERS_EVERY: Duration = Duration::from_millis(500);
@@ -289,6 +291,8 @@ impl Approvers {
     pub async fn mirror(self: Arc<Self>) {
         let mut changes = self.engine.subscribe();
         let mut decisions = tokio::time::interval(DECISIONS_EVERY);
+        // A slow read is not followed by a burst of them.
+        decisions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut alive = tokio::time::interval(LIVENESS / 3);
         loop {
             tokio::select! {

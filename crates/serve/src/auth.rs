@@ -13,8 +13,10 @@
 //!
 //! For a team without an identity provider, the server issues agent keys itself
 //! (`countersign serve agent add NAME`, outside the MCP authorization spec): a random bearer key
-//! shown once, kept only as its SHA-256 hash in the server's records, revocable at once. The
-//! tenant is `key:` + the agent's name.
+//! shown once, kept only as its SHA-256 hash in the server's records, revocable: each replica
+//! keeps an active key it read for at most [`AGENT_KEY_FRESH`] (a request otherwise reads the
+//! records), so a revoked key is refused on every replica within that. The tenant is `key:` +
+//! the agent's name.
 //!
 //! An agent's bearer token stops here: it is never put in the request the session sees, so it
 //! can never reach an upstream.
@@ -266,6 +268,46 @@ pub struct Auth {
     pub agent_keys: Option<Arc<dyn Records>>,
     /// The names of the servers file's servers (their endpoints' metadata is published).
     pub servers: HashSet<String>,
+    /// The active agent keys read lately, by hash: what the records said, and when.
+    pub read_keys: KeyCache,
+}
+
+/// How long a replica takes an agent key it found active on the records' word, before it reads
+/// them again: a revoked key is refused on every replica within this (and a read that fails
+/// never extends it).
+pub const AGENT_KEY_FRESH: Duration = Duration::from_secs(1);
+
+/// The most agent keys kept read at once: past it, all are read again.
+const MOST_KEYS_KEPT: usize = 4096;
+
+/// Active agent keys as the records last said, by hash, with when (see [`AGENT_KEY_FRESH`]).
+/// Only an active key is kept: an unknown or revoked one is read every time, so a key added is
+/// taken at once.
+#[derive(Default)]
+pub struct KeyCache(std::sync::Mutex<std::collections::HashMap<[u8; 32], (String, Instant)>>);
+
+impl KeyCache {
+    /// The name of the active key `hash`, if it was read within [`AGENT_KEY_FRESH`] of `now`.
+    fn fresh(&self, hash: &[u8; 32], now: Instant) -> Option<String> {
+        let kept = countersign_core::sync::lock(&self.0);
+        kept.get(hash)
+            .filter(|(_, at)| now.saturating_duration_since(*at) < AGENT_KEY_FRESH)
+            .map(|(name, _)| name.clone())
+    }
+
+    /// Keeps `name` as the active key `hash`, read at `at`.
+    fn keep(&self, hash: [u8; 32], name: &str, at: Instant) {
+        let mut kept = countersign_core::sync::lock(&self.0);
+        if kept.len() >= MOST_KEYS_KEPT {
+            kept.clear();
+        }
+        kept.insert(hash, (name.to_owned(), at));
+    }
+
+    /// Forgets `hash` (read again as unknown or revoked).
+    fn forget(&self, hash: &[u8; 32]) {
+        countersign_core::sync::lock(&self.0).remove(hash);
+    }
 }
 
 /// The OAuth resource server's settings.
@@ -480,11 +522,21 @@ impl Auth {
             let Some(records) = &self.agent_keys else {
                 return Err(Denied::Invalid("this server accepts no agent keys"));
             };
-            return match records.member(Roster::Agents, &agent_key_hash(token)).await {
+            let hash = agent_key_hash(token);
+            // Taken before the read: a key revoked while it is read is not kept past the bound.
+            let read_at = Instant::now();
+            if let Some(name) = self.read_keys.fresh(&hash, read_at) {
+                return Ok(Caller::authenticated(format!("key:{name}")));
+            }
+            return match records.member(Roster::Agents, &hash).await {
                 Ok(Some(key)) if key.is_active() => {
+                    self.read_keys.keep(hash, &key.name, read_at);
                     Ok(Caller::authenticated(format!("key:{}", key.name)))
                 }
-                Ok(_) => Err(Denied::Invalid("the agent key is unknown or revoked")),
+                Ok(_) => {
+                    self.read_keys.forget(&hash);
+                    Err(Denied::Invalid("the agent key is unknown or revoked"))
+                }
                 Err(e) => {
                     tracing::warn!(target: "auth", error = %e, "cannot read the agent keys");
                     Err(Denied::KeysUnavailable)

@@ -109,12 +109,14 @@ fn authentication(authn: &Authn) -> Result<Auth, RunError> {
             unauthenticated: true,
             agent_keys: None,
             servers: Default::default(),
+            read_keys: Default::default(),
         },
         Authn::Bearer { oauth: None, .. } => Auth {
             oauth: None,
             unauthenticated: false,
             agent_keys: None,
             servers: Default::default(),
+            read_keys: Default::default(),
         },
         Authn::Bearer {
             oauth:
@@ -147,6 +149,7 @@ fn authentication(authn: &Authn) -> Result<Auth, RunError> {
                 unauthenticated: false,
                 agent_keys: None,
                 servers: Default::default(),
+                read_keys: Default::default(),
             }
         }
     })

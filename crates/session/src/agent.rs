@@ -281,7 +281,18 @@ impl Session {
         // registered, it is out of date at once.
         let epoch = self.shared.tools_epoch.load(Ordering::Acquire);
         let rules = self.engine.rules_generation();
-        let tools = self.upstream_tools(context).await?;
+        // A listing taken moments ago under the same epoch serves (see LISTING_FRESH); the time
+        // is taken before the fetch, so a kept listing is never older than it says.
+        let asked_at = std::time::Instant::now();
+        let tools = match self.shared.listing(epoch, asked_at) {
+            Some(kept) => kept.as_ref().clone(),
+            None => {
+                let fetched = self.upstream_tools(context).await?;
+                self.shared
+                    .keep_listing(epoch, asked_at, std::sync::Arc::new(fetched.clone()));
+                fetched
+            }
+        };
         let mut held = HashMap::<String, Value>::new();
         let decided: HashMap<String, Gate> = match self
             .engine

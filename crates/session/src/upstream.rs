@@ -122,9 +122,44 @@ pub struct Shared {
     /// directly. Unknown (the agent opened with `server/discover`), all three are offered, and
     /// each request is checked against the agent's declaration when it comes.
     pub agent_declared: OnceLock<ClientCapabilities>,
+    /// The upstream's last listing, under the epoch it was fetched in and when: taken again
+    /// for at most [`LISTING_FRESH`] while the epoch has not moved (see [`Shared::listing`]).
+    listing: Mutex<Option<(u64, std::time::Instant, Arc<Vec<serde_json::Value>>)>>,
 }
 
+/// How long one listing of the upstream's tools serves the calls after it, while the upstream
+/// has not said its tools changed (nor started again). A team's server answers each HTTP request
+/// on its own: without this, every call would list the upstream's tools first. What a call is
+/// judged by is then at most this old, never older than a `list_changed` the upstream sent; each
+/// call's tool is still compared with its pin, class and rules as that listing has them.
+pub const LISTING_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Shared {
+    /// The listing taken under `epoch` less than [`LISTING_FRESH`] before `now`, if there is one
+    /// and `epoch` is still the current one.
+    pub fn listing(
+        &self,
+        epoch: u64,
+        now: std::time::Instant,
+    ) -> Option<Arc<Vec<serde_json::Value>>> {
+        let kept = lock(&self.listing);
+        let (at_epoch, at, tools) = kept.as_ref()?;
+        (*at_epoch == epoch
+            && self.tools_epoch.load(std::sync::atomic::Ordering::Acquire) == epoch
+            && now.saturating_duration_since(*at) < LISTING_FRESH)
+            .then(|| tools.clone())
+    }
+
+    /// Keeps `tools`, fetched under `epoch` starting at `at`, for the calls after it.
+    pub fn keep_listing(
+        &self,
+        epoch: u64,
+        at: std::time::Instant,
+        tools: Arc<Vec<serde_json::Value>>,
+    ) {
+        *lock(&self.listing) = Some((epoch, at, tools));
+    }
+
     /// The upstream's tools may have changed (it said so, or it started again): every listing
     /// taken so far is out of date.
     pub fn tools_changed(&self) {

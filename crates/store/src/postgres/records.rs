@@ -91,11 +91,7 @@ async fn put_head(
 ) -> Result<(), StoreError> {
     let seq = i64::try_from(head.head.seq).map_err(|_| chain_range(head.head.seq))?;
     tx.execute(
-        "INSERT INTO history_head (role, seq, hash, at_ms, public_key, signature)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (role) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,
-             at_ms = excluded.at_ms, public_key = excluded.public_key,
-             signature = excluded.signature",
+        HEAD_PUT,
         &[
             &role,
             &seq,
@@ -179,6 +175,29 @@ fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Erro
         r.try_get(17)?,
     ))
 }
+
+/// Locks the history's tip: replicas add events one at a time, in one order.
+const TIP_LOCK: &str = "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE";
+
+/// Adds one event to the history, linked into the chain.
+const HISTORY_INSERT: &str = "INSERT INTO history
+     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+/// Moves the tip to the event just added.
+const TIP_ADVANCE: &str = "UPDATE history_tip SET seq = $1, hash = $2 WHERE one = 1";
+
+/// Keeps the signed head of the chain (by role: `head`, `start`).
+const HEAD_PUT: &str = "INSERT INTO history_head (role, seq, hash, at_ms, public_key, signature)
+     VALUES ($1, $2, $3, $4, $5, $6)
+     ON CONFLICT (role) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,
+         at_ms = excluded.at_ms, public_key = excluded.public_key,
+         signature = excluded.signature";
+
+/// Every pin of the servers and tools named (a superset of the pairs asked: the caller keeps
+/// the ones it asked).
+const PINS_READ: &str = "SELECT server, tool, hash, definition, pinned_at_ms FROM tool_pin
+     WHERE server = ANY($1) AND tool = ANY($2)";
 
 /// The pin of `server`'s `tool` (both already as stored), read on `client`.
 async fn read_pin(
@@ -310,21 +329,30 @@ impl Records for Postgres {
                 self,
                 tokio_postgres::IsolationLevel::ReadCommitted,
                 |tx| async {
-                    // The tip, locked: replicas add events one at a time, in one order.
-                    tx.execute(
-                        "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
-                     ON CONFLICT (one) DO NOTHING",
-                        &[&ChainHash::GENESIS.to_hex()],
+                    // Prepared once per pooled connection and kept (one round trip each after
+                    // that, not two): the chain's statements run on every event.
+                    let (lock, insert, advance, head) = tokio::try_join!(
+                        tx.prepare_cached(TIP_LOCK),
+                        tx.prepare_cached(HISTORY_INSERT),
+                        tx.prepare_cached(TIP_ADVANCE),
+                        tx.prepare_cached(HEAD_PUT),
                     )
-                    .await
                     .map_err(pg)?;
-                    let tip = tx
-                        .query_one(
-                            "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE",
-                            &[],
-                        )
-                        .await
-                        .map_err(pg)?;
+                    // The tip, locked: replicas add events one at a time, in one order. The row
+                    // is made by the migration; a database where it is missing gets it here.
+                    let tip = match tx.query_opt(&lock, &[]).await.map_err(pg)? {
+                        Some(tip) => tip,
+                        None => {
+                            tx.execute(
+                                "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
+                                 ON CONFLICT (one) DO NOTHING",
+                                &[&ChainHash::GENESIS.to_hex()],
+                            )
+                            .await
+                            .map_err(pg)?;
+                            tx.query_one(&lock, &[]).await.map_err(pg)?
+                        }
+                    };
                     let (mut last, mut prev) = tip_of(&tip)?;
                     if last == 0 {
                         (last, prev) = chain_unchained(&tx).await?;
@@ -332,43 +360,60 @@ impl Records for Postgres {
                     let seq = last + 1;
                     let hash = kept.link(seq, prev).hash();
                     let seq_sql = i64::try_from(seq).map_err(|_| chain_range(seq))?;
-                    tx.execute(
-                        "INSERT INTO history
-                         (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note,
-                          seq, prev, hash)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-                        &[
-                            &kept.at_ms,
-                            &kept.kind,
-                            &kept.refusal,
-                            &kept.ok,
-                            &kept.tool.as_ref(),
-                            &kept.target.as_deref(),
-                            &kept.tenant,
-                            &kept.nonce,
-                            &kept.plan,
-                            &kept.note.as_deref(),
-                            &seq_sql,
-                            &prev.to_hex(),
-                            &hash.to_hex(),
-                        ],
-                    )
-                    .await
-                    .map_err(pg)?;
-                    tx.execute(
-                        "UPDATE history_tip SET seq = $1, hash = $2 WHERE one = 1",
-                        &[&seq_sql, &hash.to_hex()],
-                    )
-                    .await
-                    .map_err(pg)?;
-                    if let Some(key) = &key {
-                        let head = key.sign(Head {
+                    let (prev_hex, hash_hex) = (prev.to_hex(), hash.to_hex());
+                    let signed = key.as_ref().map(|key| {
+                        key.sign(Head {
                             seq,
                             hash,
                             at_ms: event.at_ms,
-                        });
-                        put_head(&tx, "head", &head).await?;
-                    }
+                        })
+                    });
+                    let signed = match &signed {
+                        Some(head) => Some((
+                            ms_to_sql(head.head.at_ms)?,
+                            head.key.to_vec(),
+                            head.signature.to_vec(),
+                        )),
+                        None => None,
+                    };
+                    // While the tip is held, one round trip: the row, the tip and the signed
+                    // head are sent together (tokio-postgres pipelines what is polled at once)
+                    // and run in that order.
+                    let row = async {
+                        tx.execute(
+                            &insert,
+                            &[
+                                &kept.at_ms,
+                                &kept.kind,
+                                &kept.refusal,
+                                &kept.ok,
+                                &kept.tool.as_ref(),
+                                &kept.target.as_deref(),
+                                &kept.tenant,
+                                &kept.nonce,
+                                &kept.plan,
+                                &kept.note.as_deref(),
+                                &seq_sql,
+                                &prev_hex,
+                                &hash_hex,
+                            ],
+                        )
+                        .await
+                    };
+                    let tip = async { tx.execute(&advance, &[&seq_sql, &hash_hex]).await };
+                    let head = async {
+                        match &signed {
+                            Some((at, public, signature)) => tx
+                                .execute(
+                                    &head,
+                                    &[&"head", &seq_sql, &hash_hex, at, public, signature],
+                                )
+                                .await
+                                .map(drop),
+                            None => Ok(()),
+                        }
+                    };
+                    tokio::try_join!(row, tip, head).map_err(pg)?;
                     Ok::<_, StoreError>(())
                 }
             )
@@ -682,9 +727,37 @@ impl Records for Postgres {
                 ))
             })
             .collect::<Result<_, StoreError>>()?;
+        // Most listings find every tool pinned: one read then, prepared once per connection,
+        // with no transaction and no write. A tool found unpinned goes the careful way below.
+        let (servers, tools): (Vec<&str>, Vec<&str>) = keys
+            .iter()
+            .map(|(server, tool)| (server.as_str(), tool.as_str()))
+            .unzip();
+        let read = on_connection!(self, |conn| async {
+            let statement = conn.prepare_cached(PINS_READ).await?;
+            conn.query(&statement, &[&servers, &tools]).await
+        })?;
+        let mut pinned = HashMap::with_capacity(read.len());
+        for row in &read {
+            let pg = StoreError::Postgres;
+            let (server, tool): (String, String) =
+                (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?);
+            let (hash, definition, pinned_at): (String, String, i64) = (
+                row.try_get(2).map_err(pg)?,
+                row.try_get(3).map_err(pg)?,
+                row.try_get(4).map_err(pg)?,
+            );
+            let pin = pin::decode(&server, &tool, &hash, definition, pinned_at)?;
+            pinned.insert((server, tool), pin);
+        }
+        if keys.iter().all(|key| pinned.contains_key(key)) {
+            return Ok(keys
+                .iter()
+                .filter_map(|key| pinned.get(key).cloned())
+                .collect());
+        }
         serializable!(self, |tx| async {
             {
-                // Most listings find every tool pinned: no write at all then.
                 let mut found = Vec::with_capacity(keys.len());
                 for (server, tool) in &keys {
                     found.push(read_pin(&*tx, server, tool).await?);
