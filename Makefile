@@ -21,7 +21,7 @@ bench: ## Print the benchmark figures (core: mint, verify, 1 MiB plan hash; stor
 	.ci/with-keychain xvfb-run -a -s "-screen 0 1280x800x24" cargo run --locked -q -p countersign-tests --example desk_bench
 	.ci/with-keychain xvfb-run -a -s "-screen 0 1280x800x24" cargo run --locked -q -p countersign-tests --example flood_bench
 	cargo build --locked -q -p countersign-tests --bin desk_child --example load_bench && ./target/debug/examples/load_bench
-	cargo build --locked --release -q -p countersign-serve -p countersign-tests --example serve_bench && .ci/with-postgres ./target/release/examples/serve_bench
+	cargo build --locked --release -q -p countersign-serve --bin countersign-serve && cargo build --locked --release -q -p countersign-tests --example serve_bench && .ci/with-postgres ./target/release/examples/serve_bench
 	cargo build --locked -q -p countersign-serve -p countersign-tests --example page_bench && .ci/with-postgres ./target/debug/examples/page_bench
 
 fuzz: ## Run each fuzz target for FUZZ_SECONDS (default 60).

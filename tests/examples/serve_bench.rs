@@ -50,7 +50,7 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let dsn = runtime.block_on(countersign_tests::postgres::shared_database());
     let dir = tempfile::tempdir().unwrap();
-    let db = tools_db(dir.path());
+    let db = wal(tools_db(dir.path()));
     let db_arg = db.to_str().unwrap();
 
     // 1. Open calls: direct, and through a second server.
@@ -158,7 +158,7 @@ fn main() {
 
     // The floors of the confirms and of the cycle.
     let floors_dir = tempfile::tempdir().unwrap();
-    let straight = straight_to_upstream(&tools_db(floors_dir.path()), 800);
+    let straight = straight_to_upstream(&wal(tools_db(floors_dir.path())), 800);
     let commits = runtime.block_on(commit_rate(&dsn, 4000));
     let mut row_read = runtime.block_on(decision_row_read(&dsn, 200));
     row_read.sort();
@@ -266,6 +266,12 @@ fn main() {
     }
     let cycle = cycle_started.elapsed();
     let (ports, bearer) = ([first.port, second.port], Arc::new(agent_key.clone()));
+    let cpu = |pid: u32| measure::cpu_time(pid).unwrap_or_default();
+    let (replicas_before, database_before, bench_before) = (
+        cpu(first.child.id()) + cpu(second.child.id()),
+        postgres_cpu(),
+        cpu(std::process::id()),
+    );
     let confirm_started = Instant::now();
     let workers: Vec<_> = tokens
         .chunks(tokens.len().div_ceil(16).max(1))
@@ -293,6 +299,9 @@ fn main() {
         .collect();
     let ran: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
     let confirm_time = confirm_started.elapsed();
+    let replicas_cpu = cpu(first.child.id()) + cpu(second.child.id()) - replicas_before;
+    let database_cpu = postgres_cpu().saturating_sub(database_before);
+    let bench_cpu = cpu(std::process::id()).saturating_sub(bench_before);
     let rows: i64 = rusqlite::Connection::open(&db)
         .unwrap()
         .query_row("SELECT count(*) FROM notes", [], |r| r.get(0))
@@ -315,6 +324,16 @@ fn main() {
     println!(
         "  confirms, 16 at once, alternating replicas:               {rate:>7.1} confirms/s   ({:.0} % of the slower floor, {slower:.0}/s; target ≥ 50 % and ≥ 500/s)",
         100.0 * rate / slower
+    );
+    let per = |d: std::time::Duration| micros(d) / ran.max(1) as f64;
+    println!(
+        "  CPU per confirm (where the time went): replicas {:.0} µs, PostgreSQL {:.0} µs, this client {:.0} µs; wall {:.0} µs ({:.0} % of 2 cores busy)",
+        per(replicas_cpu),
+        per(database_cpu),
+        per(bench_cpu),
+        per(confirm_time),
+        100.0 * (replicas_cpu + database_cpu + bench_cpu).as_secs_f64()
+            / (2.0 * confirm_time.as_secs_f64())
     );
     if ran != confirms || rows != confirms as i64 {
         eprintln!(
@@ -460,4 +479,33 @@ async fn decision_row_read(dsn: &str, samples: usize) -> Vec<std::time::Duration
         seen_after.push(seen.saturating_duration_since(written));
     }
     seen_after
+}
+
+/// The CPU time of every PostgreSQL process on this machine (the bench's throwaway server is the
+/// only one).
+fn postgres_cpu() -> std::time::Duration {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return std::time::Duration::ZERO;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres")
+        })
+        .filter_map(measure::cpu_time)
+        .sum()
+}
+
+/// `db` in SQLite's write-ahead log mode (kept in the file): its readers do not wait for its
+/// writer, as a database under load is usually run. The upstream's file of every measurement
+/// here, and of its floor, alike.
+fn wal(db: std::path::PathBuf) -> std::path::PathBuf {
+    let mode: String = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    db
 }

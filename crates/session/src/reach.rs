@@ -638,7 +638,15 @@ async fn open(
             }
             let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.as_str())
                 .custom_headers(custom);
-            let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
+            let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+                http_client().map_err(|e| {
+                    unreached(
+                        RefusedCode::UpstreamFailed,
+                        format!("cannot make the HTTP client: {e}"),
+                    )
+                })?,
+                config,
+            );
             client
                 .serve_with_lifecycle(transport, lifecycle)
                 .await
@@ -695,6 +703,20 @@ async fn open(
         pid,
         lane,
     })
+}
+
+/// The HTTP client an upstream reached by URL is spoken to with. Its connections are kept and
+/// reused (rmcp's default client keeps none, for a stall a half-read answer can cause; an answer
+/// is read whole here or its connection is not reused, and requests go out without Nagle's
+/// delay), so a team's server does not open a TCP connection to its upstream per call. It
+/// follows no redirect: an upstream that moves is configured anew, never followed with the
+/// credentials its headers carry.
+fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
 }
 
 #[cfg(test)]

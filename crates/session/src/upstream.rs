@@ -124,8 +124,11 @@ pub struct Shared {
     pub agent_declared: OnceLock<ClientCapabilities>,
     /// The upstream's last listing, under the epoch it was fetched in and when: taken again
     /// for at most [`LISTING_FRESH`] while the epoch has not moved (see [`Shared::listing`]).
-    listing: Mutex<Option<(u64, std::time::Instant, Arc<Vec<serde_json::Value>>)>>,
+    listing: Mutex<Option<Kept>>,
 }
+
+/// A listing kept: the epoch it was fetched under, when it was asked for, and the tools.
+type Kept = (u64, std::time::Instant, Arc<Vec<serde_json::Value>>);
 
 /// How long one listing of the upstream's tools serves the calls after it, while the upstream
 /// has not said its tools changed (nor started again). A team's server answers each HTTP request

@@ -279,7 +279,11 @@ impl Records for Postgres {
         const SQL: &str = "SELECT tool, target, tenant, plan, arguments, issued_at_ms,
                                   expires_at_ms, class, mac
                            FROM approval WHERE nonce = $1";
-        let row = on_connection!(self, |conn| conn.query_opt(SQL, &[&key]))?;
+        // Read on every confirm: prepared once per pooled connection.
+        let row = on_connection!(self, |conn| async {
+            let statement = conn.prepare_cached(SQL).await?;
+            conn.query_opt(&statement, &[&key]).await
+        })?;
         let Some(row) = row else {
             return Ok(None);
         };
