@@ -2,7 +2,7 @@
 //! every replica, the one the approvers last approved, kept in the records.
 //!
 //! Rules can open a call that needed a click, so an edit of them is itself something a person
-//! approves, as at the desk (docs/design.md, "Policy over arguments"):
+//! approves, as at the desk (docs/design.md, "Policy over arguments: `policy.cedar`"):
 //!
 //! * the first start with `--rules` and no rules on record takes the file, as the desk takes its
 //!   first `policy.cedar`; from then on the record is what applies, whatever the file says;
