@@ -84,74 +84,25 @@ fn main() {
             std::process::exit(1);
         }
     }
-    let (mut direct_times, mut front_times) = (Vec::new(), Vec::new());
-    for i in 0..calls * 2 {
-        let (port, times) = if i % 2 == 0 {
-            (direct.port, &mut direct_times)
-        } else {
-            (front.port, &mut front_times)
-        };
-        let started = Instant::now();
-        let answer = post(port, &query, None);
-        times.push(started.elapsed());
-        if answer["result"].is_null() {
-            eprintln!("serve_bench: no result: {answer}");
-            std::process::exit(1);
-        }
-    }
-    direct_times.sort();
-    front_times.sort();
-    let (d50, d99) = (quantile(&direct_times, 0.5), quantile(&direct_times, 0.99));
-    let (f50, f99) = (quantile(&front_times, 0.5), quantile(&front_times, 0.99));
-    println!("open calls ({calls} per arm, interleaved, one HTTP/1.1 connection per call):");
-    println!(
-        "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs   (the floor)",
-        micros(d50),
-        micros(d99)
-    );
-    println!(
-        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99; target ≤ ×1.3 p50)",
-        micros(f50),
-        micros(f99),
-        f50.as_secs_f64() / d50.as_secs_f64(),
-        f99.as_secs_f64() / d99.as_secs_f64()
+    let per_call = |port: u16| post(port, &query, None);
+    open_arm(
+        "one HTTP/1.1 connection per call",
+        calls,
+        || per_call(direct.port),
+        || per_call(front.port),
+        1.3,
     );
     // The same, each on one connection kept alive.
     let (mut to_direct, mut to_front) = (
         KeptAlive::connect(direct.port),
         KeptAlive::connect(front.port),
     );
-    let (mut direct_kept, mut front_kept) = (Vec::new(), Vec::new());
-    for i in 0..calls * 2 {
-        let (connection, times) = if i % 2 == 0 {
-            (&mut to_direct, &mut direct_kept)
-        } else {
-            (&mut to_front, &mut front_kept)
-        };
-        let started = Instant::now();
-        let answer = connection.post(&query);
-        times.push(started.elapsed());
-        if answer["result"].is_null() {
-            eprintln!("serve_bench: no result on a kept-alive connection: {answer}");
-            std::process::exit(1);
-        }
-    }
-    direct_kept.sort();
-    front_kept.sort();
-    let (k50, k99) = (quantile(&direct_kept, 0.5), quantile(&direct_kept, 0.99));
-    let (g50, g99) = (quantile(&front_kept, 0.5), quantile(&front_kept, 0.99));
-    println!("open calls ({calls} per arm, interleaved, one kept-alive connection to each):");
-    println!(
-        "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs   (the floor)",
-        micros(k50),
-        micros(k99)
-    );
-    println!(
-        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99; target ≤ ×1.15 p50)",
-        micros(g50),
-        micros(g99),
-        g50.as_secs_f64() / k50.as_secs_f64(),
-        g99.as_secs_f64() / k99.as_secs_f64()
+    open_arm(
+        "one kept-alive connection to each",
+        calls,
+        || to_direct.post(&query),
+        || to_front.post(&query),
+        1.15,
     );
     drop((to_direct, to_front));
     drop((front, direct));
@@ -508,4 +459,47 @@ fn wal(db: std::path::PathBuf) -> std::path::PathBuf {
         .unwrap();
     assert_eq!(mode, "wal");
     db
+}
+
+/// `calls` open calls through `direct` and as many through `front`, alternately: prints the
+/// median and p99 of each, the front's as a ratio of the direct's (the floor), and `goal`.
+fn open_arm(
+    how: &str,
+    calls: usize,
+    mut direct: impl FnMut() -> serde_json::Value,
+    mut front: impl FnMut() -> serde_json::Value,
+    goal: f64,
+) {
+    let (mut direct_times, mut front_times) = (Vec::new(), Vec::new());
+    for i in 0..calls * 2 {
+        let started = Instant::now();
+        let answer = if i % 2 == 0 { direct() } else { front() };
+        let took = started.elapsed();
+        if answer["result"].is_null() {
+            eprintln!("serve_bench: no result ({how}): {answer}");
+            std::process::exit(1);
+        }
+        if i % 2 == 0 {
+            direct_times.push(took);
+        } else {
+            front_times.push(took);
+        }
+    }
+    direct_times.sort();
+    front_times.sort();
+    let (d50, d99) = (quantile(&direct_times, 0.5), quantile(&direct_times, 0.99));
+    let (f50, f99) = (quantile(&front_times, 0.5), quantile(&front_times, 0.99));
+    println!("open calls ({calls} per arm, interleaved, {how}):");
+    println!(
+        "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs   (the floor)",
+        micros(d50),
+        micros(d99)
+    );
+    println!(
+        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99; target ≤ ×{goal} p50)",
+        micros(f50),
+        micros(f99),
+        f50.as_secs_f64() / d50.as_secs_f64(),
+        f99.as_secs_f64() / d99.as_secs_f64()
+    );
 }

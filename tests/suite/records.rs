@@ -973,19 +973,17 @@ async fn a_database_with_a_newer_schema_is_refused_unchanged() {
     assert_eq!(newest, 99);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
-async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
-    let dsn = migrated_database().await;
+/// Two replicas' records on the database `dsn`, having written `n` events at once, alternately.
+async fn two_replicas_chain(dsn: &str, n: u64) -> (R, R) {
     let replica = || async {
         Arc::new(
-            Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
+            Postgres::connect(dsn, PostgresOptions::default().with_chain_key(chain_key()))
                 .await
                 .unwrap(),
         ) as R
     };
     let (a, b) = (replica().await, replica().await);
-    let tasks: Vec<_> = (0..30_u64)
+    let tasks: Vec<_> = (0..n)
         .map(|i| {
             let r = if i % 2 == 0 { a.clone() } else { b.clone() };
             tokio::spawn(async move { r.record(&event(100 + i, EventKind::Accepted)).await })
@@ -994,6 +992,14 @@ async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn two_replicas_write_one_chain_and_an_edit_or_a_cut_of_it_is_named() {
+    let dsn = migrated_database().await;
+    let (a, b) = two_replicas_chain(&dsn, 30).await;
     let key = Some(chain_key().public());
     let intact = b.verify_history(Walk::new(key)).await.unwrap().unwrap();
     assert_eq!((intact.first, intact.last), (Some(1), Some(30)));
@@ -1028,23 +1034,7 @@ async fn on_postgresql_a_deletion_a_reordering_and_a_forged_head_are_each_named(
     let key = Some(chain_key().public());
     for tamper in ["delete", "reorder", "forge"] {
         let dsn = migrated_database().await;
-        let replica = || async {
-            Arc::new(
-                Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
-                    .await
-                    .unwrap(),
-            ) as R
-        };
-        let (a, b) = (replica().await, replica().await);
-        let tasks: Vec<_> = (0..12_u64)
-            .map(|i| {
-                let r = if i % 2 == 0 { a.clone() } else { b.clone() };
-                tokio::spawn(async move { r.record(&event(100 + i, EventKind::Accepted)).await })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap().unwrap();
-        }
+        let (a, b) = two_replicas_chain(&dsn, 12).await;
         let intact = a.verify_history(Walk::new(key)).await.unwrap().unwrap();
         assert_eq!((intact.first, intact.last), (Some(1), Some(12)), "{tamper}");
         let admin = countersign_tests::postgres::admin(&dsn).await;

@@ -69,6 +69,26 @@ pub fn definitions() -> Vec<Value> {
     ]
 }
 
+/// A tool did not do what it was asked ([`Builtin::call`]): bad SQL, a missing table or
+/// backup, an unknown tool. Its text is what an agent would read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolFailed(pub String);
+
+impl ToolFailed {
+    /// A stable code: `tool_failed`.
+    pub fn code(&self) -> &'static str {
+        "tool_failed"
+    }
+}
+
+impl std::fmt::Display for ToolFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ToolFailed {}
+
 /// A tool failure the agent should read: bad SQL, a missing table or backup.
 #[derive(Debug)]
 struct Failure(String);
@@ -168,8 +188,8 @@ impl Builtin {
     /// What tool `tool` does with `args`, without MCP around it: its result, or the failure an
     /// agent would read. For callers in the same process that measure the tools themselves (the
     /// team server's benchmark compares its confirms with `execute` run straight).
-    pub fn call(&self, tool: &str, args: &Map<String, Value>) -> Result<Value, String> {
-        self.run(tool, args).map_err(|Failure(why)| why)
+    pub fn call(&self, tool: &str, args: &Map<String, Value>) -> Result<Value, ToolFailed> {
+        self.run(tool, args).map_err(|Failure(why)| ToolFailed(why))
     }
 
     fn run(&self, tool: &str, args: &Map<String, Value>) -> Result<Value, Failure> {

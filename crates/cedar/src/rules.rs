@@ -524,6 +524,25 @@ pub(crate) fn rank(class: &str) -> usize {
     CLASSES.iter().position(|c| *c == class).unwrap_or(2)
 }
 
+/// How a budget is kept, beside `@budget` itself: each needs a `@budget` on its rule.
+const BUDGET_KEPT: [&str; 4] = [
+    "budget_minutes",
+    "budget_counts",
+    "budget_past",
+    "budget_per",
+];
+
+/// What a permit says of grants and budgets: what the solver does not compare (see
+/// `crate::widening`).
+pub(crate) const GRANTS_AND_BUDGETS: [&str; 6] = [
+    "grant_max_minutes",
+    "budget",
+    BUDGET_KEPT[0],
+    BUDGET_KEPT[1],
+    BUDGET_KEPT[2],
+    BUDGET_KEPT[3],
+];
+
 fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), RulesError> {
     let bad = |reason: String| RulesError::Annotation { line, reason };
     let allowed: &[&str] = match policy.effect() {
@@ -531,12 +550,12 @@ fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), R
             "class",
             "approvers",
             "type_target",
-            "grant_max_minutes",
-            "budget",
-            "budget_minutes",
-            "budget_counts",
-            "budget_past",
-            "budget_per",
+            GRANTS_AND_BUDGETS[0],
+            GRANTS_AND_BUDGETS[1],
+            GRANTS_AND_BUDGETS[2],
+            GRANTS_AND_BUDGETS[3],
+            GRANTS_AND_BUDGETS[4],
+            GRANTS_AND_BUDGETS[5],
             "id",
         ],
         Effect::Forbid => &["reason", "id"],
@@ -585,12 +604,7 @@ fn check_annotations(policy: &cedar_policy::Policy, line: usize) -> Result<(), R
         }
     }
     let budgeted = policy.annotation("budget").is_some();
-    for key in [
-        "budget_minutes",
-        "budget_counts",
-        "budget_past",
-        "budget_per",
-    ] {
+    for key in BUDGET_KEPT {
         if policy.annotation(key).is_some() && !budgeted {
             return Err(bad(format!(
                 "@{key} says how a budget is kept: give the rule @budget(\"N\") too"

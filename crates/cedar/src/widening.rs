@@ -40,7 +40,7 @@ use cedar_policy_symcc::solver::LocalSolver;
 use cedar_policy_symcc::{CedarSymCompiler, CompiledPolicySet};
 
 use crate::model::{NAMESPACE, Tool, uid};
-use crate::rules::{Rules, rank};
+use crate::rules::{GRANTS_AND_BUDGETS, Rules, rank};
 
 /// One call that the new policy lets through where the old did not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -319,14 +319,7 @@ fn questions(old: &Rules, tool: &Tool) -> Vec<(Region, &'static str)> {
 /// What the two texts say of grants and budgets, rule by rule, where they differ: the solver
 /// does not compare those, so a change of them is never called proved.
 fn unanalysed(old: &Rules, new: &Rules) -> Option<String> {
-    const KEYS: [&str; 6] = [
-        "grant_max_minutes",
-        "budget",
-        "budget_minutes",
-        "budget_counts",
-        "budget_past",
-        "budget_per",
-    ];
+    const KEYS: [&str; 6] = GRANTS_AND_BUDGETS;
     let said = |rules: &Rules| {
         let mut all: Vec<String> = rules
             .policies

@@ -291,19 +291,7 @@ async fn a_passkey_enrolled_by_invite_approves_through_one_replica_a_call_waitin
     let decisions_file = dir.path().join("decisions.jsonl");
     std::fs::write(&roster_file, &roster).unwrap();
     std::fs::write(&decisions_file, &decisions).unwrap();
-    let verify = |decisions: &Path| {
-        roster_command(
-            "verify-decisions",
-            &[],
-            &[
-                "--roster",
-                roster_file.to_str().unwrap(),
-                "--origin",
-                &origin,
-                decisions.to_str().unwrap(),
-            ],
-        )
-    };
+    let verify = |decisions: &Path| verify_decisions(&roster_file, &origin, decisions);
     let (code, proven, note) = verify(&decisions_file);
     assert_eq!(code, 0, "{proven}{note}");
     assert_eq!(
@@ -425,19 +413,25 @@ async fn a_rules_change_shows_on_the_page_as_what_it_widens_and_a_passkey_approv
         (dir.path().join("roster.json"), dir.path().join("d.jsonl"));
     std::fs::write(&roster_file, &roster).unwrap();
     std::fs::write(&decisions_file, &decisions).unwrap();
-    let (code, proven, note) = roster_command(
+    let (code, proven, note) = verify_decisions(&roster_file, &origin, &decisions_file);
+    assert_eq!(code, 0, "{proven}{note}");
+    drop(server);
+}
+
+/// `countersign serve verify-decisions` of the kept `decisions` against the exported `roster`,
+/// for passkeys bound to `origin`: its exit code, stdout and stderr.
+fn verify_decisions(roster: &Path, origin: &str, decisions: &Path) -> (i32, String, String) {
+    roster_command(
         "verify-decisions",
         &[],
         &[
             "--roster",
-            roster_file.to_str().unwrap(),
+            roster.to_str().unwrap(),
             "--origin",
-            &origin,
-            decisions_file.to_str().unwrap(),
+            origin,
+            decisions.to_str().unwrap(),
         ],
-    );
-    assert_eq!(code, 0, "{proven}{note}");
-    drop(server);
+    )
 }
 
 /// Another site's page, served by the test on a port of loopback: any path answers a blank

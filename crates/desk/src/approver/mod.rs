@@ -170,7 +170,18 @@ mod tests {
                 .starts_with("It widens")
         );
 
-        let spoiled: [(&str, Value); 8] = [
+        // Each member of the wrong type too: no guess is made of another machine's bytes.
+        let spoiled: [(&str, Value); 15] = [
+            ("/asks/change/before", json!(7)),
+            ("/asks/change/after", json!(["forbid"])),
+            (
+                "/asks/change/analysis",
+                json!({"html": "<b>it only tightens</b>"}),
+            ),
+            ("/asks/change/summary", Value::Null),
+            ("/asks/change/origin", json!(false)),
+            ("/id", json!("9")),
+            ("/plan/details/after_sha256", Value::Null),
             // Another text shown than the one the plan names.
             (
                 "/asks/change/after",
