@@ -214,6 +214,39 @@ mod tests {
         assert!(listed(&listed_change(before, &long), "https://team").is_none());
     }
 
+    /// A listing with a key written twice (`after` once as the text its plan names, once as
+    /// another): whichever the parser keeps is the one shown, and it is taken only when it is the
+    /// one the plan names. Shown one text and signed over another: never.
+    #[test]
+    fn a_rules_change_listed_with_a_key_twice_is_shown_as_signed_or_not_at_all() {
+        use super::remote::listed;
+        use countersign_engine::Asks;
+        let listing = listed_change("", "forbid (principal, action, resource);").to_string();
+        let named = r#""after":"forbid (principal, action, resource);""#;
+        assert!(listing.contains(named), "{listing}");
+        let evil = r#""after":"permit (principal, action, resource);""#;
+        for twice in [format!("{evil},{named}"), format!("{named},{evil}")] {
+            let text = listing.replacen(named, &twice, 1);
+            let parsed: Value = serde_json::from_str(&text).unwrap();
+            match listed(&parsed, "https://team") {
+                Some(taken) => {
+                    let Asks::Change(asked) = &taken.asks else {
+                        panic!("not a change")
+                    };
+                    assert_eq!(
+                        asked.change.after.as_deref(),
+                        Some("forbid (principal, action, resource);"),
+                        "shown another text than the one signed"
+                    );
+                }
+                None => assert_eq!(
+                    parsed["asks"]["change"]["after"],
+                    "permit (principal, action, resource);"
+                ),
+            }
+        }
+    }
+
     #[test]
     fn enrolling_keeps_one_key_and_the_servers_and_forgetting_removes_one() {
         let dir = tempfile::tempdir().unwrap();
