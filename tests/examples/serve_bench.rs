@@ -223,6 +223,8 @@ fn main() {
         postgres_cpu(),
         cpu(std::process::id()),
     );
+    // A mark on stderr, for a profiler to start on (the confirms are the part worth profiling).
+    eprintln!("serve_bench: confirming");
     let confirm_started = Instant::now();
     let workers: Vec<_> = tokens
         .chunks(tokens.len().div_ceil(16).max(1))

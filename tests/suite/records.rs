@@ -1069,6 +1069,66 @@ async fn on_postgresql_a_deletion_a_reordering_and_a_forged_head_are_each_named(
     }
 }
 
+/// Each replica appends the events waiting together (one transaction, one signed head): 600
+/// events from two replicas at once, one of them with a time beyond the store's range, make one
+/// intact chain holding every good event exactly once, and only the bad one fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn events_appended_together_by_two_replicas_are_each_in_the_chain_once_and_a_bad_one_fails_alone()
+ {
+    let dsn = migrated_database().await;
+    let replica = || async {
+        Arc::new(
+            Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
+                .await
+                .unwrap(),
+        ) as R
+    };
+    let (a, b) = (replica().await, replica().await);
+    let tasks: Vec<_> = (0..600u64)
+        .map(|i| {
+            let r = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                let mut e = event(100 + i, EventKind::Accepted);
+                e.note = Some(format!("event {i}"));
+                if i == 301 {
+                    // Beyond BIGINT: refused by the columns, before any batch.
+                    e.at_ms = u64::MAX;
+                }
+                (i, r.record(&e).await)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (i, recorded) = task.await.unwrap();
+        match i {
+            301 => assert!(
+                matches!(recorded, Err(StoreError::TimeOutOfRange(_))),
+                "{recorded:?}"
+            ),
+            _ => assert!(recorded.is_ok(), "event {i}: {recorded:?}"),
+        }
+    }
+    let key = Some(chain_key().public());
+    let intact = a.verify_history(Walk::new(key)).await.unwrap().unwrap();
+    assert_eq!((intact.first, intact.last), (Some(1), Some(599)));
+    let admin = countersign_tests::postgres::admin(&dsn).await;
+    let (rows, notes): (i64, i64) = {
+        let row = admin
+            .query_one("SELECT count(*), count(DISTINCT note) FROM history", &[])
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((rows, notes), (599, 599));
+    let bad: i64 = admin
+        .query_one("SELECT count(*) FROM history WHERE note = 'event 301'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bad, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_and_its_password_never_printed() {
     // A port nobody listens on: the DSN's password must appear in neither the error's text nor

@@ -62,7 +62,7 @@ pub use grants::{
     GrantError, GrantOffer, MAX_GRANT_MINUTES, MAX_LIVE_GRANTS, MIN_PREFIX_SEGMENTS, PathError,
     Widening,
 };
-pub use listing::{MAX_ATTACHED, READ_ONLY};
+pub use listing::{Attached, MAX_ATTACHED, READ_ONLY};
 pub use queue::{
     Asks, CallRequest, ChangeRequest, HEADLESS, MAX_PENDING, MAX_PENDING_PER_CONNECTION,
     PendingRequest, QueueChange, Queued, Removal, STOPPED_WAITING_GRACE_MS, TAKEN_ELSEWHERE,

@@ -29,6 +29,16 @@ pub const READ_ONLY: &str = "this server is read-only: only tools that change no
 /// listed, so an endless stream of new callers must not grow the engine without bound.
 pub const MAX_ATTACHED: usize = 4096;
 
+/// What [`Engine::attach`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attached {
+    /// The caller's connection was made now (first sight, or made again after the engine
+    /// forgot an idle caller): no tool of it is registered yet.
+    Anew,
+    /// The caller's connection was there, with the tools last registered for it.
+    Again,
+}
+
 /// How many disconnected connections' server names are kept for history to show.
 pub(crate) const MAX_GONE_SERVERS: usize = 4096;
 
@@ -61,14 +71,17 @@ impl Engine {
     /// own, so the same caller comes back many times). The tenant names the caller and the
     /// server together: an approval binds its tenant, and must never verify on another server.
     /// A tenant already attached to another server keeps its first one.
-    pub fn attach(&self, tenant: &Tenant, id: ServerId) -> Result<(), Stopped> {
+    ///
+    /// [`Attached::Anew`] says the connection was made now: it knows no tools until they are
+    /// registered, so whatever a caller kept of an earlier listing no longer holds.
+    pub fn attach(&self, tenant: &Tenant, id: ServerId) -> Result<Attached, Stopped> {
         let server = id.key();
         let now = self.now();
         let mut state = lock(&self.inner.state);
         if let Some(conn) = state.connections.get_mut(tenant) {
             return if conn.server == server {
                 conn.attached_at_ms = Some(now);
-                Ok(())
+                Ok(Attached::Again)
             } else {
                 Err(error(
                     ErrorCode::Internal,
@@ -89,7 +102,7 @@ impl Engine {
         state
             .connections
             .insert(tenant.to_owned(), Connection::new(id, Some(now)));
-        Ok(())
+        Ok(Attached::Anew)
     }
 
     /// Forgets the attached caller seen longest ago that has nothing in the queue and no call

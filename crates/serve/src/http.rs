@@ -12,13 +12,17 @@
 //! Each request gets a fresh [`Session`] for its caller (never the last caller's): the tenant is
 //! the caller the host authenticated ([`Caller`]) and the server, together, so an approval bound
 //! to one never verifies for another, nor on another server. Nothing in the message (its
-//! `_meta`, its `clientInfo`) changes it.
+//! `_meta`, its `clientInfo`) changes it. What the caller's last listing decided is kept for it
+//! ([`Gates`]) while the upstream's listing it was decided from is fresh (a second), so a call
+//! does not class the upstream's tools and read their pins again every time.
 //!
 //! Answers are `application/json` only: a stateless server keeps no stream, so notifications
 //! the handler sends on the way (progress) are not delivered, and `GET` (a stream of the
 //! server's own messages) is `405`.
 
 use countersign_core::Tenant;
+use countersign_core::sync::lock;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,10 +31,10 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use countersign_core::ServerId;
-use countersign_engine::Engine;
+use countersign_engine::{Attached, Engine, MAX_ATTACHED};
 use countersign_session::reach::Upstream;
 use countersign_session::router::{NOTIFICATIONS, Routed, route};
-use countersign_session::{RawTools, Session};
+use countersign_session::{Gates, RawTools, Session};
 use rmcp::RoleServer;
 use rmcp::model::{
     ClientCapabilities, ClientJsonRpcMessage, ClientRequest, GetExtensions, Implementation,
@@ -104,6 +108,37 @@ pub struct Endpoint {
     pub wait: Duration,
     /// Turns to answer a request ([`MAX_IN_FLIGHT`]).
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// What each caller's last listing decided, kept across its requests.
+    pub gates: KeptGates,
+}
+
+/// What each caller's last listing decided ([`Gates`]), kept across its requests: a call then
+/// neither classes the upstream's listing nor reads its pins again while that listing is fresh.
+#[derive(Default)]
+pub struct KeptGates(std::sync::Mutex<HashMap<Tenant, Arc<Gates>>>);
+
+impl KeptGates {
+    /// The gates kept for `tenant`, made anew when the engine made its connection anew
+    /// (`attached`), since that connection knows no tools yet. At most [`MAX_ATTACHED`] callers'
+    /// are kept, as the engine keeps at most that many connections: past it, one is dropped, and
+    /// that caller's next call lists again.
+    fn of(&self, tenant: &Tenant, attached: Attached) -> Arc<Gates> {
+        let mut kept = lock(&self.0);
+        if attached == Attached::Again
+            && let Some(gates) = kept.get(tenant)
+        {
+            return gates.clone();
+        }
+        if kept.len() >= MAX_ATTACHED
+            && !kept.contains_key(tenant)
+            && let Some(any) = kept.keys().next().cloned()
+        {
+            kept.remove(&any);
+        }
+        let gates = Gates::across_requests();
+        kept.insert(tenant.clone(), gates.clone());
+        gates
+    }
 }
 
 impl Endpoint {
@@ -398,19 +433,24 @@ async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: B
         );
     };
     let tenant = endpoint.tenant(&caller);
-    if let Err(stopped) = endpoint.engine.attach(&tenant, endpoint.server.clone()) {
-        let error = json!({
-            "jsonrpc": "2.0",
-            "id": request.id,
-            "error": { "code": -32603, "message": stopped.message(), "data": { "code": stopped.code() } },
-        });
-        return json_body(&error);
-    }
-    let session = Session::new(
+    let attached = match endpoint.engine.attach(&tenant, endpoint.server.clone()) {
+        Ok(attached) => attached,
+        Err(stopped) => {
+            let error = json!({
+                "jsonrpc": "2.0",
+                "id": request.id,
+                "error": { "code": -32603, "message": stopped.message(), "data": { "code": stopped.code() } },
+            });
+            return json_body(&error);
+        }
+    };
+    let gates = endpoint.gates.of(&tenant, attached);
+    let session = Session::with_gates(
         endpoint.upstream.clone(),
         endpoint.engine.clone(),
         tenant,
         endpoint.wait,
+        gates,
     );
     let peer =
         InitializeRequestParams::new(ClientCapabilities::default(), Implementation::default())
@@ -471,6 +511,29 @@ mod tests {
         );
         let command = tenant(ServerId::Command("srv --token s3cret".into()));
         assert!(!command.contains("s3cret"), "{command}");
+    }
+
+    #[test]
+    fn a_callers_gates_are_kept_across_its_requests_until_the_engine_attaches_it_anew() {
+        let kept = KeptGates::default();
+        let caller = |n: usize| {
+            tenant_of(
+                &Caller::authenticated(format!("key:agent-{n}")),
+                &ServerId::Registered("db".into()),
+            )
+        };
+        let first = kept.of(&caller(0), Attached::Anew);
+        assert!(Arc::ptr_eq(&first, &kept.of(&caller(0), Attached::Again)));
+        assert!(!Arc::ptr_eq(&first, &kept.of(&caller(1), Attached::Again)));
+        // The engine forgot the caller and made its connection again: nothing kept holds.
+        let anew = kept.of(&caller(0), Attached::Anew);
+        assert!(!Arc::ptr_eq(&first, &anew));
+        assert!(Arc::ptr_eq(&anew, &kept.of(&caller(0), Attached::Again)));
+        // Never more callers' than the engine keeps connections.
+        for n in 0..MAX_ATTACHED + 10 {
+            kept.of(&caller(n), Attached::Anew);
+        }
+        assert_eq!(lock(&kept.0).len(), MAX_ATTACHED);
     }
 
     #[test]

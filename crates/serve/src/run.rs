@@ -361,6 +361,7 @@ pub async fn run(
             server,
             wait: Duration::from_secs(start.wait_secs),
             in_flight: in_flight.clone(),
+            gates: Default::default(),
         });
         endpoints.push((name, endpoint));
     }

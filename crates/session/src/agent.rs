@@ -58,21 +58,62 @@ pub struct Session {
     engine: Engine,
     tenant: Tenant,
     wait: Duration,
-    gates: Arc<Mutex<HashMap<String, Gate>>>,
+    gates: Arc<Gates>,
     /// The agent's clientInfo as last shown to the person.
     client_info: Arc<Mutex<Option<Value>>>,
-    /// The value of [`Shared::tools_epoch`] the current `gates` were listed under (`u64::MAX`
-    /// before the first listing): the listing is current only while the two are equal.
-    ///
-    /// [`Shared::tools_epoch`]: crate::upstream::Shared::tools_epoch
-    listed_epoch: Arc<std::sync::atomic::AtomicU64>,
-    /// The generation of the desk's rules over arguments the last listing was classed under.
-    listed_rules: Arc<std::sync::atomic::AtomicU64>,
     /// The revision the agent's `initialize` settled on is older than 2026-07-28: once it has
     /// initialized, the open lane may take its calls (see [`crate::lane`]).
     legacy_agent: Arc<std::sync::atomic::AtomicBool>,
     /// This agent's turns at the desk's records (see [`DESK_TURNS`]).
     turns: Arc<tokio::sync::Semaphore>,
+}
+
+/// What the agent's last listing decided for each tool, and under which listing.
+///
+/// A session keeps its own ([`Session::new`]): its listing is current until the upstream says
+/// its tools changed, starts again, or the desk's rules over arguments change. A team's server
+/// answers each HTTP request with a new session, so it keeps one of these per caller instead
+/// ([`Gates::across_requests`], [`Session::with_gates`]): without it, every call would class the
+/// listing and read its pins again. Such a listing is also current only while the upstream's
+/// listing it was decided from is the one kept, at most [`LISTING_FRESH`] old: a definition the
+/// person replaced, a pin accepted on another replica, or a tool the upstream changed without
+/// saying so reaches the gates within that second, as it reaches the listing.
+///
+/// [`LISTING_FRESH`]: crate::upstream::LISTING_FRESH
+#[derive(Debug)]
+pub struct Gates {
+    by_tool: Mutex<HashMap<String, Gate>>,
+    /// The value of [`Shared::tools_epoch`] the current gates were listed under (`u64::MAX`
+    /// before the first listing): the listing is current only while the two are equal.
+    ///
+    /// [`Shared::tools_epoch`]: crate::upstream::Shared::tools_epoch
+    epoch: std::sync::atomic::AtomicU64,
+    /// The generation of the desk's rules over arguments the last listing was classed under.
+    rules: std::sync::atomic::AtomicU64,
+    /// Kept across a caller's requests: current only while the upstream's listing they were
+    /// decided from is still the one [`Shared::listing`] keeps.
+    across_requests: bool,
+    /// The upstream's listing the gates were decided from.
+    from: Mutex<Option<Arc<Vec<Value>>>>,
+}
+
+impl Gates {
+    fn new(across_requests: bool) -> Self {
+        Self {
+            by_tool: Mutex::default(),
+            epoch: std::sync::atomic::AtomicU64::new(u64::MAX),
+            rules: std::sync::atomic::AtomicU64::new(u64::MAX),
+            across_requests,
+            from: Mutex::default(),
+        }
+    }
+
+    /// Gates for one caller of a team's server, kept across its requests (see [`Gates`]). Start
+    /// anew ([`Gates::across_requests`] again) whenever the engine made the caller's connection
+    /// anew: an engine that forgot it knows none of its tools.
+    pub fn across_requests() -> Arc<Self> {
+        Arc::new(Self::new(true))
+    }
 }
 
 /// How many of one agent's gated calls may be planned, checked, queued or confirmed at once.
@@ -88,6 +129,18 @@ impl Session {
     /// Mirrors the upstream's `InitializeResult` (capabilities, serverInfo, instructions), as
     /// it first started.
     pub fn new(upstream: Arc<Upstream>, engine: Engine, tenant: Tenant, wait: Duration) -> Self {
+        Self::with_gates(upstream, engine, tenant, wait, Arc::new(Gates::new(false)))
+    }
+
+    /// [`Session::new`], deciding calls by `gates`, which other sessions of the same caller may
+    /// share (a team's server: [`Gates::across_requests`]).
+    pub fn with_gates(
+        upstream: Arc<Upstream>,
+        engine: Engine,
+        tenant: Tenant,
+        wait: Duration,
+        gates: Arc<Gates>,
+    ) -> Self {
         let shared = upstream.shared().clone();
         let up = upstream.info();
         let mut info = ServerConfig::new(up.capabilities.clone())
@@ -108,11 +161,9 @@ impl Session {
             engine,
             tenant,
             wait,
-            gates: Arc::default(),
+            gates,
             client_info: Arc::default(),
             legacy_agent: Arc::default(),
-            listed_epoch: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
-            listed_rules: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
             turns: Arc::new(tokio::sync::Semaphore::new(DESK_TURNS)),
         }
     }
@@ -129,8 +180,15 @@ impl Session {
     /// arguments in force (a rule accepted since may gate a tool listed open). A listing that
     /// failed or has not come back yet never counts.
     fn listing_current(&self) -> bool {
-        self.listed_epoch.load(Ordering::Acquire) == self.shared.tools_epoch.load(Ordering::Acquire)
-            && self.listed_rules.load(Ordering::Acquire) == self.engine.rules_generation()
+        let epoch = self.gates.epoch.load(Ordering::Acquire);
+        epoch == self.shared.tools_epoch.load(Ordering::Acquire)
+            && self.gates.rules.load(Ordering::Acquire) == self.engine.rules_generation()
+            && (!self.gates.across_requests
+                || {
+                    let kept = self.shared.listing(epoch, std::time::Instant::now());
+                    let from = lock(&self.gates.from);
+                    matches!((kept, from.as_ref()), (Some(kept), Some(from)) if Arc::ptr_eq(&kept, from))
+                })
     }
 
     /// The open lane, when it may take a call of `tool` now (see [`crate::lane`]): the agent and
@@ -146,7 +204,7 @@ impl Session {
         // listing.
         let lane = self.upstream.lane()?;
         if !self.listing_current()
-            || lock(&self.gates).get(tool) != Some(&Gate::Class(GateClass::Open))
+            || lock(&self.gates.by_tool).get(tool) != Some(&Gate::Class(GateClass::Open))
         {
             return None;
         }
@@ -284,15 +342,15 @@ impl Session {
         // A listing taken moments ago under the same epoch serves (see LISTING_FRESH); the time
         // is taken before the fetch, so a kept listing is never older than it says.
         let asked_at = std::time::Instant::now();
-        let tools = match self.shared.listing(epoch, asked_at) {
-            Some(kept) => kept.as_ref().clone(),
+        let from = match self.shared.listing(epoch, asked_at) {
+            Some(kept) => kept,
             None => {
-                let fetched = self.upstream_tools(context).await?;
-                self.shared
-                    .keep_listing(epoch, asked_at, std::sync::Arc::new(fetched.clone()));
+                let fetched = Arc::new(self.upstream_tools(context).await?);
+                self.shared.keep_listing(epoch, asked_at, fetched.clone());
                 fetched
             }
         };
+        let tools = from.as_ref().clone();
         let mut held = HashMap::<String, Value>::new();
         let decided: HashMap<String, Gate> = match self
             .engine
@@ -314,7 +372,7 @@ impl Session {
             Err(stopped) => {
                 // No listing of this session is current any more: the engine knows none (its
                 // records could not be read), so the next call lists again, once they can be.
-                self.listed_epoch.store(u64::MAX, Ordering::Release);
+                self.gates.epoch.store(u64::MAX, Ordering::Release);
                 return Err(Unlisted::Engine(stopped));
             }
         };
@@ -337,9 +395,10 @@ impl Session {
                 None => {}
             }
         }
-        *lock(&self.gates) = decided;
-        self.listed_rules.store(rules, Ordering::Release);
-        self.listed_epoch.store(epoch, Ordering::Release);
+        *lock(&self.gates.by_tool) = decided;
+        *lock(&self.gates.from) = Some(from);
+        self.gates.rules.store(rules, Ordering::Release);
+        self.gates.epoch.store(epoch, Ordering::Release);
         Ok(listed)
     }
 
@@ -352,7 +411,7 @@ impl Session {
     ) -> Result<(Option<Gate>, Live), Unlisted> {
         for _ in 0..3 {
             let live = self.live().await?;
-            let known = lock(&self.gates).get(tool).cloned();
+            let known = lock(&self.gates.by_tool).get(tool).cloned();
             if known.is_some() && self.listing_current() {
                 return Ok((known, live));
             }
@@ -361,7 +420,7 @@ impl Session {
             self.refresh_tools(context).await?;
             // Listed by this start, unless it was started again meanwhile (then once more).
             if self.upstream.is_current(&live).await {
-                return Ok((lock(&self.gates).get(tool).cloned(), live));
+                return Ok((lock(&self.gates.by_tool).get(tool).cloned(), live));
             }
         }
         Err(unavailable(Unreached::keeps_exiting()).into())

@@ -29,7 +29,7 @@ use std::time::Duration;
 use countersign_engine::Engine;
 use rmcp::ServiceExt;
 
-pub use agent::{RawTools, Session};
+pub use agent::{Gates, RawTools, Session};
 pub use children::Children;
 /// What names the built-in `execute`'s plan by the tables it writes: the describer every host
 /// that serves the built-in tools gives its engine.

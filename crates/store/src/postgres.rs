@@ -247,10 +247,14 @@ pub struct Postgres {
     /// `user@host:port/dbname`: what errors and logs name (never the password).
     target: String,
     statement_timeout: Duration,
-    /// Nonces whose spend had an unknown outcome, with their expiry, until burned.
-    doubtful: Mutex<HashMap<Nonce, i64>>,
+    /// Nonces whose spend had an unknown outcome, with their expiry, until burned (shared with
+    /// the history's writer, whose connections burn them too).
+    doubtful: std::sync::Arc<Mutex<HashMap<Nonce, i64>>>,
     /// What signs the history's head.
     chain_key: Option<std::sync::Arc<countersign_core::chain::ChainKey>>,
+    /// The history's writer ([`records::ChainWriter`]): events wait here to be appended to the
+    /// chain together. `None` in the writer's own copy, which appends them.
+    chain: Option<records::ChainWriter>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -425,18 +429,33 @@ impl Postgres {
             .recycle_timeout(Some(options.statement_timeout))
             .build()
             .map_err(|err| config_error(err.to_string()))?;
-        let records = Postgres {
+        let mut records = Postgres {
             pool,
             target,
             statement_timeout: options.statement_timeout,
-            doubtful: Mutex::new(HashMap::new()),
+            doubtful: Default::default(),
             chain_key: options.chain_key.clone(),
+            chain: None,
         };
         let mut conn = records.connection().await?;
         let migrated = schema::migrate(&mut conn, &records).await;
         records.release(conn, migrated.as_ref().err());
         migrated?;
+        records.chain = Some(records::ChainWriter::start(records.writer_copy()));
         Ok(records)
+    }
+
+    /// The same pool, timeout, doubtful nonces and chain key, without a writer of its own: what
+    /// the history's writer appends with.
+    fn writer_copy(&self) -> Postgres {
+        Postgres {
+            pool: self.pool.clone(),
+            target: self.target.clone(),
+            statement_timeout: self.statement_timeout,
+            doubtful: self.doubtful.clone(),
+            chain_key: self.chain_key.clone(),
+            chain: None,
+        }
     }
 
     /// `user@host:port/dbname`: the database, as errors name it (never with a password).

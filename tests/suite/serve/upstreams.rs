@@ -162,6 +162,52 @@ fn real_peers_the_python_sdk_as_agent_and_server_everything_as_upstream() {
     );
 }
 
+/// What a caller's listing decided is kept across its requests, but never past the upstream's
+/// listing it came from (a second): an upstream that changes a tool's definition without saying
+/// so has the tool's calls held back within that second, not run under the old decision.
+#[test]
+fn a_tool_the_upstream_changes_without_saying_is_held_back_within_a_second() {
+    let python = which("python3");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/shifting_server.py");
+    let server = Server::start_before(
+        &["--read-only", "--behind-tls-proxy", "--unauthenticated"],
+        &[],
+        Some(&[python.as_str(), script.to_str().unwrap()]),
+    );
+    let call = |id: u32, tool: &str, arguments: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": {"name": tool, "arguments": arguments}});
+        let (status, _, answer) = post(server.port, &[], &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        answer["result"].clone()
+    };
+    for id in 1..=5 {
+        let looked = call(id, "lookup", json!({"word": "pin"}));
+        assert_ne!(looked["isError"], json!(true), "{looked}");
+    }
+    let shifted = call(6, "shift", json!({"silently": true}));
+    assert_ne!(shifted["isError"], json!(true), "{shifted}");
+    let changed = Instant::now();
+    let mut id = 7;
+    let refused = loop {
+        let looked = call(id, "lookup", json!({"word": "pin"}));
+        if looked["isError"] == json!(true) {
+            break looked;
+        }
+        assert!(
+            changed.elapsed() < Duration::from_secs(3),
+            "the changed tool still ran {:?} after its change: {looked}",
+            changed.elapsed()
+        );
+        id += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        refused["structuredContent"]["refusal"], "tool_changed",
+        "{refused}"
+    );
+}
+
 #[test]
 fn a_servers_file_serves_each_upstream_at_its_name_with_secrets_from_the_replica() {
     let python = which("python3");

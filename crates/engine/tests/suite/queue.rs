@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use countersign_core::token::SigningKey;
 use countersign_core::{GateClass, Refusal};
-use countersign_engine::{Accepted, Approved, ErrorCode, NoKey, Stopped};
+use countersign_engine::{Accepted, Approved, Attached, ErrorCode, NoKey, Stopped};
 use countersign_engine::{ApproveError, Engine, QueueChange, Removal};
 use countersign_store::HistoryFilter;
 use serde_json::{Value, json};
@@ -860,14 +860,16 @@ async fn without_a_window_a_preflight_is_refused_with_the_hosts_own_words() {
 async fn an_attached_caller_is_found_again_and_keeps_its_first_server() {
     let d = desk();
     let tenant = &Tenant::team("key:ci-runner", &ServerId::Command("srv".into()));
-    d.engine
-        .attach(tenant, ServerId::Command("srv".into()))
-        .unwrap();
+    assert_eq!(
+        d.engine.attach(tenant, ServerId::Command("srv".into())),
+        Ok(Attached::Anew)
+    );
     d.engine.register_tools(tenant, tools()).await.unwrap();
     // The same caller again (a new HTTP request): the same connection, its tools still listed.
-    d.engine
-        .attach(tenant, ServerId::Command("srv".into()))
-        .unwrap();
+    assert_eq!(
+        d.engine.attach(tenant, ServerId::Command("srv".into())),
+        Ok(Attached::Again)
+    );
     assert_eq!(d.engine.open_call(tenant, "read").await, Ok(()));
     assert_eq!(d.engine.server_of(tenant).as_deref(), Some("srv"));
     // Never moved to another server: its approvals must not follow it there.
@@ -918,8 +920,11 @@ async fn a_full_engine_forgets_the_idlest_caller_never_one_with_a_request_waitin
             ..
         })
     ));
-    // Back again: attached anew.
-    d.engine.attach(&caller("idle"), server()).unwrap();
+    // Back again: attached anew, so whatever it kept of its listing must be listed again.
+    assert_eq!(
+        d.engine.attach(&caller("idle"), server()),
+        Ok(Attached::Anew)
+    );
 }
 
 /// A team's server: a call approved on the shared record and taken by the agent's call on

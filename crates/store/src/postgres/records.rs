@@ -27,6 +27,256 @@ use crate::{
     approval, capped, decision, history, passkey, roster, waiting,
 };
 
+/// The most events appended to the chain in one transaction.
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// The most events waiting for the writer; a caller past it waits to hand its event over.
+const MAX_WAITING: usize = 1024;
+
+/// Appends one replica's history events to the chain in batches.
+///
+/// Every event of every replica goes to one chain, in one order, under the lock of its tip row.
+/// Appended one at a time, each event held that lock for its own round trips, and the replicas'
+/// writers queued behind each other for it. Here one writer per replica takes every event
+/// waiting when it is free and appends them in one transaction: one hold of the lock, one
+/// signed head (of the last), the rows in one statement. The chain and what it proves are the
+/// same; each caller still waits until its own event is committed (or failed), as before.
+///
+/// A batch that fails for its database (unreachable, or no answer in time) fails every event in
+/// it with that error. One that fails for a statement (which could be one event's doing) is
+/// appended again an event at a time, so each gets its own outcome and a bad event never costs
+/// the others theirs.
+pub(crate) struct ChainWriter {
+    queue: tokio::sync::mpsc::Sender<Appending>,
+}
+
+/// An event handed to the writer, and where it says how its append went.
+struct Appending {
+    event: ConfirmEvent,
+    told: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+}
+
+impl ChainWriter {
+    /// Starts the writer on the current Tokio runtime, appending with `writer` (a copy of the
+    /// records without a writer of its own). It ends when the records it serves are dropped.
+    pub(crate) fn start(writer: Postgres) -> Self {
+        let (queue, mut waiting) = tokio::sync::mpsc::channel::<Appending>(MAX_WAITING);
+        tokio::spawn(async move {
+            while let Some(first) = waiting.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < MAX_BATCH {
+                    match waiting.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                writer.append_batch(batch).await;
+            }
+        });
+        Self { queue }
+    }
+
+    /// Hands `event` to the writer and waits until it is appended. `None`: the writer is not
+    /// running, and nothing was handed to it.
+    async fn append(&self, event: &ConfirmEvent) -> Option<Result<(), StoreError>> {
+        let (told, outcome) = tokio::sync::oneshot::channel();
+        let appending = Appending {
+            event: event.clone(),
+            told,
+        };
+        self.queue.send(appending).await.ok()?;
+        Some(outcome.await.unwrap_or_else(|_| {
+            // Handed over, never answered: only a writer that stopped mid-batch does that, and
+            // whether the batch committed is not known.
+            Err(StoreError::PostgresUnavailable {
+                target: "the history's writer".to_owned(),
+                reason: "it stopped before it said whether the event was appended".to_owned(),
+            })
+        }))
+    }
+}
+
+impl Postgres {
+    /// Appends `batch` and tells each event's caller how it went ([`ChainWriter`]).
+    async fn append_batch(&self, batch: Vec<Appending>) {
+        // An event whose columns cannot be written (a time beyond the store's range) is refused
+        // alone: it never reaches the batch.
+        let mut events = Vec::with_capacity(batch.len());
+        let mut tells = Vec::with_capacity(batch.len());
+        for Appending { event, told } in batch {
+            match history::Columns::of(&event) {
+                Ok(_) => {
+                    events.push(event);
+                    tells.push(told);
+                }
+                Err(err) => {
+                    let _ = told.send(Err(err));
+                }
+            }
+        }
+        if events.is_empty() {
+            return;
+        }
+        match self.append(&events).await {
+            Ok(()) => {
+                for told in tells {
+                    let _ = told.send(Ok(()));
+                }
+            }
+            Err(err) if events.len() == 1 => {
+                let _ = tells.into_iter().next().map(|told| told.send(Err(err)));
+            }
+            Err(err) if self.outage_of(&err).is_some() => {
+                for told in tells {
+                    if let Some(outage) = self.outage_of(&err) {
+                        let _ = told.send(Err(outage));
+                    }
+                }
+            }
+            Err(_) => {
+                for (event, told) in events.iter().zip(tells) {
+                    let _ = told.send(self.append(std::slice::from_ref(event)).await);
+                }
+            }
+        }
+    }
+
+    /// Appends `events` to the chain, in this order, in one transaction under the tip's lock,
+    /// and signs the head at the last of them.
+    pub(crate) async fn append(&self, events: &[ConfirmEvent]) -> Result<(), StoreError> {
+        let mut rows = Vec::with_capacity(events.len());
+        for event in events {
+            let c = history::Columns::of(event)?;
+            // What PostgreSQL keeps (no NUL in TEXT) is what the chain hashes.
+            rows.push(ChainRow {
+                at_ms: c.at_ms,
+                kind: c.kind,
+                refusal: c.refusal,
+                ok: c.ok,
+                tool: text(&c.tool).into_owned(),
+                target: c.target.as_deref().map(|t| text(t).into_owned()),
+                tenant: text(c.tenant).into_owned(),
+                nonce: c.nonce,
+                plan: c.plan,
+                note: c.note.as_deref().map(|n| text(n).into_owned()),
+                seq: 0,
+                prev: String::new(),
+                hash: String::new(),
+            });
+        }
+        let (Some(last_event), Some(insert_sql)) = (events.last(), history_insert(rows.len()))
+        else {
+            return Ok(());
+        };
+        let key = self.chain_key.clone();
+        let pg = StoreError::Postgres;
+        serializable!(
+            self,
+            tokio_postgres::IsolationLevel::ReadCommitted,
+            |tx| async {
+                // Prepared once per pooled connection and kept (one round trip each after that,
+                // not two): the chain's statements run on every batch.
+                let (lock, insert, advance, head) = tokio::try_join!(
+                    tx.prepare_cached(TIP_LOCK),
+                    tx.prepare_cached(&insert_sql),
+                    tx.prepare_cached(TIP_ADVANCE),
+                    tx.prepare_cached(HEAD_PUT),
+                )
+                .map_err(pg)?;
+                // The tip, locked: replicas add events one batch at a time, in one order. The
+                // row is made by the migration; a database where it is missing gets it here.
+                let tip = match tx.query_opt(&lock, &[]).await.map_err(pg)? {
+                    Some(tip) => tip,
+                    None => {
+                        tx.execute(
+                            "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
+                             ON CONFLICT (one) DO NOTHING",
+                            &[&ChainHash::GENESIS.to_hex()],
+                        )
+                        .await
+                        .map_err(pg)?;
+                        tx.query_one(&lock, &[]).await.map_err(pg)?
+                    }
+                };
+                let (mut last, mut prev) = tip_of(&tip)?;
+                if last == 0 {
+                    (last, prev) = chain_unchained(&tx).await?;
+                }
+                // A retried transaction links the rows again, after the tip it holds now.
+                let mut rows = rows.clone();
+                for row in &mut rows {
+                    let seq = last + 1;
+                    let hash = row.link(seq, prev);
+                    row.seq = i64::try_from(seq).map_err(|_| chain_range(seq))?;
+                    (row.prev, row.hash) = (prev.to_hex(), hash.to_hex());
+                    (last, prev) = (seq, hash);
+                }
+                let (seq_sql, hash_hex) = (
+                    i64::try_from(last).map_err(|_| chain_range(last))?,
+                    prev.to_hex(),
+                );
+                let signed = key.as_ref().map(|key| {
+                    key.sign(Head {
+                        seq: last,
+                        hash: prev,
+                        at_ms: last_event.at_ms,
+                    })
+                });
+                let signed = match &signed {
+                    Some(head) => Some((
+                        ms_to_sql(head.head.at_ms)?,
+                        head.key.to_vec(),
+                        head.signature.to_vec(),
+                    )),
+                    None => None,
+                };
+                // While the tip is held, one round trip: the rows (one statement), the tip and
+                // the signed head are sent together (tokio-postgres pipelines what is polled at
+                // once) and run in that order.
+                let values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                    rows.iter().flat_map(ChainRow::values).collect();
+                let inserted = async { tx.execute(&insert, &values).await };
+                let tip = async { tx.execute(&advance, &[&seq_sql, &hash_hex]).await };
+                let head = async {
+                    match &signed {
+                        Some((at, public, signature)) => tx
+                            .execute(
+                                &head,
+                                &[&"head", &seq_sql, &hash_hex, at, public, signature],
+                            )
+                            .await
+                            .map(drop),
+                        None => Ok(()),
+                    }
+                };
+                tokio::try_join!(inserted, tip, head).map_err(pg)?;
+                Ok::<_, StoreError>(())
+            }
+        )
+    }
+
+    /// When `err` says the database was unreachable or did not answer (not a fact about the
+    /// events), the same error again, for another event of the batch.
+    fn outage_of(&self, err: &StoreError) -> Option<StoreError> {
+        match err {
+            StoreError::PostgresTimeout { after } => {
+                Some(StoreError::PostgresTimeout { after: *after })
+            }
+            StoreError::PostgresUnavailable { target, reason } => {
+                Some(StoreError::PostgresUnavailable {
+                    target: target.clone(),
+                    reason: reason.clone(),
+                })
+            }
+            err if err.breaks_postgres_connection() => Some(StoreError::PostgresUnavailable {
+                target: self.target.clone(),
+                reason: err.to_string(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 fn chain_range(seq: u64) -> StoreError {
     StoreError::InvalidRow {
         table: "history",
@@ -180,9 +430,88 @@ fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Erro
 const TIP_LOCK: &str = "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE";
 
 /// Adds one event to the history, linked into the chain.
-const HISTORY_INSERT: &str = "INSERT INTO history
-     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+/// The columns of one history row, in the order [`ChainRow::values`] gives them.
+const HISTORY_COLUMNS: usize = 13;
+
+/// Adds `n` history rows in one statement (one for each size of batch, each prepared once per
+/// connection): `None` for none, or more than [`MAX_BATCH`].
+fn history_insert(n: usize) -> Option<String> {
+    if n == 0 || n > MAX_BATCH {
+        return None;
+    }
+    let rows: Vec<String> = (0..n)
+        .map(|row| {
+            let params: Vec<String> = (1..=HISTORY_COLUMNS)
+                .map(|column| format!("${}", row * HISTORY_COLUMNS + column))
+                .collect();
+            format!("({})", params.join(", "))
+        })
+        .collect();
+    Some(format!(
+        "INSERT INTO history
+         (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash)
+         VALUES {}",
+        rows.join(", ")
+    ))
+}
+
+/// A history row as PostgreSQL keeps it (no NUL in its text), with its place in the chain once
+/// the tip is known.
+#[derive(Clone)]
+struct ChainRow {
+    at_ms: i64,
+    kind: &'static str,
+    refusal: Option<&'static str>,
+    ok: Option<bool>,
+    tool: String,
+    target: Option<String>,
+    tenant: String,
+    nonce: Option<String>,
+    plan: Option<String>,
+    note: Option<String>,
+    seq: i64,
+    prev: String,
+    hash: String,
+}
+
+impl ChainRow {
+    /// Its hash as event `seq` after `prev`: the link of exactly what is stored.
+    fn link(&self, seq: u64, prev: ChainHash) -> ChainHash {
+        history::Columns {
+            at_ms: self.at_ms,
+            kind: self.kind,
+            refusal: self.refusal,
+            ok: self.ok,
+            tool: std::borrow::Cow::Borrowed(&self.tool),
+            target: self.target.as_deref().map(std::borrow::Cow::Borrowed),
+            tenant: &self.tenant,
+            nonce: self.nonce.clone(),
+            plan: self.plan.clone(),
+            note: self.note.as_deref().map(std::borrow::Cow::Borrowed),
+        }
+        .link(seq, prev)
+        .hash()
+    }
+
+    /// Its values, in the order of [`history_insert`]'s columns.
+    fn values(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); HISTORY_COLUMNS] {
+        [
+            &self.at_ms,
+            &self.kind,
+            &self.refusal,
+            &self.ok,
+            &self.tool,
+            &self.target,
+            &self.tenant,
+            &self.nonce,
+            &self.plan,
+            &self.note,
+            &self.seq,
+            &self.prev,
+            &self.hash,
+        ]
+    }
+}
 
 /// Moves the tip to the event just added.
 const TIP_ADVANCE: &str = "UPDATE history_tip SET seq = $1, hash = $2 WHERE one = 1";
@@ -311,118 +640,15 @@ impl Records for Postgres {
     }
 
     async fn record(&self, event: &ConfirmEvent) -> Result<(), StoreError> {
-        let stored = async {
-            let c = history::Columns::of(event)?;
-            // What PostgreSQL keeps (no NUL in TEXT) is what the chain hashes.
-            let tool = text(&c.tool);
-            let target = c.target.as_deref().map(text);
-            let tenant = text(c.tenant);
-            let note = c.note.as_deref().map(text);
-            let kept = history::Columns {
-                tool: tool.clone(),
-                target: target.clone(),
-                tenant: &tenant,
-                note: note.clone(),
-                nonce: c.nonce.clone(),
-                plan: c.plan.clone(),
-                ..c
-            };
-            let key = self.chain_key.clone();
-            let pg = StoreError::Postgres;
-            serializable!(
-                self,
-                tokio_postgres::IsolationLevel::ReadCommitted,
-                |tx| async {
-                    // Prepared once per pooled connection and kept (one round trip each after
-                    // that, not two): the chain's statements run on every event.
-                    let (lock, insert, advance, head) = tokio::try_join!(
-                        tx.prepare_cached(TIP_LOCK),
-                        tx.prepare_cached(HISTORY_INSERT),
-                        tx.prepare_cached(TIP_ADVANCE),
-                        tx.prepare_cached(HEAD_PUT),
-                    )
-                    .map_err(pg)?;
-                    // The tip, locked: replicas add events one at a time, in one order. The row
-                    // is made by the migration; a database where it is missing gets it here.
-                    let tip = match tx.query_opt(&lock, &[]).await.map_err(pg)? {
-                        Some(tip) => tip,
-                        None => {
-                            tx.execute(
-                                "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
-                                 ON CONFLICT (one) DO NOTHING",
-                                &[&ChainHash::GENESIS.to_hex()],
-                            )
-                            .await
-                            .map_err(pg)?;
-                            tx.query_one(&lock, &[]).await.map_err(pg)?
-                        }
-                    };
-                    let (mut last, mut prev) = tip_of(&tip)?;
-                    if last == 0 {
-                        (last, prev) = chain_unchained(&tx).await?;
-                    }
-                    let seq = last + 1;
-                    let hash = kept.link(seq, prev).hash();
-                    let seq_sql = i64::try_from(seq).map_err(|_| chain_range(seq))?;
-                    let (prev_hex, hash_hex) = (prev.to_hex(), hash.to_hex());
-                    let signed = key.as_ref().map(|key| {
-                        key.sign(Head {
-                            seq,
-                            hash,
-                            at_ms: event.at_ms,
-                        })
-                    });
-                    let signed = match &signed {
-                        Some(head) => Some((
-                            ms_to_sql(head.head.at_ms)?,
-                            head.key.to_vec(),
-                            head.signature.to_vec(),
-                        )),
-                        None => None,
-                    };
-                    // While the tip is held, one round trip: the row, the tip and the signed
-                    // head are sent together (tokio-postgres pipelines what is polled at once)
-                    // and run in that order.
-                    let row = async {
-                        tx.execute(
-                            &insert,
-                            &[
-                                &kept.at_ms,
-                                &kept.kind,
-                                &kept.refusal,
-                                &kept.ok,
-                                &kept.tool.as_ref(),
-                                &kept.target.as_deref(),
-                                &kept.tenant,
-                                &kept.nonce,
-                                &kept.plan,
-                                &kept.note.as_deref(),
-                                &seq_sql,
-                                &prev_hex,
-                                &hash_hex,
-                            ],
-                        )
-                        .await
-                    };
-                    let tip = async { tx.execute(&advance, &[&seq_sql, &hash_hex]).await };
-                    let head = async {
-                        match &signed {
-                            Some((at, public, signature)) => tx
-                                .execute(
-                                    &head,
-                                    &[&"head", &seq_sql, &hash_hex, at, public, signature],
-                                )
-                                .await
-                                .map(drop),
-                            None => Ok(()),
-                        }
-                    };
-                    tokio::try_join!(row, tip, head).map_err(pg)?;
-                    Ok::<_, StoreError>(())
-                }
-            )
-        }
-        .await;
+        let stored = match &self.chain {
+            Some(chain) => match chain.append(event).await {
+                Some(stored) => stored,
+                // The writer is not running (its runtime ended): nothing was handed to it, so
+                // the event is appended here, alone.
+                None => self.append(std::slice::from_ref(event)).await,
+            },
+            None => self.append(std::slice::from_ref(event)).await,
+        };
         history::emitted(event, stored)
     }
 
