@@ -212,7 +212,9 @@ fn desk(args: &[String]) -> ! {
     runtime.block_on(async {
         let key = SigningKey::new(&[42; 32]).expect("a 32-byte key");
         let mut config = EngineConfig::new();
-        config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
+        config.describer = Some(std::sync::Arc::new(
+            countersign_session::SqlDescriber::default(),
+        ));
         let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
             db,
             countersign_store::StoreOptions::default(),

@@ -135,7 +135,9 @@ async fn main() {
     let mut config = EngineConfig::new();
     // The scripted clicker approves at once; a person's window enforces the delay.
     config.approve_delay_ms = 0;
-    config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
+    config.describer = Some(std::sync::Arc::new(
+        countersign_session::SqlDescriber::default(),
+    ));
     let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
         dir.join("desk.sqlite"),
         countersign_store::StoreOptions::default(),

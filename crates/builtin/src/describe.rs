@@ -14,9 +14,13 @@ use serde_json::{Map, Value};
 
 use crate::rehearse::{self, Mode, Stopped};
 
-/// Describes the built-in `execute`'s SQL (see the module's doc).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SqlDescriber;
+/// Describes the built-in `execute`'s SQL (see the module's doc), on connections kept open
+/// between descriptions ([`rehearse::Kept`]): a confirm describes its call again, and opening
+/// the database for each was most of what describing cost.
+#[derive(Debug, Default)]
+pub struct SqlDescriber {
+    kept: rehearse::Kept,
+}
 
 impl SqlDescriber {
     fn sql<'a>(
@@ -47,7 +51,7 @@ impl Describer for SqlDescriber {
         let Some((db, sql)) = Self::sql(server, tool, arguments) else {
             return Err(NotNow::Unavailable);
         };
-        let described = rehearse::rehearse(db, sql, Mode::Describe);
+        let described = self.kept.rehearse(db, sql, Mode::Describe);
         match described.transient() {
             Some(Stopped::TimeLimit) => Err(NotNow::TimeLimit(rehearse::TIME_LIMIT)),
             Some(Stopped::Busy) => Err(NotNow::Busy),

@@ -670,25 +670,45 @@ fn has_words(chunk: &str) -> bool {
 /// Describes (and in [`Mode::Preview`] rehearses) `sql` on the database at `db`, which must
 /// exist. Nothing it does is ever committed.
 pub fn rehearse(db: &Path, sql: &str, mode: Mode) -> Described {
-    let deadline = Instant::now() + TIME_LIMIT;
-    let mut described = Described::default();
-    if sql.len() > MAX_SQL_BYTES || sql.contains('\0') {
-        described.stopped = Some(Stopped::Failed(format!(
-            "the SQL is longer than {MAX_SQL_BYTES} bytes or holds a NUL"
-        )));
-        return described;
+    if let Some(refused) = refused_sql(sql) {
+        return refused;
     }
-    let conn = match Connection::open_with_flags(
+    match open(db) {
+        Ok(conn) => rehearse_on(&conn, sql, mode),
+        Err(stopped) => stopped_before(stopped),
+    }
+}
+
+/// SQL refused before any database is opened: too long, or holding a NUL.
+fn refused_sql(sql: &str) -> Option<Described> {
+    (sql.len() > MAX_SQL_BYTES || sql.contains('\0')).then(|| {
+        stopped_before(Stopped::Failed(format!(
+            "the SQL is longer than {MAX_SQL_BYTES} bytes or holds a NUL"
+        )))
+    })
+}
+
+fn stopped_before(stopped: Stopped) -> Described {
+    Described {
+        stopped: Some(stopped),
+        ..Described::default()
+    }
+}
+
+/// A connection for rehearsals on `db`, which must exist.
+fn open(db: &Path) -> Result<Connection, Stopped> {
+    Connection::open_with_flags(
         db,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    ) {
-        Ok(conn) => conn,
-        Err(e) => {
-            described.stopped = Some(Stopped::NoDatabase(e.to_string()));
-            return described;
-        }
-    };
-    let outcome = run(&conn, sql, mode, deadline, &mut described);
+    )
+    .map_err(|e| Stopped::NoDatabase(e.to_string()))
+}
+
+/// [`rehearse`] on a connection already open.
+fn rehearse_on(conn: &Connection, sql: &str, mode: Mode) -> Described {
+    let deadline = Instant::now() + TIME_LIMIT;
+    let mut described = Described::default();
+    let outcome = run(conn, sql, mode, deadline, &mut described);
     // Nothing commits: the hook already turns a commit into a rollback; roll back explicitly too
     // (the authorizer, which refuses transaction control, is gone first).
     conn.authorizer(None::<fn(AuthContext<'_>) -> Authorization>);
@@ -700,6 +720,93 @@ pub fn rehearse(db: &Path, sql: &str, mode: Mode) -> Described {
         described.rows = None;
     }
     described
+}
+
+/// The most connections [`Kept`] holds open.
+pub const MAX_KEPT: usize = 4;
+
+/// Connections kept open between rehearsals ([`Kept::rehearse`]), so that describing a call
+/// does not open its database anew each time. A connection is taken again only while its path
+/// still names the very file it opened (the same device and inode): a file replaced or deleted
+/// since is opened anew, never described from the old one. It is kept only when it ended clean
+/// (no transaction left open), and never on systems without file identities.
+#[derive(Debug, Default)]
+pub struct Kept {
+    idle: Mutex<Vec<Idle>>,
+}
+
+struct Idle {
+    db: std::path::PathBuf,
+    file: (u64, u64),
+    conn: Connection,
+}
+
+impl std::fmt::Debug for Idle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idle")
+            .field("db", &self.db)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The device and inode of the file at `db` now: `None` when there is none, or the system does
+/// not say.
+fn file_of(db: &Path) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(db).ok().map(|m| (m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = db;
+        None
+    }
+}
+
+impl Kept {
+    /// [`rehearse`], on a connection kept from an earlier rehearsal of the same file when there
+    /// is one.
+    pub fn rehearse(&self, db: &Path, sql: &str, mode: Mode) -> Described {
+        if let Some(refused) = refused_sql(sql) {
+            return refused;
+        }
+        let file = file_of(db);
+        let taken = {
+            let mut idle = lock(&self.idle);
+            // A connection to a file no longer at its path goes.
+            idle.retain(|i| i.db != db || Some(i.file) == file);
+            idle.iter()
+                .position(|i| i.db == db)
+                .map(|at| idle.swap_remove(at).conn)
+        };
+        let Some(file) = file else {
+            return rehearse(db, sql, mode);
+        };
+        let conn = match taken {
+            Some(conn) => conn,
+            None => match open(db) {
+                Ok(conn) => conn,
+                Err(stopped) => return stopped_before(stopped),
+            },
+        };
+        let described = rehearse_on(&conn, sql, mode);
+        // Opened, then checked: a file moved in between is described once more, never kept.
+        let still = file_of(db) == Some(file);
+        let clean =
+            conn.is_autocommit() && !matches!(described.stopped, Some(Stopped::NoDatabase(_)));
+        if still && clean {
+            let mut idle = lock(&self.idle);
+            if idle.len() < MAX_KEPT {
+                idle.push(Idle {
+                    db: db.to_owned(),
+                    file,
+                    conn,
+                });
+            }
+        }
+        described
+    }
 }
 
 fn run(
@@ -837,6 +944,59 @@ mod tests {
             .execute_batch(setup)
             .unwrap();
         (dir, path)
+    }
+
+    #[test]
+    fn a_kept_connection_serves_the_next_description_of_the_same_file_and_never_a_replaced_one() {
+        let (dir, path) = db(USERS);
+        let kept = Kept::default();
+        let users = "INSERT INTO users (name) VALUES ('d')";
+        for _ in 0..3 {
+            let described = kept.rehearse(&path, users, Mode::Describe);
+            assert_eq!(described.stopped, None);
+            assert_eq!(described.target(), "users");
+            assert_eq!(
+                lock(&kept.idle).len(),
+                1,
+                "one connection, kept and taken again"
+            );
+        }
+        // Another file put at the path: it is described, not the one the kept connection has.
+        let other = dir.path().join("other.sqlite");
+        Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+            .unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let described = kept.rehearse(&path, "DELETE FROM invoices", Mode::Describe);
+        assert_eq!(described.stopped, None, "{described:?}");
+        assert_eq!(described.target(), "invoices");
+        let described = kept.rehearse(&path, users, Mode::Describe);
+        assert!(described.stopped.is_some(), "{described:?}");
+        // Deleted: nothing to describe, and nothing kept of it.
+        std::fs::remove_file(&path).unwrap();
+        let described = kept.rehearse(&path, "DELETE FROM invoices", Mode::Describe);
+        assert!(
+            matches!(described.stopped, Some(Stopped::NoDatabase(_))),
+            "{described:?}"
+        );
+        assert!(lock(&kept.idle).is_empty());
+    }
+
+    #[test]
+    fn a_rehearsal_on_a_kept_connection_still_commits_nothing() {
+        let (_dir, path) = db(USERS);
+        let before = contents(&path);
+        let kept = Kept::default();
+        for sql in [
+            "INSERT INTO users (name) VALUES ('d'); DELETE FROM audit",
+            "UPDATE users SET name = 'x'",
+        ] {
+            let described = kept.rehearse(&path, sql, Mode::Preview);
+            assert_eq!(described.stopped, None, "{described:?}");
+        }
+        assert_eq!(contents(&path), before);
+        assert_eq!(lock(&kept.idle).len(), 1);
     }
 
     const USERS: &str = "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT);

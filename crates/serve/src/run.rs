@@ -277,7 +277,7 @@ pub async fn run(
     config.token_ttl_ms = start.token_ttl_ms;
     config.policy = start.policy.clone();
     if builtin {
-        config.describer = Some(Arc::new(SqlDescriber));
+        config.describer = Some(Arc::new(SqlDescriber::default()));
     }
     if start.approvers.is_some() {
         // People decide at their desks or on the approvers' page, which hold the approve delay

@@ -48,7 +48,9 @@ fn main() {
         let key = SigningKey::new(&[42; 32]).expect("a 32-byte key");
         let mut config = EngineConfig::new();
         config.approve_delay_ms = 0;
-        config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
+        config.describer = Some(std::sync::Arc::new(
+            countersign_session::SqlDescriber::default(),
+        ));
         let records = std::sync::Arc::new(countersign_store::Sqlite::open_deferred(
             db,
             countersign_store::StoreOptions::default(),

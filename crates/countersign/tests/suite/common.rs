@@ -36,7 +36,9 @@ pub async fn desk_on(
         options,
     ));
     let mut cfg = countersign_tests::engine::config();
-    cfg.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
+    cfg.describer = Some(std::sync::Arc::new(
+        countersign_session::SqlDescriber::default(),
+    ));
     config(&mut cfg);
     let engine = Engine::new(cfg, records, Ok(countersign_tests::engine::key()));
     let socket = dir.path().join("run/desk.sock");

@@ -306,7 +306,9 @@ struct Restartable {
 
 fn engine_in(dir: &Path) -> Engine {
     let mut config = countersign_tests::engine::config();
-    config.describer = Some(std::sync::Arc::new(countersign_session::SqlDescriber));
+    config.describer = Some(std::sync::Arc::new(
+        countersign_session::SqlDescriber::default(),
+    ));
     countersign_tests::engine::engine(dir, config)
 }
 

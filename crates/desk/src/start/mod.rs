@@ -284,7 +284,7 @@ pub fn open(begun: Begun, window: bool, rt: &Handle) -> Desk {
     config.token_ttl_ms = settings.token_minutes * 60_000;
     config.approve_delay_ms = settings.approve_delay_ms;
     config.window = window;
-    config.describer = Some(Arc::new(countersign_session::SqlDescriber));
+    config.describer = Some(Arc::new(countersign_session::SqlDescriber::default()));
     let store = dirs.store();
     if let Some(dir) = store.parent().filter(|d| !d.as_os_str().is_empty())
         && let Err(e) = std::fs::create_dir_all(dir)

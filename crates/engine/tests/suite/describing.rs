@@ -34,7 +34,9 @@ async fn setup() -> Setup {
         )
         .unwrap();
     let mut config = countersign_tests::engine::config();
-    config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
+    config.describer = Some(std::sync::Arc::new(
+        countersign_builtin::SqlDescriber::default(),
+    ));
     let engine = countersign_tests::engine::engine(dir.path(), config);
     let tenant = engine.connect(ServerId::Builtin(db.clone()));
     engine

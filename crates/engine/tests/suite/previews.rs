@@ -22,7 +22,9 @@ fn engine_at(dir: &tempfile::TempDir, delay_ms: u64, clock: ManualClock) -> Engi
     let mut config = countersign_tests::engine::config();
     config.approve_delay_ms = delay_ms;
     config.clock = std::sync::Arc::new(clock);
-    config.describer = Some(std::sync::Arc::new(countersign_builtin::SqlDescriber));
+    config.describer = Some(std::sync::Arc::new(
+        countersign_builtin::SqlDescriber::default(),
+    ));
     countersign_tests::engine::engine(dir.path(), config)
 }
 
