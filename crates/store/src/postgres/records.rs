@@ -164,8 +164,7 @@ impl Postgres {
                 hash: String::new(),
             });
         }
-        let (Some(last_event), Some(insert_sql)) = (events.last(), history_insert(rows.len()))
-        else {
+        let Some(last_event) = events.last() else {
             return Ok(());
         };
         let key = self.chain_key.clone();
@@ -178,7 +177,7 @@ impl Postgres {
                 // not two): the chain's statements run on every batch.
                 let (lock, insert, advance, head) = tokio::try_join!(
                     tx.prepare_cached(TIP_LOCK),
-                    tx.prepare_cached(&insert_sql),
+                    tx.prepare_cached(HISTORY_INSERT),
                     tx.prepare_cached(TIP_ADVANCE),
                     tx.prepare_cached(HEAD_PUT),
                 )
@@ -233,9 +232,37 @@ impl Postgres {
                 // While the tip is held, one round trip: the rows (one statement), the tip and
                 // the signed head are sent together (tokio-postgres pipelines what is polled at
                 // once) and run in that order.
-                let values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                    rows.iter().flat_map(ChainRow::values).collect();
-                let inserted = async { tx.execute(&insert, &values).await };
+                let column = |value: fn(&ChainRow) -> &str| -> Vec<&str> {
+                    rows.iter().map(value).collect()
+                };
+                let maybe = |value: fn(&ChainRow) -> Option<&str>| -> Vec<Option<&str>> {
+                    rows.iter().map(value).collect()
+                };
+                let at_ms: Vec<i64> = rows.iter().map(|r| r.at_ms).collect();
+                let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+                let oks: Vec<Option<bool>> = rows.iter().map(|r| r.ok).collect();
+                let (kind, tool, tenant) = (
+                    column(|r| r.kind),
+                    column(|r| &r.tool),
+                    column(|r| &r.tenant),
+                );
+                let (prevs, hashes) = (column(|r| &r.prev), column(|r| &r.hash));
+                let (refusal, target, note) = (
+                    maybe(|r| r.refusal),
+                    maybe(|r| r.target.as_deref()),
+                    maybe(|r| r.note.as_deref()),
+                );
+                let (nonce, plan) = (maybe(|r| r.nonce.as_deref()), maybe(|r| r.plan.as_deref()));
+                let inserted = async {
+                    tx.execute(
+                        &insert,
+                        &[
+                            &at_ms, &kind, &refusal, &oks, &tool, &target, &tenant, &nonce, &plan,
+                            &note, &seqs, &prevs, &hashes,
+                        ],
+                    )
+                    .await
+                };
                 let tip = async { tx.execute(&advance, &[&seq_sql, &hash_hex]).await };
                 let head = async {
                     match &signed {
@@ -430,30 +457,17 @@ fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Erro
 const TIP_LOCK: &str = "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE";
 
 /// Adds one event to the history, linked into the chain.
-/// The columns of one history row, in the order [`ChainRow::values`] gives them.
-const HISTORY_COLUMNS: usize = 13;
-
-/// Adds `n` history rows in one statement (one for each size of batch, each prepared once per
-/// connection): `None` for none, or more than [`MAX_BATCH`].
-fn history_insert(n: usize) -> Option<String> {
-    if n == 0 || n > MAX_BATCH {
-        return None;
-    }
-    let rows: Vec<String> = (0..n)
-        .map(|row| {
-            let params: Vec<String> = (1..=HISTORY_COLUMNS)
-                .map(|column| format!("${}", row * HISTORY_COLUMNS + column))
-                .collect();
-            format!("({})", params.join(", "))
-        })
-        .collect();
-    Some(format!(
-        "INSERT INTO history
-         (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash)
-         VALUES {}",
-        rows.join(", ")
-    ))
-}
+/// Adds the rows of a batch, given column by column as arrays, in the arrays' order: one
+/// statement whatever the batch's size, so it is prepared once per connection.
+const HISTORY_INSERT: &str = "INSERT INTO history
+     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash)
+     SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash
+     FROM unnest($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::BOOLEAN[], $5::TEXT[], $6::TEXT[],
+                 $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[], $11::BIGINT[], $12::TEXT[],
+                 $13::TEXT[])
+          WITH ORDINALITY AS r(at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan,
+                               note, seq, prev, hash, place)
+     ORDER BY place";
 
 /// A history row as PostgreSQL keeps it (no NUL in its text), with its place in the chain once
 /// the tip is known.
@@ -491,25 +505,6 @@ impl ChainRow {
         }
         .link(seq, prev)
         .hash()
-    }
-
-    /// Its values, in the order of [`history_insert`]'s columns.
-    fn values(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); HISTORY_COLUMNS] {
-        [
-            &self.at_ms,
-            &self.kind,
-            &self.refusal,
-            &self.ok,
-            &self.tool,
-            &self.target,
-            &self.tenant,
-            &self.nonce,
-            &self.plan,
-            &self.note,
-            &self.seq,
-            &self.prev,
-            &self.hash,
-        ]
     }
 }
 
