@@ -678,6 +678,9 @@ async fn serve_connections(
             },
             _ = stop.cancelled() => break,
         };
+        // An answer goes out as soon as it is written, never held for the client's ACK of the
+        // last one (Nagle's algorithm): a kept-alive client's next request must not wait on it.
+        let _ = stream.set_nodelay(true);
         let app = app.clone();
         let acceptor = acceptor.clone();
         // Taken here, in the accept loop: a shutdown that starts later still sees it.
