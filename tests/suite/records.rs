@@ -1129,6 +1129,44 @@ async fn events_appended_together_by_two_replicas_are_each_in_the_chain_once_and
     assert_eq!(bad, 0);
 }
 
+/// Records without a key to sign the head (a server that has none) still number and link every
+/// event, and sign no head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn without_a_key_the_events_are_numbered_and_no_head_is_signed() {
+    let dsn = migrated_database().await;
+    let r: R = Arc::new(
+        Postgres::connect(&dsn, PostgresOptions::default())
+            .await
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..20u64)
+        .map(|i| {
+            let r = r.clone();
+            tokio::spawn(async move { r.record(&event(100 + i, EventKind::Accepted)).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    // Nothing signed, so nothing to prove the chain's end against: said so, never "intact".
+    assert_eq!(
+        r.verify_history(Walk::new(None)).await.unwrap(),
+        Err(Break::NoHead)
+    );
+    let admin = countersign_tests::postgres::admin(&dsn).await;
+    let row = admin
+        .query_one(
+            "SELECT count(DISTINCT seq), min(seq), max(seq),
+                    (SELECT count(*) FROM history_head) FROM history",
+            &[],
+        )
+        .await
+        .unwrap();
+    let chained: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(chained, (20, 1, 20, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_and_its_password_never_printed() {
     // A port nobody listens on: the DSN's password must appear in neither the error's text nor

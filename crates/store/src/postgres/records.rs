@@ -167,119 +167,159 @@ impl Postgres {
         let Some(last_event) = events.last() else {
             return Ok(());
         };
-        let key = self.chain_key.clone();
-        let pg = StoreError::Postgres;
-        serializable!(
-            self,
-            tokio_postgres::IsolationLevel::ReadCommitted,
-            |tx| async {
-                // Prepared once per pooled connection and kept (one round trip each after that,
-                // not two): the chain's statements run on every batch.
-                let (lock, insert, advance, head) = tokio::try_join!(
-                    tx.prepare_cached(TIP_LOCK),
-                    tx.prepare_cached(HISTORY_INSERT),
-                    tx.prepare_cached(TIP_ADVANCE),
-                    tx.prepare_cached(HEAD_PUT),
-                )
-                .map_err(pg)?;
-                // The tip, locked: replicas add events one batch at a time, in one order. The
-                // row is made by the migration; a database where it is missing gets it here.
-                let tip = match tx.query_opt(&lock, &[]).await.map_err(pg)? {
-                    Some(tip) => tip,
-                    None => {
-                        tx.execute(
-                            "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
-                             ON CONFLICT (one) DO NOTHING",
-                            &[&ChainHash::GENESIS.to_hex()],
-                        )
-                        .await
-                        .map_err(pg)?;
-                        tx.query_one(&lock, &[]).await.map_err(pg)?
-                    }
-                };
-                let (mut last, mut prev) = tip_of(&tip)?;
-                if last == 0 {
-                    (last, prev) = chain_unchained(&tx).await?;
-                }
-                // A retried transaction links the rows again, after the tip it holds now.
-                let mut rows = rows.clone();
-                for row in &mut rows {
-                    let seq = last + 1;
-                    let hash = row.link(seq, prev);
-                    row.seq = i64::try_from(seq).map_err(|_| chain_range(seq))?;
-                    (row.prev, row.hash) = (prev.to_hex(), hash.to_hex());
-                    (last, prev) = (seq, hash);
-                }
-                let (seq_sql, hash_hex) = (
-                    i64::try_from(last).map_err(|_| chain_range(last))?,
-                    prev.to_hex(),
-                );
-                let signed = key.as_ref().map(|key| {
-                    key.sign(Head {
-                        seq: last,
-                        hash: prev,
-                        at_ms: last_event.at_ms,
-                    })
-                });
-                let signed = match &signed {
-                    Some(head) => Some((
-                        ms_to_sql(head.head.at_ms)?,
-                        head.key.to_vec(),
-                        head.signature.to_vec(),
-                    )),
-                    None => None,
-                };
-                // While the tip is held, one round trip: the rows (one statement), the tip and
-                // the signed head are sent together (tokio-postgres pipelines what is polled at
-                // once) and run in that order.
-                let column = |value: fn(&ChainRow) -> &str| -> Vec<&str> {
-                    rows.iter().map(value).collect()
-                };
-                let maybe = |value: fn(&ChainRow) -> Option<&str>| -> Vec<Option<&str>> {
-                    rows.iter().map(value).collect()
-                };
-                let at_ms: Vec<i64> = rows.iter().map(|r| r.at_ms).collect();
-                let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-                let oks: Vec<Option<bool>> = rows.iter().map(|r| r.ok).collect();
-                let (kind, tool, tenant) = (
-                    column(|r| r.kind),
-                    column(|r| &r.tool),
-                    column(|r| &r.tenant),
-                );
-                let (prevs, hashes) = (column(|r| &r.prev), column(|r| &r.hash));
-                let (refusal, target, note) = (
-                    maybe(|r| r.refusal),
-                    maybe(|r| r.target.as_deref()),
-                    maybe(|r| r.note.as_deref()),
-                );
-                let (nonce, plan) = (maybe(|r| r.nonce.as_deref()), maybe(|r| r.plan.as_deref()));
-                let inserted = async {
-                    tx.execute(
-                        &insert,
-                        &[
-                            &at_ms, &kind, &refusal, &oks, &tool, &target, &tenant, &nonce, &plan,
-                            &note, &seqs, &prevs, &hashes,
-                        ],
-                    )
+        let mut pause = std::time::Duration::from_millis(5);
+        let mut retries = 0;
+        loop {
+            let conn = self.connection().await?;
+            let attempt = tokio::time::timeout(
+                self.statement_timeout,
+                self.append_on(&conn, &rows, last_event.at_ms),
+            )
+            .await
+            .unwrap_or(Err(StoreError::PostgresTimeout {
+                after: self.statement_timeout,
+            }));
+            let Err(err) = attempt else {
+                self.release(conn, None);
+                return Ok(());
+            };
+            // A transaction left open (a failure before its last round trip) ends here. A
+            // connection that cannot say so, or whose state is unknown, never goes back.
+            let ended = !err.breaks_postgres_connection()
+                && tokio::time::timeout(self.statement_timeout, conn.batch_execute("ROLLBACK"))
                     .await
-                };
-                let tip = async { tx.execute(&advance, &[&seq_sql, &hash_hex]).await };
-                let head = async {
-                    match &signed {
-                        Some((at, public, signature)) => tx
-                            .execute(
-                                &head,
-                                &[&"head", &seq_sql, &hash_hex, at, public, signature],
-                            )
-                            .await
-                            .map(drop),
-                        None => Ok(()),
-                    }
-                };
-                tokio::try_join!(inserted, tip, head).map_err(pg)?;
-                Ok::<_, StoreError>(())
+                    .is_ok_and(|rolled| rolled.is_ok());
+            if ended {
+                self.release(conn, Some(&err));
+            } else {
+                drop(deadpool_postgres::Object::take(conn));
             }
-        )
+            // An engine that runs everything SERIALIZABLE (CockroachDB) answers 40001 where
+            // PostgreSQL waits on the lock: retried, as every transaction here is.
+            if err.sqlstate() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
+                && retries < super::SERIALIZATION_RETRIES
+            {
+                retries += 1;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                continue;
+            }
+            return Err(err);
+        }
+    }
+
+    /// One attempt of [`Postgres::append`] on `conn`, in two round trips: the transaction begun
+    /// and the tip locked together; then the rows, the tip and the signed head (one statement)
+    /// and the commit together. The tip's lock is held for the second only. `at_ms`: the time
+    /// of the last event, which the head is signed at.
+    async fn append_on(
+        &self,
+        conn: &deadpool_postgres::ClientWrapper,
+        rows: &[ChainRow],
+        at_ms: u64,
+    ) -> Result<(), StoreError> {
+        let pg = StoreError::Postgres;
+        let write = match self.chain_key {
+            Some(_) => CHAIN_WRITE_SIGNED,
+            None => CHAIN_WRITE,
+        };
+        // Prepared once per pooled connection and kept: after the first time, no round trip.
+        let (lock, write) =
+            tokio::try_join!(conn.prepare_cached(TIP_LOCK), conn.prepare_cached(write))
+                .map_err(pg)?;
+        // Sent together (tokio-postgres pipelines what is polled at once), run in this order.
+        let (begun, tip) = tokio::join!(
+            conn.batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+            conn.query_opt(&lock, &[]),
+        );
+        begun.map_err(pg)?;
+        // The tip, locked: replicas add events one batch at a time, in one order. The row is
+        // made by the migration; a database where it is missing gets it here.
+        let tip = match tip.map_err(pg)? {
+            Some(tip) => tip,
+            None => {
+                conn.execute(
+                    "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
+                     ON CONFLICT (one) DO NOTHING",
+                    &[&ChainHash::GENESIS.to_hex()],
+                )
+                .await
+                .map_err(pg)?;
+                conn.query_one(&lock, &[]).await.map_err(pg)?
+            }
+        };
+        let (mut last, mut prev) = tip_of(&tip)?;
+        if last == 0 {
+            let client: &tokio_postgres::Client = conn;
+            (last, prev) = chain_unchained(client).await?;
+        }
+        // Linked after the tip held now (a retried attempt links them again).
+        let mut rows = rows.to_vec();
+        for row in &mut rows {
+            let seq = last + 1;
+            let hash = row.link(seq, prev);
+            row.seq = i64::try_from(seq).map_err(|_| chain_range(seq))?;
+            (row.prev, row.hash) = (prev.to_hex(), hash.to_hex());
+            (last, prev) = (seq, hash);
+        }
+        let (seq_sql, hash_hex) = (
+            i64::try_from(last).map_err(|_| chain_range(last))?,
+            prev.to_hex(),
+        );
+        let signed = match &self.chain_key {
+            Some(key) => {
+                let head = key.sign(Head {
+                    seq: last,
+                    hash: prev,
+                    at_ms,
+                });
+                Some((
+                    ms_to_sql(head.head.at_ms)?,
+                    head.key.to_vec(),
+                    head.signature.to_vec(),
+                ))
+            }
+            None => None,
+        };
+        let column =
+            |value: fn(&ChainRow) -> &str| -> Vec<&str> { rows.iter().map(value).collect() };
+        let maybe = |value: fn(&ChainRow) -> Option<&str>| -> Vec<Option<&str>> {
+            rows.iter().map(value).collect()
+        };
+        let at: Vec<i64> = rows.iter().map(|r| r.at_ms).collect();
+        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+        let oks: Vec<Option<bool>> = rows.iter().map(|r| r.ok).collect();
+        let (kind, tool, tenant) = (
+            column(|r| r.kind),
+            column(|r| &r.tool),
+            column(|r| &r.tenant),
+        );
+        let (prevs, hashes) = (column(|r| &r.prev), column(|r| &r.hash));
+        let (refusal, target, note) = (
+            maybe(|r| r.refusal),
+            maybe(|r| r.target.as_deref()),
+            maybe(|r| r.note.as_deref()),
+        );
+        let (nonce, plan) = (maybe(|r| r.nonce.as_deref()), maybe(|r| r.plan.as_deref()));
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &at, &kind, &refusal, &oks, &tool, &target, &tenant, &nonce, &plan, &note, &seqs,
+            &prevs, &hashes, &seq_sql, &hash_hex,
+        ];
+        if let Some((at, public, signature)) = &signed {
+            params.extend([
+                at as &(dyn tokio_postgres::types::ToSql + Sync),
+                public,
+                signature,
+            ]);
+        }
+        // The write and the commit, sent together. Should the write fail, PostgreSQL ends the
+        // transaction at the COMMIT without committing anything (and says ROLLBACK): the
+        // write's own error is what this answers.
+        let (written, committed) =
+            tokio::join!(conn.execute(&write, &params), conn.batch_execute("COMMIT"));
+        written.map_err(pg)?;
+        committed.map_err(pg)?;
+        Ok(())
     }
 
     /// When `err` says the database was unreachable or did not answer (not a fact about the
@@ -331,7 +371,7 @@ fn tip_of(row: &tokio_postgres::Row) -> Result<(u64, ChainHash), StoreError> {
 /// Chains the events recorded before the chain existed (none on a database that began with it),
 /// oldest first, from the start; answers the new tip. Runs under the tip's lock.
 async fn chain_unchained(
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &impl tokio_postgres::GenericClient,
 ) -> Result<(u64, ChainHash), StoreError> {
     let pg = StoreError::Postgres;
     let rows = tx
@@ -457,17 +497,47 @@ fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Erro
 const TIP_LOCK: &str = "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE";
 
 /// Adds one event to the history, linked into the chain.
-/// Adds the rows of a batch, given column by column as arrays, in the arrays' order: one
-/// statement whatever the batch's size, so it is prepared once per connection.
-const HISTORY_INSERT: &str = "INSERT INTO history
-     (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash)
-     SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq, prev, hash
-     FROM unnest($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::BOOLEAN[], $5::TEXT[], $6::TEXT[],
-                 $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[], $11::BIGINT[], $12::TEXT[],
-                 $13::TEXT[])
-          WITH ORDINALITY AS r(at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan,
-                               note, seq, prev, hash, place)
-     ORDER BY place";
+/// The rows of a batch, given column by column as arrays ($1 to $13), added in the arrays'
+/// order; and the tip moved to the last of them ($14, $15). One statement whatever the batch's
+/// size, so it is prepared once per connection.
+macro_rules! chain_write {
+    ($then:literal) => {
+        concat!(
+            "WITH added AS (
+                INSERT INTO history
+                    (at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq,
+                     prev, hash)
+                SELECT at_ms, kind, refusal, ok, tool, target, tenant, nonce, plan, note, seq,
+                       prev, hash
+                FROM unnest($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::BOOLEAN[], $5::TEXT[],
+                            $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], $10::TEXT[],
+                            $11::BIGINT[], $12::TEXT[], $13::TEXT[])
+                     WITH ORDINALITY AS r(at_ms, kind, refusal, ok, tool, target, tenant, nonce,
+                                          plan, note, seq, prev, hash, place)
+                ORDER BY place
+                RETURNING 1
+            )",
+            $then
+        )
+    };
+}
+
+/// [`chain_write!`] where no key signs the head.
+const CHAIN_WRITE: &str =
+    chain_write!(" UPDATE history_tip SET seq = $14::BIGINT, hash = $15::TEXT WHERE one = 1");
+
+/// [`chain_write!`], and the head signed at the last row kept ($16 to $18: its time, the key,
+/// the signature).
+const CHAIN_WRITE_SIGNED: &str = chain_write!(
+    ", tip AS (
+        UPDATE history_tip SET seq = $14::BIGINT, hash = $15::TEXT WHERE one = 1 RETURNING 1
+    )
+    INSERT INTO history_head (role, seq, hash, at_ms, public_key, signature)
+    VALUES ('head', $14, $15, $16, $17, $18)
+    ON CONFLICT (role) DO UPDATE SET seq = excluded.seq, hash = excluded.hash,
+        at_ms = excluded.at_ms, public_key = excluded.public_key,
+        signature = excluded.signature"
+);
 
 /// A history row as PostgreSQL keeps it (no NUL in its text), with its place in the chain once
 /// the tip is known.
@@ -507,9 +577,6 @@ impl ChainRow {
         .hash()
     }
 }
-
-/// Moves the tip to the event just added.
-const TIP_ADVANCE: &str = "UPDATE history_tip SET seq = $1, hash = $2 WHERE one = 1";
 
 /// Keeps the signed head of the chain (by role: `head`, `start`).
 const HEAD_PUT: &str = "INSERT INTO history_head (role, seq, hash, at_ms, public_key, signature)
