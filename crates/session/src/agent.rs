@@ -93,8 +93,11 @@ pub struct Gates {
     /// Kept across a caller's requests: current only while the upstream's listing they were
     /// decided from is still the one [`Shared::listing`] keeps.
     across_requests: bool,
-    /// The upstream's listing the gates were decided from.
-    from: Mutex<Option<Arc<Vec<Value>>>>,
+    /// The upstream's listing the gates were decided from. Weak: an idle caller's gates must not
+    /// keep a listing alive once the upstream's kept listing has moved on (the tools' text, for
+    /// each caller). Its allocation stays while this points to it, so no later listing can come
+    /// to have the same address.
+    from: Mutex<std::sync::Weak<Vec<Value>>>,
 }
 
 impl Gates {
@@ -104,7 +107,7 @@ impl Gates {
             epoch: std::sync::atomic::AtomicU64::new(u64::MAX),
             rules: std::sync::atomic::AtomicU64::new(u64::MAX),
             across_requests,
-            from: Mutex::default(),
+            from: Mutex::new(std::sync::Weak::new()),
         }
     }
 
@@ -187,7 +190,7 @@ impl Session {
                 || {
                     let kept = self.shared.listing(epoch, std::time::Instant::now());
                     let from = lock(&self.gates.from);
-                    matches!((kept, from.as_ref()), (Some(kept), Some(from)) if Arc::ptr_eq(&kept, from))
+                    kept.is_some_and(|kept| std::ptr::eq(Arc::as_ptr(&kept), from.as_ptr()))
                 })
     }
 
@@ -396,7 +399,7 @@ impl Session {
             }
         }
         *lock(&self.gates.by_tool) = decided;
-        *lock(&self.gates.from) = Some(from);
+        *lock(&self.gates.from) = Arc::downgrade(&from);
         self.gates.rules.store(rules, Ordering::Release);
         self.gates.epoch.store(epoch, Ordering::Release);
         Ok(listed)
