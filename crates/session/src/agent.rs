@@ -186,12 +186,11 @@ impl Session {
         let epoch = self.gates.epoch.load(Ordering::Acquire);
         epoch == self.shared.tools_epoch.load(Ordering::Acquire)
             && self.gates.rules.load(Ordering::Acquire) == self.engine.rules_generation()
-            && (!self.gates.across_requests
-                || {
-                    let kept = self.shared.listing(epoch, std::time::Instant::now());
-                    let from = lock(&self.gates.from);
-                    kept.is_some_and(|kept| std::ptr::eq(Arc::as_ptr(&kept), from.as_ptr()))
-                })
+            && (!self.gates.across_requests || {
+                let kept = self.shared.listing(epoch, std::time::Instant::now());
+                let from = lock(&self.gates.from);
+                kept.is_some_and(|kept| std::ptr::eq(Arc::as_ptr(&kept), from.as_ptr()))
+            })
     }
 
     /// The open lane, when it may take a call of `tool` now (see [`crate::lane`]): the agent and
