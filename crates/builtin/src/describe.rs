@@ -12,7 +12,7 @@ use countersign_core::ServerId;
 use countersign_core::describe::{Describer, Description, NotNow};
 use serde_json::{Map, Value};
 
-use crate::rehearse::{self, Mode, Stopped};
+use crate::rehearse::{self, Stopped};
 
 /// Describes the built-in `execute`'s SQL (see the module's doc), on connections kept open
 /// between descriptions ([`rehearse::Kept`]): a confirm describes its call again, and opening
@@ -51,7 +51,7 @@ impl Describer for SqlDescriber {
         let Some((db, sql)) = Self::sql(server, tool, arguments) else {
             return Err(NotNow::Unavailable);
         };
-        let described = self.kept.rehearse(db, sql, Mode::Describe);
+        let described = self.kept.describe(db, sql);
         match described.transient() {
             Some(Stopped::TimeLimit) => Err(NotNow::TimeLimit(rehearse::TIME_LIMIT)),
             Some(Stopped::Busy) => Err(NotNow::Busy),

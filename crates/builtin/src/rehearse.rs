@@ -725,11 +725,16 @@ fn rehearse_on(conn: &Connection, sql: &str, mode: Mode) -> Described {
 /// The most connections [`Kept`] holds open.
 pub const MAX_KEPT: usize = 4;
 
-/// Connections kept open between rehearsals ([`Kept::rehearse`]), so that describing a call
+/// Connections kept open between descriptions ([`Kept::describe`]), so that describing a call
 /// does not open its database anew each time. A connection is taken again only while its path
 /// still names the very file it opened (the same device and inode): a file replaced or deleted
 /// since is opened anew, never described from the old one. It is kept only when it ended clean
 /// (no transaction left open), and never on systems without file identities.
+///
+/// Descriptions only, never previews: a rolled-back batch leaves a connection's
+/// `last_insert_rowid()` and `total_changes()` behind, and a preview shows what statements
+/// return, where another call's rehearsal could be read. A description says only what the
+/// statements write.
 #[derive(Debug, Default)]
 pub struct Kept {
     idle: Mutex<Vec<Idle>>,
@@ -765,9 +770,10 @@ fn file_of(db: &Path) -> Option<(u64, u64)> {
 }
 
 impl Kept {
-    /// [`rehearse`], on a connection kept from an earlier rehearsal of the same file when there
-    /// is one.
-    pub fn rehearse(&self, db: &Path, sql: &str, mode: Mode) -> Described {
+    /// [`rehearse`] in [`Mode::Describe`], on a connection kept from an earlier description of
+    /// the same file when there is one.
+    pub fn describe(&self, db: &Path, sql: &str) -> Described {
+        let mode = Mode::Describe;
         if let Some(refused) = refused_sql(sql) {
             return refused;
         }
@@ -952,7 +958,7 @@ mod tests {
         let kept = Kept::default();
         let users = "INSERT INTO users (name) VALUES ('d')";
         for _ in 0..3 {
-            let described = kept.rehearse(&path, users, Mode::Describe);
+            let described = kept.describe(&path, users);
             assert_eq!(described.stopped, None);
             assert_eq!(described.target(), "users");
             assert_eq!(
@@ -968,14 +974,14 @@ mod tests {
             .execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
             .unwrap();
         std::fs::rename(&other, &path).unwrap();
-        let described = kept.rehearse(&path, "DELETE FROM invoices", Mode::Describe);
+        let described = kept.describe(&path, "DELETE FROM invoices");
         assert_eq!(described.stopped, None, "{described:?}");
         assert_eq!(described.target(), "invoices");
-        let described = kept.rehearse(&path, users, Mode::Describe);
+        let described = kept.describe(&path, users);
         assert!(described.stopped.is_some(), "{described:?}");
         // Deleted: nothing to describe, and nothing kept of it.
         std::fs::remove_file(&path).unwrap();
-        let described = kept.rehearse(&path, "DELETE FROM invoices", Mode::Describe);
+        let described = kept.describe(&path, "DELETE FROM invoices");
         assert!(
             matches!(described.stopped, Some(Stopped::NoDatabase(_))),
             "{described:?}"
@@ -984,15 +990,16 @@ mod tests {
     }
 
     #[test]
-    fn a_rehearsal_on_a_kept_connection_still_commits_nothing() {
+    fn a_description_on_a_kept_connection_still_commits_nothing() {
         let (_dir, path) = db(USERS);
         let before = contents(&path);
         let kept = Kept::default();
+        // Every statement but the last runs (and is rolled back) while it is described.
         for sql in [
-            "INSERT INTO users (name) VALUES ('d'); DELETE FROM audit",
-            "UPDATE users SET name = 'x'",
+            "INSERT INTO users (name) VALUES ('d'); DELETE FROM audit; UPDATE users SET name = 'x'",
+            "DELETE FROM users; INSERT INTO audit VALUES ('gone')",
         ] {
-            let described = kept.rehearse(&path, sql, Mode::Preview);
+            let described = kept.describe(&path, sql);
             assert_eq!(described.stopped, None, "{described:?}");
         }
         assert_eq!(contents(&path), before);

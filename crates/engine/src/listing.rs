@@ -410,7 +410,7 @@ impl Engine {
     }
 
     /// Whether an open tool's call may go to the upstream: the engine knows the connection, the
-    /// tool is listed, and its definition is the pinned one. `Ok` when it may; a
+    /// tool is listed open, and its definition is the pinned one. `Ok` when it may; a
     /// refusal or an error (recorded in history) when it may not: `ledger_unreachable` while the
     /// connection's pins could not be read. The session asks before every open call it forwards.
     pub async fn open_call(&self, tenant: &Tenant, tool: &str) -> Result<(), Stopped> {
@@ -451,6 +451,15 @@ impl Engine {
                     .await)
             }
             Some(Some((false, _))) => Err(self.tool_changed(tenant, tool).await),
+            // Listed again as gated since the caller's gate was read (a definition accepted
+            // since, or another of its requests listing meanwhile): never forwarded as open.
+            Some(Some((true, class))) if class != countersign_core::GateClass::Open => {
+                let message = format!(
+                    "Not run: `{tool}` is no longer an open tool since it was listed, so this \
+                     call needs a person's approval. Nothing was executed. Next: call it again."
+                );
+                Err(error(ErrorCode::Busy, message))
+            }
             Some(Some((true, class))) => {
                 self.tally_request(Some(class), Outcome::Forwarded);
                 Ok(())

@@ -31,7 +31,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use countersign_core::ServerId;
-use countersign_engine::{Attached, Engine, MAX_ATTACHED};
+use countersign_engine::{Attached, Engine, MAX_ATTACHED, Stopped};
 use countersign_session::reach::Upstream;
 use countersign_session::router::{NOTIFICATIONS, Routed, route};
 use countersign_session::{Gates, RawTools, Session};
@@ -118,16 +118,24 @@ pub struct Endpoint {
 pub struct KeptGates(std::sync::Mutex<HashMap<Tenant, Arc<Gates>>>);
 
 impl KeptGates {
-    /// The gates kept for `tenant`, made anew when the engine made its connection anew
-    /// (`attached`), since that connection knows no tools yet. At most [`MAX_ATTACHED`] callers'
-    /// are kept, as the engine keeps at most that many connections: past it, one is dropped, and
-    /// that caller's next call lists again.
-    fn of(&self, tenant: &Tenant, attached: Attached) -> Arc<Gates> {
+    /// Attaches `tenant` to the engine (`attach`, [`Engine::attach`]) and answers the gates kept
+    /// for it, made anew when the engine made its connection anew, since that connection knows
+    /// no tools yet. Both under one lock: a request that finds the caller attached again never
+    /// takes the gates of the connection another request's attach has just replaced.
+    ///
+    /// At most [`MAX_ATTACHED`] callers' gates are kept, as the engine keeps at most that many
+    /// connections: past it, one is dropped, and that caller's next call lists again.
+    fn attach(
+        &self,
+        tenant: &Tenant,
+        attach: impl FnOnce() -> Result<Attached, Stopped>,
+    ) -> Result<Arc<Gates>, Stopped> {
         let mut kept = lock(&self.0);
+        let attached = attach()?;
         if attached == Attached::Again
             && let Some(gates) = kept.get(tenant)
         {
-            return gates.clone();
+            return Ok(gates.clone());
         }
         if kept.len() >= MAX_ATTACHED
             && !kept.contains_key(tenant)
@@ -137,7 +145,7 @@ impl KeptGates {
         }
         let gates = Gates::across_requests();
         kept.insert(tenant.clone(), gates.clone());
-        gates
+        Ok(gates)
     }
 }
 
@@ -433,8 +441,11 @@ async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: B
         );
     };
     let tenant = endpoint.tenant(&caller);
-    let attached = match endpoint.engine.attach(&tenant, endpoint.server.clone()) {
-        Ok(attached) => attached,
+    let attached = endpoint.gates.attach(&tenant, || {
+        endpoint.engine.attach(&tenant, endpoint.server.clone())
+    });
+    let gates = match attached {
+        Ok(gates) => gates,
         Err(stopped) => {
             let error = json!({
                 "jsonrpc": "2.0",
@@ -444,7 +455,6 @@ async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: B
             return json_body(&error);
         }
     };
-    let gates = endpoint.gates.of(&tenant, attached);
     let session = Session::with_gates(
         endpoint.upstream.clone(),
         endpoint.engine.clone(),
@@ -522,16 +532,26 @@ mod tests {
                 &ServerId::Registered("db".into()),
             )
         };
-        let first = kept.of(&caller(0), Attached::Anew);
-        assert!(Arc::ptr_eq(&first, &kept.of(&caller(0), Attached::Again)));
-        assert!(!Arc::ptr_eq(&first, &kept.of(&caller(1), Attached::Again)));
+        let of = |n: usize, attached: Attached| kept.attach(&caller(n), || Ok(attached)).unwrap();
+        let first = of(0, Attached::Anew);
+        assert!(Arc::ptr_eq(&first, &of(0, Attached::Again)));
+        assert!(!Arc::ptr_eq(&first, &of(1, Attached::Again)));
         // The engine forgot the caller and made its connection again: nothing kept holds.
-        let anew = kept.of(&caller(0), Attached::Anew);
+        let anew = of(0, Attached::Anew);
         assert!(!Arc::ptr_eq(&first, &anew));
-        assert!(Arc::ptr_eq(&anew, &kept.of(&caller(0), Attached::Again)));
+        assert!(Arc::ptr_eq(&anew, &of(0, Attached::Again)));
+        // An engine that refuses to attach: its refusal, and nothing kept changes.
+        let refused = kept.attach(&caller(0), || {
+            Err(Stopped::Failed {
+                code: countersign_engine::ErrorCode::Busy,
+                message: "full".into(),
+            })
+        });
+        assert!(refused.is_err());
+        assert!(Arc::ptr_eq(&anew, &of(0, Attached::Again)));
         // Never more callers' than the engine keeps connections.
         for n in 0..MAX_ATTACHED + 10 {
-            kept.of(&caller(n), Attached::Anew);
+            of(n, Attached::Anew);
         }
         assert_eq!(lock(&kept.0).len(), MAX_ATTACHED);
     }

@@ -82,32 +82,42 @@ pub struct Session {
 /// [`LISTING_FRESH`]: crate::upstream::LISTING_FRESH
 #[derive(Debug)]
 pub struct Gates {
-    by_tool: Mutex<HashMap<String, Gate>>,
-    /// The value of [`Shared::tools_epoch`] the current gates were listed under (`u64::MAX`
-    /// before the first listing): the listing is current only while the two are equal.
-    ///
-    /// [`Shared::tools_epoch`]: crate::upstream::Shared::tools_epoch
-    epoch: std::sync::atomic::AtomicU64,
-    /// The generation of the desk's rules over arguments the last listing was classed under.
-    rules: std::sync::atomic::AtomicU64,
+    /// Read and written whole, under one lock: a call's gate is only ever taken together with
+    /// the listing it belongs to, never one listing's gate with another's currency.
+    decided: Mutex<Decisions>,
     /// Kept across a caller's requests: current only while the upstream's listing they were
     /// decided from is still the one [`Shared::listing`] keeps.
     across_requests: bool,
+}
+
+/// What one listing decided, and what it was decided under.
+#[derive(Debug)]
+struct Decisions {
+    by_tool: HashMap<String, Gate>,
+    /// The value of [`Shared::tools_epoch`] the gates were listed under (`u64::MAX` before the
+    /// first listing): the listing is current only while the two are equal.
+    ///
+    /// [`Shared::tools_epoch`]: crate::upstream::Shared::tools_epoch
+    epoch: u64,
+    /// The generation of the desk's rules over arguments the listing was classed under.
+    rules: u64,
     /// The upstream's listing the gates were decided from. Weak: an idle caller's gates must not
     /// keep a listing alive once the upstream's kept listing has moved on (the tools' text, for
     /// each caller). Its allocation stays while this points to it, so no later listing can come
     /// to have the same address.
-    from: Mutex<std::sync::Weak<Vec<Value>>>,
+    from: std::sync::Weak<Vec<Value>>,
 }
 
 impl Gates {
     fn new(across_requests: bool) -> Self {
         Self {
-            by_tool: Mutex::default(),
-            epoch: std::sync::atomic::AtomicU64::new(u64::MAX),
-            rules: std::sync::atomic::AtomicU64::new(u64::MAX),
+            decided: Mutex::new(Decisions {
+                by_tool: HashMap::new(),
+                epoch: u64::MAX,
+                rules: u64::MAX,
+                from: std::sync::Weak::new(),
+            }),
             across_requests,
-            from: Mutex::new(std::sync::Weak::new()),
         }
     }
 
@@ -182,15 +192,23 @@ impl Session {
     /// that runs now began, since it last said they changed, and under the desk's rules over
     /// arguments in force (a rule accepted since may gate a tool listed open). A listing that
     /// failed or has not come back yet never counts.
-    fn listing_current(&self) -> bool {
-        let epoch = self.gates.epoch.load(Ordering::Acquire);
-        epoch == self.shared.tools_epoch.load(Ordering::Acquire)
-            && self.gates.rules.load(Ordering::Acquire) == self.engine.rules_generation()
+    fn listing_current(&self, decided: &Decisions) -> bool {
+        decided.epoch == self.shared.tools_epoch.load(Ordering::Acquire)
+            && decided.rules == self.engine.rules_generation()
             && (!self.gates.across_requests || {
-                let kept = self.shared.listing(epoch, std::time::Instant::now());
-                let from = lock(&self.gates.from);
-                kept.is_some_and(|kept| std::ptr::eq(Arc::as_ptr(&kept), from.as_ptr()))
+                let kept = self
+                    .shared
+                    .listing(decided.epoch, std::time::Instant::now());
+                kept.is_some_and(|kept| std::ptr::eq(Arc::as_ptr(&kept), decided.from.as_ptr()))
             })
+    }
+
+    /// How the current listing treats `tool`: `None` when no listing is current; `Some(None)`
+    /// when it does not list the tool.
+    fn current_gate(&self, tool: &str) -> Option<Option<Gate>> {
+        let decided = lock(&self.gates.decided);
+        self.listing_current(&decided)
+            .then(|| decided.by_tool.get(tool).cloned())
     }
 
     /// The open lane, when it may take a call of `tool` now (see [`crate::lane`]): the agent and
@@ -205,9 +223,7 @@ impl Session {
         // on before its lane became the current one, so its lane never passes with an old
         // listing.
         let lane = self.upstream.lane()?;
-        if !self.listing_current()
-            || lock(&self.gates.by_tool).get(tool) != Some(&Gate::Class(GateClass::Open))
-        {
+        if self.current_gate(tool) != Some(Some(Gate::Class(GateClass::Open))) {
             return None;
         }
         self.engine
@@ -374,7 +390,7 @@ impl Session {
             Err(stopped) => {
                 // No listing of this session is current any more: the engine knows none (its
                 // records could not be read), so the next call lists again, once they can be.
-                self.gates.epoch.store(u64::MAX, Ordering::Release);
+                lock(&self.gates.decided).epoch = u64::MAX;
                 return Err(Unlisted::Engine(stopped));
             }
         };
@@ -397,10 +413,12 @@ impl Session {
                 None => {}
             }
         }
-        *lock(&self.gates.by_tool) = decided;
-        *lock(&self.gates.from) = Arc::downgrade(&from);
-        self.gates.rules.store(rules, Ordering::Release);
-        self.gates.epoch.store(epoch, Ordering::Release);
+        *lock(&self.gates.decided) = Decisions {
+            by_tool: decided,
+            epoch,
+            rules,
+            from: Arc::downgrade(&from),
+        };
         Ok(listed)
     }
 
@@ -413,8 +431,7 @@ impl Session {
     ) -> Result<(Option<Gate>, Live), Unlisted> {
         for _ in 0..3 {
             let live = self.live().await?;
-            let known = lock(&self.gates.by_tool).get(tool).cloned();
-            if known.is_some() && self.listing_current() {
+            if let Some(known @ Some(_)) = self.current_gate(tool) {
                 return Ok((known, live));
             }
             // A tool not in the last listing, a list that changed, or an upstream started again:
@@ -422,7 +439,7 @@ impl Session {
             self.refresh_tools(context).await?;
             // Listed by this start, unless it was started again meanwhile (then once more).
             if self.upstream.is_current(&live).await {
-                return Ok((lock(&self.gates.by_tool).get(tool).cloned(), live));
+                return Ok((lock(&self.gates.decided).by_tool.get(tool).cloned(), live));
             }
         }
         Err(unavailable(Unreached::keeps_exiting()).into())

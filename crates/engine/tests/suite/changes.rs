@@ -228,6 +228,40 @@ async fn an_accepted_change_is_pinned_and_calls_pass_without_listing_again() {
     );
 }
 
+/// An open tool redefined as one that changes things, and accepted by the person: a caller that
+/// read its gate as open before (another of its requests listed meanwhile) is never forwarded
+/// on it. The engine has the last word, and the call needs an approval now.
+#[tokio::test]
+async fn a_tool_accepted_as_mutating_is_never_forwarded_on_its_old_open_gate() {
+    let d = desk();
+    let tenant = connect(&d.engine, tools("Reads a file.")).await;
+    assert_eq!(d.engine.open_call(&tenant, "read").await, Ok(()));
+    let mut mutating = tools("Deletes a file.");
+    mutating[0]["annotations"] = json!({"readOnlyHint": false, "destructiveHint": true});
+    let decided = d.engine.register_tools(&tenant, mutating).await.unwrap();
+    assert!(
+        decided
+            .iter()
+            .any(|t| t.name == "read" && t.class.is_gated()),
+        "{decided:?}"
+    );
+    d.engine
+        .approve(only_change(&d.engine).id, None)
+        .await
+        .unwrap();
+    let refused = d.engine.open_call(&tenant, "read").await;
+    assert!(
+        matches!(
+            &refused,
+            Err(Stopped::Failed {
+                code: countersign_engine::ErrorCode::Busy,
+                message,
+            }) if message.contains("no longer an open tool")
+        ),
+        "{refused:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_accepted_gated_tool_can_be_approved_and_confirmed() {
     let d = desk();

@@ -27,6 +27,19 @@ use crate::{
     approval, capped, decision, history, passkey, roster, waiting,
 };
 
+/// A pooled connection while a transaction may be open on it: dropped before it is settled (the
+/// future appending was dropped, its caller gone), it is closed, never handed back to the pool
+/// with the transaction and the tip's lock still held. Settled by taking it out (`.0.take()`).
+struct Unsettled(Option<deadpool_postgres::Object>);
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(deadpool_postgres::Object::take(conn));
+        }
+    }
+}
+
 /// The most events appended to the chain in one transaction.
 pub(crate) const MAX_BATCH: usize = 64;
 
@@ -53,8 +66,11 @@ pub(crate) struct ChainWriter {
 /// An event handed to the writer, and where it says how its append went.
 struct Appending {
     event: ConfirmEvent,
-    told: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+    told: Told,
 }
+
+/// Where the writer says how an event's append went.
+type Told = tokio::sync::oneshot::Sender<Result<(), StoreError>>;
 
 impl ChainWriter {
     /// Starts the writer on the current Tokio runtime, appending with `writer` (a copy of the
@@ -99,6 +115,11 @@ impl ChainWriter {
 impl Postgres {
     /// Appends `batch` and tells each event's caller how it went ([`ChainWriter`]).
     async fn append_batch(&self, batch: Vec<Appending>) {
+        // Each caller emits its own event (`ConfirmEvent::emit`) once told, inside its own span;
+        // a caller that stopped waiting has its event appended, and not emitted.
+        let tell = |told: Told, stored: Result<(), StoreError>| {
+            let _ = told.send(stored);
+        };
         // An event whose columns cannot be written (a time beyond the store's range) is refused
         // alone: it never reaches the batch.
         let mut events = Vec::with_capacity(batch.len());
@@ -109,9 +130,7 @@ impl Postgres {
                     events.push(event);
                     tells.push(told);
                 }
-                Err(err) => {
-                    let _ = told.send(Err(err));
-                }
+                Err(err) => tell(told, Err(err)),
             }
         }
         if events.is_empty() {
@@ -120,22 +139,26 @@ impl Postgres {
         match self.append(&events).await {
             Ok(()) => {
                 for told in tells {
-                    let _ = told.send(Ok(()));
+                    tell(told, Ok(()));
                 }
             }
             Err(err) if events.len() == 1 => {
-                let _ = tells.into_iter().next().map(|told| told.send(Err(err)));
+                if let Some(told) = tells.pop() {
+                    tell(told, Err(err));
+                }
             }
+            // The database's own failure, not the events': the same for each.
             Err(err) if self.outage_of(&err).is_some() => {
                 for told in tells {
                     if let Some(outage) = self.outage_of(&err) {
-                        let _ = told.send(Err(outage));
+                        tell(told, Err(outage));
                     }
                 }
             }
             Err(_) => {
                 for (event, told) in events.iter().zip(tells) {
-                    let _ = told.send(self.append(std::slice::from_ref(event)).await);
+                    let stored = self.append(std::slice::from_ref(event)).await;
+                    tell(told, stored);
                 }
             }
         }
@@ -170,30 +193,44 @@ impl Postgres {
         let mut pause = std::time::Duration::from_millis(5);
         let mut retries = 0;
         loop {
-            let conn = self.connection().await?;
-            let attempt = tokio::time::timeout(
-                self.statement_timeout,
-                self.append_on(&conn, &rows, last_event.at_ms),
-            )
-            .await
-            .unwrap_or(Err(StoreError::PostgresTimeout {
-                after: self.statement_timeout,
-            }));
+            let mut held = Unsettled(Some(self.connection().await?));
+            let attempt = match held.0.as_ref() {
+                Some(conn) => tokio::time::timeout(
+                    self.statement_timeout,
+                    self.append_on(conn, &rows, last_event.at_ms),
+                )
+                .await
+                .unwrap_or(Err(StoreError::PostgresTimeout {
+                    after: self.statement_timeout,
+                })),
+                None => Ok(()),
+            };
+            let Some(conn) = held.0.take() else {
+                return attempt;
+            };
             let Err(err) = attempt else {
                 self.release(conn, None);
                 return Ok(());
             };
             // A transaction left open (a failure before its last round trip) ends here. A
             // connection that cannot say so, or whose state is unknown, never goes back.
-            let ended = !err.breaks_postgres_connection()
-                && tokio::time::timeout(self.statement_timeout, conn.batch_execute("ROLLBACK"))
-                    .await
-                    .is_ok_and(|rolled| rolled.is_ok());
-            if ended {
+            let mut held = Unsettled(Some(conn));
+            let ended = match held.0.as_ref() {
+                Some(conn) => {
+                    !err.breaks_postgres_connection()
+                        && tokio::time::timeout(
+                            self.statement_timeout,
+                            conn.batch_execute("ROLLBACK"),
+                        )
+                        .await
+                        .is_ok_and(|rolled| rolled.is_ok())
+                }
+                None => false,
+            };
+            if ended && let Some(conn) = held.0.take() {
                 self.release(conn, Some(&err));
-            } else {
-                drop(deadpool_postgres::Object::take(conn));
             }
+            drop(held);
             // An engine that runs everything SERIALIZABLE (CockroachDB) answers 40001 where
             // PostgreSQL waits on the lock: retried, as every transaction here is.
             if err.sqlstate() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
@@ -210,8 +247,9 @@ impl Postgres {
 
     /// One attempt of [`Postgres::append`] on `conn`, in two round trips: the transaction begun
     /// and the tip locked together; then the rows, the tip and the signed head (one statement)
-    /// and the commit together. The tip's lock is held for the second only. `at_ms`: the time
-    /// of the last event, which the head is signed at.
+    /// and the commit together. The tip's lock is held from the first round trip's answer to the
+    /// commit: while the rows are linked and the head signed, and for the second round trip.
+    /// `at_ms`: the time of the last event, which the head is signed at.
     async fn append_on(
         &self,
         conn: &deadpool_postgres::ClientWrapper,
@@ -227,7 +265,10 @@ impl Postgres {
         let (lock, write) =
             tokio::try_join!(conn.prepare_cached(TIP_LOCK), conn.prepare_cached(write))
                 .map_err(pg)?;
-        // Sent together (tokio-postgres pipelines what is polled at once), run in this order.
+        // Sent together (tokio-postgres pipelines what is polled at once), run in this order: a
+        // statement's messages leave at its future's first poll, and `join!` polls in order. So
+        // the lock and the write must stay prepared statements: one given as text would be
+        // prepared first, and the COMMIT below could leave before the write.
         let (begun, tip) = tokio::join!(
             conn.batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED"),
             conn.query_opt(&lock, &[]),
