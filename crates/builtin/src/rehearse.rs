@@ -831,6 +831,13 @@ fn run(
     conn.commit_hook(Some(|| true));
     conn.progress_handler(1000, Some(move || Instant::now() >= deadline));
     conn.execute_batch("BEGIN").map_err(setup)?;
+    // The read begins now, and with it the snapshot every statement below is prepared against:
+    // a statement that reads the schema table makes SQLite check the file's schema against the
+    // one this connection has in memory, and load it again if it changed. A connection kept
+    // from an earlier description would otherwise prepare the last statement (never run, so
+    // never checked) against the schema it saw then, blind to a trigger added since.
+    conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
+        .map_err(|e| stopped_by(&e, deadline))?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let recorder = Arc::clone(&seen);
     conn.authorizer(Some(move |context: AuthContext<'_>| {
@@ -987,6 +994,23 @@ mod tests {
             "{described:?}"
         );
         assert!(lock(&kept.idle).is_empty());
+    }
+
+    #[test]
+    fn a_kept_connection_sees_a_trigger_added_since_its_last_description() {
+        let (_dir, path) = db(USERS);
+        let kept = Kept::default();
+        let delete = "DELETE FROM users";
+        assert_eq!(kept.describe(&path, delete).target(), "users");
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "CREATE TRIGGER t AFTER DELETE ON users BEGIN INSERT INTO audit VALUES (1); END;",
+            )
+            .unwrap();
+        let described = kept.describe(&path, delete);
+        assert_eq!(lock(&kept.idle).len(), 1, "the kept connection, again");
+        assert_eq!(described.target(), "audit, users", "{described:?}");
     }
 
     #[test]
