@@ -50,14 +50,19 @@ fn sqlite() -> Fixture {
     }
 }
 
+/// One replica's records on the database `dsn`, signing the chain's head with [`chain_key`].
+async fn replica(dsn: &str) -> R {
+    Arc::new(
+        Postgres::connect(dsn, PostgresOptions::default().with_chain_key(chain_key()))
+            .await
+            .unwrap(),
+    )
+}
+
 async fn postgres() -> Fixture {
     let dsn = shared_database().await;
     Fixture {
-        records: Arc::new(
-            Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
-                .await
-                .unwrap(),
-        ),
+        records: replica(&dsn).await,
         _dir: None,
     }
 }
@@ -973,24 +978,34 @@ async fn a_database_with_a_newer_schema_is_refused_unchanged() {
     assert_eq!(newest, 99);
 }
 
-/// Two replicas' records on the database `dsn`, having written `n` events at once, alternately.
-async fn two_replicas_chain(dsn: &str, n: u64) -> (R, R) {
-    let replica = || async {
-        Arc::new(
-            Postgres::connect(dsn, PostgresOptions::default().with_chain_key(chain_key()))
-                .await
-                .unwrap(),
-        ) as R
-    };
-    let (a, b) = (replica().await, replica().await);
+/// `n` events (`event_of` each number) recorded all at once, alternately through `a` and `b`:
+/// each number with how its record went.
+async fn record_alternately(
+    a: &R,
+    b: &R,
+    n: u64,
+    event_of: fn(u64) -> countersign_core::telemetry::ConfirmEvent,
+) -> Vec<(u64, Result<(), StoreError>)> {
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let r = if i % 2 == 0 { a.clone() } else { b.clone() };
-            tokio::spawn(async move { r.record(&event(100 + i, EventKind::Accepted)).await })
+            tokio::spawn(async move { (i, r.record(&event_of(i)).await) })
         })
         .collect();
+    let mut recorded = Vec::with_capacity(tasks.len());
     for task in tasks {
-        task.await.unwrap().unwrap();
+        recorded.push(task.await.unwrap());
+    }
+    recorded
+}
+
+/// Two replicas' records on the database `dsn`, having written `n` events at once, alternately.
+async fn two_replicas_chain(dsn: &str, n: u64) -> (R, R) {
+    let (a, b) = (replica(dsn).await, replica(dsn).await);
+    for (i, recorded) in
+        record_alternately(&a, &b, n, |i| event(100 + i, EventKind::Accepted)).await
+    {
+        assert!(recorded.is_ok(), "event {i}: {recorded:?}");
     }
     (a, b)
 }
@@ -1087,33 +1102,20 @@ async fn events_appended_together_by_two_replicas_are_each_in_the_chain_once_and
         )
         .await
         .unwrap();
-    let replica = || async {
-        Arc::new(
-            Postgres::connect(&dsn, PostgresOptions::default().with_chain_key(chain_key()))
-                .await
-                .unwrap(),
-        ) as R
+    let (a, b) = (replica(&dsn).await, replica(&dsn).await);
+    let event_of = |i: u64| {
+        let mut e = event(100 + i, EventKind::Accepted);
+        e.note = Some(format!("event {i}"));
+        match i {
+            // Beyond BIGINT: refused by the columns, before any batch.
+            301 => e.at_ms = u64::MAX,
+            // Refused by the database, inside whatever batch it is in.
+            444 => e.note = Some("refused by the test".into()),
+            _ => {}
+        }
+        e
     };
-    let (a, b) = (replica().await, replica().await);
-    let tasks: Vec<_> = (0..600u64)
-        .map(|i| {
-            let r = if i % 2 == 0 { a.clone() } else { b.clone() };
-            tokio::spawn(async move {
-                let mut e = event(100 + i, EventKind::Accepted);
-                e.note = Some(format!("event {i}"));
-                match i {
-                    // Beyond BIGINT: refused by the columns, before any batch.
-                    301 => e.at_ms = u64::MAX,
-                    // Refused by the database, inside whatever batch it is in.
-                    444 => e.note = Some("refused by the test".into()),
-                    _ => {}
-                }
-                (i, r.record(&e).await)
-            })
-        })
-        .collect();
-    for task in tasks {
-        let (i, recorded) = task.await.unwrap();
+    for (i, recorded) in record_alternately(&a, &b, 600, event_of).await {
         match i {
             301 => assert!(
                 matches!(recorded, Err(StoreError::TimeOutOfRange(_))),
@@ -1154,14 +1156,10 @@ async fn without_a_key_the_events_are_numbered_and_no_head_is_signed() {
             .await
             .unwrap(),
     );
-    let tasks: Vec<_> = (0..20u64)
-        .map(|i| {
-            let r = r.clone();
-            tokio::spawn(async move { r.record(&event(100 + i, EventKind::Accepted)).await })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap().unwrap();
+    for (i, recorded) in
+        record_alternately(&r, &r, 20, |i| event(100 + i, EventKind::Accepted)).await
+    {
+        assert!(recorded.is_ok(), "event {i}: {recorded:?}");
     }
     // Nothing signed, so nothing to prove the chain's end against: said so, never "intact".
     assert_eq!(
