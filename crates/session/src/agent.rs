@@ -368,11 +368,10 @@ impl Session {
                 fetched
             }
         };
-        let tools = from.as_ref().clone();
         let mut held = HashMap::<String, Value>::new();
         let decided: HashMap<String, Gate> = match self
             .engine
-            .register_tools(&self.tenant, tools.clone())
+            .register_tools(&self.tenant, from.as_ref().clone())
             .await
         {
             Ok(decisions) => decisions
@@ -394,8 +393,8 @@ impl Session {
                 return Err(Unlisted::Engine(stopped));
             }
         };
-        let mut listed = Vec::with_capacity(tools.len());
-        for tool in tools {
+        let mut listed = Vec::with_capacity(from.len());
+        for tool in from.iter().cloned() {
             let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
                 continue;
             };

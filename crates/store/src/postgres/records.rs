@@ -29,8 +29,21 @@ use crate::{
 
 /// A pooled connection while a transaction may be open on it: dropped before it is settled (the
 /// future appending was dropped, its caller gone), it is closed, never handed back to the pool
-/// with the transaction and the tip's lock still held. Settled by taking it out (`.0.take()`).
+/// with the transaction and the tip's lock still held. Settled by taking it out (`.0.take()`)
+/// to give it back.
 struct Unsettled(Option<deadpool_postgres::Object>);
+
+impl Unsettled {
+    /// The connection, while it is held.
+    fn conn(&self) -> Result<&deadpool_postgres::Object, StoreError> {
+        self.0
+            .as_ref()
+            .ok_or_else(|| StoreError::PostgresUnavailable {
+                target: "the history's writer".to_owned(),
+                reason: "its connection was already given back".to_owned(),
+            })
+    }
+}
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
@@ -41,7 +54,7 @@ impl Drop for Unsettled {
 }
 
 /// The most events appended to the chain in one transaction.
-pub(crate) const MAX_BATCH: usize = 64;
+const MAX_BATCH: usize = 64;
 
 /// The most events waiting for the writer; a caller past it waits to hand its event over.
 const MAX_WAITING: usize = 1024;
@@ -194,29 +207,20 @@ impl Postgres {
         let mut retries = 0;
         loop {
             let mut held = Unsettled(Some(self.connection().await?));
-            let attempt = match held.0.as_ref() {
-                Some(conn) => tokio::time::timeout(
-                    self.statement_timeout,
-                    self.append_on(conn, &rows, last_event.at_ms),
-                )
-                .await
-                .unwrap_or(Err(StoreError::PostgresTimeout {
-                    after: self.statement_timeout,
-                })),
-                None => Ok(()),
-            };
-            let Some(conn) = held.0.take() else {
-                return attempt;
-            };
-            let Err(err) = attempt else {
-                self.release(conn, None);
-                return Ok(());
-            };
-            // A transaction left open (a failure before its last round trip) ends here. A
-            // connection that cannot say so, or whose state is unknown, never goes back.
-            let mut held = Unsettled(Some(conn));
-            let ended = match held.0.as_ref() {
-                Some(conn) => {
+            let conn = held.conn()?;
+            let attempt = tokio::time::timeout(
+                self.statement_timeout,
+                self.append_on(conn, &rows, last_event.at_ms),
+            )
+            .await
+            .unwrap_or(Err(StoreError::PostgresTimeout {
+                after: self.statement_timeout,
+            }));
+            // A transaction a failure left open ends here. A connection that cannot say so, or
+            // whose state is unknown, never goes back to the pool (`held` closes it).
+            let reusable = match &attempt {
+                Ok(()) => true,
+                Err(err) => {
                     !err.breaks_postgres_connection()
                         && tokio::time::timeout(
                             self.statement_timeout,
@@ -225,12 +229,14 @@ impl Postgres {
                         .await
                         .is_ok_and(|rolled| rolled.is_ok())
                 }
-                None => false,
             };
-            if ended && let Some(conn) = held.0.take() {
-                self.release(conn, Some(&err));
+            if reusable && let Some(conn) = held.0.take() {
+                self.release(conn, attempt.as_ref().err());
             }
             drop(held);
+            let Err(err) = attempt else {
+                return Ok(());
+            };
             // An engine that runs everything SERIALIZABLE (CockroachDB) answers 40001 where
             // PostgreSQL waits on the lock: retried, as every transaction here is.
             if err.sqlstate() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
