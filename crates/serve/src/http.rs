@@ -14,7 +14,9 @@
 //! to one never verifies for another, nor on another server. Nothing in the message (its
 //! `_meta`, its `clientInfo`) changes it. What the caller's last listing decided is kept for it
 //! ([`Gates`]) while the upstream's listing it was decided from is fresh (a second), so a call
-//! does not class the upstream's tools and read their pins again every time.
+//! does not class the upstream's tools and read their pins again every time. An open tool's
+//! call to an upstream reached by URL skips the rmcp sessions altogether when the kept gates and
+//! the engine say it may (the session crate's open lane for URL upstreams).
 //!
 //! Answers are `application/json` only: a stateless server keeps no stream, so notifications
 //! the handler sends on the way (progress) are not delivered, and `GET` (a stream of the
@@ -462,6 +464,15 @@ async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: B
         endpoint.wait,
         gates,
     );
+    // An open tool's call, when the open lane for URL upstreams may take it: posted straight
+    // to the upstream, past both rmcp sessions (see the session crate's `url_lane`).
+    if let ClientRequest::CallToolRequest(call) = &request.request
+        && let Some(answer) = session
+            .open_by_url_lane(&request.id, &call.params, &version)
+            .await
+    {
+        return json_body(&answer);
+    }
     let peer =
         InitializeRequestParams::new(ClientCapabilities::default(), Implementation::default())
             .with_protocol_version(version);

@@ -28,6 +28,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, Service};
 use serde_json::{Value, json};
 
 use crate::reach::{Live, Unreached, Upstream};
+use crate::url_lane::{Posted, to_caller};
 
 #[path = "rounds.rs"]
 mod rounds;
@@ -229,6 +230,59 @@ impl Session {
         self.engine
             .forwards_open(&self.tenant, tool)
             .then_some(lane)
+    }
+
+    /// Answers an open tool's call of a team's server on the open lane for URL upstreams, when
+    /// that lane may take it (see [`crate::url_lane`]): the caller's whole JSON-RPC answer, under
+    /// `id`, for a caller speaking `version`. `None`: the lane did not take it, or the upstream
+    /// never received it; the call takes the full path.
+    pub async fn open_by_url_lane(
+        &self,
+        id: &RequestId,
+        params: &CallToolRequestParams,
+        version: &ProtocolVersion,
+    ) -> Option<Value> {
+        // A call carrying the 2026-07-28 rounds' fields is the full path's to judge.
+        if params.request_state.is_some() || params.input_responses.is_some() {
+            return None;
+        }
+        // The lane first, then the listing: a start that began meanwhile has moved the epoch on
+        // before its lane became the current one, so its lane never passes with an old listing.
+        let lane = self.upstream.url_lane()?;
+        let tool = params.name.as_ref();
+        {
+            let decided = lock(&self.gates.decided);
+            if !self.listing_current(&decided)
+                || decided.by_tool.get(tool) != Some(&Gate::Class(GateClass::Open))
+            {
+                return None;
+            }
+            if lane.headed() {
+                let listing = decided.from.upgrade()?;
+                let schema = listing
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some(tool))
+                    .and_then(|t| t.get("inputSchema"));
+                if !lane.takes_tool(tool, schema) {
+                    return None;
+                }
+            }
+        }
+        if !self.engine.forwards_open(&self.tenant, tool) {
+            return None;
+        }
+        if let Some(info) = params.meta.as_ref().and_then(|m| m.client_info()) {
+            self.note_client_info(serde_json::to_value(info).unwrap_or_default());
+        }
+        let modern = *version >= ProtocolVersion::V_2026_07_28;
+        let answer = match lane.call(params).await {
+            Posted::NotSent => return None,
+            Posted::Answer(answer) => answer,
+            Posted::Lost => serde_json::to_value(call_lost(tool, None))
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None)),
+        };
+        self.forwarded_open();
+        Some(to_caller(id, answer, modern))
     }
 
     /// The current start's open lane, if any, for the agent's cancels.

@@ -21,6 +21,7 @@ mod registry;
 pub mod router;
 mod socket;
 mod upstream;
+mod url_lane;
 
 use countersign_core::Tenant;
 use std::sync::Arc;

@@ -26,6 +26,7 @@ use crate::children::Children;
 use crate::lane::Lane;
 use crate::raw::RawPassthroughTransport;
 use crate::upstream::{Shared, UpstreamClient};
+use crate::url_lane::{UrlLane, Watched};
 
 /// Why a hello is not served.
 #[derive(Debug)]
@@ -260,6 +261,9 @@ pub struct Upstream {
     /// The open lane of the current start, while it runs: read by the connection's reader
     /// without waiting on `running` (see [`crate::lane`]).
     lane: std::sync::Mutex<Option<Arc<Lane>>>,
+    /// The open lane of the current start of an upstream reached by URL (see
+    /// [`crate::url_lane`]).
+    url_lane: std::sync::Mutex<Option<Arc<UrlLane>>>,
     /// Cancelled when the session ends: a start under way gives up.
     ended: CancellationToken,
 }
@@ -271,6 +275,8 @@ struct Opened {
     pid: Option<u32>,
     /// The open lane on this start, for a line-based upstream (see [`crate::lane`]).
     lane: Option<Arc<Lane>>,
+    /// The open lane on this start, for an upstream reached by URL (see [`crate::url_lane`]).
+    url_lane: Option<Arc<UrlLane>>,
 }
 
 impl Opened {
@@ -392,6 +398,7 @@ impl Upstream {
             .peer_info()
             .expect("an initialized upstream has peer info");
         let lane = std::sync::Mutex::new(opened.lane.clone());
+        let url_lane = std::sync::Mutex::new(opened.url_lane.clone());
         Ok(Self {
             target: std::sync::Mutex::new((reach, headers)),
             registered: None,
@@ -406,6 +413,7 @@ impl Upstream {
                 start: 1,
             }),
             lane,
+            url_lane,
             ended: CancellationToken::new(),
         })
     }
@@ -454,6 +462,7 @@ impl Upstream {
             return Err(ended());
         }
         self.set_lane(None);
+        *lock(&self.url_lane) = None;
         if let Some(old) = running.opened.take() {
             tracing::warn!(target: "session", start = running.start, "the upstream has exited; starting it again");
             // Ended already, or ending: this collects it (and kills what it left behind).
@@ -488,6 +497,7 @@ impl Upstream {
         };
         // The new start's lane stays unused until its tools are listed: they are stale now.
         self.set_lane(opened.lane.clone());
+        *lock(&self.url_lane) = opened.url_lane.clone();
         running.opened = Some(opened);
         Ok(live)
     }
@@ -503,6 +513,14 @@ impl Upstream {
         lock(&self.lane)
             .clone()
             .filter(|lane| !lane.is_closed() && !lane.pid().is_some_and(has_exited))
+    }
+
+    /// The open lane of the current start of an upstream reached by URL, while that start runs
+    /// (see [`crate::url_lane`]).
+    pub(crate) fn url_lane(&self) -> Option<Arc<UrlLane>> {
+        lock(&self.url_lane)
+            .clone()
+            .filter(|lane| lane.is_running())
     }
 
     /// The current start's peer, if it is running; never starts one (for notifications, which a
@@ -595,6 +613,7 @@ async fn open(
     };
     let mut pid = None;
     let mut lane = None;
+    let mut watched = None;
     let upstream = match reach {
         Reach::Builtin { db } => {
             let path = Path::new(db);
@@ -638,15 +657,15 @@ async fn open(
             }
             let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.as_str())
                 .custom_headers(custom);
-            let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
-                http_client().map_err(|e| {
-                    unreached(
-                        RefusedCode::UpstreamFailed,
-                        format!("cannot make the HTTP client: {e}"),
-                    )
-                })?,
-                config,
-            );
+            let http = Watched::new(http_client().map_err(|e| {
+                unreached(
+                    RefusedCode::UpstreamFailed,
+                    format!("cannot make the HTTP client: {e}"),
+                )
+            })?);
+            watched = Some((http.clone(), url.clone()));
+            let transport =
+                rmcp::transport::StreamableHttpClientTransport::with_client(http, config);
             client
                 .serve_with_lifecycle(transport, lifecycle)
                 .await
@@ -698,10 +717,21 @@ async fn open(
     upstream
         .set_response_cache_config(ClientCacheConfig::disabled())
         .await;
+    let url_lane = watched.and_then(|(http, url)| {
+        let version = upstream.peer().peer_info()?.protocol_version.clone();
+        Some(Arc::new(UrlLane::new(
+            http,
+            &url,
+            upstream.peer().clone(),
+            &version,
+            shared.clone(),
+        )))
+    });
     Ok(Opened {
         service: upstream,
         pid,
         lane,
+        url_lane,
     })
 }
 

@@ -444,3 +444,199 @@ fn each_server_of_the_file_is_its_own_resource_with_its_own_metadata() {
     assert_eq!(body["resource"], json!(endpoint));
     assert!(meta("/.well-known/oauth-protected-resource/mcp/nope").starts_with("HTTP/1.1 404"));
 }
+
+/// The Python SDK's server over streamable HTTP (tests/peers/http_server.py) on a free port of
+/// loopback, killed when dropped, and its URL: ready when it says so on its stderr.
+struct PythonHttp {
+    child: Child,
+    url: String,
+}
+
+impl PythonHttp {
+    fn start() -> PythonHttp {
+        let python = countersign_tests::peers::python();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/http_server.py");
+        let port = free_port();
+        let mut child = Command::new(python)
+            .args([script.to_str().unwrap(), &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (ready, told) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut said = Vec::new();
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line.contains("Uvicorn running on") {
+                    let _ = ready.send(Ok(()));
+                }
+                said.push(line);
+                // Read on to the end, so the server never blocks on a full pipe; what it said
+                // before it ended is the test's to show.
+                if said.len() > 200 {
+                    said.remove(0);
+                }
+            }
+            let _ = ready.send(Err(said.join("\n")));
+        });
+        let ready = told.recv_timeout(Duration::from_secs(30));
+        assert!(
+            matches!(ready, Ok(Ok(()))),
+            "the Python server did not start: {ready:?}"
+        );
+        PythonHttp {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+impl Drop for PythonHttp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An open tool's call to an upstream reached by URL goes straight to it, past both MCP sessions
+/// (the open lane for URL upstreams), and everything the full path decides is decided the same:
+/// the answer comes back under the caller's id, in the caller's revision; a tool the server does
+/// not offer never reaches the upstream; a tool the upstream changes on a call's own stream is
+/// refused on the very next call; a request the upstream makes of an agent is answered at once.
+#[test]
+fn open_calls_to_an_upstream_by_url_go_straight_and_are_decided_as_on_the_full_path() {
+    let upstream = PythonHttp::start();
+    let server = Server::start_before(
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--url",
+            &upstream.url,
+        ],
+        &[],
+        Some(&[]),
+    );
+    let post_with = |headers: &[(&str, &str)], body: Value| {
+        let (status, _, answer) = post(server.port, headers, &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    let call = |id: Value, tool: &str, arguments: Value| {
+        post_with(
+            &[],
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                   "params": {"name": tool, "arguments": arguments}}),
+        )
+    };
+    let listed = post_with(
+        &[],
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+    );
+    let mut names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["ask", "lookup", "shift", "whoami"], "{listed}");
+
+    // What the upstream saw of each call: the first after a listing may list again on the full
+    // path; the calls right after it go on the lane, under its own ids.
+    let said = |answer: &Value| -> Value {
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{answer}"));
+        serde_json::from_str(text).unwrap()
+    };
+    let mut seen = Vec::new();
+    for id in 2..=6 {
+        let answer = call(json!(id), "whoami", json!({}));
+        assert_eq!(answer["id"], json!(id), "{answer}");
+        // A caller before 2026-07-28 never sees `resultType`.
+        assert!(answer["result"].get("resultType").is_none(), "{answer}");
+        seen.push(said(&answer));
+    }
+    let lane: Vec<&Value> = seen
+        .iter()
+        .filter(|s| {
+            s["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("countersign-open-"))
+        })
+        .collect();
+    assert!(
+        lane.len() >= 3,
+        "the calls did not go on the lane: {seen:?}"
+    );
+    for s in &lane {
+        // As rmcp's client sends a call at this revision: its per-request header says what it is.
+        if s["protocol"].as_str() >= Some("2026-07-28") {
+            assert_eq!(s["method"], "tools/call", "{s}");
+        }
+    }
+    // Any id of the caller's comes back as it was, a progress token or not.
+    let odd = json!("the caller's own id: ☃");
+    let answer = post_with(
+        &[],
+        json!({"jsonrpc": "2.0", "id": odd, "method": "tools/call",
+               "params": {"name": "whoami", "arguments": {}, "_meta": {"progressToken": "p-1"}}}),
+    );
+    assert_eq!(answer["id"], odd, "{answer}");
+    assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
+    // A caller on 2026-07-28 gets `resultType`.
+    let answer = post_with(
+        &[("MCP-Protocol-Version", "2026-07-28")],
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+               "params": {"name": "whoami", "arguments": {}}}),
+    );
+    assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+
+    // A tool this server does not offer never reaches the upstream.
+    let note = call(json!(8), "note", json!({"text": "x"}));
+    assert_eq!(note["result"]["isError"], json!(true), "{note}");
+    assert_eq!(said(&call(json!(9), "whoami", json!({})))["notes"], 0);
+
+    // The upstream asks for the agent's roots: answered at once, never waited on.
+    let began = Instant::now();
+    let asked = call(json!(10), "ask", json!({}));
+    assert!(asked.get("result").is_some(), "{asked}");
+    assert!(
+        began.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        began.elapsed()
+    );
+
+    // `shift` changes `lookup` and says so on its own stream before it answers: the very next
+    // call of `lookup` is refused, not run under the old decision.
+    let looked = call(json!(11), "lookup", json!({"word": "pin"}));
+    assert_eq!(looked["result"]["isError"], json!(false), "{looked}");
+    let shifted = call(json!(12), "shift", json!({}));
+    assert_eq!(shifted["result"]["isError"], json!(false), "{shifted}");
+    let on_the_lane = shifted["result"]["content"][0]["text"]
+        .as_str()
+        .is_some_and(|t| t.contains("countersign-open-"));
+    let changed = Instant::now();
+    let mut id = 13;
+    loop {
+        let looked = call(json!(id), "lookup", json!({"word": "pin"}));
+        if looked["result"]["structuredContent"]["refusal"] == "tool_changed" {
+            break;
+        }
+        // On the lane the notification is read before the answer; on the full path (the
+        // listing's second ran out just before `shift`) the client session reads it on its own
+        // task, a moment later.
+        assert!(
+            !on_the_lane && changed.elapsed() < Duration::from_secs(3),
+            "the changed tool still ran (shift on the lane: {on_the_lane}): {looked}"
+        );
+        id += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
