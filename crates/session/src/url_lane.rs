@@ -73,7 +73,6 @@ const PARAM_HEADER_KEY: &str = "x-mcp-header";
 
 /// What the client session sent with its last request: what the lane sends with its own. Holds
 /// the upstream's credentials: never printed, logged or kept past its start.
-#[derive(Clone)]
 struct Seen {
     session: Option<Arc<str>>,
     auth: Option<String>,
@@ -88,7 +87,7 @@ struct Seen {
 #[derive(Clone)]
 pub(crate) struct Watched {
     client: reqwest::Client,
-    seen: Arc<Mutex<Option<Seen>>>,
+    seen: Arc<Mutex<Option<Arc<Seen>>>>,
 }
 
 impl Watched {
@@ -128,7 +127,7 @@ impl Watched {
                     .collect()
             })
             .unwrap_or_default();
-        *lock(&self.seen) = Some(Seen {
+        *lock(&self.seen) = Some(Arc::new(Seen {
             session: session.clone(),
             auth: auth.clone(),
             headers: headers
@@ -137,7 +136,7 @@ impl Watched {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             lifecycle,
-        });
+        }));
     }
 }
 
@@ -442,8 +441,9 @@ impl UrlLane {
                 let seen = lock(&self.watched.seen).clone();
                 if let Some(seen) = seen {
                     tokio::spawn(async move {
+                        let (session, auth) = (seen.session.clone(), seen.auth.clone());
                         let _ = client
-                            .post_message(uri, refusal, seen.session, seen.auth, seen.headers)
+                            .post_message(uri, refusal, session, auth, seen.headers.clone())
                             .await;
                     });
                 }
