@@ -565,7 +565,7 @@ mod tests {
         kept.sort();
         assert_eq!(kept, ["authorization", "mcp-protocol-version"]);
         assert_eq!(
-            Value::Object(seen.lifecycle),
+            Value::Object(seen.lifecycle.clone()),
             json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"})
         );
     }
