@@ -63,12 +63,18 @@ pub fn python() -> PathBuf {
 /// server-everything over streamable HTTP on a free port of loopback, killed when dropped, and
 /// its URL: ready when it says so on its stderr (`… listening on port N`), no polling.
 pub async fn server_everything_http() -> (tokio::process::Child, String) {
-    use tokio::io::AsyncBufReadExt;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
+    server_everything_http_on(port).await
+}
+
+/// [`server_everything_http`] on `port` (again, after one there was killed: a server started
+/// anew, which knows none of the old one's sessions).
+pub async fn server_everything_http_on(port: u16) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
     let mut child =
         tokio::process::Command::new(npm_server(SERVER_EVERYTHING, "mcp-server-everything"))
             .arg("streamableHttp")

@@ -282,11 +282,13 @@ struct Opened {
 impl Opened {
     /// Whether it still runs. A process that has exited counts as gone at once, before the
     /// client session has read the end of its output: a request is never handed to a process
-    /// known to be dead, where it could only be lost.
+    /// known to be dead, where it could only be lost. So does a URL upstream that has forgotten
+    /// the start's session (see `Watched::spoiled` in [`crate::url_lane`]).
     fn is_running(&self) -> bool {
         !self.service.is_closed()
             && !self.service.peer().is_transport_closed()
             && !self.pid.is_some_and(has_exited)
+            && !self.url_lane.as_ref().is_some_and(|lane| lane.spoiled())
     }
 }
 

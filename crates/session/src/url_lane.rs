@@ -88,6 +88,9 @@ struct Seen {
 pub(crate) struct Watched {
     client: reqwest::Client,
     seen: Arc<Mutex<Option<Arc<Seen>>>>,
+    /// The upstream answered a request of the session this start holds with an error that names
+    /// no request: it no longer knows the session (see [`Watched::claim`]).
+    spoiled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Watched {
@@ -95,6 +98,35 @@ impl Watched {
         Self {
             client,
             seen: Arc::default(),
+            spoiled: Arc::default(),
+        }
+    }
+
+    /// Whether the upstream has shown it no longer knows this start's session: the start is
+    /// then not used again, and the next request opens a new one.
+    pub(crate) fn spoiled(&self) -> bool {
+        self.spoiled.load(Ordering::Acquire)
+    }
+
+    /// Gives an error that names no request the id of the one request it answers. An HTTP answer
+    /// to a POST of one request can only be that request's answer, but the client session
+    /// matches answers by id, and would wait for this one for ever: a server that forgot the
+    /// session (one started again) answers `400` with such an error, where MCP asks for `404`
+    /// (which rmcp recovers from). With a session attached, the start is also marked spoiled
+    /// ([`Self::spoiled`]): its session is gone, so the next request opens a new one. Nothing is
+    /// sent again: whether the upstream ran anything is not known here.
+    fn claim(&self, asked: Option<RequestId>, session: bool, posted: &mut Post) {
+        let (Some(asked), Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(e), _))) =
+            (asked, posted)
+        else {
+            return;
+        };
+        if e.id.is_some() {
+            return;
+        }
+        e.id = Some(asked);
+        if session && !self.spoiled.swap(true, Ordering::AcqRel) {
+            tracing::warn!(target: "session", code = e.error.code.0, "the upstream answered a request of its session with an error for no request (it has forgotten the session?): the next request starts a new session");
         }
     }
 
@@ -142,6 +174,14 @@ impl Watched {
 
 type Post = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
 
+/// The id of the request `message` is, if it is one.
+fn asked(message: &ClientJsonRpcMessage) -> Option<RequestId> {
+    match message {
+        JsonRpcMessage::Request(request) => Some(request.id.clone()),
+        _ => None,
+    }
+}
+
 impl StreamableHttpClient for Watched {
     type Error = reqwest::Error;
 
@@ -154,9 +194,13 @@ impl StreamableHttpClient for Watched {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Post {
         self.watch(&message, &session_id, &auth_header, &custom_headers);
-        self.client
+        let (asked, session) = (asked(&message), session_id.is_some());
+        let mut posted = self
+            .client
             .post_message(uri, message, session_id, auth_header, custom_headers)
-            .await
+            .await;
+        self.claim(asked, session, &mut posted);
+        posted
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -169,7 +213,9 @@ impl StreamableHttpClient for Watched {
         max_sse_event_size: usize,
     ) -> Post {
         self.watch(&message, &session_id, &auth_header, &custom_headers);
-        self.client
+        let (asked, session) = (asked(&message), session_id.is_some());
+        let mut posted = self
+            .client
             .post_message_with_max_sse_event_size(
                 uri,
                 message,
@@ -178,7 +224,9 @@ impl StreamableHttpClient for Watched {
                 custom_headers,
                 max_sse_event_size,
             )
-            .await
+            .await;
+        self.claim(asked, session, &mut posted);
+        posted
     }
 
     async fn post_message_with_response_limits(
@@ -191,7 +239,9 @@ impl StreamableHttpClient for Watched {
         limits: StreamableHttpResponseLimits,
     ) -> Post {
         self.watch(&message, &session_id, &auth_header, &custom_headers);
-        self.client
+        let (asked, session) = (asked(&message), session_id.is_some());
+        let mut posted = self
+            .client
             .post_message_with_response_limits(
                 uri,
                 message,
@@ -200,7 +250,9 @@ impl StreamableHttpClient for Watched {
                 custom_headers,
                 limits,
             )
-            .await
+            .await;
+        self.claim(asked, session, &mut posted);
+        posted
     }
 
     async fn delete_session(
@@ -306,7 +358,12 @@ impl UrlLane {
 
     /// Whether the start it belongs to still runs.
     pub(crate) fn is_running(&self) -> bool {
-        !self.peer.is_transport_closed()
+        !self.peer.is_transport_closed() && !self.watched.spoiled()
+    }
+
+    /// Whether the upstream has forgotten this start's session ([`Watched::spoiled`]).
+    pub(crate) fn spoiled(&self) -> bool {
+        self.watched.spoiled()
     }
 
     /// Whether the upstream speaks 2026-07-28 or later, where a call's headers say what it is.
@@ -365,7 +422,7 @@ impl UrlLane {
             ClientRequest::CallToolRequest(CallToolRequest::new(up)),
             id.clone(),
         );
-        let posted = self
+        let mut posted = self
             .watched
             .client
             .post_message_with_response_limits(
@@ -377,6 +434,8 @@ impl UrlLane {
                 self.limits,
             )
             .await;
+        self.watched
+            .claim(Some(id.clone()), seen.session.is_some(), &mut posted);
         let answer = match posted {
             Ok(StreamableHttpPostResponse::Json(message, _)) => self.answer_to(&id, message),
             Ok(StreamableHttpPostResponse::Sse(mut events, _)) => {

@@ -640,3 +640,99 @@ fn open_calls_to_an_upstream_by_url_go_straight_and_are_decided_as_on_the_full_p
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// An upstream reached by URL that is started again forgets every session; server-everything
+/// then answers the old session's requests `400` with an error that names no request (MCP asks
+/// for `404`). That answer is the call's, at once, rather than a wait for ever, and the next call
+/// opens a new session and runs, on the full path and then on the lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_by_url_started_again_answers_at_once_and_the_next_call_runs() {
+    let port = free_port();
+    let (mut everything, url) = countersign_tests::peers::server_everything_http_on(port).await;
+    let server = Server::start_before(
+        &[
+            "--read-only",
+            "--behind-tls-proxy",
+            "--unauthenticated",
+            "--url",
+            &url,
+        ],
+        &[],
+        Some(&[]),
+    );
+    let port_of_server = server.port;
+    let echo = move |id: u32| {
+        tokio::task::spawn_blocking(move || {
+            let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                              "params": {"name": "echo", "arguments": {"message": "again"}}});
+            let (status, _, answer) = post(port_of_server, &[], &body.to_string());
+            assert_eq!(status, 200, "{answer}");
+            answer
+        })
+    };
+    for id in 1..=3 {
+        let answer = echo(id).await.unwrap();
+        assert_eq!(
+            answer["result"]["content"][0]["text"], "Echo: again",
+            "{answer}"
+        );
+    }
+    everything.kill().await.unwrap();
+    everything.wait().await.unwrap();
+    let (mut again, _) = countersign_tests::peers::server_everything_http_on(port).await;
+    // The first call under the forgotten session: answered (its error), not waited on.
+    let first = tokio::time::timeout(Duration::from_secs(20), echo(4))
+        .await
+        .expect("a call under the forgotten session was waited on for 20 s")
+        .unwrap();
+    assert!(
+        first.get("error").is_some() || first.get("result").is_some(),
+        "{first}"
+    );
+    for id in 5..=7 {
+        let answer = tokio::time::timeout(Duration::from_secs(20), echo(id))
+            .await
+            .expect("a call after the upstream started again was waited on for 20 s")
+            .unwrap();
+        assert_eq!(
+            answer["result"]["content"][0]["text"], "Echo: again",
+            "{answer}"
+        );
+    }
+    // Again, with a request the client session sends itself (the full path): answered at once
+    // too, and the call after it runs.
+    again.kill().await.unwrap();
+    again.wait().await.unwrap();
+    let (_third, _) = countersign_tests::peers::server_everything_http_on(port).await;
+    let listed = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::task::spawn_blocking(move || {
+            post(
+                port_of_server,
+                &[],
+                r#"{"jsonrpc":"2.0","id":8,"method":"resources/list"}"#,
+            )
+        }),
+    )
+    .await
+    .expect("a request under the forgotten session was waited on for 20 s")
+    .unwrap();
+    assert_eq!(listed.0, 200, "{}", listed.2);
+    let answer = tokio::time::timeout(Duration::from_secs(20), echo(9))
+        .await
+        .expect("a call after the upstream started again was waited on for 20 s")
+        .unwrap();
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "Echo: again",
+        "{answer}"
+    );
+    assert_eq!(
+        server
+            .log()
+            .matches("the next request starts a new session")
+            .count(),
+        2,
+        "{}",
+        server.log()
+    );
+}
