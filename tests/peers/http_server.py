@@ -4,8 +4,8 @@ with sessions and SSE answers (the SDK's defaults), reached by `countersign serv
 Tools:
 
   * `whoami` (read-only): answers, as JSON text, what this request arrived with: its
-    JSON-RPC id, its `Mcp-Session-Id` and `Mcp-Method` headers, the protocol revision, and the
-    number of calls of `note` so far;
+    JSON-RPC id, its `Mcp-Session-Id` and `Mcp-Method` headers, the protocol revision, its
+    `_meta`, and the number of calls of `note` so far;
   * `lookup` (read-only): answers its word. Its description changes when `shift` is called;
   * `shift` (read-only): changes `lookup`'s description and says so with
     `notifications/tools/list_changed` on this call's own stream, before it answers with the
@@ -39,7 +39,15 @@ def whoami(ctx: Context) -> str:
         "method": headers.get("mcp-method"),
         "protocol": ctx.protocol_version,
         "notes": notes["count"],
+        "meta": meta_of(ctx),
     })
+
+
+def meta_of(ctx):
+    meta = ctx.request_context.meta
+    if meta is None or isinstance(meta, dict):
+        return meta
+    return meta.model_dump(by_alias=True, exclude_none=True)
 
 
 def lookup(word: str) -> str:

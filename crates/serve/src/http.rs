@@ -466,10 +466,9 @@ async fn answer(endpoint: &Endpoint, parts: axum::http::request::Parts, bytes: B
     );
     // An open tool's call, when the open lane for URL upstreams may take it: posted straight
     // to the upstream, past both rmcp sessions (see the session crate's `url_lane`).
-    if let ClientRequest::CallToolRequest(call) = &request.request
-        && let Some(answer) = session
-            .open_by_url_lane(&request.id, &call.params, &version)
-            .await
+    if let Some(answer) = session
+        .open_by_url_lane(&request.id, &request.request, &version)
+        .await
     {
         return json_body(&answer);
     }

@@ -232,16 +232,22 @@ impl Session {
             .then_some(lane)
     }
 
-    /// Answers an open tool's call of a team's server on the open lane for URL upstreams, when
-    /// that lane may take it (see [`crate::url_lane`]): the caller's whole JSON-RPC answer, under
+    /// Answers `request`, an open tool's call of a team's server, on the open lane for URL
+    /// upstreams, when that lane may take it (see [`crate::url_lane`]): the caller's whole JSON-RPC answer, under
     /// `id`, for a caller speaking `version`. `None`: the lane did not take it, or the upstream
-    /// never received it; the call takes the full path.
+    /// cannot have run it; the call takes the full path.
     pub async fn open_by_url_lane(
         &self,
         id: &RequestId,
-        params: &CallToolRequestParams,
+        request: &ClientRequest,
         version: &ProtocolVersion,
     ) -> Option<Value> {
+        let ClientRequest::CallToolRequest(call) = request else {
+            return None;
+        };
+        let params = &call.params;
+        // The request's `_meta` (rmcp keeps it beside the parameters, not in them).
+        let meta = request.get_meta();
         // A call carrying the 2026-07-28 rounds' fields is the full path's to judge.
         if params.request_state.is_some() || params.input_responses.is_some() {
             return None;
@@ -271,11 +277,11 @@ impl Session {
         if !self.engine.forwards_open(&self.tenant, tool) {
             return None;
         }
-        if let Some(info) = params.meta.as_ref().and_then(|m| m.client_info()) {
+        if let Some(info) = meta.client_info() {
             self.note_client_info(serde_json::to_value(info).unwrap_or_default());
         }
         let modern = *version >= ProtocolVersion::V_2026_07_28;
-        let answer = match lane.call(params).await {
+        let answer = match lane.call(params, meta).await {
             Posted::NotSent => return None,
             Posted::Answer(answer) => answer,
             Posted::Lost => serde_json::to_value(call_lost(tool, None))
@@ -1075,7 +1081,11 @@ fn is_modern(context: &RequestContext<RoleServer>) -> bool {
 /// Bypassing rmcp's handler also bypasses its per-version fix-ups: agents on protocol 2026-07-28
 /// or later need `resultType`, older ones must not see it.
 fn fit_result_type(raw: &mut Value, context: &RequestContext<RoleServer>) {
-    let newer = is_modern(context);
+    fit_result_type_for(raw, is_modern(context));
+}
+
+/// [`fit_result_type`] for an agent on 2026-07-28 or later (`newer`), or before.
+pub(crate) fn fit_result_type_for(raw: &mut Value, newer: bool) {
     let Some(object) = raw.as_object_mut() else {
         return;
     };

@@ -275,8 +275,11 @@ struct Opened {
     pid: Option<u32>,
     /// The open lane on this start, for a line-based upstream (see [`crate::lane`]).
     lane: Option<Arc<Lane>>,
-    /// The open lane on this start, for an upstream reached by URL (see [`crate::url_lane`]).
+    /// The open lane on this start, for an upstream reached by URL when no agent stands behind
+    /// it (a team's server; see [`crate::url_lane`]).
     url_lane: Option<Arc<UrlLane>>,
+    /// The HTTP client of this start, for an upstream reached by URL.
+    http: Option<Watched>,
 }
 
 impl Opened {
@@ -288,7 +291,7 @@ impl Opened {
         !self.service.is_closed()
             && !self.service.peer().is_transport_closed()
             && !self.pid.is_some_and(has_exited)
-            && !self.url_lane.as_ref().is_some_and(|lane| lane.spoiled())
+            && !self.http.as_ref().is_some_and(Watched::spoiled)
     }
 }
 
@@ -463,8 +466,7 @@ impl Upstream {
         if self.ended.is_cancelled() {
             return Err(ended());
         }
-        self.set_lane(None);
-        *lock(&self.url_lane) = None;
+        self.set_lanes((None, None));
         if let Some(old) = running.opened.take() {
             tracing::warn!(target: "session", start = running.start, "the upstream has exited; starting it again");
             // Ended already, or ending: this collects it (and kills what it left behind).
@@ -498,14 +500,16 @@ impl Upstream {
             start: running.start,
         };
         // The new start's lane stays unused until its tools are listed: they are stale now.
-        self.set_lane(opened.lane.clone());
-        *lock(&self.url_lane) = opened.url_lane.clone();
+        self.set_lanes((opened.lane.clone(), opened.url_lane.clone()));
         running.opened = Some(opened);
         Ok(live)
     }
 
-    fn set_lane(&self, lane: Option<Arc<Lane>>) {
-        *lock(&self.lane) = lane;
+    /// Makes `lanes` the current start's (none: no lane takes a call until a start that has
+    /// them runs).
+    fn set_lanes(&self, lanes: (Option<Arc<Lane>>, Option<Arc<UrlLane>>)) {
+        *lock(&self.lane) = lanes.0;
+        *lock(&self.url_lane) = lanes.1;
     }
 
     /// The open lane of the current start, unless the upstream's output has ended or its
@@ -549,7 +553,7 @@ impl Upstream {
         if running.start == live.start
             && let Some(opened) = running.opened.as_mut()
         {
-            self.set_lane(None);
+            self.set_lanes((None, None));
             let _ = opened
                 .service
                 .close_with_timeout(Duration::from_secs(5))
@@ -561,7 +565,7 @@ impl Upstream {
     /// its process group is killed). A start under way gives up.
     pub async fn stop(&self) {
         self.ended.cancel();
-        self.set_lane(None);
+        self.set_lanes((None, None));
         let opened = self.running.lock().await.opened.take();
         if let Some(opened) = opened {
             let _ = opened.service.cancel().await;
@@ -719,21 +723,30 @@ async fn open(
     upstream
         .set_response_cache_config(ClientCacheConfig::disabled())
         .await;
-    let url_lane = watched.and_then(|(http, url)| {
-        let version = upstream.peer().peer_info()?.protocol_version.clone();
-        Some(Arc::new(UrlLane::new(
-            http,
-            &url,
-            upstream.peer().clone(),
-            &version,
-            shared.clone(),
-        )))
-    });
+    // The lane refuses what the upstream asks of an agent, as the client session does only
+    // where no agent stands behind it: a team's server.
+    let without_agent = shared
+        .without_agent
+        .load(std::sync::atomic::Ordering::Acquire);
+    let url_lane = watched
+        .as_ref()
+        .filter(|_| without_agent)
+        .and_then(|(http, url)| {
+            let version = upstream.peer().peer_info()?.protocol_version.clone();
+            Some(Arc::new(UrlLane::new(
+                http.clone(),
+                url,
+                upstream.peer().clone(),
+                &version,
+                shared.clone(),
+            )))
+        });
     Ok(Opened {
         service: upstream,
         pid,
         lane,
         url_lane,
+        http: watched.map(|(http, _)| http),
     })
 }
 

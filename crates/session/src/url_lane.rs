@@ -6,14 +6,14 @@
 //! the two rmcp sessions each one crossed five tasks on the way up and five on the way down (the
 //! HTTP handler, the server session, its handler task, the client session, its HTTP worker),
 //! with a parse and a serialization at each session. Measured (`serve_bench`, release, 2 cores):
-//! a front server added about 350 µs to an open call that takes 710 µs directly; a bare relay of
-//! the same bytes added about 165 µs. The decision needs none of that: the kept gates say the
-//! tool is open under the upstream's current listing, and the engine agrees. So the call is
-//! posted with rmcp's own HTTP client ([`StreamableHttpClient`], the one its worker uses, which
-//! reads JSON and SSE answers within its limits), under an id of the lane's own, and the answer
-//! is rebuilt under the agent's id. Whenever any condition fails, or the post never reached the
-//! upstream, the call takes the full path, unchanged: the lane only ever skips work, never a
-//! decision.
+//! a front server added about 350 µs to an open call that takes 710 µs directly; with the lane,
+//! about 230 µs (a bare relay of the same bytes added about 165 µs). The decision needs none of
+//! that: the kept gates say the tool is open under the upstream's current listing, and the engine
+//! agrees. So the call is posted with rmcp's own HTTP client ([`StreamableHttpClient`], the one
+//! its worker uses, which reads JSON and SSE answers within its limits), under an id of the
+//! lane's own, and the answer is rebuilt under the caller's id. Whenever a condition fails, or
+//! the upstream cannot have run the call ([`Posted::NotSent`]), the call takes the full path,
+//! unchanged: the lane only ever skips work, never a decision.
 //!
 //! What the lane sends is what rmcp's client sends: it watches the client's own requests
 //! ([`Watched`], the HTTP client the worker is given) and takes from the last one the session
@@ -22,23 +22,30 @@
 //! the client has sent a request after its handshake, the lane takes nothing.
 //!
 //! The lane takes a call only when:
-//! - the upstream is reached by URL, and the start it belongs to is the current one and running;
-//! - the call carries nothing but a name, arguments and `_meta`;
+//! - the upstream is reached by URL by a team's server (no agent stands behind it), and the
+//!   start the lane belongs to is the current one and running;
+//! - the call carries no `requestState` or `inputResponses` (2026-07-28's rounds, which the full
+//!   path judges);
 //! - the caller's gates, under the upstream's current listing, say the tool is open, the engine
 //!   agrees ([`Engine::forwards_open`]), and (from 2026-07-28, where a call's arguments may be
 //!   copied into headers) the tool's schema asks for no `x-mcp-header` and its name needs no
 //!   encoding in a header.
 //!
-//! What comes back: the answer to the lane's id (a result as sent, `resultType` fitted to the
-//! caller's revision; an error's code, message and data), never copied. On an SSE answer, a
-//! `tools/list_changed` moves the listing's epoch on, as the client session would; a request the
-//! upstream makes of an agent is refused, as the client session refuses it for a server with no
-//! agent behind it; other notifications have no stream to go to (a stateless server's).
+//! The call goes up as the full path sends it: its name, its arguments, and its `_meta` less the
+//! caller's progress token and lifecycle keys (this server's own go instead). What comes back is
+//! read into rmcp's types and written out again for the caller, never passed on as bytes: the
+//! answer to the lane's id (a result, `resultType` fitted to the caller's revision; an error's
+//! code, message and data). On an SSE answer, a `tools/list_changed` moves the listing's epoch
+//! on, as the client session would; a request the upstream makes of an agent is refused, as the
+//! client session refuses it where no agent stands behind it; other notifications have no stream
+//! to go to (a stateless server's). A stream that ends before the answer is taken up again from
+//! its last event, as rmcp's client does; a caller that goes away has the call cancelled
+//! upstream, as the client session does.
 //!
 //! [`Engine::forwards_open`]: countersign_engine::Engine::forwards_open
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use countersign_core::sync::lock;
@@ -46,7 +53,7 @@ use futures_util::StreamExt;
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, ErrorCode,
-    ErrorData, JsonObject, JsonRpcMessage, ProtocolVersion, RequestId, RequestMetaObject,
+    ErrorData, GetMeta, JsonObject, JsonRpcMessage, ProtocolVersion, RequestId, RequestMetaObject,
     ServerJsonRpcMessage, ServerNotification,
 };
 use rmcp::transport::streamable_http_client::{
@@ -71,10 +78,63 @@ const MCP_PARAM: &str = "mcp-param-";
 /// The key of a tool's input schema that asks for an argument to be copied into a header.
 const PARAM_HEADER_KEY: &str = "x-mcp-header";
 
+/// How many times in a row a call's answer stream is taken up again without an event coming.
+const MAX_RESUMES: u32 = 5;
+
+/// The longest wait before taking a stream up again, whatever the server asked for.
+const MAX_RETRY_MS: u64 = 5_000;
+
+/// An answer's stream of events, as rmcp's HTTP client reads it.
+type SseEvents =
+    futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>;
+
+/// Tells the upstream a lane call is cancelled when the call is dropped before its answer (the
+/// caller went away): `own` is the call's id, `None` once there is nothing to cancel.
+struct Cancel<'a> {
+    lane: &'a UrlLane,
+    own: Option<RequestId>,
+    seen: Arc<Seen>,
+}
+
+impl Drop for Cancel<'_> {
+    fn drop(&mut self) {
+        let Some(own) = self.own.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let cancelled = serde_json::from_value::<ClientJsonRpcMessage>(json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": { "requestId": own, "reason": "the caller went away" },
+        }));
+        let Ok(cancelled) = cancelled else { return };
+        let (client, uri, seen) = (
+            self.lane.watched.client.clone(),
+            self.lane.uri.clone(),
+            self.seen.clone(),
+        );
+        runtime.spawn(async move {
+            let _ = client
+                .post_message(
+                    uri,
+                    cancelled,
+                    seen.session.clone(),
+                    seen.auth.clone(),
+                    seen.headers.clone(),
+                )
+                .await;
+        });
+    }
+}
+
 /// What the client session sent with its last request: what the lane sends with its own. Holds
 /// the upstream's credentials: never printed, logged or kept past its start.
 struct Seen {
     session: Option<Arc<str>>,
+    /// The bearer token rmcp's transport adds, when one is configured. None is: this desk
+    /// and server send an upstream's credentials as its configured headers, below.
     auth: Option<String>,
     /// Its headers, less the per-request ones.
     headers: HashMap<HeaderName, HeaderValue>,
@@ -90,7 +150,7 @@ pub(crate) struct Watched {
     seen: Arc<Mutex<Option<Arc<Seen>>>>,
     /// The upstream answered a request of the session this start holds with an error that names
     /// no request: it no longer knows the session (see [`Watched::claim`]).
-    spoiled: Arc<std::sync::atomic::AtomicBool>,
+    spoiled: Arc<AtomicBool>,
 }
 
 impl Watched {
@@ -276,10 +336,7 @@ impl StreamableHttpClient for Watched {
         last_event_id: Option<String>,
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<
-        futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
-        StreamableHttpError<Self::Error>,
-    > {
+    ) -> Result<SseEvents, StreamableHttpError<Self::Error>> {
         self.client
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await
@@ -293,10 +350,7 @@ impl StreamableHttpClient for Watched {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
-    ) -> Result<
-        futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
-        StreamableHttpError<Self::Error>,
-    > {
+    ) -> Result<SseEvents, StreamableHttpError<Self::Error>> {
         self.client
             .get_stream_with_max_sse_event_size(
                 uri,
@@ -361,11 +415,6 @@ impl UrlLane {
         !self.peer.is_transport_closed() && !self.watched.spoiled()
     }
 
-    /// Whether the upstream has forgotten this start's session ([`Watched::spoiled`]).
-    pub(crate) fn spoiled(&self) -> bool {
-        self.watched.spoiled()
-    }
-
     /// Whether the upstream speaks 2026-07-28 or later, where a call's headers say what it is.
     pub(crate) fn headed(&self) -> bool {
         self.headed
@@ -378,34 +427,30 @@ impl UrlLane {
         !self.headed || (plain_header(tool) && !schema.is_some_and(asks_for_headers))
     }
 
-    /// Posts `params` (a call the caller may make as open) and waits for its answer.
-    pub(crate) async fn call(&self, params: &CallToolRequestParams) -> Posted {
+    /// Posts `params` with the caller's `meta` (a call the caller may make as open) and waits
+    /// for its answer.
+    pub(crate) async fn call(
+        &self,
+        params: &CallToolRequestParams,
+        meta: &RequestMetaObject,
+    ) -> Posted {
         let Some(seen) = lock(&self.watched.seen).clone() else {
             return Posted::NotSent;
         };
         let own = format!("{PREFIX}{}", self.next.fetch_add(1, Ordering::Relaxed));
         let mut up = CallToolRequestParams::new(params.name.clone());
         up.arguments = params.arguments.clone();
+        let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(up));
         // As the full path sends it: the caller's progress token and lifecycle keys are the
         // caller's business with this server; toward the upstream, this server is the client
-        // and says so with its own.
-        let mut meta: JsonObject = params
-            .meta
-            .as_ref()
-            .and_then(|m| serde_json::to_value(m).ok())
-            .and_then(|m| match m {
-                Value::Object(m) => Some(m),
-                _ => None,
-            })
-            .unwrap_or_default();
-        meta.retain(|k, _| k != "progressToken" && !k.starts_with("io.modelcontextprotocol/"));
-        meta.extend(seen.lifecycle.clone());
-        if !meta.is_empty() {
-            match serde_json::from_value::<RequestMetaObject>(Value::Object(meta)) {
-                Ok(meta) => up.meta = Some(meta),
-                Err(_) => return Posted::NotSent,
-            }
-        }
+        // and says so with its own. Every other key goes on.
+        let mut sent = match serde_json::to_value(meta) {
+            Ok(Value::Object(meta)) => meta,
+            _ => JsonObject::new(),
+        };
+        sent.retain(|k, _| k != "progressToken" && !k.starts_with("io.modelcontextprotocol/"));
+        sent.extend(seen.lifecycle.clone());
+        *request.get_meta_mut() = RequestMetaObject::from(sent);
         let mut headers = seen.headers.clone();
         if self.headed {
             let (Ok(method), Ok(name)) = (
@@ -417,11 +462,15 @@ impl UrlLane {
             headers.insert(HeaderName::from_static(MCP_METHOD), method);
             headers.insert(HeaderName::from_static(MCP_NAME), name);
         }
-        let id = RequestId::String(own.clone().into());
-        let message = ClientJsonRpcMessage::request(
-            ClientRequest::CallToolRequest(CallToolRequest::new(up)),
-            id.clone(),
-        );
+        let id = RequestId::String(own.into());
+        let message = ClientJsonRpcMessage::request(request, id.clone());
+        // Should the caller go away, the upstream is told the call is cancelled, as the client
+        // session tells it (before 2026-07-28; from then, a closed stream is the cancel).
+        let mut cancel = Cancel {
+            lane: self,
+            own: Some(id.clone()).filter(|_| !self.headed),
+            seen: seen.clone(),
+        };
         let mut posted = self
             .watched
             .client
@@ -438,31 +487,74 @@ impl UrlLane {
             .claim(Some(id.clone()), seen.session.is_some(), &mut posted);
         let answer = match posted {
             Ok(StreamableHttpPostResponse::Json(message, _)) => self.answer_to(&id, message),
-            Ok(StreamableHttpPostResponse::Sse(mut events, _)) => {
-                let mut answer = None;
-                while let Some(event) = events.next().await {
-                    let Ok(event) = event else { break };
-                    let Some(data) = event.data.filter(|d| !d.is_empty()) else {
-                        continue;
-                    };
-                    let Ok(message) = serde_json::from_str::<ServerJsonRpcMessage>(&data) else {
-                        continue;
-                    };
-                    if let Some(found) = self.answer_to(&id, message) {
-                        answer = Some(found);
-                        break;
-                    }
-                }
-                answer
+            Ok(StreamableHttpPostResponse::Sse(events, _)) => {
+                self.answer_on_stream(&id, events, &seen).await
             }
-            // Accepted (no answer to a call), or a kind of answer this lane does not know.
-            Ok(_) => None,
-            Err(e) if never_ran(&e) => return Posted::NotSent,
-            Err(_) => None,
+            Err(e) if never_ran(&e) => {
+                cancel.own = None;
+                return Posted::NotSent;
+            }
+            // Accepted (no answer to a call), a kind of answer this lane does not know, or a
+            // failure after the call may have reached the upstream.
+            _ => None,
         };
+        cancel.own = None;
         match answer {
             Some(answer) => Posted::Answer(answer),
             None => Posted::Lost,
+        }
+    }
+
+    /// Reads `events` until the answer to `own`. A stream that ends first is taken up again
+    /// from its last event (`Last-Event-ID`), as rmcp's client does for servers that close
+    /// their streams while a call runs: after the interval the server asked for, and at most
+    /// [`MAX_RESUMES`] times in a row without an event.
+    async fn answer_on_stream(
+        &self,
+        own: &RequestId,
+        mut events: SseEvents,
+        seen: &Seen,
+    ) -> Option<Result<Value, ErrorData>> {
+        let (mut last, mut retry, mut resumes) = (None, None, 0);
+        loop {
+            while let Some(Ok(event)) = events.next().await {
+                resumes = 0;
+                if event.id.is_some() {
+                    last = event.id.clone();
+                }
+                if event.retry.is_some() {
+                    retry = event.retry;
+                }
+                let Some(data) = event.data.filter(|d| !d.is_empty()) else {
+                    continue;
+                };
+                let Ok(message) = serde_json::from_str::<ServerJsonRpcMessage>(&data) else {
+                    continue;
+                };
+                if let Some(answer) = self.answer_to(own, message) {
+                    return Some(answer);
+                }
+            }
+            if resumes == MAX_RESUMES {
+                return None;
+            }
+            resumes += 1;
+            let after = last.clone()?;
+            let wait = retry.unwrap_or(0).min(MAX_RETRY_MS);
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            events = self
+                .watched
+                .client
+                .get_stream_with_max_sse_event_size(
+                    self.uri.clone(),
+                    seen.session.clone(),
+                    Some(after),
+                    seen.auth.clone(),
+                    seen.headers.clone(),
+                    self.limits.max_sse_event_size,
+                )
+                .await
+                .ok()?;
         }
     }
 
@@ -550,15 +642,7 @@ fn asks_for_headers(schema: &Value) -> bool {
 pub(crate) fn to_caller(id: &RequestId, answer: Result<Value, ErrorData>, modern: bool) -> Value {
     match answer {
         Ok(mut result) => {
-            if let Some(object) = result.as_object_mut() {
-                if modern {
-                    object
-                        .entry("resultType")
-                        .or_insert_with(|| json!("complete"));
-                } else if object.get("resultType") == Some(&json!("complete")) {
-                    object.remove("resultType");
-                }
-            }
+            crate::agent::fit_result_type_for(&mut result, modern);
             json!({ "jsonrpc": "2.0", "id": id, "result": result })
         }
         Err(error) => json!({ "jsonrpc": "2.0", "id": id, "error": error }),

@@ -590,6 +590,24 @@ fn open_calls_to_an_upstream_by_url_go_straight_and_are_decided_as_on_the_full_p
     );
     assert_eq!(answer["id"], odd, "{answer}");
     assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
+    // The caller's own `_meta` keys go on, as on the full path; its progress token and its
+    // lifecycle keys do not (this server speaks for itself upstream).
+    let answer = post_with(
+        &[],
+        json!({"jsonrpc": "2.0", "id": 70, "method": "tools/call",
+               "params": {"name": "whoami", "arguments": {}, "_meta": {
+                   "progressToken": "p-2",
+                   "example.com/trace": "t-1",
+                   "io.modelcontextprotocol/clientInfo": {"name": "posing", "version": "1"}}}}),
+    );
+    // (Both paths send it so; the Python SDK names the progress token `progress_token`.)
+    let meta = said(&answer)["meta"].clone();
+    assert_eq!(meta["example.com/trace"], "t-1", "{meta}");
+    assert!(!meta.to_string().contains("p-2"), "{meta}");
+    assert_ne!(
+        meta["io.modelcontextprotocol/clientInfo"]["name"], "posing",
+        "{meta}"
+    );
     // A caller on 2026-07-28 gets `resultType`.
     let answer = post_with(
         &[("MCP-Protocol-Version", "2026-07-28")],
