@@ -174,7 +174,10 @@ impl Watched {
     /// session (one started again) answers `400` with such an error, where MCP asks for `404`
     /// (which rmcp recovers from). With a session attached, the start is also marked spoiled
     /// ([`Self::spoiled`]): its session is gone, so the next request opens a new one. Nothing is
-    /// sent again: whether the upstream ran anything is not known here.
+    /// sent again: whether the upstream ran anything is not known here. Any such error counts
+    /// (a `500` naming no request too): what the upstream says in it is not read, and a new
+    /// session costs one handshake and one listing, where keeping a forgotten one would fail
+    /// every request after it.
     fn claim(&self, asked: Option<RequestId>, session: bool, posted: &mut Post) {
         let (Some(asked), Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(e), _))) =
             (asked, posted)
@@ -652,7 +655,100 @@ pub(crate) fn to_caller(id: &RequestId, answer: Result<Value, ErrorData>, modern
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rmcp::ServiceExt;
     use rmcp::model::{InitializeRequest, InitializeRequestParams};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one HTTP request's head and body from `stream`: its head, lower-cased.
+    async fn read_request(stream: &mut tokio::net::TcpStream) -> String {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection closed mid-request");
+            seen.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&seen).to_lowercase();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length = text[..end]
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                if seen.len() >= end + 4 + length {
+                    return text[..end].to_owned();
+                }
+            }
+        }
+    }
+
+    /// An upstream that closes the call's answer stream after its first event (MCP's polling
+    /// for long calls), and answers on the stream taken up again from that event, as a server
+    /// with an event store does: the lane reads the answer there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_stream_that_ends_early_is_taken_up_again_from_its_last_event() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let heads = Arc::new(Mutex::new(Vec::<String>::new()));
+        let kept = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let head = read_request(&mut stream).await;
+                let events = if head.starts_with("post") {
+                    "id: e1\nretry: 10\ndata: \n\n".to_owned()
+                } else if head.contains("last-event-id: e1") {
+                    let answer = json!({"jsonrpc": "2.0", "id": "countersign-open-1",
+                                        "result": {"content": [{"type": "text", "text": "polled"}]}});
+                    format!("id: e2\ndata: {answer}\n\n")
+                } else {
+                    String::new()
+                };
+                lock(&kept).push(head);
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{events}"
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            }
+        });
+        // A client session of its own, for the lane's start (the built-in tools on a file).
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(theirs);
+        tokio::spawn(countersign_builtin::serve(
+            dir.path().join("t.sqlite"),
+            read,
+            write,
+        ));
+        let client = ().serve(tokio::io::split(ours)).await.unwrap();
+        let watched = Watched::new(reqwest::Client::new());
+        *lock(&watched.seen) = Some(Arc::new(Seen {
+            session: None,
+            auth: None,
+            headers: HashMap::new(),
+            lifecycle: JsonObject::new(),
+        }));
+        let lane = UrlLane::new(
+            watched,
+            &uri,
+            client.peer().clone(),
+            &ProtocolVersion::V_2025_11_25,
+            Arc::default(),
+        );
+        let posted = lane
+            .call(
+                &CallToolRequestParams::new("poll"),
+                &RequestMetaObject::default(),
+            )
+            .await;
+        let Posted::Answer(Ok(result)) = posted else {
+            panic!("{posted:?}, after {:?}", lock(&heads));
+        };
+        assert_eq!(result["content"][0]["text"], "polled");
+        let heads = lock(&heads).clone();
+        assert_eq!(heads.len(), 2, "{heads:?}");
+        assert!(
+            heads[1].starts_with("get") && heads[1].contains("last-event-id: e1"),
+            "{heads:?}"
+        );
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HashMap<HeaderName, HeaderValue> {
         pairs
