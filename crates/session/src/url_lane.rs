@@ -659,8 +659,8 @@ mod tests {
     use rmcp::model::{InitializeRequest, InitializeRequestParams};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// Reads one HTTP request's head and body from `stream`: its head, lower-cased.
-    async fn read_request(stream: &mut tokio::net::TcpStream) -> String {
+    /// Reads one HTTP request's head and body from `stream`: its head, lower-cased, and body.
+    async fn read_request(stream: &mut tokio::net::TcpStream) -> (String, String) {
         let mut seen = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
@@ -674,10 +674,87 @@ mod tests {
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .map_or(0, |v| v.trim().parse::<usize>().unwrap());
                 if seen.len() >= end + 4 + length {
-                    return text[..end].to_owned();
+                    let body = String::from_utf8_lossy(&seen[end + 4..end + 4 + length]);
+                    return (text[..end].to_owned(), body.into_owned());
                 }
             }
         }
+    }
+
+    /// A lane to `uri` on a revision before 2026-07-28, as if its client had sent a request
+    /// already, and what it needs kept alive: a client session of its own, for the lane's start
+    /// (the built-in tools on a file).
+    async fn lane_to(
+        uri: &str,
+    ) -> (
+        UrlLane,
+        rmcp::service::RunningService<rmcp::RoleClient, ()>,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(theirs);
+        tokio::spawn(countersign_builtin::serve(
+            dir.path().join("t.sqlite"),
+            read,
+            write,
+        ));
+        let client = ().serve(tokio::io::split(ours)).await.unwrap();
+        let watched = Watched::new(reqwest::Client::new());
+        *lock(&watched.seen) = Some(Arc::new(Seen {
+            session: Some(Arc::from("s-1")),
+            auth: None,
+            headers: HashMap::new(),
+            lifecycle: JsonObject::new(),
+        }));
+        let lane = UrlLane::new(
+            watched,
+            uri,
+            client.peer().clone(),
+            &ProtocolVersion::V_2025_11_25,
+            Arc::default(),
+        );
+        (lane, client, dir)
+    }
+
+    /// A caller that goes away while its call runs: the upstream is told the lane's call is
+    /// cancelled, in the session, as the client session tells it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_whose_caller_goes_away_is_cancelled_upstream() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let (told, mut cancelled) = tokio::sync::mpsc::unbounded_channel();
+        let (called, mut calling) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (head, body) = read_request(&mut stream).await;
+                if body.contains("notifications/cancelled") {
+                    let _ = told.send((head, body));
+                    let accepted = b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n";
+                    let _ = stream.write_all(accepted).await;
+                } else {
+                    // The call: never answered while the test runs.
+                    let _ = called.send(());
+                    held.push(stream);
+                }
+            }
+        });
+        let (lane, _client, _dir) = lane_to(&uri).await;
+        let params = CallToolRequestParams::new("slow");
+        let meta = RequestMetaObject::default();
+        tokio::select! {
+            posted = lane.call(&params, &meta) => panic!("answered: {posted:?}"),
+            _ = calling.recv() => {}
+        }
+        let (head, body) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), cancelled.recv())
+                .await
+                .expect("no cancel within 10 s")
+                .unwrap();
+        assert!(head.contains("mcp-session-id: s-1"), "{head}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["params"]["requestId"], "countersign-open-1", "{body}");
     }
 
     /// An upstream that closes the call's answer stream after its first event (MCP's polling
@@ -691,7 +768,7 @@ mod tests {
         let kept = heads.clone();
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                let head = read_request(&mut stream).await;
+                let (head, _) = read_request(&mut stream).await;
                 let events = if head.starts_with("post") {
                     "id: e1\nretry: 10\ndata: \n\n".to_owned()
                 } else if head.contains("last-event-id: e1") {
@@ -708,30 +785,7 @@ mod tests {
                 let _ = stream.write_all(response.as_bytes()).await;
             }
         });
-        // A client session of its own, for the lane's start (the built-in tools on a file).
-        let dir = tempfile::tempdir().unwrap();
-        let (ours, theirs) = tokio::io::duplex(1 << 16);
-        let (read, write) = tokio::io::split(theirs);
-        tokio::spawn(countersign_builtin::serve(
-            dir.path().join("t.sqlite"),
-            read,
-            write,
-        ));
-        let client = ().serve(tokio::io::split(ours)).await.unwrap();
-        let watched = Watched::new(reqwest::Client::new());
-        *lock(&watched.seen) = Some(Arc::new(Seen {
-            session: None,
-            auth: None,
-            headers: HashMap::new(),
-            lifecycle: JsonObject::new(),
-        }));
-        let lane = UrlLane::new(
-            watched,
-            &uri,
-            client.peer().clone(),
-            &ProtocolVersion::V_2025_11_25,
-            Arc::default(),
-        );
+        let (lane, _client, _dir) = lane_to(&uri).await;
         let posted = lane
             .call(
                 &CallToolRequestParams::new("poll"),
