@@ -284,11 +284,22 @@ impl Session {
         let answer = match lane.call(params, meta).await {
             Posted::NotSent => return None,
             Posted::Answer(answer) => answer,
-            Posted::Lost => serde_json::to_value(call_lost(tool, None))
+            Posted::Lost => serde_json::to_value(self.lost(tool, None))
                 .map_err(|e| ErrorData::internal_error(e.to_string(), None)),
         };
         self.forwarded_open();
         Some(to_caller(id, answer, modern))
+    }
+
+    /// A call of `tool` (a gated one of `class`) that was sent and never answered: whether it ran
+    /// is not known. Said as what happened: a process that exited, or a URL upstream whose
+    /// connection ended.
+    fn lost(&self, tool: &str, class: Option<GateClass>) -> CallToolResult {
+        if self.upstream.by_url() {
+            call_unanswered(tool, class)
+        } else {
+            call_lost(tool, class)
+        }
     }
 
     /// The current start's open lane, if any, for the agent's cancels.
@@ -590,7 +601,7 @@ impl Session {
                 self.upstream.discard(live).await;
                 Ok(call_not_sent(&tool, Some(GateClass::Open)))
             }
-            Err(ForwardError::Lost) => Ok(call_lost(&tool, Some(GateClass::Open))),
+            Err(ForwardError::Lost) => Ok(self.lost(&tool, Some(GateClass::Open))),
         }
     }
 
@@ -633,7 +644,7 @@ impl Session {
                 self.upstream.discard(live).await;
                 Ok(call_not_sent(&tool, Some(class)))
             }
-            Err(ForwardError::Lost) => Ok(call_lost(&tool, Some(class))),
+            Err(ForwardError::Lost) => Ok(self.lost(&tool, Some(class))),
         }
     }
 
@@ -1013,6 +1024,20 @@ pub(crate) fn call_lost(tool: &str, class: Option<GateClass>) -> CallToolResult 
 }
 
 /// A confirmed call the upstream never received: it had exited just before.
+/// [`call_lost`] for an upstream reached by URL, which does not exit but stops answering.
+fn call_unanswered(tool: &str, class: Option<GateClass>) -> CallToolResult {
+    gone_result(
+        EXITED,
+        format!(
+            "No answer to `{tool}` came back from the upstream server (its connection ended, or \
+             it answered out of turn), so whether it ran, in whole or in part, is not known.{} \
+             Next: check whether its effect happened before calling it again; Countersign \
+             reaches the server again on the next call.",
+            approval_after(class)
+        ),
+    )
+}
+
 pub(crate) fn call_not_sent(tool: &str, class: Option<GateClass>) -> CallToolResult {
     gone_result(
         EXITED,
@@ -1180,7 +1205,7 @@ impl Service<RoleServer> for RawTools {
                             continue;
                         }
                         Err(ForwardError::Lost) => {
-                            let lost = call_lost(&req.params.name, None);
+                            let lost = self.0.lost(&req.params.name, None);
                             return Ok(ServerResult::CallToolResult(lost));
                         }
                     };
@@ -1318,6 +1343,19 @@ mod tests {
         assert!(said(&bare).get("nextStep").is_none());
         let lost = call_lost("execute", Some(GateClass::Once));
         assert_eq!(said(&lost)["error"], EXITED);
+        let unanswered = call_unanswered("execute", Some(GateClass::Once));
+        assert_eq!(said(&unanswered)["error"], EXITED);
+        assert!(
+            !text(&unanswered).contains("exited"),
+            "{}",
+            text(&unanswered)
+        );
+        assert!(
+            text(&unanswered).contains("is spent"),
+            "{}",
+            text(&unanswered)
+        );
+        assert!(text(&unanswered).ends_with(said(&unanswered)["nextStep"].as_str().unwrap()));
         assert!(text(&lost).ends_with(said(&lost)["nextStep"].as_str().unwrap()));
     }
 

@@ -521,6 +521,11 @@ impl Upstream {
             .filter(|lane| !lane.is_closed() && !lane.pid().is_some_and(has_exited))
     }
 
+    /// Whether this upstream is reached by URL (it does not exit: its connection ends).
+    pub(crate) fn by_url(&self) -> bool {
+        matches!(lock(&self.target).0, Reach::Url { .. })
+    }
+
     /// The open lane of the current start of an upstream reached by URL, while that start runs
     /// (see [`crate::url_lane`]).
     pub(crate) fn url_lane(&self) -> Option<Arc<UrlLane>> {
