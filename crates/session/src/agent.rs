@@ -1023,7 +1023,6 @@ pub(crate) fn call_lost(tool: &str, class: Option<GateClass>) -> CallToolResult 
     )
 }
 
-/// A confirmed call the upstream never received: it had exited just before.
 /// [`call_lost`] for an upstream reached by URL, which does not exit but stops answering.
 fn call_unanswered(tool: &str, class: Option<GateClass>) -> CallToolResult {
     gone_result(
@@ -1038,6 +1037,7 @@ fn call_unanswered(tool: &str, class: Option<GateClass>) -> CallToolResult {
     )
 }
 
+/// A confirmed call the upstream never received: it had exited just before.
 pub(crate) fn call_not_sent(tool: &str, class: Option<GateClass>) -> CallToolResult {
     gone_result(
         EXITED,

@@ -39,7 +39,7 @@
 //! on, as the client session would; a request the upstream makes of an agent is refused, as the
 //! client session refuses it where no agent stands behind it; other notifications have no stream
 //! to go to (a stateless server's). A stream that ends before the answer is taken up again from
-//! its last event, as rmcp's client does; a caller that goes away has the call cancelled
+//! its last event, as MCP asks of a client; a caller that goes away has the call cancelled
 //! upstream, as the client session does.
 //!
 //! [`Engine::forwards_open`]: countersign_engine::Engine::forwards_open
@@ -78,11 +78,15 @@ const MCP_PARAM: &str = "mcp-param-";
 /// The key of a tool's input schema that asks for an argument to be copied into a header.
 const PARAM_HEADER_KEY: &str = "x-mcp-header";
 
-/// How many times in a row a call's answer stream is taken up again without an event coming.
+/// How many times in a row a call's answer stream is taken up again without a message coming.
 const MAX_RESUMES: u32 = 5;
 
 /// The longest wait before taking a stream up again, whatever the server asked for.
 const MAX_RETRY_MS: u64 = 5_000;
+
+/// The wait before taking a stream up again when the server asked for none (rmcp's client
+/// waits as long).
+const DEFAULT_RETRY_MS: u64 = 1_000;
 
 /// An answer's stream of events, as rmcp's HTTP client reads it.
 type SseEvents =
@@ -509,9 +513,11 @@ impl UrlLane {
     }
 
     /// Reads `events` until the answer to `own`. A stream that ends first is taken up again
-    /// from its last event (`Last-Event-ID`), as rmcp's client does for servers that close
+    /// from its last event (`Last-Event-ID`), as MCP asks of a client for servers that close
     /// their streams while a call runs: after the interval the server asked for, and at most
-    /// [`MAX_RESUMES`] times in a row without an event.
+    /// [`MAX_RESUMES`] times in a row without a message (events that only carry an id or an
+    /// interval do not count as one). A stream that cannot be taken up again ends the wait: the
+    /// call is then lost, as it would be on a connection that ended.
     async fn answer_on_stream(
         &self,
         own: &RequestId,
@@ -521,7 +527,6 @@ impl UrlLane {
         let (mut last, mut retry, mut resumes) = (None, None, 0);
         loop {
             while let Some(Ok(event)) = events.next().await {
-                resumes = 0;
                 if event.id.is_some() {
                     last = event.id.clone();
                 }
@@ -534,6 +539,7 @@ impl UrlLane {
                 let Ok(message) = serde_json::from_str::<ServerJsonRpcMessage>(&data) else {
                     continue;
                 };
+                resumes = 0;
                 if let Some(answer) = self.answer_to(own, message) {
                     return Some(answer);
                 }
@@ -543,7 +549,7 @@ impl UrlLane {
             }
             resumes += 1;
             let after = last.clone()?;
-            let wait = retry.unwrap_or(0).min(MAX_RETRY_MS);
+            let wait = retry.unwrap_or(DEFAULT_RETRY_MS).min(MAX_RETRY_MS);
             tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
             events = self
                 .watched
@@ -861,6 +867,48 @@ mod tests {
             Value::Object(seen.lifecycle.clone()),
             json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"})
         );
+    }
+
+    #[test]
+    fn an_error_naming_no_request_is_the_one_requests_answer_and_gives_its_session_up() {
+        let idless = || -> Post {
+            Ok(StreamableHttpPostResponse::Json(
+                serde_json::from_value(json!({"jsonrpc": "2.0", "id": null,
+                    "error": {"code": -32000, "message": "No valid session ID provided"}}))
+                .unwrap(),
+                None,
+            ))
+        };
+        let id_of = |posted: &Post| match posted {
+            Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(e), _)) => e.id.clone(),
+            _ => panic!("not an error"),
+        };
+        // Without a session (2026-07-28): the request's, and nothing is given up.
+        let watched = Watched::new(reqwest::Client::new());
+        let mut posted = idless();
+        watched.claim(Some(RequestId::Number(4)), false, &mut posted);
+        assert_eq!(id_of(&posted), Some(RequestId::Number(4)));
+        assert!(!watched.spoiled());
+        // A notification asked nothing: left as it is.
+        let mut posted = idless();
+        watched.claim(None, true, &mut posted);
+        assert_eq!(id_of(&posted), None);
+        assert!(!watched.spoiled());
+        // An error naming a request is the upstream's own to name.
+        let mut named: Post = Ok(StreamableHttpPostResponse::Json(
+            serde_json::from_value(json!({"jsonrpc": "2.0", "id": 9,
+                "error": {"code": -32602, "message": "bad"}}))
+            .unwrap(),
+            None,
+        ));
+        watched.claim(Some(RequestId::Number(5)), true, &mut named);
+        assert_eq!(id_of(&named), Some(RequestId::Number(9)));
+        assert!(!watched.spoiled());
+        // In a session: the request's, and the session is given up.
+        let mut posted = idless();
+        watched.claim(Some(RequestId::Number(6)), true, &mut posted);
+        assert_eq!(id_of(&posted), Some(RequestId::Number(6)));
+        assert!(watched.spoiled());
     }
 
     #[test]
