@@ -5,7 +5,8 @@ Tools:
 
   * `whoami` (read-only): answers, as JSON text, what this request arrived with: its
     JSON-RPC id, its `Mcp-Session-Id` and `Mcp-Method` headers, the protocol revision, its
-    `_meta`, and the number of calls of `note` so far;
+    `_meta`, the number of calls of `note` so far, and how many times `whoami` and `lookup` ran
+    (this one included);
   * `lookup` (read-only): answers its word. Its description changes when `shift` is called;
   * `shift` (read-only): changes `lookup`'s description and says so with
     `notifications/tools/list_changed` on this call's own stream, before it answers with the
@@ -25,7 +26,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 server = MCPServer("http-upstream")
-notes = {"count": 0}
+notes = {"count": 0, "runs": 0}
 READ_ONLY = ToolAnnotations(readOnlyHint=True)
 
 
@@ -33,12 +34,14 @@ READ_ONLY = ToolAnnotations(readOnlyHint=True)
 def whoami(ctx: Context) -> str:
     """What this request arrived with, as JSON."""
     headers = ctx.headers or {}
+    notes["runs"] += 1
     return json.dumps({
         "id": ctx.request_id,
         "session": headers.get("mcp-session-id"),
         "method": headers.get("mcp-method"),
         "protocol": ctx.protocol_version,
         "notes": notes["count"],
+        "runs": notes["runs"],
         "meta": meta_of(ctx),
     })
 
@@ -51,6 +54,7 @@ def meta_of(ctx):
 
 
 def lookup(word: str) -> str:
+    notes["runs"] += 1
     return f"looked up {word}"
 
 

@@ -252,6 +252,7 @@ fn asked(message: &ClientJsonRpcMessage) -> Option<RequestId> {
 impl StreamableHttpClient for Watched {
     type Error = reqwest::Error;
 
+    // Both go through the one with limits (reqwest's own do too), where the watch is.
     async fn post_message(
         &self,
         uri: Arc<str>,
@@ -260,14 +261,16 @@ impl StreamableHttpClient for Watched {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Post {
-        self.watch(&message, &session_id, &auth_header, &custom_headers);
-        let (asked, session) = (asked(&message), session_id.is_some());
-        let mut posted = self
-            .client
-            .post_message(uri, message, session_id, auth_header, custom_headers)
-            .await;
-        self.claim(asked, session, &mut posted);
-        posted
+        let limits = StreamableHttpResponseLimits::default();
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        )
+        .await
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -279,21 +282,17 @@ impl StreamableHttpClient for Watched {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Post {
-        self.watch(&message, &session_id, &auth_header, &custom_headers);
-        let (asked, session) = (asked(&message), session_id.is_some());
-        let mut posted = self
-            .client
-            .post_message_with_max_sse_event_size(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                custom_headers,
-                max_sse_event_size,
-            )
-            .await;
-        self.claim(asked, session, &mut posted);
-        posted
+        let mut limits = StreamableHttpResponseLimits::default();
+        limits.max_sse_event_size = max_sse_event_size;
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        )
+        .await
     }
 
     async fn post_message_with_response_limits(

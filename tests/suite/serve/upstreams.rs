@@ -618,6 +618,66 @@ fn open_calls_to_an_upstream_by_url_go_straight_and_are_decided_as_on_the_full_p
     );
     assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
 
+    // Messages that try a way around the judging, sent where the lane would take a call: each is
+    // refused before it, and nothing runs upstream (`whoami` and `lookup` count their runs).
+    let runs = |id: u32| {
+        said(&call(json!(id), "whoami", json!({})))["runs"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = runs(80);
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":88,"method":"tools/call","params":{{"name":"lookup","arguments":{{"word":"{}"}}}}}}"#,
+        "x".repeat(5 * 1024 * 1024)
+    );
+    let hostile: [(&[(&str, &str)], &str); 8] = [
+        // Duplicate keys: which tool would run depends on who reads it.
+        (
+            &[],
+            r#"{"jsonrpc":"2.0","id":81,"method":"tools/call","params":{"name":"note","name":"whoami","arguments":{}}}"#,
+        ),
+        (
+            &[],
+            r#"{"jsonrpc":"2.0","id":82,"id":83,"method":"tools/call","params":{"name":"whoami","arguments":{}}}"#,
+        ),
+        // A call posing as a notification (no id) and as a response.
+        (
+            &[],
+            r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"whoami","arguments":{}}}"#,
+        ),
+        (
+            &[],
+            r#"{"jsonrpc":"2.0","id":84,"result":{},"method":"tools/call","params":{"name":"whoami","arguments":{}}}"#,
+        ),
+        // Wrong types.
+        (
+            &[],
+            r#"{"jsonrpc":"2.0","id":85,"method":"tools/call","params":{"name":["whoami"],"arguments":{}}}"#,
+        ),
+        (
+            &[],
+            r#"{"jsonrpc":"2.0","id":86,"method":"tools/call","params":{"name":"lookup","arguments":"word=pin"}}"#,
+        ),
+        // A routing header that says another tool than the message.
+        (
+            &[("Mcp-Name", "whoami")],
+            r#"{"jsonrpc":"2.0","id":87,"method":"tools/call","params":{"name":"lookup","arguments":{"word":"pin"}}}"#,
+        ),
+        // Past the body's limit.
+        (&[], huge.as_str()),
+    ];
+    for (headers, body) in hostile {
+        let (status, _, answer) = post(server.port, headers, body);
+        let refused = status != 200
+            || answer.get("error").is_some()
+            || answer["result"]["isError"] == json!(true);
+        assert!(refused, "{status} {answer} for {:.200}", body);
+    }
+    // A tool the upstream does not list (an invisible character in a listed one's name).
+    let unlisted = call(json!(89), "who\u{200b}ami", json!({}));
+    assert_eq!(unlisted["result"]["isError"], json!(true), "{unlisted}");
+    assert_eq!(runs(90), before + 1, "something ran upstream");
+
     // A tool this server does not offer never reaches the upstream.
     let note = call(json!(8), "note", json!({"text": "x"}));
     assert_eq!(note["result"]["isError"], json!(true), "{note}");
@@ -681,71 +741,56 @@ async fn an_upstream_by_url_started_again_answers_at_once_and_the_next_call_runs
         Some(&[]),
     );
     let port_of_server = server.port;
+    // Every request is given 20 s: one under a forgotten session must not be waited on.
+    let ask = move |body: String| async move {
+        let said = body.clone();
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::task::spawn_blocking(move || post(port_of_server, &[], &body)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("waited on for 20 s: {said}"))
+        .unwrap()
+    };
     let echo = move |id: u32| {
-        tokio::task::spawn_blocking(move || {
-            let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                              "params": {"name": "echo", "arguments": {"message": "again"}}});
-            let (status, _, answer) = post(port_of_server, &[], &body.to_string());
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": {"name": "echo", "arguments": {"message": "again"}}});
+        let answered = ask(body.to_string());
+        async move {
+            let (status, _, answer) = answered.await;
             assert_eq!(status, 200, "{answer}");
             answer
-        })
+        }
     };
-    for id in 1..=3 {
-        let answer = echo(id).await.unwrap();
+    let ran = |answer: Value| {
         assert_eq!(
             answer["result"]["content"][0]["text"], "Echo: again",
             "{answer}"
         );
+    };
+    for id in 1..=3 {
+        ran(echo(id).await);
     }
     everything.kill().await.unwrap();
     everything.wait().await.unwrap();
     let (mut again, _) = countersign_tests::peers::server_everything_http_on(port).await;
     // The first call under the forgotten session: answered (its error), not waited on.
-    let first = tokio::time::timeout(Duration::from_secs(20), echo(4))
-        .await
-        .expect("a call under the forgotten session was waited on for 20 s")
-        .unwrap();
+    let first = echo(4).await;
     assert!(
         first.get("error").is_some() || first.get("result").is_some(),
         "{first}"
     );
     for id in 5..=7 {
-        let answer = tokio::time::timeout(Duration::from_secs(20), echo(id))
-            .await
-            .expect("a call after the upstream started again was waited on for 20 s")
-            .unwrap();
-        assert_eq!(
-            answer["result"]["content"][0]["text"], "Echo: again",
-            "{answer}"
-        );
+        ran(echo(id).await);
     }
     // Again, with a request the client session sends itself (the full path): answered at once
     // too, and the call after it runs.
     again.kill().await.unwrap();
     again.wait().await.unwrap();
     let (_third, _) = countersign_tests::peers::server_everything_http_on(port).await;
-    let listed = tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::task::spawn_blocking(move || {
-            post(
-                port_of_server,
-                &[],
-                r#"{"jsonrpc":"2.0","id":8,"method":"resources/list"}"#,
-            )
-        }),
-    )
-    .await
-    .expect("a request under the forgotten session was waited on for 20 s")
-    .unwrap();
+    let listed = ask(r#"{"jsonrpc":"2.0","id":8,"method":"resources/list"}"#.into()).await;
     assert_eq!(listed.0, 200, "{}", listed.2);
-    let answer = tokio::time::timeout(Duration::from_secs(20), echo(9))
-        .await
-        .expect("a call after the upstream started again was waited on for 20 s")
-        .unwrap();
-    assert_eq!(
-        answer["result"]["content"][0]["text"], "Echo: again",
-        "{answer}"
-    );
+    ran(echo(9).await);
     assert_eq!(
         server
             .log()
