@@ -9,15 +9,17 @@
 //! - **the works-once call straight to the upstream**: the built-in tools' `execute` run 16 at
 //!   once in this process, on the same kind of file, as many calls as the confirms; run before
 //!   the confirms and again after them (each on a fresh file), the floor being their mean;
-//! - **the upstream's open call reached directly** (below);
+//! - **the upstream's open call reached directly** (below), and through one bare relay: a
+//!   process that copies bytes both ways and parses nothing (this program in relay mode), so the
+//!   hop's own cost is told apart from the server's;
 //! - **a decision row read**: from an `UPDATE` of a row to another connection, reading it in a
 //!   loop, seeing it.
 //!
 //! 1. **Open calls.** A read-only `countersign serve` on the built-in tools is the upstream,
 //!    reached directly over HTTP; a second `serve` stands in front of it (`--url`). The same
-//!    `query` call alternately direct and through the second server, first with one HTTP/1.1
-//!    connection per call, then on one kept-alive connection to each: median and p99 of each,
-//!    and their ratio, in one run.
+//!    `query` call in turn direct, through the bare relay and through the second server, first
+//!    with one HTTP/1.1 connection per call, then on one kept-alive connection to each: median
+//!    and p99 of each, and their ratios, in one run.
 //! 2. **Confirms across two replicas.** Two writable replicas on one control database, with
 //!    approver listeners. N works-once calls are asked on the first and approved through the
 //!    second by a desk (a real signed decision each: the whole cycle per second is printed);
@@ -30,7 +32,8 @@
 //! (600: fewer make the confirms' figure a fraction of a second, and noisy),
 //! `COUNTERSIGN_SERVE_BENCH_AGENTS` (100).
 
-use std::process::Command;
+use std::io::BufRead;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,7 +51,15 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// First argument that makes this program the bare relay: `RELAY PORT` listens on a free port of
+/// loopback, prints it, and copies each connection's bytes to and from `127.0.0.1:PORT`.
+const RELAY: &str = "__countersign_serve_bench_relay";
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(RELAY) {
+        relay(args[2].parse().expect("relay: the upstream's port"));
+    }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let dsn = runtime.block_on(countersign_tests::postgres::shared_database());
     let dir = tempfile::tempdir().unwrap();
@@ -86,28 +97,36 @@ fn main() {
             std::process::exit(1);
         }
     }
+    let relayed = Relay::start(direct.port);
     let per_call = |port: u16| post(port, &query, None);
     open_arm(
         "one HTTP/1.1 connection per call",
         calls,
-        || per_call(direct.port),
-        || per_call(front.port),
+        [
+            &mut || per_call(direct.port),
+            &mut || per_call(relayed.port),
+            &mut || per_call(front.port),
+        ],
         1.3,
     );
     // The same, each on one connection kept alive.
-    let (mut to_direct, mut to_front) = (
+    let (mut to_direct, mut to_relay, mut to_front) = (
         KeptAlive::connect(direct.port),
+        KeptAlive::connect(relayed.port),
         KeptAlive::connect(front.port),
     );
     open_arm(
         "one kept-alive connection to each",
         calls,
-        || to_direct.post(&query),
-        || to_front.post(&query),
+        [
+            &mut || to_direct.post(&query),
+            &mut || to_relay.post(&query),
+            &mut || to_front.post(&query),
+        ],
         1.15,
     );
-    drop((to_direct, to_front));
-    drop((front, direct));
+    drop((to_direct, to_relay, to_front));
+    drop((front, relayed, direct));
 
     // The floors of the confirms and of the cycle.
     let floors_dir = tempfile::tempdir().unwrap();
@@ -477,45 +496,91 @@ fn wal(db: std::path::PathBuf) -> std::path::PathBuf {
     db
 }
 
-/// `calls` open calls through `direct` and as many through `front`, alternately: prints the
-/// median and p99 of each, the front's as a ratio of the direct's (the floor), and `goal`.
-fn open_arm(
-    how: &str,
-    calls: usize,
-    mut direct: impl FnMut() -> serde_json::Value,
-    mut front: impl FnMut() -> serde_json::Value,
-    goal: f64,
-) {
-    let (mut direct_times, mut front_times) = (Vec::new(), Vec::new());
-    for i in 0..calls * 2 {
+/// `calls` open calls each way, in turn: straight to the upstream (the floor), through the bare
+/// relay, through the front server. Prints the median and p99 of each, the relay's and the
+/// front's as ratios of the direct's, the front's over the relay's (what the server adds beyond
+/// the hop), and `goal`.
+fn open_arm(how: &str, calls: usize, ways: [&mut dyn FnMut() -> serde_json::Value; 3], goal: f64) {
+    let mut times: [Vec<std::time::Duration>; 3] = Default::default();
+    for i in 0..calls * 3 {
+        let way = i % 3;
         let started = Instant::now();
-        let answer = if i % 2 == 0 { direct() } else { front() };
+        let answer = ways[way]();
         let took = started.elapsed();
         if answer["result"].is_null() {
             eprintln!("serve_bench: no result ({how}): {answer}");
             std::process::exit(1);
         }
-        if i % 2 == 0 {
-            direct_times.push(took);
-        } else {
-            front_times.push(took);
-        }
+        times[way].push(took);
     }
-    direct_times.sort();
-    front_times.sort();
-    let (d50, d99) = (quantile(&direct_times, 0.5), quantile(&direct_times, 0.99));
-    let (f50, f99) = (quantile(&front_times, 0.5), quantile(&front_times, 0.99));
-    println!("open calls ({calls} per arm, interleaved, {how}):");
+    let [direct, relay, front] = times.map(|mut t| {
+        t.sort();
+        (quantile(&t, 0.5), quantile(&t, 0.99))
+    });
+    let ratio = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!("open calls ({calls} per way, in turn, {how}):");
     println!(
         "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs   (the floor)",
-        micros(d50),
-        micros(d99)
+        micros(direct.0),
+        micros(direct.1)
     );
     println!(
-        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99; target ≤ ×{goal} p50)",
-        micros(f50),
-        micros(f99),
-        f50.as_secs_f64() / d50.as_secs_f64(),
-        f99.as_secs_f64() / d99.as_secs_f64()
+        "  through a bare relay p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50: the hop alone, bytes copied, nothing parsed)",
+        micros(relay.0),
+        micros(relay.1),
+        ratio(relay.0, direct.0)
     );
+    println!(
+        "  through serve        p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50, ×{:.2} p99; target ≤ ×{goal} p50; ×{:.2} the relay's p50)",
+        micros(front.0),
+        micros(front.1),
+        ratio(front.0, direct.0),
+        ratio(front.1, direct.1),
+        ratio(front.0, relay.0)
+    );
+}
+
+/// The bare relay as a process of its own (this program in [`RELAY`] mode), killed when dropped.
+struct Relay {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Relay {
+    /// A relay in front of `127.0.0.1:upstream`, once it listens.
+    fn start(upstream: u16) -> Relay {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([RELAY, &upstream.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the relay did not say its port");
+        Relay { child, port }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Relay mode: one thread, bytes copied both ways on each connection (the round-robin proxy of
+/// the tests, with one backend), until killed.
+fn relay(upstream: u16) -> ! {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let proxy = countersign_tests::proxy::RoundRobin::start(vec![upstream]).await;
+        println!("{}", proxy.port());
+        std::future::pending::<()>().await;
+    });
+    unreachable!("the relay runs until it is killed")
 }

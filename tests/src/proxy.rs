@@ -33,6 +33,10 @@ impl RoundRobin {
                 let backend = backends[index % backends.len()];
                 tokio::spawn(async move {
                     if let Ok(mut server) = TcpStream::connect(("127.0.0.1", backend)).await {
+                        // Each chunk goes on as it comes, as a balancer's does: Nagle's wait for
+                        // an acknowledgement would only add time no server causes.
+                        let _ = client.set_nodelay(true);
+                        let _ = server.set_nodelay(true);
                         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                     }
                 });
