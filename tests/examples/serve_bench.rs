@@ -101,6 +101,7 @@ fn main() {
     let per_call = |port: u16| post(port, &query, None);
     open_arm(
         "one HTTP/1.1 connection per call",
+        true,
         calls,
         [
             &mut || per_call(direct.port),
@@ -117,6 +118,7 @@ fn main() {
     );
     open_arm(
         "one kept-alive connection to each",
+        false,
         calls,
         [
             &mut || to_direct.post(&query),
@@ -496,14 +498,21 @@ fn wal(db: std::path::PathBuf) -> std::path::PathBuf {
     db
 }
 
-/// `calls` open calls each way, in turn: straight to the upstream (the floor), through the bare
-/// relay, through the front server. Prints the median and p99 of each, the relay's and the
-/// front's as ratios of the direct's, the front's over the relay's (what the server adds beyond
-/// the hop), and `goal`.
-fn open_arm(how: &str, calls: usize, ways: [&mut dyn FnMut() -> serde_json::Value; 3], goal: f64) {
+/// `calls` open calls each way, in turn (the order turning each round, so that no way always
+/// follows the same other): straight to the upstream (the floor), through the bare relay,
+/// through the front server. Prints the median and p99 of each; the relay's median and the
+/// front's median and p99 as ratios of the direct's; the front's median over the relay's (what
+/// the server adds beyond the hop, when both hold their upstream connection); and `goal`.
+fn open_arm(
+    how: &str,
+    per_connection: bool,
+    calls: usize,
+    ways: [&mut dyn FnMut() -> serde_json::Value; 3],
+    goal: f64,
+) {
     let mut times: [Vec<std::time::Duration>; 3] = Default::default();
     for i in 0..calls * 3 {
-        let way = i % 3;
+        let way = (i + i / 3) % 3;
         let started = Instant::now();
         let answer = ways[way]();
         let took = started.elapsed();
@@ -518,6 +527,11 @@ fn open_arm(how: &str, calls: usize, ways: [&mut dyn FnMut() -> serde_json::Valu
         (quantile(&t, 0.5), quantile(&t, 0.99))
     });
     let ratio = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
+    let relay_note = if per_connection {
+        "; it connects to the upstream for each call, serve keeps its connection"
+    } else {
+        ""
+    };
     println!("open calls ({calls} per way, in turn, {how}):");
     println!(
         "  upstream directly    p50 {:>8.0} µs   p99 {:>8.0} µs   (the floor)",
@@ -525,7 +539,7 @@ fn open_arm(how: &str, calls: usize, ways: [&mut dyn FnMut() -> serde_json::Valu
         micros(direct.1)
     );
     println!(
-        "  through a bare relay p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50: the hop alone, bytes copied, nothing parsed)",
+        "  through a bare relay p50 {:>8.0} µs   p99 {:>8.0} µs   (×{:.2} p50: bytes copied, nothing parsed{relay_note})",
         micros(relay.0),
         micros(relay.1),
         ratio(relay.0, direct.0)
@@ -540,33 +554,31 @@ fn open_arm(how: &str, calls: usize, ways: [&mut dyn FnMut() -> serde_json::Valu
     );
 }
 
-/// The bare relay as a process of its own (this program in [`RELAY`] mode), killed when dropped.
+/// The bare relay as a process of its own (this program in [`RELAY`] mode), killed when dropped,
+/// and by the kernel when this program ends without dropping it (an `exit` on a wrong answer).
 struct Relay {
-    child: std::process::Child,
+    _process: countersign_tests::group::Group,
     port: u16,
 }
 
 impl Relay {
     /// A relay in front of `127.0.0.1:upstream`, once it listens.
     fn start(upstream: u16) -> Relay {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([RELAY, &upstream.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut process = countersign_tests::group::Group::spawn(
+            Command::new(std::env::current_exe().unwrap())
+                .args([RELAY, &upstream.to_string()])
+                .stdout(Stdio::piped()),
+        )
+        .unwrap();
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
+        std::io::BufReader::new(process.leader().stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
         let port = line.trim().parse().expect("the relay did not say its port");
-        Relay { child, port }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Relay {
+            _process: process,
+            port,
+        }
     }
 }
 

@@ -64,6 +64,12 @@ pub const MAX_TABLES: usize = 16;
 /// How long to wait for another writer's lock on the file.
 const BUSY_WAIT: Duration = Duration::from_millis(300);
 
+/// The busy handler of a rehearsal's connection: tries again as soon as the tools' writers do
+/// (which would otherwise take the lock first, every time, while it slept), for [`BUSY_WAIT`].
+fn retry_briefly(tries: i32) -> bool {
+    crate::retry_within(tries, BUSY_WAIT)
+}
+
 /// Whether to run the statements (and count rows) or only describe them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -827,7 +833,7 @@ fn run(
         return Err(Stopped::TooMany);
     }
     let setup = |e: rusqlite::Error| Stopped::NoDatabase(e.to_string());
-    conn.busy_timeout(BUSY_WAIT).map_err(setup)?;
+    conn.busy_handler(Some(retry_briefly)).map_err(setup)?;
     conn.commit_hook(Some(|| true));
     conn.progress_handler(1000, Some(move || Instant::now() >= deadline));
     conn.execute_batch("BEGIN").map_err(setup)?;
