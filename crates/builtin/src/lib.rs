@@ -307,9 +307,32 @@ impl Builtin {
                     )));
                 }
                 let source = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+                // A backup is only ever replaced whole (written aside, then renamed), never
+                // written in place: a lock on it is some other program's, so fail at once.
+                source.busy_timeout(std::time::Duration::ZERO)?;
                 let mut target = self.writable()?;
                 let backup = rusqlite::backup::Backup::new(&source, &mut target)?;
-                backup.run_to_completion(256, std::time::Duration::from_millis(0), None)?;
+                // One step for the whole copy: the file's lock is taken once (the busy handler
+                // waits up to WRITE_WAIT for it) and the pages replaced in one transaction.
+                // rusqlite's `run_to_completion` tried a busy step again for ever, without a pause.
+                match backup.step(-1)? {
+                    rusqlite::backup::StepResult::Done => {}
+                    rusqlite::backup::StepResult::Busy | rusqlite::backup::StepResult::Locked => {
+                        return Err(Failure(format!(
+                            "the database or the backup stayed locked by another connection \
+                             (the database is waited for up to {} s): nothing was restored; call \
+                             again when they are free",
+                            WRITE_WAIT.as_secs()
+                        )));
+                    }
+                    // Not for a step of every page; an unfinished copy is rolled back when the
+                    // backup is dropped.
+                    _ => {
+                        return Err(Failure(
+                            "the restore stopped before its end: nothing was restored".into(),
+                        ));
+                    }
+                }
                 Ok(json!({"restored_from": path.display().to_string()}))
             }
             "delete_backup" => {
@@ -556,6 +579,77 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert_eq!(notes, ["held", "after"]);
+    }
+
+    #[test]
+    fn a_restore_waits_out_another_writer_and_replaces_the_file_whole() {
+        let (_dir, b) = seeded();
+        b.run("create_backup", &args(json!({"name": "before"})))
+            .unwrap();
+        b.run(
+            "execute",
+            &args(json!({"sql": "INSERT INTO u VALUES (2, 'later')"})),
+        )
+        .unwrap();
+        let holder = Connection::open(b.db()).unwrap();
+        holder
+            .execute_batch("BEGIN IMMEDIATE; INSERT INTO u VALUES (1, 'held');")
+            .unwrap();
+        let (started, waiting) = std::sync::mpsc::channel();
+        let restored = std::thread::scope(|scope| {
+            let restoring = scope.spawn(|| {
+                started.send(()).unwrap();
+                b.run("restore_backup", &args(json!({"name": "before"})))
+            });
+            waiting.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            holder.execute_batch("COMMIT").unwrap();
+            restoring.join().unwrap()
+        });
+        assert!(restored.is_ok(), "{restored:?}");
+        let notes: Vec<String> = Connection::open(b.db())
+            .unwrap()
+            .prepare("SELECT note FROM u ORDER BY rowid")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(notes, ["first"], "the backup's rows, and only them");
+    }
+
+    #[test]
+    fn a_restore_from_a_backup_another_connection_holds_fails_at_once_and_changes_nothing() {
+        let (_dir, b) = seeded();
+        let made = b
+            .run("create_backup", &args(json!({"name": "before"})))
+            .unwrap();
+        b.run(
+            "execute",
+            &args(json!({"sql": "INSERT INTO u VALUES (2, 'later')"})),
+        )
+        .unwrap();
+        let held = Connection::open(made["backup"].as_str().unwrap()).unwrap();
+        held.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        // In a thread with a bound: the old loop tried the busy step again for ever.
+        let (told, answer) = std::sync::mpsc::channel();
+        let restoring = b.clone();
+        std::thread::spawn(move || {
+            let _ = told.send(restoring.run("restore_backup", &args(json!({"name": "before"}))));
+        });
+        let Failure(why) = answer
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the restore answered")
+            .unwrap_err();
+        assert!(why.contains("nothing was restored"), "{why}");
+        drop(held);
+        let later: i64 = Connection::open(b.db())
+            .unwrap()
+            .query_row("SELECT count(*) FROM u WHERE note = 'later'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(later, 1, "the database is as it was");
     }
 
     /// A database with two rows in `t`, an index, a view, a trigger and a full-text table, so
