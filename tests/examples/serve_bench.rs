@@ -103,6 +103,7 @@ fn main() {
         "one HTTP/1.1 connection per call",
         true,
         calls,
+        [direct.child.id(), relayed.pid(), front.child.id()],
         [
             &mut || per_call(direct.port),
             &mut || per_call(relayed.port),
@@ -120,6 +121,7 @@ fn main() {
         "one kept-alive connection to each",
         false,
         calls,
+        [direct.child.id(), relayed.pid(), front.child.id()],
         [
             &mut || to_direct.post(&query),
             &mut || to_relay.post(&query),
@@ -500,16 +502,20 @@ fn wal(db: std::path::PathBuf) -> std::path::PathBuf {
 
 /// `calls` open calls each way, in turn (the order turning each round, so that no way always
 /// follows the same other): straight to the upstream (the floor), through the bare relay,
-/// through the front server. Prints the median and p99 of each; the relay's median and the
-/// front's median and p99 as ratios of the direct's; the front's median over the relay's (what
-/// the server adds beyond the hop, when both hold their upstream connection); and `goal`.
+/// through the front server (`processes`: the three's process ids, in that order). Prints the
+/// median and p99 of each; the relay's median and the front's median and p99 as ratios of the
+/// direct's; the front's median over the relay's (what the server adds beyond the hop, when both
+/// hold their upstream connection); `goal`; and each process's CPU time per call.
 fn open_arm(
     how: &str,
     per_connection: bool,
     calls: usize,
+    processes: [u32; 3],
     ways: [&mut dyn FnMut() -> serde_json::Value; 3],
     goal: f64,
 ) {
+    let cpu = |pid: u32| measure::cpu_time(pid).unwrap_or_default();
+    let cpu_before = processes.map(cpu);
     let mut times: [Vec<std::time::Duration>; 3] = Default::default();
     for i in 0..calls * 3 {
         let way = (i + i / 3) % 3;
@@ -552,16 +558,29 @@ fn open_arm(
         ratio(front.1, direct.1),
         ratio(front.0, relay.0)
     );
+    // The upstream answers every call of the three ways; the relay and serve their own.
+    let [upstream, relay, front] = [0, 1, 2].map(|k| {
+        let spent = cpu(processes[k]).saturating_sub(cpu_before[k]);
+        micros(spent) / (calls * if k == 0 { 3 } else { 1 }) as f64
+    });
+    println!(
+        "  CPU per call: the upstream {upstream:.0} µs, the relay {relay:.0} µs, serve in front {front:.0} µs"
+    );
 }
 
 /// The bare relay as a process of its own (this program in [`RELAY`] mode), killed when dropped,
 /// and by the kernel when this program ends without dropping it (an `exit` on a wrong answer).
 struct Relay {
-    _process: countersign_tests::group::Group,
+    process: countersign_tests::group::Group,
     port: u16,
 }
 
 impl Relay {
+    /// Its process id.
+    fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
     /// A relay in front of `127.0.0.1:upstream`, once it listens.
     fn start(upstream: u16) -> Relay {
         let mut process = countersign_tests::group::Group::spawn(
@@ -575,10 +594,7 @@ impl Relay {
             .read_line(&mut line)
             .unwrap();
         let port = line.trim().parse().expect("the relay did not say its port");
-        Relay {
-            _process: process,
-            port,
-        }
+        Relay { process, port }
     }
 }
 
