@@ -103,7 +103,7 @@ fn main() {
         "one HTTP/1.1 connection per call",
         true,
         calls,
-        [direct.child.id(), relayed.pid(), front.child.id()],
+        [direct.pid(), relayed.pid(), front.pid()],
         [
             &mut || per_call(direct.port),
             &mut || per_call(relayed.port),
@@ -121,7 +121,7 @@ fn main() {
         "one kept-alive connection to each",
         false,
         calls,
-        [direct.child.id(), relayed.pid(), front.child.id()],
+        [direct.pid(), relayed.pid(), front.pid()],
         [
             &mut || to_direct.post(&query),
             &mut || to_relay.post(&query),
@@ -205,7 +205,7 @@ fn main() {
     };
     let (first, second) = (replica(listeners[0]), replica(listeners[1]));
     let agent_key = roster(&["agent", "add", "bench"]);
-    let idle_kb = measure::rss_kb(first.child.id()).unwrap_or(0);
+    let idle_kb = measure::rss_kb(first.pid()).unwrap_or(0);
 
     let cycle_started = Instant::now();
     let mut tokens = Vec::new();
@@ -250,7 +250,7 @@ fn main() {
     let (ports, bearer) = ([first.port, second.port], Arc::new(agent_key.clone()));
     let cpu = |pid: u32| measure::cpu_time(pid).unwrap_or_default();
     let (replicas_before, database_before, bench_before) = (
-        cpu(first.child.id()) + cpu(second.child.id()),
+        cpu(first.pid()) + cpu(second.pid()),
         postgres_cpu(),
         cpu(std::process::id()),
     );
@@ -283,7 +283,7 @@ fn main() {
         .collect();
     let ran: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
     let confirm_time = confirm_started.elapsed();
-    let replicas_cpu = cpu(first.child.id()) + cpu(second.child.id()) - replicas_before;
+    let replicas_cpu = cpu(first.pid()) + cpu(second.pid()) - replicas_before;
     let database_cpu = postgres_cpu().saturating_sub(database_before);
     let bench_cpu = cpu(std::process::id()).saturating_sub(bench_before);
     let rows: i64 = rusqlite::Connection::open(&db)
@@ -333,7 +333,7 @@ fn main() {
     }
 
     // 3. Memory per agent: each its own key, so its own tenant.
-    let before_kb = measure::rss_kb(first.child.id()).unwrap_or(0);
+    let before_kb = measure::rss_kb(first.pid()).unwrap_or(0);
     let keys: Vec<String> = (0..agents)
         .map(|i| roster(&["agent", "add", &format!("agent-{i}")]))
         .collect();
@@ -347,7 +347,7 @@ fn main() {
             std::process::exit(1);
         }
     }
-    let loaded_kb = measure::rss_kb(first.child.id()).unwrap_or(0);
+    let loaded_kb = measure::rss_kb(first.pid()).unwrap_or(0);
     println!("memory of one replica (RSS):");
     println!(
         "  idle, just started                   {:>8} kB   (target ≤ 32768 kB)",

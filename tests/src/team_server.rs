@@ -5,25 +5,27 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::group::Group;
 use crate::window::{bin, free_port};
 
-/// A `countersign serve` child, killed when dropped.
+/// A `countersign serve` child, killed with what it started when dropped, and by the kernel when
+/// the bench ends without dropping it (an `exit` on a wrong answer): start it from the main
+/// thread ([`Group`]).
 pub struct Serve {
-    /// The process.
-    pub child: Child,
+    process: Group,
     /// The agents' port.
     pub port: u16,
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl Serve {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
     }
 }
 
@@ -32,17 +34,18 @@ impl Drop for Serve {
 pub fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut child = Command::new(bin("countersign-serve"))
-        .arg("--listen")
-        .arg(&listen)
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn,serve=info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("countersign-serve: build it first (cargo build -p countersign-serve)");
-    let mut stderr = child.stderr.take().unwrap();
+    let mut process = Group::spawn(
+        Command::new(bin("countersign-serve"))
+            .arg("--listen")
+            .arg(&listen)
+            .args(args)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "warn,serve=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )
+    .expect("countersign-serve: build it first (cargo build -p countersign-serve)");
+    let mut stderr = process.leader().stderr.take().unwrap();
     let (ready, told) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let (mut seen, mut buf, mut said) = (Vec::new(), [0u8; 4096], false);
@@ -59,7 +62,7 @@ pub fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
     });
     told.recv_timeout(Duration::from_secs(60))
         .expect("the server did not start");
-    Serve { child, port }
+    Serve { process, port }
 }
 
 /// One JSON-RPC POST to `port`'s `/mcp` on a connection of its own, with `bearer` when given.
