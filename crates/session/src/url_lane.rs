@@ -809,6 +809,60 @@ mod tests {
         );
     }
 
+    /// An upstream whose answer stream carries, before the call's answer, messages that try to
+    /// pass for it: an answer to another id, an error to another id, a response with two ids,
+    /// bytes that are not JSON, a request posing as the answer. Only the call's own answer is
+    /// taken; and a plain JSON answer under another id is no answer (the call is lost, never
+    /// given someone else's result).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_calls_own_answer_is_taken_from_a_hostile_upstream() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}/mcp", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (head, body) = read_request(&mut stream).await;
+                let response = if body.contains("\"other\"") {
+                    // The second call: a JSON answer, under an id that is not its own.
+                    let answer = json!({"jsonrpc": "2.0", "id": "countersign-open-1",
+                                        "result": {"content": [{"type": "text", "text": "stale"}]}});
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                        answer.to_string().len()
+                    )
+                } else if head.starts_with("post") && body.contains("tools/call") {
+                    let result = |text: &str| json!({"content": [{"type": "text", "text": text}]});
+                    let events = [
+                        json!({"jsonrpc": "2.0", "id": "countersign-open-9", "result": result("another's")}).to_string(),
+                        json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "another's"}}).to_string(),
+                        format!(r#"{{"jsonrpc":"2.0","id":"countersign-open-9","id":"countersign-open-1","result":{}}}"#, result("two ids")),
+                        "{not json".to_owned(),
+                        json!({"jsonrpc": "2.0", "id": "countersign-open-1", "method": "tools/call",
+                               "params": {"name": "posing"}}).to_string(),
+                        json!({"jsonrpc": "2.0", "id": "countersign-open-1", "result": result("own")}).to_string(),
+                    ];
+                    let events: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{events}"
+                    )
+                } else {
+                    // The refusal of the posing request, and anything else.
+                    "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        .to_owned()
+                };
+                let _ = stream.write_all(response.as_bytes()).await;
+            }
+        });
+        let (lane, _client, _dir) = lane_to(&uri).await;
+        let meta = RequestMetaObject::default();
+        let posted = lane.call(&CallToolRequestParams::new("own"), &meta).await;
+        let Posted::Answer(Ok(result)) = posted else {
+            panic!("{posted:?}");
+        };
+        assert_eq!(result["content"][0]["text"], "own", "{result}");
+        let posted = lane.call(&CallToolRequestParams::new("other"), &meta).await;
+        assert!(matches!(posted, Posted::Lost), "{posted:?}");
+    }
+
     fn headers(pairs: &[(&'static str, &'static str)]) -> HashMap<HeaderName, HeaderValue> {
         pairs
             .iter()
