@@ -550,35 +550,14 @@ mod tests {
             .query_row("PRAGMA busy_timeout", [], |r| r.get(0))
             .unwrap();
         assert_eq!(timeout, 0);
-        let holder = Connection::open(b.db()).unwrap();
-        holder
-            .execute_batch("BEGIN IMMEDIATE; INSERT INTO u VALUES (1, 'held');")
-            .unwrap();
-        let (started, waiting) = std::sync::mpsc::channel();
-        let writer = std::thread::scope(|scope| {
-            let writer = scope.spawn(|| {
-                started.send(()).unwrap();
-                b.run(
-                    "execute",
-                    &args(json!({"sql": "INSERT INTO u VALUES (1, 'after')"})),
-                )
-            });
-            waiting.recv().unwrap();
-            // The writer is (or is about to be) told the file is busy; it gets it once freed.
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            holder.execute_batch("COMMIT").unwrap();
-            writer.join().unwrap()
+        let writer = while_another_writer_holds(&b, || {
+            b.run(
+                "execute",
+                &args(json!({"sql": "INSERT INTO u VALUES (1, 'after')"})),
+            )
         });
         assert_eq!(writer.unwrap(), json!({"changes": 1}));
-        let notes: Vec<String> = Connection::open(b.db())
-            .unwrap()
-            .prepare("SELECT note FROM u WHERE note IN ('held', 'after') ORDER BY rowid")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        assert_eq!(notes, ["held", "after"]);
+        assert_eq!(notes(&b), ["first", "held", "after"]);
     }
 
     #[test]
@@ -591,31 +570,11 @@ mod tests {
             &args(json!({"sql": "INSERT INTO u VALUES (2, 'later')"})),
         )
         .unwrap();
-        let holder = Connection::open(b.db()).unwrap();
-        holder
-            .execute_batch("BEGIN IMMEDIATE; INSERT INTO u VALUES (1, 'held');")
-            .unwrap();
-        let (started, waiting) = std::sync::mpsc::channel();
-        let restored = std::thread::scope(|scope| {
-            let restoring = scope.spawn(|| {
-                started.send(()).unwrap();
-                b.run("restore_backup", &args(json!({"name": "before"})))
-            });
-            waiting.recv().unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            holder.execute_batch("COMMIT").unwrap();
-            restoring.join().unwrap()
+        let restored = while_another_writer_holds(&b, || {
+            b.run("restore_backup", &args(json!({"name": "before"})))
         });
         assert!(restored.is_ok(), "{restored:?}");
-        let notes: Vec<String> = Connection::open(b.db())
-            .unwrap()
-            .prepare("SELECT note FROM u ORDER BY rowid")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        assert_eq!(notes, ["first"], "the backup's rows, and only them");
+        assert_eq!(notes(&b), ["first"], "the backup's rows, and only them");
     }
 
     #[test]
@@ -650,6 +609,39 @@ mod tests {
             })
             .unwrap();
         assert_eq!(later, 1, "the database is as it was");
+    }
+
+    /// `call`'s answer, made in a thread of its own while another connection holds the file's
+    /// write lock (with a row `held` added to `u`), committed 50 ms after the thread starts: by
+    /// then `call` is told the file is busy (or is about to be), and gets it once freed.
+    fn while_another_writer_holds<T: Send>(b: &Builtin, call: impl FnOnce() -> T + Send) -> T {
+        let holder = Connection::open(b.db()).unwrap();
+        holder
+            .execute_batch("BEGIN IMMEDIATE; INSERT INTO u VALUES (1, 'held');")
+            .unwrap();
+        let (started, waiting) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            let calling = scope.spawn(|| {
+                started.send(()).unwrap();
+                call()
+            });
+            waiting.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            holder.execute_batch("COMMIT").unwrap();
+            calling.join().unwrap()
+        })
+    }
+
+    /// The notes of `u`, in the order they were added.
+    fn notes(b: &Builtin) -> Vec<String> {
+        Connection::open(b.db())
+            .unwrap()
+            .prepare("SELECT note FROM u ORDER BY rowid")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
     }
 
     /// A database with two rows in `t`, an index, a view, a trigger and a full-text table, so
