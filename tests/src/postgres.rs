@@ -241,6 +241,7 @@ fn run(command: &mut Command) {
 pub struct FaultProxy {
     port: u16,
     armed: Arc<AtomicBool>,
+    needle: Arc<Mutex<Vec<u8>>>,
     cuts: Arc<Mutex<usize>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -251,11 +252,12 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let armed = Arc::new(AtomicBool::new(false));
+        let needle = Arc::new(Mutex::new(needle.to_vec()));
         let cuts = Arc::new(Mutex::new(0));
-        let (a, c) = (armed.clone(), cuts.clone());
+        let (a, n, c) = (armed.clone(), needle.clone(), cuts.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (armed, cuts) = (a.clone(), c.clone());
+                let (armed, needle, cuts) = (a.clone(), n.clone(), c.clone());
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)).await {
                         session(client, server, needle, armed, cuts).await;
@@ -266,6 +268,7 @@ impl FaultProxy {
         FaultProxy {
             port,
             armed,
+            needle,
             cuts,
             task,
         }
@@ -279,6 +282,14 @@ impl FaultProxy {
     /// Cut the next connection that sends the needle.
     pub fn arm(&self) {
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Cut the next connection that sends `needle` (from now on the proxy's needle): for bytes
+    /// known only once the test has run a while, such as a nonce (a statement prepared once per
+    /// connection sends its text only the first time).
+    pub fn arm_on(&self, needle: &[u8]) {
+        *countersign_core::sync::lock(&self.needle) = needle.to_vec();
+        self.arm();
     }
 
     /// Forward everything.
@@ -301,7 +312,7 @@ impl Drop for FaultProxy {
 async fn session(
     client: TcpStream,
     server: TcpStream,
-    needle: &'static [u8],
+    needle: Arc<Mutex<Vec<u8>>>,
     armed: Arc<AtomicBool>,
     cuts: Arc<Mutex<usize>>,
 ) {
@@ -339,7 +350,11 @@ async fn session(
             Ok(n) => n,
         };
         let chunk = &buffer[..n];
-        if armed.load(Ordering::SeqCst) && chunk.windows(needle.len()).any(|w| w == needle) {
+        let cut = armed.load(Ordering::SeqCst) && {
+            let needle = countersign_core::sync::lock(&needle);
+            !needle.is_empty() && chunk.windows(needle.len()).any(|w| w == &needle[..])
+        };
+        if cut {
             // Nothing of the answer may reach the client: stop relaying first, then send.
             let _ = stop.send(());
             let client_write = answers.await;

@@ -11,7 +11,8 @@
 use std::time::{Duration, Instant};
 
 use countersign_core::SpendError;
-use countersign_store::test_support::{approval, nonce, unreachable};
+use countersign_core::chain::{ChainKey, Walk};
+use countersign_store::test_support::{accepted, approval, nonce, spent, unreachable};
 use countersign_store::{Postgres, PostgresOptions, Records, SERIALIZATION_RETRIES, StoreError};
 use countersign_tests::postgres::{
     FaultProxy, PrivateServer, admin, fresh_database, migrated_database,
@@ -267,4 +268,193 @@ async fn a_frozen_backend_times_out_as_unreachable_and_the_nonce_is_then_already
         Err(SpendError::AlreadySpent)
     );
     assert_eq!(other.spend(&nonce(2), EXPIRES_AT_MS).await, Ok(()));
+}
+
+// A works-once confirm's spend and its acceptance's history event, written together
+// (`Records::spend_recording`): the same rules as the spend alone, and the event never without it.
+
+async fn events_of(admin: &tokio_postgres::Client, n: u8) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM history WHERE nonce = $1",
+            &[&nonce(n).to_hex()],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_already_spent_everywhere()
+ {
+    let server = PrivateServer::start();
+    let direct = fresh_database(&server.dsn()).await;
+    // The event's row names the nonce in hex: the proxy cuts once the row (and, in the same
+    // write or not, the COMMIT) has gone to the server, before its answer comes back.
+    let needle: &'static [u8] = Box::leak(nonce(2).to_hex().into_bytes().into_boxed_slice());
+    let proxy = FaultProxy::start(server.port(), needle).await;
+    let proxied = direct.replace(
+        &format!("port={}", server.port()),
+        &format!("port={}", proxy.port()),
+    );
+    // Signing its head, so that the chain can be checked whole afterwards.
+    let key = std::sync::Arc::new(ChainKey::from_seed(&[3; 32]));
+    let signing = |name| short(name).with_chain_key(key.clone());
+    let records = Postgres::connect(&proxied, signing("countersign-cut-confirm"))
+        .await
+        .unwrap();
+    // Its statements prepared: the cut comes at the write, not at a statement's text.
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+                .await
+        ),
+        Ok(())
+    );
+
+    proxy.arm();
+    let reason = unreachable(spent(
+        records
+            .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
+            .await,
+    ));
+    eprintln!("connection cut: {reason}");
+    assert_eq!(proxy.cuts(), 1);
+    assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
+    let admin = admin(&direct).await;
+    let (rows, events) = (rows_of(&admin, 2).await, events_of(&admin, 2).await);
+    eprintln!("after the cut: {rows} spent row(s), {events} event(s)");
+    assert_eq!(
+        rows, events,
+        "the spend and its event commit together or not at all"
+    );
+
+    proxy.disarm();
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
+                .await
+        ),
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(records.doubtful_count(), 0, "burned");
+    assert_eq!(rows_of(&admin, 2).await, 1);
+    assert_eq!(
+        events_of(&admin, 2).await,
+        events,
+        "a replay writes no event"
+    );
+    let other = Postgres::connect(&direct, signing("countersign-other"))
+        .await
+        .unwrap();
+    assert_eq!(
+        spent(
+            other
+                .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
+                .await
+        ),
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(
+        spent(
+            other
+                .spend_recording(&nonce(3), EXPIRES_AT_MS, &accepted(3, 1_003))
+                .await
+        ),
+        Ok(())
+    );
+    let verified = other.verify_history(Walk::new(Some(key.public()))).await;
+    assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_server_stopped_before_a_confirm_is_unreachable_and_it_spends_once_the_server_is_back() {
+    let server = PrivateServer::start();
+    let dsn = fresh_database(&server.dsn()).await;
+    let records = Postgres::connect(&dsn, short("countersign-stopped-confirm"))
+        .await
+        .unwrap();
+    server.stop_immediately();
+    unreachable(spent(
+        records
+            .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+            .await,
+    ));
+    assert_eq!(records.doubtful_count(), 0, "nothing was sent: no doubt");
+
+    server.start_again();
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+                .await
+        ),
+        Ok(())
+    );
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+                .await
+        ),
+        Err(SpendError::AlreadySpent)
+    );
+    let admin = admin(&dsn).await;
+    assert_eq!(
+        (rows_of(&admin, 1).await, events_of(&admin, 1).await),
+        (1, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_confirms_serialization_failures_up_to_the_bound_are_retried_and_past_it_write_nothing() {
+    let (dsn, admin) = failing_the_first(SERIALIZATION_RETRIES).await;
+    let records = Postgres::connect(&dsn, PostgresOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+                .await
+        ),
+        Ok(())
+    );
+    assert_eq!(
+        (rows_of(&admin, 1).await, events_of(&admin, 1).await),
+        (1, 1)
+    );
+
+    let (dsn, admin) = failing_the_first(SERIALIZATION_RETRIES + 1).await;
+    let records = Postgres::connect(&dsn, PostgresOptions::default())
+        .await
+        .unwrap();
+    let reason = unreachable(spent(
+        records
+            .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+            .await,
+    ));
+    assert!(reason.contains("40001"), "{reason}");
+    assert_eq!(records.doubtful_count(), 0, "the server said no: no doubt");
+    assert_eq!(
+        (rows_of(&admin, 1).await, events_of(&admin, 1).await),
+        (0, 0)
+    );
+    admin
+        .batch_execute("DROP TRIGGER fail_first ON spent_nonce")
+        .await
+        .unwrap();
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+                .await
+        ),
+        Ok(())
+    );
 }

@@ -16,7 +16,7 @@ use countersign_core::chain::{Break, ChainKey, Walk};
 use countersign_core::telemetry::EventKind;
 use countersign_core::{GateClass, PlanHash, Refusal, SpendError};
 use countersign_store::test_support::{
-    approval, assert_spent_once, event, every_kind, grant, nonce, pin,
+    accepted, approval, assert_spent_once, event, every_kind, grant, nonce, pin, spent,
 };
 use countersign_store::{
     Accepted, Assertion, DecisionRecord, Evidence, Grant, GrantEnd, GrantKind, HistoryFilter,
@@ -94,6 +94,8 @@ macro_rules! suite {
 suite!(
     a_spent_nonce_is_already_spent_the_second_time,
     tasks_racing_one_nonce_spend_it_once,
+    confirms_racing_one_nonce_spend_it_once_and_record_it_once,
+    a_replayed_confirm_is_refused_and_records_nothing,
     an_approval_reads_back_exactly_and_is_never_overwritten,
     an_open_class_approval_is_refused,
     a_withdrawn_approval_is_gone_and_only_that_one,
@@ -160,6 +162,75 @@ async fn tasks_racing_one_nonce_spend_it_once(r: R) {
         outcomes.push(task.await.unwrap());
     }
     assert_spent_once(&outcomes);
+}
+
+async fn confirms_racing_one_nonce_spend_it_once_and_record_it_once(r: R) {
+    // Sixteen confirms of one nonce and sixteen of nonces of their own, all at once: what a
+    // replica's writer takes in one batch or several.
+    let tasks: Vec<_> = (0..32_u8)
+        .map(|i| {
+            let r = r.clone();
+            let n = if i % 2 == 0 { 9 } else { 20 + i };
+            tokio::spawn(async move {
+                let outcome = r
+                    .spend_recording(&nonce(n), 10, &accepted(n, 100 + u64::from(i)))
+                    .await;
+                (n, outcome)
+            })
+        })
+        .collect();
+    let mut of_nine = Vec::new();
+    for task in tasks {
+        let (n, outcome) = task.await.unwrap();
+        let spent = spent(outcome);
+        if n == 9 {
+            of_nine.push(spent);
+        } else {
+            assert_eq!(spent, Ok(()), "a nonce of its own spends");
+        }
+    }
+    assert_spent_once(&of_nine);
+    let recorded = r.history(&HistoryFilter::all()).await.unwrap();
+    assert_eq!(
+        recorded.len(),
+        17,
+        "one event per nonce spent, none for a replay"
+    );
+    assert_eq!(
+        recorded
+            .iter()
+            .filter(|e| e.nonce == Some(nonce(9)))
+            .count(),
+        1
+    );
+    assert!(recorded.iter().all(|e| e.kind == EventKind::Accepted));
+    let intact = r
+        .verify_history(Walk::new(Some(chain_key().public())))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((intact.first, intact.last), (Some(1), Some(17)));
+    assert_eq!(intact.head.unwrap().head.seq, 17);
+    // The spends are the ledger's like any other: the nonce stays spent.
+    assert_eq!(r.spend(&nonce(9), 10).await, Err(SpendError::AlreadySpent));
+}
+
+async fn a_replayed_confirm_is_refused_and_records_nothing(r: R) {
+    r.spend(&nonce(4), 10).await.unwrap();
+    assert_eq!(
+        spent(r.spend_recording(&nonce(4), 10, &accepted(4, 100)).await),
+        Err(SpendError::AlreadySpent)
+    );
+    assert_eq!(
+        spent(r.spend_recording(&nonce(5), 10, &accepted(5, 101)).await),
+        Ok(())
+    );
+    assert_eq!(
+        spent(r.spend_recording(&nonce(5), 10, &accepted(5, 102)).await),
+        Err(SpendError::AlreadySpent)
+    );
+    let recorded = r.history(&HistoryFilter::all()).await.unwrap();
+    assert_eq!(recorded, vec![accepted(5, 101)]);
 }
 
 async fn an_approval_reads_back_exactly_and_is_never_overwritten(r: R) {
@@ -999,15 +1070,87 @@ async fn record_alternately(
     recorded
 }
 
-/// Two replicas' records on the database `dsn`, having written `n` events at once, alternately.
+/// Two replicas' records on the database `dsn`, having written `n` events at once, alternately:
+/// every third a confirm's acceptance, written with its spend (`spend_recording`), the others
+/// recorded alone.
 async fn two_replicas_chain(dsn: &str, n: u64) -> (R, R) {
     let (a, b) = (replica(dsn).await, replica(dsn).await);
-    for (i, recorded) in
-        record_alternately(&a, &b, n, |i| event(100 + i, EventKind::Accepted)).await
-    {
-        assert!(recorded.is_ok(), "event {i}: {recorded:?}");
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let r = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                let at = 100 + i;
+                let written = match u8::try_from(i) {
+                    Ok(n) if i % 3 == 0 => r
+                        .spend_recording(&nonce(n), u64::MAX, &accepted(n, at))
+                        .await
+                        .expect("a nonce of its own spends"),
+                    _ => r.record(&event(at, EventKind::Accepted)).await,
+                };
+                (i, written)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (i, written) = task.await.unwrap();
+        assert!(written.is_ok(), "event {i}: {written:?}");
     }
     (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn replicas_confirming_one_nonce_at_once_spend_it_once_and_keep_one_chain() {
+    let dsn = migrated_database().await;
+    let replicas = [
+        replica(&dsn).await,
+        replica(&dsn).await,
+        replica(&dsn).await,
+        replica(&dsn).await,
+    ];
+    // Each replica: eight confirms of one nonce and eight of nonces of their own, at once.
+    let tasks: Vec<_> = (0..64_u8)
+        .map(|i| {
+            let r = replicas[usize::from(i % 4)].clone();
+            let n = if i % 2 == 0 { 1 } else { 100 + i };
+            tokio::spawn(async move {
+                (
+                    n,
+                    r.spend_recording(&nonce(n), u64::MAX, &accepted(n, 1_000 + u64::from(i)))
+                        .await,
+                )
+            })
+        })
+        .collect();
+    let mut of_one = Vec::new();
+    for task in tasks {
+        let (n, outcome) = task.await.unwrap();
+        let spent = spent(outcome);
+        if n == 1 {
+            of_one.push(spent);
+        } else {
+            assert_eq!(spent, Ok(()), "nonce {n}: a nonce of its own spends");
+        }
+    }
+    assert_spent_once(&of_one);
+    let key = Some(chain_key().public());
+    let intact = replicas[3]
+        .verify_history(Walk::new(key))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((intact.first, intact.last), (Some(1), Some(33)));
+    let admin = countersign_tests::postgres::admin(&dsn).await;
+    let counted = |sql: &'static str| {
+        let admin = &admin;
+        async move { admin.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(counted("SELECT count(*) FROM spent_nonce").await, 33);
+    assert_eq!(
+        counted("SELECT count(*) FROM history WHERE nonce IS NOT NULL").await,
+        33,
+        "each spent nonce's acceptance is written once, a replay's never"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

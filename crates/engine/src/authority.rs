@@ -166,11 +166,18 @@ impl Engine {
     /// Writes `event` to history (and to `tracing`, once, whatever becomes of the write), and
     /// counts it.
     pub(crate) async fn record(&self, event: ConfirmEvent) {
-        self.tally_event(&event);
+        let written = self.inner.store.record(&event).await;
+        self.recorded(&event, written);
+    }
+
+    /// Counts `event`, whose write to history (done by the store, which emitted it) went as
+    /// `written`, and logs a failed write.
+    pub(crate) fn recorded(&self, event: &ConfirmEvent, written: Result<(), StoreError>) {
+        self.tally_event(event);
         // History is the audit trail, but failing to write it must not turn a refusal into an
         // acceptance or lose the telemetry: the store emits the event whether or not the write
         // succeeds (once), and the failure is logged here.
-        if let Err(err) = self.inner.store.record(&event).await {
+        if let Err(err) = written {
             tracing::error!(target: "desk", error = %err, "could not write history");
         }
     }

@@ -121,12 +121,36 @@ impl Engine {
         let single_use = usable.is_ok()
             && (rule.class.is_single_use()
                 || usable.as_ref().is_ok_and(|a| a.class.is_single_use()));
+        let event = |kind, claims: Option<&Claims>| ConfirmEvent {
+            at_ms: now,
+            kind,
+            tool: tool.to_owned(),
+            target: Some(plan.target.clone()),
+            tenant: tenant.to_string(),
+            nonce: claims.map(|c| c.nonce),
+            plan: Some(hash),
+            note: None,
+        };
+        // Whether the acceptance is already in history: a spend records it with itself.
+        let mut accepted_recorded = false;
         let verdict = match verify::check(key, &confirm, now) {
             Ok(claims) if single_use => {
                 // Timed for the ledger's latency (a measurement, not a decision: the engine's
                 // clock decides, this only says how long the records took).
                 let started = std::time::Instant::now();
-                let spent = self.records().spend(&claims.nonce, claims.exp).await;
+                let accepted = event(EventKind::Accepted, Some(&claims));
+                let spent = match self
+                    .records()
+                    .spend_recording(&claims.nonce, claims.exp, &accepted)
+                    .await
+                {
+                    Ok(written) => {
+                        self.recorded(&accepted, written);
+                        accepted_recorded = true;
+                        Ok(())
+                    }
+                    Err(refused) => Err(refused),
+                };
                 let spend = match &spent {
                     Ok(()) => Spend::Spent,
                     Err(SpendError::AlreadySpent) => Spend::AlreadySpent,
@@ -139,16 +163,6 @@ impl Engine {
                 verify::spent_as(claims, spent)
             }
             verdict => verdict,
-        };
-        let event = |kind, claims: Option<&Claims>| ConfirmEvent {
-            at_ms: now,
-            kind,
-            tool: tool.to_owned(),
-            target: Some(plan.target.clone()),
-            tenant: tenant.to_string(),
-            nonce: claims.map(|c| c.nonce),
-            plan: Some(hash),
-            note: None,
         };
         let claims = match verdict {
             Err(rejected) => {
@@ -163,7 +177,9 @@ impl Engine {
         };
         match usable {
             Ok(approval) => {
-                self.record(event(EventKind::Accepted, Some(&claims))).await;
+                if !accepted_recorded {
+                    self.record(event(EventKind::Accepted, Some(&claims))).await;
+                }
                 lock(&self.inner.state)
                     .awaiting_outcome
                     .entry((tenant.to_owned(), claims.nonce))

@@ -38,6 +38,24 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// `expires_at_ms` is the token's expiry, after which [`Records::prune`] may forget the row.
     async fn spend(&self, nonce: &Nonce, expires_at_ms: u64) -> Result<(), SpendError>;
 
+    /// What an accepted works-once confirm writes: spends `nonce` as [`Records::spend`] does
+    /// (the same refusals), and only when it is spent now, records `accepted` as
+    /// [`Records::record`] does. `Ok(recorded)`: spent, and `recorded` says how the event's
+    /// write went (emitted either way). On a refusal nothing is recorded: the caller records why.
+    ///
+    /// Here (the desk's file, where a spend is a local commit) the spend and then the record.
+    /// PostgreSQL overrides it to put both in one transaction, so a confirm costs the database one
+    /// commit rather than two; there the event is written only with the spend, never without it.
+    async fn spend_recording(
+        &self,
+        nonce: &Nonce,
+        expires_at_ms: u64,
+        accepted: &ConfirmEvent,
+    ) -> Result<Result<(), StoreError>, SpendError> {
+        self.spend(nonce, expires_at_ms).await?;
+        Ok(self.record(accepted).await)
+    }
+
     /// Stores `approval` durably. A second approval under the same nonce is refused with
     /// [`StoreError::ApprovalExists`] (what a person approved is never replaced), and one of
     /// class `open` with [`StoreError::UngatedApproval`].

@@ -14,7 +14,7 @@ use countersign_core::telemetry::{ConfirmEvent, EventKind, Rejection};
 use countersign_core::{GateClass, Nonce, PlanHash, Refusal, SpendError};
 use tempfile::TempDir;
 
-use crate::{Approval, Grant, GrantKind, Store, StoreOptions, ToolPin};
+use crate::{Approval, Grant, GrantKind, Store, StoreError, StoreOptions, ToolPin};
 
 /// A store on a new file in a new temporary directory (kept alive by the returned guard).
 pub fn temp_store() -> (TempDir, Store) {
@@ -91,6 +91,21 @@ pub fn event(at_ms: u64, kind: EventKind) -> ConfirmEvent {
         plan: Some(PlanHash::from_bytes([8; 32])),
         note: Some("a note".into()),
     }
+}
+
+/// The acceptance of the works-once confirm of `nonce(n)` at `at_ms`, as the engine records it
+/// with the spend ([`crate::Records::spend_recording`]).
+pub fn accepted(n: u8, at_ms: u64) -> ConfirmEvent {
+    ConfirmEvent {
+        nonce: Some(nonce(n)),
+        ..event(at_ms, EventKind::Accepted)
+    }
+}
+
+/// A confirm's outcome ([`crate::Records::spend_recording`]) as a spend's. Panics when the
+/// nonce was spent and its event's write failed: every store here writes it.
+pub fn spent(outcome: Result<Result<(), StoreError>, SpendError>) -> Result<(), SpendError> {
+    outcome.map(|written| written.expect("a spent confirm's event is written"))
 }
 
 /// Every event kind, with each refusal and rejection that history can hold.

@@ -72,18 +72,45 @@ const MAX_WAITING: usize = 1024;
 /// it with that error. One that fails for a statement (which could be one event's doing) is
 /// appended again an event at a time, so each gets its own outcome and a bad event never costs
 /// the others theirs.
+///
+/// An accepted works-once confirm hands over its nonce with its event
+/// ([`Records::spend_recording`]): the batch spends it in the same transaction, and appends the
+/// event only if the nonce was not spent before. So a confirm costs one commit, not two (its
+/// own spend's, then its share of a batch's), and the spend keeps every rule of
+/// [`Postgres::spend_nonce`]: one row per nonce, whichever replica wins; a batch whose outcome
+/// is unknown leaves its nonces doubtful (burned before anything else on the next connection).
 pub(crate) struct ChainWriter {
     queue: tokio::sync::mpsc::Sender<Appending>,
 }
 
-/// An event handed to the writer, and where it says how its append went.
+/// An event handed to the writer, the nonce to spend with it (if any), and where the writer says
+/// how its append went.
 struct Appending {
     event: ConfirmEvent,
+    spend: Option<Spending>,
     told: Told,
 }
 
-/// Where the writer says how an event's append went.
-type Told = tokio::sync::oneshot::Sender<Result<(), StoreError>>;
+/// A nonce spent in the transaction that appends its event.
+#[derive(Clone, Copy)]
+pub(crate) struct Spending {
+    nonce: Nonce,
+    /// The token's expiry; beyond BIGINT is "never", which keeps the row: the safe side.
+    expires_at: i64,
+}
+
+impl Spending {
+    pub(crate) fn new(nonce: Nonce, expires_at_ms: u64) -> Self {
+        Spending {
+            nonce,
+            expires_at: i64::try_from(expires_at_ms).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// Where the writer says how an event's append went: `Ok(true)` appended (and its nonce spent);
+/// `Ok(false)` not appended, because its nonce was spent before (a replay).
+type Told = tokio::sync::oneshot::Sender<Result<bool, StoreError>>;
 
 impl ChainWriter {
     /// Starts the writer on the current Tokio runtime, appending with `writer` (a copy of the
@@ -105,12 +132,18 @@ impl ChainWriter {
         Self { queue }
     }
 
-    /// Hands `event` to the writer and waits until it is appended. `None`: the writer is not
-    /// running, and nothing was handed to it.
-    async fn append(&self, event: &ConfirmEvent) -> Option<Result<(), StoreError>> {
+    /// Hands `event` (and the nonce to spend with it) to the writer and waits until it is
+    /// appended, as [`Told`] says. `None`: the writer is not running, and nothing was handed to
+    /// it.
+    async fn append(
+        &self,
+        event: &ConfirmEvent,
+        spend: Option<Spending>,
+    ) -> Option<Result<bool, StoreError>> {
         let (told, outcome) = tokio::sync::oneshot::channel();
         let appending = Appending {
             event: event.clone(),
+            spend,
             told,
         };
         self.queue.send(appending).await.ok()?;
@@ -130,17 +163,19 @@ impl Postgres {
     async fn append_batch(&self, batch: Vec<Appending>) {
         // Each caller emits its own event (`ConfirmEvent::emit`) once told, inside its own span;
         // a caller that stopped waiting has its event appended, and not emitted.
-        let tell = |told: Told, stored: Result<(), StoreError>| {
+        let tell = |told: Told, stored: Result<bool, StoreError>| {
             let _ = told.send(stored);
         };
         // An event whose columns cannot be written (a time beyond the store's range) is refused
         // alone: it never reaches the batch.
         let mut events = Vec::with_capacity(batch.len());
+        let mut spends = Vec::with_capacity(batch.len());
         let mut tells = Vec::with_capacity(batch.len());
-        for Appending { event, told } in batch {
+        for Appending { event, spend, told } in batch {
             match history::Columns::of(&event) {
                 Ok(_) => {
                     events.push(event);
+                    spends.push(spend);
                     tells.push(told);
                 }
                 Err(err) => tell(told, Err(err)),
@@ -149,10 +184,10 @@ impl Postgres {
         if events.is_empty() {
             return;
         }
-        match self.append(&events).await {
-            Ok(()) => {
-                for told in tells {
-                    tell(told, Ok(()));
+        match self.append(&events, &spends).await {
+            Ok(appended) => {
+                for (told, appended) in tells.into_iter().zip(appended) {
+                    tell(told, Ok(appended));
                 }
             }
             Err(err) if events.len() == 1 => {
@@ -169,8 +204,11 @@ impl Postgres {
                 }
             }
             Err(_) => {
-                for (event, told) in events.iter().zip(tells) {
-                    let stored = self.append(std::slice::from_ref(event)).await;
+                for ((event, spend), told) in events.iter().zip(&spends).zip(tells) {
+                    let stored = self
+                        .append(std::slice::from_ref(event), std::slice::from_ref(spend))
+                        .await
+                        .map(|appended| appended.first().copied().unwrap_or(false));
                     tell(told, stored);
                 }
             }
@@ -178,8 +216,15 @@ impl Postgres {
     }
 
     /// Appends `events` to the chain, in this order, in one transaction under the tip's lock,
-    /// and signs the head at the last of them.
-    pub(crate) async fn append(&self, events: &[ConfirmEvent]) -> Result<(), StoreError> {
+    /// and signs the head at the last of them. `spends[i]`, when given, is spent in the same
+    /// transaction, and event `i` is appended only if it was not spent before. Answers, for each
+    /// event, whether it was appended. An error whose outcome is unknown leaves every nonce of
+    /// `spends` doubtful, as [`Postgres::spend_nonce`] leaves its one.
+    pub(crate) async fn append(
+        &self,
+        events: &[ConfirmEvent],
+        spends: &[Option<Spending>],
+    ) -> Result<Vec<bool>, StoreError> {
         let mut rows = Vec::with_capacity(events.len());
         for event in events {
             let c = history::Columns::of(event)?;
@@ -200,8 +245,20 @@ impl Postgres {
                 hash: String::new(),
             });
         }
-        let Some(last_event) = events.last() else {
-            return Ok(());
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let spends: Vec<Option<Spending>> = (0..events.len())
+            .map(|i| spends.get(i).copied().flatten())
+            .collect();
+        // A nonce held doubtful (a spend whose outcome was not known) is refused whatever the
+        // database says, as `spend_nonce` refuses it: its event is not appended.
+        let doubtful: Vec<bool> = {
+            let doubts = self.doubts();
+            spends
+                .iter()
+                .map(|s| s.is_some_and(|s| doubts.contains_key(&s.nonce)))
+                .collect()
         };
         let mut pause = std::time::Duration::from_millis(5);
         let mut retries = 0;
@@ -210,16 +267,28 @@ impl Postgres {
             let conn = held.conn()?;
             let attempt = tokio::time::timeout(
                 self.statement_timeout,
-                self.append_on(conn, &rows, last_event.at_ms),
+                self.append_on(conn, &rows, &spends, &doubtful),
             )
             .await
             .unwrap_or(Err(StoreError::PostgresTimeout {
                 after: self.statement_timeout,
             }));
+            if let Err(err) = &attempt
+                && err.outcome_unknown()
+            {
+                let mut doubts = self.doubts();
+                for spend in spends.iter().flatten() {
+                    doubts.insert(spend.nonce, spend.expires_at);
+                    tracing::warn!(
+                        nonce = %spend.nonce.to_hex(), error = %err,
+                        "spend outcome unknown: refused, and the nonce is held as spent"
+                    );
+                }
+            }
             // A transaction a failure left open ends here. A connection that cannot say so, or
             // whose state is unknown, never goes back to the pool (`held` closes it).
             let reusable = match &attempt {
-                Ok(()) => true,
+                Ok(_) => true,
                 Err(err) => {
                     !err.breaks_postgres_connection()
                         && tokio::time::timeout(
@@ -234,8 +303,9 @@ impl Postgres {
                 self.release(conn, attempt.as_ref().err());
             }
             drop(held);
-            let Err(err) = attempt else {
-                return Ok(());
+            let err = match attempt {
+                Ok(appended) => return Ok(appended),
+                Err(err) => err,
             };
             // An engine that runs everything SERIALIZABLE (CockroachDB) answers 40001 where
             // PostgreSQL waits on the lock: retried, as every transaction here is.
@@ -251,38 +321,72 @@ impl Postgres {
         }
     }
 
-    /// One attempt of [`Postgres::append`] on `conn`, in two round trips: the transaction begun
-    /// and the tip locked together; then the rows, the tip and the signed head (one statement)
-    /// and the commit together. The tip's lock is held from the first round trip's answer to the
-    /// commit: while the rows are linked and the head signed, and for the second round trip.
-    /// `at_ms`: the time of the last event, which the head is signed at.
+    /// One attempt of [`Postgres::append`] on `conn`, in two round trips: the transaction begun,
+    /// the tip locked and the nonces spent together; then the rows, the tip and the signed head
+    /// (one statement) and the commit together. The tip's lock is held from the first round
+    /// trip's answer to the commit: while the rows are linked and the head signed, and for the
+    /// second round trip. `spends` and `doubtful` as [`Postgres::append`] has them; answers
+    /// which rows were appended.
     async fn append_on(
         &self,
         conn: &deadpool_postgres::ClientWrapper,
         rows: &[ChainRow],
-        at_ms: u64,
-    ) -> Result<(), StoreError> {
+        spends: &[Option<Spending>],
+        doubtful: &[bool],
+    ) -> Result<Vec<bool>, StoreError> {
         let pg = StoreError::Postgres;
         let write = match self.chain_key {
             Some(_) => CHAIN_WRITE_SIGNED,
             None => CHAIN_WRITE,
         };
+        // The nonces this attempt spends: each once (a nonce given twice is spent by its first
+        // event; the second is a replay), none held doubtful.
+        let mut spending: Vec<&[u8]> = Vec::new();
+        let mut expiring: Vec<i64> = Vec::new();
+        for (spend, doubtful) in spends.iter().zip(doubtful) {
+            if let Some(spend) = spend
+                && !doubtful
+                && !spending.contains(&&spend.nonce.as_bytes()[..])
+            {
+                spending.push(&spend.nonce.as_bytes()[..]);
+                expiring.push(spend.expires_at);
+            }
+        }
         // Prepared once per pooled connection and kept: after the first time, no round trip.
-        let (lock, write) =
-            tokio::try_join!(conn.prepare_cached(TIP_LOCK), conn.prepare_cached(write))
-                .map_err(pg)?;
+        let (lock, write, spend) = tokio::try_join!(
+            conn.prepare_cached(TIP_LOCK),
+            conn.prepare_cached(write),
+            conn.prepare_cached(SPEND_BATCH),
+        )
+        .map_err(pg)?;
         // Sent together (tokio-postgres pipelines what is polled at once), run in this order: a
         // statement's messages leave at its future's first poll, and `join!` polls in order. So
-        // the lock and the write must stay prepared statements: one given as text would be
-        // prepared first, and the COMMIT below could leave before the write.
-        let (begun, tip) = tokio::join!(
+        // the lock, the spend and the write must stay prepared statements: one given as text
+        // would be prepared first, and the COMMIT below could leave before the write. The spend
+        // comes after the lock, so a replica's spends wait for the tip as its events do.
+        let spent_now = async {
+            if spending.is_empty() {
+                return Ok(Vec::new());
+            }
+            conn.query(&spend, &[&spending, &expiring]).await
+        };
+        let (begun, tip, spent_now) = tokio::join!(
             conn.batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED"),
             conn.query_opt(&lock, &[]),
+            spent_now,
         );
         begun.map_err(pg)?;
+        // A failed spend has ended the transaction's use: said before anything else is sent.
+        let spent_now = spent_now.map_err(pg);
+        let tip = tip.map_err(pg);
+        let mut spent_now: Vec<Vec<u8>> = spent_now?
+            .iter()
+            .map(|row| row.try_get::<_, Vec<u8>>(0))
+            .collect::<Result<_, _>>()
+            .map_err(pg)?;
         // The tip, locked: replicas add events one batch at a time, in one order. The row is
-        // made by the migration; a database where it is missing gets it here.
-        let tip = match tip.map_err(pg)? {
+        // made by the first append; a database where it is missing gets it here.
+        let tip = match tip? {
             Some(tip) => tip,
             None => {
                 conn.execute(
@@ -295,13 +399,38 @@ impl Postgres {
                 conn.query_one(&lock, &[]).await.map_err(pg)?
             }
         };
+        // Which events are appended: those with no nonce to spend, and those whose nonce this
+        // transaction spent (the first event that gave it).
+        let appended: Vec<bool> = spends
+            .iter()
+            .map(|spend| match spend {
+                None => true,
+                Some(spend) => {
+                    let now = spent_now
+                        .iter()
+                        .position(|n| n[..] == spend.nonce.as_bytes()[..]);
+                    now.map(|at| spent_now.swap_remove(at)).is_some()
+                }
+            })
+            .collect();
+        let mut rows: Vec<ChainRow> = rows
+            .iter()
+            .zip(&appended)
+            .filter(|(_, appended)| **appended)
+            .map(|(row, _)| row.clone())
+            .collect();
+        let Some(at_ms) = rows.last().map(|row| row.at_ms) else {
+            // Nothing to append: every event's nonce was spent before.
+            conn.batch_execute("COMMIT").await.map_err(pg)?;
+            return Ok(appended);
+        };
+        let at_ms = u64::try_from(at_ms).unwrap_or_default();
         let (mut last, mut prev) = tip_of(&tip)?;
         if last == 0 {
             let client: &tokio_postgres::Client = conn;
             (last, prev) = chain_unchained(client).await?;
         }
         // Linked after the tip held now (a retried attempt links them again).
-        let mut rows = rows.to_vec();
         for row in &mut rows {
             let seq = last + 1;
             let hash = row.link(seq, prev);
@@ -366,7 +495,24 @@ impl Postgres {
             tokio::join!(conn.execute(&write, &params), conn.batch_execute("COMMIT"));
         written.map_err(pg)?;
         committed.map_err(pg)?;
-        Ok(())
+        Ok(appended)
+    }
+
+    /// Appends `event`, spending `spend` with it, through the replica's writer (or here, alone,
+    /// when the writer is not running: its runtime ended, and nothing was handed to it).
+    /// Answers whether it was appended, as [`Told`] says.
+    async fn appended(
+        &self,
+        event: &ConfirmEvent,
+        spend: Option<Spending>,
+    ) -> Result<bool, StoreError> {
+        if let Some(chain) = &self.chain
+            && let Some(stored) = chain.append(event, spend).await
+        {
+            return stored;
+        }
+        let appended = self.append(std::slice::from_ref(event), &[spend]).await?;
+        Ok(appended.first().copied().unwrap_or(false))
     }
 
     /// When `err` says the database was unreachable or did not answer (not a fact about the
@@ -542,6 +688,13 @@ fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Erro
 
 /// Locks the history's tip: replicas add events one at a time, in one order.
 const TIP_LOCK: &str = "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE";
+
+/// Spends a batch's nonces ($1, with their expiries $2): answers those spent now. A nonce spent
+/// before (by any replica, committed or about to be) is left as it is and not answered.
+const SPEND_BATCH: &str = "INSERT INTO spent_nonce (nonce, expires_at_ms)
+     SELECT nonce, expires_at_ms FROM unnest($1::BYTEA[], $2::BIGINT[]) AS s(nonce, expires_at_ms)
+     ON CONFLICT (nonce) DO NOTHING
+     RETURNING nonce";
 
 /// Adds one event to the history, linked into the chain.
 /// The rows of a batch, given column by column as arrays ($1 to $13), added in the arrays'
@@ -748,16 +901,30 @@ impl Records for Postgres {
         Ok(deleted == 1)
     }
 
+    async fn spend_recording(
+        &self,
+        nonce: &Nonce,
+        expires_at_ms: u64,
+        accepted: &ConfirmEvent,
+    ) -> Result<Result<(), StoreError>, SpendError> {
+        // An event the history cannot hold (a time beyond its range) cannot carry the spend:
+        // spent alone, then refused alone, as the trait's default does.
+        if history::Columns::of(accepted).is_err() || self.doubts().contains_key(nonce) {
+            self.spend_nonce(nonce, expires_at_ms).await?;
+            return Ok(self.record(accepted).await);
+        }
+        match self
+            .appended(accepted, Some(Spending::new(*nonce, expires_at_ms)))
+            .await
+        {
+            Ok(true) => Ok(history::emitted(accepted, Ok(()))),
+            Ok(false) => Err(SpendError::AlreadySpent),
+            Err(err) => Err(SpendError::Unreachable(err.to_string())),
+        }
+    }
+
     async fn record(&self, event: &ConfirmEvent) -> Result<(), StoreError> {
-        let stored = match &self.chain {
-            Some(chain) => match chain.append(event).await {
-                Some(stored) => stored,
-                // The writer is not running (its runtime ended): nothing was handed to it, so
-                // the event is appended here, alone.
-                None => self.append(std::slice::from_ref(event)).await,
-            },
-            None => self.append(std::slice::from_ref(event)).await,
-        };
+        let stored = self.appended(event, None).await.map(|_| ());
         history::emitted(event, stored)
     }
 
