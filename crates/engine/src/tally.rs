@@ -119,7 +119,8 @@ pub enum Tallied {
         /// From queued to decided, by the engine's clock.
         waited: Duration,
     },
-    /// A nonce was spent against the records, which took `took`.
+    /// A nonce was spent against the records, which took `took` (with the acceptance's history
+    /// event, where the records write both together).
     Spent {
         /// How it ended.
         spend: Spend,

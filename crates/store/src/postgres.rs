@@ -4,6 +4,15 @@
 //! a nonce presented to two replicas at once spends once. The spend is ONE `INSERT INTO
 //! spent_nonce` whose unique violation (SQLSTATE 23505) IS the replay, as on the desk.
 //!
+//! An accepted works-once confirm spends in the history's writer instead
+//! ([`Records::spend_recording`](crate::Records::spend_recording)): its nonce goes into the same
+//! transaction as its acceptance's history event (`INSERT ... ON CONFLICT DO NOTHING RETURNING`,
+//! where a nonce not answered IS the replay, and its event is left out), so a confirm costs the
+//! database one commit, not two. The outcomes below hold for it the same way, for every nonce of
+//! the batch; the one difference a reader of the history sees: when the answer to a batch that
+//! did commit is lost, the acceptance is on the record and the refusal the replica then gives
+//! (`ledger_unreachable`, nothing runs) follows it.
+//!
 //! A network database adds what a local file does not have: an answer that never comes. So every
 //! spend ends in exactly one of these, and the doc of [`Postgres`] says what each means:
 //!
