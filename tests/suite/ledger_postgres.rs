@@ -304,7 +304,7 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
     let records = Postgres::connect(&proxied, signing("countersign-cut-confirm"))
         .await
         .unwrap();
-    // Its statements prepared: the cut comes at the write, not at a statement's text.
+    // A first confirm, before the proxy is armed: the cut comes at the second one's write.
     assert_eq!(
         spent(
             records
@@ -453,6 +453,51 @@ async fn a_confirms_serialization_failures_up_to_the_bound_are_retried_and_past_
         spent(
             records
                 .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+                .await
+        ),
+        Ok(())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_confirm_that_cannot_lock_the_history_says_so_spends_nothing_and_spends_once_it_can() {
+    let dsn = migrated_database().await;
+    // A replica that waits at most 200 ms for a lock.
+    let impatient = format!("{dsn} options='-c lock_timeout=200'");
+    let records = Postgres::connect(&impatient, PostgresOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
+                .await
+        ),
+        Ok(())
+    );
+    let admin = admin(&dsn).await;
+    admin
+        .batch_execute("BEGIN; SELECT * FROM history_tip FOR UPDATE")
+        .await
+        .unwrap();
+    // The lock fails, and the spend sent behind it with it: the lock's failure is what is said.
+    let reason = unreachable(spent(
+        records
+            .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
+            .await,
+    ));
+    assert!(reason.contains("55P03"), "{reason}");
+    assert_eq!(records.doubtful_count(), 0, "the server said no: no doubt");
+    admin.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        (rows_of(&admin, 2).await, events_of(&admin, 2).await),
+        (0, 0)
+    );
+    assert_eq!(
+        spent(
+            records
+                .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
                 .await
         ),
         Ok(())

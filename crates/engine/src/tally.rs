@@ -119,8 +119,9 @@ pub enum Tallied {
         /// From queued to decided, by the engine's clock.
         waited: Duration,
     },
-    /// A nonce was spent against the records, which took `took` (with the acceptance's history
-    /// event, where the records write both together).
+    /// A nonce was spent against the records, which took `took`: the spend and the acceptance's
+    /// history event ([`Records::spend_recording`](countersign_store::Records::spend_recording)),
+    /// one after the other on the desk, together on PostgreSQL.
     Spent {
         /// How it ended.
         spend: Spend,

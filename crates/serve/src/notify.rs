@@ -244,16 +244,34 @@ pub fn pagerduty(
 
 /// Posts every new waiting call of `engine` to `hooks`, naming the server `server` and linking
 /// to the call on the approvers' `page` if there is one, for as long as the engine lives.
-pub async fn run(engine: Engine, server: String, page: Option<Page>, hooks: Vec<Webhook>) {
-    if hooks.is_empty() {
+///
+/// Subscribes to the engine's queue when called, not when the future first runs: a call that
+/// waits from the server's first moment (asked before a busy runtime got round to the spawned
+/// task) is announced too.
+pub fn run(
+    engine: Engine,
+    server: String,
+    page: Option<Page>,
+    hooks: Vec<Webhook>,
+) -> impl std::future::Future<Output = ()> + Send {
+    let changes = (!hooks.is_empty()).then(|| engine.subscribe());
+    announce(changes, server, page, hooks)
+}
+
+async fn announce(
+    changes: Option<tokio::sync::broadcast::Receiver<QueueChange>>,
+    server: String,
+    page: Option<Page>,
+    hooks: Vec<Webhook>,
+) {
+    let Some(mut changes) = changes else {
         return;
-    }
+    };
     let client = reqwest::Client::builder()
         .timeout(TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap_or_default();
-    let mut changes = engine.subscribe();
     loop {
         let request = match changes.recv().await {
             Ok(QueueChange::Added { request }) => request,

@@ -9,9 +9,10 @@
 //! transaction as its acceptance's history event (`INSERT ... ON CONFLICT DO NOTHING RETURNING`,
 //! where a nonce not answered IS the replay, and its event is left out), so a confirm costs the
 //! database one commit, not two. The outcomes below hold for it the same way, for every nonce of
-//! the batch; the one difference a reader of the history sees: when the answer to a batch that
-//! did commit is lost, the acceptance is on the record and the refusal the replica then gives
-//! (`ledger_unreachable`, nothing runs) follows it.
+//! the batch. What a reader of the history sees differ: when the answer to a batch that did
+//! commit is lost, the acceptance is on the record and the refusal the replica then gives
+//! (`ledger_unreachable`, nothing runs) follows it; and whatever fails the batch (the tip's lock
+//! not had in time) refuses the confirm, where a spend alone would have stood.
 //!
 //! A network database adds what a local file does not have: an answer that never comes. So every
 //! spend ends in exactly one of these, and the doc of [`Postgres`] says what each means:

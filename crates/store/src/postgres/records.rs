@@ -112,6 +112,15 @@ impl Spending {
 /// `Ok(false)` not appended, because its nonce was spent before (a replay).
 type Told = tokio::sync::oneshot::Sender<Result<bool, StoreError>>;
 
+/// What became of an event handed to the writer.
+enum Handed {
+    /// What the writer said.
+    Told(Result<bool, StoreError>),
+    /// Nothing: the writer stopped mid-batch (its runtime ended), and whether the batch
+    /// committed is not known.
+    Unheard,
+}
+
 impl ChainWriter {
     /// Starts the writer on the current Tokio runtime, appending with `writer` (a copy of the
     /// records without a writer of its own). It ends when the records it serves are dropped.
@@ -135,11 +144,7 @@ impl ChainWriter {
     /// Hands `event` (and the nonce to spend with it) to the writer and waits until it is
     /// appended, as [`Told`] says. `None`: the writer is not running, and nothing was handed to
     /// it.
-    async fn append(
-        &self,
-        event: &ConfirmEvent,
-        spend: Option<Spending>,
-    ) -> Option<Result<bool, StoreError>> {
+    async fn append(&self, event: &ConfirmEvent, spend: Option<Spending>) -> Option<Handed> {
         let (told, outcome) = tokio::sync::oneshot::channel();
         let appending = Appending {
             event: event.clone(),
@@ -147,14 +152,8 @@ impl ChainWriter {
             told,
         };
         self.queue.send(appending).await.ok()?;
-        Some(outcome.await.unwrap_or_else(|_| {
-            // Handed over, never answered: only a writer that stopped mid-batch does that, and
-            // whether the batch committed is not known.
-            Err(StoreError::PostgresUnavailable {
-                target: "the history's writer".to_owned(),
-                reason: "it stopped before it said whether the event was appended".to_owned(),
-            })
-        }))
+        // Handed over and never answered: only a writer that stopped mid-batch does that.
+        Some(outcome.await.map_or(Handed::Unheard, Handed::Told))
     }
 }
 
@@ -375,18 +374,29 @@ impl Postgres {
             conn.query_opt(&lock, &[]),
             spent_now,
         );
-        begun.map_err(pg)?;
-        // A failed spend has ended the transaction's use: said before anything else is sent.
-        let spent_now = spent_now.map_err(pg);
-        let tip = tip.map_err(pg);
-        let mut spent_now: Vec<Vec<u8>> = spent_now?
+        if let Err(err) = begun {
+            // No transaction: a spend sent behind the failed START may have committed alone.
+            let mut doubts = self.doubts();
+            for (nonce, expires_at) in spending.iter().zip(&expiring) {
+                if let Ok(nonce) = <[u8; 16]>::try_from(*nonce) {
+                    doubts.insert(Nonce::from_bytes(nonce), *expires_at);
+                }
+            }
+            return Err(pg(err));
+        }
+        // The first of the two to fail says why (a lock that failed makes the spend after it
+        // fail with 25P02, "transaction aborted"); both are answered before anything else is
+        // sent, since a failed statement ends the transaction's use.
+        let tip = tip.map_err(pg)?;
+        let mut spent_now: Vec<Vec<u8>> = spent_now
+            .map_err(pg)?
             .iter()
             .map(|row| row.try_get::<_, Vec<u8>>(0))
             .collect::<Result<_, _>>()
             .map_err(pg)?;
         // The tip, locked: replicas add events one batch at a time, in one order. The row is
         // made by the first append; a database where it is missing gets it here.
-        let tip = match tip? {
+        let tip = match tip {
             Some(tip) => tip,
             None => {
                 conn.execute(
@@ -506,10 +516,23 @@ impl Postgres {
         event: &ConfirmEvent,
         spend: Option<Spending>,
     ) -> Result<bool, StoreError> {
-        if let Some(chain) = &self.chain
-            && let Some(stored) = chain.append(event, spend).await
-        {
-            return stored;
+        if let Some(chain) = &self.chain {
+            match chain.append(event, spend).await {
+                Some(Handed::Told(stored)) => return stored,
+                Some(Handed::Unheard) => {
+                    // It may have committed: the nonce is held as spent, as after any answer
+                    // that never came.
+                    if let Some(spend) = spend {
+                        self.doubts().insert(spend.nonce, spend.expires_at);
+                    }
+                    return Err(StoreError::PostgresUnavailable {
+                        target: "the history's writer".to_owned(),
+                        reason: "it stopped before it said whether the event was appended"
+                            .to_owned(),
+                    });
+                }
+                None => {}
+            }
         }
         let appended = self.append(std::slice::from_ref(event), &[spend]).await?;
         Ok(appended.first().copied().unwrap_or(false))
