@@ -414,6 +414,85 @@ mod tests {
         assert!(!slack_text(&r).contains("http"));
     }
 
+    /// A call that waits before the notifier's task first runs (a busy runtime, the server's
+    /// first moment) is announced all the same: the notifier subscribed when it was made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_waiting_before_the_notifier_first_runs_is_announced() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = countersign_store::Store::open(
+            dir.path().join("records.db"),
+            countersign_store::StoreOptions::default(),
+        )
+        .unwrap();
+        let engine = Engine::new(
+            countersign_engine::EngineConfig::new(),
+            std::sync::Arc::new(countersign_store::Sqlite::new(store)),
+            Ok(countersign_core::token::SigningKey::new(&[7; 32]).unwrap()),
+        );
+        // The webhook: answers 200 and hands over what was posted.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (posted, mut notices) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let posted = posted.clone();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    // Enough of the request to know what it announces.
+                    while !String::from_utf8_lossy(&seen).contains("execute") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                        .await;
+                    let _ = posted.send(String::from_utf8_lossy(&seen).into_owned());
+                });
+            }
+        });
+
+        // Made, not yet run.
+        let announcing = run(
+            engine.clone(),
+            "test-server".into(),
+            None,
+            vec![Webhook::Json(url)],
+        );
+        let tenant = engine.connect(countersign_core::ServerId::Command("upstream".into()));
+        engine
+            .register_tools(&tenant, vec![json!({"name": "execute"})])
+            .await
+            .unwrap();
+        let mut changes = engine.subscribe();
+        let asking = {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let args = json!({"sql": "DELETE FROM notes"});
+                engine
+                    .preflight(&tenant, "execute", &args, Duration::from_secs(30))
+                    .await
+            })
+        };
+        // The call waits (announced to the queue's subscribers) before the notifier runs.
+        loop {
+            if let Ok(QueueChange::Added { .. }) = changes.recv().await {
+                break;
+            }
+        }
+        tokio::spawn(announcing);
+        let notice = tokio::time::timeout(Duration::from_secs(10), notices.recv())
+            .await
+            .expect("the waiting call was announced")
+            .unwrap();
+        assert!(notice.contains("test-server"), "{notice}");
+        asking.abort();
+    }
+
     fn slack_text(r: &PendingRequest) -> String {
         slack("s", r, None).unwrap()["text"]
             .as_str()
