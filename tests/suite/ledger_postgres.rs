@@ -273,6 +273,16 @@ async fn a_frozen_backend_times_out_as_unreachable_and_the_nonce_is_then_already
 // A works-once confirm's spend and its acceptance's history event, written together
 // (`Records::spend_recording`): the same rules as the spend alone, and the event never without it.
 
+/// The confirm of `nonce(n)` through `records`: its acceptance written with its spend, as a
+/// spend's outcome (a spent one's event must have been written).
+async fn confirm(records: &Postgres, n: u8) -> Result<(), SpendError> {
+    spent(
+        records
+            .spend_recording(&nonce(n), EXPIRES_AT_MS, &accepted(n, 1_000 + u64::from(n)))
+            .await,
+    )
+}
+
 async fn events_of(admin: &tokio_postgres::Client, n: u8) -> i64 {
     admin
         .query_one(
@@ -305,21 +315,10 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
         .await
         .unwrap();
     // A first confirm, before the proxy is armed: the cut comes at the second one's write.
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-                .await
-        ),
-        Ok(())
-    );
+    assert_eq!(confirm(&records, 1).await, Ok(()));
 
     proxy.arm();
-    let reason = unreachable(spent(
-        records
-            .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
-            .await,
-    ));
+    let reason = unreachable(confirm(&records, 2).await);
     eprintln!("connection cut: {reason}");
     assert_eq!(proxy.cuts(), 1);
     assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
@@ -332,14 +331,7 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
     );
 
     proxy.disarm();
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
-                .await
-        ),
-        Err(SpendError::AlreadySpent)
-    );
+    assert_eq!(confirm(&records, 2).await, Err(SpendError::AlreadySpent));
     assert_eq!(records.doubtful_count(), 0, "burned");
     assert_eq!(rows_of(&admin, 2).await, 1);
     assert_eq!(
@@ -350,22 +342,8 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
     let other = Postgres::connect(&direct, signing("countersign-other"))
         .await
         .unwrap();
-    assert_eq!(
-        spent(
-            other
-                .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
-                .await
-        ),
-        Err(SpendError::AlreadySpent)
-    );
-    assert_eq!(
-        spent(
-            other
-                .spend_recording(&nonce(3), EXPIRES_AT_MS, &accepted(3, 1_003))
-                .await
-        ),
-        Ok(())
-    );
+    assert_eq!(confirm(&other, 2).await, Err(SpendError::AlreadySpent));
+    assert_eq!(confirm(&other, 3).await, Ok(()));
     let verified = other.verify_history(Walk::new(Some(key.public()))).await;
     assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
 }
@@ -379,30 +357,12 @@ async fn a_server_stopped_before_a_confirm_is_unreachable_and_it_spends_once_the
         .await
         .unwrap();
     server.stop_immediately();
-    unreachable(spent(
-        records
-            .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-            .await,
-    ));
+    unreachable(confirm(&records, 1).await);
     assert_eq!(records.doubtful_count(), 0, "nothing was sent: no doubt");
 
     server.start_again();
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-                .await
-        ),
-        Ok(())
-    );
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-                .await
-        ),
-        Err(SpendError::AlreadySpent)
-    );
+    assert_eq!(confirm(&records, 1).await, Ok(()));
+    assert_eq!(confirm(&records, 1).await, Err(SpendError::AlreadySpent));
     let admin = admin(&dsn).await;
     assert_eq!(
         (rows_of(&admin, 1).await, events_of(&admin, 1).await),
@@ -417,14 +377,7 @@ async fn a_confirms_serialization_failures_up_to_the_bound_are_retried_and_past_
     let records = Postgres::connect(&dsn, PostgresOptions::default())
         .await
         .unwrap();
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-                .await
-        ),
-        Ok(())
-    );
+    assert_eq!(confirm(&records, 1).await, Ok(()));
     assert_eq!(
         (rows_of(&admin, 1).await, events_of(&admin, 1).await),
         (1, 1)
@@ -434,11 +387,7 @@ async fn a_confirms_serialization_failures_up_to_the_bound_are_retried_and_past_
     let records = Postgres::connect(&dsn, PostgresOptions::default())
         .await
         .unwrap();
-    let reason = unreachable(spent(
-        records
-            .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-            .await,
-    ));
+    let reason = unreachable(confirm(&records, 1).await);
     assert!(reason.contains("40001"), "{reason}");
     assert_eq!(records.doubtful_count(), 0, "the server said no: no doubt");
     assert_eq!(
@@ -449,14 +398,7 @@ async fn a_confirms_serialization_failures_up_to_the_bound_are_retried_and_past_
         .batch_execute("DROP TRIGGER fail_first ON spent_nonce")
         .await
         .unwrap();
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-                .await
-        ),
-        Ok(())
-    );
+    assert_eq!(confirm(&records, 1).await, Ok(()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,25 +410,14 @@ async fn a_confirm_that_cannot_lock_the_history_says_so_spends_nothing_and_spend
     let records = Postgres::connect(&impatient, PostgresOptions::default())
         .await
         .unwrap();
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(1), EXPIRES_AT_MS, &accepted(1, 1_001))
-                .await
-        ),
-        Ok(())
-    );
+    assert_eq!(confirm(&records, 1).await, Ok(()));
     let admin = admin(&dsn).await;
     admin
         .batch_execute("BEGIN; SELECT * FROM history_tip FOR UPDATE")
         .await
         .unwrap();
     // The lock fails, and the spend sent behind it with it: the lock's failure is what is said.
-    let reason = unreachable(spent(
-        records
-            .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
-            .await,
-    ));
+    let reason = unreachable(confirm(&records, 2).await);
     assert!(reason.contains("55P03"), "{reason}");
     assert_eq!(records.doubtful_count(), 0, "the server said no: no doubt");
     admin.batch_execute("ROLLBACK").await.unwrap();
@@ -494,12 +425,5 @@ async fn a_confirm_that_cannot_lock_the_history_says_so_spends_nothing_and_spend
         (rows_of(&admin, 2).await, events_of(&admin, 2).await),
         (0, 0)
     );
-    assert_eq!(
-        spent(
-            records
-                .spend_recording(&nonce(2), EXPIRES_AT_MS, &accepted(2, 1_002))
-                .await
-        ),
-        Ok(())
-    );
+    assert_eq!(confirm(&records, 2).await, Ok(()));
 }
