@@ -138,7 +138,7 @@ fn main() {
     // the confirms, on a fresh file, and the figure is the mean of the two (a disk's fsync is the
     // noisiest part of it).
     let confirms = env_or("COUNTERSIGN_SERVE_BENCH_CONFIRMS", 600);
-    let straight_before =
+    let (straight_before, straight_cpu_before) =
         straight_to_upstream(&wal(tools_db(floors_dir.path())), confirms.max(320));
     let commits = runtime.block_on(commit_rate(&dsn, 4000));
     let mut row_read = runtime.block_on(decision_row_read(&dsn, 200));
@@ -148,7 +148,7 @@ fn main() {
         "  PostgreSQL commit rate, 16 clients, single-row INSERTs    {commits:>9.0} inserts/s"
     );
     println!(
-        "  execute straight to the built-in tools, 16 at once       {straight_before:>9.0} calls/s (before the confirms)"
+        "  execute straight to the built-in tools, 16 at once       {straight_before:>9.0} calls/s (before the confirms; {straight_cpu_before:.0} µs of CPU a call)"
     );
     println!(
         "  a decision row written → read by another connection      p50 {:>6.2} ms, p95 {:>6.2} ms",
@@ -304,10 +304,11 @@ fn main() {
         answered_p95.as_secs_f64() / quantile(&row_read, 0.95).as_secs_f64()
     );
     let again_dir = tempfile::tempdir().unwrap();
-    let straight_after = straight_to_upstream(&wal(tools_db(again_dir.path())), confirms.max(320));
+    let (straight_after, straight_cpu_after) =
+        straight_to_upstream(&wal(tools_db(again_dir.path())), confirms.max(320));
     let straight = (straight_before + straight_after) / 2.0;
     println!(
-        "  execute straight again, after the confirms:                {straight_after:>7.0} calls/s (the floor: the mean, {straight:.0}/s)"
+        "  execute straight again, after the confirms:                {straight_after:>7.0} calls/s (the floor: the mean, {straight:.0}/s; {straight_cpu_after:.0} µs of CPU a call)"
     );
     let rate = ran as f64 / confirm_time.as_secs_f64();
     let slower = commits.min(straight);
@@ -324,6 +325,11 @@ fn main() {
         per(confirm_time),
         100.0 * (replicas_cpu + database_cpu + bench_cpu).as_secs_f64()
             / (2.0 * confirm_time.as_secs_f64())
+    );
+    let straight_cpu = (straight_cpu_before + straight_cpu_after) / 2.0;
+    println!(
+        "  a confirm's CPU in all is ×{:.1} a straight execute's ({straight_cpu:.0} µs): on a machine's cores shared by all, what bounds the confirms",
+        per(replicas_cpu + database_cpu + bench_cpu) / straight_cpu.max(1.0)
     );
     if ran != confirms || rows != confirms as i64 {
         eprintln!(
@@ -363,9 +369,11 @@ fn main() {
 }
 
 /// The built-in tools' `execute` of a single-row `INSERT`, run straight (no MCP, no server) by
-/// 16 threads at once on `db`, `calls` in all: calls per second.
-fn straight_to_upstream(db: &std::path::Path, calls: usize) -> f64 {
+/// 16 threads at once on `db`, `calls` in all: calls per second, and the CPU this process spent
+/// per call.
+fn straight_to_upstream(db: &std::path::Path, calls: usize) -> (f64, f64) {
     let builtin = Arc::new(countersign_builtin::Builtin::new(db));
+    let cpu_before = measure::cpu_time(std::process::id()).unwrap_or_default();
     let started = Instant::now();
     let threads: Vec<_> = (0..16)
         .map(|w| {
@@ -385,7 +393,11 @@ fn straight_to_upstream(db: &std::path::Path, calls: usize) -> f64 {
     for thread in threads {
         thread.join().unwrap();
     }
-    (calls / 16 * 16) as f64 / started.elapsed().as_secs_f64()
+    let (ran, took) = ((calls / 16 * 16) as f64, started.elapsed());
+    let cpu = measure::cpu_time(std::process::id())
+        .unwrap_or_default()
+        .saturating_sub(cpu_before);
+    (ran / took.as_secs_f64(), micros(cpu) / ran)
 }
 
 /// The database's commit rate: 16 connections each doing single-row `INSERT`s (prepared),
