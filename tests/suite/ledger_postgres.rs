@@ -206,6 +206,10 @@ async fn serialization_failures_past_the_retry_bound_are_unreachable_and_spend_n
         .unwrap();
     let reason = unreachable(records.spend(&nonce(1), EXPIRES_AT_MS).await);
     assert!(reason.contains("40001"), "{reason}");
+    assert!(
+        reason.contains(&format!("(after {SERIALIZATION_RETRIES} retries)")),
+        "{reason}"
+    );
     assert_eq!(records.doubtful_count(), 0, "the server said no: no doubt");
     assert_eq!(rows_of(&admin, 1).await, 0);
     admin
@@ -389,6 +393,10 @@ async fn a_confirms_serialization_failures_up_to_the_bound_are_retried_and_past_
         .unwrap();
     let reason = unreachable(confirm(&records, 1).await);
     assert!(reason.contains("40001"), "{reason}");
+    assert!(
+        reason.contains(&format!("(after {SERIALIZATION_RETRIES} retries)")),
+        "{reason}"
+    );
     assert_eq!(records.doubtful_count(), 0, "the server said no: no doubt");
     assert_eq!(
         (rows_of(&admin, 1).await, events_of(&admin, 1).await),

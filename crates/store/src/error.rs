@@ -124,6 +124,23 @@ pub enum StoreError {
     #[cfg(feature = "postgres")]
     #[error("records statement failed: {}", crate::postgres::describe(.0))]
     Postgres(#[source] tokio_postgres::Error),
+    /// PostgreSQL refused a transaction as not serializable with others at once (SQLSTATE
+    /// 40001) every time it was tried: its first try and [`SERIALIZATION_RETRIES`] more.
+    /// Nothing of it was written.
+    ///
+    /// [`SERIALIZATION_RETRIES`]: crate::SERIALIZATION_RETRIES
+    #[cfg(feature = "postgres")]
+    #[error(
+        "records statement failed: {} (after {retries} retries)",
+        crate::postgres::describe(.source)
+    )]
+    PostgresContended {
+        /// How many times it was tried again.
+        retries: u32,
+        /// The last try's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
     /// PostgreSQL did not answer a statement within the statement timeout. Whether it took
     /// effect is unknown; its connection was closed.
     #[cfg(feature = "postgres")]
@@ -179,6 +196,7 @@ impl StoreError {
             StoreError::PostgresConfig { .. }
             | StoreError::PostgresUnavailable { .. }
             | StoreError::Postgres(_)
+            | StoreError::PostgresContended { .. }
             | StoreError::PostgresTimeout { .. }
             | StoreError::PostgresNewerSchema { .. } => false,
         }

@@ -109,7 +109,7 @@ macro_rules! serializable {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_millis(100));
                 }
-                other => break other,
+                other => break other.map_err(|err| err.after_retries(retries)),
             }
         }
     }};
@@ -345,8 +345,23 @@ impl StoreError {
     /// The SQLSTATE of a PostgreSQL error, if the server sent one.
     pub(crate) fn sqlstate(&self) -> Option<&SqlState> {
         match self {
-            StoreError::Postgres(err) => err.code(),
+            StoreError::Postgres(err) | StoreError::PostgresContended { source: err, .. } => {
+                err.code()
+            }
             _ => None,
+        }
+    }
+
+    /// This error, said as the last of `retries` tries again when it is a serialization failure
+    /// (40001) that was given up on ([`StoreError::PostgresContended`]).
+    pub(crate) fn after_retries(self, retries: u32) -> StoreError {
+        match self {
+            StoreError::Postgres(source)
+                if retries > 0 && source.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE) =>
+            {
+                StoreError::PostgresContended { retries, source }
+            }
+            other => other,
         }
     }
 
@@ -621,9 +636,9 @@ impl Postgres {
                 Err(_) if duplicate => return Err(SpendError::AlreadySpent),
                 Err(err) if serialization => {
                     if retries >= SERIALIZATION_RETRIES {
-                        return Err(SpendError::Unreachable(format!(
-                            "{err} (after {retries} retries)"
-                        )));
+                        return Err(SpendError::Unreachable(
+                            err.after_retries(retries).to_string(),
+                        ));
                     }
                     retries += 1;
                     tracing::debug!(retries, error = %err, "spend: serialization failure; retrying");

@@ -316,7 +316,7 @@ impl Postgres {
                 pause = (pause * 2).min(std::time::Duration::from_millis(100));
                 continue;
             }
-            return Err(err);
+            return Err(err.after_retries(retries));
         }
     }
 
