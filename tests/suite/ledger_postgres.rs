@@ -352,6 +352,149 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
     assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
 }
 
+/// The backends of the connections `application_name` has open on `server`.
+async fn backends_of(server: &PrivateServer, application_name: &str) -> Vec<i32> {
+    admin(&server.dsn())
+        .await
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&application_name],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Stops (`SIGSTOP`) or continues (`SIGCONT`) each of `backends`.
+fn signal(backends: &[i32], signal: libc::c_int) {
+    for &backend in backends {
+        // SAFETY: signals to a PostgreSQL backend process of the test's own private server.
+        assert_eq!(unsafe { libc::kill(backend, signal) }, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_confirm_on_a_frozen_backend_times_out_as_unreachable_and_is_then_already_spent_everywhere()
+ {
+    let server = PrivateServer::start();
+    let dsn = fresh_database(&server.dsn()).await;
+    let timeout = Duration::from_secs(1);
+    let key = std::sync::Arc::new(ChainKey::from_seed(&[4; 32]));
+    let signing = |name| short(name).with_chain_key(key.clone());
+    let records = Postgres::connect(&dsn, signing("countersign-frozen-confirm"))
+        .await
+        .unwrap();
+    // A first confirm opens what the replica holds (its pool's one connection).
+    assert_eq!(confirm(&records, 1).await, Ok(()));
+    let backends = backends_of(&server, "countersign-frozen-confirm").await;
+    assert!(!backends.is_empty());
+
+    signal(&backends, libc::SIGSTOP);
+    let started = Instant::now();
+    let result = confirm(&records, 2).await;
+    let waited = started.elapsed();
+    signal(&backends, libc::SIGCONT);
+    let reason = unreachable(result);
+    eprintln!("frozen backend: the confirm was refused after {waited:?}: {reason}");
+    assert!(waited >= timeout, "gave up after only {waited:?}");
+    assert!(
+        waited < timeout + Duration::from_millis(500),
+        "waited {waited:?} with a {timeout:?} statement timeout: more than one"
+    );
+    assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
+
+    let admin = admin(&dsn).await;
+    let events = events_of(&admin, 2).await;
+    assert_eq!(
+        confirm(&records, 2).await,
+        Err(SpendError::AlreadySpent),
+        "burned, not spent again"
+    );
+    assert_eq!(records.doubtful_count(), 0);
+    assert_eq!(rows_of(&admin, 2).await, 1);
+    assert_eq!(
+        events_of(&admin, 2).await,
+        events,
+        "a replay writes no event"
+    );
+    let other = Postgres::connect(&dsn, signing("countersign-other"))
+        .await
+        .unwrap();
+    assert_eq!(confirm(&other, 2).await, Err(SpendError::AlreadySpent));
+    assert_eq!(confirm(&other, 3).await, Ok(()));
+    let verified = other.verify_history(Walk::new(Some(key.public()))).await;
+    assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_confirm_whose_history_writer_stops_mid_batch_is_unreachable_and_its_nonce_is_held_spent()
+{
+    let server = PrivateServer::start();
+    let dsn = fresh_database(&server.dsn()).await;
+    // The replica's history writer (and its connections) on a runtime of its own, which the
+    // test ends while the writer's batch waits on a frozen backend: a replica's runtime ending
+    // mid-batch. Timeouts long enough that only the runtime's end can answer the confirm.
+    let patient = short("countersign-writer-stops")
+        .with_statement_timeout(Duration::from_secs(30))
+        .with_pool_size(1);
+    let (handed, replica) = std::sync::mpsc::channel();
+    let (stop, stopping) = std::sync::mpsc::channel::<()>();
+    let writers = std::thread::spawn({
+        let dsn = dsn.clone();
+        move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let records = runtime.block_on(Postgres::connect(&dsn, patient)).unwrap();
+            handed.send(std::sync::Arc::new(records)).unwrap();
+            let _ = stopping.recv();
+            drop(runtime);
+        }
+    });
+    let records: std::sync::Arc<Postgres> = replica.recv().unwrap();
+    assert_eq!(confirm(&records, 1).await, Ok(()));
+    let backends = backends_of(&server, "countersign-writer-stops").await;
+    assert!(!backends.is_empty());
+
+    signal(&backends, libc::SIGSTOP);
+    let confirming = tokio::spawn({
+        let records = records.clone();
+        async move { confirm(&records, 2).await }
+    });
+    // The batch goes to the frozen backend at once; its answer can only come from the runtime's
+    // end (the statement timeout is 30 s).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !confirming.is_finished(),
+        "answered while the backend was frozen"
+    );
+    stop.send(()).unwrap();
+    writers.join().unwrap();
+    let reason = unreachable(confirming.await.unwrap());
+    eprintln!("the writer stopped mid-batch: {reason}");
+    assert!(reason.contains("stopped before"), "{reason}");
+    assert_eq!(records.doubtful_count(), 1, "it may have committed: doubt");
+    signal(&backends, libc::SIGCONT);
+
+    // Through the same replica's records (its connections now made on this runtime): burned,
+    // never spent as new; and through another replica, already used.
+    assert_eq!(confirm(&records, 2).await, Err(SpendError::AlreadySpent));
+    assert_eq!(records.doubtful_count(), 0);
+    let admin = admin(&dsn).await;
+    assert_eq!(rows_of(&admin, 2).await, 1);
+    let other = Postgres::connect(&dsn, short("countersign-other"))
+        .await
+        .unwrap();
+    assert_eq!(confirm(&other, 2).await, Err(SpendError::AlreadySpent));
+    assert_eq!(confirm(&other, 3).await, Ok(()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn a_server_stopped_before_a_confirm_is_unreachable_and_it_spends_once_the_server_is_back() {
