@@ -467,20 +467,20 @@ async fn a_confirm_whose_history_writer_stops_mid_batch_is_unreachable_and_its_n
         let records = records.clone();
         async move { confirm(&records, 2).await }
     });
-    // The batch goes to the frozen backend at once; its answer can only come from the runtime's
-    // end (the statement timeout is 30 s).
+    // The writer has the pool's one connection to hand (the first confirm gave it back), so the
+    // batch goes to the frozen backend at once: 300 ms is its time to get there. Nothing but the
+    // runtime's end can answer it then (the statement timeout is 30 s).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !confirming.is_finished(),
-        "answered while the backend was frozen"
-    );
+    let answered_early = confirming.is_finished();
     stop.send(()).unwrap();
     writers.join().unwrap();
-    let reason = unreachable(confirming.await.unwrap());
+    let result = confirming.await.unwrap();
+    signal(&backends, libc::SIGCONT);
+    assert!(!answered_early, "answered while the backend was frozen");
+    let reason = unreachable(result);
     eprintln!("the writer stopped mid-batch: {reason}");
     assert!(reason.contains("stopped before"), "{reason}");
     assert_eq!(records.doubtful_count(), 1, "it may have committed: doubt");
-    signal(&backends, libc::SIGCONT);
 
     // Through the same replica's records (its connections now made on this runtime): burned,
     // never spent as new; and through another replica, already used.

@@ -41,8 +41,8 @@ pub const MAX_ROWS: usize = 1000;
 #[derive(Debug, Clone)]
 pub struct Builtin {
     db: PathBuf,
-    /// How many of this process's writes are at the file now: see [`Builtin::turn`]. Shared
-    /// by clones.
+    /// How many of these tools' writes are at the file now: see [`Builtin::turn`]. Shared by
+    /// clones, not by other `Builtin`s on the same file.
     at_the_file: Arc<AtTheFile>,
 }
 
@@ -127,15 +127,15 @@ thread_local! {
         const { std::cell::Cell::new(None) };
 }
 
-/// How many of this process's writes are at the file ([`Builtin::turn`]), and where the others
-/// wait for one of them to end.
+/// How many of one `Builtin`'s writes (its clones' included) are at the file ([`Builtin::turn`]),
+/// and where the others wait for one of them to end.
 #[derive(Debug, Default)]
 struct AtTheFile {
     writing: Mutex<usize>,
     ended: Condvar,
 }
 
-/// The most of this process's writes at the file at once: one holding SQLite's lock, one ready
+/// The most of one `Builtin`'s writes at the file at once: one holding SQLite's lock, one ready
 /// to take it the moment it is free. See [`Builtin::turn`].
 const AT_THE_FILE: usize = 2;
 
@@ -167,7 +167,9 @@ pub(crate) fn retry_within(tries: i32, limit: std::time::Duration) -> bool {
     let since = WAITING_SINCE.with(|since| match since.get() {
         Some(at) if tries > 0 => at,
         _ => {
-            let began = TURN_ASKED.with(|asked| asked.get()).unwrap_or(now);
+            // The first wait of a turn counts from when the turn was asked; a later one (another
+            // statement of the same batch) from its own first try, as without turns.
+            let began = TURN_ASKED.with(std::cell::Cell::take).unwrap_or(now);
             since.set(Some(began));
             began
         }
@@ -227,18 +229,23 @@ impl Builtin {
         }
     }
 
-    /// Waits until fewer than [`AT_THE_FILE`] of this process's writes are at the file, up to
-    /// [`WRITE_WAIT`] (the same wait as for the file's lock, which then counts from here).
+    /// Waits until fewer than [`AT_THE_FILE`] of these tools' writes are at the file, up to
+    /// [`WRITE_WAIT`] (the same wait as for the file's lock, whose first wait then counts from
+    /// here).
     ///
     /// Why: SQLite lets one writer at a time have the file and tells the others it is busy;
-    /// each then sleeps and tries again ([`retry_within`]). With many of this process's calls
-    /// writing at once, all of them tried and slept over and over (a profile of a team server's
-    /// confirms: about 12 tries a write). Here one write holds the file and one more tries for
-    /// it; the rest wait on a condition that wakes one of them when a write ends. Measured on 2
-    /// cores, 16 threads writing straight: about 1,710 writes a second before, 1,980 after.
-    /// Not fewer: with one at a time, the next writer must first be woken, and on an idle
-    /// machine that took as long as the write (800 a second); the write that tries for the lock
-    /// is already running when it frees.
+    /// each then sleeps and tries again ([`retry_within`]). With many calls writing at once, all
+    /// of them tried and slept over and over (a profile of a team server's confirms: about 12
+    /// tries a write). Here one write holds the file and one more tries for it; the rest wait on
+    /// a condition, and one of them is woken when a write ends (in no set order: a write that
+    /// asks just then may go first). Measured on 2 cores, 16 threads writing straight: about
+    /// 1,710 writes a second before, 1,980 after. Not fewer: with one at a time, the next writer
+    /// must first be woken, and on an idle machine that took as long as the write (800 a
+    /// second); the write that tries for the lock is already running when it frees.
+    ///
+    /// The count is one `Builtin`'s (and its clones'): in `serve`, one start of the upstream's;
+    /// on the desk, one agent's session. Other writers of the file, in this process or another,
+    /// meet SQLite's lock as before.
     fn turn(&self) -> Result<Turn<'_>, Failure> {
         self.turn_within(WRITE_WAIT)
     }
@@ -370,10 +377,16 @@ impl Builtin {
             "execute" => {
                 let conn = self.writable()?;
                 let sql = text_arg(args, "sql")?;
-                let _turn = self.turn()?;
+                let turn = self.turn()?;
                 let before = conn.total_changes();
-                conn.execute_batch(sql)?;
-                Ok(json!({"changes": conn.total_changes() - before}))
+                let ran = conn.execute_batch(sql);
+                let changes = conn.total_changes() - before;
+                // Closed within the turn: SQL that left a transaction open holds the file until
+                // its connection closes (and rolls it back).
+                drop(conn);
+                drop(turn);
+                ran?;
+                Ok(json!({ "changes": changes }))
             }
             "create_backup" => {
                 let path = self.backup_path(args)?;
@@ -646,17 +659,25 @@ mod tests {
         };
         assert!(waited.elapsed() >= Duration::from_millis(30));
         assert!(why.contains("nothing was written"), "{why}");
-        // One that waits is let in as soon as a write ends.
+        // One that waits is let in as soon as a write ends, long before its limit.
         std::thread::scope(|scope| {
-            let third = scope.spawn(|| {
-                clone
-                    .turn_within(Duration::from_secs(20))
-                    .map(|_turn| ())
-                    .is_ok()
+            let (asking, asked) = std::sync::mpsc::channel();
+            let waiter = &clone;
+            let third = scope.spawn(move || {
+                asking.send(()).unwrap();
+                let waited = Instant::now();
+                let let_in = waiter.turn_within(Duration::from_secs(60)).is_ok();
+                (let_in, waited.elapsed())
             });
+            asked.recv().unwrap();
             std::thread::sleep(Duration::from_millis(20));
             drop(first);
-            assert!(third.join().unwrap());
+            let (let_in, waited) = third.join().unwrap();
+            assert!(let_in);
+            assert!(
+                waited < Duration::from_secs(30),
+                "woken when a write ended, not at its limit ({waited:?})"
+            );
         });
     }
 
@@ -687,12 +708,17 @@ mod tests {
         let (_dir, b) = seeded();
         {
             let _turn = b.turn_within(limit).unwrap();
+            let asked = TURN_ASKED.with(std::cell::Cell::get);
+            assert!(asked.is_some_and(|at| at <= Instant::now()), "{asked:?}");
             // As if the turn had taken the whole limit to come: the file's first busy answer
             // gives up at once.
             TURN_ASKED.with(|asked| asked.set(Instant::now().checked_sub(limit)));
             assert!(!retry_within(0, limit));
+            // A later wait of the same turn (another statement of its batch) has its own limit.
+            assert!(retry_within(0, limit));
         }
-        // The turn ended: a wait for the file counts from its own first try again.
+        // The turn ended: nothing of it is left on the thread.
+        assert_eq!(TURN_ASKED.with(std::cell::Cell::get), None);
         assert!(retry_within(0, limit));
     }
 
