@@ -121,8 +121,9 @@ thread_local! {
     /// When this thread was first told the file is busy, for the lock it waits for now.
     static WAITING_SINCE: std::cell::Cell<Option<std::time::Instant>> =
         const { std::cell::Cell::new(None) };
-    /// When this thread's write began waiting for its turn ([`Builtin::turn`]), while it writes:
-    /// the wait for the file then counts from there, so a write waits [`WRITE_WAIT`] in all.
+    /// When this thread's write began waiting for its turn ([`Builtin::turn`]), until its first
+    /// wait for the file's lock takes it: that wait counts from there, so a write waits
+    /// [`WRITE_WAIT`] in all for its turn and the lock together.
     static TURN_ASKED: std::cell::Cell<Option<std::time::Instant>> =
         const { std::cell::Cell::new(None) };
 }
@@ -139,8 +140,8 @@ struct AtTheFile {
 /// to take it the moment it is free. See [`Builtin::turn`].
 const AT_THE_FILE: usize = 2;
 
-/// A write's turn at the file ([`Builtin::turn`]): while it is held, its waits for the file's
-/// lock count from when it asked for the turn.
+/// A write's turn at the file ([`Builtin::turn`]): while it is held, its first wait for the
+/// file's lock counts from when it asked for the turn.
 struct Turn<'a> {
     at_the_file: &'a AtTheFile,
     /// Ended on the thread that took it, whose waits it times ([`TURN_ASKED`]).
@@ -646,7 +647,7 @@ mod tests {
     }
 
     #[test]
-    fn at_most_two_writes_of_a_process_are_at_the_file_and_a_third_waits_for_one_to_end() {
+    fn at_most_two_writes_of_the_tools_are_at_the_file_and_a_third_waits_for_one_to_end() {
         use std::time::Duration;
         let (_dir, b) = seeded();
         let clone = b.clone();
@@ -682,7 +683,7 @@ mod tests {
     }
 
     #[test]
-    fn sixteen_writers_of_one_process_at_once_each_write_once() {
+    fn sixteen_writers_through_the_same_tools_at_once_each_write_once() {
         let (_dir, b) = seeded();
         std::thread::scope(|scope| {
             for w in 0..16 {
