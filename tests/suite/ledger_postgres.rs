@@ -230,27 +230,14 @@ async fn a_frozen_backend_times_out_as_unreachable_and_the_nonce_is_then_already
         .unwrap();
     // The pool's one connection is open; find its backend.
     assert_eq!(records.approval(&nonce(1)).await.unwrap(), None);
-    let admin = admin(&server.dsn()).await;
-    let pids: Vec<i32> = admin
-        .query(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'countersign-frozen'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(pids.len(), 1, "{pids:?}");
-    let backend = pids[0];
+    let backends = backends_of(&server, "countersign-frozen").await;
+    assert_eq!(backends.len(), 1, "{backends:?}");
 
-    // SAFETY: signals to a PostgreSQL backend process of the test's own private server.
-    assert_eq!(unsafe { libc::kill(backend, libc::SIGSTOP) }, 0);
+    let frozen = Frozen::stop(&backends);
     let started = Instant::now();
     let result = records.spend(&nonce(1), EXPIRES_AT_MS).await;
     let waited = started.elapsed();
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(backend, libc::SIGCONT) }, 0);
+    frozen.go_on();
     let reason = unreachable(result);
     eprintln!("frozen backend: refused after {waited:?}: {reason}");
     assert!(waited >= timeout, "gave up after only {waited:?}");
@@ -335,21 +322,7 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
     );
 
     proxy.disarm();
-    assert_eq!(confirm(&records, 2).await, Err(SpendError::AlreadySpent));
-    assert_eq!(records.doubtful_count(), 0, "burned");
-    assert_eq!(rows_of(&admin, 2).await, 1);
-    assert_eq!(
-        events_of(&admin, 2).await,
-        events,
-        "a replay writes no event"
-    );
-    let other = Postgres::connect(&direct, signing("countersign-other"))
-        .await
-        .unwrap();
-    assert_eq!(confirm(&other, 2).await, Err(SpendError::AlreadySpent));
-    assert_eq!(confirm(&other, 3).await, Ok(()));
-    let verified = other.verify_history(Walk::new(Some(key.public()))).await;
-    assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
+    only_ever_already_used(&records, 2, &direct, signing("countersign-other"), &key).await;
 }
 
 /// The backends of the connections `application_name` has open on `server`.
@@ -367,12 +340,79 @@ async fn backends_of(server: &PrivateServer, application_name: &str) -> Vec<i32>
         .collect()
 }
 
-/// Stops (`SIGSTOP`) or continues (`SIGCONT`) each of `backends`.
-fn signal(backends: &[i32], signal: libc::c_int) {
-    for &backend in backends {
-        // SAFETY: signals to a PostgreSQL backend process of the test's own private server.
-        assert_eq!(unsafe { libc::kill(backend, signal) }, 0);
+/// Backends of the test's own private server stopped (`SIGSTOP`) while this is held, and
+/// continued (`SIGCONT`) when it is dropped, also when the test fails on the way: a backend left
+/// stopped would hold the server's shutdown.
+struct Frozen(Vec<i32>);
+
+impl Frozen {
+    fn stop(backends: &[i32]) -> Frozen {
+        let frozen = Frozen(backends.to_vec());
+        assert!(
+            signal(backends, libc::SIGSTOP),
+            "a backend could not be stopped"
+        );
+        frozen
     }
+
+    /// Continues them now, asserting that each was.
+    fn go_on(mut self) {
+        let backends = std::mem::take(&mut self.0);
+        assert!(
+            signal(&backends, libc::SIGCONT),
+            "a backend could not be continued"
+        );
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // Not an assertion: this may run while a failure unwinds.
+        if !signal(&self.0, libc::SIGCONT) {
+            eprintln!("a stopped backend could not be continued: {:?}", self.0);
+        }
+    }
+}
+
+/// Sends `signal` to each of `backends`: whether every one was sent.
+fn signal(backends: &[i32], signal: libc::c_int) -> bool {
+    backends.iter().fold(true, |all, &backend| {
+        // SAFETY: signals to a PostgreSQL backend process of the test's own private server.
+        let sent = unsafe { libc::kill(backend, signal) } == 0;
+        all && sent
+    })
+}
+
+/// After a confirm of `nonce(n)` through `records` whose outcome was not known: through the
+/// same records it is burned (refused as already used, no longer doubtful, one spent row, and no
+/// event for the replay); through another replica on `dsn` (with `others`) it is already used,
+/// a new nonce still spends, and the history verifies under `key`.
+async fn only_ever_already_used(
+    records: &Postgres,
+    n: u8,
+    dsn: &str,
+    others: PostgresOptions,
+    key: &ChainKey,
+) {
+    let admin = admin(dsn).await;
+    let events = events_of(&admin, n).await;
+    assert_eq!(
+        confirm(records, n).await,
+        Err(SpendError::AlreadySpent),
+        "burned, not spent again"
+    );
+    assert_eq!(records.doubtful_count(), 0, "burned");
+    assert_eq!(rows_of(&admin, n).await, 1);
+    assert_eq!(
+        events_of(&admin, n).await,
+        events,
+        "a replay writes no event"
+    );
+    let other = Postgres::connect(dsn, others).await.unwrap();
+    assert_eq!(confirm(&other, n).await, Err(SpendError::AlreadySpent));
+    assert_eq!(confirm(&other, n + 1).await, Ok(()));
+    let verified = other.verify_history(Walk::new(Some(key.public()))).await;
+    assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,11 +432,11 @@ async fn a_confirm_on_a_frozen_backend_times_out_as_unreachable_and_is_then_alre
     let backends = backends_of(&server, "countersign-frozen-confirm").await;
     assert!(!backends.is_empty());
 
-    signal(&backends, libc::SIGSTOP);
+    let frozen = Frozen::stop(&backends);
     let started = Instant::now();
     let result = confirm(&records, 2).await;
     let waited = started.elapsed();
-    signal(&backends, libc::SIGCONT);
+    frozen.go_on();
     let reason = unreachable(result);
     eprintln!("frozen backend: the confirm was refused after {waited:?}: {reason}");
     assert!(waited >= timeout, "gave up after only {waited:?}");
@@ -405,28 +445,7 @@ async fn a_confirm_on_a_frozen_backend_times_out_as_unreachable_and_is_then_alre
         "waited {waited:?} with a {timeout:?} statement timeout: more than one"
     );
     assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
-
-    let admin = admin(&dsn).await;
-    let events = events_of(&admin, 2).await;
-    assert_eq!(
-        confirm(&records, 2).await,
-        Err(SpendError::AlreadySpent),
-        "burned, not spent again"
-    );
-    assert_eq!(records.doubtful_count(), 0);
-    assert_eq!(rows_of(&admin, 2).await, 1);
-    assert_eq!(
-        events_of(&admin, 2).await,
-        events,
-        "a replay writes no event"
-    );
-    let other = Postgres::connect(&dsn, signing("countersign-other"))
-        .await
-        .unwrap();
-    assert_eq!(confirm(&other, 2).await, Err(SpendError::AlreadySpent));
-    assert_eq!(confirm(&other, 3).await, Ok(()));
-    let verified = other.verify_history(Walk::new(Some(key.public()))).await;
-    assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
+    only_ever_already_used(&records, 2, &dsn, signing("countersign-other"), &key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,7 +481,7 @@ async fn a_confirm_whose_history_writer_stops_mid_batch_is_unreachable_and_its_n
     let backends = backends_of(&server, "countersign-writer-stops").await;
     assert!(!backends.is_empty());
 
-    signal(&backends, libc::SIGSTOP);
+    let frozen = Frozen::stop(&backends);
     let confirming = tokio::spawn({
         let records = records.clone();
         async move { confirm(&records, 2).await }
@@ -475,7 +494,7 @@ async fn a_confirm_whose_history_writer_stops_mid_batch_is_unreachable_and_its_n
     stop.send(()).unwrap();
     writers.join().unwrap();
     let result = confirming.await.unwrap();
-    signal(&backends, libc::SIGCONT);
+    frozen.go_on();
     assert!(!answered_early, "answered while the backend was frozen");
     let reason = unreachable(result);
     eprintln!("the writer stopped mid-batch: {reason}");
