@@ -3,7 +3,7 @@
 //! method it named; what is refused is answered with a JSON-RPC error of a known code.
 #![no_main]
 
-use countersign_session::router::{NOTIFICATIONS, REQUESTS, Routed, route};
+use countersign_router::{NOTIFICATIONS, REQUESTS, Routed, route};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

@@ -4,7 +4,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use countersign_session::router::{NOTIFICATIONS, REQUESTS, Routed, route};
+use countersign_router::{NOTIFICATIONS, REQUESTS, Routed, route};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value, json};
 

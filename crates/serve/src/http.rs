@@ -34,8 +34,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use countersign_core::ServerId;
 use countersign_engine::{Attached, Engine, MAX_ATTACHED, Stopped};
+use countersign_router::{NOTIFICATIONS, Routed, route};
 use countersign_session::reach::Upstream;
-use countersign_session::router::{NOTIFICATIONS, Routed, route};
 use countersign_session::{Gates, RawTools, Session};
 use rmcp::RoleServer;
 use rmcp::model::{

@@ -12,6 +12,12 @@
 //! typed values, never from these bytes. One shape skips rmcp's parse, for speed only: a
 //! `tools/call` with nothing but a name, arguments and `_meta` (every open call), which is typed
 //! here directly into what rmcp's parse would give (see `plain_call`; tests hold the two equal).
+//!
+//! A crate of its own so that the one judge of an agent's bytes is the same for every door (the
+//! desk's sessions, `countersign serve`'s endpoint) and links nothing but the protocol's types:
+//! no engine, store or HTTP client. Its fuzz targets (fuzz/) build it alone, in minutes.
+
+#![forbid(unsafe_code)]
 
 use countersign_core::canonical;
 use countersign_wire::Frame;
