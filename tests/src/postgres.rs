@@ -236,11 +236,13 @@ fn run(command: &mut Command) {
 /// A TCP proxy on loopback in front of a server that forwards bytes both ways until it is armed;
 /// armed, the first chunk a client sends that contains `needle` is forwarded to the server, and
 /// then both sides are closed without relaying the server's answer: a connection lost after the
-/// statement was sent and before its outcome came back.
+/// statement was sent and before its outcome came back. Armed to stall ([`FaultProxy::arm_stalling`]),
+/// it keeps both sides open instead and relays nothing more: an answer that never comes.
 #[derive(Debug)]
 pub struct FaultProxy {
     port: u16,
     armed: Arc<AtomicBool>,
+    stalling: Arc<AtomicBool>,
     needle: Arc<Mutex<Vec<u8>>>,
     cuts: Arc<Mutex<usize>>,
     task: tokio::task::JoinHandle<()>,
@@ -252,15 +254,26 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let armed = Arc::new(AtomicBool::new(false));
+        let stalling = Arc::new(AtomicBool::new(false));
         let needle = Arc::new(Mutex::new(needle.to_vec()));
         let cuts = Arc::new(Mutex::new(0));
-        let (a, n, c) = (armed.clone(), needle.clone(), cuts.clone());
+        let (a, st, n, c) = (
+            armed.clone(),
+            stalling.clone(),
+            needle.clone(),
+            cuts.clone(),
+        );
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (armed, needle, cuts) = (a.clone(), n.clone(), c.clone());
+                let fault = Fault {
+                    needle: n.clone(),
+                    armed: a.clone(),
+                    stalling: st.clone(),
+                    cuts: c.clone(),
+                };
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)).await {
-                        session(client, server, needle, armed, cuts).await;
+                        session(client, server, fault).await;
                     }
                 });
             }
@@ -268,6 +281,7 @@ impl FaultProxy {
         FaultProxy {
             port,
             armed,
+            stalling,
             needle,
             cuts,
             task,
@@ -281,6 +295,15 @@ impl FaultProxy {
 
     /// Cut the next connection that sends the needle.
     pub fn arm(&self) {
+        self.stalling.store(false, Ordering::SeqCst);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Stall the next connection that sends the needle: the chunk reaches the server, and
+    /// nothing more goes either way on that connection while the client keeps it open (as
+    /// from a backend frozen once the statement arrived). Counted as a cut.
+    pub fn arm_stalling(&self) {
+        self.stalling.store(true, Ordering::SeqCst);
         self.armed.store(true, Ordering::SeqCst);
     }
 
@@ -309,13 +332,21 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn session(
-    client: TcpStream,
-    server: TcpStream,
+/// What a proxied connection is told by its proxy.
+struct Fault {
     needle: Arc<Mutex<Vec<u8>>>,
     armed: Arc<AtomicBool>,
+    stalling: Arc<AtomicBool>,
     cuts: Arc<Mutex<usize>>,
-) {
+}
+
+async fn session(client: TcpStream, server: TcpStream, fault: Fault) {
+    let Fault {
+        needle,
+        armed,
+        stalling,
+        cuts,
+    } = fault;
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     // The answers' relay gives the client's write half back when told to stop, so that stopping
@@ -362,8 +393,17 @@ async fn session(
             let _ = server_write.flush().await;
             armed.store(false, Ordering::SeqCst);
             *countersign_core::sync::lock(&cuts) += 1;
+            if stalling.load(Ordering::SeqCst) {
+                // Open both ways, silent: whatever the client sends goes nowhere, until it
+                // closes its side.
+                while let Ok(n) = client_read.read(&mut buffer).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
             // Dropping both halves of both sockets closes both connections.
-            drop(client_write);
+            drop((client_write, server_write));
             return;
         }
         if server_write.write_all(chunk).await.is_err() {

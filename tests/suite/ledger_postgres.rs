@@ -415,9 +415,12 @@ async fn only_ever_already_used(
     assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
 }
 
+/// The replica's history writer locks the chain's tip before it sends any nonce: a backend that
+/// freezes there is given up on within one bound, and nothing was spent, so nothing is doubtful.
+/// Once it goes on, the confirm spends, once, everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
-async fn a_confirm_on_a_frozen_backend_times_out_as_unreachable_and_is_then_already_spent_everywhere()
+async fn a_confirm_on_a_frozen_backend_times_out_as_unreachable_spends_nothing_and_spends_once_it_goes_on()
  {
     let server = PrivateServer::start();
     let dsn = fresh_database(&server.dsn()).await;
@@ -444,8 +447,71 @@ async fn a_confirm_on_a_frozen_backend_times_out_as_unreachable_and_is_then_alre
         waited < timeout + Duration::from_millis(500),
         "waited {waited:?} with a {timeout:?} statement timeout: more than one"
     );
+    assert_eq!(records.doubtful_count(), 0, "no nonce was sent: no doubt");
+    let admin = admin(&dsn).await;
+    assert_eq!(
+        (rows_of(&admin, 2).await, events_of(&admin, 2).await),
+        (0, 0)
+    );
+    assert_eq!(confirm(&records, 2).await, Ok(()));
+    let other = Postgres::connect(&dsn, signing("countersign-other"))
+        .await
+        .unwrap();
+    assert_eq!(confirm(&other, 2).await, Err(SpendError::AlreadySpent));
+    assert_eq!(
+        (rows_of(&admin, 2).await, events_of(&admin, 2).await),
+        (1, 1)
+    );
+    let verified = other.verify_history(Walk::new(Some(key.public()))).await;
+    assert!(matches!(verified, Ok(Ok(_))), "{verified:?}");
+}
+
+/// A confirm whose spend and event reached the server, and whose answer never came back (the
+/// connection open and silent): given up on within one bound, its outcome unknown, so the nonce
+/// is held doubtful and then burned: already used everywhere, whatever the server did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_confirm_whose_answer_never_comes_times_out_as_unreachable_and_is_then_already_spent_everywhere()
+ {
+    let server = PrivateServer::start();
+    let direct = fresh_database(&server.dsn()).await;
+    let needle: &'static [u8] = Box::leak(nonce(2).to_hex().into_bytes().into_boxed_slice());
+    let proxy = FaultProxy::start(server.port(), needle).await;
+    let proxied = direct.replace(
+        &format!("port={}", server.port()),
+        &format!("port={}", proxy.port()),
+    );
+    let timeout = Duration::from_secs(1);
+    let key = std::sync::Arc::new(ChainKey::from_seed(&[5; 32]));
+    let signing = |name| short(name).with_chain_key(key.clone());
+    let records = Postgres::connect(&proxied, signing("countersign-stalled-confirm"))
+        .await
+        .unwrap();
+    assert_eq!(confirm(&records, 1).await, Ok(()));
+
+    proxy.arm_stalling();
+    let started = Instant::now();
+    let result = confirm(&records, 2).await;
+    let waited = started.elapsed();
+    let reason = unreachable(result);
+    eprintln!("stalled answer: the confirm was refused after {waited:?}: {reason}");
+    assert_eq!(proxy.cuts(), 1);
+    assert!(waited >= timeout, "gave up after only {waited:?}");
+    assert!(
+        waited < timeout + Duration::from_millis(500),
+        "waited {waited:?} with a {timeout:?} statement timeout: more than one"
+    );
     assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
-    only_ever_already_used(&records, 2, &dsn, signing("countersign-other"), &key).await;
+    let admin = admin(&direct).await;
+    let (rows, events) = (rows_of(&admin, 2).await, events_of(&admin, 2).await);
+    eprintln!("after the stall: {rows} spent row(s), {events} event(s)");
+    assert_eq!(
+        rows, events,
+        "the spend and its event commit together or not at all"
+    );
+
+    proxy.disarm();
+    only_ever_already_used(&records, 2, &direct, signing("countersign-other"), &key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -596,4 +662,74 @@ async fn a_confirm_that_cannot_lock_the_history_says_so_spends_nothing_and_spend
         (0, 0)
     );
     assert_eq!(confirm(&records, 2).await, Ok(()));
+}
+
+/// The replica's history writer takes every confirm waiting once it holds the chain's tip, and
+/// spends their nonces with their events in one round trip, taking them to be new. A replay among
+/// them fails that transaction, which commits nothing, and the batch is appended again the careful
+/// way: the replay is refused and leaves no event, every other confirm spends once with its event,
+/// and the chain is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_replay_among_confirms_waiting_for_the_tip_is_refused_and_the_others_spend_once() {
+    let dsn = migrated_database().await;
+    let key = std::sync::Arc::new(ChainKey::from_seed(&[6; 32]));
+    let options = PostgresOptions::default()
+        .with_application_name("countersign-replay-in-batch")
+        .with_chain_key(key.clone());
+    let records = std::sync::Arc::new(Postgres::connect(&dsn, options).await.unwrap());
+    assert_eq!(confirm(&records, 1).await, Ok(()));
+    let admin = admin(&dsn).await;
+    admin
+        .batch_execute("BEGIN; SELECT * FROM history_tip FOR UPDATE")
+        .await
+        .unwrap();
+    let confirms: Vec<_> = std::iter::once(1)
+        .chain(10..20)
+        .map(|n| {
+            let records = records.clone();
+            tokio::spawn(async move { (n, confirm(&records, n).await) })
+        })
+        .collect();
+    // The writer waits for the tip behind the test's lock, and the confirms gather behind it.
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE application_name = 'countersign-replay-in-batch'
+                     AND wait_event_type = 'Lock'";
+    let started = Instant::now();
+    while admin
+        .query_one(waiting, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the writer never waited for the tip"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    admin.batch_execute("ROLLBACK").await.unwrap();
+    for task in confirms {
+        let (n, outcome) = task.await.unwrap();
+        let expected = if n == 1 {
+            Err(SpendError::AlreadySpent)
+        } else {
+            Ok(())
+        };
+        assert_eq!(outcome, expected, "confirm of nonce {n}");
+    }
+    for n in std::iter::once(1).chain(10..20) {
+        assert_eq!(
+            (rows_of(&admin, n).await, events_of(&admin, n).await),
+            (1, 1),
+            "nonce {n}: one spend, one event"
+        );
+    }
+    let intact = records
+        .verify_history(Walk::new(Some(key.public())))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((intact.first, intact.last), (Some(1), Some(11)));
 }
