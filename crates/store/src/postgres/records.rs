@@ -53,13 +53,6 @@ impl Drop for Unsettled {
     }
 }
 
-/// A transaction begun on a pooled connection that holds the lock of the history's tip, and the
-/// tip's row (its number and hash) as it was locked.
-pub(crate) struct Locked {
-    held: Unsettled,
-    tip: tokio_postgres::Row,
-}
-
 /// The most events appended to the chain in one transaction.
 const MAX_BATCH: usize = 64;
 
@@ -70,11 +63,9 @@ const MAX_WAITING: usize = 1024;
 ///
 /// Every event of every replica goes to one chain, in one order, under the lock of its tip row.
 /// Appended one at a time, each event held that lock for its own round trips, and the replicas'
-/// writers queued behind each other for it. Here one writer per replica locks the tip as soon as
-/// an event comes, then takes every event waiting by the time it has the lock (those that came
-/// while another replica's batch held it, through that batch's commit, included), and appends
-/// them in that transaction: one hold of the lock, one signed head (of the last), the rows in one
-/// statement, sent with the nonces' spend and the commit. The chain and what it proves are the
+/// writers queued behind each other for it. Here one writer per replica takes every event
+/// waiting when it is free and appends them in one transaction: one hold of the lock, one
+/// signed head (of the last), the rows in one statement. The chain and what it proves are the
 /// same; each caller still waits until its own event is committed (or failed), as before.
 ///
 /// A batch that fails for its database (unreachable, or no answer in time) fails every event in
@@ -84,8 +75,7 @@ const MAX_WAITING: usize = 1024;
 ///
 /// An accepted works-once confirm hands over its nonce with its event
 /// ([`Records::spend_recording`]): the batch spends it in the same transaction, and appends the
-/// event only if the nonce was not spent before (the nonces are taken to be new first; a replay
-/// fails that transaction, and the batch is appended again the careful way, which tells it). So a confirm costs one commit, not two (its
+/// event only if the nonce was not spent before. So a confirm costs one commit, not two (its
 /// own spend's, then its share of a batch's), and the spend keeps every rule of
 /// [`Postgres::spend_nonce`]: one row per nonce, whichever replica wins; a batch whose outcome
 /// is unknown leaves its nonces doubtful (burned before anything else on the next connection).
@@ -138,10 +128,6 @@ impl ChainWriter {
         let (queue, mut waiting) = tokio::sync::mpsc::channel::<Appending>(MAX_WAITING);
         tokio::spawn(async move {
             while let Some(first) = waiting.recv().await {
-                // The tip is locked before the batch is made: every event that comes while the
-                // lock is awaited (another replica's batch holds it, through its commit) joins
-                // this batch instead of waiting for the next.
-                let locked = writer.lock_tip().await;
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match waiting.try_recv() {
@@ -149,7 +135,7 @@ impl ChainWriter {
                         Err(_) => break,
                     }
                 }
-                writer.append_batch(batch, locked).await;
+                writer.append_batch(batch).await;
             }
         });
         Self { queue }
@@ -172,9 +158,8 @@ impl ChainWriter {
 }
 
 impl Postgres {
-    /// Appends `batch` in the transaction `locked` (or, when taking the lock failed, as
-    /// [`Postgres::append`] does) and tells each event's caller how it went ([`ChainWriter`]).
-    async fn append_batch(&self, batch: Vec<Appending>, locked: Result<Locked, StoreError>) {
+    /// Appends `batch` and tells each event's caller how it went ([`ChainWriter`]).
+    async fn append_batch(&self, batch: Vec<Appending>) {
         // Each caller emits its own event (`ConfirmEvent::emit`) once told, inside its own span;
         // a caller that stopped waiting has its event appended, and not emitted.
         let tell = |told: Told, stored: Result<bool, StoreError>| {
@@ -196,12 +181,9 @@ impl Postgres {
             }
         }
         if events.is_empty() {
-            if let Ok(locked) = locked {
-                self.settle(locked.held, None).await;
-            }
             return;
         }
-        match self.append_from(&events, &spends, Some(locked)).await {
+        match self.append(&events, &spends).await {
             Ok(appended) => {
                 for (told, appended) in tells.into_iter().zip(appended) {
                     tell(told, Ok(appended));
@@ -242,20 +224,6 @@ impl Postgres {
         events: &[ConfirmEvent],
         spends: &[Option<Spending>],
     ) -> Result<Vec<bool>, StoreError> {
-        self.append_from(events, spends, None).await
-    }
-
-    /// [`Postgres::append`], its first attempt in `locked` when given: a transaction that already
-    /// holds the tip ([`Postgres::lock_tip`]). There the nonces are taken to be new and spent with
-    /// the rows, in one round trip; a nonce spent before fails that transaction, which committed
-    /// nothing, and the events are appended again the careful way, which says which was spent.
-    /// A lock that could not be had for an outage is that outage, said for the events.
-    async fn append_from(
-        &self,
-        events: &[ConfirmEvent],
-        spends: &[Option<Spending>],
-        locked: Option<Result<Locked, StoreError>>,
-    ) -> Result<Vec<bool>, StoreError> {
         let mut rows = Vec::with_capacity(events.len());
         for event in events {
             let c = history::Columns::of(event)?;
@@ -277,17 +245,8 @@ impl Postgres {
             });
         }
         if events.is_empty() {
-            if let Some(Ok(locked)) = locked {
-                self.settle(locked.held, None).await;
-            }
             return Ok(Vec::new());
         }
-        let mut locked = match locked {
-            Some(Ok(locked)) => Some(locked),
-            Some(Err(err)) if self.outage_of(&err).is_some() => return Err(err),
-            // Any other failure to lock is met again below, with the retries every attempt has.
-            _ => None,
-        };
         let spends: Vec<Option<Spending>> = (0..events.len())
             .map(|i| spends.get(i).copied().flatten())
             .collect();
@@ -303,15 +262,11 @@ impl Postgres {
         let mut pause = std::time::Duration::from_millis(5);
         let mut retries = 0;
         loop {
-            let (mut held, tip) = match locked.take() {
-                Some(Locked { held, tip }) => (held, Some(tip)),
-                None => (Unsettled(Some(self.connection().await?)), None),
-            };
-            let optimistic = tip.is_some();
+            let mut held = Unsettled(Some(self.connection().await?));
             let conn = held.conn()?;
             let attempt = tokio::time::timeout(
                 self.statement_timeout,
-                self.append_on(conn, &rows, &spends, &doubtful, tip),
+                self.append_on(conn, &rows, &spends, &doubtful),
             )
             .await
             .unwrap_or(Err(StoreError::PostgresTimeout {
@@ -329,21 +284,28 @@ impl Postgres {
                     );
                 }
             }
-            let err = match attempt {
-                Ok(appended) => {
-                    if let Some(conn) = held.0.take() {
-                        self.release(conn, None);
-                    }
-                    return Ok(appended);
+            // A transaction a failure left open ends here. A connection that cannot say so, or
+            // whose state is unknown, never goes back to the pool (`held` closes it).
+            let reusable = match &attempt {
+                Ok(_) => true,
+                Err(err) => {
+                    !err.breaks_postgres_connection()
+                        && tokio::time::timeout(
+                            self.statement_timeout,
+                            conn.batch_execute("ROLLBACK"),
+                        )
+                        .await
+                        .is_ok_and(|rolled| rolled.is_ok())
                 }
+            };
+            if reusable && let Some(conn) = held.0.take() {
+                self.release(conn, attempt.as_ref().err());
+            }
+            drop(held);
+            let err = match attempt {
+                Ok(appended) => return Ok(appended),
                 Err(err) => err,
             };
-            self.settle(held, Some(&err)).await;
-            // A nonce of the batch was spent before (a replay, or a spend of another replica's
-            // that won): the transaction committed nothing. Appended again the careful way.
-            if optimistic && err.sqlstate() == Some(&SqlState::UNIQUE_VIOLATION) {
-                continue;
-            }
             // An engine that runs everything SERIALIZABLE (CockroachDB) answers 40001 where
             // PostgreSQL waits on the lock: retried, as every transaction here is.
             if err.sqlstate() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
@@ -358,123 +320,18 @@ impl Postgres {
         }
     }
 
-    /// Ends what a failure (or a lock taken and not used) left open on `held`'s connection, and
-    /// gives the connection back. One that cannot say so, or whose state is unknown after
-    /// `failure`, never goes back to the pool: it is closed.
-    async fn settle(&self, mut held: Unsettled, failure: Option<&StoreError>) {
-        let Some(conn) = held.0.take() else {
-            return;
-        };
-        let reusable = !failure.is_some_and(StoreError::breaks_postgres_connection)
-            && tokio::time::timeout(self.statement_timeout, conn.batch_execute("ROLLBACK"))
-                .await
-                .is_ok_and(|rolled| rolled.is_ok());
-        if reusable {
-            self.release(conn, failure);
-        } else {
-            drop(deadpool_postgres::Object::take(conn));
-        }
-    }
-
-    /// Begins a transaction and locks the history's tip in it (one round trip), waiting as long
-    /// as an append may take for another's batch to end.
-    async fn lock_tip(&self) -> Result<Locked, StoreError> {
-        let held = Unsettled(Some(self.connection().await?));
-        let conn = held.conn()?;
-        let locking = async {
-            let lock = conn.prepare_cached(TIP_LOCK).await?;
-            let (begun, tip) = tokio::join!(
-                conn.batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED"),
-                conn.query_opt(&lock, &[]),
-            );
-            begun?;
-            match tip? {
-                Some(tip) => Ok(tip),
-                None => made_tip(conn, &lock).await,
-            }
-        };
-        match self.timed(locking).await {
-            Ok(tip) => Ok(Locked { held, tip }),
-            Err(err) => {
-                self.settle(held, Some(&err)).await;
-                Err(err)
-            }
-        }
-    }
-
-    /// The careful first round trip of [`Postgres::append_on`]: the transaction begun, the tip
-    /// locked and the nonces spent (each only if it was not before), sent together. Answers the
-    /// tip and the nonces spent now.
-    async fn lock_and_spend(
-        &self,
-        conn: &deadpool_postgres::ClientWrapper,
-        lock: &tokio_postgres::Statement,
-        spend: &tokio_postgres::Statement,
-        spending: &[&[u8]],
-        expiring: &[i64],
-    ) -> Result<(tokio_postgres::Row, Vec<Vec<u8>>), StoreError> {
-        let pg = StoreError::Postgres;
-        // Sent together (tokio-postgres pipelines what is polled at once), run in this order: a
-        // statement's messages leave at its future's first poll, and `join!` polls in order. So
-        // the lock and the spend must stay prepared statements: one given as text would be
-        // prepared first. The spend comes after the lock, so a replica's spends wait for the tip
-        // as its events do.
-        let spent_now = async {
-            if spending.is_empty() {
-                return Ok(Vec::new());
-            }
-            conn.query(spend, &[&spending, &expiring]).await
-        };
-        let (begun, tip, spent_now) = tokio::join!(
-            conn.batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED"),
-            conn.query_opt(lock, &[]),
-            spent_now,
-        );
-        if let Err(err) = begun {
-            // No transaction: a spend sent behind the failed START may have committed alone.
-            let mut doubts = self.doubts();
-            for (nonce, expires_at) in spending.iter().zip(expiring) {
-                if let Ok(nonce) = <[u8; 16]>::try_from(*nonce) {
-                    doubts.insert(Nonce::from_bytes(nonce), *expires_at);
-                }
-            }
-            return Err(pg(err));
-        }
-        // The first of the two to fail says why (a lock that failed makes the spend after it
-        // fail with 25P02, "transaction aborted"); both are answered before anything else is
-        // sent, since a failed statement ends the transaction's use.
-        let tip = tip.map_err(pg)?;
-        let spent_now: Vec<Vec<u8>> = spent_now
-            .map_err(pg)?
-            .iter()
-            .map(|row| row.try_get::<_, Vec<u8>>(0))
-            .collect::<Result<_, _>>()
-            .map_err(pg)?;
-        let tip = match tip {
-            Some(tip) => tip,
-            None => made_tip(conn, lock).await.map_err(pg)?,
-        };
-        Ok((tip, spent_now))
-    }
-
     /// One attempt of [`Postgres::append`] on `conn`, in two round trips: the transaction begun,
     /// the tip locked and the nonces spent together; then the rows, the tip and the signed head
     /// (one statement) and the commit together. The tip's lock is held from the first round
     /// trip's answer to the commit: while the rows are linked and the head signed, and for the
     /// second round trip. `spends` and `doubtful` as [`Postgres::append`] has them; answers
     /// which rows were appended.
-    ///
-    /// With `locked`, the tip of a transaction begun and locked on `conn` ([`Postgres::lock_tip`]),
-    /// one round trip: every nonce is taken to be new (none is spent before but by a replay) and
-    /// spent with the rows, the write and the commit; one spent before fails the transaction with
-    /// a unique violation, and nothing is committed.
     async fn append_on(
         &self,
         conn: &deadpool_postgres::ClientWrapper,
         rows: &[ChainRow],
         spends: &[Option<Spending>],
         doubtful: &[bool],
-        locked: Option<tokio_postgres::Row>,
     ) -> Result<Vec<bool>, StoreError> {
         let pg = StoreError::Postgres;
         let write = match self.chain_key {
@@ -495,19 +352,61 @@ impl Postgres {
             }
         }
         // Prepared once per pooled connection and kept: after the first time, no round trip.
-        let optimistic = locked.is_some();
         let (lock, write, spend) = tokio::try_join!(
             conn.prepare_cached(TIP_LOCK),
             conn.prepare_cached(write),
-            conn.prepare_cached(if optimistic { SPEND_ALL } else { SPEND_BATCH }),
+            conn.prepare_cached(SPEND_BATCH),
         )
         .map_err(pg)?;
-        let (tip, mut spent_now) = match locked {
-            // Taken to be new: spent below, with the write.
-            Some(tip) => (tip, spending.iter().map(|n| n.to_vec()).collect()),
+        // Sent together (tokio-postgres pipelines what is polled at once), run in this order: a
+        // statement's messages leave at its future's first poll, and `join!` polls in order. So
+        // the lock, the spend and the write must stay prepared statements: one given as text
+        // would be prepared first, and the COMMIT below could leave before the write. The spend
+        // comes after the lock, so a replica's spends wait for the tip as its events do.
+        let spent_now = async {
+            if spending.is_empty() {
+                return Ok(Vec::new());
+            }
+            conn.query(&spend, &[&spending, &expiring]).await
+        };
+        let (begun, tip, spent_now) = tokio::join!(
+            conn.batch_execute("START TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+            conn.query_opt(&lock, &[]),
+            spent_now,
+        );
+        if let Err(err) = begun {
+            // No transaction: a spend sent behind the failed START may have committed alone.
+            let mut doubts = self.doubts();
+            for (nonce, expires_at) in spending.iter().zip(&expiring) {
+                if let Ok(nonce) = <[u8; 16]>::try_from(*nonce) {
+                    doubts.insert(Nonce::from_bytes(nonce), *expires_at);
+                }
+            }
+            return Err(pg(err));
+        }
+        // The first of the two to fail says why (a lock that failed makes the spend after it
+        // fail with 25P02, "transaction aborted"); both are answered before anything else is
+        // sent, since a failed statement ends the transaction's use.
+        let tip = tip.map_err(pg)?;
+        let mut spent_now: Vec<Vec<u8>> = spent_now
+            .map_err(pg)?
+            .iter()
+            .map(|row| row.try_get::<_, Vec<u8>>(0))
+            .collect::<Result<_, _>>()
+            .map_err(pg)?;
+        // The tip, locked: replicas add events one batch at a time, in one order. The row is
+        // made by the first append; a database where it is missing gets it here.
+        let tip = match tip {
+            Some(tip) => tip,
             None => {
-                self.lock_and_spend(conn, &lock, &spend, &spending, &expiring)
-                    .await?
+                conn.execute(
+                    "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1)
+                     ON CONFLICT (one) DO NOTHING",
+                    &[&ChainHash::GENESIS.to_hex()],
+                )
+                .await
+                .map_err(pg)?;
+                conn.query_one(&lock, &[]).await.map_err(pg)?
             }
         };
         // Which events are appended: those with no nonce to spend, and those whose nonce this
@@ -599,22 +498,11 @@ impl Postgres {
                 signature,
             ]);
         }
-        // The write and the commit, sent together (after the spend, when the nonces are taken
-        // to be new). Should a statement fail, PostgreSQL ends the transaction at the COMMIT
-        // without committing anything (and says ROLLBACK): the first error is what this
-        // answers. Each is a prepared statement, so its messages leave in this order.
-        let spent = async {
-            if !optimistic || spending.is_empty() {
-                return Ok(0);
-            }
-            conn.execute(&spend, &[&spending, &expiring]).await
-        };
-        let (spent, written, committed) = tokio::join!(
-            spent,
-            conn.execute(&write, &params),
-            conn.batch_execute("COMMIT")
-        );
-        spent.map_err(pg)?;
+        // The write and the commit, sent together. Should the write fail, PostgreSQL ends the
+        // transaction at the COMMIT without committing anything (and says ROLLBACK): the
+        // write's own error is what this answers.
+        let (written, committed) =
+            tokio::join!(conn.execute(&write, &params), conn.batch_execute("COMMIT"));
         written.map_err(pg)?;
         committed.map_err(pg)?;
         Ok(appended)
@@ -694,20 +582,6 @@ fn tip_of(row: &tokio_postgres::Row) -> Result<(u64, ChainHash), StoreError> {
         u64::try_from(seq).unwrap_or_default(),
         chain_hash(&hash, "the chain's tip")?,
     ))
-}
-
-/// The tip's row made (by the first append; a database where it is missing gets it here) and
-/// locked with `lock`, in the transaction open on `conn`.
-async fn made_tip(
-    conn: &tokio_postgres::Client,
-    lock: &tokio_postgres::Statement,
-) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
-    conn.execute(
-        "INSERT INTO history_tip (one, seq, hash) VALUES (1, 0, $1) ON CONFLICT (one) DO NOTHING",
-        &[&ChainHash::GENESIS.to_hex()],
-    )
-    .await?;
-    conn.query_one(lock, &[]).await
 }
 
 /// Chains the events recorded before the chain existed (none on a database that began with it),
@@ -845,11 +719,7 @@ const SPEND_BATCH: &str = "INSERT INTO spent_nonce (nonce, expires_at_ms)
      ON CONFLICT (nonce) DO NOTHING
      RETURNING nonce";
 
-/// Spends a batch's nonces ($1, with their expiries $2), every one taken to be new: one spent
-/// before fails the statement (a unique violation), and with it the transaction.
-const SPEND_ALL: &str = "INSERT INTO spent_nonce (nonce, expires_at_ms)
-     SELECT nonce, expires_at_ms FROM unnest($1::BYTEA[], $2::BIGINT[]) AS s(nonce, expires_at_ms)";
-
+/// Adds one event to the history, linked into the chain.
 /// The rows of a batch, given column by column as arrays ($1 to $13), added in the arrays'
 /// order; and the tip moved to the last of them ($14, $15). One statement whatever the batch's
 /// size, so it is prepared once per connection.
