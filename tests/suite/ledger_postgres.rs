@@ -285,13 +285,23 @@ async fn events_of(admin: &tokio_postgres::Client, n: u8) -> i64 {
         .get(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
-async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_already_spent_everywhere()
- {
+/// How the proxy fails a confirm's connection once its spend and event were sent.
+#[derive(Clone, Copy)]
+enum Failing {
+    /// Both sides closed before the answer comes back.
+    Cut,
+    /// Kept open and silent: the answer never comes.
+    Stall,
+}
+
+/// A replica behind a [`FaultProxy`] confirms `nonce(1)`, then `nonce(2)` with `failing` armed
+/// on that confirm's row: it is refused as unreachable, its nonce held doubtful, its spend and
+/// event committed together or not at all, and the nonce is then only ever already used.
+/// Answers how long the refused confirm took.
+async fn a_confirm_failed_once_sent(failing: Failing) -> Duration {
     let server = PrivateServer::start();
     let direct = fresh_database(&server.dsn()).await;
-    // The event's row names the nonce in hex: the proxy cuts once the row (and, in the same
+    // The event's row names the nonce in hex: the proxy acts once the row (and, in the same
     // write or not, the COMMIT) has gone to the server, before its answer comes back.
     let needle: &'static [u8] = Box::leak(nonce(2).to_hex().into_bytes().into_boxed_slice());
     let proxy = FaultProxy::start(server.port(), needle).await;
@@ -302,20 +312,26 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
     // Signing its head, so that the chain can be checked whole afterwards.
     let key = std::sync::Arc::new(ChainKey::from_seed(&[3; 32]));
     let signing = |name| short(name).with_chain_key(key.clone());
-    let records = Postgres::connect(&proxied, signing("countersign-cut-confirm"))
+    let records = Postgres::connect(&proxied, signing("countersign-failed-confirm"))
         .await
         .unwrap();
-    // A first confirm, before the proxy is armed: the cut comes at the second one's write.
+    // A first confirm, before the proxy is armed: the fault comes at the second one's write.
     assert_eq!(confirm(&records, 1).await, Ok(()));
 
-    proxy.arm();
-    let reason = unreachable(confirm(&records, 2).await);
-    eprintln!("connection cut: {reason}");
+    match failing {
+        Failing::Cut => proxy.arm(),
+        Failing::Stall => proxy.arm_stalling(),
+    }
+    let started = Instant::now();
+    let result = confirm(&records, 2).await;
+    let waited = started.elapsed();
+    let reason = unreachable(result);
+    eprintln!("connection failed once sent: refused after {waited:?}: {reason}");
     assert_eq!(proxy.cuts(), 1);
     assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
     let admin = admin(&direct).await;
     let (rows, events) = (rows_of(&admin, 2).await, events_of(&admin, 2).await);
-    eprintln!("after the cut: {rows} spent row(s), {events} event(s)");
+    eprintln!("after it: {rows} spent row(s), {events} event(s)");
     assert_eq!(
         rows, events,
         "the spend and its event commit together or not at all"
@@ -323,6 +339,14 @@ async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_al
 
     proxy.disarm();
     only_ever_already_used(&records, 2, &direct, signing("countersign-other"), &key).await;
+    waited
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
+async fn a_confirm_cut_once_its_spend_and_event_were_sent_is_unreachable_then_already_spent_everywhere()
+ {
+    a_confirm_failed_once_sent(Failing::Cut).await;
 }
 
 /// The backends of the connections `application_name` has open on `server`.
@@ -455,45 +479,13 @@ async fn a_confirm_on_a_frozen_backend_times_out_as_unreachable_and_is_then_alre
 #[ignore = "needs PostgreSQL: run under .ci/with-postgres"]
 async fn a_confirm_whose_answer_never_comes_times_out_as_unreachable_and_is_then_already_spent_everywhere()
  {
-    let server = PrivateServer::start();
-    let direct = fresh_database(&server.dsn()).await;
-    let needle: &'static [u8] = Box::leak(nonce(2).to_hex().into_bytes().into_boxed_slice());
-    let proxy = FaultProxy::start(server.port(), needle).await;
-    let proxied = direct.replace(
-        &format!("port={}", server.port()),
-        &format!("port={}", proxy.port()),
-    );
     let timeout = Duration::from_secs(1);
-    let key = std::sync::Arc::new(ChainKey::from_seed(&[5; 32]));
-    let signing = |name| short(name).with_chain_key(key.clone());
-    let records = Postgres::connect(&proxied, signing("countersign-stalled-confirm"))
-        .await
-        .unwrap();
-    assert_eq!(confirm(&records, 1).await, Ok(()));
-
-    proxy.arm_stalling();
-    let started = Instant::now();
-    let result = confirm(&records, 2).await;
-    let waited = started.elapsed();
-    let reason = unreachable(result);
-    eprintln!("stalled answer: the confirm was refused after {waited:?}: {reason}");
-    assert_eq!(proxy.cuts(), 1);
+    let waited = a_confirm_failed_once_sent(Failing::Stall).await;
     assert!(waited >= timeout, "gave up after only {waited:?}");
     assert!(
         waited < timeout + Duration::from_millis(500),
         "waited {waited:?} with a {timeout:?} statement timeout: more than one"
     );
-    assert_eq!(records.doubtful_count(), 1, "the outcome is unknown: doubt");
-    let admin = admin(&direct).await;
-    let (rows, events) = (rows_of(&admin, 2).await, events_of(&admin, 2).await);
-    eprintln!("after the stall: {rows} spent row(s), {events} event(s)");
-    assert_eq!(
-        rows, events,
-        "the spend and its event commit together or not at all"
-    );
-
-    proxy.disarm();
-    only_ever_already_used(&records, 2, &direct, signing("countersign-other"), &key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

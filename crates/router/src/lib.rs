@@ -602,31 +602,67 @@ mod plain {
     use proptest::prelude::*;
     use serde_json::Map;
 
+    /// How the two routings of one message disagreed; its text is what a failing case prints.
+    #[derive(Debug, thiserror::Error)]
+    enum Disagreement {
+        /// One routing passed, answered or dropped the message where the other did otherwise.
+        #[error("{text}: routed {plain}, rmcp {rmcp}")]
+        Routing {
+            text: String,
+            plain: String,
+            rmcp: String,
+        },
+        /// Both passed it, in different wire forms.
+        #[error("wire forms differ: {0} / {1}")]
+        Wire(Value, Value),
+        /// Both passed a request, with different ids.
+        #[error("ids differ: {0} / {1}")]
+        Ids(String, String),
+        /// Both passed a `tools/call`, typed differently (parameters, `_meta` or extensions).
+        #[error("typed calls differ: {0} / {1}")]
+        TypedCalls(String, String),
+        /// Both passed a request, of different types.
+        #[error("request types differ: {0} / {1}")]
+        RequestTypes(String, String),
+    }
+
     /// Both routings of `text`, which must agree; the desk's is returned.
-    fn routed_alike(text: &str) -> Result<Routed, String> {
+    fn routed_alike(text: &str) -> Result<Routed, Disagreement> {
         let plain = route_with(text.as_bytes(), Typing::Plain);
         let rmcp = route_with(text.as_bytes(), Typing::Rmcp);
         match (&plain, &rmcp) {
             (Routed::Pass(a), Routed::Pass(b)) => same_message(a, b)?,
             (Routed::Answer(a), Routed::Answer(b)) if a == b => {}
             (Routed::Drop(a), Routed::Drop(b)) if a == b => {}
-            _ => return Err(format!("{text}: routed {plain:?}, rmcp {rmcp:?}")),
+            _ => {
+                return Err(Disagreement::Routing {
+                    text: text.to_owned(),
+                    plain: format!("{plain:?}"),
+                    rmcp: format!("{rmcp:?}"),
+                });
+            }
         }
         Ok(plain)
     }
 
     /// The same message: the same wire form, and the same typed request with the same `_meta`.
-    fn same_message(a: &ClientJsonRpcMessage, b: &ClientJsonRpcMessage) -> Result<(), String> {
+    fn same_message(
+        a: &ClientJsonRpcMessage,
+        b: &ClientJsonRpcMessage,
+    ) -> Result<(), Disagreement> {
         let (wire_a, wire_b) = (
             serde_json::to_value(a).expect("serializes"),
             serde_json::to_value(b).expect("serializes"),
         );
         if wire_a != wire_b {
-            return Err(format!("wire forms differ: {wire_a} / {wire_b}"));
+            return Err(Disagreement::Wire(wire_a, wire_b));
         }
         if let (JsonRpcMessage::Request(a), JsonRpcMessage::Request(b)) = (a, b) {
             if a.id != b.id {
-                return Err(format!("ids differ: {:?} / {:?}", a.id, b.id));
+                return Err(Disagreement::Ids(
+                    format!("{:?}", a.id),
+                    format!("{:?}", b.id),
+                ));
             }
             if let (ClientRequest::CallToolRequest(a), ClientRequest::CallToolRequest(b)) =
                 (&a.request, &b.request)
@@ -636,10 +672,13 @@ mod plain {
                     || meta(a) != meta(b)
                     || a.extensions.len() != b.extensions.len()
                 {
-                    return Err(format!("typed calls differ: {a:?} / {b:?}"));
+                    return Err(Disagreement::TypedCalls(format!("{a:?}"), format!("{b:?}")));
                 }
             } else if std::mem::discriminant(&a.request) != std::mem::discriminant(&b.request) {
-                return Err(format!("request types differ: {a:?} / {b:?}"));
+                return Err(Disagreement::RequestTypes(
+                    format!("{a:?}"),
+                    format!("{b:?}"),
+                ));
             }
         }
         Ok(())
