@@ -614,7 +614,7 @@ mod plain {
         },
         /// Both passed it, in different wire forms.
         #[error("wire forms differ: {0} / {1}")]
-        Wire(Value, Value),
+        Wire(String, String),
         /// Both passed a request, with different ids.
         #[error("ids differ: {0} / {1}")]
         Ids(String, String),
@@ -655,7 +655,7 @@ mod plain {
             serde_json::to_value(b).expect("serializes"),
         );
         if wire_a != wire_b {
-            return Err(Disagreement::Wire(wire_a, wire_b));
+            return Err(Disagreement::Wire(wire_a.to_string(), wire_b.to_string()));
         }
         if let (JsonRpcMessage::Request(a), JsonRpcMessage::Request(b)) = (a, b) {
             if a.id != b.id {
