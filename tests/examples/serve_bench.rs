@@ -30,7 +30,11 @@
 //!
 //! Environment: `COUNTERSIGN_SERVE_BENCH_CALLS` (2000 per arm), `COUNTERSIGN_SERVE_BENCH_CONFIRMS`
 //! (600: fewer make the confirms' figure a fraction of a second, and noisy),
-//! `COUNTERSIGN_SERVE_BENCH_AGENTS` (100).
+//! `COUNTERSIGN_SERVE_BENCH_AGENTS` (100). To look into the confirms (the figure is
+//! the default): `COUNTERSIGN_SERVE_BENCH_AT_ONCE` (16 confirms at once; were the confirms held
+//! by a wait rather than by the cores, more at once would fill it) and
+//! `COUNTERSIGN_SERVE_BENCH_KEPT_ALIVE` (`1`: each confirming thread keeps one connection to each
+//! replica, as a pooling client does, instead of a connection per confirm).
 
 use std::io::BufRead;
 use std::process::{Command, Stdio};
@@ -158,6 +162,10 @@ fn main() {
 
     // 2. Confirms across two replicas.
     let agents = env_or("COUNTERSIGN_SERVE_BENCH_AGENTS", 100);
+    // The figure is for 16; others tell a wait that holds the confirms (more at once
+    // fill it) from the cores' work (more at once change nothing).
+    let at_once = env_or("COUNTERSIGN_SERVE_BENCH_AT_ONCE", 16).max(1);
+    let kept_alive = env_or("COUNTERSIGN_SERVE_BENCH_KEPT_ALIVE", 0) == 1;
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
     let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&cert, certified.cert.pem()).unwrap();
@@ -258,21 +266,23 @@ fn main() {
     eprintln!("serve_bench: confirming");
     let confirm_started = Instant::now();
     let workers: Vec<_> = tokens
-        .chunks(tokens.len().div_ceil(16).max(1))
+        .chunks(tokens.len().div_ceil(at_once).max(1))
         .enumerate()
         .map(|(w, chunk)| {
             let (chunk, bearer) = (chunk.to_vec(), bearer.clone());
             std::thread::spawn(move || {
                 let mut ran = 0;
+                let mut kept = kept_alive
+                    .then(|| ports.map(|port| KeptAlive::connect_as(port, Some(&bearer))));
                 for (i, (sql, content)) in chunk.into_iter().enumerate() {
                     let arguments = json!({"sql": sql, "confirm": true,
                         "confirmTarget": content["confirmTarget"],
                         "confirmToken": content["confirmToken"]});
-                    let answer = post(
-                        ports[(w + i) % 2],
-                        &call("execute", arguments),
-                        Some(&bearer),
-                    );
+                    let (to, body) = ((w + i) % 2, call("execute", arguments));
+                    let answer = match kept.as_mut() {
+                        Some(kept) => kept[to].post(&body),
+                        None => post(ports[to], &body, Some(&bearer)),
+                    };
                     if answer["result"]["isError"] != json!(true) && !answer["result"].is_null() {
                         ran += 1;
                     }
@@ -312,8 +322,9 @@ fn main() {
     );
     let rate = ran as f64 / confirm_time.as_secs_f64();
     let slower = commits.min(straight);
+    let kept = if kept_alive { ", kept alive" } else { "" };
     println!(
-        "  confirms, 16 at once, alternating replicas:               {rate:>7.1} confirms/s   ({:.0} % of the slower floor, {slower:.0}/s; target ≥ 50 % and ≥ 500/s)",
+        "  confirms, {at_once} at once, alternating replicas{kept}:               {rate:>7.1} confirms/s   ({:.0} % of the slower floor, {slower:.0}/s; target ≥ 50 % and ≥ 500/s)",
         100.0 * rate / slower
     );
     let per = |d: std::time::Duration| micros(d) / ran.max(1) as f64;

@@ -90,15 +90,25 @@ pub fn post(port: u16, body: &Value, bearer: Option<&str>) -> Value {
 /// pools its connections does).
 pub struct KeptAlive {
     stream: std::io::BufReader<TcpStream>,
+    /// The `Authorization` header line each request carries, if any.
+    auth: String,
 }
 
 impl KeptAlive {
     /// A connection to `port`.
     pub fn connect(port: u16) -> KeptAlive {
+        Self::connect_as(port, None)
+    }
+
+    /// A connection to `port` whose requests carry `bearer` (an agent key).
+    pub fn connect_as(port: u16, bearer: Option<&str>) -> KeptAlive {
         let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
         stream.set_nodelay(true).unwrap();
         KeptAlive {
             stream: std::io::BufReader::new(stream),
+            auth: bearer
+                .map(|b| format!("Authorization: Bearer {b}\r\n"))
+                .unwrap_or_default(),
         }
     }
 
@@ -108,7 +118,8 @@ impl KeptAlive {
         let body = body.to_string();
         let request = format!(
             "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+             Accept: application/json, text/event-stream\r\n{}Content-Length: {}\r\n\r\n{body}",
+            self.auth,
             body.len()
         );
         self.stream.get_mut().write_all(request.as_bytes()).unwrap();
