@@ -241,10 +241,8 @@ fn run(command: &mut Command) {
 #[derive(Debug)]
 pub struct FaultProxy {
     port: u16,
-    armed: Arc<AtomicBool>,
-    stalling: Arc<AtomicBool>,
-    needle: Arc<Mutex<Vec<u8>>>,
-    cuts: Arc<Mutex<usize>>,
+    /// What every proxied connection reads, shared with them.
+    fault: Fault,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -253,39 +251,28 @@ impl FaultProxy {
     pub async fn start(server_port: u16, needle: &'static [u8]) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let armed = Arc::new(AtomicBool::new(false));
-        let stalling = Arc::new(AtomicBool::new(false));
-        let needle = Arc::new(Mutex::new(needle.to_vec()));
-        let cuts = Arc::new(Mutex::new(0));
-        let (a, st, n, c) = (
-            armed.clone(),
-            stalling.clone(),
-            needle.clone(),
-            cuts.clone(),
-        );
+        let fault = Fault {
+            needle: Arc::new(Mutex::new(needle.to_vec())),
+            armed: Arc::default(),
+            stalling: Arc::default(),
+            cuts: Arc::default(),
+        };
+        let shared = fault.clone();
         let task = tokio::spawn(async move {
+            // The connections' relays, aborted with this task when the proxy is dropped: a
+            // stalled one would otherwise hold its server connection for as long as its client.
+            let mut sessions = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
-                let fault = Fault {
-                    needle: n.clone(),
-                    armed: a.clone(),
-                    stalling: st.clone(),
-                    cuts: c.clone(),
-                };
-                tokio::spawn(async move {
+                while sessions.try_join_next().is_some() {}
+                let fault = shared.clone();
+                sessions.spawn(async move {
                     if let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)).await {
                         session(client, server, fault).await;
                     }
                 });
             }
         });
-        FaultProxy {
-            port,
-            armed,
-            stalling,
-            needle,
-            cuts,
-            task,
-        }
+        FaultProxy { port, fault, task }
     }
 
     /// The proxy's port.
@@ -295,34 +282,34 @@ impl FaultProxy {
 
     /// Cut the next connection that sends the needle.
     pub fn arm(&self) {
-        self.stalling.store(false, Ordering::SeqCst);
-        self.armed.store(true, Ordering::SeqCst);
+        self.fault.stalling.store(false, Ordering::SeqCst);
+        self.fault.armed.store(true, Ordering::SeqCst);
     }
 
     /// Stall the next connection that sends the needle: the chunk reaches the server, and
     /// nothing more goes either way on that connection while the client keeps it open (as
     /// from a backend frozen once the statement arrived). Counted as a cut.
     pub fn arm_stalling(&self) {
-        self.stalling.store(true, Ordering::SeqCst);
-        self.armed.store(true, Ordering::SeqCst);
+        self.fault.stalling.store(true, Ordering::SeqCst);
+        self.fault.armed.store(true, Ordering::SeqCst);
     }
 
     /// Cut the next connection that sends `needle` (from now on the proxy's needle): for bytes
     /// known only once the test has run a while, such as a nonce (a statement prepared once per
     /// connection sends its text only the first time).
     pub fn arm_on(&self, needle: &[u8]) {
-        *countersign_core::sync::lock(&self.needle) = needle.to_vec();
+        *countersign_core::sync::lock(&self.fault.needle) = needle.to_vec();
         self.arm();
     }
 
     /// Forward everything.
     pub fn disarm(&self) {
-        self.armed.store(false, Ordering::SeqCst);
+        self.fault.armed.store(false, Ordering::SeqCst);
     }
 
     /// How many connections were cut.
     pub fn cuts(&self) -> usize {
-        *countersign_core::sync::lock(&self.cuts)
+        *countersign_core::sync::lock(&self.fault.cuts)
     }
 }
 
@@ -332,7 +319,9 @@ impl Drop for FaultProxy {
     }
 }
 
-/// What a proxied connection is told by its proxy.
+/// What the proxy's connections are told: the needle, whether and how to fail on it, and how
+/// many failed. Clones share it.
+#[derive(Debug, Clone)]
 struct Fault {
     needle: Arc<Mutex<Vec<u8>>>,
     armed: Arc<AtomicBool>,
