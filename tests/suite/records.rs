@@ -21,8 +21,8 @@ use countersign_store::test_support::{
 use countersign_store::{
     Accepted, Assertion, DecisionRecord, Evidence, Grant, GrantEnd, GrantKind, HistoryFilter,
     Invite, MAX_ACCEPTED_BYTES, MAX_DEFINITION_CHARS, MAX_PINS_PER_SERVER, Member, Passkey,
-    Postgres, PostgresOptions, Pruned, Records, Roster, Sqlite, Store, StoreError, StoreOptions,
-    ToolPin, WaitingCall,
+    Postgres, PostgresOptions, Pruned, Records, Roster, SharedRow, Sqlite, Store, StoreError,
+    StoreOptions, ToolPin, WaitingCall,
 };
 use countersign_tests::postgres::{migrated_database, shared_database};
 
@@ -128,6 +128,8 @@ suite!(
     a_sign_in_challenge_is_taken_once_before_it_expires,
     a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_reads_the_verdict,
     a_row_stays_in_sight_while_any_replica_keeps_it_and_a_decided_one_is_not_moved,
+    a_call_shared_again_joins_its_one_row_until_denied_minted_or_long_lapsed,
+    replicas_sharing_one_call_at_once_meet_on_one_row,
 );
 
 type R = Arc<dyn Records>;
@@ -1363,17 +1365,45 @@ fn waiting_call(replica: &str, local_id: u64, expires_at_ms: u64) -> WaitingCall
     }
 }
 
+/// The number of a row that sharing a call wrote; any other outcome fails the test.
+fn new_row(shared: SharedRow) -> u64 {
+    match shared {
+        SharedRow::New(id) => id,
+        joined => panic!("a new row was expected: {joined:?}"),
+    }
+}
+
+/// What sharing a call joined; any other outcome fails the test.
+fn joined(shared: SharedRow) -> WaitingCall {
+    match shared {
+        SharedRow::Joined(row) => *row,
+        new => panic!("the call's row was expected to be joined: {new:?}"),
+    }
+}
+
 async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_reads_the_verdict(
     r: R,
 ) {
     let server = "https://approvers.example.com";
-    let tenant = "key:ci@server:db";
-    let a = r.put_waiting(&waiting_call("a", 1, 10_000)).await.unwrap();
-    let b = r.put_waiting(&waiting_call("b", 1, 10_000)).await.unwrap();
-    let c = r.put_waiting(&waiting_call("a", 2, 5_000)).await.unwrap();
+    let share = |call: WaitingCall| {
+        let r = r.clone();
+        async move { r.share_waiting(&call, 0).await }
+    };
+    let a = new_row(share(waiting_call("a", 1, 10_000)).await.unwrap());
+    let b = new_row(share(waiting_call("b", 2, 10_000)).await.unwrap());
+    let c = new_row(share(waiting_call("a", 3, 5_000)).await.unwrap());
     assert!(a != b && b != c && a != c);
-    // The same call of the same replica twice: refused.
-    assert!(r.put_waiting(&waiting_call("a", 1, 10_000)).await.is_err());
+    // The same call of the same replica shared again: its row again. Another call under the
+    // same replica's number: refused.
+    assert_eq!(
+        share(waiting_call("a", 1, 10_000)).await.unwrap(),
+        SharedRow::New(a)
+    );
+    let another = WaitingCall {
+        plan: PlanHash::from_bytes([7; 32]),
+        ..waiting_call("a", 1, 10_000)
+    };
+    assert!(share(another).await.is_err());
     let ids = |calls: Vec<WaitingCall>| calls.iter().map(|w| w.id).collect::<Vec<_>>();
     assert_eq!(
         ids(r.waiting_calls(server, 6_000).await.unwrap()),
@@ -1425,29 +1455,17 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
         (Some(Verdict::Deny), Some("no"), 30_000)
     );
     assert_eq!(ids(r.waiting_calls(server, 6_000).await.unwrap()), [b]);
-    // What a replica whose agent asks again finds: the oldest undecided call of that tenant and
-    // plan, or an approved one nobody minted yet; once claimed, nobody else can claim it.
-    let plan = PlanHash::from_bytes([1; 32]);
-    let found = r.waiting_for(server, tenant, &plan, 6_000).await.unwrap();
-    assert_eq!(found.map(|w| w.id), Some(b), "a's is denied: not to be had");
-    let other = r.waiting_for(server, "key:other@server:db", &plan, 6_000);
-    assert_eq!(other.await.unwrap(), None);
+    // An approved call's token is minted by one replica: the first to claim it.
     assert!(!r.claim_mint(b, "c").await.unwrap(), "not approved yet");
     assert!(
         r.decide_waiting(b, Verdict::Approve, None, 40_000)
             .await
             .unwrap()
     );
-    let found = r.waiting_for(server, tenant, &plan, 6_000).await.unwrap();
-    assert_eq!(found.map(|w| w.id), Some(b));
     assert!(r.claim_mint(b, "c").await.unwrap());
     assert!(!r.claim_mint(b, "b").await.unwrap(), "one replica mints");
     let claimed = r.waiting_call(b).await.unwrap().unwrap();
     assert_eq!(claimed.minted_by.as_deref(), Some("c"));
-    assert_eq!(
-        r.waiting_for(server, tenant, &plan, 6_000).await.unwrap(),
-        None
-    );
     // A living replica keeps its undecided rows in sight; the row of a call that left goes, and
     // so does one forgotten.
     r.refresh_waiting("a", 20_000).await.unwrap();
@@ -1461,6 +1479,7 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
     assert_eq!(r.prune_waiting(40_001).await.unwrap(), 1);
     assert_eq!(r.waiting_call(b).await.unwrap(), None);
     // Approvals are counted by distinct approver over the same request and plan.
+    let plan = PlanHash::from_bytes([2; 32]);
     let mut d = decision_record(b, Verdict::Approve);
     d.server = server.into();
     d.plan = plan;
@@ -1478,7 +1497,7 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
     .await
     .unwrap();
     r.put_decision(&DecisionRecord {
-        plan: PlanHash::from_bytes([2; 32]),
+        plan: PlanHash::from_bytes([9; 32]),
         ..by("dave")
     })
     .await
@@ -1489,6 +1508,114 @@ async fn a_waiting_call_is_seen_until_decided_once_or_expired_and_its_replica_re
     );
 }
 
+/// One call (server, tenant, plan) has one row to join: an agent asking again on another
+/// replica, or a second replica proposing the same rules change, is linked to it and keeps it in
+/// sight, never given a second row whose approvals would count apart. A denied or minted call,
+/// or one that left desks' sight before the adoption window, is not joined: the call asked
+/// again is a new one.
+async fn a_call_shared_again_joins_its_one_row_until_denied_minted_or_long_lapsed(r: R) {
+    let server = "https://approvers.example.com";
+    let call = |replica: &str, local_id: u64, expires_at_ms: u64| WaitingCall {
+        plan: PlanHash::from_bytes([1; 32]),
+        ..waiting_call(replica, local_id, expires_at_ms)
+    };
+    let share = |call: WaitingCall, adopt_since: u64| {
+        let r = r.clone();
+        async move { r.share_waiting(&call, adopt_since).await.unwrap() }
+    };
+    // A's call; B's agent asks again there: B joins A's row and keeps it in sight longer.
+    let a = new_row(share(call("a", 1, 10_000), 0).await);
+    let row = joined(share(call("b", 1, 15_000), 0).await);
+    assert_eq!((row.id, row.replica.as_str(), row.local_id), (a, "a", 1));
+    assert_eq!(row.expires_at_ms, 15_000, "kept in sight until B's expiry");
+    let row = joined(share(call("c", 1, 12_000), 0).await);
+    assert_eq!(
+        row.expires_at_ms, 15_000,
+        "an earlier expiry shortens nothing"
+    );
+    assert_eq!(r.waiting_calls(server, 0).await.unwrap().len(), 1);
+    // The same plan from another tenant, or on another server: rows of their own.
+    let other_tenant = WaitingCall {
+        tenant: "key:other@server:db".into(),
+        ..call("d", 1, 10_000)
+    };
+    let other_server = WaitingCall {
+        server: "https://elsewhere.example.com".into(),
+        ..call("e", 1, 10_000)
+    };
+    let t = new_row(share(other_tenant, 0).await);
+    let s = new_row(share(other_server, 0).await);
+    assert!(t != a && s != a && t != s);
+    // Lapsed within the adoption window: joined, and back in sight.
+    let row = joined(share(call("f", 1, 20_000), 14_999).await);
+    assert_eq!((row.id, row.expires_at_ms), (a, 20_000));
+    // Lapsed before it: a new row, and the old one is never joined again.
+    let fresh = new_row(share(call("g", 1, 30_000), 20_000).await);
+    assert_ne!(fresh, a);
+    assert_eq!(joined(share(call("h", 1, 30_000), 0).await).id, fresh);
+    // Denied: not joined; the call asked again is a new one.
+    assert!(
+        r.decide_waiting(fresh, Verdict::Deny, None, 31_000)
+            .await
+            .unwrap()
+    );
+    let next = new_row(share(call("i", 1, 40_000), 0).await);
+    assert!(next != fresh && next != a);
+    // Approved with no token minted yet: joined, and the verdict's expiry stays.
+    assert!(
+        r.decide_waiting(next, Verdict::Approve, None, 45_000)
+            .await
+            .unwrap()
+    );
+    let row = joined(share(call("j", 1, 50_000), 0).await);
+    assert_eq!((row.id, row.expires_at_ms), (next, 45_000));
+    assert_eq!(row.verdict, Some(Verdict::Approve));
+    // Minted: not joined.
+    assert!(r.claim_mint(next, "j").await.unwrap());
+    let last = new_row(share(call("k", 1, 50_000), 0).await);
+    assert!(last != next && last != fresh && last != a);
+}
+
+/// Replicas sharing one call at the same moment (two replicas seeing one edited rules file) get
+/// one row between them: one writes it, every other joins it, and desks see it once.
+async fn replicas_sharing_one_call_at_once_meet_on_one_row(r: R) {
+    let server = "https://approvers.example.com";
+    for round in 0..8u8 {
+        let tasks: Vec<_> = (0..12)
+            .map(|replica| {
+                let r = r.clone();
+                let call = WaitingCall {
+                    plan: PlanHash::from_bytes([100 + round; 32]),
+                    ..waiting_call(&format!("replica-{replica}"), u64::from(round), 10_000)
+                };
+                tokio::spawn(async move { r.share_waiting(&call, 0).await.unwrap() })
+            })
+            .collect();
+        let mut written = Vec::new();
+        let mut rows = Vec::new();
+        for task in tasks {
+            match task.await.unwrap() {
+                SharedRow::New(id) => written.push(id),
+                SharedRow::Joined(row) => rows.push(row.id),
+            }
+        }
+        assert_eq!(
+            written.len(),
+            1,
+            "round {round}: one replica writes the row"
+        );
+        assert!(
+            rows.iter().all(|id| *id == written[0]),
+            "round {round}: every other joins it: {rows:?} against {written:?}"
+        );
+    }
+    assert_eq!(
+        r.waiting_calls(server, 0).await.unwrap().len(),
+        8,
+        "one row a call"
+    );
+}
+
 /// Issue 29: a call asked again on replica B after replica A (which wrote its row) died is kept
 /// in desks' sight by B, by its number; a row whose verdict is in keeps the expiry the verdict
 /// gave it; a row nobody keeps lapses.
@@ -1496,9 +1623,13 @@ async fn a_row_stays_in_sight_while_any_replica_keeps_it_and_a_decided_one_is_no
     let server = "https://approvers.example.com";
     let ids = |rows: Vec<WaitingCall>| rows.into_iter().map(|w| w.id).collect::<Vec<_>>();
     // Written by A, which then dies: nobody refreshes its rows by name any more.
-    let held = r.put_waiting(&waiting_call("a", 1, 10_000)).await.unwrap();
-    let lapsing = r.put_waiting(&waiting_call("a", 2, 10_000)).await.unwrap();
-    let decided = r.put_waiting(&waiting_call("a", 3, 10_000)).await.unwrap();
+    let share = |call: WaitingCall| {
+        let r = r.clone();
+        async move { new_row(r.share_waiting(&call, 0).await.unwrap()) }
+    };
+    let held = share(waiting_call("a", 1, 10_000)).await;
+    let lapsing = share(waiting_call("a", 2, 10_000)).await;
+    let decided = share(waiting_call("a", 3, 10_000)).await;
     assert!(
         r.decide_waiting(decided, Verdict::Approve, None, 12_000)
             .await

@@ -84,6 +84,31 @@ pub struct Change {
     pub analysis: Option<String>,
 }
 
+/// A change in the queue ([`Engine::queue_proposal`]), or refused a place in it.
+#[must_use = "a proposal's decision is read by waiting for it"]
+pub struct Proposal(Result<watch::Receiver<Option<Decision>>, ChangeDecision>);
+
+impl Proposal {
+    /// The person's decision, once made; at once, the desk's refusal to queue it.
+    pub async fn decided(self) -> ChangeDecision {
+        let mut decision = match self.0 {
+            Ok(decision) => decision,
+            Err(refused) => return refused,
+        };
+        let decided = decision
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|d| d.clone());
+        match decided {
+            Some(Decision::Changed) => ChangeDecision::Approved,
+            Some(Decision::Denied { note }) => ChangeDecision::Denied { note },
+            // The entry left the queue undecided.
+            _ => ChangeDecision::Withdrawn,
+        }
+    }
+}
+
 /// What the person decided about a change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChangeDecision {
@@ -255,32 +280,27 @@ impl Engine {
     /// it) or [`MAX_PENDING_CHANGES`] changes already wait. A change whose caller stops waiting
     /// stays queued until it is decided or [withdrawn](Self::withdraw_change).
     pub async fn propose(&self, change: Change) -> ChangeDecision {
+        self.queue_proposal(change).decided().await
+    }
+
+    /// [`Self::propose`]'s first half, done before it returns: `change` is in the queue (or
+    /// refused) when this returns, and the [`Proposal`] waits for its decision. For a proposer
+    /// that must queue a change and withdraw its stale ones under one lock of its own, so that
+    /// a change analysed at length is never queued after it went stale
+    /// (`countersign-serve`'s rules).
+    pub fn queue_proposal(&self, change: Change) -> Proposal {
         let queued = {
             let mut state = lock(&self.inner.state);
             self.queue_change(&mut state, change, None)
         };
-        let mut decision = match queued {
-            Ok((decision, added)) => {
-                if let Some(view) = added {
-                    self.publish(QueueChange::Added {
-                        request: Box::new(view),
-                    });
-                }
-                decision
+        Proposal(queued.map(|(decision, added)| {
+            if let Some(view) = added {
+                self.publish(QueueChange::Added {
+                    request: Box::new(view),
+                });
             }
-            Err(refused) => return refused,
-        };
-        let decided = decision
-            .wait_for(Option::is_some)
-            .await
-            .ok()
-            .and_then(|d| d.clone());
-        match decided {
-            Some(Decision::Changed) => ChangeDecision::Approved,
-            Some(Decision::Denied { note }) => ChangeDecision::Denied { note },
-            // The entry left the queue undecided.
-            _ => ChangeDecision::Withdrawn,
-        }
+            decision
+        }))
     }
 
     /// Records a change to the desk that took effect without a click, because none was needed:

@@ -54,7 +54,7 @@ pub use approve::ApproveError;
 pub use authority::Engine;
 pub use change::{
     Change, ChangeDecision, ChangeKind, MAX_CHANGE_LABEL_CHARS, MAX_CHANGE_TEXT_CHARS,
-    MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, PINNED_FIELDS, text_hash,
+    MAX_PENDING_CHANGES, MAX_PENDING_TOOL_CHANGES, PINNED_FIELDS, Proposal, text_hash,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{DEFAULT_APPROVE_DELAY_MS, DEFAULT_TOKEN_TTL_MS, EngineConfig, NoKey};

@@ -34,7 +34,7 @@ use countersign_engine::{
     SharedRequests,
 };
 use countersign_store::{
-    DecisionRecord, Evidence, MAX_WAITING_ROWS, Records, Roster, StoreError, WaitingCall,
+    DecisionRecord, Evidence, MAX_WAITING_ROWS, Records, Roster, SharedRow, StoreError, WaitingCall,
 };
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -353,8 +353,10 @@ impl Approvers {
         }
     }
 
-    /// Links `request` (a call) to a shared row, once: one already shared by another replica for
-    /// the same tenant and plan (the agent asked again here), or a new one of this replica.
+    /// Links `request` (a call, or a rules change) to a shared row, once: one already shared by
+    /// another replica for the same tenant and plan (the agent asked again here; both replicas
+    /// saw one edit of the rules file), or a new one of this replica. Which, the records decide
+    /// in one statement, so replicas sharing at the same moment meet on one row.
     ///
     /// The other replica may have died meanwhile (the reason its agent asked again here): its
     /// row is found even if it lapsed from desks' sight within [`ADOPT_WITHIN`], under the same
@@ -368,33 +370,6 @@ impl Approvers {
         };
         let change = request.change().is_some();
         let now = self.engine.now_ms();
-        let since = now.saturating_sub(ADOPT_WITHIN.as_millis() as u64);
-        match self
-            .records
-            .waiting_for(&self.server, &shared.tenant, &shared.plan, since)
-            .await
-        {
-            Ok(Some(row)) => {
-                let until = now.saturating_add(LIVENESS.as_millis() as u64);
-                if let Err(e) = self.records.keep_waiting(&[row.id], until).await {
-                    tracing::warn!(target: "approvers", error = %e, "cannot keep a call asked again here in sight");
-                }
-                links.insert(
-                    request.id,
-                    Link {
-                        row: row.id,
-                        owned: false,
-                        change,
-                        target: request.plan.target.clone(),
-                    },
-                );
-                return;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(target: "approvers", error = %e, "cannot look for this call among the shared ones");
-            }
-        }
         let row = WaitingCall {
             id: 0,
             replica: self.replica.clone(),
@@ -410,22 +385,27 @@ impl Approvers {
             note: None,
             minted_by: None,
         };
-        match self.records.put_waiting(&row).await {
-            Ok(id) => {
-                links.insert(
-                    request.id,
-                    Link {
-                        row: id,
-                        owned: true,
-                        change,
-                        target: request.plan.target.clone(),
-                    },
-                );
-            }
+        let since = now.saturating_sub(ADOPT_WITHIN.as_millis() as u64);
+        // One statement writes the call or joins the row of the same call already shared (the
+        // agent asked again here; another replica proposed the same rules change at the same
+        // moment), so one call never has two rows whose approvals would count apart.
+        let (row, owned) = match self.records.share_waiting(&row, since).await {
+            Ok(SharedRow::New(id)) => (id, true),
+            Ok(SharedRow::Joined(row)) => (row.id, false),
             Err(e) => {
                 tracing::warn!(target: "approvers", error = %e, "a waiting call could not be shared: desks do not see it");
+                return;
             }
-        }
+        };
+        links.insert(
+            request.id,
+            Link {
+                row,
+                owned,
+                change,
+                target: request.plan.target.clone(),
+            },
+        );
     }
 
     /// What of `request` the shared records keep, if it is shared at all: a call; or a change of

@@ -13,7 +13,11 @@
 //!   call's, [`ApproverListen`](crate::start::ApproverListen)'s `--rules-approvers` of them;
 //! * approved, the new text is put on record; every replica reads the record every
 //!   [`READ_EVERY`] and puts what it finds in force, so a change reaches all of them within that
-//!   bound. Denied, the file's text is not proposed again until the file changes again;
+//!   bound. Denied, the file's text is not proposed again until the file (or the record)
+//!   changes again;
+//! * a proposal says what it would change from the rules on record: when the record moves (a
+//!   change approved through any replica) or the file is edited again, what waited is withdrawn,
+//!   and a change still being analysed then is never queued;
 //! * a text that does not load is never proposed (the log says its line and why): the rules on
 //!   record stay in force.
 //!
@@ -21,9 +25,10 @@
 //! rules on record.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use countersign_core::sync::lock;
 use countersign_engine::{Change, ChangeDecision, ChangeKind, Engine, MAX_CHANGE_TEXT_CHARS};
 use countersign_registry::rules::what_it_changes;
 use countersign_registry::rules_in;
@@ -75,31 +80,49 @@ pub struct TeamRules {
     pub can_ask: bool,
 }
 
+/// What a replica's rules keeper knows, shared with the change it proposes: the two are
+/// compared and changed under one lock, so a change whose analysis ended after it went stale
+/// (the record moved, the file changed again) is never queued.
+struct Known {
+    /// The rules on record, as last read.
+    on_record: Option<String>,
+    /// The file's text last proposed (waiting, or decided): not proposed again until the file
+    /// changes, or the record does.
+    proposed: Option<String>,
+}
+
 impl TeamRules {
     /// Runs for as long as the server does.
     pub async fn keep(self) {
         let this = Arc::new(self);
-        let mut on_record: Option<String> = this
+        let on_record = this
             .records
             .accepted(RECORD)
             .await
             .ok()
             .flatten()
             .map(|a| a.text);
-        // The file's text last proposed (waiting, or decided): not proposed again until the
-        // file changes.
-        let mut proposed: Option<String> = None;
+        let known = Arc::new(Mutex::new(Known {
+            on_record,
+            proposed: None,
+        }));
         let mut said_nobody = false;
         let mut tick = tokio::time::interval(READ_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             match this.records.accepted(RECORD).await {
-                Ok(Some(read)) if on_record.as_deref() != Some(read.text.as_str()) => {
+                Ok(Some(read)) if lock(&known).on_record.as_deref() != Some(read.text.as_str()) => {
                     this.engine
                         .adopt_rules(rules_in(&read.text).map(str::to_owned));
                     tracing::info!(target: "rules", generation = this.engine.rules_generation(), "the rules on record changed: in force here now");
-                    on_record = Some(read.text);
+                    let mut seen = lock(&known);
+                    seen.on_record = Some(read.text);
+                    if seen.proposed.take().is_some() {
+                        // Decided (here or on another replica), or the record moved otherwise:
+                        // what waits here no longer says what it would change.
+                        this.engine.withdraw_change(ChangeKind::Policy, RECORD);
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -111,14 +134,15 @@ impl TeamRules {
             let Ok(text) = tokio::fs::read_to_string(path).await else {
                 continue;
             };
-            let before = on_record.clone().unwrap_or_default();
+            let mut seen = lock(&known);
+            let before = seen.on_record.clone().unwrap_or_default();
             if text == before {
-                if proposed.take().is_some() {
+                if seen.proposed.take().is_some() {
                     this.engine.withdraw_change(ChangeKind::Policy, RECORD);
                 }
                 continue;
             }
-            if proposed.as_deref() == Some(text.as_str()) {
+            if seen.proposed.as_deref() == Some(text.as_str()) {
                 continue;
             }
             if !this.can_ask {
@@ -128,18 +152,19 @@ impl TeamRules {
                 }
                 continue;
             }
-            if proposed.is_some() {
+            if seen.proposed.is_some() {
                 // What waits is no longer what the file says.
                 this.engine.withdraw_change(ChangeKind::Policy, RECORD);
             }
-            proposed = Some(text.clone());
-            tokio::spawn(this.clone().propose(before, text));
+            seen.proposed = Some(text.clone());
+            drop(seen);
+            tokio::spawn(this.clone().propose(known.clone(), before, text));
         }
     }
 
     /// Proposes `after` in place of `before` to the approvers, and puts it on record when they
-    /// approve it.
-    async fn propose(self: Arc<Self>, before: String, after: String) {
+    /// approve it; unless, once its analysis is done, it went stale (the keeper moved on).
+    async fn propose(self: Arc<Self>, known: Arc<Mutex<Known>>, before: String, after: String) {
         if let Some(rules) = rules_in(&after)
             && let Err(why) = self.engine.check_rules(rules)
         {
@@ -156,13 +181,24 @@ impl TeamRules {
             subject: RECORD.to_owned(),
             summary: "The rules over arguments of this team server (policy.cedar) change"
                 .to_owned(),
-            before: Some(before),
+            before: Some(before.clone()),
             after: Some(after.clone()),
             origin: ORIGIN.to_owned(),
             analysis: Some(analysis),
         };
+        let proposal = {
+            let seen = lock(&known);
+            let current = seen.on_record.as_deref().unwrap_or_default() == before
+                && seen.proposed.as_deref() == Some(after.as_str());
+            if !current {
+                tracing::debug!(target: "rules", "a rules change went stale while it was analysed: not proposed");
+                return;
+            }
+            // Queued under the keeper's lock: a withdrawal the keeper makes after this finds it.
+            self.engine.queue_proposal(change)
+        };
         tracing::info!(target: "rules", "the --rules file was edited: proposed to the approvers");
-        match self.engine.propose(change).await {
+        match proposal.decided().await {
             ChangeDecision::Approved => {
                 let now = self.engine.now_ms();
                 match self.records.accept(RECORD, &after, now).await {

@@ -67,7 +67,7 @@ pub use records::{Records, Sqlite};
 pub use roster::{MAX_MEMBER_NAME_CHARS, Member, Roster, valid_member_name};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use sink::{ExportStatus, OTLP_SINK};
-pub use waiting::{MAX_WAITING_ROWS, WaitingCall};
+pub use waiting::{MAX_WAITING_ROWS, SharedRow, WaitingCall};
 
 /// The desk's SQLite file, opened with the settings the ledger depends on.
 ///

@@ -22,7 +22,7 @@ use countersign_core::{Ledger, Nonce, PlanHash, SpendError};
 
 use crate::{
     Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter, Invite,
-    Member, Passkey, Pruned, Recorded, Roster, Store, StoreError, ToolPin, WaitingCall,
+    Member, Passkey, Pruned, Recorded, Roster, SharedRow, Store, StoreError, ToolPin, WaitingCall,
 };
 
 /// Everything the engine keeps durably: the single-use nonce ledger, the arguments people
@@ -189,8 +189,17 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// oldest first.
     async fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>, StoreError>;
 
-    /// Writes a new call waiting on a team's server; answers its number.
-    async fn put_waiting(&self, call: &WaitingCall) -> Result<u64, StoreError>;
+    /// Shares a call waiting on a team's server: writes it under a new number, or joins the row
+    /// of the same call (server, tenant, plan) still to be had (undecided, or approved with no
+    /// token minted, and in sight after `adopt_since`), moving an undecided row's expiry on to
+    /// the call's. At once: replicas sharing one call at the same moment get one row. A call
+    /// shared again by its own replica answers its row again; another call under a replica's
+    /// local id already on record is an error.
+    async fn share_waiting(
+        &self,
+        call: &WaitingCall,
+        adopt_since: u64,
+    ) -> Result<SharedRow, StoreError>;
 
     /// The undecided calls of `server` that desks may still see at `now`, oldest first.
     async fn waiting_calls(&self, server: &str, now: u64) -> Result<Vec<WaitingCall>, StoreError>;
@@ -211,16 +220,6 @@ pub trait Records: Send + Sync + std::fmt::Debug {
         note: Option<&str>,
         until: u64,
     ) -> Result<bool, StoreError>;
-
-    /// The oldest call of `server` from `tenant` over `plan` still to be had at `now`:
-    /// undecided, or approved with no token minted yet.
-    async fn waiting_for(
-        &self,
-        server: &str,
-        tenant: &str,
-        plan: &PlanHash,
-        now: u64,
-    ) -> Result<Option<WaitingCall>, StoreError>;
 
     /// Claims the minting of approved call `id`'s token for `replica`: `true` for exactly one.
     async fn claim_mint(&self, id: u64, replica: &str) -> Result<bool, StoreError>;
@@ -543,9 +542,13 @@ impl Records for Sqlite {
         self.off(move |s| s.decisions(limit)).await
     }
 
-    async fn put_waiting(&self, call: &WaitingCall) -> Result<u64, StoreError> {
+    async fn share_waiting(
+        &self,
+        call: &WaitingCall,
+        adopt_since: u64,
+    ) -> Result<SharedRow, StoreError> {
         let call = call.clone();
-        self.off(move |s| s.put_waiting(&call)).await
+        self.off(move |s| s.share_waiting(&call, adopt_since)).await
     }
 
     async fn waiting_calls(&self, server: &str, now: u64) -> Result<Vec<WaitingCall>, StoreError> {
@@ -571,18 +574,6 @@ impl Records for Sqlite {
     ) -> Result<bool, StoreError> {
         let note = note.map(str::to_owned);
         self.off(move |s| s.decide_waiting(id, verdict, note.as_deref(), until))
-            .await
-    }
-
-    async fn waiting_for(
-        &self,
-        server: &str,
-        tenant: &str,
-        plan: &PlanHash,
-        now: u64,
-    ) -> Result<Option<WaitingCall>, StoreError> {
-        let (server, tenant, plan) = (server.to_owned(), tenant.to_owned(), *plan);
-        self.off(move |s| s.waiting_for(&server, &tenant, &plan, now))
             .await
     }
 

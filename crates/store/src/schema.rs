@@ -309,6 +309,17 @@ const STEPS: &[Step] = &[
         ) STRICT;
     ",
     },
+    Step {
+        purpose: "one shared row per waiting call, however many replicas share it at once",
+        sql: "
+        -- 1 on the one row of a call (server, tenant, plan) that sharing the call again joins:
+        -- undecided, or approved with no token minted, and not lapsed long ago. NULL on every
+        -- other row; NULLs never collide in the unique index, so it allows one such row per call
+        -- (crate::waiting). Rows written before this step are not joinable.
+        ALTER TABLE waiting_call ADD COLUMN joinable INTEGER CHECK (joinable IS NULL OR joinable = 1);
+        CREATE UNIQUE INDEX waiting_call_joinable ON waiting_call (server, tenant, plan, joinable);
+    ",
+    },
 ];
 
 /// The version from which history is chained ([`crate::history`]).

@@ -9,9 +9,17 @@
 //! replica's that its agent asked again for), so a row stays in sight while any live replica
 //! holds its call, whichever replica wrote it; a row no live replica holds expires on its own and
 //! no desk sees it after that.
+//!
+//! One call has one row. Sharing a call writes it and, in the same statement, finds the row of
+//! the same call (server, tenant, plan) still to be had, which the database lets exist only once
+//! (a unique index over a `joinable` mark that a deny, a minted token or a lapse clears). Two
+//! replicas sharing one call at the same moment therefore join one row; two rows would split a
+//! call's approvals, each short of the approvers it needs.
 
 use countersign_core::PlanHash;
 use countersign_core::approver::Verdict;
+
+use rusqlite::TransactionBehavior;
 
 use crate::error::{ms_from_sql, ms_to_sql};
 use crate::{Store, StoreError};
@@ -55,6 +63,49 @@ pub struct WaitingCall {
 pub(crate) const COLUMNS: &str = "id, replica, local_id, server, tenant, plan, request, approvers, \
      arrived_at_ms, expires_at_ms, verdict, note, minted_by";
 
+/// What sharing a waiting call came to ([`Store::share_waiting`], and the same on PostgreSQL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedRow {
+    /// A row of its own was written, under this number.
+    New(u64),
+    /// The same call was already shared (by another replica, or asked before): its row, which
+    /// the call is now linked to. Undecided, it was kept in sight until the call's expiry.
+    Joined(Box<WaitingCall>),
+}
+
+/// The row `shared` that sharing `call` came to, as [`SharedRow`]: the call's own if it names
+/// the same replica and local id.
+pub(crate) fn shared_row(call: &WaitingCall, shared: WaitingCall) -> Result<SharedRow, StoreError> {
+    if shared.replica == call.replica && shared.local_id == call.local_id {
+        Ok(SharedRow::New(shared.id))
+    } else {
+        Ok(SharedRow::Joined(Box::new(shared)))
+    }
+}
+
+/// Lapsed rows of a call (server, tenant, plan: `?1` to `?3`) that left desks' sight at or
+/// before `?4` are no longer joined: the call asked now gets a row of its own.
+const RETIRE_LAPSED_SQLITE: &str = "UPDATE waiting_call SET joinable = NULL
+     WHERE server = ?1 AND tenant = ?2 AND plan = ?3 AND joinable = 1 AND expires_at_ms <= ?4";
+
+/// Writes a call, or joins the row of the same call still to be had. `joinable` is 1 on a row
+/// that is, NULL on every other; the unique index over (server, tenant, plan, joinable) lets
+/// one row of a call be joinable at a time (NULLs never collide). On that conflict the
+/// existing row is answered, with its expiry moved on if it is undecided. Any other conflict
+/// (the same replica's call shared twice) is an error.
+static SHARE_SQLITE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request, approvers,
+             arrived_at_ms, expires_at_ms, joinable)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1)
+         ON CONFLICT (server, tenant, plan, joinable) DO UPDATE SET expires_at_ms =
+             CASE WHEN waiting_call.verdict IS NULL
+                       AND excluded.expires_at_ms > waiting_call.expires_at_ms
+                  THEN excluded.expires_at_ms ELSE waiting_call.expires_at_ms END
+         RETURNING {COLUMNS}"
+    )
+});
+
 /// A row's columns, as read.
 pub(crate) type Row = (
     (i64, String, i64, String, String, String),
@@ -95,37 +146,71 @@ pub(crate) fn from_row(
     })
 }
 
+/// A row's columns, in [`COLUMNS`]' order, as SQLite gives them.
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok((
+        (
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+        ),
+        (
+            r.get(6)?,
+            r.get(7)?,
+            r.get(8)?,
+            r.get(9)?,
+            r.get(10)?,
+            r.get(11)?,
+        ),
+        r.get(12)?,
+    ))
+}
+
 impl Store {
-    /// Writes a new waiting call; answers its number.
-    pub fn put_waiting(&mut self, w: &WaitingCall) -> Result<u64, StoreError> {
-        let (local, arrived, expires) = (
+    /// Shares waiting call `w`: writes it as a new row, or (a row of the same call, the same
+    /// `server`, `tenant` and `plan`, is still to be had) joins that row instead and keeps it in
+    /// sight until `w.expires_at_ms` if it is undecided. One statement does both, so replicas
+    /// sharing the same call at the same moment (two replicas proposing one edited rules file,
+    /// an agent asking again on another replica) get one row, never two rows whose approvals
+    /// would count apart. A row is to be had while it is undecided or approved with no token
+    /// minted, and was in sight after `adopt_since`; one that lapsed before is no longer joined.
+    pub fn share_waiting(
+        &mut self,
+        w: &WaitingCall,
+        adopt_since: u64,
+    ) -> Result<SharedRow, StoreError> {
+        let (local, arrived, expires, since) = (
             ms_to_sql(w.local_id)?,
             ms_to_sql(w.arrived_at_ms)?,
             ms_to_sql(w.expires_at_ms)?,
+            ms_to_sql(adopt_since)?,
         );
-        self.with_connection(|conn| {
-            let id: i64 = conn
-                .prepare_cached(
-                    "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request,
-                         approvers, arrived_at_ms, expires_at_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
-                )?
-                .query_row(
-                    rusqlite::params![
-                        w.replica,
-                        local,
-                        w.server,
-                        w.tenant,
-                        w.plan.to_hex(),
-                        w.request,
-                        i64::from(w.approvers),
-                        arrived,
-                        expires
-                    ],
-                    |r| r.get(0),
-                )?;
-            ms_from_sql(id, TABLE)
-        })
+        let plan = w.plan.to_hex();
+        let row = self.with_connection(|conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.prepare_cached(RETIRE_LAPSED_SQLITE)?
+                .execute(rusqlite::params![w.server, w.tenant, plan, since])?;
+            let row = tx.prepare_cached(&SHARE_SQLITE)?.query_row(
+                rusqlite::params![
+                    w.replica,
+                    local,
+                    w.server,
+                    w.tenant,
+                    plan,
+                    w.request,
+                    i64::from(w.approvers),
+                    arrived,
+                    expires
+                ],
+                read_row,
+            )?;
+            tx.commit()?;
+            Ok(row)
+        })?;
+        shared_row(w, from_row(row)?)
     }
 
     fn waiting_rows(
@@ -139,27 +224,7 @@ impl Store {
         self.with_connection(|conn| {
             let mut statement = conn.prepare_cached(&sql)?;
             let rows = statement
-                .query_map(params, |r| {
-                    Ok((
-                        (
-                            r.get(0)?,
-                            r.get(1)?,
-                            r.get(2)?,
-                            r.get(3)?,
-                            r.get(4)?,
-                            r.get(5)?,
-                        ),
-                        (
-                            r.get(6)?,
-                            r.get(7)?,
-                            r.get(8)?,
-                            r.get(9)?,
-                            r.get(10)?,
-                            r.get(11)?,
-                        ),
-                        r.get(12)?,
-                    ))
-                })?
+                .query_map(params, read_row)?
                 .collect::<Result<Vec<Row>, _>>()?;
             rows.into_iter().map(from_row).collect()
         })
@@ -205,32 +270,13 @@ impl Store {
         self.with_connection(|conn| {
             let changed = conn
                 .prepare_cached(
-                    "UPDATE waiting_call SET verdict = ?2, note = ?3, expires_at_ms = ?4
+                    "UPDATE waiting_call SET verdict = ?2, note = ?3, expires_at_ms = ?4,
+                         joinable = CASE WHEN ?2 = 'deny' THEN NULL ELSE joinable END
                      WHERE id = ?1 AND verdict IS NULL",
                 )?
                 .execute(rusqlite::params![id, verdict.code(), note, until])?;
             Ok(changed == 1)
         })
-    }
-
-    /// The oldest call of `server` from `tenant` over `plan` that is still to be had at `now`:
-    /// undecided, or approved with no token minted yet.
-    pub fn waiting_for(
-        &mut self,
-        server: &str,
-        tenant: &str,
-        plan: &PlanHash,
-        now: u64,
-    ) -> Result<Option<WaitingCall>, StoreError> {
-        let now = ms_to_sql(now)?;
-        Ok(self
-            .waiting_rows(
-                "server = ?1 AND tenant = ?2 AND plan = ?3 AND expires_at_ms > ?4
-                 AND (verdict IS NULL OR (verdict = 'approve' AND minted_by IS NULL))",
-                rusqlite::params![server, tenant, plan.to_hex(), now],
-            )?
-            .into_iter()
-            .next())
     }
 
     /// Claims the minting of approved call `id`'s token for `replica`: `true` for the one
@@ -240,7 +286,7 @@ impl Store {
         self.with_connection(|conn| {
             let changed = conn
                 .prepare_cached(
-                    "UPDATE waiting_call SET minted_by = ?2
+                    "UPDATE waiting_call SET minted_by = ?2, joinable = NULL
                      WHERE id = ?1 AND verdict = 'approve' AND minted_by IS NULL",
                 )?
                 .execute(rusqlite::params![id, replica])?;

@@ -98,6 +98,16 @@ async fn a_rules_edit_waits_for_two_approvers_shown_with_what_it_widens_then_ope
         tokio::task::spawn_blocking(move || listed_change(port, &trusted_b, &Desk::new(62)))
             .await
             .unwrap();
+    // Both replicas read the same file: each proposes the edit, and both are linked to the one
+    // row desks see, whose approvals count together (a second row would split them, and would
+    // still be listed after the change is decided: the end of this test looks).
+    for server in [&a, &b] {
+        server.until_logged(
+            "the --rules file was edited: proposed to the approvers",
+            1,
+            Duration::from_secs(30),
+        );
+    }
     let asks = &change["asks"];
     assert_eq!(asks["tenant"], "change", "{change}");
     assert_eq!(asks["class"], "once", "{change}");

@@ -23,8 +23,8 @@ use crate::pin::{self, MAX_DEFINITION_CHARS, cut};
 use crate::{
     Accepted, Approval, DecisionRecord, ExportStatus, Grant, GrantEnd, HistoryFilter, Invite,
     MAX_DECISION_ROWS, MAX_HISTORY_ROWS, MAX_PINS, MAX_PINS_PER_SERVER, MAX_WAITING_ROWS, Member,
-    Passkey, Pruned, Recorded, Records, Roster, StoreError, ToolPin, WaitingCall, accepted,
-    approval, capped, decision, history, passkey, roster, waiting,
+    Passkey, Pruned, Recorded, Records, Roster, SharedRow, StoreError, ToolPin, WaitingCall,
+    accepted, approval, capped, decision, history, passkey, roster, waiting,
 };
 
 /// A pooled connection while a transaction may be open on it: dropped before it is settled (the
@@ -1636,11 +1636,16 @@ impl Records for Postgres {
         Ok(kept)
     }
 
-    async fn put_waiting(&self, w: &WaitingCall) -> Result<u64, StoreError> {
-        let (local, arrived, expires) = (
+    async fn share_waiting(
+        &self,
+        w: &WaitingCall,
+        adopt_since: u64,
+    ) -> Result<SharedRow, StoreError> {
+        let (local, arrived, expires, since) = (
             ms_to_sql(w.local_id)?,
             ms_to_sql(w.arrived_at_ms)?,
             ms_to_sql(w.expires_at_ms)?,
+            ms_to_sql(adopt_since)?,
         );
         let (replica, server, tenant, request) = (
             text(&w.replica),
@@ -1649,24 +1654,46 @@ impl Records for Postgres {
             text(&w.request),
         );
         let (plan, approvers) = (w.plan.to_hex(), i64::from(w.approvers));
-        let row = on_connection!(self, |conn| conn.query_one(
+        // See crate::waiting: the first statement stops a long-lapsed row being joined; the
+        // second writes the call, or (the unique index over the `joinable` mark refusing a
+        // second row of one call) answers the row already there, under its lock, so replicas
+        // sharing one call at once meet on one row. Each statement is atomic on its own.
+        let share = format!(
             "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request,
-                 approvers, arrived_at_ms, expires_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
-            &[
-                &replica.as_ref(),
-                &local,
-                &server.as_ref(),
-                &tenant.as_ref(),
-                &plan,
-                &request.as_ref(),
-                &approvers,
-                &arrived,
-                &expires,
-            ],
-        ))?;
-        let id: i64 = row.try_get(0).map_err(StoreError::Postgres)?;
-        crate::error::ms_from_sql(id, waiting::TABLE)
+                 approvers, arrived_at_ms, expires_at_ms, joinable)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, TRUE)
+             ON CONFLICT (server, tenant, plan, joinable) DO UPDATE SET expires_at_ms =
+                 CASE WHEN waiting_call.verdict IS NULL
+                           AND excluded.expires_at_ms > waiting_call.expires_at_ms
+                      THEN excluded.expires_at_ms ELSE waiting_call.expires_at_ms END
+             RETURNING {}",
+            waiting::COLUMNS
+        );
+        let row = on_connection!(self, |conn| async {
+            conn.execute(
+                "UPDATE waiting_call SET joinable = NULL
+                 WHERE server = $1 AND tenant = $2 AND plan = $3 AND joinable
+                   AND expires_at_ms <= $4",
+                &[&server.as_ref(), &tenant.as_ref(), &plan, &since],
+            )
+            .await?;
+            conn.query_one(
+                share.as_str(),
+                &[
+                    &replica.as_ref(),
+                    &local,
+                    &server.as_ref(),
+                    &tenant.as_ref(),
+                    &plan,
+                    &request.as_ref(),
+                    &approvers,
+                    &arrived,
+                    &expires,
+                ],
+            )
+            .await
+        })?;
+        waiting::shared_row(w, waiting_row(&row)?)
     }
 
     async fn waiting_calls(&self, server: &str, now: u64) -> Result<Vec<WaitingCall>, StoreError> {
@@ -1706,37 +1733,18 @@ impl Records for Postgres {
         let note = note.map(text);
         let note = note.as_deref();
         let changed = on_connection!(self, |conn| conn.execute(
-            "UPDATE waiting_call SET verdict = $2, note = $3, expires_at_ms = $4
+            "UPDATE waiting_call SET verdict = $2, note = $3, expires_at_ms = $4,
+                 joinable = CASE WHEN $2 = 'deny' THEN NULL ELSE joinable END
              WHERE id = $1 AND verdict IS NULL",
             &[&id, &verdict.code(), &note, &until],
         ))?;
         Ok(changed == 1)
     }
 
-    async fn waiting_for(
-        &self,
-        server: &str,
-        tenant: &str,
-        plan: &PlanHash,
-        now: u64,
-    ) -> Result<Option<WaitingCall>, StoreError> {
-        let (server, tenant, plan, now) =
-            (text(server), text(tenant), plan.to_hex(), ms_to_sql(now)?);
-        let sql = waiting_sql(
-            "server = $1 AND tenant = $2 AND plan = $3 AND expires_at_ms > $4
-             AND (verdict IS NULL OR (verdict = 'approve' AND minted_by IS NULL))",
-        );
-        let rows = on_connection!(self, |conn| conn.query(
-            sql.as_str(),
-            &[&server.as_ref(), &tenant.as_ref(), &plan, &now]
-        ))?;
-        rows.iter().map(waiting_row).next().transpose()
-    }
-
     async fn claim_mint(&self, id: u64, replica: &str) -> Result<bool, StoreError> {
         let (id, replica) = (ms_to_sql(id)?, text(replica));
         let changed = on_connection!(self, |conn| conn.execute(
-            "UPDATE waiting_call SET minted_by = $2
+            "UPDATE waiting_call SET minted_by = $2, joinable = NULL
              WHERE id = $1 AND verdict = 'approve' AND minted_by IS NULL",
             &[&id, &replica.as_ref()],
         ))?;

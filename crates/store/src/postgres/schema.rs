@@ -285,6 +285,19 @@ const STEPS: &[Step] = &[
         );
     ",
     },
+    Step {
+        purpose: "one shared row per waiting call, however many replicas share it at once",
+        sql: "
+        -- TRUE on the one row of a call (server, tenant, plan) that sharing the call again joins:
+        -- undecided, or approved with no token minted, and not lapsed long ago. NULL on every
+        -- other row; NULLs never collide in the unique index, so it allows one such row per call,
+        -- and replicas sharing one call at once meet on it (INSERT .. ON CONFLICT). Rows written
+        -- before this step are not joinable.
+        ALTER TABLE waiting_call ADD COLUMN IF NOT EXISTS joinable BOOLEAN CHECK (joinable);
+        CREATE UNIQUE INDEX IF NOT EXISTS waiting_call_joinable
+            ON waiting_call (server, tenant, plan, joinable);
+    ",
+    },
 ];
 
 /// The PostgreSQL schema version this build writes and understands.
