@@ -1577,7 +1577,9 @@ async fn a_call_shared_again_joins_its_one_row_until_denied_minted_or_long_lapse
 }
 
 /// Replicas sharing one call at the same moment (two replicas seeing one edited rules file) get
-/// one row between them: one writes it, every other joins it, and desks see it once.
+/// one row between them: one writes it, every other joins it, and desks see it once. Only the
+/// PostgreSQL half races (its pool runs the twelve at once); the SQLite half runs them one after
+/// another behind the store's lock, and checks the same outcome.
 async fn replicas_sharing_one_call_at_once_meet_on_one_row(r: R) {
     let server = "https://approvers.example.com";
     for round in 0..8u8 {

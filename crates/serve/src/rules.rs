@@ -16,8 +16,9 @@
 //!   bound. Denied, the file's text is not proposed again until the file (or the record)
 //!   changes again;
 //! * a proposal says what it would change from the rules on record: when the record moves (a
-//!   change approved through any replica) or the file is edited again, what waited is withdrawn,
-//!   and a change still being analysed then is never queued;
+//!   change approved through any replica) or the file is edited again, what waited is withdrawn
+//!   (within [`READ_EVERY`]), and a change whose analysis ends after the keeper moved on, or
+//!   after the record moved, is not queued;
 //! * a text that does not load is never proposed (the log says its line and why): the rules on
 //!   record stay in force.
 //!
@@ -176,6 +177,21 @@ impl TeamRules {
             return;
         }
         let analysis = what_it_changes(&self.engine, &before, &after).await;
+        // The solver may take seconds, and a change approved through another replica meanwhile
+        // moves the record before this replica's keeper reads it (within READ_EVERY). Read it
+        // again: a change is proposed only against the rules on record. Stale, it is dropped;
+        // the keeper proposes the file's text again against the new record once it reads it.
+        match self.records.accepted(RECORD).await {
+            Ok(read) if read.as_ref().map_or("", |a| a.text.as_str()) == before => {}
+            Ok(_) => {
+                tracing::debug!(target: "rules", "the rules on record moved while a change was analysed: not proposed");
+                return;
+            }
+            // The keeper's own reading is checked below; a read that fails decides nothing.
+            Err(e) => {
+                tracing::debug!(target: "rules", error = %e, "cannot read the rules on record again before proposing");
+            }
+        }
         let change = Change {
             kind: ChangeKind::Policy,
             subject: RECORD.to_owned(),

@@ -193,8 +193,8 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// of the same call (server, tenant, plan) still to be had (undecided, or approved with no
     /// token minted, and in sight after `adopt_since`), moving an undecided row's expiry on to
     /// the call's. At once: replicas sharing one call at the same moment get one row. A call
-    /// shared again by its own replica answers its row again; another call under a replica's
-    /// local id already on record is an error.
+    /// shared again by its own replica answers its row again; writing a new row under a
+    /// replica's local id already on record is an error.
     async fn share_waiting(
         &self,
         call: &WaitingCall,

@@ -10,8 +10,8 @@
 //! holds its call, whichever replica wrote it; a row no live replica holds expires on its own and
 //! no desk sees it after that.
 //!
-//! One call has one row. Sharing a call writes it and, in the same statement, finds the row of
-//! the same call (server, tenant, plan) still to be had, which the database lets exist only once
+//! One call has one row. Sharing a call writes it or, in the same upsert, finds the row of the
+//! same call (server, tenant, plan) still to be had, which the database lets exist only once
 //! (a unique index over a `joinable` mark that a deny, a minted token or a lapse clears). Two
 //! replicas sharing one call at the same moment therefore join one row; two rows would split a
 //! call's approvals, each short of the approvers it needs.
@@ -172,7 +172,7 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
 impl Store {
     /// Shares waiting call `w`: writes it as a new row, or (a row of the same call, the same
     /// `server`, `tenant` and `plan`, is still to be had) joins that row instead and keeps it in
-    /// sight until `w.expires_at_ms` if it is undecided. One statement does both, so replicas
+    /// sight until `w.expires_at_ms` if it is undecided. One upsert does both, so replicas
     /// sharing the same call at the same moment (two replicas proposing one edited rules file,
     /// an agent asking again on another replica) get one row, never two rows whose approvals
     /// would count apart. A row is to be had while it is undecided or approved with no token
