@@ -118,6 +118,7 @@ suite!(
     racing_grants_never_pass_the_cap_together,
     a_file_is_unknown_until_accepted_then_its_latest_text_is_kept,
     a_huge_accepted_file_is_refused_not_stored,
+    an_accepted_file_is_replaced_only_in_place_of_the_text_expected,
     a_member_is_found_by_its_key_until_revoked_and_its_name_never_reused,
     a_member_name_that_could_pass_for_something_else_is_refused,
     decisions_are_kept_whole_in_order_and_read_back_newest_last,
@@ -972,6 +973,47 @@ async fn a_sign_in_challenge_is_taken_once_before_it_expires(r: R) {
     assert!(!r.take_challenge(&[1; 32], 999).await.unwrap());
     assert!(!r.take_challenge(&[2; 32], 500).await.unwrap());
     assert!(!r.take_challenge(&[9; 32], 0).await.unwrap());
+}
+
+/// A change approved as "from this text to that one" (the team server's rules) replaces only
+/// the text it was shown replacing: once another change moved the record, it writes nothing.
+async fn an_accepted_file_is_replaced_only_in_place_of_the_text_expected(r: R) {
+    let name = "policy.cedar";
+    assert!(r.replace_accepted(name, None, "a", 1).await.unwrap());
+    assert!(
+        !r.replace_accepted(name, None, "b", 2).await.unwrap(),
+        "something is on record already"
+    );
+    assert!(!r.replace_accepted(name, Some("b"), "c", 3).await.unwrap());
+    assert_eq!(
+        r.accepted(name).await.unwrap(),
+        Some(Accepted {
+            text: "a".into(),
+            at_ms: 1
+        })
+    );
+    assert!(r.replace_accepted(name, Some("a"), "c", 4).await.unwrap());
+    assert!(
+        !r.replace_accepted(name, Some("a"), "d", 5).await.unwrap(),
+        "the record moved from a to c"
+    );
+    assert_eq!(
+        r.accepted(name).await.unwrap(),
+        Some(Accepted {
+            text: "c".into(),
+            at_ms: 4
+        })
+    );
+    // Another file's record is its own.
+    assert!(
+        !r.replace_accepted("servers.json", Some("c"), "e", 6)
+            .await
+            .unwrap()
+    );
+    assert_eq!(r.accepted("servers.json").await.unwrap(), None);
+    let huge = "x".repeat(MAX_ACCEPTED_BYTES + 1);
+    assert!(r.replace_accepted(name, Some("c"), &huge, 7).await.is_err());
+    assert_eq!(r.accepted(name).await.unwrap().unwrap().text, "c");
 }
 
 async fn a_huge_accepted_file_is_refused_not_stored(r: R) {

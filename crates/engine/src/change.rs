@@ -272,7 +272,7 @@ session (`countersign desk`) and propose it again.";
 
 impl Engine {
     /// Queues `change` for the person and waits for their decision. The same change (kind,
-    /// subject and new text) proposed again while one waits re-attaches to it, so both callers
+    /// subject, old and new text) proposed again while one waits re-attaches to it, so both callers
     /// get the one decision. Approving it mints nothing: it needs no signing key and no typed
     /// target, only the approve delay. The caller applies an approved change itself.
     ///
@@ -369,7 +369,10 @@ impl Engine {
         let same = state.requests.values().find(|e| {
             e.is_waiting()
                 && e.view.change().is_some_and(|c| {
-                    c.kind == change.kind && c.subject == change.subject && c.after == change.after
+                    c.kind == change.kind
+                        && c.subject == change.subject
+                        && c.before == change.before
+                        && c.after == change.after
                 })
         });
         if let Some(entry) = same {

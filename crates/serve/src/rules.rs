@@ -158,14 +158,22 @@ impl TeamRules {
                 this.engine.withdraw_change(ChangeKind::Policy, RECORD);
             }
             seen.proposed = Some(text.clone());
+            let record = seen.on_record.clone();
             drop(seen);
-            tokio::spawn(this.clone().propose(known.clone(), before, text));
+            tokio::spawn(this.clone().propose(known.clone(), record, text));
         }
     }
 
-    /// Proposes `after` in place of `before` to the approvers, and puts it on record when they
+    /// Proposes `after` in place of the rules on record (`record`, as the keeper read them) to
+    /// the approvers, and puts it on record in their place when they
     /// approve it; unless, once its analysis is done, it went stale (the keeper moved on).
-    async fn propose(self: Arc<Self>, known: Arc<Mutex<Known>>, before: String, after: String) {
+    async fn propose(
+        self: Arc<Self>,
+        known: Arc<Mutex<Known>>,
+        record: Option<String>,
+        after: String,
+    ) {
+        let before = record.clone().unwrap_or_default();
         if let Some(rules) = rules_in(&after)
             && let Err(why) = self.engine.check_rules(rules)
         {
@@ -182,7 +190,7 @@ impl TeamRules {
         // again: a change is proposed only against the rules on record. Stale, it is dropped;
         // the keeper proposes the file's text again against the new record once it reads it.
         match self.records.accepted(RECORD).await {
-            Ok(read) if read.as_ref().map_or("", |a| a.text.as_str()) == before => {}
+            Ok(read) if read.as_ref().map(|a| &a.text) == record.as_ref() => {}
             Ok(_) => {
                 tracing::debug!(target: "rules", "the rules on record moved while a change was analysed: not proposed");
                 return;
@@ -204,8 +212,8 @@ impl TeamRules {
         };
         let proposal = {
             let seen = lock(&known);
-            let current = seen.on_record.as_deref().unwrap_or_default() == before
-                && seen.proposed.as_deref() == Some(after.as_str());
+            let current =
+                seen.on_record == record && seen.proposed.as_deref() == Some(after.as_str());
             if !current {
                 tracing::debug!(target: "rules", "a rules change went stale while it was analysed: not proposed");
                 return;
@@ -217,9 +225,20 @@ impl TeamRules {
         match proposal.decided().await {
             ChangeDecision::Approved => {
                 let now = self.engine.now_ms();
-                match self.records.accept(RECORD, &after, now).await {
-                    Ok(()) => {
+                // Only in place of the text the approvers were shown as "before": what the
+                // change widens was decided against it. Moved since (another change approved
+                // meanwhile), it is not applied; the keeper proposes the file's text again
+                // against the record as it is.
+                match self
+                    .records
+                    .replace_accepted(RECORD, record.as_deref(), &after, now)
+                    .await
+                {
+                    Ok(true) => {
                         tracing::info!(target: "rules", "the approvers approved the rules change: on record, in force on every replica within {READ_EVERY:?}")
+                    }
+                    Ok(false) => {
+                        tracing::warn!(target: "rules", "the approvers approved a rules change whose \"before\" is no longer the rules on record (another change was approved meanwhile): not applied; the file's text is proposed again against the rules on record")
                     }
                     Err(e) => {
                         tracing::warn!(target: "rules", error = %e, "the approved rules change could not be put on record: the rules on record stay in force; edit the file again to propose it again")

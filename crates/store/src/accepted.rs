@@ -72,4 +72,35 @@ impl Store {
             Ok(())
         })
     }
+
+    /// Records `text` as the accepted text of `name` only if what is on record is `expected`
+    /// (`None`: nothing yet): `false`, and nothing written, if the record moved since.
+    pub fn replace_accepted(
+        &mut self,
+        name: &str,
+        expected: Option<&str>,
+        text: &str,
+        at_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let at = checked(name, text, at_ms)?;
+        self.with_connection(|conn| {
+            let changed = match expected {
+                Some(expected) => conn
+                    .prepare_cached(REPLACE_SQLITE)?
+                    .execute(rusqlite::params![name, text, at, expected])?,
+                None => conn
+                    .prepare_cached(FIRST_SQLITE)?
+                    .execute(rusqlite::params![name, text, at])?,
+            };
+            Ok(changed == 1)
+        })
+    }
 }
+
+/// [`Store::replace_accepted`] over a text on record (`?4`).
+const REPLACE_SQLITE: &str = "UPDATE accepted_file SET text = ?2, accepted_at_ms = ?3
+     WHERE name = ?1 AND text = ?4";
+
+/// [`Store::replace_accepted`] where nothing is on record.
+const FIRST_SQLITE: &str = "INSERT INTO accepted_file (name, text, accepted_at_ms)
+     VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING";

@@ -168,6 +168,18 @@ pub trait Records: Send + Sync + std::fmt::Debug {
     /// [`MAX_ACCEPTED_BYTES`](crate::MAX_ACCEPTED_BYTES)).
     async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError>;
 
+    /// Records `text` as the accepted text of `name` only if what is on record is still
+    /// `expected` (`None`: nothing yet), in one statement: `false`, and nothing written, if it
+    /// moved. For a change approved as "from this text to that one", which must not replace a
+    /// text the approvers never saw.
+    async fn replace_accepted(
+        &self,
+        name: &str,
+        expected: Option<&str>,
+        text: &str,
+        at_ms: u64,
+    ) -> Result<bool, StoreError>;
+
     /// Adds a member to `roster`. `false`: that name or that key is on the roster already
     /// (revoked or not), and nothing was written.
     async fn put_member(&self, roster: Roster, member: &Member) -> Result<bool, StoreError>;
@@ -507,6 +519,22 @@ impl Records for Sqlite {
     async fn accept(&self, name: &str, text: &str, at_ms: u64) -> Result<(), StoreError> {
         let (name, text) = (name.to_owned(), text.to_owned());
         self.off(move |s| s.accept(&name, &text, at_ms)).await
+    }
+
+    async fn replace_accepted(
+        &self,
+        name: &str,
+        expected: Option<&str>,
+        text: &str,
+        at_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let (name, expected, text) = (
+            name.to_owned(),
+            expected.map(str::to_owned),
+            text.to_owned(),
+        );
+        self.off(move |s| s.replace_accepted(&name, expected.as_deref(), &text, at_ms))
+            .await
     }
 
     async fn put_member(&self, roster: Roster, member: &Member) -> Result<bool, StoreError> {

@@ -412,7 +412,8 @@ async fn the_same_change_proposed_again_reattaches_to_the_waiting_one() {
     assert_eq!(d.engine.open_call(&first, "read").await, Ok(()));
     assert_eq!(d.engine.open_call(&second, "read").await, Ok(()));
     // Proposed changes: two proposers of the same change share one request and one decision;
-    // another `after` for the same subject is a request of its own.
+    // another `after` for the same subject is a request of its own, and so is the same `after`
+    // from another `before` (what the person is shown it replaces differs).
     let a = tokio::spawn({
         let engine = d.engine.clone();
         async move { engine.propose(server_change("command = \"new\"")).await }
@@ -425,19 +426,34 @@ async fn the_same_change_proposed_again_reattaches_to_the_waiting_one() {
         let engine = d.engine.clone();
         async move { engine.propose(server_change("command = \"other\"")).await }
     });
-    support::until(&d.engine, || changes(&d.engine).len() >= 2).await;
+    let from_elsewhere = tokio::spawn({
+        let engine = d.engine.clone();
+        async move {
+            let change = Change {
+                before: Some("command = \"older\"".into()),
+                ..server_change("command = \"new\"")
+            };
+            engine.propose(change).await
+        }
+    });
+    support::until(&d.engine, || changes(&d.engine).len() >= 3).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let waiting = changes(&d.engine);
-    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    assert_eq!(waiting.len(), 3, "{waiting:?}");
     let new = waiting
         .iter()
-        .find(|r| r.change().unwrap().after.as_deref() == Some("command = \"new\""))
+        .find(|r| {
+            let change = r.change().unwrap();
+            change.after.as_deref() == Some("command = \"new\"")
+                && change.before.as_deref() == Some("command = \"old\"")
+        })
         .unwrap();
     d.engine.approve(new.id, None).await.unwrap();
     assert_eq!(a.await.unwrap(), ChangeDecision::Approved);
     assert_eq!(b.await.unwrap(), ChangeDecision::Approved);
     d.engine.withdraw_change(ChangeKind::Server, "github");
     assert_eq!(c.await.unwrap(), ChangeDecision::Withdrawn);
+    assert_eq!(from_elsewhere.await.unwrap(), ChangeDecision::Withdrawn);
     assert!(changes(&d.engine).is_empty());
 }
 

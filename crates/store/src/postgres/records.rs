@@ -1537,6 +1537,31 @@ impl Records for Postgres {
         .map(|_| ())
     }
 
+    async fn replace_accepted(
+        &self,
+        name: &str,
+        expected: Option<&str>,
+        body: &str,
+        at_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let at = accepted::checked(name, body, at_ms)?;
+        let (name, body) = (text(name), text(body));
+        let expected = expected.map(text);
+        let changed = match &expected {
+            Some(expected) => on_connection!(self, |conn| conn.execute(
+                "UPDATE accepted_file SET text = $2, accepted_at_ms = $3
+                 WHERE name = $1 AND text = $4",
+                &[&name.as_ref(), &body.as_ref(), &at, &expected.as_ref()],
+            ))?,
+            None => on_connection!(self, |conn| conn.execute(
+                "INSERT INTO accepted_file (name, text, accepted_at_ms) VALUES ($1, $2, $3)
+                 ON CONFLICT (name) DO NOTHING",
+                &[&name.as_ref(), &body.as_ref(), &at],
+            ))?,
+        };
+        Ok(changed == 1)
+    }
+
     async fn put_member(&self, roster: Roster, member: &Member) -> Result<bool, StoreError> {
         let created = roster::checked(roster, member)?;
         let sql = roster::statements(roster, '$').insert;
