@@ -326,28 +326,42 @@ impl Engine {
     /// [`ChangeDecision::Withdrawn`].
     pub fn withdraw_change(&self, kind: ChangeKind, subject: &str) {
         let subject = cut(subject.to_owned(), MAX_CHANGE_LABEL_CHARS);
+        self.withdraw_changes(|_, change| change.kind == kind && change.subject == subject);
+    }
+
+    /// Withdraws waiting change `id` alone (a team's server: the row it was shared under was
+    /// carried out on another replica), as [`Self::withdraw_change`] does; no other change of
+    /// its subject is touched. `NotPending`: no change `id` waits (decided, withdrawn, being
+    /// approved, or a call).
+    pub fn withdraw_change_request(&self, id: u64) -> Result<(), ApproveError> {
+        match self.withdraw_changes(|request, _| request == id).as_slice() {
+            [] => Err(ApproveError::NotPending),
+            _ => Ok(()),
+        }
+    }
+
+    /// Withdraws the waiting changes (not one being approved) that `which` picks, by id and
+    /// change; answers their ids.
+    fn withdraw_changes(&self, which: impl Fn(u64, &Change) -> bool) -> Vec<u64> {
         let mut state = lock(&self.inner.state);
         let ids: Vec<u64> = state
             .requests
             .iter()
             .filter(|(_, e)| e.is_waiting() && !e.approving)
-            .filter(|(_, e)| {
-                e.view
-                    .change()
-                    .is_some_and(|c| c.kind == kind && c.subject == subject)
-            })
+            .filter(|(id, e)| e.view.change().is_some_and(|c| which(**id, c)))
             .map(|(id, _)| *id)
             .collect();
         for id in &ids {
             state.requests.remove(id);
         }
         drop(state);
-        for id in ids {
+        for id in &ids {
             self.publish(QueueChange::Removed {
-                id,
+                id: *id,
                 reason: Removal::Withdrawn,
             });
         }
+        ids
     }
 
     /// Queues `change` (or finds the same one waiting). `repin`: for a tool, the pin approving

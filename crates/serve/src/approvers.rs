@@ -511,9 +511,9 @@ impl Approvers {
     /// minted there, a change applied there.
     fn elsewhere(&self, local: u64, link: &Link) -> Result<(), ApproveError> {
         if link.change {
-            self.engine
-                .withdraw_change(ChangeKind::Policy, crate::rules::RECORD);
-            return Ok(());
+            // This change alone: another change of the rules may wait here beside it (the file
+            // was edited again), which the decision on this one says nothing about.
+            return self.engine.withdraw_change_request(local);
         }
         self.engine.taken_elsewhere(local)
     }

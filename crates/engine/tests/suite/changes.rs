@@ -457,6 +457,39 @@ async fn the_same_change_proposed_again_reattaches_to_the_waiting_one() {
     assert!(changes(&d.engine).is_empty());
 }
 
+/// A team's server withdraws one change by its id when the row it was shared under was carried
+/// out on another replica; another change of the same subject waiting beside it stays.
+#[tokio::test]
+async fn one_change_is_withdrawn_by_its_id_and_the_others_of_its_subject_stay() {
+    let d = desk();
+    let propose = |after: &'static str| {
+        let engine = d.engine.clone();
+        tokio::spawn(async move { engine.propose(server_change(after)).await })
+    };
+    let (one, two) = (propose("command = \"one\""), propose("command = \"two\""));
+    support::until(&d.engine, || changes(&d.engine).len() >= 2).await;
+    let id_of = |after: &str| {
+        changes(&d.engine)
+            .iter()
+            .find(|r| r.change().unwrap().after.as_deref() == Some(after))
+            .map(|r| r.id)
+    };
+    let first = id_of("command = \"one\"").unwrap();
+    d.engine.withdraw_change_request(first).unwrap();
+    assert_eq!(one.await.unwrap(), ChangeDecision::Withdrawn);
+    assert!(
+        d.engine.withdraw_change_request(first).is_err(),
+        "withdrawn once"
+    );
+    assert!(
+        d.engine.withdraw_change_request(9_999).is_err(),
+        "no such change"
+    );
+    let second = id_of("command = \"two\"").expect("the other change still waits");
+    d.engine.approve(second, None).await.unwrap();
+    assert_eq!(two.await.unwrap(), ChangeDecision::Approved);
+}
+
 #[tokio::test]
 async fn a_change_needs_no_key_and_mints_nothing_but_waits_out_the_delay() {
     let d = Desk::with_key(Err("keychain locked".into()), |config| {
