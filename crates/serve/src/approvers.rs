@@ -397,6 +397,12 @@ impl Approvers {
                 return;
             }
         };
+        if change {
+            // Rare (an edit of the rules file), and what an operator looks for when two replicas
+            // saw one edit: the same number on both.
+            let how = if owned { "shared" } else { "joined" };
+            tracing::info!(target: "approvers", "a rules change waits for the approvers as request {row} ({how})");
+        }
         links.insert(
             request.id,
             Link {

@@ -99,15 +99,19 @@ async fn a_rules_edit_waits_for_two_approvers_shown_with_what_it_widens_then_ope
             .await
             .unwrap();
     // Both replicas read the same file: each proposes the edit, and both are linked to the one
-    // row desks see, whose approvals count together (a second row would split them, and would
-    // still be listed after the change is decided: the end of this test looks).
-    for server in [&a, &b] {
-        server.until_logged(
-            "the --rules file was edited: proposed to the approvers",
-            1,
-            Duration::from_secs(30),
-        );
-    }
+    // row desks see, whose approvals count together (a second row would split them).
+    let waits_as = "a rules change waits for the approvers as request ";
+    let numbers: Vec<String> = [&a, &b]
+        .iter()
+        .map(|server| {
+            server.until_logged(waits_as, 1, Duration::from_secs(30));
+            let log = server.log();
+            let after = &log[log.find(waits_as).unwrap() + waits_as.len()..];
+            after.chars().take_while(char::is_ascii_digit).collect()
+        })
+        .collect();
+    assert_eq!(numbers[0], numbers[1], "one row for both replicas");
+    assert_eq!(numbers[0], change["id"].to_string(), "{change}");
     let asks = &change["asks"];
     assert_eq!(asks["tenant"], "change", "{change}");
     assert_eq!(asks["class"], "once", "{change}");
