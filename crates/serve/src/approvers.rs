@@ -356,7 +356,7 @@ impl Approvers {
     /// Links `request` (a call, or a rules change) to a shared row, once: one already shared by
     /// another replica for the same tenant and plan (the agent asked again here; both replicas
     /// saw one edit of the rules file), or a new one of this replica. Which, the records decide
-    /// in one statement, so replicas sharing at the same moment meet on one row.
+    /// in one upsert, so replicas sharing at the same moment meet on one row.
     ///
     /// The other replica may have died meanwhile (the reason its agent asked again here): its
     /// row is found even if it lapsed from desks' sight within [`ADOPT_WITHIN`], under the same
@@ -386,7 +386,7 @@ impl Approvers {
             minted_by: None,
         };
         let since = now.saturating_sub(ADOPT_WITHIN.as_millis() as u64);
-        // One statement writes the call or joins the row of the same call already shared (the
+        // One upsert writes the call or joins the row of the same call already shared (the
         // agent asked again here; another replica proposed the same rules change at the same
         // moment), so one call never has two rows whose approvals would count apart.
         let (row, owned) = match self.records.share_waiting(&row, since).await {

@@ -75,11 +75,11 @@ pub enum SharedRow {
 
 /// The row `shared` that sharing `call` came to, as [`SharedRow`]: the call's own if it names
 /// the same replica and local id.
-pub(crate) fn shared_row(call: &WaitingCall, shared: WaitingCall) -> Result<SharedRow, StoreError> {
+pub(crate) fn shared_row(call: &WaitingCall, shared: WaitingCall) -> SharedRow {
     if shared.replica == call.replica && shared.local_id == call.local_id {
-        Ok(SharedRow::New(shared.id))
+        SharedRow::New(shared.id)
     } else {
-        Ok(SharedRow::Joined(Box::new(shared)))
+        SharedRow::Joined(Box::new(shared))
     }
 }
 
@@ -92,7 +92,7 @@ const RETIRE_LAPSED_SQLITE: &str = "UPDATE waiting_call SET joinable = NULL
 /// that is, NULL on every other; the unique index over (server, tenant, plan, joinable) lets
 /// one row of a call be joinable at a time (NULLs never collide). On that conflict the
 /// existing row is answered, with its expiry moved on if it is undecided. Any other conflict
-/// (the same replica's call shared twice) is an error.
+/// (a new row under a replica's local id already on record) is an error.
 static SHARE_SQLITE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request, approvers,
@@ -210,7 +210,7 @@ impl Store {
             tx.commit()?;
             Ok(row)
         })?;
-        shared_row(w, from_row(row)?)
+        Ok(shared_row(w, from_row(row)?))
     }
 
     fn waiting_rows(

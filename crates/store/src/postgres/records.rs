@@ -1718,7 +1718,7 @@ impl Records for Postgres {
             )
             .await
         })?;
-        waiting::shared_row(w, waiting_row(&row)?)
+        Ok(waiting::shared_row(w, waiting_row(&row)?))
     }
 
     async fn waiting_calls(&self, server: &str, now: u64) -> Result<Vec<WaitingCall>, StoreError> {
