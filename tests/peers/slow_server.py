@@ -3,6 +3,8 @@
 Three tools:
 
   * `sleep` (read-only, so Countersign leaves it open) sleeps `seconds` and answers "slept";
+    with `hangUp`, it closes its standard output first and exits once the sleep is over, never
+    answering: an upstream whose output ends while its process lingers;
   * `pid` (read-only) answers this process's id, so a test can kill it;
   * `note` (not read-only, not idempotent: works once through Countersign) appends its `text`
     to LOG_FILE as one JSON line {"text", "pid"} after sleeping `seconds` (default 0), so that a
@@ -29,7 +31,10 @@ TOOLS = [
         "name": "sleep",
         "description": "Sleeps for a while.",
         "annotations": {"readOnlyHint": True},
-        "inputSchema": {"type": "object", "properties": SECONDS},
+        "inputSchema": {
+            "type": "object",
+            "properties": {"hangUp": {"type": "boolean"}, **SECONDS},
+        },
     },
     {
         "name": "pid",
@@ -64,6 +69,10 @@ def call(log_path, params):
     arguments = params.get("arguments") or {}
     sys.stderr.write(f"slow_server: {name} started\n")
     sys.stderr.flush()
+    if name == "sleep" and arguments.get("hangUp") is True:
+        os.close(1)
+        time.sleep(float(arguments.get("seconds", 0)))
+        os._exit(0)
     time.sleep(float(arguments.get("seconds", 0)))
     if name == "sleep":
         return text_result("slept")

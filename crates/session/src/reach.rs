@@ -285,12 +285,17 @@ struct Opened {
 impl Opened {
     /// Whether it still runs. A process that has exited counts as gone at once, before the
     /// client session has read the end of its output: a request is never handed to a process
-    /// known to be dead, where it could only be lost. So does a URL upstream that has forgotten
-    /// the start's session (see `Watched::spoiled` in [`crate::url_lane`]).
+    /// known to be dead, where it could only be lost. So does a start whose output has ended or
+    /// whose input broke, as its lane saw (see [`Lane::is_closed`]), even while its process
+    /// lingers: the lane answers its own calls at the end of the output, before the client
+    /// session has read that end, and an agent answered then must find the next call starting
+    /// the upstream again. So does a URL upstream that has forgotten the start's session (see
+    /// `Watched::spoiled` in [`crate::url_lane`]).
     fn is_running(&self) -> bool {
         !self.service.is_closed()
             && !self.service.peer().is_transport_closed()
             && !self.pid.is_some_and(has_exited)
+            && !self.lane.as_ref().is_some_and(|lane| lane.is_closed())
             && !self.http.as_ref().is_some_and(Watched::spoiled)
     }
 }

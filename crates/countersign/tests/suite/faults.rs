@@ -209,6 +209,41 @@ async fn an_upstream_killed_mid_call_is_a_clear_error_and_the_next_call_restarts
     );
 }
 
+/// An upstream whose output has ended is not handed another call, even while its process
+/// lingers (a server that closed its standard output, or one caught between closing its files and
+/// exiting): the call in flight is answered `upstream_exited`, and the next call starts the
+/// upstream again and ends the old process, instead of being lost to a start that cannot answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_whose_output_ends_before_it_exits_is_started_again_for_the_next_call() {
+    let desk = desk().await;
+    let mut first = watched(
+        &desk.socket,
+        &slow_upstream(&desk.dir.path().join("log")),
+        10,
+    )
+    .await;
+    let hung_up = upstream_pid(&first.agent).await;
+    let peer = first.agent.peer().clone();
+    let in_flight =
+        tokio::spawn(
+            async move { call(&peer, "sleep", json!({"seconds": 20, "hangUp": true})).await },
+        );
+    first.said("slow_server: sleep started").await;
+    let r = tokio::time::timeout(Duration::from_secs(10), in_flight)
+        .await
+        .expect("the call in flight got no answer within 10 s of its upstream's output ending")
+        .unwrap();
+    assert_eq!(error_code(&r).as_deref(), Some("upstream_exited"), "{r:?}");
+    assert!(alive(hung_up), "the old process sleeps on for 20 s");
+
+    // The very next call: a new start answers it.
+    let restarted = upstream_pid(&first.agent).await;
+    assert_ne!(restarted, hung_up);
+    gone(hung_up).await;
+    let r = call(&first.agent, "sleep", json!({"seconds": 0})).await;
+    assert_eq!(text(&r), "slept");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_made_before_the_upstream_restarted_is_confirmed_once_on_the_new_process() {
     let desk = desk().await;
