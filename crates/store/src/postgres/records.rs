@@ -1682,7 +1682,11 @@ impl Records for Postgres {
         // See crate::waiting: the first statement stops a long-lapsed row being joined; the
         // second writes the call, or (the unique index over the `joinable` mark refusing a
         // second row of one call) answers the row already there, under its lock, so replicas
-        // sharing one call at once meet on one row. Each statement is atomic on its own.
+        // sharing one call at once meet on one row. Each statement is atomic on its own, and
+        // each is its own implicit transaction with a one-row answer: the kind CockroachDB
+        // retries itself on a serialization failure (40001) before answering, so neither is
+        // wrapped in a transaction of ours (which would hand such retries to us). Not tried on
+        // CockroachDB or YugabyteDB here.
         let share = format!(
             "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request,
                  approvers, arrived_at_ms, expires_at_ms, joinable)
