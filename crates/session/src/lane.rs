@@ -23,7 +23,10 @@
 //! What the upstream sends back under a lane id is rebuilt for the agent (the result as sent,
 //! less a `resultType` older agents must not see; an error's code, message and data), never
 //! copied; a lane id the desk is not waiting for is dropped. When the upstream's output ends,
-//! every call still waiting is answered `upstream_exited`, as on the full path.
+//! every call still waiting is answered `upstream_exited`, as on the full path, and the lane is
+//! closed before any of them is answered: from then on the start counts as ended (see
+//! `Opened::is_running` in [`crate::reach`]), so the agent's next call starts the upstream again
+//! even if the client session has not yet read the end of the output, or the process lingers.
 //!
 //! [`Engine::forwards_open`]: countersign_engine::Engine::forwards_open
 
