@@ -83,28 +83,45 @@ pub(crate) fn shared_row(call: &WaitingCall, shared: WaitingCall) -> SharedRow {
     }
 }
 
-/// Lapsed rows of a call (server, tenant, plan: `?1` to `?3`) that left desks' sight at or
-/// before `?4` are no longer joined: the call asked now gets a row of its own.
-const RETIRE_LAPSED_SQLITE: &str = "UPDATE waiting_call SET joinable = NULL
-     WHERE server = ?1 AND tenant = ?2 AND plan = ?3 AND joinable = 1 AND expires_at_ms <= ?4";
+/// The two statements that share a call ([`Store::share_waiting`], and the same on PostgreSQL),
+/// with parameters spelled `{p}1`, `{p}2`… (`$` or `?`). `joinable` is TRUE (SQLite: 1) on the
+/// one row of a call that sharing it again joins, NULL on every other; the unique index over
+/// (server, tenant, plan, joinable) lets one row of a call be joinable at a time (NULLs never
+/// collide).
+pub(crate) struct Sharing {
+    /// Lapsed rows of the call (server, tenant, plan: `{p}1` to `{p}3`) that left desks' sight
+    /// at or before `{p}4` are no longer joined: the call asked now gets a row of its own.
+    pub(crate) retire: String,
+    /// Writes the call (`{p}1` to `{p}9`, in the order of the columns named), or, on the
+    /// `joinable` conflict, answers the existing row, with its expiry moved on if it is
+    /// undecided. Any other conflict (a new row under a replica's local id already on record) is
+    /// an error. Answers the row's [`COLUMNS`].
+    pub(crate) share: String,
+}
 
-/// Writes a call, or joins the row of the same call still to be had. `joinable` is 1 on a row
-/// that is, NULL on every other; the unique index over (server, tenant, plan, joinable) lets
-/// one row of a call be joinable at a time (NULLs never collide). On that conflict the
-/// existing row is answered, with its expiry moved on if it is undecided. Any other conflict
-/// (a new row under a replica's local id already on record) is an error.
-static SHARE_SQLITE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request, approvers,
-             arrived_at_ms, expires_at_ms, joinable)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1)
-         ON CONFLICT (server, tenant, plan, joinable) DO UPDATE SET expires_at_ms =
-             CASE WHEN waiting_call.verdict IS NULL
-                       AND excluded.expires_at_ms > waiting_call.expires_at_ms
-                  THEN excluded.expires_at_ms ELSE waiting_call.expires_at_ms END
-         RETURNING {COLUMNS}"
-    )
-});
+/// [`Sharing`] with parameters spelled `{p}1`, `{p}2`…
+pub(crate) fn sharing(p: char) -> Sharing {
+    Sharing {
+        retire: format!(
+            "UPDATE waiting_call SET joinable = NULL
+             WHERE server = {p}1 AND tenant = {p}2 AND plan = {p}3 AND joinable IS NOT NULL
+               AND expires_at_ms <= {p}4"
+        ),
+        share: format!(
+            "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request,
+                 approvers, arrived_at_ms, expires_at_ms, joinable)
+             VALUES ({p}1, {p}2, {p}3, {p}4, {p}5, {p}6, {p}7, {p}8, {p}9, TRUE)
+             ON CONFLICT (server, tenant, plan, joinable) DO UPDATE SET expires_at_ms =
+                 CASE WHEN waiting_call.verdict IS NULL
+                           AND excluded.expires_at_ms > waiting_call.expires_at_ms
+                      THEN excluded.expires_at_ms ELSE waiting_call.expires_at_ms END
+             RETURNING {COLUMNS}"
+        ),
+    }
+}
+
+/// [`sharing`] as SQLite spells it, made once.
+static SHARING_SQLITE: std::sync::LazyLock<Sharing> = std::sync::LazyLock::new(|| sharing('?'));
 
 /// A row's columns, as read.
 pub(crate) type Row = (
@@ -191,9 +208,9 @@ impl Store {
         let plan = w.plan.to_hex();
         let row = self.with_connection(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.prepare_cached(RETIRE_LAPSED_SQLITE)?
+            tx.prepare_cached(&SHARING_SQLITE.retire)?
                 .execute(rusqlite::params![w.server, w.tenant, plan, since])?;
-            let row = tx.prepare_cached(&SHARE_SQLITE)?.query_row(
+            let row = tx.prepare_cached(&SHARING_SQLITE.share)?.query_row(
                 rusqlite::params![
                     w.replica,
                     local,

@@ -709,6 +709,10 @@ fn grant_row(r: &tokio_postgres::Row) -> Result<grant::Row, tokio_postgres::Erro
     ))
 }
 
+/// [`waiting::sharing`] as PostgreSQL spells it, made once.
+static SHARING: std::sync::LazyLock<waiting::Sharing> =
+    std::sync::LazyLock::new(|| waiting::sharing('$'));
+
 /// Locks the history's tip: replicas add events one at a time, in one order.
 const TIP_LOCK: &str = "SELECT seq, hash FROM history_tip WHERE one = 1 FOR UPDATE";
 
@@ -1687,27 +1691,14 @@ impl Records for Postgres {
         // retries itself on a serialization failure (40001) before answering, so neither is
         // wrapped in a transaction of ours (which would hand such retries to us). Not tried on
         // CockroachDB or YugabyteDB here.
-        let share = format!(
-            "INSERT INTO waiting_call (replica, local_id, server, tenant, plan, request,
-                 approvers, arrived_at_ms, expires_at_ms, joinable)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, TRUE)
-             ON CONFLICT (server, tenant, plan, joinable) DO UPDATE SET expires_at_ms =
-                 CASE WHEN waiting_call.verdict IS NULL
-                           AND excluded.expires_at_ms > waiting_call.expires_at_ms
-                      THEN excluded.expires_at_ms ELSE waiting_call.expires_at_ms END
-             RETURNING {}",
-            waiting::COLUMNS
-        );
         let row = on_connection!(self, |conn| async {
             conn.execute(
-                "UPDATE waiting_call SET joinable = NULL
-                 WHERE server = $1 AND tenant = $2 AND plan = $3 AND joinable
-                   AND expires_at_ms <= $4",
+                SHARING.retire.as_str(),
                 &[&server.as_ref(), &tenant.as_ref(), &plan, &since],
             )
             .await?;
             conn.query_one(
-                share.as_str(),
+                SHARING.share.as_str(),
                 &[
                     &replica.as_ref(),
                     &local,
