@@ -18,8 +18,9 @@
 use std::time::{Duration, Instant};
 
 use countersign_tests::browser::Browser;
+use countersign_tests::ports::free_port;
 use countersign_tests::team_server::{call, post, serve, tools_db};
-use countersign_tests::window::{bin, free_port};
+use countersign_tests::window::bin;
 use fantoccini::Locator;
 use serde_json::{Value, json};
 

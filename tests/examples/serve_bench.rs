@@ -44,8 +44,9 @@ use std::time::Instant;
 use countersign_core::approver::Verdict;
 use countersign_tests::approver::{Desk, first_waiting, on_approver_listener};
 use countersign_tests::measure;
+use countersign_tests::ports::free_port;
 use countersign_tests::team_server::{KeptAlive, call, micros, post, quantile, serve, tools_db};
-use countersign_tests::window::{bin, free_port};
+use countersign_tests::window::bin;
 use serde_json::json;
 
 fn env_or(name: &str, default: usize) -> usize {

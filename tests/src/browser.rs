@@ -16,7 +16,7 @@ use fantoccini::{Client, ClientBuilder};
 use serde_json::{Map, Value, json};
 use tokio::io::AsyncBufReadExt;
 
-use crate::window::free_port;
+use crate::ports::free_port;
 
 /// A headless Chromium with a virtual authenticator; killed (with its driver) when dropped.
 pub struct Browser {

@@ -18,6 +18,7 @@ pub mod keyring;
 pub mod measure;
 pub mod otlp;
 pub mod peers;
+pub mod ports;
 pub mod postgres;
 pub mod proxy;
 pub mod real_clients;

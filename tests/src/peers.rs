@@ -63,11 +63,7 @@ pub fn python() -> PathBuf {
 /// server-everything over streamable HTTP on a free port of loopback, killed when dropped, and
 /// its URL: ready when it says so on its stderr (`… listening on port N`), no polling.
 pub async fn server_everything_http() -> (tokio::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::ports::free_port();
     server_everything_http_on(port).await
 }
 

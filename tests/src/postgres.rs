@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::window::free_port;
+use crate::ports::free_port;
 
 use countersign_store::{Postgres, PostgresOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

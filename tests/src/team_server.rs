@@ -11,7 +11,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::group::Group;
-use crate::window::{bin, free_port};
+use crate::ports::free_port;
+use crate::window::bin;
 
 /// A `countersign serve` child, killed with what it started when dropped, and by the kernel when
 /// the bench ends without dropping it (an `exit` on a wrong answer): start it from the main

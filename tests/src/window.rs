@@ -6,7 +6,6 @@
 //! attaches a new session to the new one ([`Desk::follow_window`]).
 #![allow(unsafe_code)] // test set-up reaches the OS (libc, the process environment); each block says why it is sound
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -17,6 +16,8 @@ use rmcp::service::RunningService;
 use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value, json};
+
+use crate::ports::free_port;
 
 /// The workspace's target directory (this test binary lives in `<target>/<profile>/deps`).
 pub fn bin(name: &str) -> PathBuf {
@@ -43,15 +44,6 @@ pub fn tauri_driver() -> PathBuf {
     path
 }
 
-/// A TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Screenshots land here, outside git.
 pub fn screenshots() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots");
@@ -65,9 +57,7 @@ pub struct Desk {
     pub dir: tempfile::TempDir,
     /// The desk, leading a process group of its own (its window and WebKit's processes in it).
     desk: tokio::process::Child,
-    driver: tokio::process::Child,
-    /// tauri-driver's port.
-    port: u16,
+    driver: Driver,
     /// The WebDriver session on the window that runs now.
     browser: std::sync::Mutex<Client>,
     /// The screen of its own it runs on, unless the test gave it one (`DISPLAY` in its env).
@@ -439,8 +429,9 @@ impl Desk {
 
 impl Drop for Desk {
     fn drop(&mut self) {
-        // The drivers, and the desk with its window and WebKit's processes: each group whole.
-        for pid in [self.driver.id(), self.desk.id()].into_iter().flatten() {
+        // The desk with its window and WebKit's processes, the group whole (the driver's group
+        // ends when it is dropped, after this).
+        if let Some(pid) = self.desk.id() {
             // SAFETY: killpg only sends a signal to a group we created.
             unsafe {
                 libc::killpg(pid as i32, libc::SIGKILL);
@@ -452,21 +443,9 @@ impl Drop for Desk {
 /// A WebDriver session, through tauri-driver on `port`, on the desk's window: tried until the
 /// window's process serves its inspector (up to 30 s).
 async fn attach(port: u16) -> Client {
-    let mut caps = Map::new();
-    caps.insert("browserName".into(), json!("wry"));
-    // tauri-driver wants an application; with a target to attach to, WebKitWebDriver starts none.
-    caps.insert(
-        "tauri:options".into(),
-        json!({ "application": bin("countersign-desk"), "args": [] }),
-    );
-    let url = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match ClientBuilder::native()
-            .capabilities(caps.clone())
-            .connect(&url)
-            .await
-        {
+        match new_session(port).await {
             Ok(browser) => return browser,
             Err(e) => {
                 assert!(Instant::now() < deadline, "no WebDriver session: {e}");
@@ -474,6 +453,133 @@ async fn attach(port: u16) -> Client {
             }
         }
     }
+}
+
+/// One try at a WebDriver session through tauri-driver on `port`.
+async fn new_session(port: u16) -> Result<Client, fantoccini::error::NewSessionError> {
+    let mut caps = Map::new();
+    caps.insert("browserName".into(), json!("wry"));
+    // tauri-driver wants an application; with a target to attach to, WebKitWebDriver starts none.
+    caps.insert(
+        "tauri:options".into(),
+        json!({ "application": bin("countersign-desk"), "args": [] }),
+    );
+    ClientBuilder::native()
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await
+}
+
+/// tauri-driver on ports of its own, leading a process group of its own with the WebKitWebDriver
+/// it starts, which attaches to the window's inspector. Its group ends when it is dropped.
+struct Driver {
+    child: tokio::process::Child,
+    /// Where WebDriver clients connect.
+    port: u16,
+    /// Its WebKitWebDriver's.
+    native: u16,
+    /// What it and its WebKitWebDriver write on stderr.
+    said: tempfile::NamedTempFile,
+}
+
+impl Driver {
+    /// Starts one for the window whose inspector serves on `inspector`, on the desk's screen and
+    /// session bus.
+    fn start(
+        inspector: &str,
+        display: Option<(&str, String)>,
+        bus: Option<(&str, String)>,
+    ) -> Driver {
+        let port = free_port();
+        let native = free_port();
+        let said = tempfile::NamedTempFile::new().unwrap();
+        let child = tokio::process::Command::new(tauri_driver())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--native-port",
+                &native.to_string(),
+            ])
+            .env("WEBDRIVER_TARGET_ADDR", inspector)
+            .envs(display)
+            .envs(bus)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(said.reopen().unwrap())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Driver {
+            child,
+            port,
+            native,
+            said,
+        }
+    }
+
+    /// A session on the window, once tauri-driver and its WebKitWebDriver take connections and
+    /// the window serves its inspector; or why there will be none, as soon as that is known:
+    /// tauri-driver ended, or its WebKitWebDriver never listened or stopped (tauri-driver then
+    /// answers nothing at all).
+    async fn session(&mut self) -> Result<Client, String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for (port, who) in [
+            (self.port, "tauri-driver"),
+            (self.native, "WebKitWebDriver"),
+        ] {
+            while !listens(port).await {
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return Err(format!("tauri-driver ended ({status})"));
+                }
+                // WebKitWebDriver that cannot listen says so and ends; tauri-driver stays.
+                if self.said().contains("FATAL") {
+                    return Err(format!("{who} gave up"));
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!("{who} did not listen on port {port} in 20 s"));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match new_session(self.port).await {
+                Ok(browser) => return Ok(browser),
+                Err(e) if !listens(self.native).await => {
+                    return Err(format!("WebKitWebDriver stopped listening: {e}"));
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("no session in 30 s: {e}"));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// The end of what it and its WebKitWebDriver wrote on stderr.
+    fn said(&self) -> String {
+        let said = std::fs::read(self.said.path()).unwrap_or_default();
+        String::from_utf8_lossy(&said[said.len().saturating_sub(2_000)..]).into_owned()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: killpg only sends a signal to a group we created.
+            unsafe {
+                libc::killpg(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Whether something takes connections on `port` of loopback.
+async fn listens(port: u16) -> bool {
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_ok()
 }
 
 impl Desk {
@@ -548,7 +654,7 @@ impl Desk {
         }
         let _ = self.browser().close().await;
         let deadline = Instant::now() + Duration::from_secs(30);
-        *countersign_core::sync::lock(&self.browser) = attach(self.port).await;
+        *countersign_core::sync::lock(&self.browser) = attach(self.driver.port).await;
         while !self.loaded().await {
             assert!(
                 Instant::now() < deadline,
@@ -628,38 +734,29 @@ impl Desk {
             .spawn()
             .unwrap();
         crate::desk_process::wait_for_socket(&dir.path().join("desk.sock")).await;
-        let port = free_port();
-        let native = free_port();
-        let driver = tokio::process::Command::new(tauri_driver())
-            .args([
-                "--port",
-                &port.to_string(),
-                "--native-port",
-                &native.to_string(),
-            ])
-            .env("WEBDRIVER_TARGET_ADDR", &inspector)
-            .envs(own_display)
-            .envs(own_bus)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "tauri-driver did not listen");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let browser = attach(port).await;
+        // A driver whose WebKitWebDriver could not start (or stopped) answers nothing, ever:
+        // another takes its place, on ports of its own, and what the ones before said is shown if
+        // none serves.
+        let mut failed = Vec::new();
+        let (driver, browser) = loop {
+            let mut driver = Driver::start(&inspector, own_display.clone(), own_bus.clone());
+            match driver.session().await {
+                Ok(browser) => break (driver, browser),
+                Err(why) => {
+                    let why = format!("{why}; it said: {}", driver.said());
+                    eprintln!("a WebDriver driver failed, another takes its place: {why}");
+                    failed.push(why);
+                    assert!(
+                        failed.len() < 3,
+                        "no WebDriver session on the desk's window: {failed:#?}"
+                    );
+                }
+            }
+        };
         let desk = Desk {
             dir,
             desk,
             driver,
-            port,
             browser: std::sync::Mutex::new(browser),
             display,
             _bus: bus,

@@ -130,11 +130,7 @@ fn a_release_desk_refuses_a_webdriver_session_even_with_the_automation_variable_
     );
     let desk = release_desk();
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = countersign_tests::ports::free_port();
     let bus = SessionBus::unless_given();
     // WebKitWebDriver directly, with the variable set, exactly as tauri-driver would start it,
     // leading a process group of its own: the desk it starts for the session joins it.
@@ -311,11 +307,7 @@ struct Inspected {
 /// with the web context, before that process) and 2 s more, looks, and ends the group (which
 /// also ends if the look fails).
 fn inspect(mut cmd: Command, var: &str) -> Inspected {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = countersign_tests::ports::free_port();
     let bus = SessionBus::unless_given();
     let mut group = Group::spawn(
         cmd.env(var, format!("127.0.0.1:{port}"))

@@ -33,8 +33,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use countersign_tests::approver::{Desk, first_waiting, now_ms, on_approver_listener, waiting_now};
+use countersign_tests::ports::free_port;
 use countersign_tests::postgres::shared_database;
-use countersign_tests::window::{bin, free_port};
+use countersign_tests::window::bin;
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
