@@ -147,6 +147,8 @@ function renderDetailOnly(changed) {
   else renderCall(r);
   $("typed").hidden = !r.type_target;
   if (changed) {
+    // Another request (or the same one changed): read from its top.
+    $("fields").scrollTop = 0;
     $("typed-target").value = "";
     $("deny-note").value = "";
     text("error", "");

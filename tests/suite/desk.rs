@@ -130,6 +130,105 @@ async fn deny_with_a_note_reaches_the_agent() {
     desk.stop().await;
 }
 
+/// Where Deny and Approve are in the window's viewport, and what a click at each one's middle
+/// would hit: `[[left, top, width, height, id hit], ...]`, with the viewport's height last.
+async fn decision_buttons(desk: &Desk) -> Value {
+    desk.browser()
+        .execute(
+            "return [...['deny', 'approve'].map((id) => {
+               const r = document.getElementById(id).getBoundingClientRect();
+               const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+               return [r.left, r.top, r.width, r.height, hit && hit.id];
+             }), window.innerHeight]",
+            vec![],
+        )
+        .await
+        .unwrap()
+}
+
+/// Deny and Approve stay at the foot of the request, in sight however long the request is, and
+/// do not move while the person's pointer may be on them: not when another request joins the
+/// queue, not when a notice appears above them (here: the agent stopped waiting). A click where
+/// Deny was still lands on Deny. (A notice that pushed them down once had a click meant for Deny
+/// land on the note field above it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_and_approve_stay_in_sight_and_under_the_pointer_when_the_request_changes_above_them()
+{
+    let desk = Desk::start().await;
+    let agent = desk.agent("cursor").await;
+    let first = call(&agent, "create_backup", json!({"name": "nightly"}));
+    desk.wait_for_request().await;
+    let before = decision_buttons(&desk).await;
+    let height = before[2].as_f64().unwrap();
+    for (button, id) in before.as_array().unwrap()[..2]
+        .iter()
+        .zip(["deny", "approve"])
+    {
+        let (top, tall) = (button[1].as_f64().unwrap(), button[3].as_f64().unwrap());
+        assert!(
+            top >= 0.0 && top + tall <= height,
+            "{id} out of sight: {before}"
+        );
+        assert_eq!(
+            button[4],
+            json!(id),
+            "a click on {id} hits something else: {before}"
+        );
+    }
+
+    // Another request joins the queue (a long one: its target must be typed).
+    let other = desk.agent("claude-code").await;
+    let second = call(&other, "delete_backup", json!({"name": "weekly"}));
+    desk.until_page(
+        "two requests queued",
+        "document.querySelectorAll('#queue li').length === 2",
+    )
+    .await;
+    assert_eq!(
+        decision_buttons(&desk).await,
+        before,
+        "another request joined"
+    );
+
+    // The first agent stops waiting (its call dropped: its client cancels it) and stays
+    // connected: a notice appears above the request's fields.
+    first.abort();
+    desk.until_page(
+        "the stopped notice",
+        "!document.getElementById('d-stopped').hidden",
+    )
+    .await;
+    assert_eq!(
+        decision_buttons(&desk).await,
+        before,
+        "a notice appeared above"
+    );
+
+    // The long request, shown: its Deny is where the first one's was, in sight.
+    desk.click("#queue li:nth-child(2)").await;
+    desk.until_page(
+        "the second request shown",
+        "document.getElementById('typed').hidden === false",
+    )
+    .await;
+    assert_eq!(
+        decision_buttons(&desk).await,
+        before,
+        "the other request shown"
+    );
+    desk.click("#deny").await;
+    assert_eq!(refusal(&second.await.unwrap()).as_deref(), Some("denied"));
+    // The stopped request still waits, for its agent to ask again.
+    desk.until_page(
+        "the denied request gone, the stopped one still queued",
+        "document.querySelectorAll('#queue li').length === 1",
+    )
+    .await;
+    assert!(desk.text("#queue").await.contains("create_backup"));
+    drop(agent);
+    desk.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_click_in_the_first_second_and_enter_do_nothing() {
     // A raised delay (settings may raise it, never lower it) keeps the early click early even on
