@@ -238,15 +238,21 @@ impl Desk {
         disabled == json!(false)
     }
 
-    /// Clicks an element.
+    /// Clicks an element. An option is brought into sight first, its list scrolled to as a person
+    /// scrolls to it: WebKitWebDriver scrolls to an element it clicks, but not to a list that
+    /// holds an option.
     pub async fn click(&self, css: &str) {
+        let element = self.browser().find(Locator::Css(css)).await.unwrap();
         self.browser()
-            .find(Locator::Css(css))
-            .await
-            .unwrap()
-            .click()
+            .execute(
+                "const el = document.querySelector(arguments[0]); \
+                 const list = el && el.closest('select'); \
+                 if (list) list.scrollIntoView({block: 'nearest'});",
+                vec![json!(css)],
+            )
             .await
             .unwrap();
+        element.click().await.unwrap();
     }
 
     /// Saves a screenshot of the whole screen under target/screenshots.
