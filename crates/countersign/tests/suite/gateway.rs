@@ -863,15 +863,19 @@ async fn a_fresh_agent_is_answered_while_a_flood_of_stalled_connections_and_an_a
         }
     };
     fresh("during the flood").await;
-    // A connection earns a thread with its first whole message: 500 that said hello and stalled
-    // mid-frame wait as tasks (a thread each cost about half a megabyte of the desk's memory).
-    // What grew is the deaf agent's session, the fresh agent's, and the blocking pool's few: an
-    // agent has a few turns at the records at once (`DESK_TURNS`), or its 2,000 calls would
-    // each wait there on a thread of the blocking pool, up to its 512, ahead of everyone else.
+    // A connection earns a thread with its first whole message: the 500 that said hello and
+    // stalled mid-frame wait as tasks (a thread each cost about half a megabyte of the desk's
+    // memory), so a thread each would be 500 or more. What grows besides is the deaf agent's
+    // session, the fresh agent's, and the blocking pools': an agent has a few turns at the
+    // records at once (`DESK_TURNS`), or its 2,000 calls would each wait there on a thread of the
+    // blocking pool, up to its 512, ahead of everyone else. How many threads a blocking pool
+    // keeps depends on how slow the machine is at that moment: 9 to 13 gained with the machine
+    // otherwise idle, 185 once in a full parallel `make test`. So the bound sits between that
+    // and a thread per stalled connection.
     let grown = threads().saturating_sub(threads_before);
     eprintln!("threads gained during the flood: {grown}");
     assert!(
-        grown < 100,
+        grown < 400,
         "the desk gained {grown} threads for 1,500 stalled connections and two agents"
     );
 
