@@ -225,6 +225,9 @@ pub async fn serve_with(
     })
 }
 
+/// The most threads one connection's runtime keeps for blocking work.
+const SESSION_BLOCKING_THREADS: usize = 32;
+
 /// Serves one connection on a thread of its own, with a single-threaded runtime: a session's
 /// tasks (the router, both rmcp sessions, the socket's reader and writer, the upstream's pipes)
 /// hand every message to each other, and on one thread those hand-offs are plain polls instead of
@@ -252,6 +255,12 @@ where
         .spawn(move || {
             let _slot = slot;
             let runtime = match tokio::runtime::Builder::new_current_thread()
+                // What one connection runs on the blocking pool is mostly bounded on its own
+                // (its turns at the records, one description at a time, a preview per waiting
+                // request): about twenty at once. This cap holds the pool there whatever else
+                // runs on it, so that one agent cannot grow the desk's threads toward tokio's
+                // default of 512. Tasks past it wait their turn in order.
+                .max_blocking_threads(SESSION_BLOCKING_THREADS)
                 .enable_all()
                 .build()
             {

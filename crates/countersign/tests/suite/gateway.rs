@@ -752,6 +752,66 @@ async fn a_flood_of_preflights_through_the_desk_is_refused_busy_beyond_the_cap()
     agent.cancel().await.unwrap();
 }
 
+/// One agent's open calls sent all at once (200 slow queries to the built-in tools, none waiting
+/// for another's answer) hold the desk to a bounded number of threads for that connection: past
+/// its blocking pool's cap they wait their turn instead of taking a thread each, and every one is
+/// answered. The peak is sampled while they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_open_calls_at_once_from_one_agent_take_a_bounded_number_of_the_desks_threads()
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let desk = desk().await;
+    let path = desk.dir.path().join("run/many.sock");
+    let _served = countersign_session::serve_with(
+        desk.engine.clone(),
+        path.clone(),
+        countersign_session::Options::default(),
+    )
+    .await
+    .unwrap();
+    let db = desk.dir.path().join("app.sqlite");
+    let agent = agent_on(&path, &db, &[]).await;
+    // Its session and its built-in tools are up: what grows from here is the calls'.
+    let r = call(&agent, "query", json!({"sql": "SELECT 1 AS one"})).await;
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    let threads = || std::fs::read_dir("/proc/self/task").unwrap().count();
+    let before = threads();
+    let peak = Arc::new(AtomicUsize::new(before));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, done) = (peak.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(threads(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000) \
+                SELECT count(*) AS n FROM c";
+    let calls: Vec<_> = (0..200)
+        .map(|_| {
+            let peer = agent.peer().clone();
+            tokio::spawn(async move { call(&peer, "query", json!({ "sql": slow })).await })
+        })
+        .collect();
+    for answered in calls {
+        let r = answered.await.unwrap();
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+    }
+    done.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    // The sampler's own thread is one of them.
+    let grown = peak.load(Ordering::Relaxed).saturating_sub(before + 1);
+    eprintln!("threads gained at the peak of 200 open calls at once: {grown}");
+    assert!(
+        grown <= 40,
+        "the desk gained {grown} threads for one agent's 200 calls at once"
+    );
+    agent.cancel().await.unwrap();
+}
+
 /// A flood never holds up another agent (issue 29, item 9): 1,500 connections that never finish
 /// their hello or their first frame (500 silent, 500 with half a hello, 500 with a hello and half
 /// a message) and an agent that sends 2,000 preflights and never reads a byte of its answers, all
@@ -868,10 +928,11 @@ async fn a_fresh_agent_is_answered_while_a_flood_of_stalled_connections_and_an_a
     // memory), so a thread each would be 500 or more. What grows besides is the deaf agent's
     // session, the fresh agent's, and the blocking pools': an agent has a few turns at the
     // records at once (`DESK_TURNS`), or its 2,000 calls would each wait there on a thread of the
-    // blocking pool, up to its 512, ahead of everyone else. How many threads a blocking pool
-    // keeps depends on how slow the machine is at that moment: 9 to 13 gained with the machine
-    // otherwise idle, 185 once in a full parallel `make test`. So the bound sits between that
-    // and a thread per stalled connection.
+    // blocking pool, ahead of everyone else, and a session's pool is capped (see the test of 200
+    // open calls at once). How many threads the pools keep depends on how slow the machine is at
+    // that moment: 8 to 14 gained with the machine otherwise idle, 185 once in a full parallel
+    // `make test` before the sessions' pools were capped. So the bound sits between that and a
+    // thread per stalled connection.
     let grown = threads().saturating_sub(threads_before);
     eprintln!("threads gained during the flood: {grown}");
     assert!(
