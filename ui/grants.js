@@ -1,7 +1,7 @@
-// Grants: beside Approve, "Approve and grant" widens one approval (this same call for some
-// minutes, or this tool on targets under a prefix for this agent's session), offered only when
-// the desk says the request allows it (and saying why not otherwise); and the Grants view, the
-// live grants with Revoke. The desk enforces every cap itself; this page only asks.
+// Grants: at the end of a request, "Approve and grant" widens one approval (this same call for
+// some minutes, or this tool on targets under a prefix for this agent's session), offered only
+// when the desk says the request allows it (and saying why not otherwise); and the Grants view,
+// the live grants with Revoke. The desk enforces every cap itself; this page only asks.
 import * as api from "./api.js";
 import { plainNode, shownNode } from "./shown.js";
 
