@@ -56,7 +56,7 @@ pub struct Desk {
     /// Its data, config and socket.
     pub dir: tempfile::TempDir,
     /// The desk, leading a process group of its own (its window and WebKit's processes in it).
-    desk: tokio::process::Child,
+    desk: crate::group::Group,
     driver: Driver,
     /// The WebDriver session on the window that runs now.
     browser: std::sync::Mutex<Client>,
@@ -435,14 +435,9 @@ impl Desk {
 
 impl Drop for Desk {
     fn drop(&mut self) {
-        // The desk with its window and WebKit's processes, the group whole (the driver's group
-        // ends when it is dropped, after this).
-        if let Some(pid) = self.desk.id() {
-            // SAFETY: killpg only sends a signal to a group we created.
-            unsafe {
-                libc::killpg(pid as i32, libc::SIGKILL);
-            }
-        }
+        // The desk with its window and WebKit's processes, the group whole, before its files and
+        // its screen go (the driver's group ends when it is dropped, after this).
+        self.desk.end();
     }
 }
 
@@ -477,9 +472,10 @@ async fn new_session(port: u16) -> Result<Client, fantoccini::error::NewSessionE
 }
 
 /// tauri-driver on ports of its own, leading a process group of its own with the WebKitWebDriver
-/// it starts, which attaches to the window's inspector. Its group ends when it is dropped.
+/// it starts, which attaches to the window's inspector. Its group ends, whole, when it is dropped.
 struct Driver {
-    child: tokio::process::Child,
+    /// tauri-driver, leading the group.
+    group: crate::group::Group,
     /// Where WebDriver clients connect.
     port: u16,
     /// Its WebKitWebDriver's.
@@ -499,25 +495,24 @@ impl Driver {
         let port = free_port();
         let native = free_port();
         let said = tempfile::NamedTempFile::new().unwrap();
-        let child = tokio::process::Command::new(tauri_driver())
-            .args([
-                "--port",
-                &port.to_string(),
-                "--native-port",
-                &native.to_string(),
-            ])
-            .env("WEBDRIVER_TARGET_ADDR", inspector)
-            .envs(display)
-            .envs(bus)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(said.reopen().unwrap())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let group = crate::group::Group::spawn(
+            std::process::Command::new(tauri_driver())
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--native-port",
+                    &native.to_string(),
+                ])
+                .env("WEBDRIVER_TARGET_ADDR", inspector)
+                .envs(display)
+                .envs(bus)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(said.reopen().unwrap()),
+        )
+        .unwrap();
         Driver {
-            child,
+            group,
             port,
             native,
             said,
@@ -535,7 +530,7 @@ impl Driver {
             (self.native, "WebKitWebDriver"),
         ] {
             while !listens(port).await {
-                if let Ok(Some(status)) = self.child.try_wait() {
+                if let Ok(Some(status)) = self.group.leader().try_wait() {
                     return Err(format!("tauri-driver ended ({status})"));
                 }
                 // WebKitWebDriver that cannot listen says so and ends; tauri-driver stays.
@@ -570,17 +565,6 @@ impl Driver {
     }
 }
 
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Some(pid) = self.child.id() {
-            // SAFETY: killpg only sends a signal to a group we created.
-            unsafe {
-                libc::killpg(pid as i32, libc::SIGKILL);
-            }
-        }
-    }
-}
-
 /// Whether something takes connections on `port` of loopback.
 async fn listens(port: u16) -> bool {
     tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -591,7 +575,7 @@ async fn listens(port: u16) -> bool {
 impl Desk {
     /// The process group of the desk, its window and WebKit's processes.
     pub fn process_group(&self) -> Option<u32> {
-        self.desk.id()
+        Some(self.desk.id())
     }
 }
 
@@ -722,23 +706,23 @@ impl Desk {
         // The window's WebKit serves its inspector here (debug builds read these; release builds
         // remove them), and WebKitWebDriver attaches to it instead of starting a browser.
         let inspector = format!("127.0.0.1:{}", free_port());
-        let desk = tokio::process::Command::new(bin("countersign-desk"))
-            .env("COUNTERSIGN_DESK_DIR", dir.path())
-            .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
-            .env("RUST_LOG", "warn")
-            .env("WEBKIT_INSPECTOR_SERVER", &inspector)
-            .env("TAURI_WEBVIEW_AUTOMATION", "true")
-            .envs(env.iter().copied())
-            .envs(own_display.clone())
-            .envs(own_bus.clone())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            // Its own process group: its window and WebKit's processes end with it.
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        // Its own process group: its window and WebKit's processes end with it, also when the
+        // launch itself fails.
+        let desk = crate::group::Group::spawn(
+            std::process::Command::new(bin("countersign-desk"))
+                .env("COUNTERSIGN_DESK_DIR", dir.path())
+                .env("COUNTERSIGN_SOCKET", dir.path().join("desk.sock"))
+                .env("RUST_LOG", "warn")
+                .env("WEBKIT_INSPECTOR_SERVER", &inspector)
+                .env("TAURI_WEBVIEW_AUTOMATION", "true")
+                .envs(env.iter().copied())
+                .envs(own_display.clone())
+                .envs(own_bus.clone())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr),
+        )
+        .unwrap();
         crate::desk_process::wait_for_socket(&dir.path().join("desk.sock")).await;
         // A driver whose WebKitWebDriver could not start (or stopped) answers nothing, ever:
         // another takes its place, on ports of its own, and what the ones before said is shown if
